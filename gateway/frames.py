@@ -1,0 +1,67 @@
+"""Length-prefixed msgpack frames, sans-IO.
+
+Wire format: a 4-byte unsigned big-endian length N, then N bytes holding one msgpack map with a "type" key.
+The decoder checks N against its limit before buffering the body, so a hostile length costs nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from gateway.errors import FrameTooLarge, MalformedFrame
+
+HEADER = struct.Struct(">I")
+# 1 MiB: room for a batch of ~10k small events while keeping one connection's worst-case buffer small.
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(message, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Feed bytes as they arrive; get complete messages back. Raises a RemoteProtocolError on bad input."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        messages: list[dict[str, Any]] = []
+        while len(self._buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buffer)
+            if length == 0:
+                raise MalformedFrame("empty frame")
+            if length > self.max_frame_bytes:
+                raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes} bytes")
+            end = HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            body = bytes(self._buffer[HEADER.size:end])
+            del self._buffer[:end]
+            messages.append(_decode_body(body))
+        return messages
+
+
+def _decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
+        raise MalformedFrame(f"frame body is not valid msgpack: {type(exc).__name__}") from exc
+    if not isinstance(message, dict):
+        raise MalformedFrame(f"frame body must be a map, got {type(message).__name__}")
+    if not isinstance(message.get("type"), str):
+        raise MalformedFrame("frame map has no string 'type'")
+    return message

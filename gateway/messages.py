@@ -1,0 +1,115 @@
+"""Typed messages of the client <-> gateway protocol (docs/wire-protocol.md) and their validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import InvalidMessage, UnsupportedVersion
+from skewless.topics import InvalidStreamName, validate_stream_name
+
+PROTOCOL_VERSION = 1
+MAX_SEQ = 2**63 - 1
+MAX_SOURCE_ID_CHARS = 128
+MAX_STREAMS_PER_SOURCE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    version: int
+    source_id: str
+    streams: tuple[str, ...]
+    token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingEvent:
+    stream: str
+    seq: int
+    source_ts_us: int
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    events: tuple[IncomingEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    pass
+
+
+ClientMessage = Hello | EventBatch | Bye
+
+
+def _int_field(raw: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = raw.get(name)
+    # bool is an int subclass; a True seq is a client bug, not seq 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidMessage(f"field {name!r} must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidMessage(f"field {name!r}={value} outside [{low}, {high}]")
+    return value
+
+
+def _str_field(raw: dict[str, Any], name: str, max_chars: int) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str) or not value or len(value) > max_chars:
+        raise InvalidMessage(f"field {name!r} must be a non-empty string of at most {max_chars} chars")
+    return value
+
+
+def _stream(value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessage(f"stream must be a string, got {type(value).__name__}")
+    try:
+        return validate_stream_name(value)
+    except InvalidStreamName as exc:
+        raise InvalidMessage(str(exc)) from exc
+
+
+def parse_hello(raw: dict[str, Any]) -> Hello:
+    version = _int_field(raw, "version", 0, 2**31)
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedVersion(f"protocol version {version} not supported; this gateway speaks {PROTOCOL_VERSION}")
+    source_id = _str_field(raw, "source_id", MAX_SOURCE_ID_CHARS)
+    streams = raw.get("streams")
+    if not isinstance(streams, list) or not streams or len(streams) > MAX_STREAMS_PER_SOURCE:
+        raise InvalidMessage(f"'streams' must be a list of 1..{MAX_STREAMS_PER_SOURCE} stream names")
+    token = raw.get("token")
+    if token is not None and not isinstance(token, str):
+        raise InvalidMessage("'token' must be a string")
+    return Hello(version, source_id, tuple(dict.fromkeys(_stream(s) for s in streams)), token)
+
+
+def parse_event(raw: Any) -> IncomingEvent:
+    if not isinstance(raw, dict):
+        raise InvalidMessage(f"an event must be a map, got {type(raw).__name__}")
+    return IncomingEvent(
+        stream=_stream(raw.get("stream")),
+        seq=_int_field(raw, "seq", 0, MAX_SEQ),
+        source_ts_us=_int_field(raw, "source_ts_us", 0, MAX_SEQ),
+        payload=raw.get("payload"),
+    )
+
+
+def parse_events(raw: dict[str, Any], max_events: int) -> EventBatch:
+    events = raw.get("events")
+    if not isinstance(events, list) or not events:
+        raise InvalidMessage("'events' must be a non-empty list")
+    if len(events) > max_events:
+        raise InvalidMessage(f"batch of {len(events)} events exceeds the limit of {max_events}")
+    return EventBatch(tuple(parse_event(e) for e in events))
+
+
+def welcome(max_frame_bytes: int) -> dict[str, Any]:
+    return {"type": "welcome", "version": PROTOCOL_VERSION, "max_frame_bytes": max_frame_bytes}
+
+
+def ack(stream: str, seq: int) -> dict[str, Any]:
+    return {"type": "ack", "stream": stream, "seq": seq}
+
+
+def error(code: str, message: str, fatal: bool) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message, "fatal": fatal}

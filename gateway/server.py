@@ -1,0 +1,258 @@
+"""asyncio shell around GatewaySession: sockets in, Kafka out, acks back after delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from confluent_kafka import KafkaError, Message
+
+from gateway import messages
+from gateway.acks import DeliveryTracker
+from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
+from gateway.publisher import KafkaPublisher, QueueFull
+from gateway.session import (
+    CloseConnection,
+    DrainRequested,
+    EventsReceived,
+    GatewaySession,
+    SendBytes,
+    SessionAction,
+    SourceRegistered,
+)
+from skewless.clock import ClockUs, system_time_us
+from skewless.kafka_admin import ensure_topics
+from skewless.records import EventRecord
+from skewless.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.002
+# Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
+MAX_PENDING_ACTIONS = 64
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 7700
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "skewless"
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    producer_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GatewayCounters:
+    connections_opened: int = 0
+    connections_closed: int = 0
+    frames_too_large: int = 0
+    malformed_frames: int = 0
+    protocol_errors: int = 0
+    events_received: int = 0
+    events_published: int = 0
+    duplicates: int = 0
+    delivery_failures: int = 0
+
+    def count_error(self, code: str) -> None:
+        if code == "frame_too_large":
+            self.frames_too_large += 1
+        elif code == "malformed_frame":
+            self.malformed_frames += 1
+        else:
+            self.protocol_errors += 1
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, clock_us: ClockUs = system_time_us) -> None:
+        self.config = config
+        self.topics = TopicNames(config.topic_prefix)
+        self.counters = GatewayCounters()
+        self.tracker = DeliveryTracker()
+        self._clock_us = clock_us
+        self._publisher = KafkaPublisher(config.bootstrap_servers, config.producer_config)
+        self._known_streams: set[str] = set()
+        self._stream_lock = asyncio.Lock()
+        self._connections: dict[str, set[ConnectionHandler]] = {}
+        self._server: asyncio.Server | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._ensure_base_topics)
+        self._server = await loop.create_server(lambda: ConnectionHandler(self), self.config.host, self.config.port)
+        self._poll_task = asyncio.create_task(self._poll_forever(), name="kafka-poll")
+
+    def _ensure_base_topics(self) -> None:
+        ensure_topics(self.config.bootstrap_servers, [self.topics.sources], config={"cleanup.policy": "compact"})
+
+    async def stop(self, flush_timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.close()
+            for handlers in list(self._connections.values()):
+                for handler in list(handlers):
+                    handler.close()
+            await self._server.wait_closed()
+        loop = asyncio.get_running_loop()
+        remaining = await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
+        if remaining:
+            log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
+        self._publisher.poll(0)
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll_task
+
+    async def _poll_forever(self) -> None:
+        while True:
+            self._publisher.poll(0)
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def ensure_streams(self, streams: tuple[str, ...]) -> None:
+        missing = [s for s in streams if s not in self._known_streams]
+        if not missing:
+            return
+        async with self._stream_lock:
+            missing = [s for s in streams if s not in self._known_streams]
+            topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, ensure_topics, self.config.bootstrap_servers, topics)
+            self._known_streams.update(missing)
+
+    def register(self, source_id: str, handler: ConnectionHandler) -> None:
+        self._connections.setdefault(source_id, set()).add(handler)
+
+    def unregister(self, source_id: str, handler: ConnectionHandler) -> None:
+        handlers = self._connections.get(source_id)
+        if handlers is not None:
+            handlers.discard(handler)
+            if not handlers:
+                del self._connections[source_id]
+
+    async def publish(self, source_id: str, event: messages.IncomingEvent, arrival_ts_us: int,
+                      origin: ConnectionHandler) -> None:
+        self.counters.events_received += 1
+        if not self.tracker.accept(source_id, event.stream, event.seq):
+            self.counters.duplicates += 1
+            acked = self.tracker.acked_through(source_id, event.stream)
+            if acked is not None and acked >= event.seq:
+                origin.send_frame(messages.ack(event.stream, acked))
+            return
+        now_us = self._clock_us()
+        record = EventRecord(
+            stream=event.stream, source_id=source_id, seq=event.seq, source_ts_us=event.source_ts_us,
+            # Until time sync lands the reference time is the source's own timestamp, with no uncertainty.
+            ref_ts_us=event.source_ts_us, uncertainty_us=0,
+            arrival_ts_us=arrival_ts_us, release_ts_us=now_us, payload=event.payload,
+        )
+        value = record.to_json()
+        topic = self.topics.events(event.stream)
+
+        def on_delivery(error: KafkaError | None, _message: Message) -> None:
+            self._on_delivery(source_id, event.stream, event.seq, error)
+
+        while True:
+            try:
+                self._publisher.produce(topic, record.key, value, on_delivery)
+                return
+            except QueueFull:
+                # librdkafka's queue is full: yield so poll() can drain it; this connection is not read meanwhile.
+                await asyncio.sleep(0.005)
+
+    def _on_delivery(self, source_id: str, stream: str, seq: int, error: KafkaError | None) -> None:
+        if error is not None:
+            self.counters.delivery_failures += 1
+            self.tracker.failed(source_id, stream, seq)
+            log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
+            return
+        self.counters.events_published += 1
+        acked = self.tracker.confirmed(source_id, stream, seq)
+        if acked is not None:
+            frame = encode_frame(messages.ack(stream, acked))
+            for handler in self._connections.get(source_id, ()):
+                handler.send_bytes(frame)
+
+
+class ConnectionHandler(asyncio.Protocol):
+    """One TCP connection: feeds the session and runs its actions in order on a worker task."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.session = GatewaySession(gateway.config.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self._queue: asyncio.Queue[tuple[int, list[SessionAction]]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._paused = False
+        self._closing = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.gateway.counters.connections_opened += 1
+        self._worker = asyncio.create_task(self._run())
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        actions = self.session.receive_data(data)
+        if actions:
+            self._queue.put_nowait((self.gateway._clock_us(), actions))
+            if self._queue.qsize() >= MAX_PENDING_ACTIONS and not self._paused and self.transport is not None:
+                self.transport.pause_reading()
+                self._paused = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.session.connection_lost()
+        self._closing = True
+        self.gateway.counters.connections_closed += 1
+        if self.session.source_id is not None:
+            self.gateway.unregister(self.session.source_id, self)
+        if self._worker is not None:
+            self._worker.cancel()
+
+    def send_bytes(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def send_frame(self, message: dict[str, Any]) -> None:
+        self.send_bytes(encode_frame(message))
+
+    def close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _run(self) -> None:
+        while True:
+            arrival_ts_us, actions = await self._queue.get()
+            for action in actions:
+                await self._apply(action, arrival_ts_us)
+            if self._paused and self._queue.qsize() < MAX_PENDING_ACTIONS // 2 and self.transport is not None:
+                self.transport.resume_reading()
+                self._paused = False
+
+    async def _apply(self, action: SessionAction, arrival_ts_us: int) -> None:
+        if isinstance(action, SourceRegistered):
+            await self.gateway.ensure_streams(action.hello.streams)
+            self.gateway.register(action.hello.source_id, self)
+        elif isinstance(action, SendBytes):
+            self.send_bytes(action.data)
+        elif isinstance(action, EventsReceived):
+            for event in action.events:
+                await self.gateway.publish(action.source_id, event, arrival_ts_us, self)
+        elif isinstance(action, DrainRequested):
+            # Acks for this source keep flowing to the source's other connections; this one can go.
+            self.close()
+        elif isinstance(action, CloseConnection):
+            if action.error_code is not None:
+                self.gateway.counters.count_error(action.error_code)
+                log.warning("closing connection: %s", action.reason)
+            self.close()

@@ -1,0 +1,120 @@
+"""One client connection's protocol state, sans-IO (h11-style): bytes in, actions out.
+
+States and the messages each accepts live in one table; anything not in it is a protocol error that moves the
+session to ERROR, sends an error frame and asks the shell to close this connection only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import messages
+from gateway.errors import ProtocolError, RemoteProtocolError, UnexpectedMessage
+from gateway.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+
+
+class SessionState(enum.Enum):
+    AWAIT_HELLO = "await_hello"
+    STREAMING = "streaming"
+    DRAINING = "draining"
+    CLOSED = "closed"
+    ERROR = "error"
+
+
+_TRANSITIONS: dict[tuple[SessionState, str], SessionState] = {
+    (SessionState.AWAIT_HELLO, "hello"): SessionState.STREAMING,
+    (SessionState.STREAMING, "events"): SessionState.STREAMING,
+    (SessionState.STREAMING, "bye"): SessionState.DRAINING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRegistered:
+    hello: messages.Hello
+
+
+@dataclass(frozen=True, slots=True)
+class EventsReceived:
+    source_id: str
+    events: tuple[messages.IncomingEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendBytes:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRequested:
+    """The client said bye: finish its pending acks, then close."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    reason: str
+    error_code: str | None = None
+
+
+SessionAction = SourceRegistered | EventsReceived | SendBytes | DrainRequested | CloseConnection
+
+DEFAULT_MAX_EVENTS_PER_BATCH = 10_000
+
+
+class GatewaySession:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH) -> None:
+        self.state = SessionState.AWAIT_HELLO
+        self.source_id: str | None = None
+        self.streams: frozenset[str] = frozenset()
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._max_events_per_batch = max_events_per_batch
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._decoder.buffered_bytes
+
+    def receive_data(self, data: bytes) -> list[SessionAction]:
+        if self.state in (SessionState.CLOSED, SessionState.ERROR):
+            return []
+        actions: list[SessionAction] = []
+        try:
+            for raw in self._decoder.feed(data):
+                actions.extend(self._handle(raw))
+        except RemoteProtocolError as exc:
+            actions.extend(self._fail(exc))
+        return actions
+
+    def connection_lost(self) -> None:
+        if self.state is not SessionState.ERROR:
+            self.state = SessionState.CLOSED
+
+    def _handle(self, raw: dict[str, Any]) -> list[SessionAction]:
+        kind = raw["type"]
+        next_state = _TRANSITIONS.get((self.state, kind))
+        if next_state is None:
+            raise UnexpectedMessage(f"message {kind!r} not allowed in state {self.state.value}")
+        actions: list[SessionAction]
+        if kind == "hello":
+            hello = messages.parse_hello(raw)
+            self.source_id = hello.source_id
+            self.streams = frozenset(hello.streams)
+            actions = [SourceRegistered(hello),
+                       SendBytes(encode_frame(messages.welcome(self._decoder.max_frame_bytes)))]
+        elif kind == "events":
+            batch = messages.parse_events(raw, self._max_events_per_batch)
+            for event in batch.events:
+                if event.stream not in self.streams:
+                    raise UnexpectedMessage(f"stream {event.stream!r} was not declared in hello")
+            assert self.source_id is not None
+            actions = [EventsReceived(self.source_id, batch.events)]
+        else:
+            actions = [DrainRequested()]
+        self.state = next_state
+        return actions
+
+    def _fail(self, exc: ProtocolError) -> list[SessionAction]:
+        self.state = SessionState.ERROR
+        frame = encode_frame(messages.error(exc.code, str(exc), fatal=True))
+        return [SendBytes(frame), CloseConnection(str(exc), exc.code)]

@@ -1,0 +1,3 @@
+from skewless.cli import main
+
+main()

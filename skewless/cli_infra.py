@@ -1,0 +1,71 @@
+"""`skewless setup` and `skewless kafka start|stop|status|topics`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from skewless.jars import ensure_kafka_jars, ensure_spark_jars
+from skewless.kafka_admin import ensure_topics
+from skewless.kafka_broker import KafkaBroker
+from skewless.topics import TopicNames
+
+kafka_app = typer.Typer(no_args_is_help=True, help="Run a local single-node Apache Kafka broker (KRaft).")
+
+WorkDir = Annotated[Path | None, typer.Option("--dir", help="Broker state/data directory (default: cache/kafka).")]
+
+
+@kafka_app.command("start")
+def kafka_start(
+    work_dir: WorkDir = None,
+    port: Annotated[int | None, typer.Option(help="Client port on 127.0.0.1 (default: a free one).")] = None,
+    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
+) -> None:
+    """Format storage, start the broker in the background, wait until it answers, create the base topics."""
+    state = KafkaBroker(work_dir, port=port).start()
+    ensure_topics(state.bootstrap_servers, [TopicNames(prefix).sources], config={"cleanup.policy": "compact"})
+    typer.echo(state.bootstrap_servers)
+
+
+@kafka_app.command("stop")
+def kafka_stop(work_dir: WorkDir = None) -> None:
+    """Stop the broker cleanly (SIGTERM, then SIGKILL after 30 s)."""
+    stopped = KafkaBroker(work_dir).stop()
+    typer.echo("stopped" if stopped else "not running")
+
+
+@kafka_app.command("status")
+def kafka_status(work_dir: WorkDir = None) -> None:
+    """Print the bootstrap address if the broker runs; exit 1 if not."""
+    state = KafkaBroker(work_dir).running_state()
+    if state is None:
+        typer.echo("not running")
+        raise typer.Exit(1)
+    typer.echo(f"running pid={state.pid} bootstrap={state.bootstrap_servers}")
+
+
+@kafka_app.command("topics")
+def kafka_topics(
+    streams: Annotated[list[str], typer.Argument(help="Stream names whose events/late topics to create.")],
+    bootstrap: Annotated[str, typer.Option(help="Bootstrap servers.")] = "127.0.0.1:9092",
+    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
+) -> None:
+    """Create the events and late topics of the given streams (one partition each: see the record contract)."""
+    names = TopicNames(prefix)
+    ensure_topics(bootstrap, [t for s in streams for t in (names.events(s), names.late(s))])
+
+
+def setup() -> None:
+    """Fetch the Kafka broker and Spark Kafka-connector jars from Maven Central (idempotent)."""
+    typer.echo(f"kafka jars: {ensure_kafka_jars()}")
+    typer.echo(f"spark connector jars: {ensure_spark_jars()}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(kafka_app, name="kafka")
+    app.command("setup")(setup)
+    from skewless.demo import demo
+
+    app.command("demo")(demo)

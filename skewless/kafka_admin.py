@@ -1,0 +1,31 @@
+"""Topic creation for the record contract, on top of confluent-kafka's AdminClient."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+def ensure_topics(bootstrap_servers: str, topics: Iterable[str], partitions: int = 1,
+                  config: dict[str, str] | None = None, timeout_s: float = 30.0) -> None:
+    """Create the topics that do not exist yet; an existing topic is left as it is."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    wanted = sorted(set(topics))
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    missing = [t for t in wanted if t not in existing]
+    if not missing:
+        return
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=partitions, replication_factor=1, config=dict(config or {})) for t in missing],
+        operation_timeout=timeout_s, request_timeout=timeout_s,
+    )
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"creating topic {topic} failed: {exc}") from exc

@@ -1,0 +1,43 @@
+"""Topic names of the Kafka record contract (docs/record-contract.md)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "skewless"
+# Kafka topic names allow [a-zA-Z0-9._-] up to 249 chars; a stream name becomes part of one.
+_STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+
+
+class InvalidStreamName(ValueError):
+    pass
+
+
+def validate_stream_name(stream: str) -> str:
+    if not _STREAM_NAME.fullmatch(stream):
+        raise InvalidStreamName(f"stream name {stream!r} must match {_STREAM_NAME.pattern}")
+    return stream
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    prefix: str = DEFAULT_PREFIX
+
+    def events(self, stream: str) -> str:
+        return f"{self.prefix}.events.{validate_stream_name(stream)}"
+
+    def late(self, stream: str) -> str:
+        return f"{self.prefix}.late.{validate_stream_name(stream)}"
+
+    @property
+    def sources(self) -> str:
+        return f"{self.prefix}.sources"
+
+    def results(self, job: str) -> str:
+        return f"{self.prefix}.results.{validate_stream_name(job)}"
+
+    @property
+    def events_pattern(self) -> str:
+        """Java regex (Spark subscribePattern) matching every ordered-stream topic."""
+        return re.escape(self.prefix) + r"\.events\..+"

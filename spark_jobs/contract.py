@@ -1,0 +1,43 @@
+"""The record contract (docs/record-contract.md) as a Spark schema, and the parse step every job shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def event_schema() -> Any:
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+
+    return StructType([
+        StructField("v", LongType()),
+        StructField("stream", StringType()),
+        StructField("source_id", StringType()),
+        StructField("seq", LongType()),
+        StructField("source_ts_us", LongType()),
+        StructField("ref_ts_us", LongType()),
+        StructField("uncertainty_us", LongType()),
+        StructField("arrival_ts_us", LongType()),
+        StructField("release_ts_us", LongType()),
+        StructField("late", BooleanType()),
+        # Payloads are free-form: kept as their JSON text for jobs to parse with their own schema.
+        StructField("payload", StringType()),
+    ])
+
+
+def read_events(spark: Any, bootstrap_servers: str, topic_pattern: str, starting_offsets: str = "earliest") -> Any:
+    """Kafka source -> parsed contract columns plus `event_time` (timestamp from ref_ts_us)."""
+    from pyspark.sql import functions as F
+
+    raw = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribePattern", topic_pattern)
+        .option("startingOffsets", starting_offsets)
+        .option("failOnDataLoss", "false")
+        .load()
+    )
+    parsed = raw.select(
+        F.from_json(F.col("value").cast("string"), event_schema(), {"mode": "PERMISSIVE"}).alias("e"),
+        F.col("topic"), F.col("partition"), F.col("offset"),
+    ).select("e.*", "topic", "partition", "offset")
+    return parsed.withColumn("event_time", F.timestamp_micros(F.col("ref_ts_us")))

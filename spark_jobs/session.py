@@ -1,0 +1,50 @@
+"""SparkSession factory wired to Spark's own Kafka connector jars (fetched from Maven Central)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from skewless.jars import ensure_spark_jars
+
+_VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
+
+
+def _artifact(jar_name: str) -> str:
+    return _VERSION_SUFFIX.sub("", jar_name)
+
+
+def connector_jars(jars_dir: Path, pyspark_jars_dir: Path) -> list[Path]:
+    """The connector's jars minus artifacts pyspark already ships (two versions of one artifact on the
+    classpath is how NoSuchMethodErrors happen)."""
+    bundled = {_artifact(p.name) for p in pyspark_jars_dir.glob("*.jar")}
+    return sorted(p for p in jars_dir.glob("*.jar") if _artifact(p.name) not in bundled)
+
+
+def create_spark_session(app_name: str = "skewless", master: str | None = None,
+                         extra_conf: dict[str, str] | None = None) -> Any:
+    """local[2] by default (SKEWLESS_SPARK_MASTER overrides); loopback only; UI off; small shuffles."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    jars = connector_jars(ensure_spark_jars(), Path(pyspark.__file__).parent / "jars")
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master or os.environ.get("SKEWLESS_SPARK_MASTER", "local[2]"))
+        .config("spark.jars", ",".join(str(j) for j in jars))
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.driver.memory", os.environ.get("SKEWLESS_SPARK_DRIVER_MEMORY", "1g"))
+    )
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(os.environ.get("SKEWLESS_SPARK_LOG_LEVEL", "WARN"))
+    return session
