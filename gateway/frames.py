@@ -37,21 +37,31 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
+    def receive_data(self, data: bytes) -> None:
         self._buffer += data
+
+    def next_message(self) -> dict[str, Any] | None:
+        """One complete message, or None until more bytes arrive. Frames before a bad one are never lost."""
+        if len(self._buffer) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(self._buffer)
+        if length == 0:
+            raise MalformedFrame("empty frame")
+        if length > self.max_frame_bytes:
+            raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes} bytes")
+        end = HEADER.size + length
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[HEADER.size:end])
+        del self._buffer[:end]
+        return _decode_body(body)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """receive_data + every complete message (raises at the first bad frame)."""
+        self.receive_data(data)
         messages: list[dict[str, Any]] = []
-        while len(self._buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buffer)
-            if length == 0:
-                raise MalformedFrame("empty frame")
-            if length > self.max_frame_bytes:
-                raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes} bytes")
-            end = HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            body = bytes(self._buffer[HEADER.size:end])
-            del self._buffer[:end]
-            messages.append(_decode_body(body))
+        while (message := self.next_message()) is not None:
+            messages.append(message)
         return messages
 
 

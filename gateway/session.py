@@ -79,8 +79,12 @@ class GatewaySession:
         if self.state in (SessionState.CLOSED, SessionState.ERROR):
             return []
         actions: list[SessionAction] = []
+        self._decoder.receive_data(data)
         try:
-            for raw in self._decoder.feed(data):
+            while self.state is SessionState.STREAMING or self.state is SessionState.AWAIT_HELLO:
+                raw = self._decoder.next_message()
+                if raw is None:
+                    break
                 actions.extend(self._handle(raw))
         except RemoteProtocolError as exc:
             actions.extend(self._fail(exc))

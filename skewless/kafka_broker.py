@@ -139,7 +139,7 @@ class KafkaBroker:
         if formatted.returncode != 0:
             raise BrokerError(f"formatting KRaft storage failed:\n{formatted.stdout}{formatted.stderr}")
         with (logs_dir / "stdout.log").open("ab") as out:
-            self._process = subprocess.Popen(  # noqa: S603 - fixed argv built above
+            self._process = subprocess.Popen(
                 [*base, "kafka.Kafka", str(config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )

@@ -34,9 +34,10 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
                 continue
             if message.error():
                 raise KafkaException(message.error())
-            partition = message.partition()
-            records[partition].append((message.key(), message.value()))
-            positions[partition] = message.offset() + 1
+            partition, offset, value = message.partition(), message.offset(), message.value()
+            assert partition is not None and offset is not None
+            records[partition].append((message.key(), value if value is not None else b""))
+            positions[partition] = offset + 1
         return [r for p in partitions for r in records[p]]
     finally:
         consumer.close()

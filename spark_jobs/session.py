@@ -30,13 +30,19 @@ def create_spark_session(app_name: str = "skewless", master: str | None = None,
     import pyspark
     from pyspark.sql import SparkSession
 
-    jars = connector_jars(ensure_spark_jars(), Path(pyspark.__file__).parent / "jars")
+    builder = SparkSession.builder.appName(app_name).master(
+        master or os.environ.get("SKEWLESS_SPARK_MASTER", "local[2]"))
+    packages = os.environ.get("SKEWLESS_SPARK_PACKAGES")
+    if packages:
+        # Container images resolve the connector with Spark's own Ivy instead of a Maven-filled cache.
+        builder = builder.config("spark.jars.packages", packages)
+    else:
+        jars = connector_jars(ensure_spark_jars(), Path(pyspark.__file__).parent / "jars")
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("SKEWLESS_SPARK_MASTER", "local[2]"))
-        .config("spark.jars", ",".join(str(j) for j in jars))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        builder
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")

@@ -1,0 +1,26 @@
+# Gateway image: the asyncio gateway (uvloop) and time-sync server; Kafka and Spark run in their own images.
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY skewless ./skewless
+COPY gateway ./gateway
+COPY timesync ./timesync
+COPY reorder ./reorder
+COPY clients ./clients
+COPY spark_jobs ./spark_jobs
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim-bookworm
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+RUN groupadd --system --gid 10001 skewless \
+    && useradd --system --uid 10001 --gid skewless --home-dir /home/skewless --create-home skewless
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless==0.1.0" \
+    && rm -rf /wheels
+USER 10001:10001
+WORKDIR /home/skewless
+# 7700/tcp events from sources; 12300/udp NTP-format time sync.
+EXPOSE 7700/tcp 12300/udp
+ENTRYPOINT ["skewless"]
+CMD ["gateway", "--host", "0.0.0.0", "--port", "7700", "--bootstrap", "kafka:9092"]

@@ -1,0 +1,41 @@
+# Skewless: `make demo` runs the whole pipeline, `make test` the test suite. Both install what is missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup demo test test-unit test-integration lint bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[spark,dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## venv + Python deps, Kafka/Spark jars from Maven Central, NTP interop tools
+	bash scripts/setup-system.sh
+	$(BIN)/skewless setup
+
+demo: setup ## Kafka + gateway + simulated sources + Spark window job, verified, then shut down
+	$(BIN)/skewless demo
+
+test: setup ## the whole suite: unit tests, then integration tests on real Kafka/Spark/NTP tools
+	$(BIN)/pytest
+
+test-unit: $(STAMP) ## unit tests only (no external processes)
+	$(BIN)/pytest tests/unit
+
+lint: $(STAMP) ## ruff + mypy (strict) + hadolint
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile deploy/spark.Dockerfile
+
+bench: setup ## run every benchmark; figures and plots land in docs/
+	for b in benchmarks/*.py; do case $$b in */__init__.py) ;; *) $(BIN)/python $$b || exit 1;; esac; done
+
+clean: ## remove the venv and fetched jars
+	rm -rf $(VENV) .cache

@@ -1,0 +1,112 @@
+"""Bad frames close only the offending connection; every other client keeps being served."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import orjson
+import pytest
+
+from clients.client import SkewlessClient
+from gateway.frames import HEADER, FrameDecoder, encode_frame
+from gateway.server import Gateway
+from skewless.kafka_read import read_topic
+from skewless.topics import TopicNames
+
+pytestmark = pytest.mark.integration
+
+HELLO = {"type": "hello", "version": 1, "source_id": "bad", "streams": ["s"]}
+
+
+async def raw_exchange(port: int, *frames: bytes) -> tuple[list[dict], bool]:
+    """Send raw bytes; return the frames the gateway answered and whether it closed the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for frame in frames:
+        writer.write(frame)
+    await writer.drain()
+    decoder = FrameDecoder()
+    replies: list[dict] = []
+    closed = False
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    closed = True
+                    break
+                replies += decoder.feed(data)
+    finally:
+        writer.close()
+    return replies, closed
+
+
+async def test_oversized_and_garbage_frames_close_only_that_connection(gateway: Gateway, kafka, topic_prefix):
+    good = SkewlessClient("127.0.0.1", gateway.port, "good", ["s"], batch_events=10)
+    await good.connect()
+    for i in range(50):
+        await good.send("s", {"i": i}, source_ts_us=1_000 + i)
+    await good.flush()
+
+    oversized, closed = await raw_exchange(gateway.port, encode_frame(HELLO), HEADER.pack(10 * 1024 * 1024))
+    assert closed
+    assert [r["type"] for r in oversized] == ["welcome", "error"]
+    assert oversized[1]["code"] == "frame_too_large"
+    assert "exceeds the limit of 65536 bytes" in oversized[1]["message"]
+
+    garbage_body = b"\xc1\xc1\xc1"
+    garbage, closed = await raw_exchange(gateway.port, HEADER.pack(len(garbage_body)) + garbage_body)
+    assert closed
+    assert garbage == [{"type": "error", "code": "malformed_frame",
+                        "message": "frame body is not valid msgpack: FormatError", "fatal": True}]
+
+    not_a_map = msgpack.packb([1, 2, 3])
+    _, closed = await raw_exchange(gateway.port, HEADER.pack(len(not_a_map)) + not_a_map)
+    assert closed
+
+    assert gateway.counters.frames_too_large == 1
+    assert gateway.counters.malformed_frames == 2
+
+    # The well-behaved client's connection survived all of that.
+    for i in range(50, 100):
+        await good.send("s", {"i": i}, source_ts_us=1_000 + i)
+    await good.flush()
+    await good.close()
+    values = [orjson.loads(v) for _k, v in read_topic(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))]
+    assert [v["payload"]["i"] for v in values] == list(range(100))
+
+
+async def test_duplicate_resend_reaches_kafka_once(gateway: Gateway, kafka, topic_prefix):
+    client = SkewlessClient("127.0.0.1", gateway.port, "dup", ["s"], batch_events=5)
+    await client.connect()
+    for i in range(20):
+        await client.send("s", i, source_ts_us=10 + i)
+    await client.flush()
+    await client.close()
+    # A second connection of the same source replays seqs 10..19 (as after a lost ack) and adds 20..24.
+    events = [{"stream": "s", "seq": i, "source_ts_us": 10 + i, "payload": i} for i in range(10, 25)]
+    replies, _closed = await raw_exchange_until_ack(gateway.port, 24, encode_frame({**HELLO, "source_id": "dup"}),
+                                                    encode_frame({"type": "events", "events": events}))
+    assert replies[-1] == {"type": "ack", "stream": "s", "seq": 24}
+    assert gateway.counters.duplicates == 10
+    values = [orjson.loads(v) for _k, v in read_topic(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))]
+    assert [v["seq"] for v in values] == list(range(25))
+
+
+async def raw_exchange_until_ack(port: int, seq: int, *frames: bytes) -> tuple[list[dict], bool]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for frame in frames:
+        writer.write(frame)
+    await writer.drain()
+    decoder = FrameDecoder()
+    replies: list[dict] = []
+    try:
+        async with asyncio.timeout(15):
+            while not replies or replies[-1] != {"type": "ack", "stream": "s", "seq": seq}:
+                data = await reader.read(65536)
+                if not data:
+                    return replies, True
+                replies += decoder.feed(data)
+    finally:
+        writer.close()
+    return replies, False

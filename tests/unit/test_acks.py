@@ -1,0 +1,37 @@
+from gateway.acks import DeliveryTracker
+
+
+def test_cumulative_ack_waits_for_the_gap():
+    tracker = DeliveryTracker()
+    for seq in range(4):
+        assert tracker.accept("s", "a", seq)
+    assert tracker.confirmed("s", "a", 1) is None
+    assert tracker.confirmed("s", "a", 3) is None
+    assert tracker.confirmed("s", "a", 0) == 1
+    assert tracker.confirmed("s", "a", 2) == 3
+    assert tracker.acked_through("s", "a") == 3
+
+
+def test_duplicates_detected_before_and_after_confirmation():
+    tracker = DeliveryTracker()
+    assert tracker.accept("s", "a", 0)
+    assert not tracker.accept("s", "a", 0)  # in flight
+    tracker.confirmed("s", "a", 0)
+    assert not tracker.accept("s", "a", 0)  # already acknowledged
+    assert tracker.accept("s", "b", 0)  # other stream
+    assert tracker.accept("t", "a", 0)  # other source
+
+
+def test_failed_delivery_can_be_resent():
+    tracker = DeliveryTracker()
+    tracker.accept("s", "a", 0)
+    tracker.failed("s", "a", 0)
+    assert tracker.accept("s", "a", 0)
+    assert tracker.confirmed("s", "a", 0) == 0
+
+
+def test_first_seq_seen_starts_the_range():
+    tracker = DeliveryTracker()
+    assert tracker.accept("s", "a", 41)
+    assert tracker.confirmed("s", "a", 41) == 41
+    assert not tracker.accept("s", "a", 40)
