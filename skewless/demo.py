@@ -100,7 +100,7 @@ def expected_window_counts(sent: list[tuple[str, int]]) -> dict[tuple[str, int],
 
 def run_window_job(bootstrap: str) -> dict[tuple[str, int], int]:
     from spark_jobs import window_count
-    from spark_jobs.session import create_spark_session
+    from spark_jobs.session import create_spark_session, stop_spark
 
     spark = create_spark_session("skewless-demo")
     try:
@@ -108,7 +108,7 @@ def run_window_job(bootstrap: str) -> dict[tuple[str, int], int]:
             bootstrap_servers=bootstrap, window="1 second", watermark="2 seconds", available_now=True))
         query.awaitTermination()
     finally:
-        spark.stop()
+        stop_spark(spark)
     return final_window_counts(bootstrap)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from spark_jobs import window_count
-from spark_jobs.session import create_spark_session
+from spark_jobs.session import create_spark_session, stop_spark
 
 spark_app = typer.Typer(no_args_is_help=True, help="PySpark Structured Streaming jobs over the ordered stream.")
 
@@ -31,7 +31,7 @@ def window_count_command(
         query.awaitTermination()
     finally:
         query.stop()
-        spark.stop()
+        stop_spark(spark)
 
 
 def register(app: typer.Typer) -> None:

@@ -54,3 +54,21 @@ def create_spark_session(app_name: str = "skewless", master: str | None = None,
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("SKEWLESS_SPARK_LOG_LEVEL", "WARN"))
     return session
+
+
+def stop_spark(session: Any) -> None:
+    """Stop the session and its JVM: a stopped session's JVM keeps cached Kafka producers alive, which then log
+    connection errors once the broker is gone (and hold ~1 GB of memory)."""
+    from pyspark import SparkContext
+
+    session.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    if process is not None:
+        process.terminate()
+        process.wait(timeout=30)
+    SparkContext._gateway = None
+    SparkContext._jvm = None

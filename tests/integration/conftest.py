@@ -24,13 +24,13 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerState]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from spark_jobs.session import create_spark_session
+    from spark_jobs.session import create_spark_session, stop_spark
 
     session = create_spark_session("skewless-tests")
     try:
         yield session
     finally:
-        session.stop()
+        stop_spark(session)
 
 
 @pytest.fixture
