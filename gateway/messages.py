@@ -36,11 +36,19 @@ class EventBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """An idle source proving it is alive: its clock now and, per stream, the seq its next event will carry."""
+
+    source_ts_us: int
+    next_seq: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Bye:
     pass
 
 
-ClientMessage = Hello | EventBatch | Bye
+ClientMessage = Hello | EventBatch | Heartbeat | Bye
 
 
 def _int_field(raw: dict[str, Any], name: str, low: int, high: int) -> int:
@@ -101,6 +109,14 @@ def parse_events(raw: dict[str, Any], max_events: int) -> EventBatch:
     if len(events) > max_events:
         raise InvalidMessage(f"batch of {len(events)} events exceeds the limit of {max_events}")
     return EventBatch(tuple(parse_event(e) for e in events))
+
+
+def parse_heartbeat(raw: dict[str, Any]) -> Heartbeat:
+    source_ts_us = _int_field(raw, "source_ts_us", 0, MAX_SEQ)
+    next_seq = raw.get("next_seq")
+    if not isinstance(next_seq, dict) or len(next_seq) > MAX_STREAMS_PER_SOURCE:
+        raise InvalidMessage(f"'next_seq' must be a map of at most {MAX_STREAMS_PER_SOURCE} streams to seqs")
+    return Heartbeat(source_ts_us, {_stream(k): _int_field(next_seq, k, 0, MAX_SEQ) for k in next_seq})
 
 
 def welcome(max_frame_bytes: int) -> dict[str, Any]:

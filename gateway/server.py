@@ -19,6 +19,7 @@ from gateway.session import (
     DrainRequested,
     EventsReceived,
     GatewaySession,
+    HeartbeatReceived,
     SendBytes,
     SessionAction,
     SourceRegistered,
@@ -56,6 +57,7 @@ class GatewayCounters:
     events_published: int = 0
     duplicates: int = 0
     delivery_failures: int = 0
+    heartbeats: int = 0
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -248,6 +250,8 @@ class ConnectionHandler(asyncio.Protocol):
         elif isinstance(action, EventsReceived):
             for event in action.events:
                 await self.gateway.publish(action.source_id, event, arrival_ts_us, self)
+        elif isinstance(action, HeartbeatReceived):
+            self.gateway.counters.heartbeats += 1
         elif isinstance(action, DrainRequested):
             # Acks for this source keep flowing to the source's other connections; this one can go.
             self.close()

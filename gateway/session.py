@@ -26,6 +26,7 @@ class SessionState(enum.Enum):
 _TRANSITIONS: dict[tuple[SessionState, str], SessionState] = {
     (SessionState.AWAIT_HELLO, "hello"): SessionState.STREAMING,
     (SessionState.STREAMING, "events"): SessionState.STREAMING,
+    (SessionState.STREAMING, "heartbeat"): SessionState.STREAMING,
     (SessionState.STREAMING, "bye"): SessionState.DRAINING,
 }
 
@@ -39,6 +40,12 @@ class SourceRegistered:
 class EventsReceived:
     source_id: str
     events: tuple[messages.IncomingEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReceived:
+    source_id: str
+    heartbeat: messages.Heartbeat
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +64,8 @@ class CloseConnection:
     error_code: str | None = None
 
 
-SessionAction = SourceRegistered | EventsReceived | SendBytes | DrainRequested | CloseConnection
+SessionAction = (SourceRegistered | EventsReceived | HeartbeatReceived | SendBytes | DrainRequested
+                 | CloseConnection)
 
 DEFAULT_MAX_EVENTS_PER_BATCH = 10_000
 
@@ -113,6 +121,13 @@ class GatewaySession:
                     raise UnexpectedMessage(f"stream {event.stream!r} was not declared in hello")
             assert self.source_id is not None
             actions = [EventsReceived(self.source_id, batch.events)]
+        elif kind == "heartbeat":
+            heartbeat = messages.parse_heartbeat(raw)
+            undeclared = set(heartbeat.next_seq) - self.streams
+            if undeclared:
+                raise UnexpectedMessage(f"heartbeat names undeclared streams {sorted(undeclared)}")
+            assert self.source_id is not None
+            actions = [HeartbeatReceived(self.source_id, heartbeat)]
         else:
             actions = [DrainRequested()]
         self.state = next_state

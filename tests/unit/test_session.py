@@ -114,3 +114,15 @@ def test_batch_size_limit():
 def test_raw_msgpack_helper_matches_codec():
     # The SDK and third-party clients build frames the same way.
     assert encode_frame({"type": "bye"})[4:] == msgpack.packb({"type": "bye"})
+
+
+def test_heartbeat_accepted_for_declared_streams_only():
+    from gateway.messages import Heartbeat
+    from gateway.session import HeartbeatReceived
+
+    session = GatewaySession()
+    session.receive_data(encode_frame(HELLO))
+    actions = session.receive_data(encode_frame({"type": "heartbeat", "source_ts_us": 99, "next_seq": {"doors": 5}}))
+    assert actions == [HeartbeatReceived("rfid-1", Heartbeat(99, {"doors": 5}))]
+    actions = session.receive_data(encode_frame({"type": "heartbeat", "source_ts_us": 99, "next_seq": {"x": 5}}))
+    assert_fatal(actions, "unexpected_message")
