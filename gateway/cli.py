@@ -6,26 +6,41 @@ import asyncio
 import contextlib
 import logging
 import signal
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gateway.frames import DEFAULT_MAX_FRAME_BYTES
+from gateway.config import build_config, load_settings
 from gateway.server import Gateway, GatewayConfig
 
 
 def gateway(
-    host: Annotated[str, typer.Option(help="TCP listen address.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP listen port (0 = any free port).")] = 7700,
-    bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers.", envvar="SKEWLESS_BOOTSTRAP")]
-    = "127.0.0.1:9092",
-    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
-    max_frame_bytes: Annotated[int, typer.Option(help="Largest accepted frame body.")] = DEFAULT_MAX_FRAME_BYTES,
+    config_file: Annotated[Path | None, typer.Option("--config", help="TOML file with a [gateway] table.")] = None,
+    host: Annotated[str | None, typer.Option(help="TCP listen address [127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP listen port, 0 = any free port [7700].")] = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers [127.0.0.1:9092].",
+                                                  envvar="SKEWLESS_BOOTSTRAP")] = None,
+    prefix: Annotated[str | None, typer.Option(help="Topic prefix [skewless].")] = None,
+    max_frame_bytes: Annotated[int | None, typer.Option(help="Largest accepted frame body [1 MiB].")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics and /healthz on this port.")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate: enables TLS.")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
+    auth_hmac_secret: Annotated[str | None, typer.Option(help="Require HMAC tokens made with this secret.",
+                                                         envvar="SKEWLESS_GATEWAY_AUTH_HMAC_SECRET")] = None,
 ) -> None:
-    """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready."""
+    """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready.
+
+    Settings come from --config (TOML, table [gateway]), then SKEWLESS_GATEWAY_* environment variables, then flags.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config = GatewayConfig(host=host, port=port, bootstrap_servers=bootstrap, topic_prefix=prefix,
-                           max_frame_bytes=max_frame_bytes)
+    settings = load_settings(config_file, overrides={
+        "host": host, "port": port, "bootstrap_servers": bootstrap, "topic_prefix": prefix,
+        "max_frame_bytes": max_frame_bytes, "metrics_port": metrics_port,
+        "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
+        "auth_hmac_secret": auth_hmac_secret,
+    })
+    config = build_config(settings)
     try:
         import uvloop
 
@@ -39,7 +54,9 @@ def gateway(
 async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     await gw.start()
-    typer.echo(f"listening {config.host}:{gw.port}")
+    typer.echo(f"listening {config.host}:{gw.port}", err=False)
+    if gw.metrics_port is not None:
+        typer.echo(f"metrics http://{config.metrics_host}:{gw.metrics_port}/metrics")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -36,6 +36,10 @@ class UnsupportedVersion(RemoteProtocolError):
     code = "unsupported_version"
 
 
+class SessionTimeout(RemoteProtocolError):
+    code = "timeout"
+
+
 class LocalProtocolError(ProtocolError):
     """This side tried to do something its own state forbids: a bug, never the client's fault."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -12,7 +13,9 @@ from confluent_kafka import KafkaError, Message
 
 from gateway import messages
 from gateway.acks import DeliveryTracker
+from gateway.auth import SourceAuthenticator
 from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
+from gateway.metrics import MetricsServer, make_registry
 from gateway.publisher import KafkaPublisher, QueueFull
 from gateway.session import (
     CloseConnection,
@@ -22,6 +25,7 @@ from gateway.session import (
     HeartbeatReceived,
     SendBytes,
     SessionAction,
+    SessionTimeouts,
     SourceRegistered,
 )
 from skewless.clock import ClockUs, system_time_us
@@ -32,6 +36,7 @@ from skewless.topics import TopicNames
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.002
+TIMEOUT_SWEEP_INTERVAL_S = 0.5
 # Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
 MAX_PENDING_ACTIONS = 64
 
@@ -44,6 +49,11 @@ class GatewayConfig:
     topic_prefix: str = "skewless"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     producer_config: dict[str, Any] = field(default_factory=dict)
+    authenticator: SourceAuthenticator = field(default_factory=SourceAuthenticator)
+    timeouts: SessionTimeouts = field(default_factory=SessionTimeouts)
+    ssl_context: ssl.SSLContext | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
 
 
 @dataclass
@@ -58,12 +68,18 @@ class GatewayCounters:
     duplicates: int = 0
     delivery_failures: int = 0
     heartbeats: int = 0
+    timeouts: int = 0
+    auth_failures: int = 0
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
             self.frames_too_large += 1
         elif code == "malformed_frame":
             self.malformed_frames += 1
+        elif code == "timeout":
+            self.timeouts += 1
+        elif code in ("unauthenticated", "unknown_source"):
+            self.auth_failures += 1
         else:
             self.protocol_errors += 1
 
@@ -80,7 +96,11 @@ class Gateway:
         self._stream_lock = asyncio.Lock()
         self._connections: dict[str, set[ConnectionHandler]] = {}
         self._server: asyncio.Server | None = None
-        self._poll_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._all_handlers: set[ConnectionHandler] = set()
+        self._metrics: MetricsServer | None = None
+        self._last_kafka_error: str | None = None
+        self._last_delivery_us: int | None = None
 
     @property
     def port(self) -> int:
@@ -90,8 +110,28 @@ class Gateway:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._ensure_base_topics)
-        self._server = await loop.create_server(lambda: ConnectionHandler(self), self.config.host, self.config.port)
-        self._poll_task = asyncio.create_task(self._poll_forever(), name="kafka-poll")
+        self._server = await loop.create_server(lambda: ConnectionHandler(self), self.config.host, self.config.port,
+                                                ssl=self.config.ssl_context)
+        self._tasks = [asyncio.create_task(self._poll_forever(), name="kafka-poll"),
+                       asyncio.create_task(self._sweep_timeouts(), name="session-timeouts")]
+        if self.config.metrics_port is not None:
+            self._metrics = MetricsServer(make_registry(self), self.health)
+            await self._metrics.start(self.config.metrics_host, self.config.metrics_port)
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self._metrics is None else self._metrics.port
+
+    def gauges(self) -> dict[str, float]:
+        return {"connections": float(len(self._all_handlers)), "kafka_pending": float(self._publisher.pending())}
+
+    def per_source_gauges(self) -> dict[str, dict[str, float]]:
+        return {source_id: {"connections": float(len(handlers))} for source_id, handlers in self._connections.items()}
+
+    def health(self) -> dict[str, Any]:
+        status = "ok" if self._server is not None and self._server.is_serving() else "stopped"
+        return {"status": status, "connections": len(self._all_handlers), "kafka_pending": self._publisher.pending(),
+                "last_delivery_us": self._last_delivery_us, "last_kafka_error": self._last_kafka_error}
 
     def _ensure_base_topics(self) -> None:
         ensure_topics(self.config.bootstrap_servers, [self.topics.sources], config={"cleanup.policy": "compact"})
@@ -108,15 +148,24 @@ class Gateway:
         if remaining:
             log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
         self._publisher.poll(0)
-        if self._poll_task is not None:
-            self._poll_task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
+                await task
+        if self._metrics is not None:
+            await self._metrics.stop()
 
     async def _poll_forever(self) -> None:
         while True:
             self._publisher.poll(0)
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def _sweep_timeouts(self) -> None:
+        while True:
+            await asyncio.sleep(TIMEOUT_SWEEP_INTERVAL_S)
+            now_us = self._clock_us()
+            for handler in list(self._all_handlers):
+                handler.check_timeouts(now_us)
 
     async def ensure_streams(self, streams: tuple[str, ...]) -> None:
         missing = [s for s in streams if s not in self._known_streams]
@@ -172,10 +221,12 @@ class Gateway:
     def _on_delivery(self, source_id: str, stream: str, seq: int, error: KafkaError | None) -> None:
         if error is not None:
             self.counters.delivery_failures += 1
+            self._last_kafka_error = str(error)
             self.tracker.failed(source_id, stream, seq)
             log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
             return
         self.counters.events_published += 1
+        self._last_delivery_us = self._clock_us()
         acked = self.tracker.confirmed(source_id, stream, seq)
         if acked is not None:
             frame = encode_frame(messages.ack(stream, acked))
@@ -188,7 +239,8 @@ class ConnectionHandler(asyncio.Protocol):
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.session = GatewaySession(gateway.config.max_frame_bytes)
+        self.session = GatewaySession(gateway.config.max_frame_bytes, authenticator=gateway.config.authenticator,
+                                      timeouts=gateway.config.timeouts, now_us=gateway._clock_us())
         self.transport: asyncio.Transport | None = None
         self._queue: asyncio.Queue[tuple[int, list[SessionAction]]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
@@ -199,14 +251,22 @@ class ConnectionHandler(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
         self.gateway.counters.connections_opened += 1
+        self.gateway._all_handlers.add(self)
         self._worker = asyncio.create_task(self._run())
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
-        actions = self.session.receive_data(data)
+        now_us = self.gateway._clock_us()
+        self._enqueue(now_us, self.session.receive_data(data, now_us))
+
+    def check_timeouts(self, now_us: int) -> None:
+        if not self._closing:
+            self._enqueue(now_us, self.session.check_timeouts(now_us))
+
+    def _enqueue(self, now_us: int, actions: list[SessionAction]) -> None:
         if actions:
-            self._queue.put_nowait((self.gateway._clock_us(), actions))
+            self._queue.put_nowait((now_us, actions))
             if self._queue.qsize() >= MAX_PENDING_ACTIONS and not self._paused and self.transport is not None:
                 self.transport.pause_reading()
                 self._paused = True
@@ -215,6 +275,7 @@ class ConnectionHandler(asyncio.Protocol):
         self.session.connection_lost()
         self._closing = True
         self.gateway.counters.connections_closed += 1
+        self.gateway._all_handlers.discard(self)
         if self.session.source_id is not None:
             self.gateway.unregister(self.session.source_id, self)
         if self._worker is not None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import messages
-from gateway.errors import ProtocolError, RemoteProtocolError, UnexpectedMessage
+from gateway.auth import SourceAuthenticator
+from gateway.errors import ProtocolError, RemoteProtocolError, SessionTimeout, UnexpectedMessage
 from gateway.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
 
@@ -70,20 +71,38 @@ SessionAction = (SourceRegistered | EventsReceived | HeartbeatReceived | SendByt
 DEFAULT_MAX_EVENTS_PER_BATCH = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class SessionTimeouts:
+    """Slow or silent peers must not hold a connection (and its buffer) forever: a slowloris client that trickles
+    a frame byte by byte, or never says hello, is cut off after these."""
+
+    handshake_us: int = 10_000_000
+    partial_frame_us: int = 30_000_000
+    # The SDK heartbeats every second when idle, so two minutes of silence means the peer is gone.
+    idle_us: int = 120_000_000
+
+
 class GatewaySession:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH) -> None:
+                 max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH,
+                 authenticator: SourceAuthenticator | None = None,
+                 timeouts: SessionTimeouts | None = None, now_us: int = 0) -> None:
         self.state = SessionState.AWAIT_HELLO
         self.source_id: str | None = None
         self.streams: frozenset[str] = frozenset()
         self._decoder = FrameDecoder(max_frame_bytes)
         self._max_events_per_batch = max_events_per_batch
+        self._authenticator = authenticator or SourceAuthenticator()
+        self._timeouts = timeouts or SessionTimeouts()
+        self._opened_us = now_us
+        self._last_activity_us = now_us
+        self._partial_since_us: int | None = None
 
     @property
     def buffered_bytes(self) -> int:
         return self._decoder.buffered_bytes
 
-    def receive_data(self, data: bytes) -> list[SessionAction]:
+    def receive_data(self, data: bytes, now_us: int = 0) -> list[SessionAction]:
         if self.state in (SessionState.CLOSED, SessionState.ERROR):
             return []
         actions: list[SessionAction] = []
@@ -93,16 +112,34 @@ class GatewaySession:
                 raw = self._decoder.next_message()
                 if raw is None:
                     break
-                actions.extend(self._handle(raw))
+                self._last_activity_us = now_us
+                actions.extend(self._handle(raw, now_us))
         except RemoteProtocolError as exc:
             actions.extend(self._fail(exc))
+        if self._decoder.buffered_bytes == 0:
+            self._partial_since_us = None
+        elif self._partial_since_us is None:
+            self._partial_since_us = now_us
         return actions
+
+    def check_timeouts(self, now_us: int) -> list[SessionAction]:
+        """Call periodically; fails the session if a peer is too slow or silent."""
+        if self.state is SessionState.AWAIT_HELLO and now_us - self._opened_us > self._timeouts.handshake_us:
+            return self._fail(SessionTimeout("no hello within the handshake timeout"))
+        if self.state is not SessionState.STREAMING and self.state is not SessionState.AWAIT_HELLO:
+            return []
+        if (self._partial_since_us is not None
+                and now_us - self._partial_since_us > self._timeouts.partial_frame_us):
+            return self._fail(SessionTimeout("a frame stayed incomplete past the partial-frame timeout"))
+        if now_us - self._last_activity_us > self._timeouts.idle_us:
+            return self._fail(SessionTimeout("no message or heartbeat within the idle timeout"))
+        return []
 
     def connection_lost(self) -> None:
         if self.state is not SessionState.ERROR:
             self.state = SessionState.CLOSED
 
-    def _handle(self, raw: dict[str, Any]) -> list[SessionAction]:
+    def _handle(self, raw: dict[str, Any], now_us: int) -> list[SessionAction]:
         kind = raw["type"]
         next_state = _TRANSITIONS.get((self.state, kind))
         if next_state is None:
@@ -110,6 +147,7 @@ class GatewaySession:
         actions: list[SessionAction]
         if kind == "hello":
             hello = messages.parse_hello(raw)
+            self._authenticator.check(hello.source_id, hello.token, now_us)
             self.source_id = hello.source_id
             self.streams = frozenset(hello.streams)
             actions = [SourceRegistered(hello),

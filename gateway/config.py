@@ -1,0 +1,73 @@
+"""Gateway settings from a TOML file, environment variables and flags (later ones win)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.auth import SourceAuthenticator
+from gateway.server import GatewayConfig
+from gateway.session import SessionTimeouts
+
+ENV_PREFIX = "SKEWLESS_GATEWAY_"
+_INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "idle_timeout_s",
+             "partial_frame_timeout_s"}
+KNOWN_KEYS = _INT_KEYS | {"host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key",
+                          "auth_tokens", "auth_hmac_secret", "allowed_sources", "producer"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if config_file is not None:
+        with config_file.open("rb") as handle:
+            settings.update(tomllib.load(handle).get("gateway", {}))
+    for key, value in (os.environ if env is None else env).items():
+        if key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX):].lower()
+            settings[name] = int(value) if name in _INT_KEYS else value
+    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    unknown = set(settings) - KNOWN_KEYS
+    if unknown:
+        raise ConfigError(f"unknown gateway settings: {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
+    return settings
+
+
+def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
+    config = GatewayConfig()
+    for name in ("host", "port", "bootstrap_servers", "topic_prefix", "max_frame_bytes", "metrics_host",
+                 "metrics_port"):
+        if name in settings:
+            setattr(config, name, settings[name])
+    config.producer_config = dict(settings.get("producer", {}))
+    secret = settings.get("auth_hmac_secret")
+    allowed = settings.get("allowed_sources")
+    if isinstance(allowed, str):
+        allowed = [s for s in allowed.split(",") if s]
+    config.authenticator = SourceAuthenticator(
+        tokens=dict(settings.get("auth_tokens", {})),
+        hmac_secret=secret.encode() if isinstance(secret, str) else None,
+        allowed_sources=frozenset(allowed) if allowed is not None else None,
+    )
+    defaults = SessionTimeouts()
+    config.timeouts = SessionTimeouts(
+        handshake_us=int(settings.get("handshake_timeout_s", defaults.handshake_us / 1e6) * 1_000_000),
+        partial_frame_us=int(settings.get("partial_frame_timeout_s", defaults.partial_frame_us / 1e6) * 1_000_000),
+        idle_us=int(settings.get("idle_timeout_s", defaults.idle_us / 1e6) * 1_000_000),
+    )
+    cert, key = settings.get("tls_cert"), settings.get("tls_key")
+    if (cert is None) != (key is None):
+        raise ConfigError("tls_cert and tls_key go together")
+    if cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        config.ssl_context = context
+    return config

@@ -1,0 +1,41 @@
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, build_config, load_settings
+
+
+def test_file_then_env_then_flags(tmp_path: Path):
+    toml = tmp_path / "gw.toml"
+    toml.write_text('[gateway]\nport = 7001\ntopic_prefix = "file"\nidle_timeout_s = 7\n'
+                    '[gateway.auth_tokens]\ns1 = "t1"\n[gateway.producer]\n"linger.ms" = 5\n')
+    settings = load_settings(toml, env={"SKEWLESS_GATEWAY_PORT": "7002", "SKEWLESS_GATEWAY_TOPIC_PREFIX": "env",
+                                        "UNRELATED": "x"},
+                             overrides={"topic_prefix": "flag", "host": None})
+    config = build_config(settings)
+    assert config.port == 7002
+    assert config.topic_prefix == "flag"
+    assert config.host == "127.0.0.1"
+    assert config.timeouts.idle_us == 7_000_000
+    assert dict(config.authenticator.tokens) == {"s1": "t1"}
+    assert config.producer_config == {"linger.ms": 5}
+    assert config.ssl_context is None
+
+
+def test_unknown_setting_is_an_error(tmp_path: Path):
+    toml = tmp_path / "gw.toml"
+    toml.write_text("[gateway]\nprot = 1\n")
+    with pytest.raises(ConfigError, match="unknown gateway settings: \\['prot'\\]"):
+        load_settings(toml, env={})
+
+
+def test_tls_needs_cert_and_key():
+    with pytest.raises(ConfigError, match="go together"):
+        build_config({"tls_cert": "/x.pem"})
+
+
+def test_hmac_and_allowed_sources_from_env():
+    config = build_config(load_settings(None, env={"SKEWLESS_GATEWAY_AUTH_HMAC_SECRET": "s3cret",
+                                                   "SKEWLESS_GATEWAY_ALLOWED_SOURCES": "a,b"}))
+    assert config.authenticator.hmac_secret == b"s3cret"
+    assert config.authenticator.allowed_sources == frozenset({"a", "b"})
