@@ -37,7 +37,7 @@ class KafkaPublisher:
                   "error_cb": self._on_error}
         self._producer = Producer(config)
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None) -> None:
         try:
             self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
         except BufferError as exc:

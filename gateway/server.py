@@ -9,6 +9,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import orjson
 from confluent_kafka import KafkaError, Message
 
 from gateway import messages
@@ -16,7 +17,8 @@ from gateway.acks import DeliveryTracker
 from gateway.auth import SourceAuthenticator
 from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.metrics import MetricsServer, make_registry
-from gateway.publisher import KafkaPublisher, QueueFull
+from gateway.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
+from gateway.publisher import DeliveryCallback, KafkaPublisher, QueueFull
 from gateway.session import (
     CloseConnection,
     DrainRequested,
@@ -28,14 +30,16 @@ from gateway.session import (
     SessionTimeouts,
     SourceRegistered,
 )
+from reorder.clock import IdentityClock, ReferenceClock
 from skewless.clock import ClockUs, system_time_us
 from skewless.kafka_admin import ensure_topics
-from skewless.records import EventRecord
+from skewless.records import CONTRACT_VERSION, EventRecord
 from skewless.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.002
+PUNCTUATION_KEY = b"__punctuation__"
 TIMEOUT_SWEEP_INTERVAL_S = 0.5
 # Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
 MAX_PENDING_ACTIONS = 64
@@ -54,6 +58,9 @@ class GatewayConfig:
     ssl_context: ssl.SSLContext | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # None: trust source clocks (ref = source time, uncertainty 0), for sources already disciplined by NTP/PTP.
+    reference_clock: ReferenceClock | None = None
 
 
 @dataclass
@@ -101,6 +108,9 @@ class Gateway:
         self._metrics: MetricsServer | None = None
         self._last_kafka_error: str | None = None
         self._last_delivery_us: int | None = None
+        self.pipeline = IngestPipeline(config.reference_clock or IdentityClock(), config.pipeline)
+        self._publish_lock = asyncio.Lock()
+        self._deadline_changed = asyncio.Event()
 
     @property
     def port(self) -> int:
@@ -113,7 +123,8 @@ class Gateway:
         self._server = await loop.create_server(lambda: ConnectionHandler(self), self.config.host, self.config.port,
                                                 ssl=self.config.ssl_context)
         self._tasks = [asyncio.create_task(self._poll_forever(), name="kafka-poll"),
-                       asyncio.create_task(self._sweep_timeouts(), name="session-timeouts")]
+                       asyncio.create_task(self._sweep_timeouts(), name="session-timeouts"),
+                       asyncio.create_task(self._run_deadlines(), name="pipeline-deadlines")]
         if self.config.metrics_port is not None:
             self._metrics = MetricsServer(make_registry(self), self.health)
             await self._metrics.start(self.config.metrics_host, self.config.metrics_port)
@@ -188,35 +199,81 @@ class Gateway:
             if not handlers:
                 del self._connections[source_id]
 
-    async def publish(self, source_id: str, event: messages.IncomingEvent, arrival_ts_us: int,
-                      origin: ConnectionHandler) -> None:
-        self.counters.events_received += 1
-        if not self.tracker.accept(source_id, event.stream, event.seq):
-            self.counters.duplicates += 1
-            acked = self.tracker.acked_through(source_id, event.stream)
-            if acked is not None and acked >= event.seq:
-                origin.send_frame(messages.ack(event.stream, acked))
+    def register_source(self, source_id: str, streams: tuple[str, ...]) -> list[PipelineOutput]:
+        return self.pipeline.register(source_id, streams, self._clock_us())
+
+    def accept_events(self, source_id: str, events: tuple[messages.IncomingEvent, ...], arrival_ts_us: int,
+                      origin: ConnectionHandler) -> list[PipelineOutput]:
+        """Dedup, then the ordering pipeline; returns what is ready to publish, in order."""
+        outputs: list[PipelineOutput] = []
+        for event in events:
+            self.counters.events_received += 1
+            if not self.tracker.accept(source_id, event.stream, event.seq):
+                self.counters.duplicates += 1
+                acked = self.tracker.acked_through(source_id, event.stream)
+                if acked is not None and acked >= event.seq:
+                    origin.send_frame(messages.ack(event.stream, acked))
+                continue
+            outputs += self.pipeline.push(source_id, event, arrival_ts_us)
+        self._wake_deadline_task()
+        return outputs
+
+    def accept_heartbeat(self, source_id: str, heartbeat: messages.Heartbeat) -> list[PipelineOutput]:
+        self.counters.heartbeats += 1
+        outputs = self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, self._clock_us())
+        self._wake_deadline_task()
+        return outputs
+
+    async def publish(self, outputs: list[PipelineOutput]) -> None:
+        """Produce in pipeline order; waits (and so stops reading sockets) while librdkafka's queue is full."""
+        if not outputs:
             return
-        now_us = self._clock_us()
-        record = EventRecord(
-            stream=event.stream, source_id=source_id, seq=event.seq, source_ts_us=event.source_ts_us,
-            # Until time sync lands the reference time is the source's own timestamp, with no uncertainty.
-            ref_ts_us=event.source_ts_us, uncertainty_us=0,
-            arrival_ts_us=arrival_ts_us, release_ts_us=now_us, payload=event.payload,
-        )
-        value = record.to_json()
-        topic = self.topics.events(event.stream)
+        async with self._publish_lock:
+            for output in outputs:
+                if isinstance(output, PublishRecord):
+                    record = output.record
+                    topic = self.topics.events(record.stream) if output.topic == "events" else self.topics.late(
+                        record.stream)
+                    await self._produce(topic, record.key, record.to_json(), self._delivery_callback(record))
+                else:
+                    value = orjson.dumps({"v": CONTRACT_VERSION, "kind": "punctuation", "stream": output.stream,
+                                          "watermark_us": output.watermark_us, "release_ts_us": output.at_us})
+                    await self._produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None)
+
+    def _delivery_callback(self, record: EventRecord) -> DeliveryCallback:
+        source_id, stream, seq = record.source_id, record.stream, record.seq
 
         def on_delivery(error: KafkaError | None, _message: Message) -> None:
-            self._on_delivery(source_id, event.stream, event.seq, error)
+            self._on_delivery(source_id, stream, seq, error)
 
+        return on_delivery
+
+    async def _produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None) -> None:
         while True:
             try:
-                self._publisher.produce(topic, record.key, value, on_delivery)
+                self._publisher.produce(topic, key, value, on_delivery)
                 return
             except QueueFull:
-                # librdkafka's queue is full: yield so poll() can drain it; this connection is not read meanwhile.
                 await asyncio.sleep(0.005)
+
+    async def _run_deadlines(self) -> None:
+        """Fires reorder gap timeouts and merge waits when the pipeline says they are due."""
+        while True:
+            self._deadline_changed.clear()
+            deadline_us = self.pipeline.next_deadline_us()
+            if deadline_us is None:
+                await self._deadline_changed.wait()
+                continue
+            delay_s = (deadline_us - self._clock_us()) / 1e6
+            if delay_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay_s):
+                        await self._deadline_changed.wait()
+                continue
+            await self.publish(self.pipeline.advance(self._clock_us()))
+
+    def _wake_deadline_task(self) -> None:
+        self._deadline_changed.set()
 
     def _on_delivery(self, source_id: str, stream: str, seq: int, error: KafkaError | None) -> None:
         if error is not None:
@@ -306,13 +363,13 @@ class ConnectionHandler(asyncio.Protocol):
         if isinstance(action, SourceRegistered):
             await self.gateway.ensure_streams(action.hello.streams)
             self.gateway.register(action.hello.source_id, self)
+            await self.gateway.publish(self.gateway.register_source(action.hello.source_id, action.hello.streams))
         elif isinstance(action, SendBytes):
             self.send_bytes(action.data)
         elif isinstance(action, EventsReceived):
-            for event in action.events:
-                await self.gateway.publish(action.source_id, event, arrival_ts_us, self)
+            await self.gateway.publish(self.gateway.accept_events(action.source_id, action.events, arrival_ts_us, self))
         elif isinstance(action, HeartbeatReceived):
-            self.gateway.counters.heartbeats += 1
+            await self.gateway.publish(self.gateway.accept_heartbeat(action.source_id, action.heartbeat))
         elif isinstance(action, DrainRequested):
             # Acks for this source keep flowing to the source's other connections; this one can go.
             self.close()

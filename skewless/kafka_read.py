@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 
@@ -41,3 +43,14 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
         return [r for p in partitions for r in records[p]]
     finally:
         consumer.close()
+
+
+def read_stream(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]],
+                                                                                     list[dict[str, Any]]]:
+    """An events topic split into (event records, punctuation records), each in topic order."""
+    events: list[dict[str, Any]] = []
+    punctuations: list[dict[str, Any]] = []
+    for _key, value in read_topic(bootstrap_servers, topic, timeout_s):
+        record = orjson.loads(value)
+        (punctuations if record.get("kind") == "punctuation" else events).append(record)
+    return events, punctuations

@@ -34,6 +34,7 @@ class EventRecord:
     def to_json(self) -> bytes:
         value: dict[str, Any] = {
             "v": CONTRACT_VERSION,
+            "kind": "event",
             "stream": self.stream,
             "source_id": self.source_id,
             "seq": self.seq,

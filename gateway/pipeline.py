@@ -1,0 +1,240 @@
+"""The gateway's ordering pipeline, sans-IO: per-source sequence reorderers feeding one merger per stream.
+
+    events of a source ──▶ SequenceReorderer(source, stream) ──▶ ReferenceClock ──▶ MultiSourceMerger(stream)
+                                  │ late, gaps                      │ future-dated          │ late, punctuation
+                                  ▼                                  ▼                       ▼
+                             late topic                         late topic            events topic (ordered)
+
+The shell passes the gateway clock's `now_us` into every call and calls `advance(now_us)` when
+`next_deadline_us()` is due. Outputs are plain records the shell publishes; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from gateway.messages import IncomingEvent
+from reorder.clock import ReferenceClock
+from reorder.merger import MergerConfig, MultiSourceMerger
+from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
+from reorder.sequence import SequenceConfig, SequenceReorderer
+from skewless.records import EventRecord
+
+# The events topic promises order, so late events only go to the late topic (Query 4.3's 7th parameter = drop).
+GATEWAY_SEQUENCE_DEFAULTS = SequenceConfig(drop_late=True)
+# A clock more than a minute ahead of the gateway is broken, not early: quarantined so it cannot drag the
+# merge and the watermark into the future.
+DEFAULT_MAX_FUTURE_US = 60_000_000
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    sequence: SequenceConfig = GATEWAY_SEQUENCE_DEFAULTS
+    merger: MergerConfig = field(default_factory=MergerConfig)
+    max_future_us: int = DEFAULT_MAX_FUTURE_US
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRecord:
+    record: EventRecord
+    topic: Literal["events", "late"]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishPunctuation:
+    stream: str
+    watermark_us: int
+    at_us: int
+
+
+PipelineOutput = PublishRecord | PublishPunctuation
+
+
+@dataclass
+class PipelineCounters:
+    released: int = 0
+    late: int = 0
+    quarantined: int = 0
+    gaps: int = 0
+    gap_events_skipped: int = 0
+    source_timeouts: int = 0
+    punctuations: int = 0
+
+
+class _StreamPipeline:
+    def __init__(self, stream: str, clock: ReferenceClock, config: PipelineConfig) -> None:
+        self.reorderers: dict[str, SequenceReorderer] = {}
+        self.config = config
+        self.stream = stream
+        self.merger = MultiSourceMerger(stream, clock, config.merger, timeout_for=self._merge_wait)
+
+    def _merge_wait(self, source_id: str, now_us: int) -> int:
+        reorderer = self.reorderers.get(source_id)
+        return self.config.merger.default_timeout_us if reorderer is None else reorderer.merge_wait_us(now_us)
+
+    def reorderer(self, source_id: str, initial_seq: int) -> SequenceReorderer:
+        reorderer = self.reorderers.get(source_id)
+        if reorderer is None:
+            config = self.config.sequence
+            if initial_seq != config.initial_seq:
+                config = replace(config, initial_seq=initial_seq)
+            reorderer = SequenceReorderer(source_id, self.stream, config)
+            self.reorderers[source_id] = reorderer
+        return reorderer
+
+
+class IngestPipeline:
+    def __init__(self, clock: ReferenceClock, config: PipelineConfig | None = None) -> None:
+        self.clock = clock
+        self.config = config or PipelineConfig()
+        self.counters = PipelineCounters()
+        self._streams: dict[str, _StreamPipeline] = {}
+        self._next_seq_hint: dict[tuple[str, str], int] = {}
+        # Lazy heap of (deadline_us, stream, source_id or "" for the merger); stale entries are skipped.
+        self._deadlines: list[tuple[int, str, str]] = []
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def resume_from(self, source_id: str, stream: str, next_seq: int) -> None:
+        """After a restart: this source's events below `next_seq` are already in Kafka."""
+        self._next_seq_hint[(source_id, stream)] = next_seq
+
+    def register(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[PipelineOutput]:
+        out: list[PipelineOutput] = []
+        for stream in streams:
+            pipeline = self._stream(stream)
+            pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
+            self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
+        return out
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def push(self, source_id: str, event: IncomingEvent, arrival_us: int) -> list[PipelineOutput]:
+        pipeline = self._stream(event.stream)
+        reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, event.stream), 0))
+        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+        out: list[PipelineOutput] = []
+        self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out)
+        self._track(pipeline, source_id)
+        return out
+
+    def heartbeat(self, source_id: str, next_seq: dict[str, int], source_ts_us: int,
+                  now_us: int) -> list[PipelineOutput]:
+        out: list[PipelineOutput] = []
+        for stream, seq in next_seq.items():
+            pipeline = self._stream(stream)
+            reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
+            # Only a source whose every event up to next_seq - 1 has left its reorderer is proven caught up.
+            if reorderer.expected_seq >= seq and reorderer.buffered == 0:
+                self._merge_outputs(pipeline, pipeline.merger.heartbeat(source_id, seq - 1, source_ts_us, now_us),
+                                    out)
+                self._track(pipeline, "")
+        return out
+
+    def advance(self, now_us: int) -> list[PipelineOutput]:
+        out: list[PipelineOutput] = []
+        while self._deadlines and self._deadlines[0][0] <= now_us:
+            _deadline, stream, source_id = heapq.heappop(self._deadlines)
+            pipeline = self._streams[stream]
+            if source_id:
+                reorderer = pipeline.reorderers[source_id]
+                due = reorderer.next_deadline_us()
+                if due is not None and due <= now_us:
+                    self._reorder_outputs(pipeline, reorderer.advance(now_us), now_us, out)
+                self._track(pipeline, source_id)
+            else:
+                due = pipeline.merger.next_deadline_us()
+                if due is not None and due <= now_us:
+                    self._merge_outputs(pipeline, pipeline.merger.advance(now_us), out)
+                self._track(pipeline, "")
+        return out
+
+    def next_deadline_us(self) -> int | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def buffered(self) -> dict[str, int]:
+        """Events held per source (all streams): reorder buffers plus merge queues."""
+        held: dict[str, int] = {}
+        for pipeline in self._streams.values():
+            for source_id, reorderer in pipeline.reorderers.items():
+                held[source_id] = held.get(source_id, 0) + reorderer.buffered
+        return held
+
+    def watermark_us(self, stream: str) -> int | None:
+        pipeline = self._streams.get(stream)
+        return None if pipeline is None else pipeline.merger.watermark_us
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _stream(self, stream: str) -> _StreamPipeline:
+        pipeline = self._streams.get(stream)
+        if pipeline is None:
+            pipeline = _StreamPipeline(stream, self.clock, self.config)
+            self._streams[stream] = pipeline
+        return pipeline
+
+    def _track(self, pipeline: _StreamPipeline, source_id: str) -> None:
+        if source_id:
+            due = pipeline.reorderers[source_id].next_deadline_us()
+            if due is not None:
+                heapq.heappush(self._deadlines, (due, pipeline.stream, source_id))
+        due = pipeline.merger.next_deadline_us()
+        if due is not None:
+            heapq.heappush(self._deadlines, (due, pipeline.stream, ""))
+
+    def _reorder_outputs(self, pipeline: _StreamPipeline, outputs: list[Released | Late | GapSkipped], now_us: int,
+                         out: list[PipelineOutput]) -> None:
+        for item in outputs:
+            if isinstance(item, Released):
+                if item.late:
+                    continue  # also reported as Late, which is what the gateway publishes
+                self._to_merger(pipeline, item, now_us, out)
+            elif isinstance(item, Late):
+                self.counters.late += 1
+                out.append(self._late_record(item.event, item.arrival_us, now_us, item.reason, item.lateness_us))
+            else:
+                self.counters.gaps += 1
+                self.counters.gap_events_skipped += item.last_seq - item.first_seq + 1
+
+    def _to_merger(self, pipeline: _StreamPipeline, released: Released, now_us: int,
+                   out: list[PipelineOutput]) -> None:
+        event = released.event
+        ref_us, _error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+        if ref_us - now_us > self.config.max_future_us:
+            self.counters.quarantined += 1
+            out.append(self._late_record(event, released.arrival_us, now_us, "future_dated", ref_us - now_us))
+            return
+        self._merge_outputs(pipeline, pipeline.merger.push(event, released.arrival_us, now_us), out)
+
+    def _merge_outputs(self, pipeline: _StreamPipeline, outputs: list[Merged | Punctuation | SourceTimedOut | Late],
+                       out: list[PipelineOutput]) -> None:
+        for item in outputs:
+            if isinstance(item, Merged):
+                self.counters.released += 1
+                event = item.event
+                _ref, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+                out.append(PublishRecord(EventRecord(
+                    stream=event.stream, source_id=event.source_id, seq=event.seq,
+                    source_ts_us=event.source_ts_us, ref_ts_us=item.ref_ts_us, uncertainty_us=error_us,
+                    arrival_ts_us=item.arrival_us, release_ts_us=item.release_us, payload=event.payload), "events"))
+            elif isinstance(item, Punctuation):
+                self.counters.punctuations += 1
+                out.append(PublishPunctuation(item.stream, item.watermark_us, item.at_us))
+            elif isinstance(item, SourceTimedOut):
+                self.counters.source_timeouts += 1
+            else:
+                self.counters.late += 1
+                out.append(self._late_record(item.event, item.arrival_us, item.arrival_us, item.reason,
+                                             item.lateness_us))
+
+    def _late_record(self, event: SourceEvent, arrival_us: int, now_us: int, reason: str,
+                     lateness_us: int) -> PublishRecord:
+        ref_us, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+        return PublishRecord(EventRecord(
+            stream=event.stream, source_id=event.source_id, seq=event.seq, source_ts_us=event.source_ts_us,
+            ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us,
+            late=True, payload=event.payload, late_reason=reason, extra={"lateness_us": lateness_us}), "late")

@@ -1,0 +1,310 @@
+"""Multi-source merger per stream: thesis section 3.2.2, plus exact watermarks and punctuation.
+
+Input: each source's events already in sequence order (from a :class:`reorder.sequence.SequenceReorderer`).
+Output: :class:`~reorder.records.Merged` events in reference-time order, :class:`Punctuation`,
+:class:`SourceTimedOut` and :class:`Late` records.
+
+Thesis rule (``mode="thesis"``): look at the head of every source's queue and release the smallest
+``t_ref``; if a source that is not flagged timed out has an empty queue, wait for it up to its timeout,
+then flag it timed out; the flag drops on its next event.
+
+Watermark rule (``mode="watermark"``, default).  A source's *frontier* is the reference time of the
+newest event it handed to the merger, or of a heartbeat / re-sync that carried its current seq and
+clock once every event up to that seq was delivered.  Its next event cannot be earlier than that (the
+source clock is monotonic and seq follows it), so an empty source whose frontier is at or past the
+smallest head does not hold the merge back and is never timed out.  The watermark is
+``min over live sources of (head t_ref, or frontier if empty) - error bound``; it only moves forward,
+and a :class:`Punctuation` carries it downstream: no event with a smaller ``t_ref`` follows on the main
+output.  An event that would break that promise (a timed-out source coming back with old events) goes
+to the late side output instead, with how far behind the watermark it was.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from reorder.clock import ReferenceClock
+from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
+
+__all__ = ["MergeOutput", "MergerConfig", "MergerCounters", "MultiSourceMerger"]
+
+MergeOutput = Merged | Punctuation | SourceTimedOut | Late
+
+_NEVER = -(1 << 62)
+
+#: Events one source may have queued while the merge waits for another; past it the source being
+#: waited for is flagged timed out at once (memory is bounded, the wait is not worth more).
+DEFAULT_MAX_QUEUED = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class MergerConfig:
+    mode: Literal["watermark", "thesis"] = "watermark"
+    default_timeout_us: int = 500_000
+    """Wait for a silent source when no per-source timeout function is given."""
+    punctuation_interval_us: int = 1_000
+    """Punctuation is emitted at most this often (gateway time) and only when the watermark moved."""
+    max_queued_per_source: int = DEFAULT_MAX_QUEUED
+
+
+@dataclass(slots=True)
+class MergerCounters:
+    merged: int = 0
+    timeouts: int = 0
+    late: int = 0
+    punctuations: int = 0
+    heartbeats: int = 0
+    peak_queued: int = 0
+
+
+class _Source:
+    __slots__ = ("error_us", "frontier", "last_seq", "pending_beat", "queue", "timed_out", "wait_deadline")
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[int, SourceEvent, int]] = deque()
+        self.frontier = _NEVER
+        self.error_us = 0
+        self.last_seq: int | None = None
+        self.pending_beat: tuple[int, int] | None = None  # (seq, ref_ts_us) not yet covered
+        self.timed_out = False
+        self.wait_deadline: int | None = None
+
+
+class MultiSourceMerger:
+    """Merges the ordered per-source queues of one stream by reference timestamp."""
+
+    def __init__(
+        self,
+        stream: str,
+        clock: ReferenceClock,
+        config: MergerConfig | None = None,
+        timeout_for: Callable[[str, int], int] | None = None,
+    ) -> None:
+        """``timeout_for(source_id, now_us)`` gives how long to wait for that silent source."""
+        self.stream = stream
+        self.clock = clock
+        self.config = config if config is not None else MergerConfig()
+        self._timeout_for = timeout_for
+        self.counters = MergerCounters()
+        self._sources: dict[str, _Source] = {}
+        self._heads: list[tuple[int, str]] = []  # one (ref, source) per non-empty queue
+        self._empty: list[tuple[int, str]] = []  # lazy heap of (frontier, source) of empty live sources
+        self._blocker: str | None = None
+        self._watermark = _NEVER
+        self._emitted_watermark = _NEVER
+        self._next_punctuation_us = _NEVER
+        self._queued = 0
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def watermark_us(self) -> int | None:
+        """The latest punctuated watermark, or None before the first."""
+        return None if self._emitted_watermark == _NEVER else self._emitted_watermark
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def sources(self) -> list[str]:
+        return list(self._sources)
+
+    def is_timed_out(self, source_id: str) -> bool:
+        return self._sources[source_id].timed_out
+
+    def next_deadline_us(self) -> int | None:
+        if self._blocker is None:
+            return None
+        return self._sources[self._blocker].wait_deadline
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def push(self, event: SourceEvent, arrival_us: int, now_us: int, *, late: bool = False) -> list[MergeOutput]:
+        """An event released by the source's reorderer; ``late`` if it was released behind its successors."""
+        src = self._source(event.source_id)
+        ref, err = self.clock.to_reference(event.source_id, event.source_ts_us)
+        src.error_us = err
+        out: list[MergeOutput] = []
+        self._revive(event.source_id, src)
+        watermark_mode = self.config.mode == "watermark"
+        if watermark_mode and ref < self._emitted_watermark:
+            self.counters.late += 1
+            out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
+            return out
+        if late:
+            # passed through by the reorderer's configuration: it is already behind, do not hold it
+            self.counters.merged += 1
+            out.append(Merged(event, arrival_us, now_us, ref))
+            return out
+        if event.seq > (src.last_seq if src.last_seq is not None else _NEVER):
+            src.last_seq = event.seq
+        src.frontier = max(src.frontier, ref)
+        self._apply_pending_beat(event.source_id, src)
+        was_empty = not src.queue
+        src.queue.append((ref, event, arrival_us))
+        self._queued += 1
+        self.counters.peak_queued = max(self.counters.peak_queued, self._queued)
+        if was_empty:
+            heapq.heappush(self._heads, (ref, event.source_id))
+        if len(src.queue) > self.config.max_queued_per_source and self._blocker is not None:
+            self._time_out(self._blocker, now_us, out)
+        self._drain(now_us, out)
+        return out
+
+    def register(self, source_id: str, now_us: int) -> list[MergeOutput]:
+        """Announce a source (e.g. at its first time sync): from now on the merge waits for it."""
+        src = self._source(source_id)
+        self._revive(source_id, src)
+        out: list[MergeOutput] = []
+        self._drain(now_us, out)
+        return out
+
+    def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int) -> list[MergeOutput]:
+        """Proof of life: the source had sent every event up to ``seq`` when its clock read ``source_ts_us``.
+
+        It also registers the source, so the merge waits for it from its first sync on.
+        """
+        src = self._source(source_id)
+        self.counters.heartbeats += 1
+        ref, err = self.clock.to_reference(source_id, source_ts_us)
+        src.error_us = err
+        self._revive(source_id, src)
+        if src.pending_beat is None or seq >= src.pending_beat[0]:
+            src.pending_beat = (seq, ref)
+        self._apply_pending_beat(source_id, src)
+        out: list[MergeOutput] = []
+        self._drain(now_us, out)
+        return out
+
+    def advance(self, now_us: int) -> list[MergeOutput]:
+        """Fire the wait on a silent source if its deadline is at or before ``now_us``."""
+        out: list[MergeOutput] = []
+        while self._blocker is not None:
+            deadline = self._sources[self._blocker].wait_deadline
+            if deadline is None or deadline > now_us:
+                break
+            self._time_out(self._blocker, deadline, out)
+            self._drain(deadline, out)
+        return out
+
+    def flush(self, now_us: int) -> list[MergeOutput]:
+        """End of stream: release everything queued in reference order without waiting."""
+        out: list[MergeOutput] = []
+        for sid in list(self._sources):
+            src = self._sources[sid]
+            if not src.queue and not src.timed_out:
+                self._time_out(sid, now_us, out, report=False)
+        self._drain(now_us, out)
+        return out
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _source(self, source_id: str) -> _Source:
+        src = self._sources.get(source_id)
+        if src is None:
+            src = _Source()
+            self._sources[source_id] = src
+            heapq.heappush(self._empty, (src.frontier, source_id))
+        return src
+
+    def _revive(self, source_id: str, src: _Source) -> None:
+        src.wait_deadline = None
+        if self._blocker == source_id:
+            self._blocker = None
+        if src.timed_out:
+            src.timed_out = False
+            if not src.queue:
+                heapq.heappush(self._empty, (src.frontier, source_id))
+
+    def _apply_pending_beat(self, source_id: str, src: _Source) -> None:
+        """Advance the frontier to a heartbeat's clock once every event up to its seq was delivered."""
+        beat = src.pending_beat
+        if beat is None or self.config.mode != "watermark":
+            return
+        seq, ref = beat
+        delivered = src.last_seq if src.last_seq is not None else -1
+        if delivered < seq:
+            return
+        src.pending_beat = None
+        if ref > src.frontier:
+            src.frontier = ref
+            if not src.queue and not src.timed_out:
+                # the old (lower) entry of this source becomes stale and is dropped lazily
+                heapq.heappush(self._empty, (ref, source_id))
+
+    def _top_blocker(self, ref: int) -> str | None:
+        """The empty live source with the lowest frontier, if it could still send something below ``ref``."""
+        empty = self._empty
+        sources = self._sources
+        thesis = self.config.mode == "thesis"
+        while empty:
+            frontier, sid = empty[0]
+            src = sources[sid]
+            if src.queue or src.timed_out or src.frontier != frontier:
+                heapq.heappop(empty)  # stale entry
+                continue
+            if thesis or frontier < ref:
+                return sid
+            return None
+        return None
+
+    def _time_out(self, source_id: str, at_us: int, out: list[MergeOutput], *, report: bool = True) -> None:
+        src = self._sources[source_id]
+        src.timed_out = True
+        src.wait_deadline = None
+        if self._blocker == source_id:
+            self._blocker = None
+        if report:
+            self.counters.timeouts += 1
+            out.append(SourceTimedOut(self.stream, source_id, at_us))
+
+    def _drain(self, now_us: int, out: list[MergeOutput]) -> None:
+        heads = self._heads
+        sources = self._sources
+        while heads:
+            ref, sid = heads[0]
+            blocker = self._top_blocker(ref)
+            if blocker is not None:
+                if self._blocker != blocker:
+                    self._blocker = blocker
+                    bsrc = sources[blocker]
+                    if bsrc.wait_deadline is None:
+                        wait = (
+                            self._timeout_for(blocker, now_us)
+                            if self._timeout_for is not None
+                            else self.config.default_timeout_us
+                        )
+                        bsrc.wait_deadline = now_us + wait
+                break
+            self._blocker = None
+            heapq.heappop(heads)
+            src = sources[sid]
+            _, event, arrival_us = src.queue.popleft()
+            self._queued -= 1
+            self.counters.merged += 1
+            out.append(Merged(event, arrival_us, now_us, ref))
+            if src.queue:
+                heapq.heappush(heads, (src.queue[0][0], sid))
+            elif not src.timed_out:
+                heapq.heappush(self._empty, (src.frontier, sid))
+        if self.config.mode == "watermark" and now_us >= self._next_punctuation_us:
+            self._punctuate(now_us, out)
+
+    def _punctuate(self, now_us: int, out: list[MergeOutput]) -> None:
+        low: int | None = None
+        for src in self._sources.values():
+            if src.timed_out:
+                continue
+            bound = (src.queue[0][0] if src.queue else src.frontier) - src.error_us
+            if low is None or bound < low:
+                low = bound
+        if low is None or low <= self._emitted_watermark or low <= _NEVER // 2:
+            return
+        self._emitted_watermark = low
+        self._next_punctuation_us = now_us + self.config.punctuation_interval_us
+        self.counters.punctuations += 1
+        out.append(Punctuation(self.stream, low, now_us))

@@ -1,0 +1,103 @@
+"""The gateway's ordering pipeline in virtual time: reorder per source, merge by reference time, side outputs."""
+
+from gateway.messages import IncomingEvent
+from gateway.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord
+from reorder.clock import FixedOffsetClock, IdentityClock
+from reorder.merger import MergerConfig
+from reorder.sequence import SequenceConfig
+
+T0 = 1_000_000_000
+
+
+def ev(seq, ts, stream="s"):
+    return IncomingEvent(stream, seq, ts, {"seq": seq})
+
+
+def records(outputs, topic="events"):
+    return [(o.record.source_id, o.record.seq, o.record.ref_ts_us) for o in outputs
+            if isinstance(o, PublishRecord) and o.topic == topic]
+
+
+def test_single_source_out_of_order_released_in_seq_order():
+    pipe = IngestPipeline(IdentityClock())
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(1, T0 + 20), T0 + 1)
+    assert records(out) == []
+    out = pipe.push("a", ev(0, T0 + 10), T0 + 2)
+    assert records(out) == [("a", 0, T0 + 10), ("a", 1, T0 + 20)]
+    (first, _second) = [o.record for o in out if isinstance(o, PublishRecord)]
+    assert first.arrival_ts_us == T0 + 2
+    assert first.release_ts_us == T0 + 2
+    assert first.uncertainty_us == 0
+
+
+def test_two_sources_merged_by_reference_time_with_offsets():
+    # b's clock is 1000 us behind: its source time T0+500 is reference time T0+1500.
+    pipe = IngestPipeline(FixedOffsetClock({"a": 0, "b": 1_000}, error_bound_us=7))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 1_000), T0 + 10)
+    out += pipe.push("a", ev(1, T0 + 2_000), T0 + 11)
+    assert records(out) == []  # b has said nothing yet: a must wait for it
+    out = pipe.push("b", ev(0, T0 + 500), T0 + 12)
+    assert records(out) == [("a", 0, T0 + 1_000), ("b", 0, T0 + 1_500)]
+    out = pipe.heartbeat("b", {"s": 1}, T0 + 5_000, T0 + 13)
+    assert records(out) == [("a", 1, T0 + 2_000)]
+    assert [o.record.uncertainty_us for o in out if isinstance(o, PublishRecord)] == [7]
+
+
+def test_silent_source_times_out_then_merge_proceeds():
+    pipe = IngestPipeline(IdentityClock(), PipelineConfig(merger=MergerConfig(default_timeout_us=1_000)))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    assert records(pipe.push("a", ev(0, T0), T0)) == []
+    deadline = pipe.next_deadline_us()
+    assert deadline is not None
+    assert records(pipe.advance(deadline - 1)) == []
+    assert records(pipe.advance(deadline)) == [("a", 0, T0)]
+    assert pipe.counters.source_timeouts == 1
+
+
+def test_gap_skipped_after_timeout_and_late_arrival_goes_to_late_topic():
+    config = PipelineConfig(sequence=SequenceConfig(latency_threshold_us=5_000, drop_late=True))
+    pipe = IngestPipeline(IdentityClock(), config)
+    pipe.register("a", ("s",), T0)
+    pipe.push("a", ev(0, T0), T0)
+    assert records(pipe.push("a", ev(2, T0 + 2), T0 + 100)) == []
+    out = pipe.advance(T0 + 100 + 5_000)
+    assert records(out) == [("a", 2, T0 + 2)]
+    assert pipe.counters.gaps == 1
+    late = pipe.push("a", ev(1, T0 + 1), T0 + 9_000)
+    assert records(late) == []
+    (record,) = [o.record for o in late if isinstance(o, PublishRecord) and o.topic == "late"]
+    assert (record.seq, record.late, record.late_reason) == (1, True, "late_after_skip")
+    assert record.extra["lateness_us"] == 9_000 - 5_100
+
+
+def test_future_dated_event_quarantined_not_merged():
+    pipe = IngestPipeline(IdentityClock(), PipelineConfig(max_future_us=1_000))
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 1_001), T0)
+    (record,) = [o.record for o in out if isinstance(o, PublishRecord)]
+    assert (record.late_reason, record.extra["lateness_us"]) == ("future_dated", 1_001)
+    assert pipe.counters.quarantined == 1
+    # The next, sane event is not held back by the quarantined one.
+    assert records(pipe.push("a", ev(1, T0 + 5), T0 + 1)) == [("a", 1, T0 + 5)]
+
+
+def test_resume_from_starts_at_the_recovered_seq():
+    pipe = IngestPipeline(IdentityClock())
+    pipe.resume_from("a", "s", 40)
+    pipe.register("a", ("s",), T0)
+    assert records(pipe.push("a", ev(40, T0), T0)) == [("a", 40, T0)]
+    late = pipe.push("a", ev(39, T0), T0 + 1)
+    assert [o.record.late_reason for o in late if isinstance(o, PublishRecord)] == ["duplicate"]
+
+
+def test_punctuation_follows_merged_events():
+    pipe = IngestPipeline(IdentityClock(), PipelineConfig(merger=MergerConfig(punctuation_interval_us=0)))
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 50), T0 + 1)
+    punctuations = [o for o in out if isinstance(o, PublishPunctuation)]
+    assert records(out) == [("a", 0, T0 + 50)]
+    assert punctuations == [PublishPunctuation("s", T0 + 50, T0 + 1)]
