@@ -10,6 +10,7 @@ def event_schema() -> Any:
 
     return StructType([
         StructField("v", LongType()),
+        StructField("kind", StringType()),
         StructField("stream", StringType()),
         StructField("source_id", StringType()),
         StructField("seq", LongType()),
@@ -19,13 +20,18 @@ def event_schema() -> Any:
         StructField("arrival_ts_us", LongType()),
         StructField("release_ts_us", LongType()),
         StructField("late", BooleanType()),
+        StructField("late_reason", StringType()),
+        StructField("lateness_us", LongType()),
+        StructField("watermark_us", LongType()),
         # Payloads are free-form: kept as their JSON text for jobs to parse with their own schema.
         StructField("payload", StringType()),
     ])
 
 
 def read_events(spark: Any, bootstrap_servers: str, topic_pattern: str, starting_offsets: str = "earliest") -> Any:
-    """Kafka source -> parsed contract columns plus `event_time` (timestamp from ref_ts_us)."""
+    """Kafka source -> parsed contract columns plus `event_time` (timestamp from ref_ts_us).
+
+    Both events and punctuation records come out; `events_only` keeps the events."""
     from pyspark.sql import functions as F
 
     raw = (
@@ -41,3 +47,9 @@ def read_events(spark: Any, bootstrap_servers: str, topic_pattern: str, starting
         F.col("topic"), F.col("partition"), F.col("offset"),
     ).select("e.*", "topic", "partition", "offset")
     return parsed.withColumn("event_time", F.timestamp_micros(F.col("ref_ts_us")))
+
+
+def events_only(parsed: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return parsed.where((F.col("kind") == "event") & F.col("ref_ts_us").isNotNull())

@@ -33,8 +33,7 @@ def window_counts(events: Any, window: str, watermark: str) -> Any:
     from pyspark.sql import functions as F
 
     counted = (
-        events.where(F.col("ref_ts_us").isNotNull())
-        .withWatermark("event_time", watermark)
+        events.withWatermark("event_time", watermark)
         .groupBy(F.window("event_time", window).alias("w"), F.col("stream"))
         .agg(F.count(F.lit(1)).alias("count"))
     )
@@ -58,12 +57,12 @@ def to_kafka_records(results: Any) -> Any:
 
 def start(spark: Any, options: WindowCountOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from spark_jobs.contract import read_events
+    from spark_jobs.contract import events_only, read_events
 
     topics = TopicNames(options.topic_prefix)
     output_topic = topics.results(JOB_NAME)
     ensure_topics(options.bootstrap_servers, [output_topic])
-    results = window_counts(read_events(spark, options.bootstrap_servers, topics.events_pattern),
+    results = window_counts(events_only(read_events(spark, options.bootstrap_servers, topics.events_pattern)),
                             options.window, options.watermark)
 
     def write_batch(batch: Any, batch_id: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 from clients.client import SkewlessClient
 from gateway.server import Gateway
 from skewless.demo import final_window_counts
-from skewless.kafka_read import read_topic
+from skewless.kafka_read import read_stream, read_topic
 from skewless.topics import TopicNames
 
 pytestmark = pytest.mark.integration
@@ -38,11 +38,18 @@ def planned_events(source: int) -> list[tuple[str, int, dict[str, int]]]:
 async def send_all(port: int) -> dict[int, list[tuple[str, int, dict[str, int]]]]:
     plans = {s: planned_events(s) for s in range(SOURCES)}
 
+    clients = [SkewlessClient("127.0.0.1", port, f"src-{s}", ["doors", "temps"], batch_events=37)
+               for s in range(SOURCES)]
+    # Every source registers before any sends, as they would after their time sync: the merger can only wait
+    # for sources it knows.
+    await asyncio.gather(*(c.connect() for c in clients))
+
     async def one(source: int) -> None:
-        async with SkewlessClient("127.0.0.1", port, f"src-{source}", ["doors", "temps"],
-                                  batch_events=37) as client:
-            for stream, ts_us, payload in plans[source]:
-                await client.send(stream, payload, source_ts_us=ts_us)
+        client = clients[source]
+        for stream, ts_us, payload in plans[source]:
+            await client.send(stream, payload, source_ts_us=ts_us)
+        await client.flush()
+        await client.close()
 
     await asyncio.gather(*(one(s) for s in range(SOURCES)))
     return plans
@@ -54,7 +61,19 @@ async def test_events_reach_kafka_and_spark_counts_match(gateway: Gateway, kafka
 
     records = []
     for stream in ("doors", "temps"):
-        records += [orjson.loads(v) for _k, v in read_topic(kafka.bootstrap_servers, topics.events(stream))]
+        events, punctuations = read_stream(kafka.bootstrap_servers, topics.events(stream))
+        # No source timed out (each closes only after its last ack), so the merged stream is in t_ref order,
+        # and each punctuation promises that nothing older follows it.
+        assert [e["ref_ts_us"] for e in events] == sorted(e["ref_ts_us"] for e in events)
+        assert punctuations
+        position = 0
+        for value in read_topic(kafka.bootstrap_servers, topics.events(stream)):
+            record = orjson.loads(value[1])
+            if record.get("kind") == "punctuation":
+                assert all(e["ref_ts_us"] >= record["watermark_us"] for e in events[position:])
+            else:
+                position += 1
+        records += events
     assert len(records) == SOURCES * EVENTS_PER_SOURCE
     assert all(set(r) >= CONTRACT_FIELDS for r in records)
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import msgpack
-import orjson
 import pytest
 
 from clients.client import SkewlessClient
 from gateway.frames import HEADER, FrameDecoder, encode_frame
 from gateway.server import Gateway
-from skewless.kafka_read import read_topic
+from skewless.kafka_read import read_stream
 from skewless.topics import TopicNames
 
 pytestmark = pytest.mark.integration
@@ -72,7 +71,7 @@ async def test_oversized_and_garbage_frames_close_only_that_connection(gateway: 
         await good.send("s", {"i": i}, source_ts_us=1_000 + i)
     await good.flush()
     await good.close()
-    values = [orjson.loads(v) for _k, v in read_topic(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))]
+    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
     assert [v["payload"]["i"] for v in values] == list(range(100))
 
 
@@ -89,7 +88,7 @@ async def test_duplicate_resend_reaches_kafka_once(gateway: Gateway, kafka, topi
                                                     encode_frame({"type": "events", "events": events}))
     assert replies[-1] == {"type": "ack", "stream": "s", "seq": 24}
     assert gateway.counters.duplicates == 10
-    values = [orjson.loads(v) for _k, v in read_topic(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))]
+    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
     assert [v["seq"] for v in values] == list(range(25))
 
 
