@@ -20,6 +20,16 @@ class DeliveryTracker:
     def __init__(self) -> None:
         self._progress: dict[tuple[str, str], _StreamProgress] = {}
 
+    def resume(self, source_id: str, stream: str, next_seq: int) -> None:
+        """After a restart: everything below next_seq is already in Kafka (duplicates if resent)."""
+        progress = self._progress.get((source_id, stream))
+        if progress is None:
+            self._progress[(source_id, stream)] = _StreamProgress(acked_through=next_seq - 1)
+        elif progress.acked_through < next_seq - 1:
+            progress.acked_through = next_seq - 1
+            progress.confirmed_above = {s for s in progress.confirmed_above if s >= next_seq}
+            progress.accepted_above = {s for s in progress.accepted_above if s >= next_seq}
+
     def accept(self, source_id: str, stream: str, seq: int) -> bool:
         """Register an event about to be published; False if that seq was already accepted (a duplicate)."""
         progress = self._progress.get((source_id, stream))

@@ -19,6 +19,7 @@ from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.metrics import MetricsServer, make_registry
 from gateway.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
 from gateway.publisher import DeliveryCallback, KafkaPublisher, QueueFull
+from gateway.recovery import StreamProgress, progress_key, recover_stream
 from gateway.session import (
     CloseConnection,
     DrainRequested,
@@ -59,6 +60,7 @@ class GatewayConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    checkpoint_interval_s: float = 5.0
     # None: trust source clocks (ref = source time, uncertainty 0), for sources already disciplined by NTP/PTP.
     reference_clock: ReferenceClock | None = None
 
@@ -77,6 +79,7 @@ class GatewayCounters:
     heartbeats: int = 0
     timeouts: int = 0
     auth_failures: int = 0
+    recovered_sources: int = 0
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -109,6 +112,8 @@ class Gateway:
         self._last_kafka_error: str | None = None
         self._last_delivery_us: int | None = None
         self.pipeline = IngestPipeline(config.reference_clock or IdentityClock(), config.pipeline)
+        self._progress: dict[str, StreamProgress] = {}
+        self._progress_dirty: set[str] = set()
         self._publish_lock = asyncio.Lock()
         self._deadline_changed = asyncio.Event()
 
@@ -124,7 +129,8 @@ class Gateway:
                                                 ssl=self.config.ssl_context)
         self._tasks = [asyncio.create_task(self._poll_forever(), name="kafka-poll"),
                        asyncio.create_task(self._sweep_timeouts(), name="session-timeouts"),
-                       asyncio.create_task(self._run_deadlines(), name="pipeline-deadlines")]
+                       asyncio.create_task(self._run_deadlines(), name="pipeline-deadlines"),
+                       asyncio.create_task(self._checkpoint_progress(), name="progress-checkpoints")]
         if self.config.metrics_port is not None:
             self._metrics = MetricsServer(make_registry(self), self.health)
             await self._metrics.start(self.config.metrics_host, self.config.metrics_port)
@@ -156,6 +162,9 @@ class Gateway:
             await self._server.wait_closed()
         loop = asyncio.get_running_loop()
         remaining = await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
+        self._publisher.poll(0)
+        self._write_checkpoints()
+        remaining += await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
         if remaining:
             log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
         self._publisher.poll(0)
@@ -187,6 +196,15 @@ class Gateway:
             topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, ensure_topics, self.config.bootstrap_servers, topics)
+            for stream in missing:
+                progress = await loop.run_in_executor(
+                    None, recover_stream, self.config.bootstrap_servers, self.topics.sources,
+                    self.topics.events(stream), stream)
+                for source_id, next_seq in progress.next_seq.items():
+                    self.pipeline.resume_from(source_id, stream, next_seq)
+                    self.tracker.resume(source_id, stream, next_seq)
+                self._progress[stream] = progress
+                self.counters.recovered_sources += len(progress.next_seq)
             self._known_streams.update(missing)
 
     def register(self, source_id: str, handler: ConnectionHandler) -> None:
@@ -234,19 +252,39 @@ class Gateway:
                     record = output.record
                     topic = self.topics.events(record.stream) if output.topic == "events" else self.topics.late(
                         record.stream)
-                    await self._produce(topic, record.key, record.to_json(), self._delivery_callback(record))
+                    await self._produce(topic, record.key, record.to_json(),
+                                        self._delivery_callback(record, output.topic))
                 else:
                     value = orjson.dumps({"v": CONTRACT_VERSION, "kind": "punctuation", "stream": output.stream,
                                           "watermark_us": output.watermark_us, "release_ts_us": output.at_us})
                     await self._produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None)
 
-    def _delivery_callback(self, record: EventRecord) -> DeliveryCallback:
+    def _delivery_callback(self, record: EventRecord, topic_kind: str) -> DeliveryCallback:
         source_id, stream, seq = record.source_id, record.stream, record.seq
+        progress = self._progress[stream] if topic_kind == "events" else None
 
-        def on_delivery(error: KafkaError | None, _message: Message) -> None:
+        def on_delivery(error: KafkaError | None, message: Message) -> None:
+            if error is None and progress is not None:
+                offset = message.offset()
+                if offset is not None:
+                    progress.observe(source_id, seq, offset)
+                    self._progress_dirty.add(stream)
             self._on_delivery(source_id, stream, seq, error)
 
         return on_delivery
+
+    async def _checkpoint_progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval_s)
+            self._write_checkpoints()
+
+    def _write_checkpoints(self) -> None:
+        dirty, self._progress_dirty = self._progress_dirty, set()
+        for stream in dirty:
+            # Best effort: a lost checkpoint only makes the next recovery scan a little longer.
+            with contextlib.suppress(QueueFull):
+                self._publisher.produce(self.topics.sources, progress_key(stream),
+                                        self._progress[stream].to_json(stream), None)
 
     async def _produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None) -> None:
         while True:
