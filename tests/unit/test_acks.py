@@ -35,3 +35,23 @@ def test_first_seq_seen_starts_the_range():
     assert tracker.accept("s", "a", 41)
     assert tracker.confirmed("s", "a", 41) == 41
     assert not tracker.accept("s", "a", 40)
+
+
+def test_resume_marks_everything_below_as_published():
+    tracker = DeliveryTracker()
+    tracker.resume("s", "a", 10)
+    assert tracker.acked_through("s", "a") == 9
+    assert not tracker.accept("s", "a", 9)
+    assert tracker.accept("s", "a", 10)
+    assert tracker.confirmed("s", "a", 10) == 10
+
+
+def test_stream_progress_round_trip():
+    from gateway.recovery import StreamProgress
+
+    progress = StreamProgress()
+    progress.observe("x", 4, offset=17)
+    progress.observe("x", 2, offset=18)
+    progress.observe("y", 0, offset=19)
+    assert progress == StreamProgress(20, {"x": 5, "y": 1})
+    assert StreamProgress.from_json(progress.to_json("s")) == progress
