@@ -28,6 +28,13 @@ def gateway(
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
     auth_hmac_secret: Annotated[str | None, typer.Option(help="Require HMAC tokens made with this secret.",
                                                          envvar="SKEWLESS_GATEWAY_AUTH_HMAC_SECRET")] = None,
+    timesync: Annotated[bool | None, typer.Option(
+        "--timesync/--no-timesync", help="Run the NTP-format time-sync server and map source clocks [on].")] = None,
+    timesync_port: Annotated[int | None, typer.Option(help="UDP port of the time-sync server [7452].")] = None,
+    clock_offset_us: Annotated[int | None, typer.Option(
+        help="Shift the gateway's reference clock by this many microseconds (demos of a skewed reference).")] = None,
+    max_future_s: Annotated[int | None, typer.Option(
+        help="Quarantine events whose reference time is this far ahead of the gateway clock [60].")] = None,
 ) -> None:
     """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready.
 
@@ -38,7 +45,8 @@ def gateway(
         "host": host, "port": port, "bootstrap_servers": bootstrap, "topic_prefix": prefix,
         "max_frame_bytes": max_frame_bytes, "metrics_port": metrics_port,
         "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
-        "auth_hmac_secret": auth_hmac_secret,
+        "auth_hmac_secret": auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
+        "clock_offset_us": clock_offset_us, "max_future_s": max_future_s,
     })
     config = build_config(settings)
     try:
@@ -55,6 +63,8 @@ async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     await gw.start()
     typer.echo(f"listening {config.host}:{gw.port}", err=False)
+    if gw.timesync_port is not None:
+        typer.echo(f"timesync udp {config.timesync.host if config.timesync else ''}:{gw.timesync_port}")
     if gw.metrics_port is not None:
         typer.echo(f"metrics http://{config.metrics_host}:{gw.metrics_port}/metrics")
     stop = asyncio.Event()

@@ -6,18 +6,23 @@ import os
 import ssl
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gateway.auth import SourceAuthenticator
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
+from timesync.responder import ResponderConfig
+from timesync.server import DEFAULT_PORT as DEFAULT_SYNC_PORT
+from timesync.server import ServerConfig
 
 ENV_PREFIX = "SKEWLESS_GATEWAY_"
 _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "idle_timeout_s",
-             "partial_frame_timeout_s"}
+             "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s"}
 KNOWN_KEYS = _INT_KEYS | {"host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key",
-                          "auth_tokens", "auth_hmac_secret", "allowed_sources", "producer"}
+                          "auth_tokens", "auth_hmac_secret", "allowed_sources", "producer", "timesync",
+                          "timesync_host", "sync_keys", "upstream_ntp"}
 
 
 class ConfigError(ValueError):
@@ -63,6 +68,17 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         partial_frame_us=int(settings.get("partial_frame_timeout_s", defaults.partial_frame_us / 1e6) * 1_000_000),
         idle_us=int(settings.get("idle_timeout_s", defaults.idle_us / 1e6) * 1_000_000),
     )
+    if _truthy(settings.get("timesync", True)):
+        keys = {k: v.encode() for k, v in dict(settings.get("sync_keys", {})).items()}
+        upstream = settings.get("upstream_ntp", ())
+        if isinstance(upstream, str):
+            upstream = [u for u in upstream.split(",") if u]
+        config.timesync = ServerConfig(
+            host=settings.get("timesync_host", config.host), port=settings.get("timesync_port", DEFAULT_SYNC_PORT),
+            clock_offset_us=settings.get("clock_offset_us", 0), responder=ResponderConfig(keys=keys),
+            upstream_servers=tuple(upstream))
+    if "max_future_s" in settings:
+        config.pipeline = replace(config.pipeline, max_future_us=int(settings["max_future_s"]) * 1_000_000)
     cert, key = settings.get("tls_cert"), settings.get("tls_key")
     if (cert is None) != (key is None):
         raise ConfigError("tls_cert and tls_key go together")
@@ -71,3 +87,9 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         context.load_cert_chain(cert, key)
         config.ssl_context = context
     return config
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in {"0", "false", "no", "off", ""}
+    return bool(value)

@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, Message
 from gateway import messages
 from gateway.acks import DeliveryTracker
 from gateway.auth import SourceAuthenticator
+from gateway.clock_state import StoreReferenceClock, clock_state_record
 from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.metrics import MetricsServer, make_registry
 from gateway.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
@@ -36,6 +37,8 @@ from skewless.clock import ClockUs, system_time_us
 from skewless.kafka_admin import ensure_topics
 from skewless.records import CONTRACT_VERSION, EventRecord
 from skewless.topics import TopicNames
+from timesync.server import ServerConfig, TimeSyncServer, start_server
+from timesync.store import SourceInfo, SourceInfoStore
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,9 @@ class GatewayConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     checkpoint_interval_s: float = 5.0
     # None: trust source clocks (ref = source time, uncertainty 0), for sources already disciplined by NTP/PTP.
+    # With `timesync` set, the gateway runs the time-sync server and maps source times through its estimates.
     reference_clock: ReferenceClock | None = None
+    timesync: ServerConfig | None = None
 
 
 @dataclass
@@ -111,7 +116,12 @@ class Gateway:
         self._metrics: MetricsServer | None = None
         self._last_kafka_error: str | None = None
         self._last_delivery_us: int | None = None
-        self.pipeline = IngestPipeline(config.reference_clock or IdentityClock(), config.pipeline)
+        self.store = SourceInfoStore()
+        self.timesync: TimeSyncServer | None = None
+        reference_clock = config.reference_clock
+        if reference_clock is None:
+            reference_clock = StoreReferenceClock(self.store) if config.timesync is not None else IdentityClock()
+        self.pipeline = IngestPipeline(reference_clock, config.pipeline)
         self._progress: dict[str, StreamProgress] = {}
         self._progress_dirty: set[str] = set()
         self._publish_lock = asyncio.Lock()
@@ -125,6 +135,12 @@ class Gateway:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._ensure_base_topics)
+        if self.config.timesync is not None:
+            self.timesync = await start_server(self.config.timesync, store=self.store)
+            if self._clock_us is system_time_us:
+                # One reference clock for sync replies and gateway stamps (so --clock-offset-us shifts both).
+                self._clock_us = self.timesync.clock.now_us
+            self.store.add_listener(self._on_clock_update)
         self._server = await loop.create_server(lambda: ConnectionHandler(self), self.config.host, self.config.port,
                                                 ssl=self.config.ssl_context)
         self._tasks = [asyncio.create_task(self._poll_forever(), name="kafka-poll"),
@@ -139,11 +155,30 @@ class Gateway:
     def metrics_port(self) -> int | None:
         return None if self._metrics is None else self._metrics.port
 
+    def _on_clock_update(self, info: SourceInfo) -> None:
+        now_us = self._clock_us()
+        value = clock_state_record(info, now_us, self.store.max_rtt_us())
+        with contextlib.suppress(QueueFull):
+            self._publisher.produce(self.topics.sources, info.source_id.encode(), value, None)
+
+    @property
+    def timesync_port(self) -> int | None:
+        return None if self.timesync is None else self.timesync.address[1]
+
     def gauges(self) -> dict[str, float]:
         return {"connections": float(len(self._all_handlers)), "kafka_pending": float(self._publisher.pending())}
 
     def per_source_gauges(self) -> dict[str, dict[str, float]]:
-        return {source_id: {"connections": float(len(handlers))} for source_id, handlers in self._connections.items()}
+        gauges: dict[str, dict[str, float]] = {
+            source_id: {"connections": float(len(handlers))} for source_id, handlers in self._connections.items()}
+        for source_id, held in self.pipeline.buffered().items():
+            gauges.setdefault(source_id, {})["buffered_events"] = float(held)
+        now_us = self._clock_us()
+        for source_id, info in self.store.snapshot().items():
+            gauges.setdefault(source_id, {}).update({
+                "offset_us": float(info.offset_us), "rtt_us": float(info.rtt_us), "skew_ppm": info.skew_ppm,
+                "error_bound_us": float(info.error_bound_us(now_us)), "sync_samples": float(info.sample_count)})
+        return gauges
 
     def health(self) -> dict[str, Any]:
         status = "ok" if self._server is not None and self._server.is_serving() else "stopped"
@@ -174,6 +209,8 @@ class Gateway:
                 await task
         if self._metrics is not None:
             await self._metrics.stop()
+        if self.timesync is not None:
+            await self.timesync.close()
 
     async def _poll_forever(self) -> None:
         while True:

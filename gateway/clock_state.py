@@ -1,0 +1,43 @@
+"""The time-sync Source Information Store seen through the reorder package's ReferenceClock protocol, and the
+per-source clock state records of the compacted sources topic."""
+
+from __future__ import annotations
+
+import orjson
+
+from skewless.records import CONTRACT_VERSION
+from timesync.store import SourceInfo, SourceInfoStore
+
+# A source that never synced has an unknown clock: this bound keeps it from advancing any watermark.
+UNSYNCED_ERROR_BOUND_US = 3_600_000_000
+
+
+class StoreReferenceClock:
+    """t_ref = t_source + offset + skew term (Eq. 3.15 plus skew), with the estimate's growing error bound."""
+
+    def __init__(self, store: SourceInfoStore) -> None:
+        self._store = store
+
+    def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
+        info = self._store.get(source_id)
+        if info is None:
+            return source_ts_us, UNSYNCED_ERROR_BOUND_US
+        ref_us = info.to_reference_us(source_ts_us)
+        return ref_us, info.error_bound_us(ref_us)
+
+
+def clock_state_record(info: SourceInfo, now_us: int, t_a_us: int) -> bytes:
+    """Value of a `<prefix>.sources` record (key: source_id): the source's clock as the gateway knows it now."""
+    return orjson.dumps({
+        "v": CONTRACT_VERSION,
+        "kind": "clock",
+        "source_id": info.source_id,
+        "offset_us": info.offset_us,
+        "rtt_us": info.rtt_us,
+        "skew_ppm": info.skew_ppm,
+        "error_bound_us": info.error_bound_us(now_us),
+        "last_sync_us": info.last_sync_us,
+        "sample_count": info.sample_count,
+        "t_a_us": t_a_us,
+        "updated_us": now_us,
+    })
