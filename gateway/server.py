@@ -124,6 +124,7 @@ class Gateway:
         self.pipeline = IngestPipeline(reference_clock, config.pipeline)
         self._progress: dict[str, StreamProgress] = {}
         self._progress_dirty: set[str] = set()
+        self._acks_due: dict[tuple[str, str], int] = {}
         self._publish_lock = asyncio.Lock()
         self._deadline_changed = asyncio.Event()
 
@@ -198,6 +199,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         remaining = await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
         self._publisher.poll(0)
+        self._send_acks()
         self._write_checkpoints()
         remaining += await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
         if remaining:
@@ -215,7 +217,18 @@ class Gateway:
     async def _poll_forever(self) -> None:
         while True:
             self._publisher.poll(0)
+            self._send_acks()
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _send_acks(self) -> None:
+        """One cumulative ack per (source, stream) per poll, however many deliveries it covers."""
+        if not self._acks_due:
+            return
+        due, self._acks_due = self._acks_due, {}
+        for (source_id, stream), acked in due.items():
+            frame = encode_frame(messages.ack(stream, acked))
+            for handler in self._connections.get(source_id, ()):
+                handler.send_bytes(frame)
 
     async def _sweep_timeouts(self) -> None:
         while True:
@@ -361,9 +374,7 @@ class Gateway:
         self._last_delivery_us = self._clock_us()
         acked = self.tracker.confirmed(source_id, stream, seq)
         if acked is not None:
-            frame = encode_frame(messages.ack(stream, acked))
-            for handler in self._connections.get(source_id, ()):
-                handler.send_bytes(frame)
+            self._acks_due[(source_id, stream)] = acked
 
 
 class ConnectionHandler(asyncio.Protocol):

@@ -28,18 +28,25 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
         records: dict[int, list[tuple[bytes | None, bytes]]] = {p: [] for p in partitions}
         positions = dict.fromkeys(partitions, 0)
         deadline = time.monotonic() + timeout_s
-        while any(positions[p] < ends[p] for p in partitions):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic}: got {positions}, expected {ends}")
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                raise KafkaException(message.error())
-            partition, offset, value = message.partition(), message.offset(), message.value()
-            assert partition is not None and offset is not None
-            records[partition].append((message.key(), value if value is not None else b""))
-            positions[partition] = offset + 1
+        while True:
+            while any(positions[p] < ends[p] for p in partitions):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic}: got {positions}, expected {ends}")
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                if message.error():
+                    raise KafkaException(message.error())
+                partition, offset, value = message.partition(), message.offset(), message.value()
+                assert partition is not None and offset is not None
+                records[partition].append((message.key(), value if value is not None else b""))
+                positions[partition] = offset + 1
+            # The end is re-read once reached: a stale high watermark must not cut the read short.
+            latest = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                      for p in partitions}
+            if latest == ends:
+                break
+            ends = latest
         return [r for p in partitions for r in records[p]]
     finally:
         consumer.close()

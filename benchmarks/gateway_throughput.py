@@ -1,0 +1,310 @@
+"""End-to-end gateway throughput into a real Kafka broker, with 1, 20 and 100 sources.
+
+Each run: a fresh `skewless gateway` process (no time sync: source clocks trusted), a load generator in this
+process speaking the wire protocol with pre-encoded frames (so the generator costs little CPU), events in seq
+order, a bounded window of unacknowledged events per source. Measured: events/s from first send to last ack,
+gateway CPU per event (/proc), gateway memory per source (RSS growth), added latency (release - arrival, from
+the records in Kafka) and ack latency seen by sources. Writes docs/gateway-benchmark.md and a PNG.
+
+Run: .venv/bin/python benchmarks/gateway_throughput.py [--events 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from gateway.frames import FrameDecoder, encode_frame
+from skewless.kafka_broker import KafkaBroker
+from skewless.kafka_read import read_topic
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+BATCH = 500
+WINDOW = 20_000
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class RunResult:
+    sources: int
+    events: int
+    seconds: float
+    cpu_s: float
+    rss_growth_bytes: int
+    added_p50_us: float
+    added_p99_us: float
+    ack_p50_ms: float
+    ack_p99_ms: float
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds
+
+    @property
+    def cpu_us_per_event(self) -> float:
+        return self.cpu_s * 1e6 / self.events
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_rss(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+def start_gateway(bootstrap: str, prefix: str) -> tuple[subprocess.Popen[str], int]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--no-timesync", "--bootstrap", bootstrap,
+         "--prefix", prefix], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    return process, int(line.rsplit(":", 1)[1])
+
+
+def frames_for(source: int, events: int, base_us: int) -> list[tuple[int, bytes]]:
+    """(last seq, frame) per batch; every source's event time advances 10 us per event."""
+    out = []
+    for start in range(0, events, BATCH):
+        batch = [{"stream": "bench", "seq": seq, "source_ts_us": base_us + seq * 10, "payload": {"v": seq & 255}}
+                 for seq in range(start, min(start + BATCH, events))]
+        out.append((batch[-1]["seq"], encode_frame({"type": "events", "events": batch})))
+    return out
+
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter, FrameDecoder]
+
+
+async def say_hello(port: int, source: int) -> Connection:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(encode_frame({"type": "hello", "version": 1, "source_id": f"src-{source}", "streams": ["bench"]}))
+    decoder = FrameDecoder()
+    while not decoder.feed(await reader.read(65536)):
+        pass
+    return reader, writer, decoder
+
+
+async def run_source(connection: Connection, frames: list[tuple[int, bytes]], final_ts_us: int,
+                     ack_latencies: list[float]) -> None:
+    reader, writer, decoder = connection
+    acked = -1
+    sent_at: dict[int, float] = {}
+    ack_event = asyncio.Event()
+
+    async def read_acks() -> None:
+        nonlocal acked
+        while data := await reader.read(65536):
+            for message in decoder.feed(data):
+                if message["type"] == "ack":
+                    now = time.perf_counter()
+                    acked = message["seq"]
+                    for last in [s for s in sent_at if s <= acked]:
+                        ack_latencies.append((now - sent_at.pop(last)) * 1e3)
+                    ack_event.set()
+
+    reader_task = asyncio.create_task(read_acks())
+    for last_seq, frame in frames:
+        while last_seq - acked > WINDOW:
+            ack_event.clear()
+            await ack_event.wait()
+        sent_at[last_seq] = time.perf_counter()
+        writer.write(frame)
+        await writer.drain()
+    final_seq = frames[-1][0]
+    # Heartbeat: this source is done, nothing older will come, so the merge need not wait for it.
+    writer.write(encode_frame({"type": "heartbeat", "source_ts_us": final_ts_us, "next_seq": {"bench": final_seq + 1}}))
+    while acked < final_seq:
+        ack_event.clear()
+        await ack_event.wait()
+    reader_task.cancel()
+    writer.close()
+
+
+async def load(port: int, sources: int, per_source: int) -> tuple[float, list[float]]:
+    base_us = time.time_ns() // 1000
+    all_frames = [frames_for(s, per_source, base_us) for s in range(sources)]
+    latencies: list[float] = []
+    final_ts = base_us + per_source * 10 + 1_000_000
+    # Every source joins the merge before any sends (as after its time sync): the synthetic event times of all
+    # sources start together, and a source that joined later would find them behind the watermark.
+    connections = await asyncio.gather(*(say_hello(port, s) for s in range(sources)))
+    started = time.perf_counter()
+    await asyncio.gather(*(run_source(connections[s], all_frames[s], final_ts, latencies) for s in range(sources)))
+    return time.perf_counter() - started, latencies
+
+
+async def paced_source(connection: Connection, source: int, rate: float, seconds: float, frame_every_s: float,
+                       ) -> int:
+    """Real-time source: every frame_every_s, the events due since the last frame, stamped with the real clock."""
+    reader, writer, decoder = connection
+    per_frame = max(1, round(rate * frame_every_s))
+    seq = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() - start < seconds:
+        now_us = time.time_ns() // 1000
+        batch = [{"stream": "bench", "seq": seq + i, "source_ts_us": now_us, "payload": {"v": i}}
+                 for i in range(per_frame)]
+        seq += per_frame
+        writer.write(encode_frame({"type": "events", "events": batch}))
+        await asyncio.sleep(frame_every_s)
+    writer.write(encode_frame({"type": "heartbeat", "source_ts_us": time.time_ns() // 1000,
+                               "next_seq": {"bench": seq}}))
+    want = {"type": "ack", "stream": "bench", "seq": seq - 1}
+    async with asyncio.timeout(60):
+        while want not in decoder.feed(await reader.read(65536)):
+            pass
+    writer.close()
+    return seq
+
+
+async def paced_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float) -> int:
+    connections = await asyncio.gather(*(say_hello(port, s) for s in range(sources)))
+    counts = await asyncio.gather(*(paced_source(connections[s], s, rate, seconds, frame_every_s)
+                                    for s in range(sources)))
+    return sum(counts)
+
+
+def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_every_s: float) -> dict[str, float]:
+    prefix = f"paced{sources}x{int(time.time())}"
+    process, port = start_gateway(bootstrap, prefix)
+    try:
+        time.sleep(0.5)
+        events = asyncio.run(paced_load(port, sources, rate, seconds, frame_every_s))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    added = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", timeout_s=120)]
+    delays = [r["release_ts_us"] - r["arrival_ts_us"] for r in added if r.get("kind") == "event"]
+    assert len(delays) == events, (len(delays), events)
+    return {"sources": sources, "events_per_s": sources * rate, "frame_ms": frame_every_s * 1e3,
+            "p50_ms": percentile(delays, 0.5) / 1e3, "p99_ms": percentile(delays, 0.99) / 1e3,
+            "max_ms": max(delays) / 1e3}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def one_run(bootstrap: str, sources: int, total_events: int) -> RunResult:
+    per_source = max(BATCH, total_events // sources)
+    prefix = f"bench{sources}x{int(time.time())}"
+    process, port = start_gateway(bootstrap, prefix)
+    try:
+        time.sleep(0.5)
+        cpu0, rss0 = proc_cpu_s(process.pid), proc_rss(process.pid)
+        seconds, ack_ms = asyncio.run(load(port, sources, per_source))
+        cpu1, rss1 = proc_cpu_s(process.pid), proc_rss(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    added = []
+    for _key, value in read_topic(bootstrap, f"{prefix}.events.bench", timeout_s=120):
+        record = orjson.loads(value)
+        if record.get("kind") == "event":
+            added.append(record["release_ts_us"] - record["arrival_ts_us"])
+    events = per_source * sources
+    assert len(added) == events, (len(added), events)
+    return RunResult(sources, events, seconds, cpu1 - cpu0, rss1 - rss0, percentile(added, 0.5),
+                     percentile(added, 0.99), percentile(ack_ms, 0.5), percentile(ack_ms, 0.99))
+
+
+def write_report(results: list[RunResult], paced: list[dict[str, float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    DOCS.mkdir(exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    labels = [str(r.sources) for r in results]
+    ax1.bar(labels, [r.events_per_s / 1000 for r in results])
+    ax1.axhline(250, color="red", linestyle="--", label="target 250k/s")
+    ax1.set_xlabel("sources")
+    ax1.set_ylabel("k events/s into Kafka (acked)")
+    ax1.legend()
+    ax2.bar(labels, [r.added_p99_us / 1000 for r in results], label="p99 added (release - arrival)")
+    ax2.axhline(5, color="red", linestyle="--", label="target 5 ms")
+    ax2.set_xlabel("sources")
+    ax2.set_ylabel("ms")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(DOCS / "gateway-throughput.png", dpi=100)
+    paced_rows = "\n".join(
+        f"| {p['sources']:.0f} | {p['events_per_s']:,.0f} | {p['frame_ms']:.0f} | {p['p50_ms']:.2f} | "
+        f"{p['p99_ms']:.2f} | {p['max_ms']:.2f} |" for p in paced)
+    rows = "\n".join(
+        f"| {r.sources} | {r.events} | {r.events_per_s:,.0f} | {r.cpu_us_per_event:.1f} | "
+        f"{r.rss_growth_bytes / r.sources / 1024:,.1f} | {r.added_p50_us / 1000:.2f} | {r.added_p99_us / 1000:.2f} | "
+        f"{r.ack_p50_ms:.1f} | {r.ack_p99_ms:.1f} |" for r in results)
+    (DOCS / "gateway-benchmark.md").write_text(f"""# Gateway throughput (benchmarks/gateway_throughput.py)
+
+Measured on this project's 2-core machine, gateway, broker and load generator sharing both cores; one run, so
+read the ratios more than the absolute numbers. In-order events, batches of {BATCH}, at most {WINDOW} unacked
+events per source, time sync off. Throughput counts events acknowledged by the gateway, i.e. confirmed by Kafka
+(acks=all, idempotent producer).
+
+| sources | events | events/s | gateway CPU us/event | RSS growth per source (KiB) | added p50 (ms) | added p99 (ms) | ack p50 (ms) | ack p99 (ms) |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+"added" = `release_ts_us - arrival_ts_us` of each record (time spent in reorderer + merger); "ack" = batch sent
+-> cumulative ack received by the source (includes Kafka's round trip and the in-flight window's queueing).
+
+![throughput](gateway-throughput.png)
+
+## Added latency at a steady rate (below saturation)
+
+Sources stamp events with the real clock and send a frame every `frame` ms (all sources said hello first).
+The merge must wait until every live source has moved past an event's reference time, so a source's frame
+interval bounds the added latency of the others; saturation runs above measure queueing instead.
+
+| sources | events/s | frame (ms) | added p50 (ms) | added p99 (ms) | max (ms) |
+|---|---|---|---|---|---|
+{paced_rows}
+""")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--sources", type=int, nargs="*", default=[1, 20, 100])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = KafkaBroker(Path(tmp) / "kafka")
+        state = broker.start()
+        try:
+            results = []
+            for sources in args.sources:
+                result = one_run(state.bootstrap_servers, sources, args.events)
+                print(f"{sources:>4} sources: {result.events_per_s:>10,.0f} events/s  "
+                      f"cpu {result.cpu_us_per_event:.1f} us/event  "
+                      f"added p50/p99 {result.added_p50_us / 1000:.2f}/{result.added_p99_us / 1000:.2f} ms  "
+                      f"ack p50/p99 {result.ack_p50_ms:.1f}/{result.ack_p99_ms:.1f} ms  "
+                      f"rss/source {result.rss_growth_bytes / sources / 1024:.1f} KiB", flush=True)
+                results.append(result)
+            paced = []
+            for sources, rate in ((1, 5000.0), (20, 500.0)):
+                row = paced_run(state.bootstrap_servers, sources, rate, 5.0, 0.005)
+                print(f"paced {sources:>3} sources x {rate:,.0f}/s: added p50/p99/max "
+                      f"{row['p50_ms']:.2f}/{row['p99_ms']:.2f}/{row['max_ms']:.2f} ms", flush=True)
+                paced.append(row)
+            write_report(results, paced)
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
