@@ -20,7 +20,7 @@ RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless==0.1.0"
     && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/skewless
-# 7700/tcp events from sources; 12300/udp NTP-format time sync.
-EXPOSE 7700/tcp 12300/udp
+# 7700/tcp events from sources; 7452/udp NTP-format time sync.
+EXPOSE 7700/tcp 7452/udp
 ENTRYPOINT ["skewless"]
-CMD ["gateway", "--host", "0.0.0.0", "--port", "7700", "--bootstrap", "kafka:9092"]
+CMD ["gateway", "--host", "0.0.0.0", "--port", "7700", "--timesync-port", "7452", "--bootstrap", "kafka:9092", "--metrics-host", "0.0.0.0", "--metrics-port", "9100"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,7 @@ import typer
 
 from gateway.config import build_config, load_settings
 from gateway.server import Gateway, GatewayConfig
+from skewless.logs import configure_logging
 
 
 def gateway(
@@ -24,6 +24,7 @@ def gateway(
     prefix: Annotated[str | None, typer.Option(help="Topic prefix [skewless].")] = None,
     max_frame_bytes: Annotated[int | None, typer.Option(help="Largest accepted frame body [1 MiB].")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics and /healthz on this port.")] = None,
+    metrics_host: Annotated[str | None, typer.Option(help="Address of the metrics endpoint [127.0.0.1].")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate: enables TLS.")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
     auth_hmac_secret: Annotated[str | None, typer.Option(help="Require HMAC tokens made with this secret.",
@@ -35,15 +36,17 @@ def gateway(
         help="Shift the gateway's reference clock by this many microseconds (demos of a skewed reference).")] = None,
     max_future_s: Annotated[int | None, typer.Option(
         help="Quarantine events whose reference time is this far ahead of the gateway clock [60].")] = None,
+    log_json: Annotated[bool, typer.Option(help="Log one JSON object per line (to stderr).")] = False,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "INFO",
 ) -> None:
     """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready.
 
     Settings come from --config (TOML, table [gateway]), then SKEWLESS_GATEWAY_* environment variables, then flags.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_level, json_format=log_json)
     settings = load_settings(config_file, overrides={
         "host": host, "port": port, "bootstrap_servers": bootstrap, "topic_prefix": prefix,
-        "max_frame_bytes": max_frame_bytes, "metrics_port": metrics_port,
+        "max_frame_bytes": max_frame_bytes, "metrics_port": metrics_port, "metrics_host": metrics_host,
         "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
         "auth_hmac_secret": auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
         "clock_offset_us": clock_offset_us, "max_future_s": max_future_s,

@@ -23,6 +23,8 @@ class CounterSource(Protocol):
 
     def gauges(self) -> dict[str, float]: ...
 
+    def extra_counters(self) -> dict[str, float]: ...
+
     def per_source_gauges(self) -> dict[str, dict[str, float]]: ...
 
     def health(self) -> dict[str, Any]: ...
@@ -37,6 +39,10 @@ class GatewayCollector(Collector):
         for f in fields(counters):
             counter = CounterMetricFamily(f"skewless_gateway_{f.name}", f"Gateway counter {f.name}")
             counter.add_metric([], float(getattr(counters, f.name)))
+            yield counter
+        for name, value in self._source.extra_counters().items():
+            counter = CounterMetricFamily(f"skewless_gateway_{name}", f"Gateway counter {name}")
+            counter.add_metric([], value)
             yield counter
         for name, value in self._source.gauges().items():
             gauge = GaugeMetricFamily(f"skewless_gateway_{name}", f"Gateway gauge {name}")

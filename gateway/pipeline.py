@@ -94,6 +94,7 @@ class IngestPipeline:
         self._next_seq_hint: dict[tuple[str, str], int] = {}
         # Lazy heap of (deadline_us, stream, source_id or "" for the merger); stale entries are skipped.
         self._deadlines: list[tuple[int, str, str]] = []
+        self._scheduled: dict[tuple[str, str], int] = {}
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -136,7 +137,9 @@ class IngestPipeline:
     def advance(self, now_us: int) -> list[PipelineOutput]:
         out: list[PipelineOutput] = []
         while self._deadlines and self._deadlines[0][0] <= now_us:
-            _deadline, stream, source_id = heapq.heappop(self._deadlines)
+            deadline, stream, source_id = heapq.heappop(self._deadlines)
+            if self._scheduled.get((stream, source_id)) == deadline:
+                del self._scheduled[(stream, source_id)]
             pipeline = self._streams[stream]
             if source_id:
                 reorderer = pipeline.reorderers[source_id]
@@ -178,13 +181,17 @@ class IngestPipeline:
         return pipeline
 
     def _track(self, pipeline: _StreamPipeline, source_id: str) -> None:
+        # Only a deadline that changed goes on the heap: on the in-order fast path nothing does.
         if source_id:
-            due = pipeline.reorderers[source_id].next_deadline_us()
-            if due is not None:
-                heapq.heappush(self._deadlines, (due, pipeline.stream, source_id))
-        due = pipeline.merger.next_deadline_us()
-        if due is not None:
-            heapq.heappush(self._deadlines, (due, pipeline.stream, ""))
+            self._schedule(pipeline.reorderers[source_id].next_deadline_us(), pipeline.stream, source_id)
+        self._schedule(pipeline.merger.next_deadline_us(), pipeline.stream, "")
+
+    def _schedule(self, due: int | None, stream: str, source_id: str) -> None:
+        key = (stream, source_id)
+        if due is None or self._scheduled.get(key) == due:
+            return
+        self._scheduled[key] = due
+        heapq.heappush(self._deadlines, (due, stream, source_id))
 
     def _reorder_outputs(self, pipeline: _StreamPipeline, outputs: list[Released | Late | GapSkipped], now_us: int,
                          out: list[PipelineOutput]) -> None:

@@ -166,6 +166,10 @@ class Gateway:
     def timesync_port(self) -> int | None:
         return None if self.timesync is None else self.timesync.address[1]
 
+    def extra_counters(self) -> dict[str, float]:
+        counters = self.pipeline.counters
+        return {f"pipeline_{name}": float(getattr(counters, name)) for name in counters.__dataclass_fields__}
+
     def gauges(self) -> dict[str, float]:
         return {"connections": float(len(self._all_handlers)), "kafka_pending": float(self._publisher.pending())}
 

@@ -98,6 +98,7 @@ class MultiSourceMerger:
         self._emitted_watermark = _NEVER
         self._next_punctuation_us = _NEVER
         self._queued = 0
+        self._flushing = False
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -194,11 +195,11 @@ class MultiSourceMerger:
     def flush(self, now_us: int) -> list[MergeOutput]:
         """End of stream: release everything queued in reference order without waiting."""
         out: list[MergeOutput] = []
-        for sid in list(self._sources):
-            src = self._sources[sid]
-            if not src.queue and not src.timed_out:
-                self._time_out(sid, now_us, out, report=False)
-        self._drain(now_us, out)
+        self._flushing = True
+        try:
+            self._drain(now_us, out)
+        finally:
+            self._flushing = False
         return out
 
     # -- internals ------------------------------------------------------------------------------
@@ -238,6 +239,8 @@ class MultiSourceMerger:
 
     def _top_blocker(self, ref: int) -> str | None:
         """The empty live source with the lowest frontier, if it could still send something below ``ref``."""
+        if self._flushing:
+            return None
         empty = self._empty
         sources = self._sources
         thesis = self.config.mode == "thesis"
@@ -252,15 +255,14 @@ class MultiSourceMerger:
             return None
         return None
 
-    def _time_out(self, source_id: str, at_us: int, out: list[MergeOutput], *, report: bool = True) -> None:
+    def _time_out(self, source_id: str, at_us: int, out: list[MergeOutput]) -> None:
         src = self._sources[source_id]
         src.timed_out = True
         src.wait_deadline = None
         if self._blocker == source_id:
             self._blocker = None
-        if report:
-            self.counters.timeouts += 1
-            out.append(SourceTimedOut(self.stream, source_id, at_us))
+        self.counters.timeouts += 1
+        out.append(SourceTimedOut(self.stream, source_id, at_us))
 
     def _drain(self, now_us: int, out: list[MergeOutput]) -> None:
         heads = self._heads
@@ -291,6 +293,10 @@ class MultiSourceMerger:
                 heapq.heappush(heads, (src.queue[0][0], sid))
             elif not src.timed_out:
                 heapq.heappush(self._empty, (src.frontier, sid))
+        if len(self._empty) > 4 * len(sources) + 64:
+            # stale entries normally surface and are dropped quickly; this bounds the worst case
+            self._empty = [(s.frontier, k) for k, s in sources.items() if not s.queue and not s.timed_out]
+            heapq.heapify(self._empty)
         if self.config.mode == "watermark" and now_us >= self._next_punctuation_us:
             self._punctuate(now_us, out)
 

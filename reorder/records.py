@@ -23,10 +23,11 @@ __all__ = [
     "SourceTimedOut",
 ]
 
-LateReason = Literal["late_after_skip", "duplicate", "after_punctuation", "behind_output"]
+LateReason = Literal["late_after_skip", "before_start", "duplicate", "after_punctuation", "behind_output"]
 """Why an event went to the late side output.
 
 * ``late_after_skip``: its sequence number was skipped by a timeout before it arrived.
+* ``before_start``: older than the first seq a reorderer adopted (``initial_seq=None``).
 * ``duplicate``: the same (source, stream, seq) was already released or is already buffered.
 * ``after_punctuation``: the merger already promised downstream that nothing older would follow.
 * ``behind_output``: a timestamp-ordered baseline released a newer event before this one arrived.

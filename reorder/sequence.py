@@ -62,7 +62,9 @@ class SequenceConfig:
     a 15k events/s source with ~10 % disorder: long enough for a stable 0.9999-quantile, short enough
     that one burst of extreme delays does not set the timeout for the rest of the run."""
     min_gap_samples: int = DEFAULT_MIN_GAP_SAMPLES
-    initial_seq: int = 0
+    initial_seq: int | None = 0
+    """First expected seq.  None adopts the first event's seq (a source joining mid-stream), at the risk
+    of releasing that event ahead of earlier ones still in flight."""
     max_buffered: int = DEFAULT_MAX_BUFFERED
     max_skipped_tracked: int = DEFAULT_MAX_SKIPPED_TRACKED
 
@@ -99,9 +101,11 @@ class SequenceReorderer:
     """Releases one source's events of one stream in sequence order (thesis Figure 4.2)."""
 
     __slots__ = (
+        "_adopt_first",
         "_buffer",
         "_deadline_us",
         "_expected",
+        "_first_seq",
         "_head_since_us",
         "_heap",
         "_holes",
@@ -126,8 +130,11 @@ class SequenceReorderer:
         self.inter_arrival = SmoothedDelay(cfg.alpha, first_dev_abs=False)  # Eq. 3.1-3.5
         self.buffer_delay = SmoothedDelay(cfg.beta, first_dev_abs=True)  # Eq. 3.6-3.10
         self.gap_delay = DecayedQuantile(cfg.target_accuracy, half_life_samples=cfg.quantile_half_life)
-        self._expected = cfg.initial_seq
-        self._max_seen = cfg.initial_seq - 1
+        # with initial_seq None, expected starts below any real seq and the first event is adopted
+        self._adopt_first = cfg.initial_seq is None
+        self._expected = cfg.initial_seq if cfg.initial_seq is not None else -(1 << 62)
+        self._max_seen = self._expected - 1
+        self._first_seq = self._expected
         self._buffer: dict[int, tuple[SourceEvent, int]] = {}
         self._heap: list[int] = []
         # seq -> time the hole became visible (a higher seq arrived while it was missing)
@@ -199,6 +206,12 @@ class SequenceReorderer:
             out: list[ReorderOutput] = [Released(event, now_us, now_us)]
             self._release_run(now_us, out, learn=True)
             return out
+        if self._adopt_first:
+            self._adopt_first = False
+            self._expected = seq
+            self._first_seq = seq
+            self._max_seen = seq - 1
+            return self.push(event, now_us)
         if seq > self._expected:
             return self._buffer_early(event, now_us)
         return self._late(event, now_us)
@@ -254,14 +267,17 @@ class SequenceReorderer:
     def _late(self, event: SourceEvent, now_us: int) -> list[ReorderOutput]:
         counters = self.counters
         info = self._skipped.pop(event.seq, None)
-        if info is None:
+        if info is not None:
+            opened_us, skipped_us = info
+            # The feedback the literal thesis timeout lacks: this gap really needed now - opened.
+            self.gap_delay.add(now_us - opened_us)
+            late = Late(event, now_us, "late_after_skip", now_us - skipped_us, not self.config.drop_late)
+        elif event.seq < self._first_seq:
+            late = Late(event, now_us, "before_start", 0, not self.config.drop_late)
+        else:
             counters.duplicates += 1
             return [Late(event, now_us, "duplicate", 0, False)]
-        opened_us, skipped_us = info
-        # The feedback the literal thesis timeout lacks: this gap really needed now - opened.
-        self.gap_delay.add(now_us - opened_us)
         counters.late += 1
-        late = Late(event, now_us, "late_after_skip", now_us - skipped_us, not self.config.drop_late)
         if self.config.drop_late:
             return [late]
         counters.late_passed += 1
@@ -293,9 +309,7 @@ class SequenceReorderer:
         else:
             self._deadline_us = None
 
-    def _skip_head_gap(
-        self, at_us: int, reason: Literal["timeout", "buffer_full"], out: list[ReorderOutput]
-    ) -> None:
+    def _skip_head_gap(self, at_us: int, reason: Literal["timeout", "buffer_full"], out: list[ReorderOutput]) -> None:
         heap = self._heap
         while heap and heap[0] < self._expected:
             heapq.heappop(heap)
@@ -315,9 +329,7 @@ class SequenceReorderer:
         else:
             counters.buffer_full_skips += 1
         out.append(
-            GapSkipped(
-                self.source_id, self.stream, first, resume - 1, at_us - self._head_since_us, at_us, reason
-            )
+            GapSkipped(self.source_id, self.stream, first, resume - 1, at_us - self._head_since_us, at_us, reason)
         )
         self._expected = resume
         self._release_run(at_us, out, learn=False)

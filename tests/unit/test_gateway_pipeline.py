@@ -91,7 +91,7 @@ def test_resume_from_starts_at_the_recovered_seq():
     pipe.register("a", ("s",), T0)
     assert records(pipe.push("a", ev(40, T0), T0)) == [("a", 40, T0)]
     late = pipe.push("a", ev(39, T0), T0 + 1)
-    assert [o.record.late_reason for o in late if isinstance(o, PublishRecord)] == ["duplicate"]
+    assert [o.record.late_reason for o in late if isinstance(o, PublishRecord)] == ["before_start"]
 
 
 def test_punctuation_follows_merged_events():

@@ -227,3 +227,16 @@ def test_any_arrivals_with_timeouts_lose_and_duplicate_nothing(
     assert sorted(delivered + dropped_late) == sorted({s for s, _ in arrivals})  # nothing lost or doubled
     dupes = [o for o in out if isinstance(o, Late) and o.reason == "duplicate"]
     assert len(dupes) == len(arrivals) - len({s for s, _ in arrivals})
+
+
+def test_initial_seq_none_adopts_the_first_event() -> None:
+    r = SequenceReorderer("D1", "R1", SequenceConfig(initial_seq=None))
+    assert released_seqs(r.push(ev(1000), 0)) == [1000]
+    assert released_seqs(r.push(ev(1002), 1)) == []
+    assert released_seqs(r.push(ev(1001), 2)) == [1001, 1002]
+    assert r.push(ev(999), 3) == [Late(ev(999), 3, "before_start", 0, True), Released(ev(999), 3, 3, True)]
+    assert r.push(ev(1001), 4) == [Late(ev(1001), 4, "duplicate", 0, False)]
+    # default: a stream starts at 0, so a first event at 1000 waits for 0..999
+    r0 = SequenceReorderer("D1", "R1")
+    assert r0.push(ev(1000), 0) == []
+    assert r0.next_deadline_us() == r0.config.latency_threshold_us

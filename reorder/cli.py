@@ -1,0 +1,134 @@
+"""`skewless traces ...` and `skewless replay ...`: generate disorder traces and replay them offline."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+
+from reorder.kslack import AQKSlackConfig
+from reorder.replay import APPROACHES, Approach, ReplayOptions, replay
+from reorder.traces import PROFILES, TraceSpec, generate, read_trace, with_profile, write_trace
+
+__all__ = ["parse_duration_us", "register"]
+
+_UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "min": 60_000_000, "h": 3_600_000_000}
+
+
+def parse_duration_us(text: str) -> int:
+    """``"1h"``, ``"1min"``, ``"5ms"``, ``"250us"``, ``"-3s"`` or a bare integer of microseconds."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(us|ms|s|min|h)?\s*", text)
+    if m is None:
+        raise typer.BadParameter(f"not a duration: {text!r} (e.g. 5ms, 1min, 1h, 250us)")
+    return round(float(m.group(1)) * _UNITS_US[m.group(2) or "us"])
+
+
+traces_app = typer.Typer(no_args_is_help=True, help="Generate and inspect replay traces (docs/traces.md).")
+
+
+@traces_app.command("profiles")
+def profiles() -> None:
+    """List the disorder profiles."""
+    for name, p in PROFILES.items():
+        typer.echo(f"{name:10s} {p.description}")
+
+
+@traces_app.command("generate")
+def generate_cmd(
+    out: Annotated[Path, typer.Option("--out", help="JSON Lines file to write.")],
+    profile: Annotated[str, typer.Option(help=f"Disorder profile: {', '.join(PROFILES)}.")] = "dataset1",
+    events: Annotated[int, typer.Option(help="Events per source.")] = 100_000,
+    sources: Annotated[int, typer.Option(help="Sources; source k publishes the same data k*3 ms later.")] = 1,
+    independent: Annotated[
+        bool, typer.Option("--independent", help="Draw each source's delays independently (default: shared).")
+    ] = False,
+    drift: Annotated[str, typer.Option(help="Clock offset of every source but s0, e.g. 5ms, 1min, 1h.")] = "0",
+    skew_ppm: Annotated[float, typer.Option(help="Source k runs k*skew_ppm fast.")] = 0.0,
+    connections: Annotated[
+        int | None, typer.Option(help="TCP connections per source (pool interleaving); default per profile.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed: same options and seed, same trace.")] = 1,
+    payload: Annotated[bool, typer.Option("--payload/--no-payload", help="Full DEBS-like payload.")] = True,
+) -> None:
+    """Write a seeded DEBS-2013-like sensor trace with the chosen disorder."""
+    if profile not in PROFILES:
+        raise typer.BadParameter(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
+    prof = PROFILES[profile] if connections is None else with_profile(profile, connections=connections)
+    spec = TraceSpec(
+        prof,
+        events_per_source=events,
+        sources=sources,
+        seed=seed,
+        same_disorder=not independent,
+        drift_us=parse_duration_us(drift),
+        skew_ppm=skew_ppm,
+        payload=payload,
+    )
+    n = write_trace(out, generate(spec))
+    typer.echo(f"wrote {n} events to {out}")
+
+
+def replay_cmd(
+    trace: Annotated[Path, typer.Option("--trace", help="JSON Lines trace (docs/traces.md).")],
+    approach: Annotated[str, typer.Option(help=f"One of {', '.join(APPROACHES)}.")] = "sequence",
+    latency_threshold: Annotated[
+        str | None, typer.Option(help="User latency threshold (Eq. 3.11) [sequence 2s, thesis 500ms].")
+    ] = None,
+    alpha: Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.2-3.3.")] = 0.6,
+    beta: Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.7-3.8.")] = 0.6,
+    drop_late: Annotated[bool, typer.Option("--drop-late", help="Late events only to the side output.")] = False,
+    target_accuracy: Annotated[float, typer.Option(help="sequence: fraction of gaps to wait out.")] = 0.9999,
+    k: Annotated[str, typer.Option(help="kslack: fixed K.")] = "100ms",
+    epsilon: Annotated[float, typer.Option(help="aqkslack: relative error threshold.")] = 1e-4,
+    delta: Annotated[float, typer.Option(help="aqkslack: P(error > epsilon) <= delta.")] = 0.05,
+    sync: Annotated[bool, typer.Option("--sync/--no-sync", help="Simulated time sync of source clocks.")] = True,
+    heartbeats: Annotated[
+        bool, typer.Option("--heartbeats/--no-heartbeats", help="Sync rounds prove liveness.")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the simulated sync network.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
+    emit: Annotated[Path | None, typer.Option(help="Also write released events, in release order.")] = None,
+) -> None:
+    """Replay a trace in virtual time through one approach and print the thesis' metrics."""
+    if approach not in APPROACHES:
+        raise typer.BadParameter(f"unknown approach {approach!r}; choose from {', '.join(APPROACHES)}")
+    opts = ReplayOptions(
+        approach=_approach(approach),
+        latency_threshold_us=None if latency_threshold is None else parse_duration_us(latency_threshold),
+        alpha=alpha,
+        beta=beta,
+        drop_late=drop_late,
+        target_accuracy=target_accuracy,
+        k_us=parse_duration_us(k),
+        sync=sync,
+        heartbeats=heartbeats,
+        seed=seed,
+        aq=AQKSlackConfig(epsilon_thr=epsilon, delta=delta),
+        emit=emit is not None,
+    )
+    result = replay(read_trace(trace), opts)
+    if emit is not None:
+        keys = ("source_id", "stream", "seq", "release_ts_us", "ref_ts_us")
+        with emit.open("wb") as fh:
+            for row in result.emitted:
+                fh.write(orjson.dumps(dict(zip(keys, row, strict=True))) + b"\n")
+    if as_json:
+        typer.echo(orjson.dumps(result.metrics, option=orjson.OPT_SORT_KEYS).decode())
+    else:
+        for key, value in result.metrics.items():
+            typer.echo(f"{key:32s} {value}")
+
+
+def _approach(name: str) -> Approach:
+    for a in APPROACHES:
+        if a == name:
+            return a
+    raise typer.BadParameter(name)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(traces_app, name="traces")
+    app.command("replay")(replay_cmd)

@@ -1,0 +1,186 @@
+"""MultiSourceMerger: thesis section 3.2.2 rules, watermark / punctuation, and properties."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reorder.clock import EstimateClock, FixedOffsetClock, IdentityClock
+from reorder.merger import MergerConfig, MultiSourceMerger
+from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
+
+
+def ev(source: str, seq: int, ts: int) -> SourceEvent:
+    return SourceEvent(source, "R1", seq, ts)
+
+
+def merged(outs: list[object]) -> list[tuple[str, int, int]]:
+    return [(o.event.source_id, o.event.seq, o.ref_ts_us) for o in outs if isinstance(o, Merged)]
+
+
+def test_releases_smallest_reference_time_using_each_sources_offset() -> None:
+    # S2's clock is 1000 us behind the reference, S3's 500 us ahead (t_ref = t_source + offset)
+    clock = FixedOffsetClock({"S1": 0, "S2": 1000, "S3": -500})
+    m = MultiSourceMerger("R1", clock, MergerConfig(mode="thesis", default_timeout_us=10_000))
+    for s in ("S1", "S2", "S3"):
+        m.register(s, 0)
+    out = m.push(ev("S1", 0, 1200), 1, 1)  # S2, S3 empty: wait
+    out += m.push(ev("S2", 0, 0), 2, 2)  # ref 1000
+    assert merged(out) == []
+    out = m.push(ev("S3", 0, 1600), 3, 3)  # ref 1100: all heads known, release 1000 (S2), then S2 empty
+    assert merged(out) == [("S2", 0, 1000)]
+    out = m.push(ev("S2", 1, 300), 4, 4)  # ref 1300 -> releases S3 (1100); then S3 is empty: wait for it
+    assert merged(out) == [("S3", 0, 1100)]
+    out = m.push(ev("S3", 1, 1900), 5, 5)  # ref 1400 -> S1 (1200); then S1 is empty: wait for it
+    assert merged(out) == [("S1", 0, 1200)]
+    assert m.next_deadline_us() == 5 + 10_000
+
+
+def test_thesis_waits_for_an_empty_source_then_flags_it_timed_out_until_its_next_event() -> None:
+    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(mode="thesis", default_timeout_us=100))
+    m.register("A", 0)
+    m.register("B", 0)
+    assert m.push(ev("A", 0, 10), 10, 10) == []
+    assert m.next_deadline_us() == 110
+    assert m.advance(109) == []
+    out = m.advance(110)
+    assert out == [SourceTimedOut("R1", "B", 110), Merged(ev("A", 0, 10), 10, 110, 10)]
+    assert m.is_timed_out("B")
+    # while B is flagged the merge does not wait for it
+    assert merged(m.push(ev("A", 1, 20), 120, 120)) == [("A", 1, 20)]
+    # B's next event drops the flag; thesis mode releases it even though it is older
+    out = m.push(ev("B", 0, 15), 130, 130)
+    assert not m.is_timed_out("B")
+    assert out == []  # A is now empty and live again: wait for it
+    assert merged(m.advance(230)) == [("B", 0, 15)]
+
+
+def test_watermark_mode_does_not_wait_for_a_source_whose_frontier_is_ahead() -> None:
+    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=1000, punctuation_interval_us=0))
+    m.heartbeat("A", -1, 0, 0)
+    m.heartbeat("B", -1, 0, 0)
+    out = m.push(ev("B", 0, 50), 60, 60)  # A's frontier is 0 < 50: A may still send ts 1..49
+    assert merged(out) == []
+    out = m.push(ev("A", 0, 40), 70, 70)  # now A's frontier is 40 -> release A(40); then B waits for A
+    assert merged(out) == [("A", 0, 40)]
+    # A quiet but alive: a heartbeat with its seq and clock 55 proves nothing older than 55 will come
+    out = m.heartbeat("A", 0, 55, 80)
+    assert merged(out) == [("B", 0, 50)]
+    # the watermark is now B's frontier (50): B is empty and could still send 50
+    assert [o.watermark_us for o in out if isinstance(o, Punctuation)] == [50]
+    assert not m.is_timed_out("A")
+    assert m.next_deadline_us() is None
+
+
+def test_heartbeat_only_counts_once_every_event_up_to_its_seq_was_delivered() -> None:
+    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=1000))
+    m.heartbeat("A", -1, 0, 0)
+    m.push(ev("B", 0, 50), 1, 1)
+    # A claims seq 3 at clock 100, but the merger has seen none of A's events 0..3 yet
+    assert merged(m.heartbeat("A", 3, 100, 2)) == []
+    out = m.push(ev("A", 3, 30), 3, 3)  # (its reorderer skipped 0..2) now seq 3 is delivered
+    assert merged(out) == [("A", 3, 30), ("B", 0, 50)]
+
+
+def test_timed_out_source_coming_back_below_the_punctuation_goes_to_the_late_side_output() -> None:
+    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=100, punctuation_interval_us=0))
+    m.heartbeat("A", -1, 0, 0)
+    m.heartbeat("B", -1, 0, 0)
+    m.push(ev("A", 0, 500), 10, 10)
+    out = m.advance(110)  # B timed out -> A(500) released, watermark from A alone
+    assert merged(out) == [("A", 0, 500)]
+    out = m.push(ev("A", 1, 600), 120, 120)
+    wm = m.watermark_us
+    assert wm == 600
+    out = m.push(ev("B", 0, 200), 130, 130)
+    assert out == [Late(ev("B", 0, 200), 130, "after_punctuation", 400, False)]
+    assert m.counters.late == 1
+
+
+def test_watermark_subtracts_the_error_bound() -> None:
+    m = MultiSourceMerger("R1", FixedOffsetClock({}, error_bound_us=7), MergerConfig(punctuation_interval_us=0))
+    out = m.push(ev("A", 0, 100), 0, 0)
+    assert [o.watermark_us for o in out if isinstance(o, Punctuation)] == [93]
+
+
+def test_unknown_estimate_holds_the_watermark_back_by_its_unknown_error() -> None:
+    m = MultiSourceMerger("R1", EstimateClock(), MergerConfig(punctuation_interval_us=0))
+    out = m.push(ev("A", 0, 100), 0, 0)
+    assert merged(out) == [("A", 0, 100)]
+    assert m.watermark_us == 100 - EstimateClock.UNKNOWN_ERROR_US
+
+
+@st.composite
+def source_streams(draw: st.DrawFn) -> list[tuple[str, int, int, int]]:
+    """Per source an increasing clock; each event arrives after it happened; (source, seq, ts, arrival)."""
+    n_sources = draw(st.integers(1, 4))
+    events = []
+    for s in range(n_sources):
+        ts = draw(st.lists(st.integers(0, 1000), min_size=1, max_size=15))
+        ts.sort()
+        for seq, t in enumerate(ts):
+            events.append((f"S{s}", seq, t, t + draw(st.integers(0, 300))))
+    # per-source order of delivery must follow seq (the reorderer's job): arrival made monotone per source
+    out = []
+    last: dict[str, int] = {}
+    for src, seq, t, arrival in events:
+        monotone = max(arrival, last.get(src, 0))
+        last[src] = monotone
+        out.append((src, seq, t, monotone))
+    return sorted(out, key=lambda e: (e[3], e[0], e[1]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(source_streams(), st.sampled_from(["thesis", "watermark"]))
+def test_output_is_sorted_by_reference_time_when_no_source_timed_out(
+    events: list[tuple[str, int, int, int]], mode: str
+) -> None:
+    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(mode=mode, default_timeout_us=10**9))  # type: ignore[arg-type]
+    for s in {e[0] for e in events}:
+        m.register(s, 0)
+    out: list[object] = []
+    for src, seq, ts, arrival in events:
+        out += m.advance(arrival)
+        out += m.push(ev(src, seq, ts), arrival, arrival)
+    assert not any(isinstance(o, SourceTimedOut) for o in out)
+    out += m.flush(10**9)
+    refs = [r for _, _, r in merged(out)]
+    assert refs == sorted(refs)
+    assert len(refs) == len(events)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    source_streams(),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1500), st.integers(0, 1500)), max_size=10),
+    st.integers(1, 400),
+)
+def test_watermark_never_goes_backwards_and_nothing_below_it_follows(
+    events: list[tuple[str, int, int, int]], beats: list[tuple[int, int, int]], timeout: int
+) -> None:
+    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=timeout, punctuation_interval_us=0))
+    timeline: list[tuple[int, int, object]] = [(a, 1, (s, q, t)) for s, q, t, a in events]
+    timeline += [(at, 0, (f"S{s}", clock)) for s, clock, at in beats]
+    timeline.sort(key=lambda x: (x[0], x[1]))
+    delivered: dict[str, int] = {}
+    out: list[object] = []
+    for at, kind, data in timeline:
+        out += m.advance(at)
+        if kind == 1:
+            src, seq, ts = data  # type: ignore[misc]
+            delivered[src] = ts
+            out += m.push(ev(src, seq, ts), at, at)
+        else:
+            src, _ = data  # type: ignore[misc]
+            if src in delivered:  # a heartbeat can only vouch for a clock at or after what was sent
+                out += m.heartbeat(src, 10**6, delivered[src], at)
+    out += m.flush(10**9)
+    watermark = None
+    for o in out:
+        if isinstance(o, Punctuation):
+            assert watermark is None or o.watermark_us > watermark
+            watermark = o.watermark_us
+        elif isinstance(o, Merged) and watermark is not None:
+            assert o.ref_ts_us >= watermark
+    n_late = sum(1 for o in out if isinstance(o, Late))
+    assert len(merged(out)) + n_late == len(events)
