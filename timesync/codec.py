@@ -39,6 +39,7 @@ __all__ = [
     "MODE_SERVER",
     "NTP_UNIX_EPOCH_DELTA_S",
     "SYNC_EXTENSION_TYPE",
+    "TRANSMIT_OFFSET",
     "NtpCodecError",
     "NtpPacket",
     "SyncExtension",
@@ -47,15 +48,19 @@ __all__ = [
     "decode_sync_extension",
     "encode_packet",
     "encode_request",
+    "encode_unsigned_request",
     "find_sync_extension",
     "iter_extension_fields",
     "ntp_short_from_us",
     "ntp_to_unix_us",
+    "stamp_transmit",
     "unix_us_to_ntp",
     "us_from_ntp_short",
 ]
 
 HEADER_LEN = 48
+#: Byte offset of the transmit timestamp in the header (stamped last, see Responder.prepare).
+TRANSMIT_OFFSET = 40
 #: Longest datagram the server parses.  Real requests are 48 bytes, 68/72 with a symmetric-key MAC
 #: and up to about 1 KiB with NTS cookies; anything longer is not an NTP request.
 MAX_DATAGRAM_LEN = 1024
@@ -90,6 +95,7 @@ def _check_layout() -> None:
     # Asserted once at import, as chrony's do_size_checks(): the layout must never drift.
     assert _HEADER.size == HEADER_LEN
     assert _SYNC_FIXED.size == 20
+    assert _HEADER.size - 8 == TRANSMIT_OFFSET
 
 
 _check_layout()
@@ -359,6 +365,24 @@ def verify_mac(datagram: bytes, key: bytes) -> bool:
     if len(datagram) < HEADER_LEN + MAC_LEN:
         return False
     return hmac.compare_digest(compute_mac(key, datagram[:-MAC_LEN]), datagram[-MAC_LEN:])
+
+
+def stamp_transmit(unsigned: bytes | bytearray, transmit_ts: int, key: bytes | None = None) -> bytes:
+    """Write the transmit timestamp into an encoded request (and MAC it): T1 is read last."""
+    buf = bytearray(unsigned)
+    struct.pack_into("!Q", buf, TRANSMIT_OFFSET, transmit_ts)
+    if key is None:
+        return bytes(buf)
+    return bytes(buf) + compute_mac(key, bytes(buf))
+
+
+def encode_unsigned_request(header: NtpPacket, ext: SyncExtension | None, with_mac: bool) -> bytes:
+    """A request without its MAC (the MAC flag is set when ``with_mac``); see :func:`stamp_transmit`."""
+    if ext is None:
+        if with_mac:
+            raise NtpCodecError("a MAC needs a sync extension")
+        return encode_packet(header)
+    return encode_packet(header) + _encode_sync_extension(ext, with_mac)
 
 
 def encode_request(header: NtpPacket, ext: SyncExtension | None = None, key: bytes | None = None) -> bytes:

@@ -27,7 +27,9 @@ from timesync.codec import (
     SyncExtension,
     decode_packet,
     encode_request,
+    encode_unsigned_request,
     ntp_to_unix_us,
+    stamp_transmit,
     unix_us_to_ntp,
 )
 from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
@@ -91,10 +93,12 @@ class ClientExchange:
     def build_request(self) -> bytes:
         """A new request; T1 is read from the source clock here, as late as possible."""
         ext = self._extension(end_of_burst=False, report_only=False)
-        t1_us = self.clock_us()
-        transmit_ts = unix_us_to_ntp(t1_us, low_bits=self._rng.randrange(2048))
-        header = NtpPacket(version=self.version, mode=3, transmit_ts=transmit_ts)
-        data = encode_request(header, ext, self.key)
+        header = NtpPacket(version=self.version, mode=3, transmit_ts=0)
+        unsigned = encode_unsigned_request(header, ext, with_mac=self.key is not None)
+        low_bits = self._rng.randrange(2048)
+        t1_us = self.clock_us()  # after encoding: only the stamp (and MAC) lie between T1 and send
+        transmit_ts = unix_us_to_ntp(t1_us, low_bits=low_bits)
+        data = stamp_transmit(unsigned, transmit_ts, self.key)
         self._outstanding = _Outstanding(transmit_ts=transmit_ts, t1_us=t1_us)
         self._unreported = None
         self.stats.requests += 1

@@ -20,6 +20,7 @@ authentication when keys are configured (``auth_failed`` otherwise; the time is 
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from timesync.codec import (
     MAX_DATAGRAM_LEN,
     MODE_CLIENT,
     MODE_SERVER,
+    TRANSMIT_OFFSET,
     NtpCodecError,
     NtpPacket,
     SyncExtension,
@@ -49,6 +51,7 @@ __all__ = ["PendingReply", "Responder", "ResponderConfig", "ResponderStats"]
 #: Exchanges per source awaiting their T4 report.  A burst is 10 requests; a few more absorb
 #: lost reports.  Older entries are forgotten (their report then counts as ``reports_unmatched``).
 DEFAULT_PENDING_PER_SOURCE = 32
+_TRANSMIT = struct.Struct("!Q")
 #: Sources tracked at once; beyond it new source ids are served time but not registered.
 DEFAULT_MAX_SOURCES = 10_000
 
@@ -213,8 +216,11 @@ class Responder:
         )
 
     def complete(self, pending: PendingReply, t3_us: int) -> bytes:
-        """Encode the reply with T3 (read as late as possible) and remember the exchange."""
-        t3_us = max(t3_us, pending.t2_us)  # a clock step between T2 and T3 must not give t3 < t2
+        """Encode the reply with T3 and remember the exchange (:meth:`prepare` + :meth:`finalize`)."""
+        return self.finalize(pending, self.prepare(pending), t3_us)
+
+    def prepare(self, pending: PendingReply) -> bytearray:
+        """The reply with every field but the transmit timestamp, so T3 can be read after encoding."""
         ref_us = self.reference_ts_us if self.reference_ts_us is not None else pending.t2_us
         reply = NtpPacket(
             leap=0,
@@ -229,8 +235,14 @@ class Responder:
             ref_ts=unix_us_to_ntp(ref_us),
             origin_ts=pending.origin_ts,
             receive_ts=unix_us_to_ntp(pending.t2_us),
-            transmit_ts=unix_us_to_ntp(t3_us),
+            transmit_ts=0,
         )
+        return bytearray(encode_packet(reply))
+
+    def finalize(self, pending: PendingReply, prepared: bytearray, t3_us: int) -> bytes:
+        """Stamp T3 into a :meth:`prepare`-d reply and remember the exchange for the source's report."""
+        t3_us = max(t3_us, pending.t2_us)  # a clock step between T2 and T3 must not give t3 < t2
+        _TRANSMIT.pack_into(prepared, TRANSMIT_OFFSET, unix_us_to_ntp(t3_us))
         if pending.source_id is not None:
             state = self._sources.get(pending.source_id)
             if state is not None:
@@ -238,7 +250,7 @@ class Responder:
                 while len(state.pending) > self.config.pending_per_source:
                     state.pending.popitem(last=False)
         self.stats.replied += 1
-        return encode_packet(reply)
+        return bytes(prepared)
 
     def respond(self, data: bytes, addr_key: str, t2_us: int, t3_us: int) -> bytes | None:
         """:meth:`handle` and :meth:`complete` in one call (tests, fuzzing)."""

@@ -244,7 +244,8 @@ class TimeSyncServer:
             pending = responder.handle(data, str(addr[0]), t2_us)
             if pending is None:
                 continue
-            reply = responder.complete(pending, clock.now_us())
+            prepared = responder.prepare(pending)
+            reply = responder.finalize(pending, prepared, clock.now_us())  # T3 read as late as possible
             try:
                 sock.sendto(reply, addr)
             except OSError:  # BlockingIOError included: the reply is dropped, the client retries

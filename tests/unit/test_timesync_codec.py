@@ -185,3 +185,15 @@ def test_fuzz_extension_fields(header: bytes, value: bytes, length: int) -> None
         return
     if ext is not None:
         assert 1 <= len(ext.source_id.encode()) <= 64
+
+
+def test_stamping_transmit_after_encoding_matches_direct_encoding() -> None:
+    from timesync.codec import encode_unsigned_request, stamp_transmit
+
+    ext = SyncExtension(source_id="s1", report_t1_ntp=7, report_t4_us=9)
+    header = NtpPacket(version=4, mode=3, transmit_ts=0)
+    direct = encode_request(NtpPacket(version=4, mode=3, transmit_ts=0xABCDEF), ext, key=b"k")
+    stamped = stamp_transmit(encode_unsigned_request(header, ext, with_mac=True), 0xABCDEF, key=b"k")
+    assert stamped == direct
+    assert verify_mac(stamped, b"k")
+    assert stamp_transmit(encode_packet(header), 5) == encode_packet(NtpPacket(version=4, mode=3, transmit_ts=5))

@@ -213,3 +213,36 @@ def test_fuzz_responder_with_sync_extensions(
     reply = r.respond(data, "f", 1_700_000_000_000_000, 1_700_000_000_000_001)
     if reply is not None:
         assert len(reply) <= len(data)
+
+
+def test_sans_io_cores_do_not_import_asyncio() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, timesync.codec, timesync.responder, timesync.estimator, timesync.exchange, "
+        "timesync.store, timesync.ratelimit, timesync.clocks; print('asyncio' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_client_reply_parsing_never_raises(data: bytes) -> None:
+    client = ClientExchange("fz", Clock(1_700_000_000_000_000))
+    client.build_request()
+    assert client.handle_reply(data) is None or len(data) >= HEADER_LEN
+    assert client.stats.replies_accepted + client.stats.replies_rejected == 1
+
+
+def test_store_max_error_bound() -> None:
+    from timesync.estimator import ClockEstimate
+
+    store = SourceInfoStore()
+    store.update("a", ClockEstimate(0, 0.0, 100, 0, 1, root_error_us=50.0, skew_error_ppm=10.0), 0)
+    store.update("b", ClockEstimate(0, 0.0, 300, 0, 1, root_error_us=150.0, skew_error_ppm=0.0), 0)
+    # a: 50 + (1 + 10) ppm * 20 s = 270; b: 150 + 1 ppm * 20 s = 170
+    assert store.max_error_bound_us(20_000_000) == 270
+    assert store.max_error_bound_us(20_000_000, ["b"]) == 170
+    assert store.max_error_bound_us(0, ["zz"], default_us=7) == 7
