@@ -1,0 +1,340 @@
+"""Replay every approach on every disorder profile and write docs/reorder-benchmark.md + PNG plots.
+
+    .venv/bin/python -m benchmarks.reorder_replay [--quick]
+
+Deterministic (seeded traces, virtual time); only the throughput figures depend on the machine.
+Replays run in two worker processes; the throughput measurement runs alone afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from reorder.clock import IdentityClock
+from reorder.kslack import MPKSlack
+from reorder.merger import MultiSourceMerger
+from reorder.records import SourceEvent
+from reorder.replay import ReplayOptions, ReplayResult, replay
+from reorder.sequence import SequenceConfig, SequenceReorderer
+from reorder.traces import PROFILES, TraceSpec, generate
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+# Thesis 003, Tables 5.4-5.10 (ms, %, counts), copied as published.
+THESIS_T54 = {"sequence": (4.09, 10.98), "mpkslack": (399.56, 465.37), "aqkslack": (79.04, 133.27)}
+THESIS_T55 = {"sequence": (5, 99.99), "mpkslack": (5, 99.99), "aqkslack": (5, 99.99)}
+THESIS_T56 = {
+    "dataset1": {"sequence": 4.09, "mpkslack": 399.56, "aqkslack": 79.04},
+    "dataset2": {"sequence": 6.52, "mpkslack": 1397.52, "aqkslack": 176.48},
+    "dataset3": {"sequence": 398.12, "mpkslack": 62507.29, "aqkslack": 10462.98},
+}
+THESIS_T57 = {
+    "dataset1": {"sequence": 99.99, "mpkslack": 99.99, "aqkslack": 99.99},
+    "dataset2": {"sequence": 99.97, "mpkslack": 99.98, "aqkslack": 99.96},
+    "dataset3": {"sequence": 99.98, "mpkslack": 99.99, "aqkslack": 99.98},
+}
+THESIS_T58 = {
+    1: (398.12, 62507.29, 10462.98),
+    2: (412.23, 67274.41, 12634.21),
+    5: (552.72, 72937.56, 13432.69),
+    10: (652.34, 66178.05, 16134.3),
+    20: (963.54, 78200.31, 19313.43),
+}
+THESIS_T59 = {1: (99.98, 99.99, 99.98), 2: (99.97, 99.98, 99.47), 5: (99.97, 99.99, 99.12),
+              10: (99.97, 99.99, 99.02), 20: (99.97, 99.99, 99.08)}  # fmt: skip
+THESIS_T510 = {"0ms": (52, 99.97, 52, 99.97), "1ms": (502560, -201.98, 78, 99.95),
+               "5ms": (505235, -203.58, 75, 99.95), "10ms": (539849, -224.38, 72, 99.96),
+               "1min": (441979, -165.57, 74, 99.96), "1h": (18001, 89.18, 73, 99.96)}  # fmt: skip
+
+APPROACH_LABEL = {
+    "sequence": "Sequence (ours, adaptive)",
+    "thesis": "Sequence (thesis Eq. 3.11)",
+    "kslack": "K-slack (K = 100 ms)",
+    "mpkslack": "MP-K-slack",
+    "aqkslack": "AQ-K-slack",
+    "oracle": "Oracle (100 % order)",
+}
+ALL = ("sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
+DRIFTS = {"0ms": 0, "1ms": 1_000, "5ms": 5_000, "10ms": 10_000, "1min": 60_000_000, "1h": 3_600_000_000}
+SKEW_PPM = 20.0
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str
+    spec: TraceSpec
+    runs: tuple[tuple[str, ReplayOptions], ...]
+
+
+@dataclass
+class JobResult:
+    key: str
+    events: int
+    results: dict[str, dict[str, float | int | str]] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def run_job(job: Job) -> JobResult:
+    t0 = time.perf_counter()
+    trace = generate(job.spec)
+    out = JobResult(job.key, len(trace))
+    for name, opts in job.runs:
+        r: ReplayResult = replay(trace, opts)
+        out.results[name] = r.metrics
+        out.series[name] = r.series
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def build_jobs(scale: float) -> list[Job]:
+    def n(x: int) -> int:
+        return max(2000, int(x * scale))
+
+    base = {a: ReplayOptions(approach=a) for a in ALL}  # type: ignore[misc]
+    all_runs = tuple((a, base[a]) for a in ALL)
+    jobs = [
+        Job("dataset1", TraceSpec(PROFILES["dataset1"], events_per_source=n(500_000), payload=False), all_runs),
+        Job("dataset2", TraceSpec(PROFILES["dataset2"], events_per_source=n(500_000), payload=False), all_runs),
+        Job(
+            "dataset3",
+            TraceSpec(PROFILES["dataset3"], events_per_source=n(1_000_000), payload=False),
+            (*all_runs, ("sequence-cap30s", replace(base["sequence"], latency_threshold_us=30_000_000))),
+        ),
+        Job("heavytail", TraceSpec(PROFILES["heavytail"], events_per_source=n(300_000), payload=False), all_runs),
+        Job("pool", TraceSpec(PROFILES["pool"], events_per_source=n(300_000), payload=False), all_runs),
+    ]
+    multi = tuple((a, base[a]) for a in ("sequence", "thesis", "mpkslack", "aqkslack", "oracle"))
+    for k in (1, 2, 5, 10, 20):
+        spec = TraceSpec(PROFILES["dataset3"], events_per_source=n(40_000), sources=k, payload=False)
+        jobs.append(Job(f"sources{k}", spec, multi))
+    for label, drift in DRIFTS.items():
+        spec = TraceSpec(PROFILES["dataset3"], events_per_source=n(100_000), sources=2, drift_us=drift,
+                         skew_ppm=SKEW_PPM if drift else 0.0, payload=False)  # fmt: skip
+        runs = (("sync", base["sequence"]), ("nosync", replace(base["sequence"], sync=False)))
+        jobs.append(Job(f"drift{label}", spec, runs))
+    # latency versus accuracy: sweep each mode's knob
+    for prof, size in (("dataset1", 200_000), ("heavytail", 200_000)):
+        runs_list: list[tuple[str, ReplayOptions]] = [("oracle", base["oracle"])]
+        for acc in (0.99, 0.999, 0.9999, 0.99999):
+            runs_list.append((f"sequence@{acc}", replace(base["sequence"], target_accuracy=acc)))
+        for cap_ms in (1, 10, 100, 500, 2000):
+            runs_list.append((f"thesis@{cap_ms}ms", replace(base["thesis"], latency_threshold_us=cap_ms * 1000)))
+        for k_ms in (1, 10, 100, 1000):
+            runs_list.append((f"kslack@{k_ms}ms", replace(base["kslack"], k_us=k_ms * 1000)))
+        runs_list += [("mpkslack", base["mpkslack"]), ("aqkslack", base["aqkslack"])]
+        spec = TraceSpec(PROFILES[prof], events_per_source=n(size), payload=False)
+        jobs.append(Job(f"tradeoff-{prof}", spec, tuple(runs_list)))
+    return jobs
+
+
+# -- throughput -----------------------------------------------------------------------------------
+
+
+def _rate(fn: Callable[[], int], repeat: int = 3) -> float:
+    best = 0.0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        count = fn()
+        dt = time.perf_counter() - t0
+        best = max(best, count / dt)
+    return best
+
+
+def throughput(n: int) -> dict[str, float]:
+    events = [SourceEvent("s0", "R", i, 66 * i) for i in range(n)]
+
+    def seq_adaptive() -> int:
+        r = SequenceReorderer("s0", "R")
+        push = r.push
+        for i, e in enumerate(events):
+            push(e, 66 * i)
+        return n
+
+    def seq_thesis() -> int:
+        r = SequenceReorderer("s0", "R", SequenceConfig.thesis())
+        push = r.push
+        for i, e in enumerate(events):
+            push(e, 66 * i)
+        return n
+
+    def seq_and_merger() -> int:
+        r = SequenceReorderer("s0", "R")
+        m = MultiSourceMerger("R", IdentityClock())
+        push = r.push
+        mpush = m.push
+        for i, e in enumerate(events):
+            for o in push(e, 66 * i):
+                mpush(o.event, o.arrival_us, o.release_us)  # type: ignore[union-attr]
+        return n
+
+    def mp() -> int:
+        k = MPKSlack()
+        push = k.push
+        for i, e in enumerate(events):
+            push(e, 66 * i)
+        return n
+
+    return {
+        "SequenceReorderer (adaptive), in order": _rate(seq_adaptive),
+        "SequenceReorderer (thesis Eq. 3.11), in order": _rate(seq_thesis),
+        "SequenceReorderer + MultiSourceMerger (1 source)": _rate(seq_and_merger),
+        "MP-K-slack (in order)": _rate(mp),
+    }
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def fmt(x: float | int | str, digits: int = 2) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:,.{digits}f}"
+
+
+def plots(res: dict[str, JobResult]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    # Figure 5.7-like: average latency per second on Dataset 1
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for a in ("sequence", "thesis", "mpkslack", "aqkslack", "oracle"):
+        s = res["dataset1"].series[a]
+        ax.plot([t / 1e6 for t, _, _ in s], [max(v, 1e-4) for _, v, _ in s], label=APPROACH_LABEL[a])
+    ax.set_yscale("log")
+    ax.set_xlabel("arrival time (s)")
+    ax.set_ylabel("average latency per second (ms, log)")
+    ax.set_title("Dataset 1 profile: average latency over time (cf. thesis Figure 5.7)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "reorder-dataset1-latency.png", dpi=110)
+    plt.close(fig)
+    names.append("reorder-dataset1-latency.png")
+    # Figures 5.8 / 5.9: latency and out-of-order per dataset
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    datasets = ("dataset1", "dataset2", "dataset3", "heavytail", "pool")
+    approaches = ("sequence", "thesis", "mpkslack", "aqkslack", "oracle")
+    width = 0.16
+    for j, a in enumerate(approaches):
+        xs = [i + (j - 2) * width for i in range(len(datasets))]
+        ax1.bar(xs, [max(float(res[d].results[a]["avg_latency_ms"]), 1e-3) for d in datasets], width,
+                label=APPROACH_LABEL[a])  # fmt: skip
+        ax2.bar(xs, [max(int(res[d].results[a]["out_of_order_events"]), 0.5) for d in datasets], width)
+    for ax, title in ((ax1, "average latency (ms, log)"), (ax2, "out-of-order events (log)")):
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(datasets)), datasets, fontsize=8)
+        ax.set_title(title)
+    ax1.legend(fontsize=7)
+    fig.suptitle("Per profile (cf. thesis Figures 5.8 and 5.9)")
+    fig.tight_layout()
+    fig.savefig(DOCS / "reorder-datasets.png", dpi=110)
+    plt.close(fig)
+    names.append("reorder-datasets.png")
+    # Figures 5.10 / 5.11: sources
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ks = (1, 2, 5, 10, 20)
+    for a in ("sequence", "thesis", "mpkslack", "aqkslack", "oracle"):
+        ax.plot(ks, [max(float(res[f"sources{k}"].results[a]["avg_latency_ms"]), 1e-3) for k in ks], "o-",
+                label=APPROACH_LABEL[a])  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("number of sources")
+    ax.set_ylabel("average latency (ms, log)")
+    ax.set_title("Multiple sources, Dataset 3 profile (cf. thesis Figures 5.10, 5.11)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "reorder-sources.png", dpi=110)
+    plt.close(fig)
+    names.append("reorder-sources.png")
+    # Figure 5.13: drift
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = list(DRIFTS)
+    for mode, style in (("sync", "o-"), ("nosync", "s--")):
+        ax.plot(labels, [max(int(res[f"drift{d}"].results[mode]["out_of_order_events_ms"]), 0.5) for d in labels],
+                style, label=f"sequence, {'with' if mode == 'sync' else 'without'} time sync")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("clock offset of source s1 (plus 20 ppm skew)")
+    ax.set_ylabel("out-of-order events (ms resolution, log)")
+    ax.set_title("Two sources with drift (cf. thesis Figure 5.13)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "reorder-drift.png", dpi=110)
+    plt.close(fig)
+    names.append("reorder-drift.png")
+    # latency versus accuracy
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, prof in zip(axes, ("dataset1", "heavytail"), strict=True):
+        r = res[f"tradeoff-{prof}"].results
+        for prefix, marker, label in (("sequence@", "o-", "sequence (ours), target accuracy"),
+                                      ("thesis@", "s-", "thesis Eq. 3.11, latency threshold"),
+                                      ("kslack@", "^-", "K-slack, K")):  # fmt: skip
+            pts = [(k, v) for k, v in r.items() if k.startswith(prefix)]
+            xs = [max(float(v["avg_latency_ms"]), 1e-3) for _, v in pts]
+            ys = [float(v["accuracy_pct"]) for _, v in pts]
+            ax.plot(xs, ys, marker, label=label)
+            for (k, _), x, y in zip(pts, xs, ys, strict=True):
+                ax.annotate(k.split("@")[1], (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
+        for k, marker in (("mpkslack", "D"), ("aqkslack", "v"), ("oracle", "*")):
+            ax.plot([max(float(r[k]["avg_latency_ms"]), 1e-3)], [float(r[k]["accuracy_pct"])], marker, ms=9,
+                    label=APPROACH_LABEL[k])  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_ylim(max(-5.0, min(float(v["accuracy_pct"]) for v in r.values()) - 2), 101)
+        ax.set_xlabel("average latency (ms, log)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"{prof} profile")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Latency versus accuracy: adaptive sequence mode vs the thesis' timeout")
+    fig.tight_layout()
+    fig.savefig(DOCS / "reorder-latency-accuracy.png", dpi=110)
+    plt.close(fig)
+    names.append("reorder-latency-accuracy.png")
+    return names
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="1/10 of the trace sizes (smoke test)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/ (full run), /tmp (--quick)")
+    args = ap.parse_args()
+    global DOCS  # noqa: PLW0603 - one switch for plots and report, set before anything is written
+    DOCS = args.out_dir or (Path("/tmp/reorder-bench-quick") if args.quick else DOCS)
+    DOCS.mkdir(parents=True, exist_ok=True)
+    scale = 0.1 if args.quick else 1.0
+    t0 = time.perf_counter()
+    jobs = build_jobs(scale)
+    # biggest first so the two workers finish together
+    jobs.sort(key=lambda j: -j.spec.events_per_source * j.spec.sources * len(j.runs))
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        res = {r.key: r for r in pool.map(run_job, jobs)}
+    replay_s = time.perf_counter() - t0
+    tput = throughput(300_000 if not args.quick else 50_000)
+    images = plots(res)
+    from benchmarks.reorder_report import write_report
+
+    write_report(res, tput, images, replay_s, time.perf_counter() - t0, scale, cpu_name(), DOCS)
+    print(f"done in {time.perf_counter() - t0:.0f} s; wrote {DOCS / 'reorder-benchmark.md'}")
+
+
+if __name__ == "__main__":
+    main()
