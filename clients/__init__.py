@@ -1,5 +1,28 @@
-"""Client SDK for Skewless event sources."""
+"""Client SDK for Skewless event sources (docs/sdk.md).
 
-from clients.client import GatewayRejected, SkewlessClient
+* :class:`SkewlessClient` — async; :func:`connect` is Sample Code 4.1 (``connect(host, tcp_port, udp_port,
+  source_id, sync_attempts, streams=...)``);
+* :class:`SyncSkewlessClient` / :func:`connect_sync` — the same behind a background event-loop thread;
+* :class:`SimulatedClock` — a source clock with an offset and a skew, for demos and tests;
+* :func:`hmac_token` — the hello's HMAC credentials.
+"""
 
-__all__ = ["GatewayRejected", "SkewlessClient"]
+from clients.auth import hmac_token
+from clients.client import ClientClosed, ClientStats, GatewayRejected, SkewlessClient, connect
+from clients.clock import SimulatedClock
+from clients.core import Backoff, EventTooLarge
+from clients.sync import SyncSkewlessClient, connect_sync
+
+__all__ = [
+    "Backoff",
+    "ClientClosed",
+    "ClientStats",
+    "EventTooLarge",
+    "GatewayRejected",
+    "SimulatedClock",
+    "SkewlessClient",
+    "SyncSkewlessClient",
+    "connect",
+    "connect_sync",
+    "hmac_token",
+]

@@ -34,8 +34,9 @@ class DeliveryTracker:
         """Register an event about to be published; False if that seq was already accepted (a duplicate)."""
         progress = self._progress.get((source_id, stream))
         if progress is None:
-            # The first seq a gateway sees from a source starts its contiguous range.
-            progress = _StreamProgress(acked_through=seq - 1)
+            # Sources number from 0 (the reorderer starts there too) unless resume() said otherwise: starting
+            # at the first seq seen would mistake early-sent, late-arriving seqs for duplicates.
+            progress = _StreamProgress(acked_through=-1)
             self._progress[(source_id, stream)] = progress
         if seq <= progress.acked_through or seq in progress.accepted_above:
             return False

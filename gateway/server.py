@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -249,11 +250,18 @@ class Gateway:
             missing = [s for s in streams if s not in self._known_streams]
             topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, ensure_topics, self.config.bootstrap_servers, topics)
+            created = set(await loop.run_in_executor(None, ensure_topics, self.config.bootstrap_servers, topics))
             for stream in missing:
+                if self.topics.events(stream) in created:
+                    # A topic created just now is empty: nothing to recover (and its leader may not be known yet).
+                    self._progress[stream] = StreamProgress()
+                    continue
+                started = time.monotonic()
                 progress = await loop.run_in_executor(
                     None, recover_stream, self.config.bootstrap_servers, self.topics.sources,
                     self.topics.events(stream), stream)
+                log.info("recovered stream %s in %.2f s: %d sources, from offset %d", stream,
+                         time.monotonic() - started, len(progress.next_seq), progress.next_offset)
                 for source_id, next_seq in progress.next_seq.items():
                     self.pipeline.resume_from(source_id, stream, next_seq)
                     self.tracker.resume(source_id, stream, next_seq)

@@ -1,7 +1,9 @@
-"""`skewless demo`: the whole pipeline on real processes, then a check of Spark's window counts.
+"""`skewless demo`: the whole pipeline on real processes, with badly set source clocks, checked end to end.
 
-Kafka broker (KRaft, from Maven Central jars) -> `skewless gateway` (a separate process) <- simulated sources
-(the SDK) ; Spark Structured Streaming window_count job reads Kafka, prints and publishes window counts.
+Kafka broker (KRaft, Maven Central jars) <- `skewless gateway` (its own process: TCP ingest + NTP-format time sync)
+<- three simulated sources (the SDK; clocks 0, +250 ms / +80 ppm, -1.5 s / -150 ppm off) ; then the Spark
+Structured Streaming window_count job reads Kafka and publishes window counts, which are checked against the
+records in Kafka and compared with the ground truth and with what the raw source clocks would have given.
 """
 
 from __future__ import annotations
@@ -13,18 +15,30 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import orjson
 import typer
 
-from clients.client import SkewlessClient
+from clients import SimulatedClock, connect
+from skewless.clock import system_time_us
 from skewless.kafka_broker import KafkaBroker
-from skewless.kafka_read import read_topic
+from skewless.kafka_read import read_stream, read_topic
 from skewless.topics import TopicNames
 
 WINDOW_US = 1_000_000
+STREAM = "sensors"
+# (offset_us, skew_ppm) of each simulated source clock against true time.
+CLOCKS = [(0, 0.0), (250_000, 80.0), (-1_500_000, -150.0)]
+
+
+@dataclass(frozen=True)
+class SentEvent:
+    source_id: str
+    seq: int
+    true_us: int
 
 
 def _log(message: str, started: float) -> None:
@@ -32,11 +46,10 @@ def _log(message: str, started: float) -> None:
 
 
 def demo(
-    sources: Annotated[int, typer.Option(help="Simulated sources.")] = 3,
     events: Annotated[int, typer.Option(help="Events per source.")] = 400,
     rate: Annotated[float, typer.Option(help="Events per second per source.")] = 100.0,
 ) -> None:
-    """Start Kafka, the gateway and simulated sources, run the Spark window job, verify and print the results."""
+    """Start Kafka, the gateway and three skewed sources, run the Spark window job, verify and print the results."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="skewless-demo-") as tmp:
         broker = KafkaBroker(Path(tmp) / "kafka")
@@ -45,17 +58,16 @@ def demo(
         gateway: subprocess.Popen[str] | None = None
         try:
             _log(f"Kafka ready at {state.bootstrap_servers}; starting the gateway...", started)
-            gateway, port = start_gateway_process(state.bootstrap_servers)
-            _log(f"gateway listening on 127.0.0.1:{port}; {sources} sources send {events} events each...", started)
-            sent = asyncio.run(run_sources(port, sources, events, rate))
-            expected = expected_window_counts(sent)
+            gateway, port, sync_port = start_gateway_process(state.bootstrap_servers)
+            _log(f"gateway on tcp {port}, time sync on udp {sync_port}; {len(CLOCKS)} sources sync, then send "
+                 f"{events} events each...", started)
+            sent = asyncio.run(run_sources(port, sync_port, events, rate))
             _log(f"{len(sent)} events acknowledged (= in Kafka); running the Spark window_count job...", started)
-            got = run_window_job(state.bootstrap_servers)
-            _print_table(expected, got)
-            if got != expected:
-                typer.echo("MISMATCH between Spark's window counts and the events sent")
+            spark_counts = run_window_job(state.bootstrap_servers)
+            ok = report(state.bootstrap_servers, sent, spark_counts)
+            if not ok:
                 raise typer.Exit(1)
-            _log(f"all {len(expected)} windows match the events sent", started)
+            _log("Spark's window counts equal the counts of the records in Kafka", started)
         finally:
             if gateway is not None:
                 gateway.terminate()
@@ -64,41 +76,44 @@ def demo(
             _log("stopped gateway and Kafka", started)
 
 
-def start_gateway_process(bootstrap: str) -> tuple[subprocess.Popen[str], int]:
+def start_gateway_process(bootstrap: str) -> tuple[subprocess.Popen[str], int, int]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--bootstrap", bootstrap],
+        [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--timesync-port", "0", "--bootstrap", bootstrap],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line.startswith("listening "):
+    lines = [process.stdout.readline(), process.stdout.readline()]
+    if not lines[0].startswith("listening ") or not lines[1].startswith("timesync udp "):
         process.kill()
-        raise RuntimeError(f"gateway did not start: {line!r}")
-    return process, int(line.rsplit(":", 1)[1])
+        raise RuntimeError(f"gateway did not start: {lines!r}")
+    return process, int(lines[0].rsplit(":", 1)[1]), int(lines[1].rsplit(":", 1)[1])
 
 
-async def run_sources(port: int, sources: int, events: int, rate: float) -> list[tuple[str, int]]:
-    """Each source sends `events` events on stream `sensors` at `rate`/s; returns (stream, source_ts_us) sent."""
-    sent: list[tuple[str, int]] = []
+async def run_sources(port: int, sync_port: int, events: int, rate: float) -> list[SentEvent]:
+    clocks = [SimulatedClock(offset_us, skew_ppm) for offset_us, skew_ppm in CLOCKS]
+    clients = [await connect("127.0.0.1", port, sync_port, f"sensor-{i}", 10, streams=[STREAM],
+                             clock_us=clock, batch_events=20)
+               for i, clock in enumerate(clocks)]
+    sent: list[SentEvent] = []
 
     async def one(index: int) -> None:
+        client = clients[index]
         rng = random.Random(index)
-        async with SkewlessClient("127.0.0.1", port, f"sensor-{index}", ["sensors"], batch_events=20) as client:
-            for i in range(events):
-                ts_us = client.clock_us()
-                await client.send("sensors", {"i": i, "value": round(rng.gauss(20.0, 2.0), 3)}, ts_us)
-                sent.append(("sensors", ts_us))
-                await asyncio.sleep(1.0 / rate)
+        for i in range(events):
+            true_us = system_time_us()
+            # The source stamps the event with what its skewed clock read at that true instant.
+            seq = await client.send(STREAM, {"i": i, "celsius": round(rng.gauss(20.0, 2.0), 3)},
+                                    source_ts_us=clocks[index].at(true_us))
+            sent.append(SentEvent(client.source_id, seq, true_us))
+            await asyncio.sleep(1.0 / rate)
+        await client.flush()
+        await client.close()
 
-    await asyncio.gather(*(one(i) for i in range(sources)))
+    await asyncio.gather(*(one(i) for i in range(len(clients))))
     return sent
 
 
-def expected_window_counts(sent: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    return dict(Counter((stream, ts_us - ts_us % WINDOW_US) for stream, ts_us in sent))
-
-
-def run_window_job(bootstrap: str) -> dict[tuple[str, int], int]:
+def run_window_job(bootstrap: str) -> dict[int, int]:
     from spark_jobs import window_count
     from spark_jobs.session import create_spark_session, stop_spark
 
@@ -109,7 +124,7 @@ def run_window_job(bootstrap: str) -> dict[tuple[str, int], int]:
         query.awaitTermination()
     finally:
         stop_spark(spark)
-    return final_window_counts(bootstrap)
+    return {start: count for (stream, start), count in final_window_counts(bootstrap).items() if stream == STREAM}
 
 
 def final_window_counts(bootstrap: str, prefix: str = "skewless") -> dict[tuple[str, int], int]:
@@ -121,7 +136,34 @@ def final_window_counts(bootstrap: str, prefix: str = "skewless") -> dict[tuple[
     return final
 
 
-def _print_table(expected: dict[tuple[str, int], int], got: dict[tuple[str, int], int]) -> None:
-    typer.echo(f"{'stream':<10} {'window_start_us':>18} {'spark_count':>12} {'sent':>6}")
-    for key in sorted(set(expected) | set(got)):
-        typer.echo(f"{key[0]:<10} {key[1]:>18} {got.get(key, 0):>12} {expected.get(key, 0):>6}")
+def _window(ts_us: int) -> int:
+    return ts_us - ts_us % WINDOW_US
+
+
+def report(bootstrap: str, sent: list[SentEvent], spark_counts: dict[int, int]) -> bool:
+    records, _punctuations = read_stream(bootstrap, TopicNames().events(STREAM))
+    true_us = {(e.source_id, e.seq): e.true_us for e in sent}
+    typer.echo("\nper source: injected clock error vs what the gateway measured")
+    for index, (offset_us, skew_ppm) in enumerate(CLOCKS):
+        mine = [r for r in records if r["source_id"] == f"sensor-{index}"]
+        measured = sorted(r["source_ts_us"] - r["ref_ts_us"] for r in mine)[len(mine) // 2]
+        inside = sum(abs(r["ref_ts_us"] - true_us[(r["source_id"], r["seq"])]) <= r["uncertainty_us"]
+                     for r in mine)
+        typer.echo(f"  sensor-{index}: clock {offset_us / 1000:+9.1f} ms {skew_ppm:+6.1f} ppm | measured "
+                   f"{measured / 1000:+9.3f} ms | true time within the reported uncertainty: "
+                   f"{inside}/{len(mine)}")
+    by_ref = Counter(_window(r["ref_ts_us"]) for r in records)
+    by_raw = Counter(_window(r["source_ts_us"]) for r in records)
+    by_true = Counter(_window(e.true_us) for e in sent)
+    typer.echo(f"\n{'window (UTC s)':>16} {'true':>6} {'spark (ref time)':>17} {'raw source clocks':>18}")
+    for start in sorted(set(by_ref) | set(by_raw) | set(by_true)):
+        typer.echo(f"{start // 1_000_000:>16} {by_true.get(start, 0):>6} {spark_counts.get(start, 0):>17} "
+                   f"{by_raw.get(start, 0):>18}")
+    moved_ref = sum(_window(r["ref_ts_us"]) != _window(true_us[(r["source_id"], r["seq"])]) for r in records)
+    moved_raw = sum(_window(r["source_ts_us"]) != _window(true_us[(r["source_id"], r["seq"])]) for r in records)
+    typer.echo(f"\nevents in the wrong window: {moved_ref} with Skewless' reference time, {moved_raw} with raw "
+               f"source clocks (of {len(records)})")
+    ok = len(records) == len(sent) and dict(by_ref) == spark_counts
+    if not ok:
+        typer.echo(f"MISMATCH: {len(records)} records for {len(sent)} sent; Spark {spark_counts} vs {dict(by_ref)}")
+    return ok

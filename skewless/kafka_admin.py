@@ -12,21 +12,24 @@ COMPACTED = {"cleanup.policy": "compact"}
 
 
 def ensure_topics(bootstrap_servers: str, topics: Iterable[str], partitions: int = 1,
-                  config: dict[str, str] | None = None, timeout_s: float = 30.0) -> None:
-    """Create the topics that do not exist yet; an existing topic is left as it is."""
+                  config: dict[str, str] | None = None, timeout_s: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; an existing topic is left as it is. Returns the created ones."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     wanted = sorted(set(topics))
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     missing = [t for t in wanted if t not in existing]
     if not missing:
-        return
+        return []
     futures = admin.create_topics(
         [NewTopic(t, num_partitions=partitions, replication_factor=1, config=dict(config or {})) for t in missing],
         operation_timeout=timeout_s, request_timeout=timeout_s,
     )
+    created = []
     for topic, future in futures.items():
         try:
             future.result(timeout=timeout_s)
+            created.append(topic)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RuntimeError(f"creating topic {topic} failed: {exc}") from exc
+    return created

@@ -30,11 +30,14 @@ def test_failed_delivery_can_be_resent():
     assert tracker.confirmed("s", "a", 0) == 0
 
 
-def test_first_seq_seen_starts_the_range():
+def test_range_starts_at_zero_whatever_arrives_first():
     tracker = DeliveryTracker()
-    assert tracker.accept("s", "a", 41)
-    assert tracker.confirmed("s", "a", 41) == 41
-    assert not tracker.accept("s", "a", 40)
+    assert tracker.accept("s", "a", 2)
+    assert tracker.confirmed("s", "a", 2) is None
+    assert tracker.accept("s", "a", 0)  # sent before 2, arrived after it: not a duplicate
+    assert tracker.accept("s", "a", 1)
+    assert tracker.confirmed("s", "a", 0) == 0
+    assert tracker.confirmed("s", "a", 1) == 2
 
 
 def test_resume_marks_everything_below_as_published():

@@ -1,0 +1,52 @@
+"""Credentials for the hello's ``token`` field: a static token, or an HMAC token made fresh per connection.
+
+HMAC format (the gateway checks the same one, gateway/auth.py)::
+
+    token = f"{ts_us}:{hexdigest}"    hexdigest = HMAC-SHA256(secret, f"{source_id}:{ts_us}").hexdigest()
+
+``ts_us`` is the source's best idea of the reference clock (integer microseconds since the epoch) when it
+connects; the gateway refuses a token whose ``ts_us`` is too far from its own clock, so a captured token is only
+good for a short while.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable
+
+__all__ = ["TokenProvider", "hmac_provider", "hmac_token", "parse_hmac_token", "static_token"]
+
+TokenProvider = Callable[[], str]
+"""Called once per connection attempt; returns the hello's ``token``."""
+
+
+def hmac_token(secret: bytes, source_id: str, ts_us: int) -> str:
+    """``f"{ts_us}:{HMAC-SHA256(secret, f'{source_id}:{ts_us}')}"`` (pure)."""
+    if not secret:
+        raise ValueError("the HMAC secret must not be empty")
+    if ts_us < 0:
+        raise ValueError("ts_us must be >= 0")
+    digest = hmac.new(secret, f"{source_id}:{ts_us}".encode(), hashlib.sha256).hexdigest()
+    return f"{ts_us}:{digest}"
+
+
+def parse_hmac_token(token: str) -> tuple[int, str]:
+    """``(ts_us, hexdigest)`` of an HMAC token; ValueError if it does not have that shape."""
+    ts_text, sep, digest = token.partition(":")
+    if not sep or not ts_text.isdigit() or len(digest) != 64:
+        raise ValueError("not an HMAC token '<ts_us>:<64 hex digits>'")
+    int(digest, 16)
+    return int(ts_text), digest
+
+
+def static_token(token: str) -> TokenProvider:
+    """A provider that always returns ``token``."""
+    return lambda: token
+
+
+def hmac_provider(secret: bytes, source_id: str, ts_us: Callable[[], int]) -> TokenProvider:
+    """A provider that signs ``ts_us()`` (read at each connection attempt)."""
+    if not secret:
+        raise ValueError("the HMAC secret must not be empty")
+    return lambda: hmac_token(secret, source_id, ts_us())

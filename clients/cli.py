@@ -1,0 +1,247 @@
+"""`skewless source ...`: replay a recorded trace as live event sources through the SDK.
+
+The plan (which event leaves when, with which timestamps) is computed up front by the pure :func:`plan_replay`;
+the asyncio part only sleeps until each send time and calls ``SkewlessClient.send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clients.client import SkewlessClient
+from clients.clock import MAX_SKEW_PPM, SimulatedClock
+from clients.core import Backoff
+from reorder.traces import TraceEvent, read_trace
+from skewless.clock import system_time_us
+
+__all__ = ["PlannedSend", "ReplayOptions", "ReplaySummary", "plan_replay", "register", "replay_trace"]
+
+source_app = typer.Typer(no_args_is_help=True, help="Run event sources through the SDK (trace replay).")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How to turn a trace into live sources. Offsets and skews follow ``SimulatedClock`` (positive = ahead)."""
+
+    speed: float = 1.0
+    offset_us: int = 0
+    offset_spread_us: int = 0
+    skew_ppm: float = 0.0
+    skew_spread_ppm: float = 0.0
+    jitter_us: int = 0
+    keep_seqs: bool = True
+    sources: tuple[str, ...] = ()
+    limit: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSend:
+    at_s: float
+    """Seconds after the replay starts."""
+    source_id: str
+    stream: str
+    seq: int | None
+    source_ts_us: int
+    payload: Any
+
+
+def source_clocks(source_ids: Sequence[str], options: ReplayOptions, start_us: int,
+                  base: Any = system_time_us) -> dict[str, SimulatedClock]:
+    """One simulated clock per source: the common offset/skew plus a seeded per-source spread."""
+    rng = random.Random(options.seed)
+    clocks: dict[str, SimulatedClock] = {}
+    for source_id in sorted(source_ids):
+        offset = options.offset_us + (rng.randint(-options.offset_spread_us, options.offset_spread_us)
+                                      if options.offset_spread_us else 0)
+        skew = options.skew_ppm + (rng.uniform(-options.skew_spread_ppm, options.skew_spread_ppm)
+                                   if options.skew_spread_ppm else 0.0)
+        skew = max(-MAX_SKEW_PPM, min(MAX_SKEW_PPM, skew))
+        clocks[source_id] = SimulatedClock(offset, skew, base=base, origin_us=start_us)
+    return clocks
+
+
+def plan_replay(events: Sequence[TraceEvent], options: ReplayOptions, start_us: int,
+                clocks: dict[str, SimulatedClock]) -> list[PlannedSend]:
+    """Every send of the replay, in send order (pure).
+
+    The trace's timeline is rebased so that its first instant is ``start_us`` on the wall clock and compressed by
+    ``speed``. An event leaves at its (scaled) ``arrival_ts_us`` plus a uniform random jitter in
+    ``[0, jitter_us]`` (jitter reorders events whose gaps are smaller). Its ``source_ts_us`` is what the source's
+    simulated clock read at the event's (scaled) true time, plus the trace's own clock error
+    (``source_ts_us - true_ts_us`` in the trace). With ``keep_seqs`` the trace's seqs travel as recorded (the
+    gateway sees the trace's disorder); otherwise the SDK numbers events in send order.
+    """
+    if options.speed <= 0:
+        raise ValueError("speed must be > 0")
+    selected = [e for e in events if not options.sources or e.source_id in options.sources]
+    selected.sort(key=lambda e: (e.arrival_ts_us, e.source_id, e.stream, e.seq))
+    if options.limit is not None:
+        selected = selected[:options.limit]
+    if not selected:
+        return []
+    t0 = min(selected[0].arrival_ts_us, *(e.true_ts_us for e in selected))
+    rng = random.Random(options.seed + 1)
+    plan: list[PlannedSend] = []
+    for event in selected:
+        at_s = (event.arrival_ts_us - t0) / options.speed / 1e6
+        if options.jitter_us:
+            at_s += rng.uniform(0, options.jitter_us) / 1e6
+        true_wall_us = start_us + round((event.true_ts_us - t0) / options.speed)
+        clock = clocks[event.source_id]
+        source_ts_us = max(0, clock.at(true_wall_us) + (event.source_ts_us - event.true_ts_us))
+        plan.append(PlannedSend(at_s, event.source_id, event.stream, event.seq if options.keep_seqs else None,
+                                source_ts_us, event.payload))
+    plan.sort(key=lambda p: p.at_s)
+    return plan
+
+
+@dataclass
+class ReplaySummary:
+    events: int
+    sources: int
+    duration_s: float
+    planned_s: float
+    max_lag_s: float
+    acked: int
+    reconnects: int
+    resent: int
+
+    def line(self) -> str:
+        rate = self.events / self.duration_s if self.duration_s > 0 else 0.0
+        return (f"replayed {self.events} events from {self.sources} sources in {self.duration_s:.2f} s "
+                f"(planned {self.planned_s:.2f} s, max lag {self.max_lag_s * 1e3:.1f} ms, {rate:,.0f} events/s); "
+                f"acked {self.acked}, reconnects {self.reconnects}, resent {self.resent}")
+
+
+async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, options: ReplayOptions, *,
+                       udp_port: int | None = None, sync_attempts: int = 10, pool_size: int = 1,
+                       batch_events: int = 50, linger_s: float = 0.002, token: str | None = None,
+                       hmac_secret: bytes | None = None, flush_timeout_s: float = 60.0,
+                       progress: bool = False) -> ReplaySummary:
+    """Replay ``events`` against a gateway: one ``SkewlessClient`` per source, paced by the plan."""
+    start_us = system_time_us()
+    selected_sources = sorted({e.source_id for e in events if not options.sources or e.source_id in options.sources})
+    clocks = source_clocks(selected_sources, options, start_us)
+    plan = plan_replay(events, options, start_us, clocks)
+    streams: dict[str, list[str]] = {}
+    for p in plan:
+        if p.stream not in streams.setdefault(p.source_id, []):
+            streams[p.source_id].append(p.stream)
+    clients = {source_id: SkewlessClient(host, port, source_id, source_streams, udp_port=udp_port,
+                                         sync_attempts=sync_attempts, clock_us=clocks[source_id],
+                                         pool_size=pool_size, batch_events=batch_events, linger_s=linger_s,
+                                         token=token, hmac_secret=hmac_secret, backoff=Backoff(max_s=2.0))
+               for source_id, source_streams in streams.items()}
+    await asyncio.gather(*(c.connect() for c in clients.values()))
+    loop = asyncio.get_running_loop()
+    max_lag = 0.0
+    started = loop.time()
+    wall_started = time.perf_counter()
+    try:
+        with _ProgressBar(len(plan), enabled=progress) as advance:
+            for p in plan:
+                delay = started + p.at_s - loop.time()
+                if delay > 0.001:
+                    await asyncio.sleep(delay)
+                else:
+                    max_lag = max(max_lag, -delay)
+                await clients[p.source_id].send(p.stream, p.payload, p.source_ts_us, seq=p.seq)
+                advance()
+            await asyncio.gather(*(c.flush(flush_timeout_s) for c in clients.values()))
+    finally:
+        await asyncio.gather(*(c.close() for c in clients.values()))
+    return ReplaySummary(
+        events=len(plan), sources=len(clients), duration_s=time.perf_counter() - wall_started,
+        planned_s=plan[-1].at_s if plan else 0.0, max_lag_s=max_lag,
+        acked=sum(c.stats.events_acked for c in clients.values()),
+        reconnects=sum(c.stats.reconnects for c in clients.values()),
+        resent=sum(c.stats.events_resent for c in clients.values()))
+
+
+class _ProgressBar:
+    """A rich progress bar (or nothing) yielding an ``advance()`` callable."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        self._progress.__enter__()
+        self._task = self._progress.add_task("replay", total=self.total)
+        progress, task = self._progress, self._task
+        return lambda: progress.advance(task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(None, None, None)
+
+
+@source_app.command("replay")
+def replay(
+    trace: Annotated[Path, typer.Argument(help="JSON Lines trace (docs/traces.md): source_id, stream, seq, "
+                                               "true_ts_us, source_ts_us, arrival_ts_us, optional payload.",
+                                          exists=True, dir_okay=False)],
+    host: Annotated[str, typer.Option(help="Gateway host.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Gateway TCP port.")] = 7700,
+    udp_port: Annotated[int | None, typer.Option(help="Time-sync UDP port; omit for a gateway without time "
+                                                      "sync.")] = None,
+    sync_attempts: Annotated[int, typer.Option(help="Requests per time-sync burst.")] = 10,
+    speed: Annotated[float, typer.Option(help="Replay speed factor: 2 plays the trace twice as fast (its "
+                                              "timeline is compressed, timestamps included).")] = 1.0,
+    source: Annotated[list[str] | None, typer.Option("--source", help="Replay only this source (repeatable).")]
+    = None,
+    limit: Annotated[int | None, typer.Option(help="Replay at most this many events (first by arrival).")] = None,
+    offset_us: Annotated[int, typer.Option(help="Clock offset injected into every source (µs; positive = the "
+                                                "source clock is ahead).")] = 0,
+    offset_spread_us: Annotated[int, typer.Option(help="Plus a per-source uniform offset in ±this (µs).")] = 0,
+    skew_ppm: Annotated[float, typer.Option(help="Clock skew injected into every source (ppm).")] = 0.0,
+    skew_spread_ppm: Annotated[float, typer.Option(help="Plus a per-source uniform skew in ±this (ppm).")] = 0.0,
+    jitter_us: Annotated[int, typer.Option(help="Extra send delay per event, uniform in [0, this] µs (reorders "
+                                                "close events).")] = 0,
+    pool: Annotated[int, typer.Option(help="TCP connections per source; batches interleave round-robin.")] = 1,
+    batch_events: Annotated[int, typer.Option(help="Events per frame at most.")] = 50,
+    linger_ms: Annotated[float, typer.Option(help="How long a partial batch waits for more events.")] = 2.0,
+    keep_seqs: Annotated[bool, typer.Option(help="Send the trace's seqs (the gateway sees its disorder); "
+                                                 "--no-keep-seqs lets the SDK number events in send order.")]
+    = True,
+    token: Annotated[str | None, typer.Option(help="Static token for the hello.", envvar="SKEWLESS_TOKEN")] = None,
+    hmac_secret: Annotated[str | None, typer.Option(help="Sign HMAC tokens with this secret.",
+                                                    envvar="SKEWLESS_HMAC_SECRET")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the per-source spreads and the jitter.")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Replay a trace as live sources (one SDK client per source_id) in arrival order, paced in real time.
+
+    Each source gets a simulated clock (offset, skew) and syncs it against --udp-port when given.
+
+    Events keep the trace's disorder, plus jitter and pool interleaving; a summary follows the last ack.
+    """
+    events = read_trace(trace)
+    options = ReplayOptions(speed=speed, offset_us=offset_us, offset_spread_us=offset_spread_us, skew_ppm=skew_ppm,
+                            skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us, keep_seqs=keep_seqs,
+                            sources=tuple(source or ()), limit=limit, seed=seed)
+    summary = asyncio.run(replay_trace(
+        events, host, port, options, udp_port=udp_port, sync_attempts=sync_attempts, pool_size=pool,
+        batch_events=batch_events, linger_s=linger_ms / 1e3, token=token,
+        hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress))
+    typer.echo(summary.line())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(source_app, name="source")

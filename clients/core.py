@@ -1,0 +1,365 @@
+"""The SDK's sans-IO core: sequence numbers, the unacknowledged store, batching, pool scheduling, backoff, idleness.
+
+Nothing here does I/O or reads a clock: the asyncio shell in ``clients.client`` passes times in (``now_s``, loop
+time) and moves bytes. Every class is unit-tested on its own (tests/unit/test_client_core.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Iterable, KeysView, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.frames import encode_frame
+from gateway.messages import MAX_SEQ
+
+__all__ = [
+    "Backoff",
+    "EventTooLarge",
+    "IdleTimer",
+    "PendingEvent",
+    "PoolScheduler",
+    "SeqAssigner",
+    "StoreFull",
+    "UnackedStore",
+    "encode_batches",
+]
+
+
+class StoreFull(Exception):
+    """``max_unacked`` events are outstanding; the shell waits for acks (``send()`` blocks)."""
+
+
+class EventTooLarge(ValueError):
+    """One event alone does not fit in a frame the gateway accepts."""
+
+
+@dataclass(slots=True)
+class PendingEvent:
+    """An event between ``send()`` and its ack. ``slot`` is the pool connection it was last written to."""
+
+    stream: str
+    seq: int
+    source_ts_us: int
+    payload: Any
+    order: int = 0
+    """Creation order across streams: resends go out in the order the application sent."""
+    slot: int | None = None
+    resend: bool = False
+    """Queued again after a connection loss, or recovered from a spool: it may have reached the gateway."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"stream": self.stream, "seq": self.seq, "source_ts_us": self.source_ts_us, "payload": self.payload}
+
+
+class SeqAssigner:
+    """Per-stream sequence numbers from 0 (or from where a spool left off), no gaps."""
+
+    def __init__(self, streams: Iterable[str], start: Mapping[str, int] | None = None) -> None:
+        self._next = dict.fromkeys(streams, 0)
+        for stream, seq in (start or {}).items():
+            if stream not in self._next:
+                raise ValueError(f"stream {stream!r} was not declared; declared: {list(self._next)}")
+            self._next[stream] = max(self._next[stream], seq)
+
+    @property
+    def streams(self) -> list[str]:
+        return list(self._next)
+
+    def peek(self, stream: str) -> int:
+        return self._next[stream]
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._next)
+
+    def next(self, stream: str) -> int:
+        """The seq of the stream's next event (and advance). KeyError names the declared streams."""
+        try:
+            seq = self._next[stream]
+        except KeyError:
+            raise ValueError(f"stream {stream!r} was not declared; declared: {list(self._next)}") from None
+        self._next[stream] = seq + 1
+        return seq
+
+    def claim(self, stream: str, seq: int) -> None:
+        """An explicit seq (trace replay): later automatic seqs continue above the highest one claimed."""
+        if stream not in self._next:
+            raise ValueError(f"stream {stream!r} was not declared; declared: {list(self._next)}")
+        if not 0 <= seq <= MAX_SEQ:
+            raise ValueError(f"seq {seq} outside [0, {MAX_SEQ}]")
+        self._next[stream] = max(self._next[stream], seq + 1)
+
+
+class UnackedStore:
+    """Every event from ``add()`` until an ack covers it, plus the queue of those not (or no longer) on the wire.
+
+    * bounded: ``add()`` raises :class:`StoreFull` at ``max_unacked`` events (the shell blocks ``send()``);
+    * acks are cumulative per stream (``ack(stream, seq)`` forgets every seq ≤ ``seq``), whatever the order in
+      which seqs were added (explicit seqs of a replayed trace arrive out of order);
+    * ``connection_lost(slot)`` puts every unacked event last written to that pool connection back in the send
+      queue, in creation order, so the shell resends exactly what may be missing.
+    """
+
+    def __init__(self, streams: Iterable[str], max_unacked: int,
+                 acked_through: Mapping[str, int] | None = None) -> None:
+        if max_unacked < 1:
+            raise ValueError("max_unacked must be >= 1")
+        self.max_unacked = max_unacked
+        self._events: dict[str, dict[int, PendingEvent]] = {s: {} for s in streams}
+        self._heaps: dict[str, list[int]] = {s: [] for s in self._events}
+        self._acked_through = dict.fromkeys(self._events, -1)
+        for stream, seq in (acked_through or {}).items():
+            if stream in self._acked_through:
+                self._acked_through[stream] = seq
+        self._outbox: deque[PendingEvent] = deque()
+        self._count = 0
+        self._order = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def has_room(self) -> bool:
+        return self._count < self.max_unacked
+
+    @property
+    def pending_count(self) -> int:
+        """Events waiting to be written (never sent, or requeued after a connection loss)."""
+        return len(self._outbox)
+
+    @property
+    def streams(self) -> KeysView[str]:
+        return self._events.keys()
+
+    def acked_through(self, stream: str) -> int:
+        return self._acked_through[stream]
+
+    def add_recovered(self, stream: str, seq: int, source_ts_us: int, payload: Any) -> PendingEvent:
+        """An event recovered from a spool: queued like a new one (beyond the bound if need be), marked resend."""
+        saved, self.max_unacked = self.max_unacked, max(self.max_unacked, self._count + 1)
+        try:
+            event = self.add(stream, seq, source_ts_us, payload)
+        finally:
+            self.max_unacked = saved
+        event.resend = True
+        return event
+
+    def requeue_front(self, events: Sequence[PendingEvent]) -> None:
+        """Put a batch taken with ``take_batch`` back (nothing could carry it)."""
+        self._outbox.extendleft(reversed(events))
+
+    def add(self, stream: str, seq: int, source_ts_us: int, payload: Any) -> PendingEvent:
+        if self._count >= self.max_unacked:
+            raise StoreFull(f"{self._count} events unacknowledged (max_unacked={self.max_unacked})")
+        events = self._events[stream]
+        if seq in events or seq <= self._acked_through[stream]:
+            raise ValueError(f"stream {stream!r} seq {seq} was already sent")
+        self._order += 1
+        event = PendingEvent(stream, seq, source_ts_us, payload, self._order)
+        events[seq] = event
+        heapq.heappush(self._heaps[stream], seq)
+        self._outbox.append(event)
+        self._count += 1
+        return event
+
+    def take_batch(self, max_events: int) -> list[PendingEvent]:
+        """Up to ``max_events`` queued events, oldest first; events acked meanwhile are skipped."""
+        batch: list[PendingEvent] = []
+        outbox = self._outbox
+        while outbox and len(batch) < max_events:
+            event = outbox.popleft()
+            if event.seq > self._acked_through[event.stream]:
+                batch.append(event)
+        return batch
+
+    @staticmethod
+    def mark_sent(events: Iterable[PendingEvent], slot: int) -> None:
+        for event in events:
+            event.slot = slot
+
+    def ack(self, stream: str, seq: int) -> int:
+        """Cumulative ack; returns how many events it released (0 for a stale or unknown ack)."""
+        if stream not in self._events or seq <= self._acked_through[stream]:
+            return 0
+        self._acked_through[stream] = seq
+        events, heap = self._events[stream], self._heaps[stream]
+        released = 0
+        while heap and heap[0] <= seq:
+            del events[heapq.heappop(heap)]
+            released += 1
+        self._count -= released
+        return released
+
+    def connection_lost(self, slot: int) -> int:
+        """Requeue the unacked events last written on ``slot``; returns how many."""
+        lost = [e for events in self._events.values() for e in events.values() if e.slot == slot]
+        for event in lost:
+            event.slot = None
+            event.resend = True
+        if lost:
+            self._outbox = deque(sorted([*lost, *self._outbox], key=lambda e: e.order))
+        return len(lost)
+
+    def unsent_floor(self) -> dict[str, int]:
+        """Per stream, the lowest seq not yet written anywhere (for heartbeats), or None-equivalent ``MAX_SEQ``."""
+        floor: dict[str, int] = {}
+        for event in self._outbox:
+            if event.seq < floor.get(event.stream, MAX_SEQ):
+                floor[event.stream] = event.seq
+        return floor
+
+    def unacked(self) -> list[PendingEvent]:
+        """Every unacked event, in creation order (spool compaction, inspection)."""
+        return sorted((e for events in self._events.values() for e in events.values()), key=lambda e: e.order)
+
+
+def heartbeat_next_seq(seqs: SeqAssigner, store: UnackedStore) -> dict[str, int]:
+    """``next_seq`` of a heartbeat: per stream, the next seq to assign, or the lowest seq still waiting to be
+    written, so the gateway is never told an event is behind it while it sits in this client's queue."""
+    floor = store.unsent_floor()
+    return {s: min(seqs.peek(s), floor.get(s, MAX_SEQ)) for s in seqs.streams}
+
+
+# Frame overhead on top of the events themselves: the map header, "type": "events", the array header.
+_FRAME_OVERHEAD_BYTES = 64
+
+
+def encode_batches(events: Sequence[PendingEvent], max_events: int,
+                   max_frame_bytes: int) -> list[tuple[Sequence[PendingEvent], bytes]]:
+    """``events`` frames of at most ``max_events`` events and ``max_frame_bytes`` body bytes each, in order.
+
+    A chunk that encodes too large is halved until it fits; a single event that cannot fit raises
+    :class:`EventTooLarge` (the gateway would refuse it with ``frame_too_large`` and close the connection).
+    """
+    out: list[tuple[Sequence[PendingEvent], bytes]] = []
+    for start in range(0, len(events), max_events):
+        _encode_fitting(events[start:start + max_events], max_frame_bytes, out)
+    return out
+
+
+def _encode_fitting(chunk: Sequence[PendingEvent], max_frame_bytes: int,
+                    out: list[tuple[Sequence[PendingEvent], bytes]]) -> None:
+    frame = encode_frame({"type": "events", "events": [e.to_wire() for e in chunk]})
+    if len(frame) - 4 <= max_frame_bytes:
+        out.append((chunk, frame))
+        return
+    if len(chunk) == 1:
+        event = chunk[0]
+        raise EventTooLarge(f"stream {event.stream!r} seq {event.seq} encodes to {len(frame) - 4} bytes; the gateway "
+                            f"accepts frames of at most {max_frame_bytes} bytes")
+    half = len(chunk) // 2
+    _encode_fitting(chunk[:half], max_frame_bytes, out)
+    _encode_fitting(chunk[half:], max_frame_bytes, out)
+
+
+def payload_fits(encoded_payload_bytes: int, max_frame_bytes: int) -> bool:
+    """Whether an event whose payload encodes to this many bytes can travel alone in one frame."""
+    return encoded_payload_bytes + _FRAME_OVERHEAD_BYTES + 64 <= max_frame_bytes
+
+
+@dataclass
+class Backoff:
+    """Reconnect delays: exponential from ``initial_s`` by ``multiplier``, capped at ``max_s``, with jitter.
+
+    The jitter takes up to ``jitter`` (a fraction) off each delay at random, so a pool or a fleet of sources that
+    lost the gateway together does not reconnect in lockstep. ``max_attempts`` (None: forever) bounds the attempts
+    between two successful connections; ``next_delay()`` returns None when they are used up.
+    """
+
+    initial_s: float = 0.05
+    max_s: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    max_attempts: int | None = None
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+    attempts: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ValueError("need 0 < initial_s <= max_s")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be in [0, 1]")
+
+    def next_delay(self) -> float | None:
+        if self.max_attempts is not None and self.attempts >= self.max_attempts:
+            return None
+        ceiling = min(self.max_s, self.initial_s * self.multiplier ** min(self.attempts, 64))
+        self.attempts += 1
+        return ceiling * (1.0 - self.jitter * self.rng.random())
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+    def copy(self) -> Backoff:
+        """A fresh schedule with the same policy and an independent random stream (one per pool connection)."""
+        return Backoff(self.initial_s, self.max_s, self.multiplier, self.jitter, self.max_attempts,
+                       random.Random(self.rng.random()))
+
+
+class PoolScheduler:
+    """Which pool connection carries the next batch: round-robin over the connections that are up.
+
+    ``pinned=True`` asks for the lowest live connection instead: the shell uses it until the gateway has
+    acknowledged a stream once, because the gateway starts a source's contiguous range at the first seq it sees,
+    so the very first seqs must not race each other over two sockets.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("pool size must be >= 1")
+        self.size = size
+        self._up = [False] * size
+        self._cursor = 0
+
+    def up(self, slot: int) -> None:
+        self._up[slot] = True
+
+    def down(self, slot: int) -> None:
+        self._up[slot] = False
+
+    def is_up(self, slot: int) -> bool:
+        return self._up[slot]
+
+    @property
+    def live(self) -> list[int]:
+        return [i for i, up in enumerate(self._up) if up]
+
+    def next_slot(self, pinned: bool = False) -> int | None:
+        if pinned:
+            return next((i for i, up in enumerate(self._up) if up), None)
+        for step in range(self.size):
+            slot = (self._cursor + step) % self.size
+            if self._up[slot]:
+                self._cursor = (slot + 1) % self.size
+                return slot
+        return None
+
+
+class IdleTimer:
+    """Heartbeats: a connection that wrote nothing for ``interval_s`` is due one (times are loop seconds)."""
+
+    def __init__(self, size: int, interval_s: float | None) -> None:
+        if interval_s is not None and interval_s <= 0:
+            raise ValueError("heartbeat interval must be > 0 (or None to disable)")
+        self.interval_s = interval_s
+        self._last_write = [0.0] * size
+
+    def wrote(self, slot: int, now_s: float) -> None:
+        self._last_write[slot] = now_s
+
+    def due(self, live: Iterable[int], now_s: float) -> list[int]:
+        if self.interval_s is None:
+            return []
+        return [s for s in live if now_s - self._last_write[s] >= self.interval_s]
+
+    def next_due_in(self, live: Iterable[int], now_s: float) -> float | None:
+        """Seconds until the next live connection is due (0 if one is due now), None if none can be."""
+        if self.interval_s is None:
+            return None
+        waits = [self._last_write[s] + self.interval_s - now_s for s in live]
+        return max(0.0, min(waits)) if waits else None

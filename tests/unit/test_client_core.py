@@ -1,0 +1,285 @@
+"""The SDK's sans-IO core: seqs, the unacked store, batching, pool scheduling, backoff, idleness, auth, clocks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from clients.auth import hmac_provider, hmac_token, parse_hmac_token
+from clients.clock import SimulatedClock
+from clients.core import (
+    Backoff,
+    EventTooLarge,
+    IdleTimer,
+    PendingEvent,
+    PoolScheduler,
+    SeqAssigner,
+    StoreFull,
+    UnackedStore,
+    encode_batches,
+    heartbeat_next_seq,
+)
+from gateway.frames import FrameDecoder
+from gateway.messages import MAX_SEQ
+
+
+def filled_store(n: int, streams: tuple[str, ...] = ("a",), max_unacked: int = 1000) -> UnackedStore:
+    store = UnackedStore(streams, max_unacked)
+    seqs = SeqAssigner(streams)
+    for i in range(n):
+        stream = streams[i % len(streams)]
+        store.add(stream, seqs.next(stream), 1_000 + i, {"i": i})
+    return store
+
+
+# -- seqs --------------------------------------------------------------------------------------------------------
+
+
+def test_seqs_are_per_stream_from_zero_without_gaps():
+    seqs = SeqAssigner(["a", "b"])
+    assert [seqs.next("a"), seqs.next("a"), seqs.next("b"), seqs.next("a")] == [0, 1, 0, 2]
+    assert seqs.snapshot() == {"a": 3, "b": 1}
+    with pytest.raises(ValueError, match="'c' was not declared"):
+        seqs.next("c")
+
+
+def test_seqs_resume_from_a_start_and_continue_above_claimed():
+    seqs = SeqAssigner(["a", "b"], {"a": 10})
+    assert seqs.next("a") == 10
+    seqs.claim("b", 7)
+    seqs.claim("b", 3)  # a lower explicit seq (a replayed trace) does not move the counter back
+    assert seqs.next("b") == 8
+    with pytest.raises(ValueError, match="outside"):
+        seqs.claim("a", -1)
+    with pytest.raises(ValueError, match="not declared"):
+        SeqAssigner(["a"], {"zz": 1})
+
+
+# -- unacked store -----------------------------------------------------------------------------------------------
+
+
+def test_store_is_bounded_and_acks_release_cumulatively():
+    store = filled_store(5, max_unacked=5)
+    assert len(store) == 5
+    assert not store.has_room
+    with pytest.raises(StoreFull):
+        store.add("a", 5, 0, None)
+    assert store.ack("a", 2) == 3
+    assert store.ack("a", 1) == 0  # stale ack
+    assert store.ack("zz", 9) == 0  # unknown stream
+    assert store.acked_through("a") == 2
+    assert len(store) == 2
+    assert store.has_room
+    assert [e.seq for e in store.unacked()] == [3, 4]
+
+
+def test_store_refuses_a_seq_twice_or_below_the_ack():
+    store = filled_store(3)
+    with pytest.raises(ValueError, match="already sent"):
+        store.add("a", 1, 0, None)
+    store.ack("a", 2)
+    with pytest.raises(ValueError, match="already sent"):
+        store.add("a", 0, 0, None)
+
+
+def test_store_releases_out_of_order_explicit_seqs():
+    store = UnackedStore(["a"], 100)
+    for seq in (5, 1, 3, 0, 2, 4):
+        store.add("a", seq, seq, None)
+    assert store.ack("a", 3) == 4
+    assert sorted(e.seq for e in store.unacked()) == [4, 5]
+
+
+def test_batches_come_out_in_send_order_and_skip_events_acked_meanwhile():
+    store = filled_store(10, streams=("a", "b"))
+    first = store.take_batch(4)
+    assert [(e.stream, e.seq) for e in first] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    store.mark_sent(first, 0)
+    store.ack("a", 3)  # acked before it was even written (another connection carried it earlier)
+    rest = store.take_batch(100)
+    assert [(e.stream, e.seq) for e in rest] == [("b", 2), ("b", 3), ("a", 4), ("b", 4)]
+    assert store.pending_count == 0
+
+
+def test_connection_loss_requeues_exactly_what_that_connection_carried_in_send_order():
+    store = filled_store(9)
+    b0, b1, b2 = store.take_batch(3), store.take_batch(3), store.take_batch(3)
+    store.mark_sent(b0, 0)
+    store.mark_sent(b1, 1)
+    store.mark_sent(b2, 0)
+    store.ack("a", 1)
+    assert store.connection_lost(0) == 4  # seqs 2, 6, 7, 8 (0 and 1 are acked)
+    assert store.connection_lost(0) == 0  # nothing is requeued twice
+    again = store.take_batch(100)
+    assert [e.seq for e in again] == [2, 6, 7, 8]
+    assert all(e.resend for e in again)
+    assert not any(e.resend for e in b1)
+
+
+def test_requeued_events_go_before_newer_ones():
+    store = filled_store(3)
+    sent = store.take_batch(3)
+    store.mark_sent(sent, 1)
+    store.add("a", 3, 0, None)
+    store.connection_lost(1)
+    assert [e.seq for e in store.take_batch(10)] == [0, 1, 2, 3]
+
+
+def test_requeue_front_and_recovered_events():
+    store = UnackedStore(["a"], 2)
+    store.add("a", 0, 0, None)
+    store.add("a", 1, 0, None)
+    recovered = store.add_recovered("a", 2, 0, None)  # beyond the bound: it was accepted before a restart
+    assert recovered.resend
+    assert len(store) == 3
+    assert store.max_unacked == 2
+    batch = store.take_batch(2)
+    store.requeue_front(batch)
+    assert [e.seq for e in store.take_batch(10)] == [0, 1, 2]
+
+
+def test_heartbeat_next_seq_never_claims_an_event_still_queued():
+    seqs = SeqAssigner(["a", "b"])
+    store = UnackedStore(["a", "b"], 100)
+    for _ in range(3):
+        store.add("a", seqs.next("a"), 0, None)
+    assert heartbeat_next_seq(seqs, store) == {"a": 0, "b": 0}
+    store.mark_sent(store.take_batch(2), 0)
+    assert heartbeat_next_seq(seqs, store) == {"a": 2, "b": 0}
+    store.mark_sent(store.take_batch(2), 0)
+    assert heartbeat_next_seq(seqs, store) == {"a": 3, "b": 0}
+
+
+# -- batching ----------------------------------------------------------------------------------------------------
+
+
+def events(n: int, payload_bytes: int = 10) -> list[PendingEvent]:
+    return [PendingEvent("s", i, 1_000 + i, "x" * payload_bytes, i) for i in range(n)]
+
+
+def decode_all(frames: list[bytes]) -> list[dict]:
+    decoder = FrameDecoder(10**9)
+    return [m for f in frames for m in decoder.feed(f)]
+
+
+def test_batches_respect_the_event_count():
+    out = encode_batches(events(7), 3, 1 << 20)
+    assert [len(chunk) for chunk, _ in out] == [3, 3, 1]
+    messages = decode_all([frame for _, frame in out])
+    assert [e["seq"] for m in messages for e in m["events"]] == list(range(7))
+    assert messages[0]["type"] == "events"
+    assert messages[0]["events"][0] == {"stream": "s", "seq": 0, "source_ts_us": 1_000, "payload": "x" * 10}
+
+
+def test_batches_respect_the_gateway_frame_limit():
+    limit = 1_000
+    out = encode_batches(events(50, payload_bytes=100), 500, limit)
+    assert all(len(frame) - 4 <= limit for _, frame in out)
+    assert len(out) > 5
+    messages = decode_all([frame for _, frame in out])
+    assert [e["seq"] for m in messages for e in m["events"]] == list(range(50))
+
+
+def test_an_event_that_can_never_fit_is_refused():
+    with pytest.raises(EventTooLarge, match="seq 0 encodes to"):
+        encode_batches(events(1, payload_bytes=5_000), 10, 1_000)
+
+
+# -- pool, backoff, idleness -------------------------------------------------------------------------------------
+
+
+def test_pool_round_robins_over_live_connections_only():
+    pool = PoolScheduler(3)
+    assert pool.next_slot() is None
+    for i in range(3):
+        pool.up(i)
+    assert [pool.next_slot() for _ in range(4)] == [0, 1, 2, 0]
+    pool.down(1)
+    assert [pool.next_slot() for _ in range(4)] == [2, 0, 2, 0]
+    assert pool.next_slot(pinned=True) == 0
+    pool.down(0)
+    assert pool.next_slot(pinned=True) == 2
+    assert pool.live == [2]
+
+
+def test_backoff_grows_exponentially_with_jitter_and_is_bounded():
+    backoff = Backoff(initial_s=0.1, max_s=1.0, multiplier=2.0, jitter=0.5, rng=random.Random(1))
+    delays = [backoff.next_delay() for _ in range(10)]
+    ceilings = [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    for delay, ceiling in zip(delays, ceilings, strict=True):
+        assert delay is not None
+        assert ceiling * 0.5 <= delay <= ceiling
+    assert len(set(delays)) == 10  # jittered
+    backoff.reset()
+    first = backoff.next_delay()
+    assert first is not None
+    assert first <= 0.1
+
+
+def test_backoff_gives_up_after_max_attempts_and_copies_are_independent():
+    backoff = Backoff(initial_s=0.01, max_s=0.02, max_attempts=2, rng=random.Random(3))
+    assert backoff.next_delay() is not None
+    assert backoff.next_delay() is not None
+    assert backoff.next_delay() is None
+    a, b = backoff.copy(), backoff.copy()
+    assert a.attempts == 0
+    assert a.next_delay() != b.next_delay()
+    with pytest.raises(ValueError):
+        Backoff(initial_s=2.0, max_s=1.0)
+    with pytest.raises(ValueError):
+        Backoff(jitter=1.5)
+
+
+def test_idle_timer_marks_idle_connections_due():
+    timer = IdleTimer(2, 1.0)
+    timer.wrote(0, 10.0)
+    timer.wrote(1, 10.5)
+    assert timer.due([0, 1], 10.9) == []
+    assert timer.next_due_in([0, 1], 10.9) == pytest.approx(0.1)
+    assert timer.due([0, 1], 11.0) == [0]
+    assert timer.due([1], 11.0) == []
+    assert timer.next_due_in([], 11.0) is None
+    disabled = IdleTimer(1, None)
+    assert disabled.due([0], 1e9) == []
+    assert disabled.next_due_in([0], 0.0) is None
+
+
+# -- auth and clocks ---------------------------------------------------------------------------------------------
+
+
+def test_hmac_token_matches_the_gateway_vector():
+    # Same vector as the gateway's tests (computed independently with openssl).
+    assert hmac_token(b"k" * 32, "s1", 5) == "5:8308149faea0c9c1fa925f0b4c74e75c9056a526c6cd2bb3e9df12315ae4a949"
+    assert parse_hmac_token(hmac_token(b"secret", "s", 1_700_000_000_000_000))[0] == 1_700_000_000_000_000
+    for bad in ("garbage", "12:abc", "x:" + "0" * 64):
+        with pytest.raises(ValueError):
+            parse_hmac_token(bad)
+    with pytest.raises(ValueError):
+        hmac_token(b"", "s", 1)
+    ticks = iter([10, 20])
+    provider = hmac_provider(b"k", "s", lambda: next(ticks))
+    assert provider().startswith("10:")
+    assert provider().startswith("20:")
+
+
+@pytest.mark.parametrize(("offset_us", "skew_ppm"), [(1_000, 0.0), (3_600_000_000, 200.0), (-3_600_000_000, -200.0),
+                                                      (-1_000, 37.5)])
+def test_simulated_clock_offset_and_skew(offset_us, skew_ppm):
+    now = [1_700_000_000_000_000]
+    clock = SimulatedClock(offset_us, skew_ppm, base=lambda: now[0])
+    assert clock() == now[0] + offset_us
+    now[0] += 10_000_000  # 10 s of base time
+    assert clock() == now[0] + offset_us + round(skew_ppm * 10)
+    assert clock.error_us(now[0]) == offset_us + round(skew_ppm * 10)
+    assert clock.at(now[0]) == clock()
+
+
+def test_simulated_clock_refuses_broken_hardware():
+    with pytest.raises(ValueError):
+        SimulatedClock(0, 5_000.0)
+    assert "skew_ppm=1.0" in repr(SimulatedClock(0, 1.0, base=lambda: 0))
+
+
+def test_max_seq_constant_is_the_wire_limit():
+    assert MAX_SEQ == 2**63 - 1
