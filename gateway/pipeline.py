@@ -23,7 +23,10 @@ from reorder.sequence import SequenceConfig, SequenceReorderer
 from skewless.records import EventRecord
 
 # The events topic promises order, so late events only go to the late topic (Query 4.3's 7th parameter = drop).
-GATEWAY_SEQUENCE_DEFAULTS = SequenceConfig(drop_late=True)
+# A live gateway sees stalls a replay does not (event-loop pauses, a pool connection falling behind): gaps get at
+# least 200 ms before they are skipped. In-order events never wait, so this costs latency only on lost events.
+GATEWAY_MIN_GAP_TIMEOUT_US = 200_000
+GATEWAY_SEQUENCE_DEFAULTS = SequenceConfig(drop_late=True, min_timeout_us=GATEWAY_MIN_GAP_TIMEOUT_US)
 # A clock more than a minute ahead of the gateway is broken, not early: quarantined so it cannot drag the
 # merge and the watermark into the future.
 DEFAULT_MAX_FUTURE_US = 60_000_000

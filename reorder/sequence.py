@@ -62,6 +62,10 @@ class SequenceConfig:
     a 15k events/s source with ~10 % disorder: long enough for a stable 0.9999-quantile, short enough
     that one burst of extreme delays does not set the timeout for the rest of the run."""
     min_gap_samples: int = DEFAULT_MIN_GAP_SAMPLES
+    min_timeout_us: int = 0
+    """Adaptive mode: never give up on a gap sooner than this.  Waiting costs only when a gap never
+    closes (a truly lost event); a floor protects against a quantile learned on a calm network before
+    the first stall of a connection pool or an event-loop pause."""
     initial_seq: int | None = 0
     """First expected seq.  None adopts the first event's seq (a source joining mid-stream), at the risk
     of releasing that event ahead of earlier ones still in flight."""
@@ -75,6 +79,8 @@ class SequenceConfig:
             raise ValueError("target_accuracy must be in (0, 1)")
         if self.max_buffered < 1:
             raise ValueError("max_buffered must be >= 1")
+        if self.min_timeout_us < 0:
+            raise ValueError("min_timeout_us must be >= 0")
 
     @classmethod
     def thesis(cls, latency_threshold_us: int = 500_000, **kwargs: object) -> SequenceConfig:
@@ -169,7 +175,8 @@ class SequenceReorderer:
             return int(min(cfg.latency_threshold_us, max(t_inter, t_buffer, 0.0)))
         if self.gap_delay.count < cfg.min_gap_samples:
             return cfg.latency_threshold_us
-        return min(cfg.latency_threshold_us, int(cfg.timeout_factor * self.gap_delay.value_us()))
+        learned_us = max(cfg.min_timeout_us, int(cfg.timeout_factor * self.gap_delay.value_us()))
+        return min(cfg.latency_threshold_us, learned_us)
 
     def merge_wait_us(self, now_us: int) -> int:
         """How long a merger should wait for this source's next release (thesis section 3.2.2).

@@ -240,3 +240,30 @@ def test_initial_seq_none_adopts_the_first_event() -> None:
     r0 = SequenceReorderer("D1", "R1")
     assert r0.push(ev(1000), 0) == []
     assert r0.next_deadline_us() == r0.config.latency_threshold_us
+
+
+def test_min_timeout_floor_outlasts_a_short_learned_quantile():
+    from reorder.records import GapSkipped, Released, SourceEvent
+    from reorder.sequence import SequenceConfig, SequenceReorderer
+
+    def ev(seq):
+        return SourceEvent("s", "x", seq, seq, None)
+
+    for floor_us, closes_in_time in ((0, False), (5_000, True)):
+        r = SequenceReorderer("s", "x", SequenceConfig(min_gap_samples=1, min_timeout_us=floor_us))
+        # Teach it one quick gap: seq 1 arrives 10 us after seq 2.
+        r.push(ev(0), 0)
+        r.push(ev(2), 100)
+        r.push(ev(1), 110)
+        learned_us = r.timeout_us()
+        assert learned_us == floor_us if floor_us else 0 < learned_us < 100
+        # Next gap closes after 3 ms: skipped without the floor, waited for with it.
+        r.push(ev(4), 1_000)
+        out = r.advance(1_000 + 2_999)
+        closed = r.push(ev(3), 4_000)
+        skipped = [o for o in out if isinstance(o, GapSkipped)]
+        if closes_in_time:
+            assert skipped == []
+            assert [o.event.seq for o in closed if isinstance(o, Released)] == [3, 4]
+        else:
+            assert [(g.first_seq, g.last_seq) for g in skipped] == [(3, 3)]
