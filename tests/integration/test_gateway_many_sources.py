@@ -38,7 +38,6 @@ async def open_pool(port: int, source_id: str) -> list[tuple[asyncio.StreamReade
 
 
 async def run_source(source: int, pool, rng: random.Random) -> None:
-    source_id = f"src-{source:02d}"
     for start in range(0, EVENTS, BLOCK):
         seqs = list(range(start, start + BLOCK))
         rng.shuffle(seqs)
