@@ -7,6 +7,7 @@ import contextlib
 import logging
 import ssl
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -126,6 +127,8 @@ class Gateway:
         self._progress: dict[str, StreamProgress] = {}
         self._progress_dirty: set[str] = set()
         self._acks_due: dict[tuple[str, str], int] = {}
+        # The most recent produce -> delivery-report latencies, for the metrics' percentiles.
+        self._delivery_latencies_us: deque[int] = deque(maxlen=4096)
         self._publish_lock = asyncio.Lock()
         self._deadline_changed = asyncio.Event()
 
@@ -172,7 +175,12 @@ class Gateway:
         return {f"pipeline_{name}": float(getattr(counters, name)) for name in counters.__dataclass_fields__}
 
     def gauges(self) -> dict[str, float]:
-        return {"connections": float(len(self._all_handlers)), "kafka_pending": float(self._publisher.pending())}
+        gauges = {"connections": float(len(self._all_handlers)), "kafka_pending": float(self._publisher.pending())}
+        latencies = sorted(self._delivery_latencies_us)
+        if latencies:
+            gauges["kafka_delivery_p50_us"] = float(latencies[len(latencies) // 2])
+            gauges["kafka_delivery_p99_us"] = float(latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])
+        return gauges
 
     def per_source_gauges(self) -> dict[str, dict[str, float]]:
         gauges: dict[str, dict[str, float]] = {
@@ -324,8 +332,10 @@ class Gateway:
     def _delivery_callback(self, record: EventRecord, topic_kind: str) -> DeliveryCallback:
         source_id, stream, seq = record.source_id, record.stream, record.seq
         progress = self._progress[stream] if topic_kind == "events" else None
+        produced_us = self._clock_us()
 
         def on_delivery(error: KafkaError | None, message: Message) -> None:
+            self._delivery_latencies_us.append(self._clock_us() - produced_us)
             if error is None and progress is not None:
                 offset = message.offset()
                 if offset is not None:
