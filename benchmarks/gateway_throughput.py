@@ -64,10 +64,15 @@ def proc_rss(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
 
 
-def start_gateway(bootstrap: str, prefix: str) -> tuple[subprocess.Popen[str], int]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--no-timesync", "--bootstrap", bootstrap,
-         "--prefix", prefix], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def start_gateway(bootstrap: str, prefix: str, producer: dict[str, int] | None = None,
+                  ) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--no-timesync", "--bootstrap", bootstrap,
+               "--prefix", prefix]
+    if producer:
+        config = Path(tempfile.mkdtemp()) / "gateway.toml"
+        config.write_text("[gateway.producer]\n" + "".join(f'"{k}" = {v}\n' for k, v in producer.items()))
+        command += ["--config", str(config)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
     return process, int(line.rsplit(":", 1)[1])
@@ -198,10 +203,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def one_run(bootstrap: str, sources: int, total_events: int) -> RunResult:
+def one_run(bootstrap: str, sources: int, total_events: int, producer: dict[str, int] | None = None) -> RunResult:
     per_source = max(BATCH, total_events // sources)
-    prefix = f"bench{sources}x{int(time.time())}"
-    process, port = start_gateway(bootstrap, prefix)
+    prefix = f"bench{sources}x{time.time_ns()}"
+    process, port = start_gateway(bootstrap, prefix, producer)
     try:
         time.sleep(0.5)
         cpu0, rss0 = proc_cpu_s(process.pid), proc_rss(process.pid)
@@ -221,7 +226,8 @@ def one_run(bootstrap: str, sources: int, total_events: int) -> RunResult:
                      percentile(added, 0.99), percentile(ack_ms, 0.5), percentile(ack_ms, 0.99))
 
 
-def write_report(results: list[RunResult], paced: list[dict[str, float]]) -> None:
+def write_report(results: list[RunResult], paced: list[dict[str, float]],
+                 linger: list[tuple[int, RunResult]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,6 +251,9 @@ def write_report(results: list[RunResult], paced: list[dict[str, float]]) -> Non
     paced_rows = "\n".join(
         f"| {p['sources']:.0f} | {p['events_per_s']:,.0f} | {p['frame_ms']:.0f} | {p['p50_ms']:.2f} | "
         f"{p['p99_ms']:.2f} | {p['max_ms']:.2f} |" for p in paced)
+    linger_rows = "\n".join(
+        f"| {ms} | {r.events_per_s:,.0f} | {r.cpu_us_per_event:.1f} | {r.ack_p50_ms:.1f} | {r.ack_p99_ms:.1f} |"
+        for ms, r in linger)
     rows = "\n".join(
         f"| {r.sources} | {r.events} | {r.events_per_s:,.0f} | {r.cpu_us_per_event:.1f} | "
         f"{r.rss_growth_bytes / r.sources / 1024:,.1f} | {r.added_p50_us / 1000:.2f} | {r.added_p99_us / 1000:.2f} | "
@@ -274,6 +283,35 @@ interval bounds the added latency of the others; saturation runs above measure q
 | sources | events/s | frame (ms) | added p50 (ms) | added p99 (ms) | max (ms) |
 |---|---|---|---|---|---|
 {paced_rows}
+
+## Producer batching, side by side (20 sources, same run)
+
+| linger.ms | events/s | gateway CPU us/event | ack p50 (ms) | ack p99 (ms) |
+|---|---|---|---|---|
+{linger_rows}
+
+The gateway's default is linger.ms = 2 with lz4 compression, acks=all and idempotence.
+
+## Against the target, and the next levers
+
+Target: >= 250k events/s with 20 sources and p99 in-order added latency <= 5 ms. **Missed**: about 22-27k events/s
+end to end here, 9-11x short; p99 added latency at a steady 10k events/s from 20 sources is ~11 ms with 5 ms
+frames, 2.3x over (an event can only leave the merge once every other live source has sent something newer, so
+the sources' frame interval, not CPU, sets this floor; 1 ms frames or heartbeats would bring it down).
+
+Where the time goes (docs/gateway-hotpath.md, no sockets or broker): ~17 us of Python per event, about 58 % in
+the ordering pipeline (reorderer + reference clock + merger heap + record building), ~19 % decoding and validating
+msgpack, ~14 % JSON encoding, ~6 % librdkafka's produce call; end to end the gateway process also pays the
+delivery callbacks and acks (~30-45 us/event in total, measured from /proc above), while the broker and the load
+generator share the same two cores. Next levers, by expected gain:
+
+1. A second process per core: shard streams (or sources of a stream with a second merge stage) across gateway
+   worker processes (SO_REUSEPORT); ~2x on this machine, more on bigger ones.
+2. Batch-level fast path: when a batch is in seq order and the merge has a single live source or all sources are
+   ahead, skip per-event reorderer/merger objects and publish the batch (most traffic is in order).
+3. Compiled codec for the frame decode + record encode (msgspec structs or a small Rust/Cython extension): the
+   decode/encode stages are a third of the CPU.
+4. Fewer delivery callbacks: track Kafka progress per partition offset instead of a Python callback per event.
 """)
 
 
@@ -301,7 +339,13 @@ def main() -> None:
                 print(f"paced {sources:>3} sources x {rate:,.0f}/s: added p50/p99/max "
                       f"{row['p50_ms']:.2f}/{row['p99_ms']:.2f}/{row['max_ms']:.2f} ms", flush=True)
                 paced.append(row)
-            write_report(results, paced)
+            linger = []
+            for ms in (0, 2, 20):
+                result = one_run(state.bootstrap_servers, 20, args.events // 2, {"linger.ms": ms})
+                print(f"linger.ms={ms:>3}: {result.events_per_s:>10,.0f} events/s  cpu {result.cpu_us_per_event:.1f} "
+                      f"us/event", flush=True)
+                linger.append((ms, result))
+            write_report(results, paced, linger)
         finally:
             broker.stop()
 
