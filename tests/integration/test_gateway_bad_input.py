@@ -18,26 +18,26 @@ pytestmark = pytest.mark.integration
 HELLO = {"type": "hello", "version": 1, "source_id": "bad", "streams": ["s"]}
 
 
-async def raw_exchange(port: int, *frames: bytes) -> tuple[list[dict], bool]:
-    """Send raw bytes; return the frames the gateway answered and whether it closed the connection."""
+async def raw_exchange(port: int, *frames: bytes, until: dict | None = None) -> tuple[list[dict], bool]:
+    """Send raw bytes; collect the gateway's frames until it closes the connection (or sends `until`).
+
+    Returns the frames and whether the gateway closed the connection."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for frame in frames:
         writer.write(frame)
     await writer.drain()
     decoder = FrameDecoder()
     replies: list[dict] = []
-    closed = False
     try:
-        async with asyncio.timeout(10):
-            while True:
+        async with asyncio.timeout(15):
+            while until is None or until not in replies:
                 data = await reader.read(65536)
                 if not data:
-                    closed = True
-                    break
+                    return replies, True
                 replies += decoder.feed(data)
     finally:
         writer.close()
-    return replies, closed
+    return replies, False
 
 
 async def test_oversized_and_garbage_frames_close_only_that_connection(gateway: Gateway, kafka, topic_prefix):
@@ -84,28 +84,10 @@ async def test_duplicate_resend_reaches_kafka_once(gateway: Gateway, kafka, topi
     await client.close()
     # A second connection of the same source replays seqs 10..19 (as after a lost ack) and adds 20..24.
     events = [{"stream": "s", "seq": i, "source_ts_us": 10 + i, "payload": i} for i in range(10, 25)]
-    replies, _closed = await raw_exchange_until_ack(gateway.port, 24, encode_frame({**HELLO, "source_id": "dup"}),
-                                                    encode_frame({"type": "events", "events": events}))
+    replies, _closed = await raw_exchange(gateway.port, encode_frame({**HELLO, "source_id": "dup"}),
+                                          encode_frame({"type": "events", "events": events}),
+                                          until={"type": "ack", "stream": "s", "seq": 24})
     assert replies[-1] == {"type": "ack", "stream": "s", "seq": 24}
     assert gateway.counters.duplicates == 10
     values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
     assert [v["seq"] for v in values] == list(range(25))
-
-
-async def raw_exchange_until_ack(port: int, seq: int, *frames: bytes) -> tuple[list[dict], bool]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    for frame in frames:
-        writer.write(frame)
-    await writer.drain()
-    decoder = FrameDecoder()
-    replies: list[dict] = []
-    try:
-        async with asyncio.timeout(15):
-            while not replies or replies[-1] != {"type": "ack", "stream": "s", "seq": seq}:
-                data = await reader.read(65536)
-                if not data:
-                    return replies, True
-                replies += decoder.feed(data)
-    finally:
-        writer.close()
-    return replies, False
