@@ -30,6 +30,10 @@ GATEWAY_SEQUENCE_DEFAULTS = SequenceConfig(drop_late=True, min_timeout_us=GATEWA
 # A clock more than a minute ahead of the gateway is broken, not early: quarantined so it cannot drag the
 # merge and the watermark into the future.
 DEFAULT_MAX_FUTURE_US = 60_000_000
+# After a restart, how long the merge waits for the sources recovered from Kafka to reconnect (the SDK's default
+# reconnect backoff tops out at 5 s): all of them share this one deadline, so sources that never come back cost
+# one wait in total, not one each.
+DEFAULT_RECONNECT_GRACE_US = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class PipelineConfig:
     sequence: SequenceConfig = GATEWAY_SEQUENCE_DEFAULTS
     merger: MergerConfig = field(default_factory=MergerConfig)
     max_future_us: int = DEFAULT_MAX_FUTURE_US
+    reconnect_grace_us: int = DEFAULT_RECONNECT_GRACE_US
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +77,13 @@ class _StreamPipeline:
         self.config = config
         self.stream = stream
         self.merger = MultiSourceMerger(stream, clock, config.merger, timeout_for=self._merge_wait)
+        # Sources recovered after a restart that have not reconnected yet: the merge waits for them until then.
+        self.expected_until: dict[str, int] = {}
 
     def _merge_wait(self, source_id: str, now_us: int) -> int:
+        until = self.expected_until.get(source_id)
+        if until is not None:
+            return max(0, until - now_us)
         reorderer = self.reorderers.get(source_id)
         return self.config.merger.default_timeout_us if reorderer is None else reorderer.merge_wait_us(now_us)
 
@@ -105,10 +115,24 @@ class IngestPipeline:
         """After a restart: this source's events below `next_seq` are already in Kafka."""
         self._next_seq_hint[(source_id, stream)] = next_seq
 
+    def expect(self, source_id: str, stream: str, now_us: int) -> list[PipelineOutput]:
+        """After a restart: a source recovered from Kafka joins the merge before it reconnects.
+
+        Otherwise the first source back would run the watermark past the resends of the others, and their
+        in-order events would go to the late topic. The merge waits for it until `reconnect_grace_us` after now.
+        """
+        pipeline = self._stream(stream)
+        pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
+        pipeline.expected_until[source_id] = now_us + self.config.reconnect_grace_us
+        out: list[PipelineOutput] = []
+        self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
+        return out
+
     def register(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[PipelineOutput]:
         out: list[PipelineOutput] = []
         for stream in streams:
             pipeline = self._stream(stream)
+            pipeline.expected_until.pop(source_id, None)
             pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
             self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
         return out

@@ -202,30 +202,47 @@ class Gateway:
     def _ensure_base_topics(self) -> None:
         ensure_topics(self.config.bootstrap_servers, [self.topics.sources], config={"cleanup.policy": "compact"})
 
-    async def stop(self, flush_timeout_s: float = 10.0) -> None:
+    async def stop(self, flush_timeout_s: float = 10.0, graceful: bool = True) -> None:
+        """Stop taking events, let Kafka confirm what was published (acks still reach open connections), checkpoint,
+        then close. Everything runs on the event loop: delivery callbacks never race the loop's own state.
+
+        graceful=False drops every connection first, as a crash would: the clients never see the last acks and
+        resend those events to the next gateway (which must recognise them)."""
         if self._server is not None:
             self._server.close()
-            for handlers in list(self._connections.values()):
-                for handler in list(handlers):
-                    handler.close()
-            await self._server.wait_closed()
-        loop = asyncio.get_running_loop()
-        remaining = await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
-        self._publisher.poll(0)
-        self._send_acks()
-        self._write_checkpoints()
-        remaining += await loop.run_in_executor(None, self._publisher.flush, flush_timeout_s)
-        if remaining:
-            log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
-        self._publisher.poll(0)
+        for handler in list(self._all_handlers):
+            if graceful:
+                handler.pause()
+            else:
+                handler.close()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._drain(flush_timeout_s)
+        self._write_checkpoints()
+        remaining = await self._drain(flush_timeout_s)
+        if remaining:
+            log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
+        for handler in list(self._all_handlers):
+            handler.close()
+        if self._server is not None:
+            await self._server.wait_closed()
         if self._metrics is not None:
             await self._metrics.stop()
         if self.timesync is not None:
             await self.timesync.close()
+
+    async def _drain(self, timeout_s: float) -> int:
+        """Poll until connection workers are idle and librdkafka has no undelivered message; returns what is left."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            self._publisher.poll(0)
+            self._send_acks()
+            if self._publisher.pending() == 0 and all(h.idle for h in self._all_handlers):
+                break
+            await asyncio.sleep(POLL_INTERVAL_S)
+        return self._publisher.pending()
 
     async def _poll_forever(self) -> None:
         while True:
@@ -270,10 +287,14 @@ class Gateway:
                     self.topics.events(stream), stream)
                 log.info("recovered stream %s in %.2f s: %d sources, from offset %d", stream,
                          time.monotonic() - started, len(progress.next_seq), progress.next_offset)
+                self._progress[stream] = progress
+                outputs: list[PipelineOutput] = []
                 for source_id, next_seq in progress.next_seq.items():
                     self.pipeline.resume_from(source_id, stream, next_seq)
                     self.tracker.resume(source_id, stream, next_seq)
-                self._progress[stream] = progress
+                    # The merge waits (bounded) for every source that was streaming before the restart.
+                    outputs += self.pipeline.expect(source_id, stream, self._clock_us())
+                await self.publish(outputs)
                 self.counters.recovered_sources += len(progress.next_seq)
             self._known_streams.update(missing)
 
@@ -411,6 +432,7 @@ class ConnectionHandler(asyncio.Protocol):
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
         self._closing = False
+        self._busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -458,12 +480,28 @@ class ConnectionHandler(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def pause(self) -> None:
+        """Shutdown: read nothing more; what was already read is still processed."""
+        self._closing = True
+        if self.transport is not None and not self._paused:
+            self.transport.pause_reading()
+            self._paused = True
+
+    @property
+    def idle(self) -> bool:
+        return self._queue.empty() and not self._busy
+
     async def _run(self) -> None:
         while True:
             arrival_ts_us, actions = await self._queue.get()
-            for action in actions:
-                await self._apply(action, arrival_ts_us)
-            if self._paused and self._queue.qsize() < MAX_PENDING_ACTIONS // 2 and self.transport is not None:
+            self._busy = True
+            try:
+                for action in actions:
+                    await self._apply(action, arrival_ts_us)
+            finally:
+                self._busy = False
+            if (self._paused and not self._closing and self._queue.qsize() < MAX_PENDING_ACTIONS // 2
+                    and self.transport is not None):
                 self.transport.resume_reading()
                 self._paused = False
 

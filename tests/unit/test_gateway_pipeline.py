@@ -101,3 +101,29 @@ def test_punctuation_follows_merged_events():
     punctuations = [o for o in out if isinstance(o, PublishPunctuation)]
     assert records(out) == [("a", 0, T0 + 50)]
     assert punctuations == [PublishPunctuation("s", T0 + 50, T0 + 1)]
+
+
+def test_recovered_source_holds_the_merge_until_it_reconnects_or_the_grace_ends():
+    pipe = IngestPipeline(IdentityClock(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe.resume_from("b", "s", 7)
+    pipe.expect("b", "s", T0)
+    pipe.register("a", ("s",), T0)
+    # a is back first; b (recovered, not reconnected yet) may still resend older events: a waits.
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 1)) == []
+    assert pipe.next_deadline_us() == T0 + 10_000
+    assert records(pipe.advance(T0 + 9_999)) == []
+    # Grace over: b is given up (counted as a source timeout) and a flows.
+    assert records(pipe.advance(T0 + 10_000)) == [("a", 0, T0 + 5)]
+    assert pipe.counters.source_timeouts == 1
+
+
+def test_recovered_source_reconnecting_in_time_is_merged_in_order():
+    pipe = IngestPipeline(IdentityClock(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe.resume_from("b", "s", 7)
+    pipe.expect("b", "s", T0)
+    pipe.register("a", ("s",), T0)
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 1)) == []
+    pipe.register("b", ("s",), T0 + 2)
+    assert records(pipe.push("b", ev(7, T0 + 3), T0 + 3)) == [("b", 7, T0 + 3)]
+    assert records(pipe.heartbeat("b", {"s": 8}, T0 + 100, T0 + 4)) == [("a", 0, T0 + 5)]
+    assert pipe.counters.source_timeouts == 0
