@@ -187,11 +187,15 @@ class IngestPipeline:
     # -- queries ----------------------------------------------------------------------------------
 
     def buffered(self) -> dict[str, int]:
-        """Events held per source (all streams): reorder buffers plus merge queues."""
+        """Events held per source (all streams): reorder buffers plus merge queues; sources holding none are left
+        out."""
         held: dict[str, int] = {}
         for pipeline in self._streams.values():
             for source_id, reorderer in pipeline.reorderers.items():
-                held[source_id] = held.get(source_id, 0) + reorderer.buffered
+                if reorderer.buffered:
+                    held[source_id] = held.get(source_id, 0) + reorderer.buffered
+            for source_id, queued in pipeline.merger.queued_by_source().items():
+                held[source_id] = held.get(source_id, 0) + queued
         return held
 
     def watermark_us(self, stream: str) -> int | None:

@@ -45,6 +45,7 @@ from timesync.store import SourceInfo, SourceInfoStore
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.002
+PRESSURE_CHECK_EVERY_TICKS = 10
 PUNCTUATION_KEY = b"__punctuation__"
 TIMEOUT_SWEEP_INTERVAL_S = 0.5
 # Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
@@ -66,6 +67,9 @@ class GatewayConfig:
     metrics_port: int | None = None
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     checkpoint_interval_s: float = 5.0
+    # Events held in reorder buffers and merge queues, all sources together. Past it the gateway stops reading the
+    # sources that hold events (the merge is waiting for the others, which keep being read), until half is left.
+    max_buffered_events: int = 1_000_000
     # None: trust source clocks (ref = source time, uncertainty 0), for sources already disciplined by NTP/PTP.
     # With `timesync` set, the gateway runs the time-sync server and maps source times through its estimates.
     reference_clock: ReferenceClock | None = None
@@ -87,6 +91,7 @@ class GatewayCounters:
     timeouts: int = 0
     auth_failures: int = 0
     recovered_sources: int = 0
+    global_pauses: int = 0
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -127,6 +132,7 @@ class Gateway:
         self._progress: dict[str, StreamProgress] = {}
         self._progress_dirty: set[str] = set()
         self._acks_due: dict[tuple[str, str], int] = {}
+        self._throttled: set[str] = set()
         # The most recent produce -> delivery-report latencies, for the metrics' percentiles.
         self._delivery_latencies_us: deque[int] = deque(maxlen=4096)
         self._publish_lock = asyncio.Lock()
@@ -197,7 +203,8 @@ class Gateway:
     def health(self) -> dict[str, Any]:
         status = "ok" if self._server is not None and self._server.is_serving() else "stopped"
         return {"status": status, "connections": len(self._all_handlers), "kafka_pending": self._publisher.pending(),
-                "last_delivery_us": self._last_delivery_us, "last_kafka_error": self._last_kafka_error}
+                "last_delivery_us": self._last_delivery_us, "last_kafka_error": self._last_kafka_error,
+                "throttled_sources": sorted(self._throttled)}
 
     def _ensure_base_topics(self) -> None:
         ensure_topics(self.config.bootstrap_servers, [self.topics.sources], config={"cleanup.policy": "compact"})
@@ -245,10 +252,31 @@ class Gateway:
         return self._publisher.pending()
 
     async def _poll_forever(self) -> None:
+        ticks = 0
         while True:
             self._publisher.poll(0)
             self._send_acks()
+            ticks += 1
+            if ticks % PRESSURE_CHECK_EVERY_TICKS == 0:
+                self._check_buffer_pressure()
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _check_buffer_pressure(self) -> None:
+        held = self.pipeline.buffered()
+        total = sum(held.values())
+        if not self._throttled and total > self.config.max_buffered_events:
+            self.counters.global_pauses += 1
+            self._throttled = set(held)
+            log.warning("%d events buffered (limit %d): not reading %d sources that hold events", total,
+                        self.config.max_buffered_events, len(self._throttled))
+        elif self._throttled and total <= self.config.max_buffered_events // 2:
+            self._throttled = set()
+        for handler in list(self._all_handlers):
+            handler.set_throttled(handler.session.source_id in self._throttled)
+
+    @property
+    def throttled_sources(self) -> frozenset[str]:
+        return frozenset(self._throttled)
 
     def _send_acks(self) -> None:
         """One cumulative ack per (source, stream) per poll, however many deliveries it covers."""
@@ -433,6 +461,7 @@ class ConnectionHandler(asyncio.Protocol):
         self._paused = False
         self._closing = False
         self._busy = False
+        self._throttled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -480,6 +509,15 @@ class ConnectionHandler(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def set_throttled(self, throttled: bool) -> None:
+        if throttled == self._throttled or self.transport is None or self._closing:
+            return
+        self._throttled = throttled
+        if throttled:
+            self.transport.pause_reading()
+        elif not self._paused:
+            self.transport.resume_reading()
+
     def pause(self) -> None:
         """Shutdown: read nothing more; what was already read is still processed."""
         self._closing = True
@@ -500,8 +538,8 @@ class ConnectionHandler(asyncio.Protocol):
                     await self._apply(action, arrival_ts_us)
             finally:
                 self._busy = False
-            if (self._paused and not self._closing and self._queue.qsize() < MAX_PENDING_ACTIONS // 2
-                    and self.transport is not None):
+            if (self._paused and not self._closing and not self._throttled
+                    and self._queue.qsize() < MAX_PENDING_ACTIONS // 2 and self.transport is not None):
                 self.transport.resume_reading()
                 self._paused = False
 

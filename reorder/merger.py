@@ -111,6 +111,10 @@ class MultiSourceMerger:
     def queued(self) -> int:
         return self._queued
 
+    def queued_by_source(self) -> dict[str, int]:
+        """Events waiting in each source's queue (only sources with some)."""
+        return {sid: len(src.queue) for sid, src in self._sources.items() if src.queue}
+
     def sources(self) -> list[str]:
         return list(self._sources)
 
