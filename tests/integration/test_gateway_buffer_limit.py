@@ -33,9 +33,13 @@ async def hello(port: int, source_id: str) -> tuple[asyncio.StreamReader, asynci
 
 
 async def wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
+    """Polls gateway state (there is no event to wait on from outside the gateway)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 async def test_sources_holding_events_are_throttled_until_the_merge_drains(kafka, topic_prefix):
