@@ -76,6 +76,17 @@ def stage_costs() -> tuple[dict[str, float], int]:
     return spent, count
 
 
+def write_profile() -> None:
+    """pyinstrument's call tree of the same workload, kept next to the stage table."""
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    stage_costs()
+    profiler.stop()
+    (DOCS / "gateway-profile.txt").write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+
+
 def main() -> None:
     spent, count = stage_costs()
     total = sum(spent.values())
@@ -100,7 +111,10 @@ gateway's CPU cost per event. One run on the shared 2-core machine.
 - order: `IngestPipeline.push` (SequenceReorderer, ReferenceClock, MultiSourceMerger, record building)
 - encode: `EventRecord.to_json` (orjson)
 - produce: confluent-kafka `Producer.produce` into librdkafka's queue
+
+The pyinstrument call tree of the same workload is in gateway-profile.txt.
 """)
+    write_profile()
 
 
 if __name__ == "__main__":
