@@ -299,7 +299,7 @@ end to end here, 9-11x short; p99 added latency at a steady 10k events/s from 20
 frames, 2.3x over (an event can only leave the merge once every other live source has sent something newer, so
 the sources' frame interval, not CPU, sets this floor; 1 ms frames or heartbeats would bring it down).
 
-Where the time goes (docs/gateway-hotpath.md, no sockets or broker): ~17 us of Python per event, about 58 % in
+Where the time goes (docs/gateway-hotpath.md and the pyinstrument tree in docs/gateway-profile.txt; no sockets or broker): ~17 us of Python per event, about 58 % in
 the ordering pipeline (reorderer + reference clock + merger heap + record building), ~19 % decoding and validating
 msgpack, ~14 % JSON encoding, ~6 % librdkafka's produce call; end to end the gateway process also pays the
 delivery callbacks and acks (~30-45 us/event in total, measured from /proc above), while the broker and the load
