@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import InvalidMessage, UnsupportedVersion
+from gateway.errors import InvalidMessage, UnexpectedMessage, UnsupportedVersion
 from skewless.topics import InvalidStreamName, validate_stream_name
 
 PROTOCOL_VERSION = 1
@@ -91,24 +91,28 @@ def parse_hello(raw: dict[str, Any]) -> Hello:
     return Hello(version, source_id, tuple(dict.fromkeys(_stream(s) for s in streams)), token)
 
 
-def parse_event(raw: Any) -> IncomingEvent:
+def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
     if not isinstance(raw, dict):
         raise InvalidMessage(f"an event must be a map, got {type(raw).__name__}")
+    stream = raw.get("stream")
+    # Hot path: a declared stream was validated at hello; only other values need the full checks.
+    if type(stream) is not str or stream not in declared:
+        raise UnexpectedMessage(f"stream {_stream(stream)!r} was not declared in hello")
     return IncomingEvent(
-        stream=_stream(raw.get("stream")),
+        stream=stream,
         seq=_int_field(raw, "seq", 0, MAX_SEQ),
         source_ts_us=_int_field(raw, "source_ts_us", 0, MAX_SEQ),
         payload=raw.get("payload"),
     )
 
 
-def parse_events(raw: dict[str, Any], max_events: int) -> EventBatch:
+def parse_events(raw: dict[str, Any], max_events: int, declared: frozenset[str]) -> EventBatch:
     events = raw.get("events")
     if not isinstance(events, list) or not events:
         raise InvalidMessage("'events' must be a non-empty list")
     if len(events) > max_events:
         raise InvalidMessage(f"batch of {len(events)} events exceeds the limit of {max_events}")
-    return EventBatch(tuple(parse_event(e) for e in events))
+    return EventBatch(tuple(parse_event(e, declared) for e in events))
 
 
 def parse_heartbeat(raw: dict[str, Any]) -> Heartbeat:

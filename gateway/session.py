@@ -153,10 +153,7 @@ class GatewaySession:
             actions = [SourceRegistered(hello),
                        SendBytes(encode_frame(messages.welcome(self._decoder.max_frame_bytes)))]
         elif kind == "events":
-            batch = messages.parse_events(raw, self._max_events_per_batch)
-            for event in batch.events:
-                if event.stream not in self.streams:
-                    raise UnexpectedMessage(f"stream {event.stream!r} was not declared in hello")
+            batch = messages.parse_events(raw, self._max_events_per_batch, self.streams)
             assert self.source_id is not None
             actions = [EventsReceived(self.source_id, batch.events)]
         elif kind == "heartbeat":
