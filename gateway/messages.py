@@ -22,7 +22,7 @@ class Hello:
     token: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per event: not frozen, see skewless.records.EventRecord
 class IncomingEvent:
     stream: str
     seq: int

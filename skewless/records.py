@@ -10,7 +10,8 @@ import orjson
 CONTRACT_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass pays object.__setattr__ per field, and one record is built per event.
+@dataclass(slots=True)
 class EventRecord:
     """An event as published by the gateway. All times are integer microseconds since the Unix epoch.
 
