@@ -294,14 +294,15 @@ The gateway's default is linger.ms = 2 with lz4 compression, acks=all and idempo
 
 ## Against the target, and the next levers
 
-Target: >= 250k events/s with 20 sources and p99 in-order added latency <= 5 ms. **Missed**: about 22-27k events/s
-end to end here, 9-11x short; p99 added latency at a steady 10k events/s from 20 sources is ~11 ms with 5 ms
-frames, 2.3x over (an event can only leave the merge once every other live source has sent something newer, so
-the sources' frame interval, not CPU, sets this floor; 1 ms frames or heartbeats would bring it down).
+Target: >= 250k events/s with 20 sources and p99 in-order added latency <= 5 ms. **Missed**: 20 sources reach
+about 27-30k events/s end to end here (1 source: ~45k), 8-9x short; p99 added latency at a steady 10k events/s
+from 20 sources is 7-11 ms across runs with 5 ms frames, 1.5-2.3x over (an event can only leave the merge once
+every other live source has sent something newer, so the sources' frame interval, not CPU, sets this floor;
+1 ms frames or heartbeats would bring it down).
 
-Where the time goes (docs/gateway-hotpath.md and the pyinstrument tree in docs/gateway-profile.txt; no sockets or broker): ~17 us of Python per event, about 58 % in
-the ordering pipeline (reorderer + reference clock + merger heap + record building), ~19 % decoding and validating
-msgpack, ~14 % JSON encoding, ~6 % librdkafka's produce call; end to end the gateway process also pays the
+Where the time goes (docs/gateway-hotpath.md and the pyinstrument tree in docs/gateway-profile.txt; no sockets or
+broker): ~11 us of Python per event, about 59 % in the ordering pipeline (reorderer + reference clock + merger heap
++ record building), ~16 % decoding and validating msgpack, ~15 % JSON encoding, ~9 % librdkafka's produce call; end to end the gateway process also pays the
 delivery callbacks and acks (~30-45 us/event in total, measured from /proc above), while the broker and the load
 generator share the same two cores. Next levers, by expected gain:
 
