@@ -381,10 +381,10 @@ class Gateway:
     def _delivery_callback(self, record: EventRecord, topic_kind: str) -> DeliveryCallback:
         source_id, stream, seq = record.source_id, record.stream, record.seq
         progress = self._progress[stream] if topic_kind == "events" else None
-        produced_us = self._clock_us()
+        released_us = record.release_ts_us  # stamped just before produce(): no second clock read per event
 
         def on_delivery(error: KafkaError | None, message: Message) -> None:
-            self._delivery_latencies_us.append(self._clock_us() - produced_us)
+            self._delivery_latencies_us.append(self._clock_us() - released_us)
             if error is None and progress is not None:
                 offset = message.offset()
                 if offset is not None:
