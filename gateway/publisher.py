@@ -35,23 +35,37 @@ class KafkaPublisher:
     def __init__(self, bootstrap_servers: str, extra_config: dict[str, Any] | None = None) -> None:
         config = {"bootstrap.servers": bootstrap_servers, **PRODUCER_DEFAULTS, **(extra_config or {}),
                   "error_cb": self._on_error}
-        self._producer = Producer(config)
+        self._producer: Producer | None = Producer(config)
+
+    def _client(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError("publisher is closed")
+        return self._producer
 
     def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None) -> None:
         try:
-            self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            self._client().produce(topic, value=value, key=key, on_delivery=on_delivery)
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
 
     def poll(self, timeout_s: float = 0.0) -> int:
-        return int(self._producer.poll(timeout_s))
+        return 0 if self._producer is None else int(self._producer.poll(timeout_s))
 
     def pending(self) -> int:
-        return len(self._producer)
+        return 0 if self._producer is None else len(self._producer)
 
     def flush(self, timeout_s: float) -> int:
         """Returns the number of messages still undelivered after the timeout."""
-        return int(self._producer.flush(timeout_s))
+        return 0 if self._producer is None else int(self._producer.flush(timeout_s))
+
+    def close(self) -> None:
+        """Destroy the client now: a stopped gateway's producer must not keep reconnecting to the cluster until the
+        garbage collector finds it."""
+        if self._producer is None:
+            return
+        self._producer.purge()
+        self._producer.poll(0)
+        self._producer = None
 
     @staticmethod
     def _on_error(error: KafkaError) -> None:

@@ -239,6 +239,7 @@ class Gateway:
             await self._metrics.stop()
         if self.timesync is not None:
             await self.timesync.close()
+        self._publisher.close()
 
     async def _drain(self, timeout_s: float) -> int:
         """Poll until connection workers are idle and librdkafka has no undelivered message; returns what is left."""
