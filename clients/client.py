@@ -20,6 +20,7 @@ from typing import Any, Self
 import msgpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
+from clients.clock import for_time_sync
 from clients.core import (
     Backoff,
     EventTooLarge,
@@ -323,7 +324,8 @@ class SkewlessClient:
             self.stats.syncs += 1
 
         interval = self.resync_interval_s
-        self._sync = PeriodicSync(self.host, udp_port, self.source_id, self.clock_us, count=self.sync_attempts,
+        self._sync = PeriodicSync(self.host, udp_port, self.source_id, for_time_sync(self.clock_us),
+                                  count=self.sync_attempts,
                                   interval_s=interval if interval is not None else 1.0, timeout_s=self.sync_timeout_s,
                                   key=self.timesync_key, on_estimate=on_estimate)
         if interval is None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from skewless.clock import system_time_us
 
-__all__ = ["MAX_SKEW_PPM", "SimulatedClock"]
+__all__ = ["MAX_SKEW_PPM", "SimulatedClock", "for_time_sync"]
 
 # Quartz oscillators drift by tens of ppm; 1000 ppm (86 s a day) is broken hardware, not a clock to simulate.
 MAX_SKEW_PPM = 1000.0
@@ -45,5 +45,34 @@ class SimulatedClock:
     def __call__(self) -> int:
         return self.at(self.base())
 
+    def realtime_converter(self) -> Callable[[int], int] | None:
+        """CLOCK_REALTIME ns -> this clock, when its base is the system clock (time sync then takes T4 from the
+        kernel's receive timestamp instead of a read after the event loop woke up)."""
+        if self.base is not system_time_us:
+            return None
+        return lambda realtime_ns: self.at(realtime_ns // 1000)
+
     def __repr__(self) -> str:
         return f"SimulatedClock(offset_us={self.offset_us}, skew_ppm={self.skew_ppm})"
+
+
+class _KernelStampedClock:
+    """A source clock plus its CLOCK_REALTIME converter, in the shape timesync's client looks for."""
+
+    def __init__(self, clock: Callable[[], int], from_realtime_ns: Callable[[int], int]) -> None:
+        self._clock = clock
+        self.from_realtime_ns = from_realtime_ns
+
+    def __call__(self) -> int:
+        return self._clock()
+
+
+def for_time_sync(clock: Callable[[], int]) -> Callable[[], int]:
+    """The clock to hand to time sync: the same readings, plus kernel-timestamp conversion where it is known."""
+    if clock is system_time_us:
+        return _KernelStampedClock(clock, lambda realtime_ns: realtime_ns // 1000)
+    if isinstance(clock, SimulatedClock):
+        converter = clock.realtime_converter()
+        if converter is not None:
+            return _KernelStampedClock(clock, converter)
+    return clock

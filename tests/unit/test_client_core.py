@@ -283,3 +283,17 @@ def test_simulated_clock_refuses_broken_hardware():
 
 def test_max_seq_constant_is_the_wire_limit():
     assert MAX_SEQ == 2**63 - 1
+
+
+def test_time_sync_clock_converts_kernel_timestamps_only_for_realtime_bases():
+    from clients.clock import SimulatedClock, for_time_sync
+    from skewless.clock import system_time_us
+
+    realtime_ns = 1_800_000_000_123_456_789
+    stamped = for_time_sync(SimulatedClock(offset_us=5_000, skew_ppm=100.0, origin_us=1_800_000_000_000_000))
+    # 123_456 us after the origin at +100 ppm: 12.3456 us of drift, rounded, on top of the 5 ms offset.
+    assert stamped.from_realtime_ns(realtime_ns) == 1_800_000_000_123_456 + 5_000 + 12  # type: ignore[attr-defined]
+    assert for_time_sync(system_time_us).from_realtime_ns(realtime_ns) == 1_800_000_000_123_456  # type: ignore[attr-defined]
+    virtual = SimulatedClock(offset_us=1, base=lambda: 10)
+    assert for_time_sync(virtual) is virtual  # a virtual base has no relation to CLOCK_REALTIME
+    assert not hasattr(for_time_sync(virtual), "from_realtime_ns")
