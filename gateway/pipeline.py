@@ -115,6 +115,10 @@ class IngestPipeline:
         """After a restart: this source's events below `next_seq` are already in Kafka."""
         self._next_seq_hint[(source_id, stream)] = next_seq
 
+    def restore_watermark(self, stream: str, watermark_us: int) -> None:
+        """After a restart: keep the promise of the last punctuation published before it."""
+        self._stream(stream).merger.restore_watermark(watermark_us)
+
     def expect(self, source_id: str, stream: str, now_us: int) -> list[PipelineOutput]:
         """After a restart: a source recovered from Kafka joins the merge before it reconnects.
 

@@ -25,20 +25,28 @@ class StreamProgress:
 
     next_offset: int = 0
     next_seq: dict[str, int] = field(default_factory=dict)
+    watermark_us: int | None = None
+    """The highest watermark promised by a punctuation record of this stream."""
 
     def observe(self, source_id: str, seq: int, offset: int) -> None:
         if seq + 1 > self.next_seq.get(source_id, 0):
             self.next_seq[source_id] = seq + 1
         self.next_offset = max(self.next_offset, offset + 1)
 
+    def promise(self, watermark_us: int) -> None:
+        if self.watermark_us is None or watermark_us > self.watermark_us:
+            self.watermark_us = watermark_us
+
     def to_json(self, stream: str) -> bytes:
         return orjson.dumps({"kind": "progress", "stream": stream, "next_offset": self.next_offset,
-                             "next_seq": self.next_seq})
+                             "next_seq": self.next_seq, "watermark_us": self.watermark_us})
 
     @classmethod
     def from_json(cls, value: bytes) -> StreamProgress:
         raw = orjson.loads(value)
-        return cls(int(raw["next_offset"]), {str(k): int(v) for k, v in raw["next_seq"].items()})
+        watermark = raw.get("watermark_us")
+        return cls(int(raw["next_offset"]), {str(k): int(v) for k, v in raw["next_seq"].items()},
+                   None if watermark is None else int(watermark))
 
 
 def progress_key(stream: str) -> bytes:
@@ -96,6 +104,8 @@ def recover_stream(bootstrap_servers: str, sources_topic: str, events_topic: str
             if record.get("kind") == "event":
                 progress.observe(record["source_id"], int(record["seq"]), offset)
             else:
+                if record.get("kind") == "punctuation":
+                    progress.promise(int(record["watermark_us"]))
                 progress.next_offset = max(progress.next_offset, offset + 1)
     finally:
         consumer.close()

@@ -318,6 +318,8 @@ class Gateway:
                          time.monotonic() - started, len(progress.next_seq), progress.next_offset)
                 self._progress[stream] = progress
                 outputs: list[PipelineOutput] = []
+                if progress.watermark_us is not None:
+                    self.pipeline.restore_watermark(stream, progress.watermark_us)
                 for source_id, next_seq in progress.next_seq.items():
                     self.pipeline.resume_from(source_id, stream, next_seq)
                     self.tracker.resume(source_id, stream, next_seq)
@@ -377,6 +379,8 @@ class Gateway:
                 else:
                     value = orjson.dumps({"v": CONTRACT_VERSION, "kind": "punctuation", "stream": output.stream,
                                           "watermark_us": output.watermark_us, "release_ts_us": output.at_us})
+                    self._progress[output.stream].promise(output.watermark_us)
+                    self._progress_dirty.add(output.stream)
                     await self._produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None)
 
     def _delivery_callback(self, record: EventRecord, topic_kind: str) -> DeliveryCallback:

@@ -160,6 +160,10 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
+    def restore_watermark(self, watermark_us: int) -> None:
+        """After a restart: a watermark already promised downstream stays promised (it never goes backwards)."""
+        self._emitted_watermark = max(self._emitted_watermark, watermark_us)
+
     def register(self, source_id: str, now_us: int) -> list[MergeOutput]:
         """Announce a source (e.g. at its first time sync): from now on the merge waits for it."""
         src = self._source(source_id)

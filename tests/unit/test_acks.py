@@ -58,3 +58,13 @@ def test_stream_progress_round_trip():
     progress.observe("y", 0, offset=19)
     assert progress == StreamProgress(20, {"x": 5, "y": 1})
     assert StreamProgress.from_json(progress.to_json("s")) == progress
+
+
+def test_stream_progress_keeps_the_highest_promised_watermark():
+    from gateway.recovery import StreamProgress
+
+    progress = StreamProgress()
+    progress.promise(50)
+    progress.promise(40)
+    assert progress.watermark_us == 50
+    assert StreamProgress.from_json(progress.to_json("s")).watermark_us == 50

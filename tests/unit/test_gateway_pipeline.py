@@ -127,3 +127,13 @@ def test_recovered_source_reconnecting_in_time_is_merged_in_order():
     assert records(pipe.push("b", ev(7, T0 + 3), T0 + 3)) == [("b", 7, T0 + 3)]
     assert records(pipe.heartbeat("b", {"s": 8}, T0 + 100, T0 + 4)) == [("a", 0, T0 + 5)]
     assert pipe.counters.source_timeouts == 0
+
+
+def test_restored_watermark_sends_older_events_to_the_late_topic():
+    pipe = IngestPipeline(IdentityClock())
+    pipe.restore_watermark("s", T0 + 100)
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 99), T0)
+    assert [(o.record.late_reason, o.record.extra["lateness_us"]) for o in out
+            if isinstance(o, PublishRecord) and o.topic == "late"] == [("after_punctuation", 1)]
+    assert records(pipe.push("a", ev(1, T0 + 100), T0 + 1)) == [("a", 1, T0 + 100)]
