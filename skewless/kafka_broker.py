@@ -84,8 +84,12 @@ def _java() -> str:
 
 
 def _kafka_cluster_id() -> str:
-    # Kafka's Uuid text form: url-safe base64 of 16 random bytes, unpadded.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Kafka's Uuid text form: url-safe base64 of 16 random bytes, unpadded. Like Kafka's own Uuid.randomUuid,
+    # redraw ids that start with "-": a command-line parser reads those as an option (1 run in 64 failed on it).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaBroker:
@@ -133,7 +137,7 @@ class KafkaBroker:
         config.write_text(_server_properties(self.host, port, controller_port, data_dir))
         base = self._java_command(jars, logs_dir)
         formatted = subprocess.run(
-            [*base, "kafka.tools.StorageTool", "format", "-t", _kafka_cluster_id(), "-c", str(config)],
+            [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={_kafka_cluster_id()}", f"--config={config}"],
             capture_output=True, text=True, check=False,
         )
         if formatted.returncode != 0:
