@@ -1,0 +1,1 @@
+"""Pure complex-event-processing cores: three-window assignment, uncertainty-aware patterns, the SASE engine."""
