@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from spark_jobs import window_count
+from spark_jobs import pattern as pattern_job
+from spark_jobs import three_window, window_count
 from spark_jobs.session import create_spark_session, stop_spark
 
 spark_app = typer.Typer(no_args_is_help=True, help="PySpark Structured Streaming jobs over the ordered stream.")
@@ -32,6 +33,82 @@ def window_count_command(
     finally:
         query.stop()
         stop_spark(spark)
+
+
+Bootstrap = Annotated[str, typer.Option(help="Kafka bootstrap servers.", envvar="SKEWLESS_BOOTSTRAP")]
+Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
+Streams = Annotated[list[str] | None, typer.Option("--stream", help="Stream(s) to read (default: every stream).")]
+WatermarkDelay = Annotated[str, typer.Option(
+    help="Spark watermark delay behind the newest reference time (the gateway already ordered each stream).")]
+Checkpoint = Annotated[str | None, typer.Option(help="Checkpoint directory (default: a fresh temporary one).")]
+AvailableNow = Annotated[bool, typer.Option(help="Process what is in Kafka now, then stop.")]
+TaUs = Annotated[int | None, typer.Option(
+    help="Thesis mode T_a in microseconds (default: max RTT from the sources topic when the job starts).")]
+
+
+def _run(spark: object, query: object) -> None:
+    try:
+        query.awaitTermination()  # type: ignore[attr-defined]
+    finally:
+        query.stop()  # type: ignore[attr-defined]
+        stop_spark(spark)
+
+
+@spark_app.command("three-window")
+def three_window_command(
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    prefix: Prefix = "skewless",
+    stream: Streams = None,
+    width_ms: Annotated[int, typer.Option(help="Window length w in milliseconds.")] = 1000,
+    slide_ms: Annotated[int | None, typer.Option(help="Slide in milliseconds: sliding windows (default: tumbling).")]
+    = None,
+    value_field: Annotated[str, typer.Option(help="Payload field aggregated (count/sum/avg/min/max).")] = "value",
+    emit_early: Annotated[bool, typer.Option(
+        help="Release each window type when it closes instead of all three at t + T_a/2 + w (Query 4.4).")] = False,
+    mode: Annotated[str, typer.Option(
+        help="per_event: shift by each event's uncertainty_us; thesis: shift by T_a/2.")] = "per_event",
+    ta_us: TaUs = None,
+    max_shift_ms: Annotated[int, typer.Option(help="per_event mode: the largest shift HIGH windows wait for.")] = 50,
+    watermark_delay: WatermarkDelay = "0 seconds",
+    checkpoint: Checkpoint = None,
+    available_now: AvailableNow = False,
+) -> None:
+    """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
+    if mode not in ("per_event", "thesis"):
+        raise typer.BadParameter("mode must be per_event or thesis", param_hint="--mode")
+    spark = create_spark_session("skewless-three-window")
+    query = three_window.start(spark, three_window.ThreeWindowOptions(
+        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()), width_us=width_ms * 1000,
+        slide_us=None if slide_ms is None else slide_ms * 1000, value_field=value_field, emit_early=emit_early,
+        shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us, max_shift_us=max_shift_ms * 1000,
+        watermark_delay=watermark_delay, checkpoint_dir=checkpoint, available_now=available_now))
+    _run(spark, query)
+
+
+@spark_app.command("pattern")
+def pattern_command(
+    pattern: Annotated[str, typer.Option(help="e.g. \"SEQ(kick: kind == 'kick', goal: kind == 'goal') "
+                                              "PARTITION BY team WITHIN 2 s\" (docs/cep.md).")],
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    prefix: Prefix = "skewless",
+    stream: Streams = None,
+    ta_us: TaUs = None,
+    watermark_delay: WatermarkDelay = "0 seconds",
+    checkpoint: Checkpoint = None,
+    available_now: AvailableNow = False,
+) -> None:
+    """Confirmed/Uncertain sequence patterns under clock uncertainty; results to skewless.results.pattern."""
+    from cep.patterns import PatternSpec
+
+    try:
+        PatternSpec.parse(pattern)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--pattern") from exc
+    spark = create_spark_session("skewless-pattern")
+    query = pattern_job.start(spark, pattern_job.PatternOptions(
+        bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=tuple(stream or ()), ta_us=ta_us,
+        watermark_delay=watermark_delay, checkpoint_dir=checkpoint, available_now=available_now))
+    _run(spark, query)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ def create_spark_session(app_name: str = "skewless", master: str | None = None,
                          extra_conf: dict[str, str] | None = None) -> Any:
     """local[2] by default (SKEWLESS_SPARK_MASTER overrides); loopback only; UI off; small shuffles."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers (pandas UDFs, stateful cores) must run in this interpreter: it has pandas, pyarrow and skewless.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import pyspark
     from pyspark.sql import SparkSession
 

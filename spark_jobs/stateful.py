@@ -1,0 +1,151 @@
+"""The thin Spark shell around the pure CEP cores: one core object per group, driven by Spark's event-time
+watermark, persisted as one opaque blob of GroupState.
+
+Every stateful job (three_window, pattern, sequence) is the same loop: restore the group's core from its blob,
+feed it this micro-batch's rows in reference-time order, advance it to the watermark, store the blob back and
+arm an event-time timer for the core's next release. The cores know nothing of Spark; this module knows nothing
+of CEP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import orjson
+
+# Spark-side schemas: every job emits (key, value) JSON records, ready for the Kafka sink.
+OUTPUT_SCHEMA = "key string, value string"
+STATE_SCHEMA = "blob binary"
+# Columns every job hands to its cores (a job may add its own, e.g. a grouping key).
+INPUT_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "uncertainty_us", "watermark_us", "payload",
+                 "partition", "offset")
+PUNCTUATION_KEY = "\x00punctuation"
+
+
+class GroupCore(Protocol):
+    """What the shell needs from a pure core (adapters in each job wrap the cep package's objects)."""
+
+    def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def next_timer_us(self) -> int | None: ...
+
+    def is_empty(self) -> bool: ...
+
+    def snapshot(self) -> bytes: ...
+
+
+CoreFactory = Callable[[tuple[Any, ...], bytes | None], GroupCore]
+
+
+def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Reference-time order; ties keep the gateway's release order (the Kafka offset)."""
+    return sorted(rows, key=lambda r: (r.get("ref_ts_us") or 0, r.get("partition") or 0, r.get("offset") or 0))
+
+
+def run_group(core: GroupCore, batches: Iterator[list[dict[str, Any]]], watermark_us: int | None,
+              timed_out: bool) -> list[tuple[str, dict[str, Any]]]:
+    """One invocation for one group: the Spark-free heart of the shell (unit-tested without Spark)."""
+    outputs: list[tuple[str, dict[str, Any]]] = []
+    if not timed_out:
+        for rows in batches:
+            outputs.extend(core.on_rows(sort_rows([r for r in rows if r.get("kind") == "event"])))
+    if watermark_us is not None:
+        outputs.extend(core.on_watermark(watermark_us))
+    return outputs
+
+
+def make_group_function(factory: CoreFactory) -> Callable[..., Iterator[Any]]:
+    """The function for `applyInPandasWithState(..., outputMode="append", timeoutConf=EventTimeTimeout)`."""
+
+    def apply(key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        if key and key[0] == PUNCTUATION_KEY:
+            # Punctuation rows only move Spark's watermark; their group holds nothing.
+            for _ in frames:
+                pass
+            return
+        blob = bytes(state.get[0]) if state.exists else None
+        core = factory(key, blob)
+        watermark_ms = state.getCurrentWatermarkMs()
+        watermark_us = watermark_ms * 1000 if watermark_ms > 0 else None
+        batches = (frame.to_dict("records") for frame in frames)
+        outputs = run_group(core, batches, watermark_us, timed_out=state.hasTimedOut)
+        if core.is_empty():
+            state.remove()
+        else:
+            state.update((core.snapshot(),))
+            timer_us = core.next_timer_us()
+            if timer_us is not None:
+                # Spark fires a timer once the watermark passes it; it must not lie behind the current one.
+                state.setTimeoutTimestamp(max(timer_us // 1000 + 1, watermark_ms + 1))
+        if outputs:
+            yield pd.DataFrame({"key": [k for k, _ in outputs],
+                                "value": [orjson.dumps(v).decode() for _, v in outputs]})
+
+    return apply
+
+
+def read_ordered_stream(spark: Any, bootstrap_servers: str, topic_pattern: str,
+                        starting_offsets: str = "earliest") -> Any:
+    """The gateway's ordered events plus its punctuations; `event_time` is the reference time (events) or the
+    promised watermark (punctuations), so Spark's watermark advances even while a stream is quiet."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.contract import read_events
+
+    parsed = read_events(spark, bootstrap_servers, topic_pattern, starting_offsets)
+    return (
+        parsed.where(F.col("kind").isin("event", "punctuation"))
+        .withColumn("event_time", F.timestamp_micros(F.coalesce(F.col("ref_ts_us"), F.col("watermark_us"))))
+        .where(F.col("event_time").isNotNull())
+    )
+
+
+def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory, watermark_delay: str) -> Any:
+    """Group by `key_column` (punctuations get their own inert group) and run the cores."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    keyed = ordered.withColumn(
+        "group_key", F.when(F.col("kind") == "punctuation", F.lit(PUNCTUATION_KEY)).otherwise(key_column))
+    # Events without a key (the partition attribute missing) still get a group so they are reported, not lost.
+    keyed = keyed.withColumn("group_key", F.coalesce(F.col("group_key"), F.lit("")))
+    return (
+        keyed.withWatermark("event_time", watermark_delay)
+        .select("group_key", "event_time", *INPUT_COLUMNS)
+        .groupBy("group_key")
+        .applyInPandasWithState(make_group_function(factory), OUTPUT_SCHEMA, STATE_SCHEMA, "append",
+                                GroupStateTimeout.EventTimeTimeout)
+    )
+
+
+def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topic: str, checkpoint_dir: str,
+                  console: bool, available_now: bool, processing_time: str) -> Any:
+    """Results to `skewless.results.<job>` (and the console); returns the started query."""
+
+    def write_batch(batch: Any, batch_id: int) -> None:
+        if console:
+            for row in batch.collect():
+                print(f"[{job} batch {batch_id}] {row['value']}", flush=True)
+        (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+         .option("topic", output_topic).save())
+
+    writer = (results.writeStream.outputMode("append").foreachBatch(write_batch).queryName(job)
+              .option("checkpointLocation", checkpoint_dir))
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time)
+    return writer.start()
+
+
+def decode_payload(payload: str | None) -> dict[str, Any]:
+    """Payloads travel as JSON text; a payload that is not a JSON object is reported by the caller."""
+    if not payload:
+        return {}
+    value = orjson.loads(payload)
+    if not isinstance(value, dict):
+        # A data error the caller reports per event, not a programming error: ValueError, not TypeError.
+        raise ValueError(f"payload is not a JSON object: {payload[:80]!r}")  # noqa: TRY004
+    return value
