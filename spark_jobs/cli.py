@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from spark_jobs import pattern as pattern_job
+from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
 from spark_jobs.session import create_spark_session, stop_spark
 
@@ -109,6 +110,42 @@ def pattern_command(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=tuple(stream or ()), ta_us=ta_us,
         watermark_delay=watermark_delay, checkpoint_dir=checkpoint, available_now=available_now))
     _run(spark, query)
+
+
+@spark_app.command("sequence")
+def sequence_command(
+    query: Annotated[str, typer.Option(help="e.g. \"EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id "
+                                            "AND c.id = e.id WITHIN 1 hour\" (docs/sase.md).")],
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    prefix: Prefix = "skewless",
+    stream: Streams = None,
+    type_field: Annotated[str, typer.Option(help="Payload field holding the event type.")] = "type",
+    mode: Annotated[str, typer.Option(
+        help="conservative: emit a match once no late event can invalidate it; aggressive: emit at once, then "
+             "retract/add compensations.")] = "conservative",
+    k_slack_ms: Annotated[int | None, typer.Option(
+        help="K-slack bound on disorder (default: none, the gateway's punctuations drive purge and release).")]
+    = None,
+    watermark_delay: WatermarkDelay = "0 seconds",
+    checkpoint: Checkpoint = None,
+    available_now: AvailableNow = False,
+) -> None:
+    """SASE sequence queries over the ordered stream; matches and compensations to skewless.results.sequence."""
+    from cep.sase import SaseError, parse_query
+
+    try:
+        parse_query(query)
+    except SaseError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--query") from exc
+    if mode not in ("conservative", "aggressive"):
+        raise typer.BadParameter("mode must be conservative or aggressive", param_hint="--mode")
+    spark = create_spark_session("skewless-sequence")
+    started = sequence_job.start(spark, sequence_job.SequenceOptions(
+        bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=tuple(stream or ()),
+        type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
+        k_slack_us=None if k_slack_ms is None else k_slack_ms * 1000, watermark_delay=watermark_delay,
+        checkpoint_dir=checkpoint, available_now=available_now))
+    _run(spark, started)
 
 
 def register(app: typer.Typer) -> None:

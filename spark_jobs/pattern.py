@@ -15,7 +15,13 @@ from typing import Any
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
 from skewless.kafka_admin import ensure_topics
 from skewless.topics import TopicNames
-from spark_jobs.stateful import apply_cores, decode_payload, read_ordered_stream, write_results
+from spark_jobs.stateful import (
+    apply_cores,
+    decode_payload,
+    read_ordered_stream,
+    stream_topics,
+    write_results,
+)
 from spark_jobs.three_window import latest_ta_us
 
 JOB_NAME = "pattern"
@@ -106,10 +112,9 @@ def start(spark: Any, options: PatternOptions) -> Any:
     def factory(key: tuple[Any, ...], blob: bytes | None) -> PatternCore:
         return PatternCore(str(key[0]), spec, ta, blob)
 
-    pattern = topics.events_pattern if not options.streams else "|".join(
-        topics.events(s).replace(".", "\\.") for s in options.streams)
-    ordered = read_ordered_stream(spark, options.bootstrap_servers, pattern)
-    results = apply_cores(ordered, partition_column(spec), factory, options.watermark_delay)
+    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
+                                  options.watermark_delay)
+    results = apply_cores(ordered, partition_column(spec), factory)
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-pattern-")
     return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
                          output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,

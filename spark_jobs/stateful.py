@@ -9,6 +9,7 @@ of CEP.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -89,24 +90,38 @@ def make_group_function(factory: CoreFactory) -> Callable[..., Iterator[Any]]:
     return apply
 
 
-def read_ordered_stream(spark: Any, bootstrap_servers: str, topic_pattern: str,
+def read_ordered_stream(spark: Any, bootstrap_servers: str, topics: Sequence[str] | str, watermark_delay: str,
                         starting_offsets: str = "earliest") -> Any:
-    """The gateway's ordered events plus its punctuations; `event_time` is the reference time (events) or the
-    promised watermark (punctuations), so Spark's watermark advances even while a stream is quiet."""
+    """The gateway's ordered events plus its punctuations, with an event-time watermark.
+
+    `event_time` is the reference time (events) or the promised watermark (punctuations), so Spark's watermark
+    advances even while a stream is quiet. Given a list of topics, each gets its own Kafka source and watermark and
+    Spark keeps the minimum (its default policy): one stream running ahead cannot push another's events behind the
+    watermark. A string is a topic pattern read as one source."""
     from pyspark.sql import functions as F
 
     from spark_jobs.contract import read_events
 
-    parsed = read_events(spark, bootstrap_servers, topic_pattern, starting_offsets)
-    return (
-        parsed.where(F.col("kind").isin("event", "punctuation"))
-        .withColumn("event_time", F.timestamp_micros(F.coalesce(F.col("ref_ts_us"), F.col("watermark_us"))))
-        .where(F.col("event_time").isNotNull())
-    )
+    def one(pattern: str) -> Any:
+        parsed = read_events(spark, bootstrap_servers, pattern, starting_offsets)
+        return (
+            parsed.where(F.col("kind").isin("event", "punctuation"))
+            .withColumn("event_time", F.timestamp_micros(F.coalesce(F.col("ref_ts_us"), F.col("watermark_us"))))
+            .where(F.col("event_time").isNotNull())
+            .withWatermark("event_time", watermark_delay)
+        )
+
+    if isinstance(topics, str):
+        return one(topics)
+    sources = [one(re.escape(topic)) for topic in topics]
+    ordered = sources[0]
+    for other in sources[1:]:
+        ordered = ordered.unionByName(other)
+    return ordered
 
 
-def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory, watermark_delay: str) -> Any:
-    """Group by `key_column` (punctuations get their own inert group) and run the cores."""
+def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory) -> Any:
+    """Group the watermarked stream by `key_column` (punctuations get their own inert group) and run the cores."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -115,12 +130,18 @@ def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory, watermark_d
     # Events without a key (the partition attribute missing) still get a group so they are reported, not lost.
     keyed = keyed.withColumn("group_key", F.coalesce(F.col("group_key"), F.lit("")))
     return (
-        keyed.withWatermark("event_time", watermark_delay)
-        .select("group_key", "event_time", *INPUT_COLUMNS)
+        keyed.select("group_key", "event_time", *INPUT_COLUMNS)
         .groupBy("group_key")
         .applyInPandasWithState(make_group_function(factory), OUTPUT_SCHEMA, STATE_SCHEMA, "append",
                                 GroupStateTimeout.EventTimeTimeout)
     )
+
+
+def stream_topics(topic_names: Any, streams: Sequence[str]) -> Sequence[str] | str:
+    """The topics a job reads: the named streams' topics, or every events topic (a pattern) if none is named."""
+    if not streams:
+        return str(topic_names.events_pattern)
+    return [str(topic_names.events(s)) for s in streams]
 
 
 def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topic: str, checkpoint_dir: str,

@@ -20,7 +20,13 @@ from typing import Any, Literal
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
 from skewless.kafka_admin import ensure_topics
 from skewless.topics import TopicNames
-from spark_jobs.stateful import apply_cores, decode_payload, read_ordered_stream, write_results
+from spark_jobs.stateful import (
+    apply_cores,
+    decode_payload,
+    read_ordered_stream,
+    stream_topics,
+    write_results,
+)
 
 JOB_NAME = "three_window"
 
@@ -131,10 +137,9 @@ def start(spark: Any, options: ThreeWindowOptions) -> Any:
     def factory(key: tuple[Any, ...], blob: bytes | None) -> ThreeWindowCore:
         return ThreeWindowCore(str(key[0]), options, ta, blob)
 
-    pattern = topics.events_pattern if not options.streams else "|".join(
-        topics.events(s).replace(".", "\\.") for s in options.streams)
-    ordered = read_ordered_stream(spark, options.bootstrap_servers, pattern)
-    results = apply_cores(ordered, F.col("stream"), factory, options.watermark_delay)
+    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
+                                  options.watermark_delay)
+    results = apply_cores(ordered, F.col("stream"), factory)
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-three-window-")
     return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
                          output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,

@@ -112,3 +112,13 @@ def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_
     for r in results:
         assert [e["payload"]["kind"] for e in r["events"]] == ["kick", "goal"]
         assert r["tolerances_us"] == [10 * MS]
+
+
+def test_thesis_t_a_is_the_max_rtt_over_each_sources_latest_clock_record(kafka, topic_prefix):
+    topics = TopicNames(topic_prefix)
+    clock = [("s1", 900), ("s2", 4_000), ("s1", 1_500), ("s2", 2_500), ("s3", 700)]  # latest: s1 1500, s2 2500
+    produce(kafka.bootstrap_servers, topics.sources,
+            [{"v": 1, "kind": "clock", "source_id": s, "rtt_us": rtt, "offset_us": 0} for s, rtt in clock]
+            + [{"v": 1, "kind": "progress", "source_id": "progress|x", "rtt_us": 99_999}])
+    assert three_window.latest_ta_us(kafka.bootstrap_servers, topics.sources) == 2_500
+    assert three_window.latest_ta_us(kafka.bootstrap_servers, TopicNames(topic_prefix + "x").sources) == 0
