@@ -3,7 +3,9 @@
 Kafka broker (KRaft, Maven Central jars) <- `skewless gateway` (its own process: TCP ingest + NTP-format time sync)
 <- three simulated sources (the SDK; clocks 0, +250 ms / +80 ppm, -1.5 s / -150 ppm off) ; then the Spark
 Structured Streaming window_count job reads Kafka and publishes window counts, which are checked against the
-records in Kafka and compared with the ground truth and with what the raw source clocks would have given.
+records in Kafka and compared with the ground truth and with what the raw source clocks would have given. Then the
+CEP jobs run on the same topic: three_window (LOW/MIDDLE/HIGH, averaged), pattern (Confirmed/Uncertain swings
+from hot to cold) and sequence (a SASE query with negation); each is checked against the pure core run locally.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import typer
 
 from clients import SimulatedClock, connect
 from skewless.clock import system_time_us
+from skewless.demo_cep import run_cep_jobs
 from skewless.kafka_broker import KafkaBroker
 from skewless.kafka_read import read_stream, read_topic
 from skewless.topics import TopicNames
@@ -67,7 +70,10 @@ def demo(
             ok = report(state.bootstrap_servers, sent, spark_counts)
             if not ok:
                 raise typer.Exit(1)
-            _log("Spark's window counts equal the counts of the records in Kafka", started)
+            _log("Spark's window counts equal the counts of the records in Kafka; running the CEP jobs...", started)
+            if not run_cep_jobs(state.bootstrap_servers, {(e.source_id, e.seq): e.true_us for e in sent}):
+                raise typer.Exit(1)
+            _log("the CEP jobs' results equal the pure cores' results on the same records", started)
         finally:
             if gateway is not None:
                 gateway.terminate()
@@ -102,7 +108,9 @@ async def run_sources(port: int, sync_port: int, events: int, rate: float) -> li
         for i in range(events):
             true_us = system_time_us()
             # The source stamps the event with what its skewed clock read at that true instant.
-            seq = await client.send(STREAM, {"i": i, "celsius": round(rng.gauss(20.0, 2.0), 3)},
+            celsius = round(rng.gauss(20.0, 2.0), 3)
+            kind = "HOT" if celsius > 22.5 else "COLD" if celsius < 17.5 else "OK"
+            seq = await client.send(STREAM, {"i": i, "celsius": celsius, "type": kind},
                                     source_ts_us=clocks[index].at(true_us))
             sent.append(SentEvent(client.source_id, seq, true_us))
             await asyncio.sleep(1.0 / rate)

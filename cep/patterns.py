@@ -1,0 +1,601 @@
+"""Sequence patterns under clock uncertainty (thesis 003, Pseudocode 3.1, Query 4.6 / 5.9, and its future work).
+
+Every event's true time lies in an interval around its reference timestamp: ``[ts - u, ts + u]`` with
+``u = T_a / 2`` in thesis mode (Eq. 3.14/3.16) or ``u`` = the event's own ``uncertainty_us`` in per-event mode.
+For a pattern ``SEQ(E1, ..., En) WITHIN W`` and a combination of events ``e1..en`` (one per element):
+
+* **Confirmed** when *every* choice of true times inside the intervals has ``t1 < t2 < ... < tn`` and
+  ``tn - t1 <= W``;
+* **Uncertain** when *some* choice has ``t1 <= t2 <= ... <= tn`` and ``tn - t1 <= W`` (a tie counts as possible);
+* nothing otherwise.
+
+For n = 2 in thesis mode this is exactly Pseudocode 3.1: with ``gap = e2.ts - e1.ts``, ``gap > T_a`` gives
+Confirmed, ``-T_a <= gap <= T_a`` gives Uncertain (the thesis' ``<=`` in both branches: a gap of exactly ``T_a``
+leaves touching intervals, so the order is not certain), ``gap < -T_a`` nothing.  Because the true times always lie
+in their intervals, a combination whose true times match is always reported: no false negatives.
+
+Intervals are compared in doubled units (``2 ts ± U`` with ``U = T_a`` or ``2 u``) so odd ``T_a`` stays exact.
+
+Selection: skip-till-any-match.  Every combination of buffered candidates that can match is reported once, when
+its last member arrives, whatever the arrival order (the reversed order of Query 5.9 is the same combination seen
+from the other side).  Memory is bounded by the window: a candidate is dropped once no future event
+(``ts >= watermark``) can combine with it, and hard caps (``max_candidates`` per element, ``max_matches_per_event``)
+turn a burst into counted truncations instead of unbounded growth.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+import msgpack
+
+from cep.predicates import Condition, parse_condition
+
+__all__ = [
+    "Confidence",
+    "Element",
+    "PatternMatch",
+    "PatternMode",
+    "PatternSpec",
+    "UncertainPatternMatcher",
+    "classify",
+    "parse_duration_us",
+]
+
+PatternMode = Literal["thesis", "per_event"]
+EmitMode = Literal["eager", "watermark"]
+_SNAPSHOT_VERSION = 1
+
+
+class Confidence(StrEnum):
+    CONFIRMED = "Confirmed"
+    UNCERTAIN = "Uncertain"
+
+
+# ---------------------------------------------------------------------------------------------------------- decision
+
+
+def classify(ts_us: Sequence[int], width2_us: Sequence[int], within_us: int) -> Confidence | None:
+    """Confidence of one combination in pattern order.
+
+    ``width2_us[i]`` is the full interval width ``2 u_i`` of event i (``T_a`` in thesis mode); the interval in doubled
+    units is ``[2 ts - U, 2 ts + U]``.
+    """
+    lo = [2 * t - w for t, w in zip(ts_us, width2_us, strict=True)]
+    hi = [2 * t + w for t, w in zip(ts_us, width2_us, strict=True)]
+    n = len(lo)
+    within2 = 2 * within_us
+    # Possible: a non-decreasing choice exists iff every interval starts no later than every later one ends, i.e.
+    # the running maximum of starts never passes an end (greedy: take each time as early as allowed).
+    run = lo[0]
+    for i in range(n):
+        run = max(run, lo[i])
+        if run > hi[i]:
+            return None
+    # Smallest span of such a choice: put t1 as late as every interval allows (min of ends), the rest at their
+    # starts or t1; span = max(0, max(lo[1:]) - min(hi)).
+    if n > 1 and max(lo[1:]) - min(hi) > within2:
+        return None
+    certain_order = all(hi[i] < lo[i + 1] for i in range(n - 1))
+    if certain_order and hi[-1] - lo[0] <= within2:
+        return Confidence.CONFIRMED
+    return Confidence.UNCERTAIN
+
+
+# ---------------------------------------------------------------------------------------------------------- spec
+
+_UNITS = {"us": 1, "ms": 1_000, "s": 1_000_000, "sec": 1_000_000, "min": 60_000_000, "h": 3_600_000_000}
+
+
+def parse_duration_us(text: str) -> int:
+    """``'2 s'``, ``'44ms'``, ``'500 us'``, ``'1.5 min'`` to integer microseconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", text.lower())
+    if m is None or m.group(2) not in _UNITS:
+        raise ValueError(f"bad duration {text!r} (units: {', '.join(_UNITS)})")
+    return round(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _duration_text(us: int) -> str:
+    for unit in ("h", "min", "s", "ms"):
+        if us % _UNITS[unit] == 0 and us >= _UNITS[unit]:
+            return f"{us // _UNITS[unit]} {unit}"
+    return f"{us} us"
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One position of the sequence: a name and a condition on the payload (a parsed
+    :data:`cep.predicates.Condition` or any Python callable; only the former round-trips through text)."""
+
+    name: str
+    where: Condition | Callable[[Mapping[str, Any]], bool]
+
+    @classmethod
+    def parse(cls, name: str, condition: str) -> Element:
+        return cls(name, parse_condition(condition))
+
+    def matches(self, payload: Mapping[str, Any]) -> bool:
+        return bool(self.where(payload))
+
+
+@dataclass(frozen=True, slots=True)
+class PatternSpec:
+    """A sequence pattern.  Text form (clauses after ``SEQ(...)`` in any order, ``WITHIN`` required)::
+
+        SEQ(E1, ..., En) [PARTITION BY f] WITHIN d [MODE thesis|per_event] [MAX_UNCERTAINTY d]
+                         [EMIT eager|watermark]
+
+    Element syntax: ``[name:] condition`` (:mod:`cep.predicates`), e.g.
+    ``SEQ(kick: kind == 'kick', goal: kind == 'goal') PARTITION BY team WITHIN 2 s``.
+    """
+
+    elements: tuple[Element, ...]
+    within_us: int
+    partition_by: str | None = None
+    mode: PatternMode = "thesis"
+    max_uncertainty_us: int = 1_000_000
+    """Per-event mode: the largest ``uncertainty_us`` expected; state expiry assumes future events stay below it
+    (an event above it is still matched exactly, only partners already expired are missed; it is counted)."""
+    emit: EmitMode = "eager"
+    max_candidates: int = 10_000
+    max_matches_per_event: int = 1_000
+
+    def __post_init__(self) -> None:
+        if not self.elements:
+            raise ValueError("a pattern needs at least one element")
+        if self.within_us < 0:
+            raise ValueError("within_us must be >= 0")
+        if self.mode not in ("thesis", "per_event"):
+            raise ValueError(f"mode must be 'thesis' or 'per_event', got {self.mode!r}")
+        if self.emit not in ("eager", "watermark"):
+            raise ValueError(f"emit must be 'eager' or 'watermark', got {self.emit!r}")
+        names = [e.name for e in self.elements]
+        if len(set(names)) != len(names):
+            raise ValueError(f"element names must be unique: {names}")
+
+    @classmethod
+    def seq(cls, *elements: Element, within_us: int, **options: Any) -> PatternSpec:
+        """Python builder: ``PatternSpec.seq(Element.parse('kick', "kind == 'kick'"), ..., within_us=2_000_000)``."""
+        return cls(tuple(elements), within_us, **options)
+
+    @classmethod
+    def parse(cls, text: str) -> PatternSpec:
+        m = re.match(r"\s*SEQ\s*\(", text, re.IGNORECASE)
+        if m is None:
+            raise ValueError("a pattern starts with SEQ(")
+        body, rest = _split_paren(text, m.end())
+        elements = []
+        for i, part in enumerate(_split_top_level(body)):
+            named = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:(?!=)", part)
+            name = named.group(1) if named else f"e{i + 1}"
+            cond = part[named.end() :] if named else part
+            elements.append(Element.parse(name, cond))
+        options: dict[str, Any] = {}
+        clause = re.compile(
+            r"\s*(?:PARTITION\s+BY\s+(?P<part>[A-Za-z_][\w.]*)"
+            r"|WITHIN\s+(?P<within>\d+(?:\.\d+)?\s*[A-Za-z]+)"
+            r"|MODE\s+(?P<mode>thesis|per_event)"
+            r"|MAX_UNCERTAINTY\s+(?P<bound>\d+(?:\.\d+)?\s*[A-Za-z]+)"
+            r"|EMIT\s+(?P<emit>eager|watermark))",
+            re.IGNORECASE,
+        )
+        pos = 0
+        while rest[pos:].strip():
+            cm = clause.match(rest, pos)
+            if cm is None:
+                raise ValueError(f"cannot parse pattern clause at {rest[pos:].strip()!r}")
+            if cm.group("part"):
+                options["partition_by"] = cm.group("part")
+            elif cm.group("within"):
+                options["within_us"] = parse_duration_us(cm.group("within"))
+            elif cm.group("mode"):
+                options["mode"] = cm.group("mode").lower()
+            elif cm.group("bound"):
+                options["max_uncertainty_us"] = parse_duration_us(cm.group("bound"))
+            else:
+                options["emit"] = cm.group("emit").lower()
+            pos = cm.end()
+        if "within_us" not in options:
+            raise ValueError("a pattern needs WITHIN <duration> (it bounds the matcher's memory)")
+        within = options.pop("within_us")
+        return cls(tuple(elements), within, **options)
+
+    def to_text(self) -> str:
+        """The text form (raises if an element uses a Python callable)."""
+        parts = []
+        for el in self.elements:
+            to_text = getattr(el.where, "to_text", None)
+            if to_text is None:
+                raise ValueError(f"element {el.name!r} uses a Python callable: no text form")
+            parts.append(f"{el.name}: {to_text()}")
+        text = f"SEQ({', '.join(parts)})"
+        if self.partition_by:
+            text += f" PARTITION BY {self.partition_by}"
+        text += f" WITHIN {_duration_text(self.within_us)} MODE {self.mode}"
+        if self.mode == "per_event":
+            text += f" MAX_UNCERTAINTY {_duration_text(self.max_uncertainty_us)}"
+        if self.emit != "eager":
+            text += f" EMIT {self.emit}"
+        return text
+
+    def partition_key(self, payload: Mapping[str, Any]) -> Any:
+        """The value to route an event to its matcher (``None`` without ``PARTITION BY`` or if missing)."""
+        if self.partition_by is None:
+            return None
+        cur: Any = payload
+        for part in self.partition_by.split("."):
+            if not isinstance(cur, Mapping):
+                return None
+            cur = cur.get(part)
+        return cur
+
+
+def _split_paren(text: str, start: int) -> tuple[str, str]:
+    """Text up to the parenthesis closing the one opened before ``start``, and what follows it."""
+    depth = 1
+    quote: str | None = None
+    i = start
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return text[start:i], text[i + 1 :]
+        i += 1
+    raise ValueError("unbalanced parentheses in pattern")
+
+
+def _split_top_level(body: str) -> list[str]:
+    parts: list[str] = []
+    depth = 0
+    quote: str | None = None
+    cur = 0
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(body[cur:i])
+            cur = i + 1
+        i += 1
+    parts.append(body[cur:])
+    if any(not p.strip() for p in parts):
+        raise ValueError("empty pattern element")
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------------------- matches
+
+
+@dataclass(frozen=True, slots=True)
+class PatternMatch:
+    """One reported combination, events in pattern order."""
+
+    confidence: Confidence
+    element_names: tuple[str, ...]
+    events: tuple[dict[str, Any], ...]
+    ts_us: tuple[int, ...]
+    gaps_us: tuple[int, ...]
+    """``ts[i+1] - ts[i]`` on the reference clock (negative: observed in the reversed order)."""
+    tolerances_us: tuple[int, ...]
+    """``u[i] + u[i+1]``: a gap must exceed it for that step's order to be certain (``T_a`` in thesis mode)."""
+    span_us: int
+    within_us: int
+    in_observed_order: bool
+    """False when the reference timestamps put the events in another order (Query 5.9's ``e2 -> e1`` branch)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "confidence": str(self.confidence),
+            "elements": list(self.element_names),
+            "events": [dict(e) for e in self.events],
+            "ts_us": list(self.ts_us),
+            "gaps_us": list(self.gaps_us),
+            "tolerances_us": list(self.tolerances_us),
+            "span_us": self.span_us,
+            "within_us": self.within_us,
+            "in_observed_order": self.in_observed_order,
+        }
+
+
+@dataclass(slots=True)
+class _Candidate:
+    ts_us: int
+    width2_us: int  # U: the interval in doubled units is [2 ts - U, 2 ts + U]
+    arrival: int
+    ref: dict[str, Any]
+
+    def dump(self) -> list[Any]:
+        return [self.ts_us, self.width2_us, self.arrival, self.ref]
+
+
+@dataclass(slots=True)
+class _Held:
+    release_us: int
+    match: PatternMatch
+
+
+@dataclass(slots=True)
+class _Counters:
+    events: int = 0
+    matches: int = 0
+    confirmed: int = 0
+    uncertain: int = 0
+    late_events: int = 0
+    over_bound: int = 0
+    candidates_dropped: int = 0
+    matches_truncated: int = 0
+    expired: int = 0
+
+
+class UncertainPatternMatcher:
+    """Uncertainty-aware ``SEQ`` matcher for one partition key.  Pure: events and watermarks in, matches out."""
+
+    def __init__(self, spec: PatternSpec, *, ta_us: int = 0) -> None:
+        self.spec = spec
+        self.ta_us = 0
+        self.max_ta_us = 0
+        self.set_ta_us(ta_us)
+        self.watermark_us: int | None = None
+        self._arrivals = 0
+        self._candidates: list[list[_Candidate]] = [[] for _ in spec.elements]
+        self._held: list[_Held] = []
+        self.counters = _Counters()
+
+    def set_ta_us(self, ta_us: int) -> None:
+        """Thesis mode: ``T_a`` (max RTT over the stream's sources).  Applies to events added from now on."""
+        if ta_us < 0:
+            raise ValueError(f"T_a must be >= 0, got {ta_us}")
+        self.ta_us = ta_us
+        self.max_ta_us = max(self.max_ta_us, ta_us)
+
+    def _width2(self, uncertainty_us: int) -> int:
+        if self.spec.mode == "thesis":
+            return self.ta_us
+        return 2 * max(0, uncertainty_us)
+
+    @property
+    def _bound_width2(self) -> int:
+        """Widest interval a future event may have (drives expiry)."""
+        if self.spec.mode == "thesis":
+            return self.max_ta_us
+        return 2 * self.spec.max_uncertainty_us
+
+    # -------------------------------------------------------------------------------------------------- input
+
+    def on_event(
+        self, ts_us: int, uncertainty_us: int, payload: Mapping[str, Any], event_ref: dict[str, Any]
+    ) -> list[PatternMatch]:
+        """Feed one event (reference time order expected, not required).  Eager mode returns the new matches."""
+        spec = self.spec
+        self.counters.events += 1
+        if self.watermark_us is not None and ts_us < self.watermark_us:
+            self.counters.late_events += 1
+        if spec.mode == "per_event" and uncertainty_us > spec.max_uncertainty_us:
+            self.counters.over_bound += 1
+        positions = [i for i, el in enumerate(spec.elements) if el.matches(payload)]
+        if not positions:
+            return []
+        cand = _Candidate(ts_us, self._width2(uncertainty_us), self._arrivals, event_ref)
+        self._arrivals += 1
+        found: list[PatternMatch] = []
+        for i in positions:
+            budget = spec.max_matches_per_event - len(found)
+            for combo in self._combinations(i, cand):
+                if budget <= 0:
+                    self.counters.matches_truncated += 1
+                    break
+                match = self._match(combo)
+                if match is not None:
+                    found.append(match)
+                    budget -= 1
+        for i in positions:
+            bucket = self._candidates[i]
+            bucket.append(cand)
+            if len(bucket) > spec.max_candidates:
+                # Drop the oldest by reference time: the one closest to expiring anyway.
+                oldest = min(range(len(bucket)), key=lambda j: bucket[j].ts_us)
+                bucket.pop(oldest)
+                self.counters.candidates_dropped += 1
+        for m in found:
+            self.counters.matches += 1
+            if m.confidence is Confidence.CONFIRMED:
+                self.counters.confirmed += 1
+            else:
+                self.counters.uncertain += 1
+        if spec.emit == "eager":
+            return found
+        self._held.extend(_Held(max(m.ts_us), m) for m in found)
+        return []
+
+    def _combinations(self, fixed: int, cand: _Candidate) -> Iterator[list[_Candidate]]:
+        """Every assignment of buffered candidates to the other positions that passes the pairwise necessary
+        conditions (each earlier interval starts no later than each later one ends; each pair fits the window)."""
+        n = len(self.spec.elements)
+        within2 = 2 * self.spec.within_us
+        chosen: list[_Candidate | None] = [None] * n
+        chosen[fixed] = cand
+
+        def fits(pos: int, c: _Candidate) -> bool:
+            lo_c, hi_c = 2 * c.ts_us - c.width2_us, 2 * c.ts_us + c.width2_us
+            for j, other in enumerate(chosen):
+                if other is None or j == pos:
+                    continue
+                if other is c:
+                    return False  # one event fills one position of a combination
+                lo_o, hi_o = 2 * other.ts_us - other.width2_us, 2 * other.ts_us + other.width2_us
+                if j < pos and (lo_o > hi_c or lo_c - hi_o > within2):
+                    return False
+                if j > pos and (lo_c > hi_o or lo_o - hi_c > within2):
+                    return False
+            return True
+
+        def rec(pos: int) -> Iterator[list[_Candidate]]:
+            if pos == n:
+                yield [c for c in chosen if c is not None]
+                return
+            if pos == fixed:
+                yield from rec(pos + 1)
+                return
+            for c in self._candidates[pos]:
+                if fits(pos, c):
+                    chosen[pos] = c
+                    yield from rec(pos + 1)
+                    chosen[pos] = None
+
+        return rec(0)
+
+    def _match(self, combo: list[_Candidate]) -> PatternMatch | None:
+        ts = [c.ts_us for c in combo]
+        widths = [c.width2_us for c in combo]
+        confidence = classify(ts, widths, self.spec.within_us)
+        if confidence is None:
+            return None
+        return PatternMatch(
+            confidence=confidence,
+            element_names=tuple(e.name for e in self.spec.elements),
+            events=tuple(c.ref for c in combo),
+            ts_us=tuple(ts),
+            gaps_us=tuple(b - a for a, b in itertools.pairwise(ts)),
+            tolerances_us=tuple((a + b) // 2 for a, b in itertools.pairwise(widths)),
+            span_us=max(ts) - min(ts),
+            within_us=self.spec.within_us,
+            in_observed_order=all(a <= b for a, b in itertools.pairwise(ts)),
+        )
+
+    # -------------------------------------------------------------------------------------------------- watermark
+
+    def on_watermark(self, watermark_us: int) -> list[PatternMatch]:
+        """Promise: no later event has ``ts < watermark``.  Expires candidates no future event can combine with,
+        and (``EMIT watermark``) releases held matches whose members are all below the watermark, in time order."""
+        if self.watermark_us is not None and watermark_us <= self.watermark_us:
+            return []
+        self.watermark_us = watermark_us
+        # A future event f has 2 ts_f - U_f >= 2 wm - U_max; it can pair with c only if that start minus c's end
+        # fits the window: (2 wm - U_max) - (2 ts_c + U_c) <= 2 W.  Past that, c is dead for good.
+        horizon2 = 2 * watermark_us - self._bound_width2 - 2 * self.spec.within_us
+        for i, bucket in enumerate(self._candidates):
+            keep = [c for c in bucket if 2 * c.ts_us + c.width2_us >= horizon2]
+            self.counters.expired += len(bucket) - len(keep)
+            self._candidates[i] = keep
+        if not self._held:
+            return []
+        ready = sorted((h for h in self._held if h.release_us < watermark_us), key=lambda h: h.release_us)
+        self._held = [h for h in self._held if h.release_us >= watermark_us]
+        return [h.match for h in ready]
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(b) for b in self._candidates)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def next_timer_us(self) -> int | None:
+        """The lowest watermark at which :meth:`on_watermark` changes something: a held match released or a
+        candidate expired (an event-time timer for the shell)."""
+        due = [h.release_us + 1 for h in self._held]
+        slack2 = self._bound_width2 + 2 * self.spec.within_us
+        for bucket in self._candidates:
+            due.extend((2 * c.ts_us + c.width2_us + slack2) // 2 + 1 for c in bucket)
+        return min(due, default=None)
+
+    # -------------------------------------------------------------------------------------------------- state
+
+    def snapshot(self) -> bytes:
+        """State as msgpack bytes; the spec is stored as text when it has one (event refs must be msgpack-able)."""
+        try:
+            spec_text: str | None = self.spec.to_text()
+        except ValueError:
+            spec_text = None
+        c = self.counters
+        state = {
+            "v": _SNAPSHOT_VERSION,
+            "spec": spec_text,
+            "ta_us": self.ta_us,
+            "max_ta_us": self.max_ta_us,
+            "watermark_us": self.watermark_us,
+            "arrivals": self._arrivals,
+            "candidates": [[x.dump() for x in bucket] for bucket in self._candidates],
+            "held": [[h.release_us, h.match.to_dict()] for h in self._held],
+            "counters": [
+                c.events,
+                c.matches,
+                c.confirmed,
+                c.uncertain,
+                c.late_events,
+                c.over_bound,
+                c.candidates_dropped,
+                c.matches_truncated,
+                c.expired,
+            ],
+        }
+        packed: bytes = msgpack.packb(state, use_bin_type=True)
+        return packed
+
+    @classmethod
+    def restore(cls, blob: bytes, spec: PatternSpec | None = None) -> UncertainPatternMatcher:
+        """Rebuild from :meth:`snapshot`; pass ``spec`` when it was built with Python callables."""
+        state = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        if state.get("v") != _SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {state.get('v')!r}")
+        if spec is None:
+            if state["spec"] is None:
+                raise ValueError("the snapshot's spec has no text form: pass spec=")
+            spec = PatternSpec.parse(state["spec"])
+        m = cls(spec)
+        m.ta_us = state["ta_us"]
+        m.max_ta_us = state["max_ta_us"]
+        m.watermark_us = state["watermark_us"]
+        m._arrivals = state["arrivals"]
+        # One event may sit in several buckets; restore them as one object again (arrival numbers are unique).
+        by_arrival: dict[int, _Candidate] = {}
+        buckets: list[list[_Candidate]] = []
+        for bucket in state["candidates"]:
+            rebuilt = []
+            for ts, width2, arrival, ref in bucket:
+                rebuilt.append(by_arrival.setdefault(arrival, _Candidate(ts, width2, arrival, ref)))
+            buckets.append(rebuilt)
+        m._candidates = buckets
+        m._held = [_Held(release, _match_from_dict(d)) for release, d in state["held"]]
+        m.counters = _Counters(*state["counters"])
+        return m
+
+
+def _match_from_dict(d: Mapping[str, Any]) -> PatternMatch:
+    return PatternMatch(
+        confidence=Confidence(d["confidence"]),
+        element_names=tuple(d["elements"]),
+        events=tuple(d["events"]),
+        ts_us=tuple(d["ts_us"]),
+        gaps_us=tuple(d["gaps_us"]),
+        tolerances_us=tuple(d["tolerances_us"]),
+        span_us=d["span_us"],
+        within_us=d["within_us"],
+        in_observed_order=d["in_observed_order"],
+    )
