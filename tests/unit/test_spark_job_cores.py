@@ -61,3 +61,45 @@ def test_a_snapshot_restores_the_same_core() -> None:
     first.on_frame(event_frame(frame()))
     again = ThreeWindowCore("s", ThreeWindowOptions(bootstrap_servers=""), 0, first.snapshot())
     assert again.on_watermark(BASE + 10_000_000) == first.on_watermark(BASE + 10_000_000)
+
+
+def test_the_aggregator_timer_is_the_next_release() -> None:
+    from cep.three_window import ThreeWindowAggregator
+
+    agg = ThreeWindowAggregator(1_000, max_shift_us=50)
+    assert agg.next_release_us() is None
+    agg.add(1_200, 1.0, 10)  # LOW/MIDDLE/HIGH slots of t = 1000; HIGH waits for max_shift
+    assert agg.next_release_us() == 2_050  # emit_early=False: all three at t + w + max_shift
+    assert agg.advance(2_049) == []
+    assert len(agg.advance(2_050)) == 4  # three windows + the final
+    assert agg.next_release_us() is None
+
+
+def test_the_pattern_timer_releases_held_matches_and_expires_candidates() -> None:
+    from cep.patterns import PatternSpec, UncertainPatternMatcher
+
+    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 100 us MODE thesis EMIT watermark")
+    matcher = UncertainPatternMatcher(spec, ta_us=10)
+    matcher.on_event(1_000, 0, {"k": "a"}, {"id": 1})
+    # A candidate at 1000 with T_a = 10 can pair with a future event up to 1000 + 10 + 100: expiry after that.
+    assert matcher.next_timer_us() == 1_111
+    matcher.on_event(1_050, 0, {"k": "b"}, {"id": 2})
+    assert matcher.held == 1
+    assert matcher.next_timer_us() == 1_051  # the held match is released once the watermark passes 1050
+    assert [m.confidence for m in matcher.on_watermark(1_051)] == ["Confirmed"]
+    matcher.on_watermark(2_000)
+    assert (matcher.buffered, matcher.held, matcher.next_timer_us()) == (0, 0, None)
+
+
+def test_the_sequence_engine_timer_and_idleness() -> None:
+    from cep.sase import EngineConfig, SaseEvent, SequenceEngine, parse_query
+
+    engine = SequenceEngine(parse_query("EVENT SEQ(A a, !(N n), B b) WITHIN 100"), EngineConfig())
+    assert engine.is_idle() and engine.next_timer_us() is None
+    engine.on_event(SaseEvent("A", 10))
+    assert engine.on_event(SaseEvent("B", 20)) == []  # held: an N between 10 and 20 may still come
+    timer = engine.next_timer_us()
+    assert timer is not None and timer <= 20
+    assert [o.kind for o in engine.on_punctuation(20)] == ["match"]
+    engine.on_punctuation(1_000)
+    assert engine.is_idle() and engine.next_timer_us() is None
