@@ -8,6 +8,7 @@ COPY timesync ./timesync
 COPY reorder ./reorder
 COPY clients ./clients
 COPY spark_jobs ./spark_jobs
+COPY cep ./cep
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm

@@ -17,6 +17,7 @@ COPY timesync ./timesync
 COPY reorder ./reorder
 COPY clients ./clients
 COPY spark_jobs ./spark_jobs
+COPY cep ./cep
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels . \
     && pip install --no-cache-dir --find-links=/tmp/wheels "skewless[spark]==0.1.0" \
     && rm -rf /tmp/wheels \
