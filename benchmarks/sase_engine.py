@@ -1,0 +1,397 @@
+"""Benchmark of the SASE out-of-order sequence engine, Li et al. 2007 Figures 6-9 style.
+
+    .venv/bin/python benchmarks/sase_engine.py            # ~1-2 minutes on 2 cores
+    .venv/bin/python benchmarks/sase_engine.py --quick    # smaller streams, smoke test
+
+Every comparison runs the approaches side by side in one process on the same generated stream and reports
+ratios (CPU time by ``time.process_time``, best of ``--repeat`` runs); nothing here asserts on timings.
+
+* Figure 6: AIS-CLOCK on versus off (every event handled with sort semantics, RIP repair and construction at
+  every position) for a falling share of out-of-order events.  Paper: gain 8 % -> 43 % from 90 % to 30 %
+  out-of-order.
+* Figures 7/8: AIS partition on versus off for a growing slack K: intermediate sequences built by construction
+  (the SSC output the window filter would discard; Li's "intermediate buffer") and CPU time.  Paper: the
+  ratio grows like ((K + W) / W) ** S.
+* Figure 9: in-order input (0 % disorder): the out-of-order engine (AIS-CLOCK + partition, K = 10) against an
+  append-only in-order SASE engine.  Paper: overhead 5.1 % - 24.6 %.
+* Throughput: events/s of one engine on one core for the shoplifting query (partitioned, negation) in both
+  modes, and for SEQ(A..F).
+
+Data: SEQ(A, B, C, D, E, F) WITHIN 20 as in the paper's Sections 5.1/5.2; one event per time unit, type drawn
+uniformly from A..F; a share p of the events is delayed by a uniform 1..K time units and the stream is
+delivered in (timestamp + delay) order, so every delay is within K.  Every variant of a comparison must
+produce the same result set (checked, and printed).
+
+Results: docs/sase-benchmark.md and docs/sase-*.png (written by this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cep.sase import (  # noqa: E402
+    EngineConfig,
+    InOrderSequenceEngine,
+    SaseEvent,
+    SaseOutput,
+    SequenceEngine,
+    parse_query,
+)
+from cep.sase.engine import Mode  # noqa: E402
+
+DOCS = ROOT / "docs"
+TYPES = "ABCDEF"
+W = 20
+QUERY = parse_query(f"EVENT SEQ(A a, B b, C c, D d, E e, F f) WITHIN {W}")
+
+
+def stream(n: int, p: float, k: int, seed: int = 1) -> list[SaseEvent]:
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        delay = rng.randint(1, k) if k and rng.random() < p else 0
+        items.append((i + delay, i, SaseEvent(rng.choice(TYPES), i, {}, str(i))))
+    items.sort(key=lambda x: (x[0], x[1]))
+    return [e for _, _, e in items]
+
+
+def digest(keys: Sequence[tuple[str, ...]]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(keys):
+        h.update("|".join(k).encode())
+        h.update(b";")
+    return h.hexdigest()[:12]
+
+
+def run_engine(events: Sequence[SaseEvent], config: EngineConfig, query: Any = QUERY) -> dict[str, Any]:
+    eng = SequenceEngine(query, config)
+    outs: list[SaseOutput] = []
+    on_event = eng.on_event
+    t0 = time.process_time()
+    for e in events:
+        outs.extend(on_event(e))
+    outs.extend(eng.end_of_stream())
+    cpu = time.process_time() - t0
+    keys = [tuple(x.event_id or "" for x in o.events) for o in outs if o.kind != "retract"]
+    return {"cpu": cpu, "results": len(keys), "digest": digest(keys), "stats": eng.stats(), "outs": outs}
+
+
+def measured(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one measurement with the pre-generated input moved out of the garbage collector's view
+    (``gc.freeze``): a streaming job does not hold its whole input in memory, and letting every collection
+    traverse hundreds of thousands of input events would time the benchmark's data, not the engine.  Objects
+    the engines create are collected normally."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return fn()
+    finally:
+        gc.unfreeze()
+
+
+def best(fns: Sequence[Callable[[], dict[str, Any]]], repeat: int) -> list[dict[str, Any]]:
+    """Run the variants interleaved (a, b, a, b, ...) and keep each one's fastest run: on a shared machine the
+    load changes over time, and interleaving exposes both variants to the same load."""
+    runs: list[list[dict[str, Any]]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            runs[i].append(measured(fn))
+    return [min(r, key=lambda x: x["cpu"]) for r in runs]
+
+
+def fig6(n: int, repeat: int, k: int = 10) -> list[dict[str, Any]]:
+    rows = []
+    for p in (0.9, 0.7, 0.5, 0.3, 0.1, 0.0):
+        events = stream(n, p, k)
+        on, off = best([partial(run_engine, events, EngineConfig(k_slack_us=k, ais_clock=True)),
+                        partial(run_engine, events, EngineConfig(k_slack_us=k, ais_clock=False))], repeat)
+        assert on["digest"] == off["digest"], "AIS-CLOCK changed the results"
+        share = on["stats"]["late_events"] / n
+        rows.append({"p": p, "share": share, "on": on["cpu"], "off": off["cpu"], "gain": 1 - on["cpu"] / off["cpu"],
+                     "results": on["results"], "digest": on["digest"]})
+        print(f"fig6  delayed {p:4.0%}  out-of-order {share:6.1%}  AIS-CLOCK on {on['cpu']:.3f}s off {off['cpu']:.3f}s"
+              f"  gain {rows[-1]['gain']:6.1%}  results {on['results']}")
+    return rows
+
+
+def fig78(n: int, repeat: int, p: float = 0.5) -> list[dict[str, Any]]:
+    rows = []
+    for k in (0, 5, 10, 20, 30, 40):
+        events = stream(n, p, k, seed=2)
+        # purge_lag=0: Algorithm 3's exact purge, so that the kept history is exactly W + K as in the paper
+        on, off = best([
+            partial(run_engine, events, EngineConfig(k_slack_us=k, ais_partition=True, purge_lag=0)),
+            partial(run_engine, events, EngineConfig(k_slack_us=k, ais_partition=False, purge_lag=0)),
+        ], repeat)
+        assert on["digest"] == off["digest"], "AIS partition changed the results"
+        c_on, c_off = on["stats"]["candidates"], off["stats"]["candidates"]
+        rows.append({"k": k, "cand_on": c_on, "cand_off": c_off, "mem_gain": 1 - c_on / c_off,
+                     "ratio": c_off / c_on, "model": ((k + W) / W) ** 6, "on": on["cpu"], "off": off["cpu"],
+                     "cpu_gain": 1 - on["cpu"] / off["cpu"], "results": on["results"]})
+        r = rows[-1]
+        print(f"fig7/8  K={k:3d}  sequences built: partition {c_on} / none {c_off} (x{r['ratio']:.1f}, "
+              f"((K+W)/W)^6 = {r['model']:.1f})  CPU {on['cpu']:.3f}s / {off['cpu']:.3f}s gain {r['cpu_gain']:6.1%}")
+    return rows
+
+
+def fig9(sizes: Sequence[int], repeat: int, k: int = 10) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        events = stream(n, 0.0, 0, seed=3)
+
+        def baseline(ev: list[SaseEvent] = events) -> dict[str, Any]:
+            eng = InOrderSequenceEngine(list(TYPES), W)
+            t0 = time.process_time()
+            keys = [tuple(x.event_id or "" for x in m) for e in ev for m in eng.on_event(e)]
+            return {"cpu": time.process_time() - t0, "results": len(keys), "digest": digest(keys)}
+
+        base, ooo = best([baseline, partial(run_engine, events, EngineConfig(k_slack_us=k))], repeat)
+        assert base["digest"] == ooo["digest"], "in-order baseline and engine disagree on in-order input"
+        rows.append({"n": n, "base": base["cpu"], "ooo": ooo["cpu"], "overhead": ooo["cpu"] / base["cpu"] - 1,
+                     "results": base["results"]})
+        print(f"fig9  n={n:6d}  in-order SASE {base['cpu']:.3f}s  out-of-order engine {ooo['cpu']:.3f}s  "
+              f"overhead {rows[-1]['overhead']:6.1%}  results {base['results']}")
+    return rows
+
+
+def shoplifting(n_books: int, seed: int = 4) -> tuple[list[SaseEvent], int]:
+    """RFID reads in microseconds: SHELF, then CHECKOUT for 70 % of the books, then EXIT; 20 % of the
+    reads delayed by up to K = 5 ms; books start 20 us apart."""
+    rng = random.Random(seed)
+    k = 5_000
+    items = []
+    i = 0
+    for book in range(n_books):
+        t0 = book * 20
+        reads = [("SHELF", t0)]
+        if rng.random() < 0.7:
+            reads.append(("CHECKOUT", t0 + rng.randint(1_000, 50_000)))
+        reads.append(("EXIT", t0 + rng.randint(60_000, 90_000)))
+        for etype, ts in reads:
+            delay = rng.randint(1, k) if rng.random() < 0.2 else 0
+            items.append((ts + delay, i, SaseEvent(etype, ts, {"id": book, "reader": "r1"}, f"{etype}|{book}")))
+            i += 1
+    items.sort(key=lambda x: (x[0], x[1]))
+    return [e for _, _, e in items], k
+
+
+def throughput(n_books: int, n_seq: int) -> list[dict[str, Any]]:
+    rows = []
+    q = parse_query("EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = e.id WITHIN 100 ms")
+    events, k = shoplifting(n_books)
+    modes: tuple[Mode, ...] = ("conservative", "aggressive")
+    for mode in modes:
+        r = measured(partial(run_engine, events, EngineConfig(k_slack_us=k, mode=mode), q))
+        kinds: dict[str, int] = {}
+        for o in r["outs"]:
+            kinds[o.kind] = kinds.get(o.kind, 0) + 1
+        rows.append({"name": f"shoplifting, {mode}", "events": len(events), "cpu": r["cpu"],
+                     "rate": len(events) / r["cpu"], "outputs": kinds, "late": r["stats"]["late_events"]})
+    for p in (0.0, 0.5):
+        ev = stream(n_seq, p, 10, seed=5)
+        r = measured(partial(run_engine, ev, EngineConfig(k_slack_us=10)))
+        rows.append({"name": f"SEQ(A..F) W=20, {p:.0%} delayed", "events": n_seq, "cpu": r["cpu"],
+                     "rate": n_seq / r["cpu"], "outputs": {"match": r["results"]}, "late": r["stats"]["late_events"]})
+    for row in rows:
+        print(f"throughput  {row['name']:40s} {row['rate']:10.0f} events/s  ({row['events']} events, "
+              f"{row['late']} out of order, outputs {row['outputs']})")
+    return rows
+
+
+def plots(f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["share"] * 100 for r in f6], [r["gain"] * 100 for r in f6], "o-")
+    ax.set_xlabel("out-of-order events (% of stream)")
+    ax.set_ylabel("CPU gain of AIS-CLOCK (%)")
+    ax.set_title("AIS-CLOCK (Li et al. Fig. 6 style)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sase-ais-clock.png", dpi=110)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    ks = [r["k"] for r in f78]
+    a1.semilogy(ks, [r["cand_off"] for r in f78], "o-", label="without partition")
+    a1.semilogy(ks, [r["cand_on"] for r in f78], "s-", label="with AIS partition")
+    a1.set_xlabel("K (time units), W = 20")
+    a1.set_ylabel("intermediate sequences built")
+    a1.set_title("AIS partition: memory (Fig. 7 style)")
+    a1.legend()
+    a1.grid(alpha=0.3)
+    a2.plot(ks, [r["cpu_gain"] * 100 for r in f78], "o-")
+    a2.set_xlabel("K (time units), W = 20")
+    a2.set_ylabel("CPU gain of AIS partition (%)")
+    a2.set_title("AIS partition: CPU (Fig. 8 style)")
+    a2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sase-ais-partition.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ns = [r["n"] / 1000 for r in f9]
+    ax.plot(ns, [r["base"] for r in f9], "o-", label="in-order SASE (append only)")
+    ax.plot(ns, [r["ooo"] for r in f9], "s-", label="out-of-order engine (K = 10)")
+    ax.set_xlabel("events (thousands), 0 % out of order")
+    ax.set_ylabel("CPU seconds")
+    ax.set_title("Overhead of out-of-order handling (Fig. 9 style)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sase-overhead.png", dpi=110)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str, Any]],
+           tp: list[dict[str, Any]], wall: float) -> str:
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# SASE engine benchmark",
+        "",
+        f"Generated by `benchmarks/sase_engine.py{' --quick' if args.quick else ''}` on {now} "
+        f"({os.cpu_count()} CPUs, shared machine, Python {platform.python_version()}, wall time {wall:.0f} s). "
+        "CPU times are `time.process_time()`, best of "
+        f"{args.repeat} runs; all comparisons run side by side in one process on the same stream and are "
+        "reported as ratios. The pre-generated input is hidden from the garbage collector during a measurement "
+        "(`gc.freeze()`, as a streaming job does not hold its input in memory); the engines' own objects are "
+        "collected normally. Re-run with `.venv/bin/python benchmarks/sase_engine.py`.",
+        "",
+        "## Method",
+        "",
+        f"- Query `SEQ(A, B, C, D, E, F) WITHIN {W}` (length 6 and W = 20 as in Li et al. Sections 5.1-5.2); one "
+        "event per time unit, type uniform over A..F.",
+        "- Disorder: a share p of the events is delayed by 1..K time units (uniform) and the stream is delivered in "
+        "(timestamp + delay) order, so every delay is within K. \"out-of-order\" below is the measured share of "
+        "events that arrive with a timestamp below CLOCK (Li's definition), which is lower than p.",
+        "- Every variant of a comparison produced the same result set (checked by a digest in the run).",
+        "",
+        "## AIS-CLOCK (Figure 6 style)",
+        "",
+        f"{args.n} events, K = 10. Off = every event is treated as potentially out of order (sort semantics, RIP "
+        "repair, construction at every position). Paper: gain 8 % at 90 % out-of-order -> 43 % at 30 %.",
+        "",
+        "| delayed share p | measured out-of-order | CPU with AIS-CLOCK (s) | without (s) | gain | results |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['p']:.0%} | {r['share']:.1%} | {r['on']:.3f} | {r['off']:.3f} | {r['gain']:.1%} | {r['results']} |"
+              for r in f6]
+    lines += [
+        "",
+        "![AIS-CLOCK](sase-ais-clock.png)",
+        "",
+        "## AIS partition (Figures 7 and 8 style)",
+        "",
+        f"{args.n_partition} events, p = 50 %. \"Sequences built\" counts the sequences construction completes "
+        "before the window filter (Li's intermediate SSC buffer, what the WD operator would discard). The "
+        "stacks themselves hold the same instances either way (the partition changes what construction visits, "
+        "not what is kept). Paper: the ratio grows like ((K + W) / W)^S.",
+        "",
+        "| K | sequences built, partition | without | ratio | ((K+W)/W)^6 | memory gain | CPU partition (s) | "
+        "without (s) | CPU gain |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['k']} | {r['cand_on']} | {r['cand_off']} | {r['ratio']:.1f} | {r['model']:.1f} | "
+              f"{r['mem_gain']:.1%} | {r['on']:.3f} | {r['off']:.3f} | {r['cpu_gain']:.1%} |" for r in f78]
+    lines += [
+        "",
+        "![AIS partition](sase-ais-partition.png)",
+        "",
+        "## Overhead on in-order input (Figure 9 style)",
+        "",
+        "0 % disorder. Baseline: `cep.sase.InOrderSequenceEngine`, append-only stacks, RIP as an index, basic "
+        "purge e.ts + W < CLOCK, no negation or predicate machinery. Engine: `SequenceEngine` with AIS-CLOCK and "
+        "partition, K = 10 (it keeps 10 more time units of state). Paper: 5.1 % - 24.6 %.",
+        "",
+        "| events | in-order SASE (s) | out-of-order engine (s) | overhead | results |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['n']} | {r['base']:.3f} | {r['ooo']:.3f} | {r['overhead']:.1%} | {r['results']} |" for r in f9]
+    lines += [
+        "",
+        "![overhead](sase-overhead.png)",
+        "",
+        "## Throughput (one core)",
+        "",
+        "Shoplifting: `EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = e.id WITHIN 100 ms`"
+        ", timestamps in microseconds, a book every 20 us, 70 % checked out, 20 % of the reads delayed by up to "
+        "K = 5 ms (partitioned by id; negation buffer and holding set in use).",
+        "",
+        "| workload | events | CPU (s) | events/s | outputs | out of order |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['name']} | {r['events']} | {r['cpu']:.3f} | {r['rate']:.0f} | "
+              f"{', '.join(f'{k}: {v}' for k, v in sorted(r['outputs'].items()))} | {r['late']} |" for r in tp]
+    lines += [
+        "",
+        "## Reading the numbers",
+        "",
+        "- The ratios, not the absolute times, are the result: this is CPython on a shared 2-core machine, and "
+        "repeated runs move single points by several percentage points.",
+        f"- AIS-CLOCK: gain {f6[0]['gain']:.0%} at the most disordered stream ({f6[0]['share']:.0%} out of order) "
+        f"and {next(r['gain'] for r in f6 if r['p'] == 0.3):.0%} at p = 30 % "
+        f"({next(r['share'] for r in f6 if r['p'] == 0.3):.0%} out of order); the paper reports 8 % -> 43 %. "
+        "It saves the binary searches, the RIP repair and the construction attempts at non-final positions of "
+        "every in-order event. Where our gain at high disorder is above the paper's 8 %, the reason is that we "
+        "time the whole engine, and construction at every position (which AIS-CLOCK skips for in-order events) "
+        "is part of it; Li's figure counts only insertion and RIP resetting.",
+        f"- AIS partition: sequences built without the partition grow x{f78[-1]['ratio']:.0f} at K = "
+        f"{f78[-1]['k']} (the ((K + W) / W)^6 model says x{f78[-1]['model']:.0f}: the model assumes every "
+        "RIP-compatible combination in the K-extended history exists, the random stream has fewer); with the "
+        "partition the count stays flat, and the CPU gain follows once those sequences dominate the cost.",
+        f"- Overhead on in-order input: {min(r['overhead'] for r in f9):.0%} - {max(r['overhead'] for r in f9):.0%} "
+        "against the paper's 5.1 % - 24.6 %. Our baseline is a minimal append-only loop with no validation, "
+        "routing, partitioning, negation hooks or counters; in CPython that fixed per-event work costs about "
+        f"{1e6 * (f9[-1]['ooo'] - f9[-1]['base']) / f9[-1]['n']:.1f} us per event on top of the baseline's "
+        f"{1e6 * f9[-1]['base'] / f9[-1]['n']:.1f} us. It is a constant per event (the overhead does not grow "
+        "with the stream), unlike the paper's, which grew with the dataset size.",
+        "- Shoplifting is slower per event than SEQ(A..F) because every book is its own partition: each key's "
+        "AIS, negation buffer and holding set are created, checked and purged during its short life, and "
+        "these short-lived objects keep CPython's cyclic garbage collector busy (measured separately: about "
+        "twice the throughput with the collector disabled).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller streams (smoke test)")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    if args.quick:
+        args.repeat = 1
+    args.n = 8_000 if args.quick else 40_000
+    args.n_partition = 4_000 if args.quick else 12_000
+    sizes = [5_000, 10_000] if args.quick else [20_000, 40_000, 60_000, 80_000, 100_000]
+    t0 = time.monotonic()
+    f6 = fig6(args.n, args.repeat)
+    f78 = fig78(args.n_partition, args.repeat)
+    f9 = fig9(sizes, args.repeat)
+    tp = throughput(5_000 if args.quick else 60_000, 10_000 if args.quick else 100_000)
+    wall = time.monotonic() - t0
+    plots(f6, f78, f9)
+    (DOCS / "sase-benchmark.md").write_text(report(args, f6, f78, f9, tp, wall))
+    print(f"wrote {DOCS / 'sase-benchmark.md'} and docs/sase-*.png in {wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

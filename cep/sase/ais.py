@@ -1,0 +1,237 @@
+"""Active Instance Stacks (AIS) for out-of-order sequence scan and construction (Li et al. 2007, Sec. 4.2-4.3).
+
+One stack per positive element of ``SEQ(E1, ..., Em)`` (per NFA state); every state is active from the start so
+that an event whose predecessors arrive later is still retrieved (Example 2).  Each instance records its RIP: the
+most recent instance of the previous stack with a strictly smaller timestamp.  All instances of the previous
+stack from the bottom up to the RIP are its possible predecessors, so construction is a depth-first search over
+RIP edges (Figure 2).
+
+Out-of-order handling (Algorithm 1): a late event is inserted with *sort semantics* (its place by timestamp),
+its RIP is set, the RIPs of the next stack that it now sits between are reset to it (Example 5), and every new
+sequence that contains it, at any position, is constructed.  AIS-CLOCK (Algorithm 2): an event with a timestamp
+at or above the largest timestamp in the stacks is in order; it is appended, needs no RIP repair, and only an
+event of the last element type can complete a sequence.
+
+Timestamps order sequences strictly (e1.ts < e2.ts < ... < em.ts, as Li): instances with equal timestamps never
+follow each other.  Within a stack, equal timestamps keep their arrival order.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+
+from .events import SaseEvent
+from .query import CompiledPredicate
+
+__all__ = ["ActiveInstanceStacks", "Instance"]
+
+Checks = tuple[tuple[tuple[tuple[CompiledPredicate, int, int], ...], ...], ...]
+
+
+class Instance:
+    """An active instance: an event in one stack, with its RIP pointer."""
+
+    __slots__ = ("event", "rip", "seq", "ts")
+
+    def __init__(self, event: SaseEvent, seq: int) -> None:
+        self.event = event
+        self.ts = event.ts
+        self.seq = seq
+        """Arrival number of the event in the engine (identity for snapshots and results)."""
+        self.rip: Instance | None = None
+
+    def __repr__(self) -> str:
+        rip = f"{self.rip.event.event_type}{self.rip.ts}" if self.rip is not None else "-"
+        return f"[{rip}]{self.event.event_type}{self.ts}"
+
+
+class _Stack:
+    """Instances in timestamp order, bottom (oldest) first, with a parallel list of timestamps for bisect."""
+
+    __slots__ = ("items", "ts")
+
+    def __init__(self) -> None:
+        self.items: list[Instance] = []
+        self.ts: list[int] = []
+
+
+class ActiveInstanceStacks:
+    """The AIS of one partition of the stream.
+
+    ``checks`` are the query's cross predicates per construction order (:attr:`Query.checks`).  With the AIS
+    partition (``construct(..., prune=True)``: Li's divider between outdated and up-to-date instances),
+    construction never visits instances that are too old to be within the window of the triggering event;
+    without it, every RIP-compatible sequence is built and the window is applied to finished sequences (the WD
+    operator), which is what the optimisation saves.
+    """
+
+    __slots__ = ("ais_clock", "candidates", "checks", "length", "rip_resets", "stacks", "window")
+
+    def __init__(self, length: int, window: int, checks: Checks) -> None:
+        self.length = length
+        self.window = window
+        self.checks = checks
+        self.stacks = [_Stack() for _ in range(length)]
+        self.ais_clock: int | None = None
+        """Largest timestamp of any instance ever inserted here (AIS-CLOCK)."""
+        self.rip_resets = 0
+        self.candidates = 0
+        """Sequences built by construction before the window filter (intermediate results of SSC)."""
+
+    def __len__(self) -> int:
+        return sum(len(s.items) for s in self.stacks)
+
+    def is_in_order(self, ts: int) -> bool:
+        """AIS-CLOCK test: nothing in the stacks is newer than ``ts`` (ties count as in order)."""
+        return self.ais_clock is None or ts >= self.ais_clock
+
+    def oldest_ts(self) -> int | None:
+        bottoms = [s.ts[0] for s in self.stacks if s.ts]
+        return min(bottoms) if bottoms else None
+
+    def instances(self, pos: int) -> list[Instance]:
+        return self.stacks[pos].items
+
+    # ---------------------------------------------------------------- insertion (sequence scan)
+
+    def insert(self, pos: int, inst: Instance, *, append: bool) -> None:
+        """Put ``inst`` into stack ``pos``: appended when in order, else by sort semantics with RIP repair."""
+        if pos > 0:
+            prev = self.stacks[pos - 1]
+            if prev.ts and prev.ts[-1] < inst.ts:
+                inst.rip = prev.items[-1]
+            else:
+                k = bisect_left(prev.ts, inst.ts)
+                inst.rip = prev.items[k - 1] if k else None
+        st = self.stacks[pos]
+        if self.ais_clock is None or inst.ts > self.ais_clock:
+            self.ais_clock = inst.ts
+        if append:
+            st.items.append(inst)
+            st.ts.append(inst.ts)
+            return
+        k = bisect_right(st.ts, inst.ts)
+        st.items.insert(k, inst)
+        st.ts.insert(k, inst.ts)
+        if pos + 1 < self.length:
+            self._repair_next(pos + 1, inst)
+
+    def _repair_next(self, pos: int, inst: Instance) -> None:
+        """Reset RIP(e') to ``inst`` for every e' of the next stack with RIP(e').ts <= inst.ts < e'.ts.
+
+        RIPs are non-decreasing from bottom to top, so the affected instances are the run that starts just
+        above ``inst``'s timestamp.  Equal RIP timestamps are reset as well so that a RIP is always the topmost
+        of its timestamp group (``inst`` was inserted above its equals)."""
+        nxt = self.stacks[pos]
+        for k in range(bisect_right(nxt.ts, inst.ts), len(nxt.items)):
+            e2 = nxt.items[k]
+            if e2.rip is not None and e2.rip.ts > inst.ts:
+                break
+            e2.rip = inst
+            self.rip_resets += 1
+
+    # ---------------------------------------------------------------- construction
+
+    def construct(self, trigger: int, inst: Instance, *, prune: bool = True) -> list[tuple[Instance, ...]]:
+        """Every sequence in the stacks that has ``inst`` at position ``trigger`` and fits the window.
+
+        Leftwards the search follows RIP edges (bottom of the previous stack up to the RIP); rightwards it takes
+        the instances of the next stack above the previous binding (what Li's RIN pointer marks).  ``prune``
+        cuts candidates outside the window while searching (AIS partition); with ``prune=False`` the window is
+        only applied to finished sequences.
+        """
+        m = self.length
+        window = self.window
+        checks = self.checks[trigger]
+        stacks = self.stacks
+        bound: list[Instance] = [inst] * m
+        out: list[tuple[Instance, ...]] = []
+        # The first element of any sequence containing inst satisfies e1.ts > em.ts - W >= inst.ts - W.
+        low = inst.ts - window
+
+        def holds(j: int) -> bool:
+            return all(cp.holds(bound[a].event.attrs, bound[b].event.attrs) for cp, a, b in checks[j])
+
+        # Positions without cross predicates skip the call (the common case of partitioned queries).
+        needs = [bool(c) for c in checks]
+
+        def right(j: int) -> None:
+            if j == m:
+                self.candidates += 1
+                if bound[m - 1].ts - bound[0].ts < window:
+                    out.append(tuple(bound))
+                return
+            st = stacks[j]
+            limit = bound[0].ts + window
+            items = st.items
+            for k in range(bisect_right(st.ts, bound[j - 1].ts), len(items)):
+                x = items[k]
+                if x.ts >= limit:
+                    break
+                bound[j] = x
+                if not needs[j] or holds(j):
+                    right(j + 1)
+
+        def left(j: int) -> None:
+            if j < 0:
+                right(trigger + 1)
+                return
+            rip = bound[j + 1].rip
+            if rip is None:
+                return
+            st = stacks[j]
+            hi = bisect_right(st.ts, rip.ts)
+            lo = bisect_right(st.ts, low, 0, hi) if prune else 0
+            items = st.items
+            for k in range(lo, hi):
+                bound[j] = items[k]
+                if not needs[j] or holds(j):
+                    left(j - 1)
+
+        left(trigger - 1)
+        return out
+
+    # ---------------------------------------------------------------- purge (PSSC)
+
+    def purge_before(self, bound_ts: int) -> list[Instance]:
+        """Remove every instance with ``ts < bound_ts`` (the engine passes bound_ts = L - W: Algorithm 3's
+        e.ts + W + K < CLOCK with L = CLOCK - K, or a punctuation).
+
+        Lazy purge along RIP chains (Li 2010, Optimization 4.4): the last stack is checked first; the RIP of
+        its newest purged instance marks a prefix of the previous stack that is purgeable without looking at
+        timestamps, because RIP(e).ts < e.ts.  The stacks are then checked above that prefix as well, so that
+        instances no later instance points at (e.g. A events without any D yet) are purged too and memory stays
+        bounded.  Returned instances are in purge order."""
+        purged: list[Instance] = []
+        hint: Instance | None = None
+        for j in range(self.length - 1, -1, -1):
+            st = self.stacks[j]
+            cut = bisect_right(st.ts, hint.ts) if hint is not None and hint.ts < bound_ts else 0
+            n = len(st.ts)
+            while cut < n and st.ts[cut] < bound_ts:
+                cut += 1
+            if cut:
+                hint = st.items[cut - 1].rip
+                purged.extend(st.items[:cut])
+                del st.items[:cut]
+                del st.ts[:cut]
+                if j + 1 < self.length:
+                    self._drop_dangling_rips(j + 1, bound_ts)
+            else:
+                hint = None
+        return purged
+
+    def _drop_dangling_rips(self, pos: int, bound_ts: int) -> None:
+        """Clear RIPs that point at purged instances (they must not keep purged events alive)."""
+        for e2 in self.stacks[pos].items:
+            if e2.rip is None:
+                continue
+            if e2.rip.ts >= bound_ts:
+                break
+            e2.rip = None
+
+    def outdated(self, pos: int, clock: int) -> int:
+        """Li's divider: the number of instances at the bottom of stack ``pos`` with ts + W < CLOCK
+        (outdated: kept only for late arrivals).  Construction computes the exact cut from the trigger's
+        timestamp; this view is for inspection and tests."""
+        return bisect_left(self.stacks[pos].ts, clock - self.window)

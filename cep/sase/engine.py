@@ -1,0 +1,504 @@
+"""The SASE sequence engine over out-of-order data: sans-IO, synchronous, no wall clock.
+
+Per partition of the stream (equality partitioning, when the query has one) the engine keeps an
+:class:`ActiveInstanceStacks`, one negation buffer per negated element and a holding set.  Time is two numbers:
+
+* CLOCK, the largest event timestamp seen (Li's CLOCK; also moved by :meth:`SequenceEngine.advance_clock`);
+* the low watermark L: no future event has a timestamp below L.  With K-slack (delays of at most K time units)
+  L = CLOCK - K; a punctuation at ts (the project's contract: nothing older than ts follows) raises L to ts.
+
+Everything the engine decides follows from L:
+
+* events with ts < L broke the promise (delay beyond K, or behind a punctuation): counted as ``too_late`` and
+  dropped, because the state they would need may already be purged and matches they would negate released;
+* an instance or buffered negation event with ts + W < L is purged (Algorithm 3's e.ts + W + K < CLOCK);
+* a held match whose negation ranges all end at or before L (hi <= L) is final: released in conservative mode,
+  forgotten (no longer retractable) in aggressive mode.  This is the earliest safe moment: Example 4.10
+  releases <a3 b6 d10> at CLOCK = 16 with K = 6 (10 <= 16 - 6).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .ais import ActiveInstanceStacks, Instance
+from .events import SaseError, SaseEvent, SaseInputError, SaseOutput
+from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
+from .query import Query
+
+__all__ = ["EngineConfig", "EngineCounters", "SequenceEngine"]
+
+Mode = Literal["conservative", "aggressive"]
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine settings.
+
+    ``k_slack_us``: K, the largest arrival delay (CLOCK - ts) the input may have, in the stream's time unit
+    (microseconds in Skewless); None means no K-slack: only punctuations unblock purge and release.
+    ``mode``: "conservative" (hold a match until no negation event can still invalidate it: delayed unsorted
+    correctness) or "aggressive" (emit at once, compensate with retract/add: real-time factor 1).
+    ``ais_clock`` / ``ais_partition``: Li's two optimisations, switchable for the benchmark.
+    ``strict``: raise :class:`SaseInputError` on a bad event instead of counting it.
+    ``record_purges``: keep (CLOCK, type, ts) of every purged instance in ``SequenceEngine.purge_log``.
+    ``purge_lag``: lazy purge (the slides' periodic purge): a partition is purged once its oldest state is
+    ``purge_lag`` time units past Algorithm 3's bound, so that one purge removes a batch instead of one instance
+    per CLOCK update.  0 purges exactly at Algorithm 3's moment; None (default) uses W // 4, which keeps memory
+    within (1.25 W + K) of stream time.  Purging later never changes results.
+    """
+
+    k_slack_us: int | None = None
+    mode: Mode = "conservative"
+    ais_clock: bool = True
+    ais_partition: bool = True
+    strict: bool = False
+    record_purges: bool = False
+    purge_lag: int | None = None
+
+    def __post_init__(self) -> None:
+        k = self.k_slack_us
+        lag = self.purge_lag
+        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 0):
+            raise SaseError(f"purge_lag must be a non-negative integer or None, got {lag!r}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise SaseError(f"k_slack_us must be a non-negative integer or None, got {k!r}")
+        if self.mode not in ("conservative", "aggressive"):
+            raise SaseError(f"mode must be 'conservative' or 'aggressive', got {self.mode!r}")
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Monotone counters (``instances``/``held`` are gauges) exposed for metrics."""
+
+    events: int = 0
+    ignored: int = 0
+    """Valid events of no query type or failing every element's constant predicates (they still advance
+    CLOCK)."""
+    rejected: int = 0
+    late_events: int = 0
+    """Accepted out-of-order events (ts < CLOCK at arrival)."""
+    too_late: int = 0
+    """Dropped: ts below the low watermark (delay beyond K or behind a punctuation)."""
+    instances: int = 0
+    negation_events: int = 0
+    held: int = 0
+    purged_instances: int = 0
+    purged_negation_events: int = 0
+    matches_constructed: int = 0
+    negated_at_construction: int = 0
+    invalidated_while_held: int = 0
+    emitted: int = 0
+    retracted: int = 0
+    rip_resets: int = 0
+    candidates: int = 0
+    partitions: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)
+
+
+class _Partition:
+    __slots__ = ("ais", "held", "neg", "registered_ts")
+
+    def __init__(self, query: Query) -> None:
+        self.ais = ActiveInstanceStacks(query.length, query.window, query.checks)
+        self.neg = [NegationBuffer() for _ in query.negations]
+        self.held: dict[int, HeldMatch] = {}
+        self.registered_ts: int | None = None
+        """Timestamp of this partition's live entry in the purge heap (its oldest state when registered)."""
+
+    def oldest_ts(self) -> int | None:
+        cands = [t for t in (self.ais.oldest_ts(), *(b.oldest_ts() for b in self.neg)) if t is not None]
+        return min(cands) if cands else None
+
+    def newest_ts(self) -> int:
+        """Largest timestamp stored in the partition (its AIS-CLOCK or newest negation event)."""
+        cands = [b.ts[-1] for b in self.neg if b.ts]
+        if self.ais.ais_clock is not None:
+            cands.append(self.ais.ais_clock)
+        return max(cands, default=-(2**63))
+
+    def empty(self) -> bool:
+        return not self.held and self.oldest_ts() is None
+
+
+class SequenceEngine:
+    """Evaluates one sequence query over an out-of-order event stream.
+
+    >>> from cep.sase import parse_query
+    >>> eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"), EngineConfig(k_slack_us=5))
+    >>> [o.kind for o in eng.on_event(SaseEvent("B", 4)) + eng.on_event(SaseEvent("A", 2))]
+    ['match']
+    """
+
+    def __init__(self, query: Query, config: EngineConfig | None = None) -> None:
+        self.query = query
+        self.config = config or EngineConfig()
+        self.counters = EngineCounters()
+        self.purge_log: list[tuple[int, str, int]] = []
+        self._clock: int | None = None
+        self._punctuation: int | None = None
+        self._seq = 0
+        self._match_id = 0
+        self._heap_tiebreak = 0
+        self._partitions: dict[Hashable, _Partition] = {}
+        self._purge_heap: list[tuple[int, int, Hashable]] = []
+        self._release_heap: list[tuple[int, int, Hashable]] = []
+        self._aggressive = self.config.mode == "aggressive"
+        self._low: int | None = None
+        self._k = self.config.k_slack_us
+        # Types whose events need attribute checks (required attributes, hashable partition key).
+        self._checked_types = frozenset(t for t, attrs in query.required_attributes.items() if attrs)
+        lag = self.config.purge_lag
+        self._purge_lag = query.window // 4 if lag is None else lag
+        # Per event type: (positive positions, any constant predicate?, negated elements, any constant predicate?)
+        self._routes: dict[str, tuple[tuple[int, ...], bool, tuple[int, ...], bool]] = {}
+        for etype in {*query.positions_by_type, *query.negations_by_type}:
+            pos = query.positions_by_type.get(etype, ())
+            neg = query.negations_by_type.get(etype, ())
+            self._routes[etype] = (
+                pos,
+                any(query.constant_predicates[p] for p in pos),
+                neg,
+                any(query.negations[k].constant_predicates for k in neg),
+            )
+
+    # ---------------------------------------------------------------- time
+
+    @property
+    def clock(self) -> int | None:
+        """CLOCK: the largest timestamp seen (events and advance_clock)."""
+        return self._clock
+
+    @property
+    def low_watermark(self) -> int | None:
+        """L: no future event may have a smaller timestamp (None: no promise yet)."""
+        return self._low
+
+    def _update_low(self) -> None:
+        cands: list[int] = []
+        if self.config.k_slack_us is not None and self._clock is not None:
+            cands.append(self._clock - self.config.k_slack_us)
+        if self._punctuation is not None:
+            cands.append(self._punctuation)
+        self._low = max(cands) if cands else None
+
+    def _now(self) -> int:
+        if self._clock is not None:
+            return self._clock
+        return self._punctuation if self._punctuation is not None else 0
+
+    def advance_clock(self, ts: int) -> list[SaseOutput]:
+        """Move CLOCK to ``ts`` without an event (K-slack purge and release); never goes backwards."""
+        if isinstance(ts, bool) or not isinstance(ts, int):
+            raise SaseInputError("bad_timestamp", f"advance_clock needs an int, got {ts!r}")
+        if self._clock is not None and ts <= self._clock:
+            return []
+        self._clock = ts
+        self._update_low()
+        return self._on_time()
+
+    def on_punctuation(self, ts: int) -> list[SaseOutput]:
+        """The stream is complete below ``ts``: no later event has a smaller timestamp (exact, no K guess)."""
+        if isinstance(ts, bool) or not isinstance(ts, int):
+            raise SaseInputError("bad_timestamp", f"punctuation needs an int, got {ts!r}")
+        if self._punctuation is not None and ts <= self._punctuation:
+            return []
+        self._punctuation = ts
+        self._update_low()
+        return self._on_time()
+
+    def end_of_stream(self) -> list[SaseOutput]:
+        """No more events at all: release every held match and purge everything."""
+        if self._clock is None:
+            return []
+        return self.on_punctuation(self._clock + self.query.window + self._purge_lag + 1)
+
+    # ---------------------------------------------------------------- events
+
+    def on_event(self, event: SaseEvent) -> list[SaseOutput]:
+        """Process one event in arrival order; returns the output records it caused."""
+        # Fast path of the validation for the common well-formed event (exact types: bool is not a timestamp).
+        if not (type(event) is SaseEvent and type(event.ts) is int and type(event.attrs) is dict
+                and type(event.event_type) is str) or event.event_type in self._checked_types:
+            problem = self._check(event)
+            if problem is not None:
+                return self._reject(*problem)
+        q = self.query
+        c = self.counters
+        c.events += 1
+        ts = event.ts
+        low = self._low
+        if low is not None and ts < low:
+            c.too_late += 1
+            return []
+        outs: list[SaseOutput] = []
+        clock = self._clock
+        late = clock is not None and ts < clock
+        if late:
+            c.late_events += 1
+        elif clock is None or ts > clock:
+            self._clock = ts
+            if self._punctuation is None:
+                self._low = None if self._k is None else ts - self._k
+            else:
+                self._update_low()
+            outs.extend(self._on_time())
+        attrs = event.attrs
+        route = self._routes.get(event.event_type)
+        if route is None:
+            c.ignored += 1
+            return outs
+        positions, pos_filtered, negs, neg_filtered = route
+        if pos_filtered:
+            positions = tuple(p for p in positions if all(cp.holds(attrs) for cp in q.constant_predicates[p]))
+        if neg_filtered:
+            negs = tuple(k for k in negs if all(cp.holds(attrs) for cp in q.negations[k].constant_predicates))
+        if not positions and not negs:
+            c.ignored += 1
+            return outs
+        attr = q.partition_attributes.get(event.event_type)
+        key: Hashable = attrs[attr] if attr is not None else None
+        part = self._partitions.get(key)
+        if part is None:
+            part = self._partitions[key] = _Partition(q)
+            c.partitions += 1
+        seq = self._seq
+        self._seq += 1
+        self._register(part, key, ts)
+        # Negation first: the event invalidates held matches; a match it completes itself cannot contain it in
+        # a negation range (ranges are open and exclude the match's own timestamps).
+        for k in negs:
+            part.neg[k].add(event, seq)
+            c.negation_events += 1
+            outs.extend(self._negate(part, k, event))
+        if positions:
+            outs.extend(self._scan(part, key, event, seq, positions, late))
+        return outs
+
+    def _scan(
+        self, part: _Partition, key: Hashable, event: SaseEvent, seq: int, positions: tuple[int, ...], late: bool
+    ) -> list[SaseOutput]:
+        """Sequence scan and construction (Algorithm 2) for one event in one partition."""
+        ais = part.ais
+        last = self.query.length - 1
+        resets, candidates = ais.rip_resets, ais.candidates
+        ts = event.ts
+        in_order = self.config.ais_clock and (ais.ais_clock is None or ts >= ais.ais_clock)
+        matches: list[tuple[Instance, ...]] = []
+        if in_order:
+            inst = Instance(event, seq)
+            for p in positions[:-1]:
+                ais.insert(p, Instance(event, seq), append=True)
+            ais.insert(positions[-1], inst, append=True)
+            # In order: only an instance of the last stack can complete sequences (nothing newer exists).
+            if positions[-1] == last:
+                matches = ais.construct(last, inst, prune=self.config.ais_partition)
+        else:
+            insts = [(p, Instance(event, seq)) for p in positions]
+            for p, inst in insts:
+                ais.insert(p, inst, append=False)
+            for p, inst in insts:
+                matches.extend(ais.construct(p, inst))
+        c = self.counters
+        c.instances += len(positions)
+        c.rip_resets += ais.rip_resets - resets
+        c.candidates += ais.candidates - candidates
+        if not matches:
+            return []
+        outs: list[SaseOutput] = []
+        for match in matches:
+            out = self._accept(part, key, match, late)
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def _accept(self, part: _Partition, key: Hashable, match: tuple[Instance, ...], late: bool) -> SaseOutput | None:
+        """Negation filter and holding set (Algorithm 10, lines 17-21) for one constructed sequence."""
+        q = self.query
+        c = self.counters
+        c.matches_constructed += 1
+        events = tuple(i.event for i in match)
+        kind: Literal["match", "add"] = "add" if late and self._aggressive else "match"
+        if not q.negations:
+            c.emitted += 1
+            return SaseOutput(kind, events, self._now())
+        ranges = negation_ranges(q, events)
+        for k, (lo, hi) in enumerate(ranges):
+            neg = q.negations[k]
+            for ne in part.neg[k].between(lo, hi):
+                if invalidates(neg, ne, events, lo, hi):
+                    c.negated_at_construction += 1
+                    return None
+        final_at = max(hi for _, hi in ranges)
+        low = self._low
+        if low is None or final_at > low:
+            mid = self._match_id
+            self._match_id += 1
+            part.held[mid] = HeldMatch(mid, events, tuple(i.seq for i in match), ranges, final_at, kind)
+            heapq.heappush(self._release_heap, (final_at, mid, key))
+            c.held += 1
+            if not self._aggressive:
+                return None
+        c.emitted += 1
+        return SaseOutput(kind, events, self._now())
+
+    def _negate(self, part: _Partition, k: int, event: SaseEvent) -> list[SaseOutput]:
+        """A negation event removes the held matches it falls into (Algorithm 10, lines 9-11)."""
+        neg = self.query.negations[k]
+        outs: list[SaseOutput] = []
+        for mid, held in list(part.held.items()):
+            lo, hi = held.ranges[k]
+            if invalidates(neg, event, held.events, lo, hi):
+                del part.held[mid]
+                self.counters.held -= 1
+                self.counters.invalidated_while_held += 1
+                if self._aggressive:
+                    self.counters.retracted += 1
+                    outs.append(SaseOutput("retract", held.events, self._now()))
+        return outs
+
+    def _register(self, part: _Partition, key: Hashable, ts: int) -> None:
+        if part.registered_ts is None or ts < part.registered_ts:
+            part.registered_ts = ts
+            self._heap_tiebreak += 1
+            heapq.heappush(self._purge_heap, (ts, self._heap_tiebreak, key))
+
+    def _on_time(self) -> list[SaseOutput]:
+        """CLOCK or punctuation moved: release final held matches, then purge (PSSC / PNG)."""
+        low = self._low
+        if low is None:
+            return []
+        outs: list[SaseOutput] = []
+        release_heap, purge_heap = self._release_heap, self._purge_heap
+        bound = low - self.query.window
+        if (not release_heap or release_heap[0][0] > low) and (
+            not purge_heap or purge_heap[0][0] + self._purge_lag >= bound
+        ):
+            return outs  # nothing due: the common case on every CLOCK update
+        c = self.counters
+        while self._release_heap and self._release_heap[0][0] <= low:
+            _, mid, key = heapq.heappop(self._release_heap)
+            part = self._partitions.get(key)
+            held = part.held.pop(mid, None) if part is not None else None
+            if held is None or part is None:
+                continue
+            c.held -= 1
+            if not self._aggressive:
+                c.emitted += 1
+                outs.append(SaseOutput(held.kind, held.events, self._now()))  # type: ignore[arg-type]
+            if part.registered_ts is None and part.empty():
+                del self._partitions[key]
+        while self._purge_heap and self._purge_heap[0][0] + self._purge_lag < bound:
+            ts, _, key = heapq.heappop(self._purge_heap)
+            part = self._partitions.get(key)
+            if part is None or part.registered_ts != ts:
+                continue
+            if not part.held and not self.config.record_purges and part.newest_ts() < bound:
+                # The whole partition expired (the usual end of a key's life): drop it in one step.
+                n_inst, n_neg = len(part.ais), sum(len(b) for b in part.neg)
+                self.counters.purged_instances += n_inst
+                self.counters.instances -= n_inst
+                self.counters.purged_negation_events += n_neg
+                self.counters.negation_events -= n_neg
+                del self._partitions[key]
+                continue
+            self._purge(part, bound)
+            oldest = part.oldest_ts()
+            part.registered_ts = None
+            if oldest is not None:
+                self._register(part, key, oldest)
+            elif not part.held:
+                del self._partitions[key]
+        return outs
+
+    def _purge(self, part: _Partition, bound: int) -> None:
+        purged = part.ais.purge_before(bound)
+        c = self.counters
+        c.purged_instances += len(purged)
+        c.instances -= len(purged)
+        if self.config.record_purges:
+            now = self._now()
+            self.purge_log.extend((now, i.event.event_type, i.ts) for i in purged)
+        n = sum(b.purge_before(bound) for b in part.neg)
+        c.purged_negation_events += n
+        c.negation_events -= n
+
+    # ---------------------------------------------------------------- bad input
+
+    def _check(self, event: object) -> tuple[str, str] | None:
+        if not isinstance(event, SaseEvent):
+            return "not_an_event", f"expected SaseEvent, got {type(event).__name__}"
+        if not isinstance(event.event_type, str):
+            return "bad_event_type", f"event_type must be a str, got {event.event_type!r}"
+        if isinstance(event.ts, bool) or not isinstance(event.ts, int):
+            return "bad_timestamp", f"ts must be an int, got {event.ts!r}"
+        if not isinstance(event.attrs, Mapping):
+            return "bad_attrs", f"attrs must be a mapping, got {type(event.attrs).__name__}"
+        required = self.query.required_attributes.get(event.event_type)
+        if required and not required <= event.attrs.keys():
+            missing = [a for a in sorted(required) if a not in event.attrs]
+            return "missing_attribute", f"{event.event_type} event lacks {', '.join(missing)}"
+        attr = self.query.partition_attributes.get(event.event_type)
+        if attr is not None:
+            try:
+                hash(event.attrs[attr])
+            except TypeError:
+                return "unhashable_key", f"partition attribute {attr}={event.attrs[attr]!r} is not hashable"
+        return None
+
+    def _reject(self, reason: str, detail: str) -> list[SaseOutput]:
+        if self.config.strict:
+            raise SaseInputError(reason, detail)
+        self.counters.rejected += 1
+        self.counters.rejections[reason] = self.counters.rejections.get(reason, 0) + 1
+        return []
+
+    # ---------------------------------------------------------------- inspection
+
+    def stats(self) -> dict[str, Any]:
+        """Counters as a flat dict (for metrics / JSON)."""
+        d = asdict(self.counters)
+        d["clock"] = self._clock
+        d["low_watermark"] = self.low_watermark
+        return d
+
+    def partition(self, key: Hashable = None) -> ActiveInstanceStacks | None:
+        """The AIS of one partition (``None`` key when the query is not partitioned)."""
+        part = self._partitions.get(key)
+        return part.ais if part is not None else None
+
+    def held_matches(self) -> list[HeldMatch]:
+        return [h for p in self._partitions.values() for h in p.held.values()]
+
+    def next_timer_us(self) -> int | None:
+        """The lowest low watermark at which a held match is released or state is purged (an event-time timer
+        for a streaming shell; stale heap entries can make it early, never late)."""
+        due = []
+        if self._release_heap:
+            due.append(self._release_heap[0][0])
+        if self._purge_heap:
+            due.append(self._purge_heap[0][0] + self._purge_lag + self.query.window + 1)
+        return min(due, default=None)
+
+    def is_idle(self) -> bool:
+        """No instance, negation event or held match left: the engine can be dropped and rebuilt fresh."""
+        return not self._partitions
+
+    # ---------------------------------------------------------------- snapshot
+
+    def snapshot(self) -> bytes:
+        """The complete state as msgpack bytes (attribute values must be msgpack-serialisable)."""
+        from .snapshot import dump
+
+        return dump(self)
+
+    @classmethod
+    def restore(cls, query: Query, config: EngineConfig | None, blob: bytes) -> SequenceEngine:
+        """An engine in exactly the state ``snapshot`` captured (same query required)."""
+        from .snapshot import load
+
+        return load(cls(query, config), blob)

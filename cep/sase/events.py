@@ -1,0 +1,88 @@
+"""Input and output records of the SASE sequence engine, and its errors.
+
+Timestamps are integers in the stream's time unit (microseconds in Skewless: ``ref_ts_us``).  The engine never
+reads a wall clock: time only moves through event timestamps, :meth:`SequenceEngine.advance_clock` and
+punctuations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError"]
+
+OutputKind = Literal["match", "retract", "add"]
+"""What an output record means downstream.
+
+* ``match``: a result sequence.  In conservative mode every output is a ``match`` and is permanently valid.
+* ``add``: aggressive mode only: a (+) compensation, a match that an out-of-order event created after the
+  matches of its time span were already emitted.
+* ``retract``: aggressive mode only: a (-) compensation, an earlier ``match``/``add`` that a late negation event
+  has invalidated.
+"""
+
+
+class SaseError(Exception):
+    """Base class of the engine's errors."""
+
+
+class SaseSyntaxError(SaseError):
+    """A query text that does not parse; ``position`` is the 0-based character offset of the problem."""
+
+    def __init__(self, message: str, text: str, position: int) -> None:
+        self.message = message
+        self.text = text
+        self.position = position
+        line = text.count("\n", 0, position) + 1
+        line_start = text.rfind("\n", 0, position) + 1
+        self.line = line
+        self.column = position - line_start + 1
+        line_end = text.find("\n", position)
+        source_line = text[line_start : len(text) if line_end < 0 else line_end]
+        caret = " " * (position - line_start) + "^"
+        super().__init__(f"{message} at line {line}, column {self.column}\n  {source_line}\n  {caret}")
+
+
+class SaseInputError(SaseError):
+    """An input event the engine cannot use (raised only with ``EngineConfig(strict=True)``, else counted)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class SaseEvent:
+    """One primitive event: its type, its timestamp, its attributes and an optional identifier."""
+
+    event_type: str
+    ts: int
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    event_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event_type": self.event_type, "ts": self.ts, "attrs": dict(self.attrs), "event_id": self.event_id}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SaseEvent:
+        return cls(str(data["event_type"]), int(data["ts"]), dict(data.get("attrs") or {}), data.get("event_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class SaseOutput:
+    """One output record: a result sequence (positive elements only, in sequence order) or a compensation."""
+
+    kind: OutputKind
+    events: tuple[SaseEvent, ...]
+    emitted_at: int
+    """The engine's CLOCK (largest timestamp seen) when the record was produced."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "events": [e.to_dict() for e in self.events], "emitted_at": self.emitted_at}
+
+    @property
+    def key(self) -> tuple[tuple[str, int, str | None], ...]:
+        """A hashable identity of the matched sequence (type, ts, event_id per element)."""
+        return tuple((e.event_type, e.ts, e.event_id) for e in self.events)

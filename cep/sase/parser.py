@@ -1,0 +1,249 @@
+"""Text syntax of sequence queries (close to SASE / Li et al.):
+
+    EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e)
+    WHERE s.id = c.id AND c.id = e.id
+    WITHIN 1 hour
+
+Grammar (keywords are case-insensitive)::
+
+    query     := 'EVENT' 'SEQ' '(' element (',' element)* ')' ['WHERE' condition ('AND' condition)*] 'WITHIN' window
+    element   := ['!'] ( '(' TYPE [alias] ')' | TYPE [alias] )
+    condition := '[' ATTR ']'                 -- SASE shorthand: every element's ATTR is equal
+               | operand OP operand           -- OP: = == != <> < <= > >=; at least one side is alias.attr
+    operand   := alias '.' attr | NUMBER | 'string' | "string" | TRUE | FALSE
+    window    := NUMBER [unit]                -- no unit: the stream's own time unit;
+                                              -- us, ms, s/sec/second(s), min/minute(s), h/hour(s): microseconds
+
+Without an alias an element's alias is its type name.  Errors are :class:`SaseSyntaxError` with the position.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from .events import SaseError, SaseSyntaxError
+from .query import AttrRef, Element, Predicate, Query, Scalar, normalize_predicate
+
+__all__ = ["UNIT_US", "parse_query"]
+
+UNIT_US: dict[str, int] = {
+    "us": 1,
+    "ms": 1_000,
+    "s": 1_000_000,
+    "sec": 1_000_000,
+    "secs": 1_000_000,
+    "second": 1_000_000,
+    "seconds": 1_000_000,
+    "min": 60_000_000,
+    "mins": 60_000_000,
+    "minute": 60_000_000,
+    "minutes": 60_000_000,
+    "h": 3_600_000_000,
+    "hour": 3_600_000_000,
+    "hours": 3_600_000_000,
+}
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<number>-?\d+(?:\.\d+)?)
+  | (?P<string>'[^']*'|"[^"]*")
+  | (?P<badstring>['"])
+  | (?P<op><=|>=|!=|<>|==|=|<|>)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
+  | (?P<punct>[(),!.\[\]])
+    """,
+    re.VERBOSE,
+)
+_KEYWORDS = {"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Tok:
+    kind: str
+    text: str
+    pos: int
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise SaseSyntaxError(f"unexpected character {text[pos]!r}", text, pos)
+        kind = m.lastgroup or ""
+        if kind == "badstring":
+            raise SaseSyntaxError("unterminated string", text, pos)
+        if kind != "ws":
+            toks.append(_Tok(kind, m.group(), pos))
+        pos = m.end()
+    toks.append(_Tok("end", "", len(text)))
+    return toks
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.toks = _tokenize(text)
+        self.i = 0
+        self._element_toks: list[_Tok] = []
+
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.i]
+
+    def error(self, message: str, tok: _Tok | None = None) -> SaseSyntaxError:
+        t = tok or self.tok
+        found = "end of query" if t.kind == "end" else repr(t.text)
+        return SaseSyntaxError(f"{message}, found {found}", self.text, t.pos)
+
+    def is_kw(self, word: str) -> bool:
+        return self.tok.kind == "name" and self.tok.text.upper() == word
+
+    def expect_kw(self, word: str) -> _Tok:
+        if not self.is_kw(word):
+            raise self.error(f"expected {word}")
+        return self.advance()
+
+    def expect_punct(self, ch: str) -> _Tok:
+        if self.tok.kind != "punct" or self.tok.text != ch:
+            raise self.error(f"expected {ch!r}")
+        return self.advance()
+
+    def advance(self) -> _Tok:
+        t = self.tok
+        self.i += 1
+        return t
+
+    def is_punct(self, ch: str) -> bool:
+        return self.tok.kind == "punct" and self.tok.text == ch
+
+    def name(self, what: str) -> _Tok:
+        if self.tok.kind != "name" or self.tok.text.upper() in _KEYWORDS:
+            raise self.error(f"expected {what}")
+        return self.advance()
+
+    def parse(self) -> Query:
+        self.expect_kw("EVENT")
+        self.expect_kw("SEQ")
+        seq_open = self.expect_punct("(")
+        elements = [self.element()]
+        while self.is_punct(","):
+            self.advance()
+            elements.append(self.element())
+        if not self.is_punct(")"):
+            raise self.error("expected ',' or ')'")
+        self.advance()
+        seen: dict[str, Element] = {}
+        for el, tok in zip(elements, self._element_toks, strict=True):
+            if el.alias in seen:
+                raise SaseSyntaxError(f"duplicate alias {el.alias!r} (give each element its own alias)", self.text,
+                                      tok.pos)
+            seen[el.alias] = el
+        if all(e.negated for e in elements):
+            raise SaseSyntaxError("SEQ needs at least one positive (non-negated) element", self.text, seq_open.pos)
+        predicates: list[Predicate] = []
+        if self.is_kw("WHERE"):
+            self.advance()
+            predicates.extend(self.condition(elements))
+            while self.is_kw("AND"):
+                self.advance()
+                predicates.extend(self.condition(elements))
+        if not self.is_kw("WITHIN"):
+            raise self.error("expected WITHIN <window> (a window is required: it bounds the engine's state)"
+                             if self.tok.kind == "end" else "expected WHERE, AND or WITHIN")
+        self.advance()
+        window = self.window()
+        if self.tok.kind != "end":
+            raise self.error("expected end of query")
+        try:
+            return Query(tuple(elements), tuple(predicates), window, text=self.text)
+        except SaseError as exc:
+            raise SaseSyntaxError(str(exc), self.text, 0) from exc
+
+    def element(self) -> Element:
+        negated = False
+        if self.is_punct("!"):
+            self.advance()
+            negated = True
+        paren = self.is_punct("(")
+        if paren:
+            self.advance()
+        type_tok = self.name("an event type")
+        alias_tok = self.advance() if self.tok.kind == "name" and self.tok.text.upper() not in _KEYWORDS else None
+        if paren:
+            self.expect_punct(")")
+        self._element_toks.append(alias_tok or type_tok)
+        return Element(type_tok.text, alias_tok.text if alias_tok else type_tok.text, negated)
+
+    def condition(self, elements: list[Element]) -> list[Predicate]:
+        aliases = {e.alias for e in elements}
+        if self.is_punct("["):
+            self.advance()
+            attr = self.name("an attribute name").text
+            self.expect_punct("]")
+            return [
+                Predicate(AttrRef(a.alias, attr), "=", AttrRef(b.alias, attr))
+                for a, b in itertools.pairwise(elements)
+            ]
+        start = self.tok
+        left = self.operand(aliases)
+        if self.tok.kind != "op":
+            raise self.error("expected a comparison (=, !=, <, <=, >, >=)")
+        op = self.advance().text
+        op = {"==": "=", "<>": "!="}.get(op, op)
+        right = self.operand(aliases)
+        if not isinstance(left, AttrRef) and not isinstance(right, AttrRef):
+            raise SaseSyntaxError("a condition must reference at least one alias.attr", self.text, start.pos)
+        if isinstance(left, AttrRef) and isinstance(right, AttrRef):
+            negated = {e.alias for e in elements if e.negated}
+            if left.alias in negated and right.alias in negated:
+                raise SaseSyntaxError("a condition may not relate two negated elements", self.text, start.pos)
+            if left.alias == right.alias:
+                raise SaseSyntaxError("a condition must relate two different elements (or compare with a "
+                                      "constant)", self.text, start.pos)
+        return [normalize_predicate(left, op, right)]
+
+    def operand(self, aliases: set[str]) -> AttrRef | Scalar:
+        t = self.tok
+        if t.kind == "number":
+            self.advance()
+            return float(t.text) if "." in t.text else int(t.text)
+        if t.kind == "string":
+            self.advance()
+            return t.text[1:-1]
+        if self.is_kw("TRUE") or self.is_kw("FALSE"):
+            self.advance()
+            return t.text.upper() == "TRUE"
+        alias = self.name("alias.attr, a number or a string")
+        if alias.text not in aliases:
+            raise SaseSyntaxError(f"unknown alias {alias.text!r} (known: {', '.join(sorted(aliases))})", self.text,
+                                  alias.pos)
+        self.expect_punct(".")
+        attr = self.name("an attribute name after '.'")
+        return AttrRef(alias.text, attr.text)
+
+    def window(self) -> int:
+        t = self.tok
+        if t.kind != "number" or t.text.startswith("-"):
+            raise self.error("expected a positive window length")
+        self.advance()
+        factor = 1
+        if self.tok.kind == "name":
+            unit = self.tok.text.lower()
+            if unit not in UNIT_US:
+                raise self.error(f"unknown time unit (use one of {', '.join(UNIT_US)})")
+            factor = UNIT_US[unit]
+            self.advance()
+        value = float(t.text) * factor if "." in t.text else int(t.text) * factor
+        if value != int(value) or int(value) <= 0:
+            raise SaseSyntaxError("the window must be a positive whole number of time units", self.text, t.pos)
+        return int(value)
+
+
+def parse_query(text: str) -> Query:
+    """Parse the text syntax into a :class:`Query`; raises :class:`SaseSyntaxError` with the position."""
+    return _Parser(text).parse()

@@ -1,0 +1,253 @@
+"""Engine behaviour beyond the paper examples: boundaries, ties, negation at the edges, bad input, purge and
+memory bounds, punctuations, snapshots, and the in-order baseline."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from cep.sase import (
+    EngineConfig,
+    InOrderSequenceEngine,
+    SaseError,
+    SaseEvent,
+    SaseInputError,
+    SaseOutput,
+    SequenceEngine,
+    parse_query,
+    reference_matches,
+)
+
+
+def feed(eng: SequenceEngine, *events: SaseEvent) -> list[SaseOutput]:
+    out: list[SaseOutput] = []
+    for e in events:
+        out.extend(eng.on_event(e))
+    return out
+
+
+def ts_of(outs: list[SaseOutput]) -> list[tuple[int, ...]]:
+    return [tuple(e.ts for e in o.events) for o in outs]
+
+
+def E(t: str, ts: int, **attrs: object) -> SaseEvent:
+    return SaseEvent(t, ts, attrs, f"{t.lower()}{ts}")
+
+
+def test_ties_are_not_sequence_order() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"), EngineConfig(k_slack_us=0))
+    assert feed(eng, E("A", 5), E("B", 5)) == []
+    assert ts_of(feed(eng, E("B", 6))) == [(5, 6)]
+
+
+def test_window_is_strict() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"), EngineConfig(k_slack_us=0))
+    assert ts_of(feed(eng, E("A", 0), E("A", 1), E("B", 10))) == [(1, 10)]  # 10 - 0 = W is outside
+    assert feed(eng, E("B", 11)) == []
+
+
+def test_delay_exactly_k_is_accepted_beyond_k_dropped() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"), EngineConfig(k_slack_us=3))
+    feed(eng, E("B", 8))
+    assert ts_of(feed(eng, E("A", 5))) == [(5, 8)]  # delay 8 - 5 = 3 = K
+    assert feed(eng, E("A", 4)) == []  # delay 4 > K: dropped, counted
+    assert eng.counters.too_late == 1
+    assert eng.counters.late_events == 1
+
+
+def test_punctuation_contract_nothing_older_than_ts_follows() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, !(C c), B b) WITHIN 10"), EngineConfig(k_slack_us=None))
+    assert feed(eng, E("A", 1), E("B", 5)) == []  # held: a C in (1, 5) may still come
+    assert eng.on_punctuation(4) == []  # a C at 4 may still come
+    assert ts_of(eng.on_punctuation(5)) == [(1, 5)]  # nothing below 5 follows: final
+    assert eng.on_event(E("A", 4)) == []  # behind the punctuation: dropped
+    assert eng.counters.too_late == 1
+    assert eng.on_punctuation(3) == []  # punctuations never go backwards
+
+
+def test_leading_negation_uses_the_window() -> None:
+    """SEQ(!C, A, B) WITHIN 10: no c with b.ts - W < c.ts < a.ts."""
+    q = parse_query("EVENT SEQ(!(C c), A a, B b) WITHIN 10")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=0))
+    assert feed(eng, E("C", 3), E("A", 5), E("B", 12)) == []  # 12 - 10 < 3 < 5: negated
+    assert ts_of(feed(eng, E("B", 13))) == [(5, 13)]  # range (3, 5): c3 is on the open bound
+
+
+def test_trailing_negation_waits_for_the_window() -> None:
+    """SEQ(A, B, !C) WITHIN 10: no c with b.ts < c.ts < a.ts + W; final once L >= a.ts + W."""
+    q = parse_query("EVENT SEQ(A a, B b, !(C c)) WITHIN 10")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=0))
+    assert feed(eng, E("A", 1), E("B", 3), E("C", 10)) == []
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=0))
+    assert feed(eng, E("A", 1), E("B", 3), E("C", 3)) == []  # c3 is not after b3: no negation
+    assert feed(eng, E("X", 10)) == []  # a C at 10 could still come
+    assert ts_of(feed(eng, E("C", 11))) == [(1, 3)]  # at CLOCK 11 = 1 + 10 the match is final
+
+
+def test_aggressive_trailing_negation_retracts_in_order() -> None:
+    q = parse_query("EVENT SEQ(A a, B b, !(C c)) WITHIN 10")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=0, mode="aggressive"))
+    out = feed(eng, E("A", 1), E("B", 3), E("C", 7))
+    assert [(o.kind, o.emitted_at) for o in out] == [("match", 3), ("retract", 7)]
+
+
+def test_partitioned_negation_only_hits_its_own_key() -> None:
+    q = parse_query("EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = e.id WITHIN 1 s")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=100_000))
+    feed(eng, E("SHELF", 0, id=1), E("SHELF", 10, id=2), E("CHECKOUT", 20, id=1), E("EXIT", 30, id=1),
+         E("EXIT", 40, id=2))
+    out = eng.end_of_stream()
+    assert [(o.events[0].attrs["id"], ts_of([o])[0]) for o in out] == [(2, (10, 40))]
+
+
+def test_same_type_at_two_positions() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A x, A y) WITHIN 5"), EngineConfig(k_slack_us=5))
+    out = feed(eng, E("A", 3), E("A", 1), E("A", 2))
+    assert sorted(ts_of(out)) == [(1, 2), (1, 3), (2, 3)]
+
+
+def test_bad_input_is_counted_never_crashes() -> None:
+    q = parse_query("EVENT SEQ(A a, B b) WHERE a.id = b.id AND b.v > 2 WITHIN 10")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=5))
+    bad: list[object] = [
+        "not an event",
+        SaseEvent("A", "12", {"id": 1}),  # type: ignore[arg-type]
+        SaseEvent("A", 1.5, {"id": 1}),  # type: ignore[arg-type]
+        SaseEvent("A", True, {"id": 1}),
+        SaseEvent(7, 1, {"id": 1}),  # type: ignore[arg-type]
+        SaseEvent("A", 1, ["id"]),  # type: ignore[arg-type]
+        SaseEvent("A", 1, {}),  # missing id
+        SaseEvent("B", 1, {"id": 1}),  # missing v
+        SaseEvent("A", 1, {"id": [1, 2]}),  # unhashable partition key
+    ]
+    for b in bad:
+        assert eng.on_event(b) == []  # type: ignore[arg-type]
+    assert eng.counters.rejected == len(bad)
+    assert eng.counters.rejections == {
+        "not_an_event": 1, "bad_timestamp": 3, "bad_event_type": 1, "bad_attrs": 1, "missing_attribute": 2,
+        "unhashable_key": 1,
+    }
+    assert eng.clock is None  # rejected events do not move time
+    # comparisons that cannot be evaluated are false, not errors
+    out = feed(eng, E("A", 1, id=1), E("B", 2, id=1, v="high"), E("B", 3, id=1, v=3), E("X", 4))
+    assert ts_of(out) == [(1, 3)]
+    assert eng.counters.ignored == 2  # X (no query type, but it advanced CLOCK) and B with v = "high"
+    assert eng.clock == 4
+
+
+def test_strict_mode_raises() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a) WHERE a.x = 1 WITHIN 3"), EngineConfig(strict=True))
+    with pytest.raises(SaseInputError, match="missing_attribute"):
+        eng.on_event(SaseEvent("A", 1, {}))
+    with pytest.raises(SaseInputError):
+        eng.advance_clock("5")  # type: ignore[arg-type]
+    with pytest.raises(SaseError):
+        EngineConfig(k_slack_us=-1)
+    with pytest.raises(SaseError):
+        EngineConfig(mode="eager")  # type: ignore[arg-type]
+
+
+def test_memory_is_bounded_by_purge_over_a_long_stream() -> None:
+    """50 000 events over 1 000 keys with delays <= K: held state stays proportional to (W + K) * rate."""
+    q = parse_query("EVENT SEQ(A a, !(C c), B b) WHERE [id] WITHIN 50")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=20))
+    rng = random.Random(7)
+    items = []
+    for i in range(50_000):
+        ts = i
+        items.append((ts + rng.randint(0, 20), i, SaseEvent(rng.choice("ABC"), ts, {"id": rng.randrange(1000)})))
+    items.sort(key=lambda x: (x[0], x[1]))
+    peak = 0
+    for _, _, e in items:
+        eng.on_event(e)
+        peak = max(peak, eng.counters.instances + eng.counters.negation_events + eng.counters.held)
+    assert peak < 200  # ~ (W + K + slack) events alive at a time, not 50 000
+    assert eng.counters.too_late == 0
+    assert eng.counters.purged_instances > 30_000
+    assert len(eng._partitions) < 200  # empty partitions are dropped
+    eng.end_of_stream()
+    assert eng.counters.instances == 0 and not eng._partitions
+
+
+def test_no_k_and_no_punctuation_keeps_everything() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 3"))
+    feed(eng, *[E("A", i) for i in range(100)])
+    assert eng.counters.instances == 100 and eng.low_watermark is None
+
+
+def test_outputs_are_json_able() -> None:
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"), EngineConfig(k_slack_us=0))
+    (out,) = feed(eng, SaseEvent("A", 1, {"p": 1.5}, "src|1"), SaseEvent("B", 2, {}, "src|2"))
+    doc = json.loads(json.dumps(out.to_dict()))
+    assert doc == {
+        "kind": "match",
+        "events": [
+            {"event_type": "A", "ts": 1, "attrs": {"p": 1.5}, "event_id": "src|1"},
+            {"event_type": "B", "ts": 2, "attrs": {}, "event_id": "src|2"},
+        ],
+        "emitted_at": 2,
+    }
+    assert SaseEvent.from_dict(doc["events"][0]) == out.events[0]
+
+
+def test_snapshot_guards() -> None:
+    q = parse_query("EVENT SEQ(A a, B b) WITHIN 10")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=2))
+    feed(eng, SaseEvent("A", 1, {"when": object()}))
+    with pytest.raises(SaseError, match="not serialisable"):
+        eng.snapshot()
+    ok = SequenceEngine(q, EngineConfig(k_slack_us=2))
+    feed(ok, E("A", 1))
+    blob = ok.snapshot()
+    with pytest.raises(SaseError, match="different query"):
+        SequenceEngine.restore(parse_query("EVENT SEQ(A a, B b) WITHIN 11"), None, blob)
+    with pytest.raises(SaseError, match="not an engine snapshot"):
+        SequenceEngine.restore(q, None, b"\x01\x02garbage")
+    restored = SequenceEngine.restore(q, EngineConfig(k_slack_us=2), blob)
+    assert ts_of(feed(restored, E("B", 2))) == [(1, 2)]
+
+
+def test_snapshot_keeps_rip_pointers_and_tuple_keys() -> None:
+    q = parse_query("EVENT SEQ(A a, B b, D d) WHERE [k] WITHIN 20")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=20))
+    feed(eng, E("A", 3, k="x"), E("B", 6, k="x"), E("D", 10, k="x"), E("B", 8, k="x"), E("A", 1, k=7))
+    r = SequenceEngine.restore(q, EngineConfig(k_slack_us=20), eng.snapshot())
+    ais = r.partition("x")
+    assert ais is not None
+    d10 = ais.instances(2)[0]
+    assert d10.rip is not None and d10.rip.ts == 8 and d10.rip.rip is not None and d10.rip.rip.ts == 3
+    assert r.partition(7) is not None
+
+
+def test_in_order_baseline_agrees_on_in_order_input() -> None:
+    rng = random.Random(3)
+    types = ["A", "B", "C", "D"]
+    stream = [SaseEvent(rng.choice(types), i // 2, {}, f"e{i}") for i in range(400)]
+    base = InOrderSequenceEngine(types, 12)
+    got = sorted(tuple(e.event_id for e in m) for e in stream for m in base.on_event(e))
+    q = parse_query("EVENT SEQ(A a, B b, C c, D d) WITHIN 12")
+    want = sorted(tuple(e.event_id for e in m) for m in reference_matches(q, stream))
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=0))
+    mine = sorted(tuple(e.event_id for e in o.events) for o in feed(eng, *stream))
+    assert got == want == mine
+    assert len(want) > 50
+
+
+def test_next_timer_and_idle() -> None:
+    """A streaming shell may sleep until ``next_timer_us``: the held match is released exactly there, and
+    following the timers drains the engine to idle."""
+    q = parse_query("EVENT SEQ(A a, !(C c), B b) WHERE [id] WITHIN 10")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=None, purge_lag=0))
+    feed(eng, E("A", 1, id=1), E("B", 5, id=1), E("A", 30, id=2))
+    assert eng.next_timer_us() == 5
+    assert eng.on_punctuation(4) == []
+    assert ts_of(eng.on_punctuation(5)) == [(1, 5)]
+    steps = 0
+    while not eng.is_idle():
+        due = eng.next_timer_us()
+        assert due is not None and steps < 10
+        assert eng.on_punctuation(due) == []
+        steps += 1
+    assert eng.counters.instances == 0 and eng.next_timer_us() is None
