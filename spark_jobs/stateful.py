@@ -168,11 +168,17 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
     """Results to `skewless.results.<job>` (and the console); returns the started query."""
 
     def write_batch(batch: Any, batch_id: int) -> None:
-        if console:
-            for row in batch.collect():
-                print(f"[{job} batch {batch_id}] {row['value']}", flush=True)
-        (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
-         .option("topic", output_topic).save())
+        if not console:
+            (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+             .option("topic", output_topic).save())
+            return
+        # Two actions on one micro-batch would run the stateful operator twice: collect once, write what was seen.
+        rows = batch.collect()
+        for row in rows:
+            print(f"[{job} batch {batch_id}] {row['value']}", flush=True)
+        if rows:
+            (batch.sparkSession.createDataFrame(rows, OUTPUT_SCHEMA).write.format("kafka")
+             .option("kafka.bootstrap.servers", bootstrap_servers).option("topic", output_topic).save())
 
     writer = (results.writeStream.outputMode("append").foreachBatch(write_batch).queryName(job)
               .option("checkpointLocation", checkpoint_dir))

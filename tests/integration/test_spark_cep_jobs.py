@@ -90,7 +90,7 @@ PATTERN_TRACE = [("a", "kick", 1000), ("a", "goal", 1044), ("b", "kick", 2000), 
                  ("e", "kick", 5000), ("e", "goal", 7500)]
 
 
-def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_prefix, tmp_path):
+def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_prefix, tmp_path, capsys):
     topics = TopicNames(topic_prefix)
     records = [event_record("match", f"cam-{team}", i, BASE_US + ms * MS, 5 * MS, {"team": team, "kind": kind})
                for i, (team, kind, ms) in enumerate(PATTERN_TRACE)]
@@ -99,7 +99,7 @@ def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix, streams=("match",),
         pattern="SEQ(kick: kind == 'kick', goal: kind == 'goal') PARTITION BY team WITHIN 2 s MODE thesis",
-        ta_us=10 * MS, checkpoint_dir=str(tmp_path / "ckpt"), console=False, processing_time="500 milliseconds"))
+        ta_us=10 * MS, checkpoint_dir=str(tmp_path / "ckpt"), console=True, processing_time="500 milliseconds"))
     try:
         wait_for_results(kafka.bootstrap_servers, topics.results("pattern"), lambda rs: len(rs) >= 3, query)
         query.processAllAvailable()
@@ -112,6 +112,9 @@ def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_
     for r in results:
         assert [e["payload"]["kind"] for e in r["events"]] == ["kick", "goal"]
         assert r["tolerances_us"] == [10 * MS]
+    # The console shows exactly what went to Kafka (one execution of the micro-batch for both).
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[pattern batch")]
+    assert sorted(orjson.loads(line.split("] ", 1)[1])["partition"] for line in printed) == ["a", "b", "c"]
 
 
 def test_thesis_t_a_is_the_max_rtt_over_each_sources_latest_clock_record(kafka, topic_prefix):
