@@ -48,14 +48,29 @@ def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run_group(core: GroupCore, batches: Iterator[list[dict[str, Any]]], watermark_us: int | None,
               timed_out: bool) -> list[tuple[str, dict[str, Any]]]:
-    """One invocation for one group: the Spark-free heart of the shell (unit-tested without Spark)."""
+    """One invocation for one group: the Spark-free heart of the shell (unit-tested without Spark).
+
+    Punctuation rows in the group's own batch (three_window groups by stream, so it receives its stream's
+    punctuations) advance the core right away: the gateway's promise holds for everything after it in the topic,
+    and waiting for Spark's watermark would cost one more micro-batch."""
     outputs: list[tuple[str, dict[str, Any]]] = []
+    punctuation_us: int | None = None
     if not timed_out:
         for rows in batches:
             outputs.extend(core.on_rows(sort_rows([r for r in rows if r.get("kind") == "event"])))
+            punctuation_us = _later(punctuation_us, max(
+                (int(r["watermark_us"]) for r in rows
+                 if r.get("kind") == "punctuation" and r.get("watermark_us") is not None), default=None))
+    watermark_us = _later(watermark_us, punctuation_us)
     if watermark_us is not None:
         outputs.extend(core.on_watermark(watermark_us))
     return outputs
+
+
+def _later(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
 
 
 def event_frame(frame: Any) -> Any:
@@ -86,6 +101,9 @@ def make_group_function(factory: CoreFactory) -> Callable[..., Iterator[Any]]:
             if not state.hasTimedOut:
                 for frame in frames:
                     outputs.extend(on_frame(event_frame(frame)))
+                    promised = frame.loc[frame["kind"] == "punctuation", "watermark_us"].dropna()
+                    if len(promised):
+                        watermark_us = _later(watermark_us, int(promised.max()))
             if watermark_us is not None:
                 outputs.extend(core.on_watermark(watermark_us))
         else:
@@ -137,14 +155,16 @@ def read_ordered_stream(spark: Any, bootstrap_servers: str, topics: Sequence[str
 
 
 def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory,
-                extra_columns: Mapping[str, Any] | None = None) -> Any:
-    """Group the watermarked stream by `key_column` (punctuations get their own inert group) and run the cores;
-    `extra_columns` (name -> Spark column) are computed in the JVM and handed to the cores too."""
+                extra_columns: Mapping[str, Any] | None = None, punctuation_key: Any | None = None) -> Any:
+    """Group the watermarked stream by `key_column` and run the cores. Punctuations go to `punctuation_key`'s
+    group (a job grouped by stream passes the stream, so its cores see them at once) or to an inert group of their
+    own; `extra_columns` (name -> Spark column) are computed in the JVM and handed to the cores too."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
+    punctuation_group = F.lit(PUNCTUATION_KEY) if punctuation_key is None else punctuation_key
     keyed = ordered.withColumn(
-        "group_key", F.when(F.col("kind") == "punctuation", F.lit(PUNCTUATION_KEY)).otherwise(key_column))
+        "group_key", F.when(F.col("kind") == "punctuation", punctuation_group).otherwise(key_column))
     # Events without a key (the partition attribute missing) still get a group so they are reported, not lost.
     keyed = keyed.withColumn("group_key", F.coalesce(F.col("group_key"), F.lit("")))
     extras = [column.alias(name) for name, column in (extra_columns or {}).items()]

@@ -156,7 +156,7 @@ def start(spark: Any, options: ThreeWindowOptions) -> Any:
                                   options.watermark_delay)
     # The aggregated field is extracted in the JVM (a double, null when absent or not a number).
     value = F.get_json_object(F.col("payload"), f"$.{options.value_field}").cast("double")
-    results = apply_cores(ordered, F.col("stream"), factory, {"value": value})
+    results = apply_cores(ordered, F.col("stream"), factory, {"value": value}, punctuation_key=F.col("stream"))
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-three-window-")
     return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
                          output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,

@@ -56,3 +56,14 @@ def test_without_a_watermark_nothing_is_released() -> None:
 def test_sort_rows_tolerates_missing_fields() -> None:
     assert sort_rows([{"offset": 2}, {"ref_ts_us": None, "offset": 1}]) == [{"ref_ts_us": None, "offset": 1},
                                                                            {"offset": 2}]
+
+
+def test_a_punctuation_in_the_groups_own_batch_advances_the_core_at_once() -> None:
+    core = RecordingCore()
+    punctuation = {"kind": "punctuation", "watermark_us": 40, "partition": 0, "offset": 4}
+    outputs = run_group(core, iter([[event(0, 10, 1), punctuation]]), watermark_us=25, timed_out=False)
+    assert outputs == [("rows", {"seqs": [0]}), ("wm", {"watermark_us": 40})]
+    # Spark's watermark wins when it is the later one; a timed-out group has no rows to read promises from.
+    assert run_group(RecordingCore(), iter([[punctuation]]), watermark_us=90, timed_out=False)[-1] == (
+        "wm", {"watermark_us": 90})
+    assert run_group(RecordingCore(), iter([]), watermark_us=None, timed_out=True) == []
