@@ -128,7 +128,7 @@ def start_gateway(bootstrap: str, prefix: str) -> tuple[subprocess.Popen[str], i
 async def paced_sources(port: int, sources: int, rate: float, seconds: float) -> dict[tuple[str, int], int]:
     from clients.client import SkewlessClient
 
-    sent_us: dict[tuple[str, int], int] = {}
+    sent_us: dict[tuple[str, int], int] = {}  # (source_id, seq) -> wall time sent
     clients = [SkewlessClient("127.0.0.1", port, f"sensor-{s}", ["lat"], batch_events=10, linger_s=0.002,
                               heartbeat_interval_s=0.1) for s in range(sources)]
     await asyncio.gather(*(c.connect() for c in clients))
@@ -182,7 +182,12 @@ def latency(spark: Any, bootstrap: str, sources: int, rate: float, seconds: floa
         processing_time="250 milliseconds"))
     try:
         time.sleep(15)  # first batches compile and start the Python workers
-        sent = asyncio.run(paced_sources(port, sources, rate, seconds))
+        # The sources run in their own process: in this one they would compete with the Spark driver's Python
+        # callbacks (foreachBatch) for the GIL and slow every micro-batch down.
+        sent_file = Path(tempfile.mkdtemp()) / "sent.json"
+        subprocess.run([sys.executable, __file__, "--sources-only", str(port), str(sources), str(rate), str(seconds),
+                        str(sent_file)], check=True)
+        sent = {tuple(k.split("|", 1)): v for k, v in orjson.loads(sent_file.read_bytes()).items()}
         time.sleep(5)
     finally:
         query.stop()
@@ -268,10 +273,20 @@ each a few hundred ms of micro-batch overhead on this machine.
     (DOCS / "spark-benchmark.md").write_text(text)
 
 
+def sources_only(argv: list[str]) -> None:
+    port, sources, rate, seconds, out = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3]), Path(argv[4])
+    sent = asyncio.run(paced_sources(port, sources, rate, seconds))
+    out.write_bytes(orjson.dumps({f"{source}|{seq}": us for (source, seq), us in sent.items()}))
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--sources-only":
+        sources_only(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--latency-only", action="store_true", help="skip throughput; print, do not write docs")
     args = parser.parse_args()
     from spark_jobs.session import create_spark_session, stop_spark
 
@@ -280,12 +295,14 @@ def main() -> None:
     state = broker.start()
     spark = create_spark_session("bench-three-window")
     try:
-        tp = throughput(spark, state.bootstrap_servers, args.events)
+        tp = {} if args.latency_only else throughput(spark, state.bootstrap_servers, args.events)
         lat = latency(spark, state.bootstrap_servers, sources=4, rate=200.0, seconds=args.latency_seconds)
     finally:
         stop_spark(spark)
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
+    if args.latency_only:
+        return
     write_report(tp, lat, args.events)
     print(f"wrote {DOCS / 'spark-benchmark.md'}")
 

@@ -155,10 +155,12 @@ def read_ordered_stream(spark: Any, bootstrap_servers: str, topics: Sequence[str
 
 
 def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory,
-                extra_columns: Mapping[str, Any] | None = None, punctuation_key: Any | None = None) -> Any:
+                extra_columns: Mapping[str, Any] | None = None, punctuation_key: Any | None = None,
+                input_columns: Sequence[str] = INPUT_COLUMNS) -> Any:
     """Group the watermarked stream by `key_column` and run the cores. Punctuations go to `punctuation_key`'s
     group (a job grouped by stream passes the stream, so its cores see them at once) or to an inert group of their
-    own; `extra_columns` (name -> Spark column) are computed in the JVM and handed to the cores too."""
+    own; `extra_columns` (name -> Spark column) are computed in the JVM and handed to the cores too, and a job that
+    does not need every contract column can ship fewer (`input_columns`) to Python."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -169,7 +171,7 @@ def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory,
     keyed = keyed.withColumn("group_key", F.coalesce(F.col("group_key"), F.lit("")))
     extras = [column.alias(name) for name, column in (extra_columns or {}).items()]
     return (
-        keyed.select("group_key", "event_time", *INPUT_COLUMNS, *extras)
+        keyed.select("group_key", "event_time", *input_columns, *extras)
         .groupBy("group_key")
         .applyInPandasWithState(make_group_function(factory), OUTPUT_SCHEMA, STATE_SCHEMA, "append",
                                 GroupStateTimeout.EventTimeTimeout)

@@ -22,6 +22,7 @@ from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, Wind
 from skewless.kafka_admin import ensure_topics
 from skewless.topics import TopicNames
 from spark_jobs.stateful import (
+    INPUT_COLUMNS,
     apply_cores,
     decode_payload,
     read_ordered_stream,
@@ -156,7 +157,11 @@ def start(spark: Any, options: ThreeWindowOptions) -> Any:
                                   options.watermark_delay)
     # The aggregated field is extracted in the JVM (a double, null when absent or not a number).
     value = F.get_json_object(F.col("payload"), f"$.{options.value_field}").cast("double")
-    results = apply_cores(ordered, F.col("stream"), factory, {"value": value}, punctuation_key=F.col("stream"))
+    # The payload stays in the JVM: the aggregator only needs times, uncertainty, the value and (for late
+    # records) the event's identity.
+    columns = [c for c in INPUT_COLUMNS if c != "payload"]
+    results = apply_cores(ordered, F.col("stream"), factory, {"value": value}, punctuation_key=F.col("stream"),
+                          input_columns=columns)
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-three-window-")
     return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
                          output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,
