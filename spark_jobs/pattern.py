@@ -7,21 +7,13 @@ the matched events and the gaps that decided it; key `<stream>|<partition value>
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
-from skewless.kafka_admin import ensure_topics
 from skewless.topics import TopicNames
-from spark_jobs.stateful import (
-    apply_cores,
-    decode_payload,
-    read_ordered_stream,
-    stream_topics,
-    write_results,
-)
+from spark_jobs.stateful import decode_payload, start_core_job
 from spark_jobs.three_window import latest_ta_us
 
 JOB_NAME = "pattern"
@@ -100,22 +92,14 @@ def partition_column(spec: PatternSpec) -> Any:
 
 
 def start(spark: Any, options: PatternOptions) -> Any:
+    """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     spec = PatternSpec.parse(options.pattern)
-    topics = TopicNames(options.topic_prefix)
-    output_topic = topics.results(JOB_NAME)
-    ensure_topics(options.bootstrap_servers, [output_topic])
     ta_us = options.ta_us
     if spec.mode == "thesis" and ta_us is None:
-        ta_us = latest_ta_us(options.bootstrap_servers, topics.sources)
+        ta_us = latest_ta_us(options.bootstrap_servers, TopicNames(options.topic_prefix).sources)
     ta = ta_us or 0
 
     def factory(key: tuple[Any, ...], blob: bytes | None) -> PatternCore:
         return PatternCore(str(key[0]), spec, ta, blob)
 
-    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
-                                  options.watermark_delay)
-    results = apply_cores(ordered, partition_column(spec), factory)
-    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-pattern-")
-    return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
-                         output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,
-                         available_now=options.available_now, processing_time=options.processing_time)
+    return start_core_job(spark, JOB_NAME, options, lambda: partition_column(spec), factory)

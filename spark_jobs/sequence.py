@@ -12,21 +12,12 @@ An event's type is the payload field named by `--type-field` (default `type`); i
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.sase import EngineConfig, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
-from skewless.kafka_admin import ensure_topics
-from skewless.topics import TopicNames
-from spark_jobs.stateful import (
-    apply_cores,
-    decode_payload,
-    read_ordered_stream,
-    stream_topics,
-    write_results,
-)
+from spark_jobs.stateful import decode_payload, start_core_job
 
 JOB_NAME = "sequence"
 
@@ -122,19 +113,11 @@ def partition_column(query: Query, type_field: str) -> Any:
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:
+    """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     query = parse_query(options.query)
     config = EngineConfig(k_slack_us=options.k_slack_us, mode=options.mode)
-    topics = TopicNames(options.topic_prefix)
-    output_topic = topics.results(JOB_NAME)
-    ensure_topics(options.bootstrap_servers, [output_topic])
 
     def factory(key: tuple[Any, ...], blob: bytes | None) -> SequenceCore:
         return SequenceCore(str(key[0]), query, config, options.type_field, blob)
 
-    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
-                                  options.watermark_delay)
-    results = apply_cores(ordered, partition_column(query, options.type_field), factory)
-    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-sequence-")
-    return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
-                         output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,
-                         available_now=options.available_now, processing_time=options.processing_time)
+    return start_core_job(spark, JOB_NAME, options, lambda: partition_column(query, options.type_field), factory)

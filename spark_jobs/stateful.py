@@ -41,6 +41,27 @@ class GroupCore(Protocol):
 CoreFactory = Callable[[tuple[Any, ...], bytes | None], GroupCore]
 
 
+class CoreJobOptions(Protocol):
+    """The options every core job shares (each job's options dataclass has these fields)."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+    @property
+    def topic_prefix(self) -> str: ...
+    @property
+    def streams(self) -> tuple[str, ...]: ...
+    @property
+    def watermark_delay(self) -> str: ...
+    @property
+    def checkpoint_dir(self) -> str | None: ...
+    @property
+    def available_now(self) -> bool: ...
+    @property
+    def processing_time(self) -> str: ...
+    @property
+    def console(self) -> bool: ...
+
+
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Reference-time order; ties keep the gateway's release order (the Kafka offset)."""
     return sorted(rows, key=lambda r: (r.get("ref_ts_us") or 0, r.get("partition") or 0, r.get("offset") or 0))
@@ -206,6 +227,27 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
               .option("checkpointLocation", checkpoint_dir))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time)
     return writer.start()
+
+
+def start_core_job(spark: Any, job: str, options: CoreJobOptions, key_column: Callable[[], Any],
+                   factory: CoreFactory, **apply_options: Any) -> Any:
+    """Read the ordered stream(s), run one core per group, write `skewless.results.<job>`; returns the query.
+    `key_column` builds the grouping column (called once Spark is up); `apply_options` go to `apply_cores`."""
+    import tempfile
+
+    from skewless.kafka_admin import ensure_topics
+    from skewless.topics import TopicNames
+
+    topics = TopicNames(options.topic_prefix)
+    output_topic = topics.results(job)
+    ensure_topics(options.bootstrap_servers, [output_topic])
+    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
+                                  options.watermark_delay)
+    results = apply_cores(ordered, key_column(), factory, **apply_options)
+    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"skewless-{job.replace('_', '-')}-")
+    return write_results(results, job=job, bootstrap_servers=options.bootstrap_servers, output_topic=output_topic,
+                         checkpoint_dir=checkpoint, console=options.console, available_now=options.available_now,
+                         processing_time=options.processing_time)
 
 
 def decode_payload(payload: str | None) -> dict[str, Any]:

@@ -13,22 +13,13 @@ of every source, Eq. 3.16), as the thesis fixes it per query; per-event mode fol
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
-from skewless.kafka_admin import ensure_topics
 from skewless.topics import TopicNames
-from spark_jobs.stateful import (
-    INPUT_COLUMNS,
-    apply_cores,
-    decode_payload,
-    read_ordered_stream,
-    stream_topics,
-    write_results,
-)
+from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
 
@@ -142,27 +133,17 @@ def start(spark: Any, options: ThreeWindowOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     from pyspark.sql import functions as F
 
-    topics = TopicNames(options.topic_prefix)
-    output_topic = topics.results(JOB_NAME)
-    ensure_topics(options.bootstrap_servers, [output_topic])
     ta_us = options.ta_us
     if options.shift_mode == "thesis" and ta_us is None:
-        ta_us = latest_ta_us(options.bootstrap_servers, topics.sources)
+        ta_us = latest_ta_us(options.bootstrap_servers, TopicNames(options.topic_prefix).sources)
     ta = ta_us or 0
 
     def factory(key: tuple[Any, ...], blob: bytes | None) -> ThreeWindowCore:
         return ThreeWindowCore(str(key[0]), options, ta, blob)
 
-    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
-                                  options.watermark_delay)
-    # The aggregated field is extracted in the JVM (a double, null when absent or not a number).
+    # The aggregated field is extracted in the JVM (a double, null when absent or not a number); the payload
+    # itself stays there: the aggregator needs times, uncertainty, the value and (for late records) identities.
     value = F.get_json_object(F.col("payload"), f"$.{options.value_field}").cast("double")
-    # The payload stays in the JVM: the aggregator only needs times, uncertainty, the value and (for late
-    # records) the event's identity.
-    columns = [c for c in INPUT_COLUMNS if c != "payload"]
-    results = apply_cores(ordered, F.col("stream"), factory, {"value": value}, punctuation_key=F.col("stream"),
-                          input_columns=columns)
-    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-three-window-")
-    return write_results(results, job=JOB_NAME, bootstrap_servers=options.bootstrap_servers,
-                         output_topic=output_topic, checkpoint_dir=checkpoint, console=options.console,
-                         available_now=options.available_now, processing_time=options.processing_time)
+    return start_core_job(spark, JOB_NAME, options, lambda: F.col("stream"), factory, extra_columns={"value": value},
+                          punctuation_key=F.col("stream"),
+                          input_columns=[c for c in INPUT_COLUMNS if c != "payload"])
