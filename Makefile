@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup demo test test-unit test-integration lint bench clean
+.PHONY: help setup demo test test-unit test-integration lint bench reliability clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ lint: $(STAMP) ## ruff + mypy (strict) + hadolint
 
 bench: setup ## run every benchmark; figures and plots land in docs/
 	for b in benchmarks/*.py; do case $$b in */__init__.py) ;; *) $(BIN)/python $$b || exit 1;; esac; done
+
+reliability: setup ## the reliability campaign (fast + long suites, load run); regenerates docs/reliability.md
+	$(BIN)/python scripts/reliability.py
 
 clean: ## remove the venv and fetched jars
 	rm -rf $(VENV) .cache

@@ -46,7 +46,17 @@ def static_token(token: str) -> TokenProvider:
 
 
 def hmac_provider(secret: bytes, source_id: str, ts_us: Callable[[], int]) -> TokenProvider:
-    """A provider that signs ``ts_us()`` (read at each connection attempt)."""
+    """A provider that signs ``ts_us()`` (read at each connection attempt).
+
+    The gateway accepts each token once (a replayed hello is refused), so two connection attempts within the same
+    microsecond (a pool reconnecting at once) get strictly increasing timestamps."""
     if not secret:
         raise ValueError("the HMAC secret must not be empty")
-    return lambda: hmac_token(secret, source_id, ts_us())
+    last = [-1]
+
+    def provide() -> str:
+        ts = max(ts_us(), last[0] + 1)
+        last[0] = ts
+        return hmac_token(secret, source_id, ts)
+
+    return provide

@@ -55,6 +55,26 @@ DEFAULT_LINGER_S = 0.002
 _READ_CHUNK = 65536
 
 
+def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
+    """Write unless the connection is already gone; False then.
+
+    asyncio's own loop drops a write to a closed transport with a log line, uvloop raises RuntimeError ("the handler
+    is closed"): without this, a connection lost under uvloop killed the sender task and failed the whole client
+    instead of reconnecting."""
+    if writer.transport.is_closing():
+        return False
+    try:
+        writer.write(data)
+    except (ConnectionError, OSError, RuntimeError):
+        return False
+    return True
+
+
+def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
+    if not _write(writer, data):
+        raise ConnectionError("the connection closed before the write")
+
+
 class GatewayRejected(Exception):
     """The gateway sent a fatal error frame (refused hello, bad credentials, a protocol error)."""
 
@@ -362,8 +382,8 @@ class SkewlessClient:
         for slot in self._slots:
             if slot.writer is not None and self._scheduler.is_up(slot.index):
                 with contextlib.suppress(ConnectionError, OSError):
-                    slot.writer.write(encode_frame({"type": "bye"}))
-                    await slot.writer.drain()
+                    if _write(slot.writer, encode_frame({"type": "bye"})):
+                        await slot.writer.drain()
         await self._teardown()
         if self._room is not None:
             self._room.set()
@@ -519,9 +539,10 @@ class SkewlessClient:
             if self._spool is not None:
                 self._spool.flush()  # on disk before the gateway can have seen them
             for chunk, frame in frames:
-                writer.write(frame)
-                self.stats.frames_sent += 1
-                self.stats.events_sent += len(chunk)
+                # If the connection is gone, its supervisor requeues what was marked sent on it.
+                if _write(writer, frame):
+                    self.stats.frames_sent += 1
+                    self.stats.events_sent += len(chunk)
             resent = sum(1 for e in events if e.resend)
             self.stats.events_resent += resent
             self._store.mark_sent(events, index)
@@ -548,8 +569,7 @@ class SkewlessClient:
                               "next_seq": heartbeat_next_seq(self._seqs, self._store)})
         for index in due:
             writer = self._slots[index].writer
-            if writer is not None:
-                writer.write(frame)
+            if writer is not None and _write(writer, frame):
                 self.stats.heartbeats_sent += 1
             self._idle.wrote(index, now)
 
@@ -571,7 +591,7 @@ class SkewlessClient:
                 server_hostname=self.server_hostname if self.ssl is not None else None)
             decoder = FrameDecoder(DEFAULT_MAX_FRAME_BYTES)
             try:
-                writer.write(encode_frame(self._hello()))
+                _write_or_raise(writer, encode_frame(self._hello()))
                 messages = await _read_first_frames(reader, decoder)
             except BaseException:
                 writer.close()

@@ -3,14 +3,17 @@
 Two credential kinds, checked in this order:
 - a static token per source (`tokens`: source_id -> token), compared in constant time;
 - an HMAC token `"<ts_us>:<hex>"` with hex = HMAC-SHA256(secret, "<source_id>:<ts_us>"), accepted when ts_us is
-  within `max_skew_us` of the gateway clock, so a captured hello cannot be replayed for long.
+  within `max_skew_us` of the gateway clock and used for the first time: a captured hello cannot be replayed (each
+accepted HMAC token is remembered until it is too old to pass the clock check anyway).
 With neither configured every source is accepted (development mode); `allowed_sources` restricts ids either way.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -32,12 +35,40 @@ def hmac_token(secret: bytes, source_id: str, ts_us: int) -> str:
     return f"{ts_us}:{digest}"
 
 
+class ReplayGuard:
+    """HMAC tokens already accepted, each kept until its timestamp leaves the accepted window.
+
+    Only tokens whose MAC verified are stored, so the memory is bounded by the legitimate connection rate times the
+    window, never by what an attacker sends."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, int]] = set()
+        self._expiry: list[tuple[int, str]] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first_use(self, source_id: str, ts_us: int, now_us: int, window_us: int) -> bool:
+        with self._lock:
+            while self._expiry and self._expiry[0][0] < now_us - window_us:
+                old_ts, old_source = heapq.heappop(self._expiry)
+                self._seen.discard((old_source, old_ts))
+            key = (source_id, ts_us)
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            heapq.heappush(self._expiry, (ts_us, source_id))
+            return True
+
+
 @dataclass(frozen=True)
 class SourceAuthenticator:
     tokens: Mapping[str, str] = field(default_factory=dict)
     hmac_secret: bytes | None = None
     allowed_sources: Collection[str] | None = None
     max_skew_us: int = DEFAULT_HMAC_MAX_SKEW_US
+    replay_guard: ReplayGuard = field(default_factory=ReplayGuard, compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -71,3 +102,5 @@ class SourceAuthenticator:
         assert self.hmac_secret is not None
         if not hmac.compare_digest(token.encode(), hmac_token(self.hmac_secret, source_id, ts_us).encode()):
             raise AuthenticationFailed(f"source {source_id!r}: wrong HMAC")
+        if not self.replay_guard.first_use(source_id, ts_us, now_us, self.max_skew_us):
+            raise AuthenticationFailed(f"source {source_id!r}: HMAC token already used (replayed hello)")

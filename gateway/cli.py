@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import resource
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -52,6 +54,7 @@ def gateway(
         "clock_offset_us": clock_offset_us, "max_future_s": max_future_s,
     })
     config = build_config(settings)
+    _raise_fd_limit()
     try:
         import uvloop
 
@@ -60,6 +63,16 @@ def gateway(
         runner = asyncio.Runner()
     with runner:
         runner.run(_serve(config))
+
+
+def _raise_fd_limit() -> None:
+    """One descriptor per connection: raise the soft RLIMIT_NOFILE to the hard limit (often 1024 -> 10^5+)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            logging.getLogger(__name__).warning("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, hard, exc)
 
 
 async def _serve(config: GatewayConfig) -> None:

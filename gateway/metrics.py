@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any, Protocol
@@ -66,14 +67,23 @@ def make_registry(source: CounterSource) -> CollectorRegistry:
 
 
 class MetricsServer:
-    """Minimal HTTP/1.0 server: GET /metrics (Prometheus text) and GET /healthz (JSON, 503 when unhealthy)."""
+    """Minimal HTTP/1.0 server: GET /metrics (Prometheus text) and GET /healthz (JSON, 503 when unhealthy).
+
+    It runs its own event loop on a daemon thread: under 10,000 busy connections one iteration of the gateway's loop
+    can take hundreds of milliseconds, and a health probe needing several iterations there took seconds. Here it
+    only waits for the GIL (released every few milliseconds). The gateway's state is read from this thread; the
+    few Python-level iterations that could see a dict change size are retried.
+    """
 
     MAX_REQUEST_BYTES = 8192
+    RETRIES = 5
 
     def __init__(self, registry: CollectorRegistry, health: Callable[[], dict[str, Any]]) -> None:
         self._registry = registry
         self._health = health
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -81,12 +91,36 @@ class MetricsServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="skewless-metrics", daemon=True)
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, host, port), loop)
+        self._server = await asyncio.wrap_future(started)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+
+        async def close() -> None:
+            server.close()
+            await server.wait_closed()
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(close(), loop))
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5)
+        loop.close()
+        self._loop = None
+
+    def _read_state(self, read: Callable[[], Any]) -> Any:
+        for _ in range(self.RETRIES - 1):
+            try:
+                return read()
+            except RuntimeError:  # "dictionary changed size during iteration": the gateway's thread moved on
+                continue
+        return read()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -98,9 +132,10 @@ class MetricsServer:
         parts = request.split(b"\r\n", 1)[0].split()
         path = parts[1].decode(errors="replace") if len(parts) >= 2 else ""
         if path == "/metrics":
-            status, ctype, body = "200 OK", "text/plain; version=0.0.4", generate_latest(self._registry)
+            body = self._read_state(lambda: generate_latest(self._registry))
+            status, ctype = "200 OK", "text/plain; version=0.0.4"
         elif path == "/healthz":
-            health = self._health()
+            health = self._read_state(self._health)
             status = "200 OK" if health.get("status") == "ok" else "503 Service Unavailable"
             ctype, body = "application/json", orjson.dumps(health)
         else:

@@ -34,6 +34,10 @@ DEFAULT_MAX_FUTURE_US = 60_000_000
 # reconnect backoff tops out at 5 s): all of them share this one deadline, so sources that never come back cost
 # one wait in total, not one each.
 DEFAULT_RECONNECT_GRACE_US = 5_000_000
+# How long the merge waits for a source that said hello but has sent neither an event nor a heartbeat since. All
+# sources that join around the same time share about the same deadline: a crowd of silent newcomers (a slowloris or
+# hello flood on an open gateway) costs one wait in total, not one adaptive wait each, one after the other.
+DEFAULT_JOIN_GRACE_US = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class PipelineConfig:
     merger: MergerConfig = field(default_factory=MergerConfig)
     max_future_us: int = DEFAULT_MAX_FUTURE_US
     reconnect_grace_us: int = DEFAULT_RECONNECT_GRACE_US
+    join_grace_us: int = DEFAULT_JOIN_GRACE_US
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +82,8 @@ class _StreamPipeline:
         self.config = config
         self.stream = stream
         self.merger = MultiSourceMerger(stream, clock, config.merger, timeout_for=self._merge_wait)
-        # Sources recovered after a restart that have not reconnected yet: the merge waits for them until then.
+        # Sources recovered after a restart that have not reconnected yet, and sources that said hello but have not
+        # sent anything since: the merge waits for them until then (a shared deadline, not one wait each).
         self.expected_until: dict[str, int] = {}
 
     def _merge_wait(self, source_id: str, now_us: int) -> int:
@@ -136,7 +142,7 @@ class IngestPipeline:
         out: list[PipelineOutput] = []
         for stream in streams:
             pipeline = self._stream(stream)
-            pipeline.expected_until.pop(source_id, None)
+            pipeline.expected_until[source_id] = now_us + self.config.join_grace_us
             pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
             self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
         return out
@@ -145,6 +151,8 @@ class IngestPipeline:
 
     def push(self, source_id: str, event: IncomingEvent, arrival_us: int) -> list[PipelineOutput]:
         pipeline = self._stream(event.stream)
+        if pipeline.expected_until:
+            pipeline.expected_until.pop(source_id, None)  # it spoke: its own adaptive waits apply from now on
         reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, event.stream), 0))
         source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
         out: list[PipelineOutput] = []
@@ -157,6 +165,8 @@ class IngestPipeline:
         out: list[PipelineOutput] = []
         for stream, seq in next_seq.items():
             pipeline = self._stream(stream)
+            if pipeline.expected_until:
+                pipeline.expected_until.pop(source_id, None)
             reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
             # Only a source whose every event up to next_seq - 1 has left its reorderer is proven caught up.
             if reorderer.expected_seq >= seq and reorderer.buffered == 0:

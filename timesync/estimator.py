@@ -69,6 +69,13 @@ MIN_REGRESSION_SPAN_US = 1_000_000
 MIN_RUNS_TEST_POINTS = 6
 #: Coverage factor for the slope's standard error (~99.9 % two-sided for a normal variable).
 SKEW_COVERAGE_SIGMAS = 3.3
+#: A new burst whose offset lies this far outside what the current estimate allows (its error bound, which already
+#: covers ``max_skew_ppm`` of drift, plus the burst's own rtt/2) means the source clock was stepped, not that it
+#: drifted: the history before the step is dropped.  128 ms is ntpd's step threshold.
+STEP_THRESHOLD_US = 128_000
+#: A fitted skew beyond this is not a drifting oscillator (quartz: tens of ppm; the SDK refuses to simulate more than
+#: 1000 ppm) but a line across a clock step.
+MAX_PLAUSIBLE_SKEW_PPM = 5_000.0
 
 _US_PER_PPM_S = 1e-6  # 1 ppm over 1 us of elapsed time is 1e-6 us
 
@@ -205,6 +212,8 @@ class ClockEstimator:
     precision_us: int = DEFAULT_PRECISION_US
     sample_count: int = 0
     rejected_count: int = 0
+    step_count: int = 0
+    """Clock steps detected (each one restarted the regression)."""
     _history: deque[FilteredPoint] = field(init=False)
     _burst: _Burst | None = field(init=False, default=None)
     _closed_bursts: int = field(init=False, default=0)
@@ -250,7 +259,17 @@ class ClockEstimator:
         if burst is None:
             return
         self._burst = None
-        self._history.append(self._filter(burst))
+        point = self._filter(burst)
+        before = self.estimate() if self._history else None
+        if before is not None:
+            deviation = abs(point.offset_us - before.offset_at_us(point.ref_us))
+            allowed = before.error_bound_us(point.ref_us) + max(point.rtt_us, 0) / 2 + STEP_THRESHOLD_US
+            if deviation > allowed:
+                # The clock stepped (a manual set, a VM resume, an NTP step): a line through both sides would turn
+                # the step into an absurd skew, so start over from this burst.
+                self._history.clear()
+                self.step_count += 1
+        self._history.append(point)
         self._closed_bursts += 1
 
     def reset(self) -> None:
@@ -322,6 +341,12 @@ class ClockEstimator:
             fit, residuals = self._weighted_line(pts)
             if fit is None:
                 return None
+            if abs(fit.skew_ppm) > MAX_PLAUSIBLE_SKEW_PPM:
+                # No oscillator drifts this fast: the points straddle a step. Trust the newer half.
+                pts = pts[len(pts) // 2 :]
+                if len(pts) < MIN_REGRESSION_POINTS:
+                    return None
+                continue
             if len(pts) <= MIN_RUNS_TEST_POINTS or _runs_ok(residuals):
                 return fit
             # Too few runs of equal residual sign: the oldest points follow a different line.

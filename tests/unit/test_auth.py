@@ -58,3 +58,19 @@ def test_session_refuses_unauthenticated_hello_with_error_frame():
     assert FrameDecoder().feed(frame.data) == [
         {"type": "error", "code": "unauthenticated", "message": "source 's1': wrong token", "fatal": True}]
     assert isinstance(actions[-1], CloseConnection)
+
+
+def test_hmac_token_is_accepted_once_and_forgotten_after_the_window():
+    auth = SourceAuthenticator(hmac_secret=SECRET, max_skew_us=1_000_000)
+    token = hmac_token(SECRET, "s1", NOW_US)
+    auth.check("s1", token, NOW_US)
+    with pytest.raises(AuthenticationFailed, match="already used"):
+        auth.check("s1", token, NOW_US + 10)  # a captured hello, replayed
+    auth.check("s2", hmac_token(SECRET, "s2", NOW_US), NOW_US)  # the same microsecond, another source: fine
+    auth.check("s1", hmac_token(SECRET, "s1", NOW_US + 1), NOW_US + 10)
+    # Once the timestamp is out of the window the clock check refuses it anyway, and the guard forgets it.
+    later = NOW_US + 2_000_001
+    auth.check("s1", hmac_token(SECRET, "s1", later), later)
+    assert len(auth.replay_guard) == 1
+    with pytest.raises(AuthenticationFailed, match="too far"):
+        auth.check("s1", token, later)

@@ -137,3 +137,23 @@ def test_restored_watermark_sends_older_events_to_the_late_topic():
     assert [(o.record.late_reason, o.record.extra["lateness_us"]) for o in out
             if isinstance(o, PublishRecord) and o.topic == "late"] == [("after_punctuation", 1)]
     assert records(pipe.push("a", ev(1, T0 + 100), T0 + 1)) == [("a", 1, T0 + 100)]
+
+
+def test_silent_newcomers_share_one_join_deadline_instead_of_one_wait_each():
+    pipe = IngestPipeline(IdentityClock(), PipelineConfig(join_grace_us=2_000_000))
+    pipe.register("good", ("s",), T0)
+    for k in range(50):  # a crowd that says hello and then nothing
+        pipe.register(f"silent-{k}", ("s",), T0 + k)
+    out = pipe.push("good", ev(0, T0 + 10), T0 + 100)
+    assert records(out) == []  # the merge waits for the newcomers...
+    released: list = []
+    now = T0 + 100
+    while not released:
+        deadline = pipe.next_deadline_us()
+        assert deadline is not None
+        now = max(now, deadline)
+        released = records(pipe.advance(now))
+    # ...for one shared grace, not 50 consecutive waits.
+    assert released == [("good", 0, T0 + 10)]
+    assert now <= T0 + 50 + 2_000_000
+    assert pipe.counters.source_timeouts == 50

@@ -275,3 +275,35 @@ def test_simulated_clock_sign_convention() -> None:
     assert sim.from_realtime_ns(10_000_000_000) == 10_000_000 + 1_000 + 1_000  # 100 ppm of 10 s
     assert abs(SystemClock()() - sim()) > 0
     assert SystemClock().from_realtime_ns(5_999) == 5
+
+
+def _burst(est: ClockEstimator, src: VirtualLink, t_ref_us: float, n: int = 6) -> None:
+    for k in range(n):
+        est.add_sample(src.exchange(t_ref_us + k * 10_000, 200.0, 200.0))
+    est.end_burst()
+
+
+def test_a_clock_step_restarts_the_regression_instead_of_becoming_skew() -> None:
+    rng = random.Random(5)
+    src = VirtualLink(0.0, 20.0, rng)
+    est = ClockEstimator()
+    t = 1_800_000_000_000_000.0
+    for b in range(5):
+        _burst(est, src, t + b * 1_000_000)
+    assert est.step_count == 0
+    src.offset0_us -= 3_600_000_000  # the source clock jumps an hour ahead: the offset drops by an hour
+    _burst(est, src, t + 5 * 1_000_000)
+    estimate = est.estimate()
+    assert estimate is not None
+    assert est.step_count == 1
+    assert abs(estimate.skew_ppm) < 1e-6  # one point after the step: no skew claimed
+    assert abs(estimate.offset_us - src.true_offset_us(t + 5 * 1_000_000)) < 1_000
+    assert estimate.skew_error_ppm == est.max_skew_ppm
+    # A 500 ppm drift is no step.
+    drifting = ClockEstimator()
+    fast = VirtualLink(0.0, 500.0, rng)
+    for b in range(8):
+        _burst(drifting, fast, t + b * 2_000_000)
+    drift_estimate = drifting.estimate()
+    assert drifting.step_count == 0
+    assert drift_estimate is not None and abs(drift_estimate.skew_ppm - 500.0) < 5
