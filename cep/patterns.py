@@ -25,6 +25,7 @@ turn a burst into counted truncations instead of unbounded growth.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -333,6 +334,14 @@ class _Candidate:
         return [self.ts_us, self.width2_us, self.arrival, self.ref]
 
 
+def _ts_of(c: _Candidate) -> int:
+    return c.ts_us
+
+
+def _ts2_of(c: _Candidate) -> int:
+    return 2 * c.ts_us
+
+
 @dataclass(slots=True)
 class _Held:
     release_us: int
@@ -363,6 +372,7 @@ class UncertainPatternMatcher:
         self.watermark_us: int | None = None
         self._arrivals = 0
         self._candidates: list[list[_Candidate]] = [[] for _ in spec.elements]
+        self._max_width2 = 0  # widest interval ever buffered: bounds how far a partner can be
         self._held: list[_Held] = []
         self.counters = _Counters()
 
@@ -415,11 +425,12 @@ class UncertainPatternMatcher:
                     budget -= 1
         for i in positions:
             bucket = self._candidates[i]
-            bucket.append(cand)
+            # Buckets stay sorted by reference time so a new event only visits partners near it.
+            bucket.insert(bisect.bisect_right(bucket, cand.ts_us, key=_ts_of), cand)
+            self._max_width2 = max(self._max_width2, cand.width2_us)
             if len(bucket) > spec.max_candidates:
                 # Drop the oldest by reference time: the one closest to expiring anyway.
-                oldest = min(range(len(bucket)), key=lambda j: bucket[j].ts_us)
-                bucket.pop(oldest)
+                bucket.pop(0)  # sorted: the oldest by reference time
                 self.counters.candidates_dropped += 1
         for m in found:
             self.counters.matches += 1
@@ -454,6 +465,15 @@ class UncertainPatternMatcher:
                     return False
             return True
 
+        # Any partner must fit the window with the fixed event: |2 ts_c - 2 ts| <= 2 W + U + U_c.
+        reach2 = within2 + cand.width2_us + self._max_width2
+
+        def near(pos: int) -> list[_Candidate]:
+            bucket = self._candidates[pos]
+            lo = bisect.bisect_left(bucket, 2 * cand.ts_us - reach2, key=_ts2_of)
+            hi = bisect.bisect_right(bucket, 2 * cand.ts_us + reach2, key=_ts2_of)
+            return bucket[lo:hi]
+
         def rec(pos: int) -> Iterator[list[_Candidate]]:
             if pos == n:
                 yield [c for c in chosen if c is not None]
@@ -461,7 +481,7 @@ class UncertainPatternMatcher:
             if pos == fixed:
                 yield from rec(pos + 1)
                 return
-            for c in self._candidates[pos]:
+            for c in near(pos):
                 if fits(pos, c):
                     chosen[pos] = c
                     yield from rec(pos + 1)
@@ -582,6 +602,7 @@ class UncertainPatternMatcher:
                 rebuilt.append(by_arrival.setdefault(arrival, _Candidate(ts, width2, arrival, ref)))
             buckets.append(rebuilt)
         m._candidates = buckets
+        m._max_width2 = max((c.width2_us for b in buckets for c in b), default=0)
         m._held = [_Held(release, _match_from_dict(d)) for release, d in state["held"]]
         m.counters = _Counters(*state["counters"])
         return m
