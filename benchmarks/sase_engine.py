@@ -367,6 +367,9 @@ def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[st
         "AIS, negation buffer and holding set are created, checked and purged during its short life, and "
         "these short-lived objects keep CPython's cyclic garbage collector busy (measured separately: about "
         "twice the throughput with the collector disabled).",
+        "- Inside Spark local[2] (the `sequence` job reading Kafka, one engine per partition key in "
+        "applyInPandasWithState): see docs/spark-benchmark.md, where it runs next to Spark's own window count on "
+        "the same topics.",
         "",
     ]
     return "\n".join(lines)
