@@ -16,6 +16,9 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from gateway.clock_state import estimate_from_record
+from timesync.estimator import ClockEstimate
+
 PROGRESS_KEY_PREFIX = "progress|"
 
 
@@ -110,3 +113,23 @@ def recover_stream(bootstrap_servers: str, sources_topic: str, events_topic: str
     finally:
         consumer.close()
     return progress
+
+
+def recover_clocks(bootstrap_servers: str, sources_topic: str,
+                   timeout_s: float = 60.0) -> dict[str, tuple[ClockEstimate, int]]:
+    """Every source's latest clock estimate (and its last sync) from the compacted sources topic: a restarted
+    gateway maps a source's timestamps at once instead of treating it as unsynced until its next re-sync."""
+    latest: dict[str, tuple[ClockEstimate, int]] = {}
+    consumer = _consumer(bootstrap_servers)
+    try:
+        for _offset, _key, value in _scan(consumer, sources_topic, 0, timeout_s):
+            try:
+                record = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            parsed = estimate_from_record(record) if isinstance(record, dict) else None
+            if parsed is not None:
+                latest[parsed[0]] = (parsed[1], parsed[2])
+    finally:
+        consumer.close()
+    return latest

@@ -22,7 +22,7 @@ from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.metrics import MetricsServer, make_registry
 from gateway.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
 from gateway.publisher import DeliveryCallback, KafkaPublisher, QueueFull
-from gateway.recovery import StreamProgress, progress_key, recover_stream
+from gateway.recovery import StreamProgress, progress_key, recover_clocks, recover_stream
 from gateway.session import (
     CloseConnection,
     DrainRequested,
@@ -157,6 +157,12 @@ class Gateway:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._ensure_base_topics)
         if self.config.timesync is not None:
+            # Clock state survives a restart: sources map correctly before their next re-sync (their error bounds
+            # have kept growing since their last sync, so the uncertainty stays honest).
+            recovered = await loop.run_in_executor(
+                None, recover_clocks, self.config.bootstrap_servers, self.topics.sources)
+            for source_id, (estimate, last_sync_us) in recovered.items():
+                self.store.update(source_id, estimate, last_sync_us)
             self.timesync = await start_server(self.config.timesync, store=self.store)
             if self._clock_us is system_time_us:
                 # One reference clock for sync replies and gateway stamps (so --clock-offset-us shifts both).
