@@ -102,6 +102,7 @@ class KafkaBroker:
         self.port = port
         self.heap_mb = heap_mb
         self._process: subprocess.Popen[bytes] | None = None
+        self._last_state: BrokerState | None = None
 
     @property
     def state_file(self) -> Path:
@@ -142,13 +143,32 @@ class KafkaBroker:
         )
         if formatted.returncode != 0:
             raise BrokerError(f"formatting KRaft storage failed:\n{formatted.stdout}{formatted.stderr}")
+        return self._launch(base, config, BrokerState(0, self.host, port, controller_port, str(self.work_dir)),
+                            ready_timeout_s)
+
+    def restart(self, ready_timeout_s: float = READY_TIMEOUT_S) -> BrokerState:
+        """Start the broker again after `stop()`, on the same ports and the same storage: a broker outage, not a
+        new cluster (topics, offsets and idempotent-producer state survive)."""
+        if self.running_state() is not None:
+            raise BrokerError("the broker is still running: stop() it first")
+        last = self._last_state
+        config = self.work_dir / "server.properties"
+        if last is None or not config.exists():
+            raise BrokerError("nothing to restart: start() this broker first")
+        base = self._java_command(ensure_kafka_jars(), self.work_dir / "logs")
+        return self._launch(base, config, last, ready_timeout_s)
+
+    def _launch(self, base: list[str], config: Path, planned: BrokerState, ready_timeout_s: float) -> BrokerState:
+        logs_dir = self.work_dir / "logs"
         with (logs_dir / "stdout.log").open("ab") as out:
             self._process = subprocess.Popen(
                 [*base, "kafka.Kafka", str(config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        state = BrokerState(self._process.pid, self.host, port, controller_port, str(self.work_dir))
+        state = BrokerState(self._process.pid, planned.host, planned.port, planned.controller_port,
+                            planned.work_dir)
         self.state_file.write_text(json.dumps(asdict(state)))
+        self._last_state = state
         if not self._wait_ready(state, ready_timeout_s):
             self.stop()
             raise BrokerError(f"broker not ready within {ready_timeout_s}s; see {logs_dir / 'server.log'}")

@@ -16,3 +16,8 @@ def test_cluster_id_is_kafka_uuid_text() -> None:
     ids = {kafka_broker._kafka_cluster_id() for _ in range(2000)}
     assert len(ids) == 2000
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+def test_restart_needs_a_broker_this_object_started(tmp_path) -> None:
+    with pytest.raises(kafka_broker.BrokerError, match="nothing to restart"):
+        kafka_broker.KafkaBroker(tmp_path).restart()
