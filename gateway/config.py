@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth import SourceAuthenticator
+from gateway.pipeline import PipelineConfig
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
 from timesync.responder import ResponderConfig
@@ -20,9 +21,12 @@ from timesync.server import ServerConfig
 ENV_PREFIX = "SKEWLESS_GATEWAY_"
 _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "idle_timeout_s",
              "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s"}
-KNOWN_KEYS = _INT_KEYS | {"host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key",
-                          "auth_tokens", "auth_hmac_secret", "allowed_sources", "producer", "timesync",
-                          "timesync_host", "sync_keys", "upstream_ntp"}
+# Ordering waits, in seconds (TOML floats or env strings): how long a gap or a silent source is waited for before
+# the gateway gives up on it. A deployment that must ride out network partitions of N seconds sets them above N.
+_FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s"}
+KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
+    "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
+    "auth_hmac_secret", "allowed_sources", "producer", "timesync", "timesync_host", "sync_keys", "upstream_ntp"}
 
 
 class ConfigError(ValueError):
@@ -38,7 +42,7 @@ def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None
     for key, value in (os.environ if env is None else env).items():
         if key.startswith(ENV_PREFIX):
             name = key[len(ENV_PREFIX):].lower()
-            settings[name] = int(value) if name in _INT_KEYS else value
+            settings[name] = int(value) if name in _INT_KEYS else float(value) if name in _FLOAT_KEYS else value
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
     unknown = set(settings) - KNOWN_KEYS
     if unknown:
@@ -79,6 +83,7 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             upstream_servers=tuple(upstream))
     if "max_future_s" in settings:
         config.pipeline = replace(config.pipeline, max_future_us=int(settings["max_future_s"]) * 1_000_000)
+    config.pipeline = _with_ordering_waits(config.pipeline, settings)
     cert, key = settings.get("tls_cert"), settings.get("tls_key")
     if (cert is None) != (key is None):
         raise ConfigError("tls_cert and tls_key go together")
@@ -87,6 +92,33 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         context.load_cert_chain(cert, key)
         config.ssl_context = context
     return config
+
+
+def _with_ordering_waits(pipeline: PipelineConfig, settings: Mapping[str, Any]) -> PipelineConfig:
+    def us(name: str) -> int | None:
+        if name not in settings:
+            return None
+        value = float(settings[name])
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+        return round(value * 1_000_000)
+
+    sequence = pipeline.sequence
+    if (low := us("gap_timeout_min_s")) is not None:
+        sequence = replace(sequence, min_timeout_us=low)
+    if (high := us("gap_timeout_max_s")) is not None:
+        sequence = replace(sequence, latency_threshold_us=high)
+    if sequence.min_timeout_us > sequence.latency_threshold_us:
+        raise ConfigError("gap_timeout_min_s must not exceed gap_timeout_max_s")
+    merger = pipeline.merger
+    if (merge := us("merge_timeout_s")) is not None:
+        merger = replace(merger, default_timeout_us=merge)
+    pipeline = replace(pipeline, sequence=sequence, merger=merger)
+    if (grace := us("reconnect_grace_s")) is not None:
+        pipeline = replace(pipeline, reconnect_grace_us=grace)
+    if (join := us("join_grace_s")) is not None:
+        pipeline = replace(pipeline, join_grace_us=join)
+    return pipeline
 
 
 def _truthy(value: Any) -> bool:

@@ -39,3 +39,22 @@ def test_hmac_and_allowed_sources_from_env():
                                                    "SKEWLESS_GATEWAY_ALLOWED_SOURCES": "a,b"}))
     assert config.authenticator.hmac_secret == b"s3cret"
     assert config.authenticator.allowed_sources == frozenset({"a", "b"})
+
+
+def test_ordering_waits_from_file_and_env(tmp_path: Path):
+    toml = tmp_path / "gw.toml"
+    toml.write_text("[gateway]\ngap_timeout_min_s = 20\ngap_timeout_max_s = 25.5\nmerge_timeout_s = 20\n")
+    settings = load_settings(toml, env={"SKEWLESS_GATEWAY_JOIN_GRACE_S": "0.25",
+                                        "SKEWLESS_GATEWAY_RECONNECT_GRACE_S": "30"})
+    pipeline = build_config(settings).pipeline
+    assert pipeline.sequence.min_timeout_us == 20_000_000
+    assert pipeline.sequence.latency_threshold_us == 25_500_000
+    assert pipeline.merger.default_timeout_us == 20_000_000
+    assert (pipeline.join_grace_us, pipeline.reconnect_grace_us) == (250_000, 30_000_000)
+
+
+def test_ordering_waits_are_checked():
+    with pytest.raises(ConfigError, match="gap_timeout_min_s must not exceed gap_timeout_max_s"):
+        build_config({"gap_timeout_min_s": 5, "gap_timeout_max_s": 1})
+    with pytest.raises(ConfigError, match="merge_timeout_s must be >= 0"):
+        build_config({"merge_timeout_s": -1})
