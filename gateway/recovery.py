@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from gateway.clock_state import estimate_from_record
 from timesync.estimator import ClockEstimate
@@ -61,10 +61,26 @@ def _consumer(bootstrap_servers: str) -> Consumer:
                      "enable.auto.commit": False, "enable.partition.eof": False})
 
 
+# A topic created a moment ago may not have a partition leader yet: these errors mean "ask again shortly".
+_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+              KafkaError._TIMED_OUT}
+
+
+def _end_offset(consumer: Consumer, topic: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=max(1.0, timeout_s / 10))
+            return int(high)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _scan(consumer: Consumer, topic: str, start_offset: int, timeout_s: float) -> Iterable[tuple[int, Any, bytes]]:
     """(offset, key, value) from start_offset to the end of partition 0 as it is now."""
-    partition = TopicPartition(topic, 0)
-    _low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+    high = _end_offset(consumer, topic, timeout_s)
     if start_offset >= high:
         return
     consumer.assign([TopicPartition(topic, 0, start_offset if start_offset > 0 else OFFSET_BEGINNING)])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from gateway import messages
 from gateway.acks import DeliveryTracker
@@ -159,8 +159,13 @@ class Gateway:
         if self.config.timesync is not None:
             # Clock state survives a restart: sources map correctly before their next re-sync (their error bounds
             # have kept growing since their last sync, so the uncertainty stays honest).
-            recovered = await loop.run_in_executor(
-                None, recover_clocks, self.config.bootstrap_servers, self.topics.sources)
+            try:
+                recovered = await loop.run_in_executor(
+                    None, recover_clocks, self.config.bootstrap_servers, self.topics.sources)
+            except (KafkaException, TimeoutError) as exc:
+                # Not fatal: sources then count as unsynced until their next re-sync, as on a first start.
+                log.warning("could not recover clock state from %s: %s", self.topics.sources, exc)
+                recovered = {}
             for source_id, (estimate, last_sync_us) in recovered.items():
                 self.store.update(source_id, estimate, last_sync_us)
             self.timesync = await start_server(self.config.timesync, store=self.store)
