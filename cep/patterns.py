@@ -236,9 +236,8 @@ class PatternSpec:
         return cur
 
 
-def _split_paren(text: str, start: int) -> tuple[str, str]:
-    """Text up to the parenthesis closing the one opened before ``start``, and what follows it."""
-    depth = 1
+def _structural(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, char) of every character outside string literals (quotes and escapes skipped)."""
     quote: str | None = None
     i = start
     while i < len(text):
@@ -250,39 +249,30 @@ def _split_paren(text: str, start: int) -> tuple[str, str]:
                 quote = None
         elif c in "'\"":
             quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return text[start:i], text[i + 1 :]
+        else:
+            yield i, c
         i += 1
+
+
+def _split_paren(text: str, start: int) -> tuple[str, str]:
+    """Text up to the parenthesis closing the one opened before ``start``, and what follows it."""
+    depth = 1
+    for i, c in _structural(text, start):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth == 0:
+            return text[start:i], text[i + 1 :]
     raise ValueError("unbalanced parentheses in pattern")
 
 
 def _split_top_level(body: str) -> list[str]:
     parts: list[str] = []
     depth = 0
-    quote: str | None = None
     cur = 0
-    i = 0
-    while i < len(body):
-        c = body[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "," and depth == 0:
+    for i, c in _structural(body):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if c == "," and depth == 0:
             parts.append(body[cur:i])
             cur = i + 1
-        i += 1
     parts.append(body[cur:])
     if any(not p.strip() for p in parts):
         raise ValueError("empty pattern element")
