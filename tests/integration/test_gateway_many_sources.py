@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
 from gateway.frames import FrameDecoder, encode_frame
-from gateway.server import Gateway
+from gateway.pipeline import GATEWAY_SEQUENCE_DEFAULTS, PipelineConfig
+from gateway.server import Gateway, GatewayConfig
 from skewless.kafka_read import read_stream, read_topic
 from skewless.topics import TopicNames
 
@@ -68,6 +71,21 @@ async def run_source(source: int, pool, rng: random.Random) -> None:
     for _reader, writer in pool:
         writer.close()
     assert done
+
+
+@pytest.fixture
+async def gateway(kafka, topic_prefix) -> AsyncIterator[Gateway]:
+    # The senders share the gateway's event loop here: on a loaded machine a shuffled batch can sit behind them for
+    # longer than the default 200 ms minimum gap wait (a CI run once skipped one gap, 12 ms too early). This test is
+    # about ordering, not about timeout tuning, so its gaps may wait 2 s.
+    pipeline = PipelineConfig(sequence=replace(GATEWAY_SEQUENCE_DEFAULTS, min_timeout_us=2_000_000))
+    gw = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
+                               max_frame_bytes=64 * 1024, pipeline=pipeline))
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()
 
 
 async def test_twenty_sources_two_connections_shuffled(gateway: Gateway, kafka, topic_prefix):
