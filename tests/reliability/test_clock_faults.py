@@ -49,7 +49,12 @@ async def test_clock_jump_and_500ppm_skew_are_corrected_or_quarantined_never_poi
             loop = asyncio.get_running_loop()
             end = loop.time() + phase_s
             while loop.time() < end:
-                await client.send("s", {"true_us": system_time_us(), "phase": phase})
+                # Stamp the event at the instant its true time is read: send() may first wait for room (backpressure),
+                # and a stamp taken after that wait would not belong to this true time.
+                true_us = system_time_us()
+                clock = clocks[client.source_id]
+                source_us = clock.at(true_us) if isinstance(clock, SimulatedClock) else true_us
+                await client.send("s", {"true_us": true_us, "phase": phase}, source_ts_us=source_us)
                 await asyncio.sleep(0.01)
 
         for phase, jump_us in phases:
