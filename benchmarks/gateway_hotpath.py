@@ -16,11 +16,11 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from contract.wire.frames import encode_frame
 from gateway.acks import DeliveryTracker
-from gateway.frames import encode_frame
-from gateway.pipeline import IngestPipeline, PublishRecord
 from gateway.session import EventsReceived, GatewaySession
-from reorder.clock import IdentityClock
+from reorder.pipeline import IngestPipeline, PublishRecord
+from timesync.clocks import IdentityMapping
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -33,7 +33,7 @@ def stage_costs() -> tuple[dict[str, float], int]:
     """Seconds spent per stage and the number of events."""
     base_us = 1_800_000_000_000_000
     sessions, frames = [], []
-    pipeline = IngestPipeline(IdentityClock())
+    pipeline = IngestPipeline(IdentityMapping())
     for s in range(SOURCES):
         session = GatewaySession()
         session.receive_data(encode_frame({"type": "hello", "version": 1, "source_id": f"s{s}",

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import orjson
 
-from gateway.frames import FrameDecoder, encode_frame
-from skewless.kafka_broker import KafkaBroker
-from skewless.kafka_read import read_topic
+from broker.launcher import KafkaBroker
+from broker.reader import read_topic
+from contract.wire.frames import FrameDecoder, encode_frame
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BATCH = 500

@@ -23,7 +23,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from skewless.kafka_broker import KafkaBroker  # noqa: E402
+from broker.launcher import KafkaBroker  # noqa: E402
 from tests.reliability.load import run_load  # noqa: E402
 from tests.reliability.report import render  # noqa: E402
 

@@ -16,13 +16,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reorder.clock import IdentityClock
-from reorder.kslack import MPKSlack
+from reorder.eval.kslack import MPKSlack
+from reorder.eval.replay import ReplayOptions, ReplayResult, replay
+from reorder.eval.traces import PROFILES, TraceSpec, generate
 from reorder.merger import MultiSourceMerger
 from reorder.records import SourceEvent
-from reorder.replay import ReplayOptions, ReplayResult, replay
 from reorder.sequence import SequenceConfig, SequenceReorderer
-from reorder.traces import PROFILES, TraceSpec, generate
+from timesync.clocks import IdentityMapping
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -166,7 +166,7 @@ def throughput(n: int) -> dict[str, float]:
 
     def seq_and_merger() -> int:
         r = SequenceReorderer("s0", "R")
-        m = MultiSourceMerger("R", IdentityClock())
+        m = MultiSourceMerger("R", IdentityMapping())
         push = r.push
         mpush = m.push
         for i, e in enumerate(events):

@@ -29,9 +29,9 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from skewless.kafka_admin import ensure_topics
-from skewless.kafka_broker import KafkaBroker
-from skewless.topics import TopicNames
+from broker.admin import ensure_topics
+from broker.launcher import KafkaBroker
+from contract.topics import TopicNames
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BASE_US = 1_700_000_000_000_000

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from timesync.client import sync_burst  # noqa: E402
-from timesync.clocks import SimulatedClock  # noqa: E402
+from timesync.clocks import SimulatedClock, for_time_sync  # noqa: E402
 from timesync.codec import NtpPacket, encode_packet, unix_us_to_ntp  # noqa: E402
 from timesync.estimator import ClockEstimator, SyncSample  # noqa: E402
 from timesync.exchange import ClientExchange  # noqa: E402
@@ -120,9 +120,9 @@ async def client(args: argparse.Namespace) -> None:
     origin = args.origin_us
     src_off, src_skew = args.src_offset_us, args.src_skew_ppm
     sim = SimulatedClock(src_off, src_skew, origin_us=origin)
-    # A SimulatedClock converts kernel receive timestamps (T4 from SO_TIMESTAMPNS); a plain function
+    # A SimulatedClock on the system clock converts kernel receive timestamps (T4 from SO_TIMESTAMPNS); a plain function
     # makes the client read T4 in the event loop.
-    source_clock: Any = sim if not args.no_kernel_ts else sim.__call__
+    source_clock: Any = for_time_sync(sim) if not args.no_kernel_ts else sim.__call__
 
     def truth_offset(t_sys: int) -> float:
         # t_ref = t_source + offset  =>  offset = (sys + ref_truth) - (sys + src part)
@@ -155,7 +155,7 @@ async def client(args: argparse.Namespace) -> None:
                 # One clock read for both sides of the comparison, so that a preemption between two
                 # reads cannot show up as an estimation error.
                 t_sys = now_us()
-                ts_src = sim.from_realtime_ns(t_sys * 1000)
+                ts_src = sim.at(t_sys)
                 mapped = est.to_reference_us(ts_src)
                 true_ref = t_sys + ref_truth_us(t_sys, origin)
                 err = mapped - true_ref

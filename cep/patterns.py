@@ -36,6 +36,7 @@ from typing import Any, Literal
 import msgpack
 
 from cep.predicates import Condition, parse_condition
+from contract.units import format_duration, parse_duration_us
 
 __all__ = [
     "Confidence",
@@ -89,24 +90,6 @@ def classify(ts_us: Sequence[int], width2_us: Sequence[int], within_us: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------------------- spec
-
-_UNITS = {"us": 1, "ms": 1_000, "s": 1_000_000, "sec": 1_000_000, "min": 60_000_000, "h": 3_600_000_000}
-
-
-def parse_duration_us(text: str) -> int:
-    """``'2 s'``, ``'44ms'``, ``'500 us'``, ``'1.5 min'`` to integer microseconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", text.lower())
-    if m is None or m.group(2) not in _UNITS:
-        raise ValueError(f"bad duration {text!r} (units: {', '.join(_UNITS)})")
-    return round(float(m.group(1)) * _UNITS[m.group(2)])
-
-
-def _duration_text(us: int) -> str:
-    for unit in ("h", "min", "s", "ms"):
-        if us % _UNITS[unit] == 0 and us >= _UNITS[unit]:
-            return f"{us // _UNITS[unit]} {unit}"
-    return f"{us} us"
-
 
 @dataclass(frozen=True, slots=True)
 class Element:
@@ -193,11 +176,11 @@ class PatternSpec:
             if cm.group("part"):
                 options["partition_by"] = cm.group("part")
             elif cm.group("within"):
-                options["within_us"] = parse_duration_us(cm.group("within"))
+                options["within_us"] = parse_duration_us(cm.group("within"), require_unit=True)
             elif cm.group("mode"):
                 options["mode"] = cm.group("mode").lower()
             elif cm.group("bound"):
-                options["max_uncertainty_us"] = parse_duration_us(cm.group("bound"))
+                options["max_uncertainty_us"] = parse_duration_us(cm.group("bound"), require_unit=True)
             else:
                 options["emit"] = cm.group("emit").lower()
             pos = cm.end()
@@ -217,9 +200,9 @@ class PatternSpec:
         text = f"SEQ({', '.join(parts)})"
         if self.partition_by:
             text += f" PARTITION BY {self.partition_by}"
-        text += f" WITHIN {_duration_text(self.within_us)} MODE {self.mode}"
+        text += f" WITHIN {format_duration(self.within_us)} MODE {self.mode}"
         if self.mode == "per_event":
-            text += f" MAX_UNCERTAINTY {_duration_text(self.max_uncertainty_us)}"
+            text += f" MAX_UNCERTAINTY {format_duration(self.max_uncertainty_us)}"
         if self.emit != "eager":
             text += f" EMIT {self.emit}"
         return text

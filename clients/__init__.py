@@ -9,9 +9,9 @@
 
 from clients.auth import hmac_token
 from clients.client import ClientClosed, ClientStats, GatewayRejected, SkewlessClient, connect
-from clients.clock import SimulatedClock
 from clients.core import Backoff, EventTooLarge
 from clients.sync import SyncSkewlessClient, connect_sync
+from timesync.clocks import SimulatedClock
 
 __all__ = [
     "Backoff",

@@ -20,7 +20,6 @@ from typing import Any, Self
 import msgpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
-from clients.clock import for_time_sync
 from clients.core import (
     Backoff,
     EventTooLarge,
@@ -33,11 +32,11 @@ from clients.core import (
     payload_fits,
 )
 from clients.spool import DEFAULT_SPOOL_MAX_BYTES, FileSpool
-from gateway.errors import RemoteProtocolError
-from gateway.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from gateway.messages import MAX_SEQ, PROTOCOL_VERSION
-from skewless.clock import ClockUs, system_time_us
+from contract.wire.errors import RemoteProtocolError
+from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from contract.wire.messages import MAX_SEQ, PROTOCOL_VERSION
 from timesync.client import DEFAULT_COUNT, PeriodicSync
+from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
 
 __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientStats", "GatewayRejected", "SkewlessClient",

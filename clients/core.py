@@ -13,8 +13,8 @@ from collections.abc import Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.frames import encode_frame
-from gateway.messages import MAX_SEQ
+from contract.wire.frames import encode_frame
+from contract.wire.messages import MAX_SEQ
 
 __all__ = [
     "Backoff",

@@ -14,8 +14,8 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from clients.client import ClientStats, SkewlessClient
-from skewless.clock import ClockUs
 from timesync.client import DEFAULT_COUNT
+from timesync.clocks import ClockUs
 from timesync.estimator import ClockEstimate
 
 __all__ = ["SyncSkewlessClient", "connect_sync"]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import RemoteProtocolError
+from contract.wire.errors import RemoteProtocolError
 
 DEFAULT_HMAC_MAX_SKEW_US = 300_000_000  # 5 minutes, as Kerberos and most signed-request schemes allow
 

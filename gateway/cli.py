@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 
 from gateway.config import build_config, load_settings
+from gateway.logs import configure_logging
 from gateway.server import Gateway, GatewayConfig
-from skewless.logs import configure_logging
 
 
 def gateway(

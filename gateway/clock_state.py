@@ -1,5 +1,4 @@
-"""The time-sync Source Information Store seen through the reorder package's ReferenceClock protocol, and the
-per-source clock state records of the compacted sources topic."""
+"""The per-source clock state records of the compacted sources topic."""
 
 from __future__ import annotations
 
@@ -8,26 +7,9 @@ from typing import Any
 
 import orjson
 
-from skewless.records import CONTRACT_VERSION
+from contract.records import CONTRACT_VERSION
 from timesync.estimator import ClockEstimate
-from timesync.store import SourceInfo, SourceInfoStore
-
-# A source that never synced has an unknown clock: this bound keeps it from advancing any watermark.
-UNSYNCED_ERROR_BOUND_US = 3_600_000_000
-
-
-class StoreReferenceClock:
-    """t_ref = t_source + offset + skew term (Eq. 3.15 plus skew), with the estimate's growing error bound."""
-
-    def __init__(self, store: SourceInfoStore) -> None:
-        self._store = store
-
-    def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
-        info = self._store.get(source_id)
-        if info is None:
-            return source_ts_us, UNSYNCED_ERROR_BOUND_US
-        ref_us = info.to_reference_us(source_ts_us)
-        return ref_us, info.error_bound_us(ref_us)
+from timesync.store import SourceInfo
 
 
 def clock_state_record(info: SourceInfo, now_us: int, t_a_us: int) -> bytes:

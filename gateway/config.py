@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth import SourceAuthenticator
-from gateway.pipeline import PipelineConfig
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
+from reorder.pipeline import PipelineConfig
 from timesync.responder import ResponderConfig
 from timesync.server import DEFAULT_PORT as DEFAULT_SYNC_PORT
 from timesync.server import ServerConfig

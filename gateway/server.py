@@ -14,13 +14,15 @@ from typing import Any, cast
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from gateway import messages
+from broker.admin import ensure_topics
+from contract.records import CONTRACT_VERSION, EventRecord
+from contract.topics import TopicNames
+from contract.wire import messages
+from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.acks import DeliveryTracker
 from gateway.auth import SourceAuthenticator
-from gateway.clock_state import StoreReferenceClock, clock_state_record
-from gateway.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
+from gateway.clock_state import clock_state_record
 from gateway.metrics import MetricsServer, make_registry
-from gateway.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
 from gateway.publisher import DeliveryCallback, KafkaPublisher, QueueFull
 from gateway.recovery import StreamProgress, progress_key, recover_clocks, recover_stream
 from gateway.session import (
@@ -34,11 +36,8 @@ from gateway.session import (
     SessionTimeouts,
     SourceRegistered,
 )
-from reorder.clock import IdentityClock, ReferenceClock
-from skewless.clock import ClockUs, system_time_us
-from skewless.kafka_admin import ensure_topics
-from skewless.records import CONTRACT_VERSION, EventRecord
-from skewless.topics import TopicNames
+from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
+from timesync.clocks import ClockUs, EstimateMapping, IdentityMapping, ReferenceMapping, system_time_us
 from timesync.server import ServerConfig, TimeSyncServer, start_server
 from timesync.store import SourceInfo, SourceInfoStore
 
@@ -76,7 +75,7 @@ class GatewayConfig:
     max_buffered_events: int = 1_000_000
     # None: trust source clocks (ref = source time, uncertainty 0), for sources already disciplined by NTP/PTP.
     # With `timesync` set, the gateway runs the time-sync server and maps source times through its estimates.
-    reference_clock: ReferenceClock | None = None
+    reference_clock: ReferenceMapping | None = None
     timesync: ServerConfig | None = None
     # Connections the kernel may hold before the gateway accepts them (capped by net.core.somaxconn). asyncio's
     # default of 100 let a burst of a few thousand connects overflow the queue: clients saw an open socket that the
@@ -136,7 +135,7 @@ class Gateway:
         self.timesync: TimeSyncServer | None = None
         reference_clock = config.reference_clock
         if reference_clock is None:
-            reference_clock = StoreReferenceClock(self.store) if config.timesync is not None else IdentityClock()
+            reference_clock = EstimateMapping(self.store.get) if config.timesync is not None else IdentityMapping()
         self.pipeline = IngestPipeline(reference_clock, config.pipeline)
         self._progress: dict[str, StreamProgress] = {}
         self._progress_dirty: set[str] = set()

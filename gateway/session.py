@@ -10,10 +10,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import messages
+from contract.wire import messages
+from contract.wire.errors import ProtocolError, RemoteProtocolError, SessionTimeout, UnexpectedMessage
+from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from gateway.auth import SourceAuthenticator
-from gateway.errors import ProtocolError, RemoteProtocolError, SessionTimeout, UnexpectedMessage
-from gateway.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
 
 class SessionState(enum.Enum):

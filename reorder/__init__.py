@@ -1,36 +1,7 @@
-"""Order restoration for event streams: per-source sequence reordering, multi-source merging by
-reference time with exact watermarks, the K-slack family of baselines, an oracle, traces and replay.
+"""Order restoration for event streams, as production runs it: per-source sequence reordering (sequence.py),
+multi-source merging by reference time with exact watermarks (merger.py), and pipeline.py, the one wiring of
+reorderers -> reference mapping -> merger that the gateway and the replay both use.
 
-Pure and I/O-free (apart from trace files in :mod:`reorder.traces`); every component takes the
-current time as an argument.  See docs/reorder.md.
+Pure and I/O-free; every component takes the current time as an argument. The thesis evaluation harness (K-slack
+family, oracle, traces, sync simulation, replay) lives in :mod:`reorder.eval`. See docs/reorder.md.
 """
-
-from reorder.clock import EstimateClock, FixedOffsetClock, IdentityClock, ReferenceClock
-from reorder.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
-from reorder.merger import MergerConfig, MultiSourceMerger
-from reorder.oracle import oracle_schedule
-from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
-from reorder.sequence import SequenceConfig, SequenceReorderer
-
-__all__ = [
-    "AQKSlack",
-    "AQKSlackConfig",
-    "EstimateClock",
-    "FixedOffsetClock",
-    "GapSkipped",
-    "IdentityClock",
-    "KSlack",
-    "Late",
-    "MPKSlack",
-    "Merged",
-    "MergerConfig",
-    "MultiSourceMerger",
-    "Punctuation",
-    "ReferenceClock",
-    "Released",
-    "SequenceConfig",
-    "SequenceReorderer",
-    "SourceEvent",
-    "SourceTimedOut",
-    "oracle_schedule",
-]

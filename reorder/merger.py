@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from reorder.clock import ReferenceClock
 from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
+from timesync.clocks import ReferenceMapping
 
 __all__ = ["MergeOutput", "MergerConfig", "MergerCounters", "MultiSourceMerger"]
 
@@ -80,7 +80,7 @@ class MultiSourceMerger:
     def __init__(
         self,
         stream: str,
-        clock: ReferenceClock,
+        clock: ReferenceMapping,
         config: MergerConfig | None = None,
         timeout_for: Callable[[str, int], int] | None = None,
     ) -> None:

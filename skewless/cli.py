@@ -9,10 +9,12 @@ app = typer.Typer(no_args_is_help=True, help="Skewless: clock-aware, order-resto
 
 def _register_subcommands() -> None:
     # Each package owns its commands; importing them here keeps `skewless --help` one place.
-    from skewless import cli_infra
+    from broker import cli as broker_cli
+    from skewless.demo import demo
 
-    cli_infra.register(app)
-    for module_name in ("reorder.cli", "timesync.cli", "gateway.cli", "spark_jobs.cli", "clients.cli"):
+    broker_cli.register(app)
+    app.command("demo")(demo)
+    for module_name in ("reorder.eval.cli", "timesync.cli", "gateway.cli", "spark_jobs.cli", "skewless.cli_source"):
         try:
             module = __import__(module_name, fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -24,12 +24,12 @@ from typing import Annotated
 import orjson
 import typer
 
+from broker.launcher import KafkaBroker
+from broker.reader import read_stream, read_topic
 from clients import SimulatedClock, connect
-from skewless.clock import system_time_us
+from contract.topics import TopicNames
 from skewless.demo_cep import run_cep_jobs
-from skewless.kafka_broker import KafkaBroker
-from skewless.kafka_read import read_stream, read_topic
-from skewless.topics import TopicNames
+from timesync.clocks import system_time_us
 
 WINDOW_US = 1_000_000
 STREAM = "sensors"

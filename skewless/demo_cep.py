@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import typer
 
-from skewless.kafka_read import read_stream, read_topic
-from skewless.topics import TopicNames
+from broker.reader import read_stream, read_topic
+from contract.topics import TopicNames
 
 STREAM = "sensors"
 PATTERN = "SEQ(hot: celsius > 24, cold: celsius < 16) WITHIN 300 ms MODE per_event MAX_UNCERTAINTY 50 ms"

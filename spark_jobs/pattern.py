@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
-from skewless.topics import TopicNames
+from contract.topics import TopicNames
 from spark_jobs.stateful import decode_payload, start_core_job
 from spark_jobs.three_window import latest_ta_us
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from skewless.jars import ensure_spark_jars
+from broker.jars import ensure_spark_jars
 
 _VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
 

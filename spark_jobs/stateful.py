@@ -235,8 +235,8 @@ def start_core_job(spark: Any, job: str, options: CoreJobOptions, key_column: Ca
     `key_column` builds the grouping column (called once Spark is up); `apply_options` go to `apply_cores`."""
     import tempfile
 
-    from skewless.kafka_admin import ensure_topics
-    from skewless.topics import TopicNames
+    from broker.admin import ensure_topics
+    from contract.topics import TopicNames
 
     topics = TopicNames(options.topic_prefix)
     output_topic = topics.results(job)

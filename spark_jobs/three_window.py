@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
-from skewless.topics import TopicNames
+from contract.topics import TopicNames
 from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
@@ -119,7 +119,7 @@ def latest_ta_us(bootstrap_servers: str, sources_topic: str) -> int:
     """Eq. 3.16: T_a = max RTT over the sources, from each source's latest clock record (0 if none synced)."""
     import orjson
 
-    from skewless.kafka_read import read_topic
+    from broker.reader import read_topic
 
     latest: dict[str, int] = {}
     for _key, value in read_topic(bootstrap_servers, sources_topic):

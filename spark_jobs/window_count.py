@@ -10,8 +10,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from skewless.kafka_admin import ensure_topics
-from skewless.topics import TopicNames
+from broker.admin import ensure_topics
+from contract.topics import TopicNames
 
 JOB_NAME = "window_count"
 

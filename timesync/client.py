@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
-from timesync.clocks import SystemClock
+from timesync.clocks import for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate, ClockEstimator
 from timesync.exchange import ClientExchange, ClockUs
 
@@ -34,7 +34,7 @@ class TimeSyncError(Exception):
 
 
 #: The default source clock: this machine's CLOCK_REALTIME in microseconds.
-realtime_us = SystemClock()
+realtime_us = for_time_sync(system_time_us)
 
 
 class _Channel:

@@ -21,13 +21,13 @@ import contextlib
 import logging
 import socket
 import statistics
-import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
+from timesync.clocks import ReferenceClock
 from timesync.estimator import DEFAULT_BURST_SIZE, ClockEstimator
 from timesync.responder import Responder, ResponderConfig
 from timesync.store import SourceInfoStore
@@ -51,39 +51,6 @@ RECV_BUFFER = 2048
 #: Datagrams handled per wake-up before yielding to the loop (fairness under a flood).
 MAX_BATCH = 64
 
-
-
-class ReferenceClock:
-    """The gateway's reference clock: CLOCK_REALTIME plus a demo shift plus an upstream correction.
-
-    ``offset_us`` is the ``--clock-offset-us`` shift and ``skew_ppm`` the ``--clock-skew-ppm``
-    rate error (demos and benchmarks: a reference that drifts away from the system clock,
-    starting at construction time); ``correction_us`` is set by :class:`UpstreamDiscipline`
-    (0 when not disciplined).
-    """
-
-    def __init__(self, offset_us: int = 0, skew_ppm: float = 0.0) -> None:
-        self.offset_us = offset_us
-        self.skew_ppm = skew_ppm
-        self.correction_us = 0
-        self.origin_realtime_us = time.time_ns() // 1000
-
-    def true_offset_us(self, realtime_us: int) -> float:
-        """How far the reference is ahead of CLOCK_REALTIME at ``realtime_us`` (ground truth)."""
-        drift = self.skew_ppm * 1e-6 * (realtime_us - self.origin_realtime_us)
-        return self.offset_us + self.correction_us + drift
-
-    def from_realtime_ns(self, realtime_ns: int) -> int:
-        """Map a CLOCK_REALTIME reading (e.g. a kernel packet timestamp) onto the reference clock."""
-        realtime_us = realtime_ns // 1000
-        if self.skew_ppm == 0.0:
-            return realtime_us + self.offset_us + self.correction_us
-        return realtime_us + round(self.true_offset_us(realtime_us))
-
-    def now_us(self) -> int:
-        return self.from_realtime_ns(time.time_ns())
-
-    __call__ = now_us
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,27 +23,12 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from contract.units import UNIT_US
+
 from .events import SaseError, SaseSyntaxError
 from .query import AttrRef, Element, Predicate, Query, Scalar, normalize_predicate
 
 __all__ = ["UNIT_US", "parse_query"]
-
-UNIT_US: dict[str, int] = {
-    "us": 1,
-    "ms": 1_000,
-    "s": 1_000_000,
-    "sec": 1_000_000,
-    "secs": 1_000_000,
-    "second": 1_000_000,
-    "seconds": 1_000_000,
-    "min": 60_000_000,
-    "mins": 60_000_000,
-    "minute": 60_000_000,
-    "minutes": 60_000_000,
-    "h": 3_600_000_000,
-    "hour": 3_600_000_000,
-    "hours": 3_600_000_000,
-}
 
 _TOKEN = re.compile(
     r"""

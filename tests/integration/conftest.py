@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from broker.launcher import BrokerState, KafkaBroker
 from gateway.server import Gateway, GatewayConfig
-from skewless.kafka_broker import BrokerState, KafkaBroker
 
 
 @pytest.fixture(scope="session")

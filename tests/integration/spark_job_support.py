@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from confluent_kafka import Producer
 
-from skewless.kafka_admin import ensure_topics
-from skewless.kafka_read import read_topic
+from broker.admin import ensure_topics
+from broker.reader import read_topic
 
 BASE_US = 1_700_000_000_000_000  # a whole second: windows line up with the hand-computed ones
 

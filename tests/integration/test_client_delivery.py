@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from broker.reader import read_stream
 from clients import Backoff, SkewlessClient
-from clients.cli import ReplayOptions, replay_trace
+from contract.topics import TopicNames
 from gateway.server import Gateway
-from reorder.traces import PROFILES, TraceSpec, generate
-from skewless.kafka_read import read_stream
-from skewless.topics import TopicNames
+from reorder.eval.traces import PROFILES, TraceSpec, generate
+from skewless.cli_source import ReplayOptions, replay_trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

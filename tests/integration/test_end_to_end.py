@@ -9,11 +9,11 @@ from collections import Counter
 import orjson
 import pytest
 
+from broker.reader import read_stream, read_topic
 from clients.client import SkewlessClient
+from contract.topics import TopicNames
 from gateway.server import Gateway
 from skewless.demo import final_window_counts
-from skewless.kafka_read import read_stream, read_topic
-from skewless.topics import TopicNames
 
 pytestmark = pytest.mark.integration
 

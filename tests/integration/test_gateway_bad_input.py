@@ -7,11 +7,11 @@ import asyncio
 import msgpack
 import pytest
 
+from broker.reader import read_stream
 from clients.client import SkewlessClient
-from gateway.frames import HEADER, FrameDecoder, encode_frame
+from contract.topics import TopicNames
+from contract.wire.frames import HEADER, FrameDecoder, encode_frame
 from gateway.server import Gateway
-from skewless.kafka_read import read_stream
-from skewless.topics import TopicNames
 
 pytestmark = pytest.mark.integration
 

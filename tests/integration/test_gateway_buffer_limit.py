@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
-from gateway.frames import FrameDecoder, encode_frame
-from gateway.pipeline import PipelineConfig
+from broker.reader import read_stream
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
+from reorder.pipeline import PipelineConfig
 from reorder.sequence import SequenceConfig
-from skewless.kafka_read import read_stream
-from skewless.topics import TopicNames
 
 pytestmark = pytest.mark.integration
 

@@ -7,13 +7,12 @@ import asyncio
 
 import pytest
 
-from gateway.clock_state import UNSYNCED_ERROR_BOUND_US
-from gateway.frames import FrameDecoder, encode_frame
+from broker.reader import read_stream
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
-from skewless.kafka_read import read_stream
-from skewless.topics import TopicNames
 from timesync.client import sync_burst
-from timesync.clocks import SimulatedClock
+from timesync.clocks import UNKNOWN_ERROR_BOUND_US, SimulatedClock
 from timesync.server import ServerConfig
 
 pytestmark = pytest.mark.integration
@@ -39,7 +38,7 @@ async def send_events(port: int, clock: SimulatedClock, seqs: range) -> None:
 
 
 async def test_restarted_gateway_recovers_clock_state_from_the_sources_topic(kafka, topic_prefix):
-    clock = SimulatedClock(offset_us=AHEAD_US)
+    clock = SimulatedClock(ahead_us=AHEAD_US)
     first = Gateway(gateway_config(kafka, topic_prefix))
     await first.start()
     try:
@@ -65,4 +64,4 @@ async def test_restarted_gateway_recovers_clock_state_from_the_sources_topic(kaf
     assert [r["seq"] for r in published] == list(range(10))
     for record in published:
         assert record["source_ts_us"] - record["ref_ts_us"] == pytest.approx(AHEAD_US, abs=2_000)
-        assert record["uncertainty_us"] < 100_000 < UNSYNCED_ERROR_BOUND_US
+        assert record["uncertainty_us"] < 100_000 < UNKNOWN_ERROR_BOUND_US

@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.frames import FrameDecoder, encode_frame
-from gateway.pipeline import GATEWAY_SEQUENCE_DEFAULTS, PipelineConfig
+from broker.reader import read_stream, read_topic
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
-from skewless.kafka_read import read_stream, read_topic
-from skewless.topics import TopicNames
+from reorder.pipeline import GATEWAY_SEQUENCE_DEFAULTS, PipelineConfig
 
 pytestmark = pytest.mark.integration
 

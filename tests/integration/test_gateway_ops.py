@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from clients.client import GatewayRejected, SkewlessClient
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.auth import SourceAuthenticator
-from gateway.frames import FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
 from gateway.session import SessionTimeouts
 

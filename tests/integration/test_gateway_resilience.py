@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.netutil import free_tcp_port
+from broker.reader import read_stream, read_topic
 from clients import Backoff, SkewlessClient
+from contract.topics import TopicNames
 from gateway.server import Gateway, GatewayConfig
-from skewless.kafka_read import read_stream, read_topic
-from skewless.netutil import free_tcp_port
-from skewless.topics import TopicNames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

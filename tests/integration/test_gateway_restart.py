@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from gateway.frames import FrameDecoder, encode_frame
+from broker.reader import read_stream, read_topic
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
-from skewless.kafka_read import read_stream, read_topic
-from skewless.topics import TopicNames
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ import time
 import orjson
 import pytest
 
-from gateway.frames import FrameDecoder, encode_frame
+from broker.reader import read_stream, read_topic
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
-from skewless.kafka_read import read_stream, read_topic
-from skewless.topics import TopicNames
 from timesync.client import sync_burst
 from timesync.clocks import SimulatedClock
 from timesync.server import ServerConfig
@@ -28,7 +28,7 @@ async def test_offset_source_mapped_to_reference_time(kafka, topic_prefix):
     await gateway.start()
     try:
         assert gateway.timesync_port is not None
-        clock = SimulatedClock(offset_us=AHEAD_US)
+        clock = SimulatedClock(ahead_us=AHEAD_US)
         estimate = await sync_burst("127.0.0.1", gateway.timesync_port, "skewed", clock, count=10)
         assert abs(estimate.offset_us + AHEAD_US) < 2_000  # loopback: within 2 ms even on a loaded machine
 

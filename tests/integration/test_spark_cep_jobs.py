@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from skewless.kafka_read import read_topic
-from skewless.topics import TopicNames
+from broker.reader import read_topic
+from contract.topics import TopicNames
 from spark_jobs import pattern as pattern_job
 from spark_jobs import three_window
 from tests.integration.spark_job_support import (

@@ -7,7 +7,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from gateway.frames import HEADER
+    from contract.wire.frames import HEADER
     from tests.reliability.fuzz import SessionHarness, TimesyncHarness
 
 _session = SessionHarness()

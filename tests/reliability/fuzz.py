@@ -19,8 +19,8 @@ from typing import Any
 
 import msgpack
 
+from contract.wire.frames import HEADER, FrameDecoder, encode_frame
 from gateway.auth import SourceAuthenticator, hmac_token
-from gateway.frames import HEADER, FrameDecoder, encode_frame
 from gateway.session import CloseConnection, GatewaySession, SendBytes, SessionState, SessionTimeouts
 from timesync.codec import HEADER_LEN, NtpCodecError, NtpPacket, SyncExtension, decode_packet, encode_request
 from timesync.codec import find_sync_extension as codec_find_extension

@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from skewless.kafka_read import read_stream
-from skewless.netutil import free_tcp_port
-from skewless.topics import TopicNames
+from broker.netutil import free_tcp_port
+from broker.reader import read_stream
+from contract.topics import TopicNames
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_ENV = "SKEWLESS_RELIABILITY_OUT"

@@ -117,8 +117,8 @@ def _pct(values: list[float], q: float) -> float:
 
 async def run_load(bootstrap: str, prefix: str, workdir: Path, sources: int, pool: int, rate: float,
                    duration_s: float) -> dict[str, Any]:
-    from skewless.kafka_read import read_stream
-    from skewless.topics import TopicNames
+    from broker.reader import read_stream
+    from contract.topics import TopicNames
     from tests.reliability.harness import REPO, GatewayProcess, child_env, http_get_json, open_fds, rss_kib
 
     raise_fd_limit()

@@ -200,7 +200,7 @@ def render(out: Path, timings: dict[str, float] | None = None) -> Path:
         "",
         "Every delivery scenario checks, on what Kafka holds at the end: **0 events lost, 0 duplicated** (events and "
         "late topics together) and **exact per-source seq order** on the ordered topic. Real processes throughout: "
-        "the broker (`skewless.kafka_broker.KafkaBroker`), `skewless gateway` as a subprocess where it is killed, "
+        "the broker (`broker.launcher.KafkaBroker`), `skewless gateway` as a subprocess where it is killed, "
         "SDK clients (as subprocesses where they are killed or live in another network namespace).",
         "",
     ]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.launcher import KafkaBroker
 from clients import Backoff, SkewlessClient
-from skewless.kafka_broker import KafkaBroker
 from tests.reliability.harness import GatewayProcess, read_delivery, record_outcome, wait_until
 
 pytestmark = [pytest.mark.integration]

@@ -109,7 +109,7 @@ _frames = st.lists(st.one_of(
 def _run_frames(frames: list[tuple[str, object]], chunk: int, harness: SessionHarness) -> None:
     import msgpack
 
-    from gateway.frames import HEADER, encode_frame
+    from contract.wire.frames import HEADER, encode_frame
 
     for kind, value in frames:
         if kind == "msg":

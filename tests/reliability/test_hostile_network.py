@@ -22,12 +22,12 @@ import pytest
 
 from clients import Backoff, SkewlessClient
 from clients.client import GatewayRejected
+from contract.wire.frames import HEADER, FrameDecoder, encode_frame
 from gateway.auth import SourceAuthenticator, hmac_token
-from gateway.frames import HEADER, FrameDecoder, encode_frame
 from gateway.server import Gateway, GatewayConfig
 from gateway.session import SessionTimeouts
-from skewless.clock import system_time_us
 from tests.reliability.harness import http_get_json, read_delivery, record_outcome, wait_until
+from timesync.clocks import system_time_us
 from timesync.codec import HEADER_LEN, NtpPacket, encode_packet
 from timesync.responder import ResponderConfig
 from timesync.server import ServerConfig, start_server

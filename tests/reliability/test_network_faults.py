@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.pipeline import GATEWAY_SEQUENCE_DEFAULTS, PipelineConfig
 from gateway.server import Gateway, GatewayConfig
-from skewless.clock import system_time_us
+from reorder.pipeline import GATEWAY_SEQUENCE_DEFAULTS, PipelineConfig
 from tests.reliability.harness import REPO, Delivery, child_env, read_delivery, record_outcome
 from tests.reliability.netfault import Impairment, netlab, netns_unavailable
+from timesync.clocks import system_time_us
 
 _UNAVAILABLE = netns_unavailable()
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.timeout(300),

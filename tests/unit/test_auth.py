@@ -1,7 +1,7 @@
 import pytest
 
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.auth import AuthenticationFailed, SourceAuthenticator, UnknownSource, hmac_token
-from gateway.frames import FrameDecoder, encode_frame
 from gateway.session import CloseConnection, GatewaySession, SendBytes, SourceRegistered
 
 NOW_US = 1_800_000_000_000_000

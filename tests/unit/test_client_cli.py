@@ -9,9 +9,9 @@ from collections import defaultdict
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli import ReplayOptions, plan_replay, replay_trace, source_clocks
-from reorder.traces import PROFILES, TraceEvent, TraceSpec, generate, write_trace
+from reorder.eval.traces import PROFILES, TraceEvent, TraceSpec, generate, write_trace
 from skewless.cli import _register_subcommands, app
+from skewless.cli_source import ReplayOptions, plan_replay, replay_trace, source_clocks
 from tests.unit.test_client_loopback import FakeGateway
 
 START_US = 1_800_000_000_000_000
@@ -51,11 +51,11 @@ def test_plan_injects_offset_and_skew_per_source():
     assert a_late.source_ts_us == START_US + 2_000 + 3_600_000_000
     spread = source_clocks(["a", "b", "c"], ReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
                            START_US, base=lambda: START_US)
-    assert len({c.offset_us for c in spread.values()}) == 3
-    assert all(abs(c.offset_us) <= 1_000 and abs(c.skew_ppm) <= 50 for c in spread.values())
+    assert len({c.ahead_us for c in spread.values()}) == 3
+    assert all(abs(c.ahead_us) <= 1_000 and abs(c.skew_ppm) <= 50 for c in spread.values())
     again = source_clocks(["a", "b", "c"], ReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
                           START_US, base=lambda: START_US)
-    assert [c.offset_us for c in again.values()] == [c.offset_us for c in spread.values()]  # seeded
+    assert [c.ahead_us for c in again.values()] == [c.ahead_us for c in spread.values()]  # seeded
 
 
 def test_plan_filters_limits_renumbers_and_jitters():

@@ -7,7 +7,6 @@ import random
 import pytest
 
 from clients.auth import hmac_provider, hmac_token, parse_hmac_token
-from clients.clock import SimulatedClock
 from clients.core import (
     Backoff,
     EventTooLarge,
@@ -20,8 +19,9 @@ from clients.core import (
     encode_batches,
     heartbeat_next_seq,
 )
-from gateway.frames import FrameDecoder
-from gateway.messages import MAX_SEQ
+from contract.wire.frames import FrameDecoder
+from contract.wire.messages import MAX_SEQ
+from timesync.clocks import SimulatedClock
 
 
 def filled_store(n: int, streams: tuple[str, ...] = ("a",), max_unacked: int = 1000) -> UnackedStore:
@@ -271,7 +271,7 @@ def test_simulated_clock_offset_and_skew(offset_us, skew_ppm):
     assert clock() == now[0] + offset_us
     now[0] += 10_000_000  # 10 s of base time
     assert clock() == now[0] + offset_us + round(skew_ppm * 10)
-    assert clock.error_us(now[0]) == offset_us + round(skew_ppm * 10)
+    assert clock.ahead_of_base_us(now[0]) == offset_us + round(skew_ppm * 10)
     assert clock.at(now[0]) == clock()
 
 
@@ -286,14 +286,13 @@ def test_max_seq_constant_is_the_wire_limit():
 
 
 def test_time_sync_clock_converts_kernel_timestamps_only_for_realtime_bases():
-    from clients.clock import SimulatedClock, for_time_sync
-    from skewless.clock import system_time_us
+    from timesync.clocks import SimulatedClock, for_time_sync, system_time_us
 
     realtime_ns = 1_800_000_000_123_456_789
-    stamped = for_time_sync(SimulatedClock(offset_us=5_000, skew_ppm=100.0, origin_us=1_800_000_000_000_000))
+    stamped = for_time_sync(SimulatedClock(ahead_us=5_000, skew_ppm=100.0, origin_us=1_800_000_000_000_000))
     # 123_456 us after the origin at +100 ppm: 12.3456 us of drift, rounded, on top of the 5 ms offset.
     assert stamped.from_realtime_ns(realtime_ns) == 1_800_000_000_123_456 + 5_000 + 12  # type: ignore[attr-defined]
     assert for_time_sync(system_time_us).from_realtime_ns(realtime_ns) == 1_800_000_000_123_456  # type: ignore[attr-defined]
-    virtual = SimulatedClock(offset_us=1, base=lambda: 10)
+    virtual = SimulatedClock(ahead_us=1, base=lambda: 10)
     assert for_time_sync(virtual) is virtual  # a virtual base has no relation to CLOCK_REALTIME
     assert not hasattr(for_time_sync(virtual), "from_realtime_ns")

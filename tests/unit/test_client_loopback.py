@@ -26,7 +26,7 @@ from clients import (
     hmac_token,
 )
 from clients.auth import parse_hmac_token
-from gateway.frames import FrameDecoder, encode_frame
+from contract.wire.frames import FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -294,7 +294,7 @@ async def test_pool_connection_killed_resends_only_its_events_on_the_others():
 
 
 async def test_idle_connections_send_heartbeats_with_next_seq_and_source_clock():
-    clock = SimulatedClock(offset_us=3_600_000_000, skew_ppm=100.0)
+    clock = SimulatedClock(ahead_us=3_600_000_000, skew_ppm=100.0)
     async with FakeGateway() as gw, SkewlessClient("127.0.0.1", gw.port, "s1", ["a", "b"],
                                                    heartbeat_interval_s=0.05, clock_us=clock) as client:
         await client.send("a", 1)
@@ -474,7 +474,7 @@ async def test_connect_syncs_the_clock_first_and_resyncs_in_the_background():
     server = await start_server(ServerConfig(host="127.0.0.1", port=0, kernel_timestamps=False))
     try:
         udp_port = server.address[1]
-        clock = SimulatedClock(offset_us=-3_600_000_000, skew_ppm=150.0)
+        clock = SimulatedClock(ahead_us=-3_600_000_000, skew_ppm=150.0)
         async with FakeGateway() as gw:
             client = await connect("127.0.0.1", gw.port, udp_port, "s1", 10, streams=["a"], clock_us=clock,
                                    resync_interval_s=0.05)

@@ -3,8 +3,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from skewless.records import EventRecord
-from skewless.topics import InvalidStreamName, TopicNames
+from contract.records import EventRecord
+from contract.topics import InvalidStreamName, TopicNames
 from spark_jobs.session import connector_jars
 
 CONTRACT_FIELDS = {"stream", "source_id", "seq", "source_ts_us", "ref_ts_us", "uncertainty_us", "arrival_ts_us",

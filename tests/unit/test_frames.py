@@ -1,8 +1,8 @@
 import msgpack
 import pytest
 
-from gateway.errors import FrameTooLarge, MalformedFrame
-from gateway.frames import HEADER, FrameDecoder, encode_frame
+from contract.wire.errors import FrameTooLarge, MalformedFrame
+from contract.wire.frames import HEADER, FrameDecoder, encode_frame
 
 MESSAGES = [
     {"type": "hello", "version": 1, "source_id": "s", "streams": ["a"]},

@@ -1,10 +1,10 @@
 """The gateway's ordering pipeline in virtual time: reorder per source, merge by reference time, side outputs."""
 
-from gateway.messages import IncomingEvent
-from gateway.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord
-from reorder.clock import FixedOffsetClock, IdentityClock
+from contract.wire.messages import IncomingEvent
 from reorder.merger import MergerConfig
+from reorder.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord
 from reorder.sequence import SequenceConfig
+from timesync.clocks import FixedOffsetMapping, IdentityMapping
 
 T0 = 1_000_000_000
 
@@ -19,7 +19,7 @@ def records(outputs, topic="events"):
 
 
 def test_single_source_out_of_order_released_in_seq_order():
-    pipe = IngestPipeline(IdentityClock())
+    pipe = IngestPipeline(IdentityMapping())
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(1, T0 + 20), T0 + 1)
     assert records(out) == []
@@ -33,7 +33,7 @@ def test_single_source_out_of_order_released_in_seq_order():
 
 def test_two_sources_merged_by_reference_time_with_offsets():
     # b's clock is 1000 us behind: its source time T0+500 is reference time T0+1500.
-    pipe = IngestPipeline(FixedOffsetClock({"a": 0, "b": 1_000}, error_bound_us=7))
+    pipe = IngestPipeline(FixedOffsetMapping({"a": 0, "b": 1_000}, error_bound_us=7))
     pipe.register("a", ("s",), T0)
     pipe.register("b", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 1_000), T0 + 10)
@@ -47,7 +47,7 @@ def test_two_sources_merged_by_reference_time_with_offsets():
 
 
 def test_silent_source_times_out_then_merge_proceeds():
-    pipe = IngestPipeline(IdentityClock(), PipelineConfig(merger=MergerConfig(default_timeout_us=1_000)))
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(default_timeout_us=1_000)))
     pipe.register("a", ("s",), T0)
     pipe.register("b", ("s",), T0)
     assert records(pipe.push("a", ev(0, T0), T0)) == []
@@ -60,7 +60,7 @@ def test_silent_source_times_out_then_merge_proceeds():
 
 def test_gap_skipped_after_timeout_and_late_arrival_goes_to_late_topic():
     config = PipelineConfig(sequence=SequenceConfig(latency_threshold_us=5_000, drop_late=True))
-    pipe = IngestPipeline(IdentityClock(), config)
+    pipe = IngestPipeline(IdentityMapping(), config)
     pipe.register("a", ("s",), T0)
     pipe.push("a", ev(0, T0), T0)
     assert records(pipe.push("a", ev(2, T0 + 2), T0 + 100)) == []
@@ -75,7 +75,7 @@ def test_gap_skipped_after_timeout_and_late_arrival_goes_to_late_topic():
 
 
 def test_future_dated_event_quarantined_not_merged():
-    pipe = IngestPipeline(IdentityClock(), PipelineConfig(max_future_us=1_000))
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(max_future_us=1_000))
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 1_001), T0)
     (record,) = [o.record for o in out if isinstance(o, PublishRecord)]
@@ -86,7 +86,7 @@ def test_future_dated_event_quarantined_not_merged():
 
 
 def test_resume_from_starts_at_the_recovered_seq():
-    pipe = IngestPipeline(IdentityClock())
+    pipe = IngestPipeline(IdentityMapping())
     pipe.resume_from("a", "s", 40)
     pipe.register("a", ("s",), T0)
     assert records(pipe.push("a", ev(40, T0), T0)) == [("a", 40, T0)]
@@ -95,7 +95,7 @@ def test_resume_from_starts_at_the_recovered_seq():
 
 
 def test_punctuation_follows_merged_events():
-    pipe = IngestPipeline(IdentityClock(), PipelineConfig(merger=MergerConfig(punctuation_interval_us=0)))
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(punctuation_interval_us=0)))
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 50), T0 + 1)
     punctuations = [o for o in out if isinstance(o, PublishPunctuation)]
@@ -104,7 +104,7 @@ def test_punctuation_follows_merged_events():
 
 
 def test_recovered_source_holds_the_merge_until_it_reconnects_or_the_grace_ends():
-    pipe = IngestPipeline(IdentityClock(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(reconnect_grace_us=10_000))
     pipe.resume_from("b", "s", 7)
     pipe.expect("b", "s", T0)
     pipe.register("a", ("s",), T0)
@@ -118,7 +118,7 @@ def test_recovered_source_holds_the_merge_until_it_reconnects_or_the_grace_ends(
 
 
 def test_recovered_source_reconnecting_in_time_is_merged_in_order():
-    pipe = IngestPipeline(IdentityClock(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(reconnect_grace_us=10_000))
     pipe.resume_from("b", "s", 7)
     pipe.expect("b", "s", T0)
     pipe.register("a", ("s",), T0)
@@ -130,7 +130,7 @@ def test_recovered_source_reconnecting_in_time_is_merged_in_order():
 
 
 def test_restored_watermark_sends_older_events_to_the_late_topic():
-    pipe = IngestPipeline(IdentityClock())
+    pipe = IngestPipeline(IdentityMapping())
     pipe.restore_watermark("s", T0 + 100)
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 99), T0)
@@ -140,7 +140,7 @@ def test_restored_watermark_sends_older_events_to_the_late_topic():
 
 
 def test_silent_newcomers_share_one_join_deadline_instead_of_one_wait_each():
-    pipe = IngestPipeline(IdentityClock(), PipelineConfig(join_grace_us=2_000_000))
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(join_grace_us=2_000_000))
     pipe.register("good", ("s",), T0)
     for k in range(50):  # a crowd that says hello and then nothing
         pipe.register(f"silent-{k}", ("s",), T0 + k)

@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from skewless import kafka_broker
+from broker import launcher as kafka_broker
 
 
 def test_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from gateway.metrics import make_registry
-from gateway.pipeline import PipelineCounters
 from gateway.server import GatewayCounters
+from reorder.pipeline import PipelineCounters
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"
 
@@ -59,7 +59,7 @@ def test_json_log_lines():
 
     import orjson
 
-    from skewless.logs import JsonFormatter
+    from gateway.logs import JsonFormatter
 
     record = logging.LogRecord("gateway.server", logging.WARNING, __file__, 1, "closing %s", ("conn-7",), None)
     record.created = 1_800_000_000.25

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reorder.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
-from reorder.oracle import oracle_schedule
+from reorder.eval.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
+from reorder.eval.oracle import oracle_schedule
 from reorder.records import Late, Released, SourceEvent
 from reorder.sequence import SequenceConfig, SequenceReorderer
 

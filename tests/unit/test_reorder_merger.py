@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reorder.clock import EstimateClock, FixedOffsetClock, IdentityClock
 from reorder.merger import MergerConfig, MultiSourceMerger
 from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
+from timesync.clocks import EstimateMapping, FixedOffsetMapping, IdentityMapping
 
 
 def ev(source: str, seq: int, ts: int) -> SourceEvent:
@@ -20,7 +20,7 @@ def merged(outs: list[object]) -> list[tuple[str, int, int]]:
 
 def test_releases_smallest_reference_time_using_each_sources_offset() -> None:
     # S2's clock is 1000 us behind the reference, S3's 500 us ahead (t_ref = t_source + offset)
-    clock = FixedOffsetClock({"S1": 0, "S2": 1000, "S3": -500})
+    clock = FixedOffsetMapping({"S1": 0, "S2": 1000, "S3": -500})
     m = MultiSourceMerger("R1", clock, MergerConfig(mode="thesis", default_timeout_us=10_000))
     for s in ("S1", "S2", "S3"):
         m.register(s, 0)
@@ -37,7 +37,7 @@ def test_releases_smallest_reference_time_using_each_sources_offset() -> None:
 
 
 def test_thesis_waits_for_an_empty_source_then_flags_it_timed_out_until_its_next_event() -> None:
-    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(mode="thesis", default_timeout_us=100))
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(mode="thesis", default_timeout_us=100))
     m.register("A", 0)
     m.register("B", 0)
     assert m.push(ev("A", 0, 10), 10, 10) == []
@@ -56,7 +56,7 @@ def test_thesis_waits_for_an_empty_source_then_flags_it_timed_out_until_its_next
 
 
 def test_watermark_mode_does_not_wait_for_a_source_whose_frontier_is_ahead() -> None:
-    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=1000, punctuation_interval_us=0))
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=1000, punctuation_interval_us=0))
     m.heartbeat("A", -1, 0, 0)
     m.heartbeat("B", -1, 0, 0)
     out = m.push(ev("B", 0, 50), 60, 60)  # A's frontier is 0 < 50: A may still send ts 1..49
@@ -73,7 +73,7 @@ def test_watermark_mode_does_not_wait_for_a_source_whose_frontier_is_ahead() -> 
 
 
 def test_heartbeat_only_counts_once_every_event_up_to_its_seq_was_delivered() -> None:
-    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=1000))
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=1000))
     m.heartbeat("A", -1, 0, 0)
     m.push(ev("B", 0, 50), 1, 1)
     # A claims seq 3 at clock 100, but the merger has seen none of A's events 0..3 yet
@@ -83,7 +83,7 @@ def test_heartbeat_only_counts_once_every_event_up_to_its_seq_was_delivered() ->
 
 
 def test_timed_out_source_coming_back_below_the_punctuation_goes_to_the_late_side_output() -> None:
-    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=100, punctuation_interval_us=0))
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=100, punctuation_interval_us=0))
     m.heartbeat("A", -1, 0, 0)
     m.heartbeat("B", -1, 0, 0)
     m.push(ev("A", 0, 500), 10, 10)
@@ -98,16 +98,16 @@ def test_timed_out_source_coming_back_below_the_punctuation_goes_to_the_late_sid
 
 
 def test_watermark_subtracts_the_error_bound() -> None:
-    m = MultiSourceMerger("R1", FixedOffsetClock({}, error_bound_us=7), MergerConfig(punctuation_interval_us=0))
+    m = MultiSourceMerger("R1", FixedOffsetMapping({}, error_bound_us=7), MergerConfig(punctuation_interval_us=0))
     out = m.push(ev("A", 0, 100), 0, 0)
     assert [o.watermark_us for o in out if isinstance(o, Punctuation)] == [93]
 
 
 def test_unknown_estimate_holds_the_watermark_back_by_its_unknown_error() -> None:
-    m = MultiSourceMerger("R1", EstimateClock(), MergerConfig(punctuation_interval_us=0))
+    m = MultiSourceMerger("R1", EstimateMapping(), MergerConfig(punctuation_interval_us=0))
     out = m.push(ev("A", 0, 100), 0, 0)
     assert merged(out) == [("A", 0, 100)]
-    assert m.watermark_us == 100 - EstimateClock.UNKNOWN_ERROR_US
+    assert m.watermark_us == 100 - EstimateMapping.UNKNOWN_ERROR_US
 
 
 @st.composite
@@ -135,7 +135,7 @@ def source_streams(draw: st.DrawFn) -> list[tuple[str, int, int, int]]:
 def test_output_is_sorted_by_reference_time_when_no_source_timed_out(
     events: list[tuple[str, int, int, int]], mode: str
 ) -> None:
-    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(mode=mode, default_timeout_us=10**9))  # type: ignore[arg-type]
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(mode=mode, default_timeout_us=10**9))  # type: ignore[arg-type]
     for s in {e[0] for e in events}:
         m.register(s, 0)
     out: list[object] = []
@@ -158,7 +158,7 @@ def test_output_is_sorted_by_reference_time_when_no_source_timed_out(
 def test_watermark_never_goes_backwards_and_nothing_below_it_follows(
     events: list[tuple[str, int, int, int]], beats: list[tuple[int, int, int]], timeout: int
 ) -> None:
-    m = MultiSourceMerger("R1", IdentityClock(), MergerConfig(default_timeout_us=timeout, punctuation_interval_us=0))
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=timeout, punctuation_interval_us=0))
     timeline: list[tuple[int, int, object]] = [(a, 1, (s, q, t)) for s, q, t, a in events]
     timeline += [(at, 0, (f"S{s}", clock)) for s, clock, at in beats]
     timeline.sort(key=lambda x: (x[0], x[1]))

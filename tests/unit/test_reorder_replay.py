@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from reorder.cli import parse_duration_us
-from reorder.replay import APPROACHES, ReplayOptions, replay
-from reorder.syncsim import SourceClockModel, SyncPlan, plan_sync
-from reorder.traces import PROFILES, TraceEvent, TraceFormatError, TraceSpec, generate, read_trace, write_trace
+from reorder.eval.cli import parse_duration_us
+from reorder.eval.replay import APPROACHES, ReplayOptions, replay
+from reorder.eval.syncsim import SourceClockModel, SyncPlan, plan_sync
+from reorder.eval.traces import PROFILES, TraceEvent, TraceFormatError, TraceSpec, generate, read_trace, write_trace
 
 
 def te(seq: int, true_us: int, arrival_us: int, source: str = "s0") -> TraceEvent:
@@ -136,7 +136,7 @@ def test_parse_duration() -> None:
 def test_cli_generate_and_replay_json(tmp_path: Path) -> None:
     import typer
 
-    from reorder.cli import register
+    from reorder.eval.cli import register
 
     app = typer.Typer()
     register(app)

@@ -1,7 +1,7 @@
 import msgpack
 
-from gateway.frames import FrameDecoder, encode_frame
-from gateway.messages import IncomingEvent
+from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import IncomingEvent
 from gateway.session import (
     CloseConnection,
     DrainRequested,
@@ -117,7 +117,7 @@ def test_raw_msgpack_helper_matches_codec():
 
 
 def test_heartbeat_accepted_for_declared_streams_only():
-    from gateway.messages import Heartbeat
+    from contract.wire.messages import Heartbeat
     from gateway.session import HeartbeatReceived
 
     session = GatewaySession()

@@ -1,4 +1,4 @@
-from gateway.frames import encode_frame
+from contract.wire.frames import encode_frame
 from gateway.session import CloseConnection, GatewaySession, SessionState, SessionTimeouts
 
 TIMEOUTS = SessionTimeouts(handshake_us=1_000, partial_frame_us=5_000, idle_us=20_000)

@@ -268,13 +268,15 @@ def test_two_bursts_give_a_skew_with_worst_case_error() -> None:
 
 
 def test_simulated_clock_sign_convention() -> None:
-    from timesync.clocks import SimulatedClock, SystemClock
+    from timesync.clocks import SimulatedClock, for_time_sync, system_time_us
 
-    sim = SimulatedClock(offset_us=1_000, skew_ppm=100.0, origin_us=0)
-    assert sim.from_realtime_ns(0) == 1_000
-    assert sim.from_realtime_ns(10_000_000_000) == 10_000_000 + 1_000 + 1_000  # 100 ppm of 10 s
-    assert abs(SystemClock()() - sim()) > 0
-    assert SystemClock().from_realtime_ns(5_999) == 5
+    sim = SimulatedClock(ahead_us=1_000, skew_ppm=100.0, origin_us=0)
+    assert sim.at(0) == 1_000
+    assert sim.at(10_000_000) == 10_000_000 + 1_000 + 1_000  # 100 ppm of 10 s
+    stamped = for_time_sync(sim)
+    assert stamped.from_realtime_ns(10_000_000_000) == 10_000_000 + 1_000 + 1_000  # type: ignore[attr-defined]
+    assert abs(system_time_us() - sim()) > 0
+    assert for_time_sync(system_time_us).from_realtime_ns(5_999) == 5  # type: ignore[attr-defined]
 
 
 def _burst(est: ClockEstimator, src: VirtualLink, t_ref_us: float, n: int = 6) -> None:

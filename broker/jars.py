@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from skewless.paths import RESOURCES_DIR, kafka_jars_dir, spark_jars_dir
+from broker.paths import RESOURCES_DIR, kafka_jars_dir, spark_jars_dir
 
 _MARKER = ".complete"
 

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from skewless.jars import ensure_kafka_jars, ensure_spark_jars
-from skewless.kafka_admin import ensure_topics
-from skewless.kafka_broker import KafkaBroker
-from skewless.topics import TopicNames
+from broker.admin import ensure_topics
+from broker.jars import ensure_kafka_jars, ensure_spark_jars
+from broker.launcher import KafkaBroker
+from contract.topics import TopicNames
 
 kafka_app = typer.Typer(no_args_is_help=True, help="Run a local single-node Apache Kafka broker (KRaft).")
 
@@ -66,6 +66,3 @@ def setup() -> None:
 def register(app: typer.Typer) -> None:
     app.add_typer(kafka_app, name="kafka")
     app.command("setup")(setup)
-    from skewless.demo import demo
-
-    app.command("demo")(demo)

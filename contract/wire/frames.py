@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-from gateway.errors import FrameTooLarge, MalformedFrame
+from contract.wire.errors import FrameTooLarge, MalformedFrame
 
 HEADER = struct.Struct(">I")
 # 1 MiB: room for a batch of ~10k small events while keeping one connection's worst-case buffer small.

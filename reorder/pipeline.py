@@ -1,6 +1,6 @@
 """The gateway's ordering pipeline, sans-IO: per-source sequence reorderers feeding one merger per stream.
 
-    events of a source ──▶ SequenceReorderer(source, stream) ──▶ ReferenceClock ──▶ MultiSourceMerger(stream)
+    events of a source ──▶ SequenceReorderer(source, stream) ──▶ ReferenceMapping ──▶ MultiSourceMerger(stream)
                                   │ late, gaps                      │ future-dated          │ late, punctuation
                                   ▼                                  ▼                       ▼
                              late topic                         late topic            events topic (ordered)
@@ -15,12 +15,12 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gateway.messages import IncomingEvent
-from reorder.clock import ReferenceClock
+from contract.records import EventRecord
+from contract.wire.messages import IncomingEvent
 from reorder.merger import MergerConfig, MultiSourceMerger
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
 from reorder.sequence import SequenceConfig, SequenceReorderer
-from skewless.records import EventRecord
+from timesync.clocks import ReferenceMapping
 
 # The events topic promises order, so late events only go to the late topic (Query 4.3's 7th parameter = drop).
 # A live gateway sees stalls a replay does not (event-loop pauses, a pool connection falling behind): gaps get at
@@ -77,7 +77,7 @@ class PipelineCounters:
 
 
 class _StreamPipeline:
-    def __init__(self, stream: str, clock: ReferenceClock, config: PipelineConfig) -> None:
+    def __init__(self, stream: str, clock: ReferenceMapping, config: PipelineConfig) -> None:
         self.reorderers: dict[str, SequenceReorderer] = {}
         self.config = config
         self.stream = stream
@@ -105,7 +105,7 @@ class _StreamPipeline:
 
 
 class IngestPipeline:
-    def __init__(self, clock: ReferenceClock, config: PipelineConfig | None = None) -> None:
+    def __init__(self, clock: ReferenceMapping, config: PipelineConfig | None = None) -> None:
         self.clock = clock
         self.config = config or PipelineConfig()
         self.counters = PipelineCounters()

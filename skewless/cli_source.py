@@ -17,10 +17,9 @@ from typing import Annotated, Any
 import typer
 
 from clients.client import SkewlessClient
-from clients.clock import MAX_SKEW_PPM, SimulatedClock
 from clients.core import Backoff
-from reorder.traces import TraceEvent, read_trace
-from skewless.clock import system_time_us
+from reorder.eval.traces import TraceEvent, read_trace
+from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
 __all__ = ["PlannedSend", "ReplayOptions", "ReplaySummary", "plan_replay", "register", "replay_trace"]
 

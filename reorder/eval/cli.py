@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
 import orjson
 import typer
 
-from reorder.kslack import AQKSlackConfig
-from reorder.replay import APPROACHES, Approach, ReplayOptions, replay
-from reorder.traces import PROFILES, TraceSpec, generate, read_trace, with_profile, write_trace
+from contract import units
+from reorder.eval.kslack import AQKSlackConfig
+from reorder.eval.replay import APPROACHES, Approach, ReplayOptions, replay
+from reorder.eval.traces import PROFILES, TraceSpec, generate, read_trace, with_profile, write_trace
 
 __all__ = ["parse_duration_us", "register"]
 
-_UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "min": 60_000_000, "h": 3_600_000_000}
-
-
 def parse_duration_us(text: str) -> int:
     """``"1h"``, ``"1min"``, ``"5ms"``, ``"250us"``, ``"-3s"`` or a bare integer of microseconds."""
-    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(us|ms|s|min|h)?\s*", text)
-    if m is None:
-        raise typer.BadParameter(f"not a duration: {text!r} (e.g. 5ms, 1min, 1h, 250us)")
-    return round(float(m.group(1)) * _UNITS_US[m.group(2) or "us"])
+    try:
+        return units.parse_duration_us(text, allow_negative=True)
+    except units.DurationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 traces_app = typer.Typer(no_args_is_help=True, help="Generate and inspect replay traces (docs/traces.md).")

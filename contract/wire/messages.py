@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import InvalidMessage, UnexpectedMessage, UnsupportedVersion
-from skewless.topics import InvalidStreamName, validate_stream_name
+from contract.topics import InvalidStreamName, validate_stream_name
+from contract.wire.errors import InvalidMessage, UnexpectedMessage, UnsupportedVersion
 
 PROTOCOL_VERSION = 1
 MAX_SEQ = 2**63 - 1
@@ -22,7 +22,7 @@ class Hello:
     token: str | None = None
 
 
-@dataclass(slots=True)  # built per event: not frozen, see skewless.records.EventRecord
+@dataclass(slots=True)  # built per event: not frozen, see contract.records.EventRecord
 class IncomingEvent:
     stream: str
     seq: int

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from skewless.jars import ensure_kafka_jars
-from skewless.netutil import free_tcp_port, wait_for_tcp
-from skewless.paths import RESOURCES_DIR, cache_dir
+from broker.jars import ensure_kafka_jars
+from broker.netutil import free_tcp_port, wait_for_tcp
+from broker.paths import RESOURCES_DIR, cache_dir
 
 DEFAULT_HEAP_MB = 512
 READY_TIMEOUT_S = 90.0

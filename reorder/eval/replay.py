@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from reorder.clock import EstimateClock, IdentityClock, ReferenceClock
-from reorder.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
+from reorder.eval.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
+from reorder.eval.oracle import oracle_schedule
+from reorder.eval.syncsim import SourceClockModel, SyncPlan, plan_sync
+from reorder.eval.traces import TraceEvent
 from reorder.merger import MergeOutput, MergerConfig, MultiSourceMerger
-from reorder.oracle import oracle_schedule
 from reorder.records import GapSkipped, Late, Merged, Released, SourceEvent, SourceTimedOut
 from reorder.sequence import ReorderOutput, SequenceConfig, SequenceReorderer
-from reorder.syncsim import SourceClockModel, SyncPlan, plan_sync
-from reorder.traces import TraceEvent
+from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
 from timesync.estimator import ClockEstimate
 
 __all__ = ["APPROACHES", "Approach", "ReplayOptions", "ReplayResult", "replay"]
@@ -187,9 +187,9 @@ class _Pipeline:
                 target_accuracy=opts.target_accuracy,
             )
         self.merger_config = MergerConfig(mode="thesis" if thesis else "watermark")
-        self.clock: ReferenceClock
-        self.est_clock = EstimateClock()
-        self.clock = self.est_clock if opts.sync else IdentityClock()
+        self.clock: ReferenceMapping
+        self.est_clock = EstimateMapping()
+        self.clock = self.est_clock if opts.sync else IdentityMapping()
         self.reorderers: dict[tuple[str, str], SequenceReorderer] = {}
         self.mergers: dict[str, MultiSourceMerger] = {}
         self.timers: list[tuple[int, int, str, str]] = []  # (deadline, kind, source, stream)
