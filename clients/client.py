@@ -34,7 +34,16 @@ from clients.core import (
 from clients.spool import DEFAULT_SPOOL_MAX_BYTES, FileSpool
 from contract.wire.errors import RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from contract.wire.messages import MAX_SEQ, PROTOCOL_VERSION
+from contract.wire.messages import (
+    MAX_SEQ,
+    Ack,
+    ErrorReply,
+    Welcome,
+    build_bye,
+    build_heartbeat,
+    build_hello,
+    parse_gateway_message,
+)
 from timesync.client import DEFAULT_COUNT, PeriodicSync
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
@@ -381,7 +390,7 @@ class SkewlessClient:
         for slot in self._slots:
             if slot.writer is not None and self._scheduler.is_up(slot.index):
                 with contextlib.suppress(ConnectionError, OSError):
-                    if _write(slot.writer, encode_frame({"type": "bye"})):
+                    if _write(slot.writer, encode_frame(build_bye())):
                         await slot.writer.drain()
         await self._teardown()
         if self._room is not None:
@@ -564,8 +573,7 @@ class SkewlessClient:
             for index in due:
                 self._idle.wrote(index, now)
             return
-        frame = encode_frame({"type": "heartbeat", "source_ts_us": ts_us,
-                              "next_seq": heartbeat_next_seq(self._seqs, self._store)})
+        frame = encode_frame(build_heartbeat(ts_us, heartbeat_next_seq(self._seqs, self._store)))
         for index in due:
             writer = self._slots[index].writer
             if writer is not None and _write(writer, frame):
@@ -575,11 +583,7 @@ class SkewlessClient:
     # -- connections -----------------------------------------------------------------------------------------------
 
     def _hello(self) -> dict[str, Any]:
-        hello: dict[str, Any] = {"type": "hello", "version": PROTOCOL_VERSION, "source_id": self.source_id,
-                                 "streams": self.streams}
-        if self._token is not None:
-            hello["token"] = self._token()
-        return hello
+        return build_hello(self.source_id, self.streams, None if self._token is None else self._token())
 
     async def _open(self, slot: _Slot) -> None:
         """Connect and handshake one pool connection; raises on failure (the caller retries or gives up)."""
@@ -598,14 +602,17 @@ class SkewlessClient:
         elapsed_s = asyncio.get_running_loop().time() - started
         if elapsed_s > 5.0:
             log.warning("%s conn%d: the gateway took %.1f s to answer the hello", self.source_id, slot.index, elapsed_s)
-        reply = messages[0]
-        if reply.get("type") != "welcome":
+        try:
+            reply = parse_gateway_message(messages[0])
+        except RemoteProtocolError as exc:
             writer.close()
-            if reply.get("type") == "error":
-                raise GatewayRejected(str(reply.get("code")), str(reply.get("message")))
-            raise GatewayRejected("unexpected_reply", f"expected welcome, got {reply.get('type')!r}")
-        limit = reply.get("max_frame_bytes")
-        slot.max_frame_bytes = limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_FRAME_BYTES
+            raise GatewayRejected(exc.code, f"expected welcome: {exc}") from exc
+        if not isinstance(reply, Welcome):
+            writer.close()
+            if isinstance(reply, ErrorReply):
+                raise GatewayRejected(reply.code, reply.message)
+            raise GatewayRejected("unexpected_reply", f"expected welcome, got {messages[0].get('type')!r}")
+        slot.max_frame_bytes = reply.max_frame_bytes
         self._max_frame_bytes = min(s.max_frame_bytes for s in self._slots)
         slot.reader, slot.writer, slot.decoder = reader, writer, decoder
         self._scheduler.up(slot.index)
@@ -674,12 +681,15 @@ class SkewlessClient:
                 if self._error is not None:
                     return
 
-    def _on_message(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "ack":
-            stream, seq = message.get("stream"), message.get("seq")
-            if not isinstance(stream, str) or not isinstance(seq, int):
-                return
+    def _on_message(self, raw: dict[str, Any]) -> None:
+        try:
+            message = parse_gateway_message(raw)
+        except RemoteProtocolError as exc:
+            # A newer gateway may send types this client does not know: ignored, not fatal.
+            log.warning("%s: ignored a gateway message: %s", self.source_id, exc)
+            return
+        if isinstance(message, Ack):
+            stream, seq = message.stream, message.seq
             released = self._store.ack(stream, seq)
             self._acked_streams.add(stream)
             if released:
@@ -690,9 +700,9 @@ class SkewlessClient:
                     self._room.set()
                 if self._progress is not None:
                     self._progress.set()
-        elif kind == "error":
-            error = GatewayRejected(str(message.get("code")), str(message.get("message")))
-            if message.get("fatal", True):
+        elif isinstance(message, ErrorReply):
+            error = GatewayRejected(message.code, message.message)
+            if message.fatal:
                 log.error("%s: gateway error %s", self.source_id, error)
                 self._fail(error)
             else:

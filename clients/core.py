@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.wire.frames import encode_frame
-from contract.wire.messages import MAX_SEQ
+from contract.wire.messages import MAX_SEQ, build_event, build_events
 
 __all__ = [
     "Backoff",
@@ -52,7 +52,7 @@ class PendingEvent:
     """Queued again after a connection loss, or recovered from a spool: it may have reached the gateway."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"stream": self.stream, "seq": self.seq, "source_ts_us": self.source_ts_us, "payload": self.payload}
+        return build_event(self.stream, self.seq, self.source_ts_us, self.payload)
 
 
 class SeqAssigner:
@@ -242,7 +242,7 @@ def encode_batches(events: Sequence[PendingEvent], max_events: int,
 
 def _encode_fitting(chunk: Sequence[PendingEvent], max_frame_bytes: int,
                     out: list[tuple[Sequence[PendingEvent], bytes]]) -> None:
-    frame = encode_frame({"type": "events", "events": [e.to_wire() for e in chunk]})
+    frame = encode_frame(build_events([e.to_wire() for e in chunk]))
     if len(frame) - 4 <= max_frame_bytes:
         out.append((chunk, frame))
         return

@@ -315,7 +315,7 @@ class Gateway:
             # SDK resends what it carried and the gateway re-acks the duplicates.
             for handler in self._connections.get(source_id, ()):
                 if handler.writable:
-                    handler.send_bytes(encode_frame(messages.ack(stream, acked)))
+                    handler.send_bytes(encode_frame(messages.build_ack(stream, acked)))
                     break
 
     async def _sweep_timeouts(self) -> None:
@@ -383,7 +383,7 @@ class Gateway:
                 self.counters.duplicates += 1
                 acked = self.tracker.acked_through(source_id, event.stream)
                 if acked is not None and acked >= event.seq:
-                    origin.send_frame(messages.ack(event.stream, acked))
+                    origin.send_frame(messages.build_ack(event.stream, acked))
                 continue
             outputs += self.pipeline.push(source_id, event, arrival_ts_us)
         self._wake_deadline_task()

@@ -151,7 +151,7 @@ class GatewaySession:
             self.source_id = hello.source_id
             self.streams = frozenset(hello.streams)
             actions = [SourceRegistered(hello),
-                       SendBytes(encode_frame(messages.welcome(self._decoder.max_frame_bytes)))]
+                       SendBytes(encode_frame(messages.build_welcome(self._decoder.max_frame_bytes)))]
         elif kind == "events":
             batch = messages.parse_events(raw, self._max_events_per_batch, self.streams)
             assert self.source_id is not None
@@ -170,5 +170,5 @@ class GatewaySession:
 
     def _fail(self, exc: ProtocolError) -> list[SessionAction]:
         self.state = SessionState.ERROR
-        frame = encode_frame(messages.error(exc.code, str(exc), fatal=True))
+        frame = encode_frame(messages.build_error(exc.code, str(exc), fatal=True))
         return [SendBytes(frame), CloseConnection(str(exc), exc.code)]

@@ -1,7 +1,13 @@
-"""Typed messages of the client <-> gateway protocol (docs/wire-protocol.md) and their validation."""
+"""Typed messages of the client <-> gateway protocol, both directions (docs/wire-protocol.md).
+
+Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, ack, error. Each has a ``build_*``
+function (the map that goes into one frame) and a ``parse_*`` function (validation into a typed message; a
+violation raises a RemoteProtocolError, because whoever parses it received it from the other side).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +18,10 @@ PROTOCOL_VERSION = 1
 MAX_SEQ = 2**63 - 1
 MAX_SOURCE_ID_CHARS = 128
 MAX_STREAMS_PER_SOURCE = 64
+
+# Message types ("type" of the frame map).
+HELLO, EVENTS, HEARTBEAT, BYE = "hello", "events", "heartbeat", "bye"
+WELCOME, ACK, ERROR = "welcome", "ack", "error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +133,91 @@ def parse_heartbeat(raw: dict[str, Any]) -> Heartbeat:
     return Heartbeat(source_ts_us, {_stream(k): _int_field(next_seq, k, 0, MAX_SEQ) for k in next_seq})
 
 
-def welcome(max_frame_bytes: int) -> dict[str, Any]:
-    return {"type": "welcome", "version": PROTOCOL_VERSION, "max_frame_bytes": max_frame_bytes}
+# ------------------------------------------------------------------------------------- client -> gateway, build
 
 
-def ack(stream: str, seq: int) -> dict[str, Any]:
-    return {"type": "ack", "stream": stream, "seq": seq}
+def build_hello(source_id: str, streams: Sequence[str], token: str | None = None) -> dict[str, Any]:
+    hello: dict[str, Any] = {"type": HELLO, "version": PROTOCOL_VERSION, "source_id": source_id,
+                             "streams": list(streams)}
+    if token is not None:
+        hello["token"] = token
+    return hello
 
 
-def error(code: str, message: str, fatal: bool) -> dict[str, Any]:
-    return {"type": "error", "code": code, "message": message, "fatal": fatal}
+def build_event(stream: str, seq: int, source_ts_us: int, payload: Any) -> dict[str, Any]:
+    """One element of an events message (not a message by itself)."""
+    return {"stream": stream, "seq": seq, "source_ts_us": source_ts_us, "payload": payload}
+
+
+def build_events(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``events``: maps from :func:`build_event`."""
+    return {"type": EVENTS, "events": list(events)}
+
+
+def build_heartbeat(source_ts_us: int, next_seq: Mapping[str, int]) -> dict[str, Any]:
+    return {"type": HEARTBEAT, "source_ts_us": source_ts_us, "next_seq": dict(next_seq)}
+
+
+def build_bye() -> dict[str, Any]:
+    return {"type": BYE}
+
+
+# --------------------------------------------------------------------------------------------- gateway -> client
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    version: int
+    max_frame_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Every event of ``stream`` up to and including ``seq`` is in Kafka."""
+
+    stream: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """The gateway refused something; ``fatal`` means it closes the connection after this frame."""
+
+    code: str
+    message: str
+    fatal: bool
+
+
+GatewayMessage = Welcome | Ack | ErrorReply
+
+
+def build_welcome(max_frame_bytes: int) -> dict[str, Any]:
+    return {"type": WELCOME, "version": PROTOCOL_VERSION, "max_frame_bytes": max_frame_bytes}
+
+
+def build_ack(stream: str, seq: int) -> dict[str, Any]:
+    return {"type": ACK, "stream": stream, "seq": seq}
+
+
+def build_error(code: str, message: str, fatal: bool) -> dict[str, Any]:
+    return {"type": ERROR, "code": code, "message": message, "fatal": fatal}
+
+
+def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
+    """A frame the gateway sent, typed; an unknown type or a bad field raises a RemoteProtocolError."""
+    kind = raw.get("type")
+    if kind == ACK:
+        stream = raw.get("stream")
+        if not isinstance(stream, str):
+            raise InvalidMessage("ack: 'stream' must be a string")
+        return Ack(stream, _int_field(raw, "seq", 0, MAX_SEQ))
+    if kind == WELCOME:
+        version = _int_field(raw, "version", 0, 2**31)
+        if version != PROTOCOL_VERSION:
+            raise UnsupportedVersion(f"gateway speaks protocol version {version}; this client speaks "
+                                     f"{PROTOCOL_VERSION}")
+        return Welcome(version, _int_field(raw, "max_frame_bytes", 1, 2**31))
+    if kind == ERROR:
+        fatal = raw.get("fatal", True)
+        return ErrorReply(str(raw.get("code")), str(raw.get("message")), fatal if isinstance(fatal, bool) else True)
+    raise UnexpectedMessage(f"unknown gateway message type {kind!r}")
