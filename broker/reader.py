@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from contract.records import PUNCTUATION
+
 
 def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
     """All (key, value) pairs currently in every partition of `topic`, in partition then offset order."""
@@ -59,5 +61,5 @@ def read_stream(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> 
     punctuations: list[dict[str, Any]] = []
     for _key, value in read_topic(bootstrap_servers, topic, timeout_s):
         record = orjson.loads(value)
-        (punctuations if record.get("kind") == "punctuation" else events).append(record)
+        (punctuations if record.get("kind") == PUNCTUATION else events).append(record)
     return events, punctuations

@@ -1,13 +1,40 @@
-"""The Kafka record contract (docs/record-contract.md): one JSON object per ordered or late event."""
+"""The Kafka record contract (docs/record-contract.md is its twin): every record kind, encoded and decoded here.
+
+Events topics carry ``event`` and ``punctuation`` records, late topics ``event`` records with a reason, the
+compacted sources topic ``clock`` records (key: source id) and ``progress`` checkpoints (key ``progress|<stream>``),
+results topics one value per result with ``job`` and ``record``. All times are integer microseconds since the epoch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
 
 CONTRACT_VERSION = 1
+
+# The "kind" of a record on the events, late and sources topics.
+EVENT = "event"
+PUNCTUATION = "punctuation"
+CLOCK = "clock"
+PROGRESS = "progress"
+
+PUNCTUATION_KEY = b"__punctuation__"
+PROGRESS_KEY_PREFIX = "progress|"
+
+# The "record" of a results-topic value.
+RESULT_WINDOW = "window"
+RESULT_FINAL = "final"
+RESULT_MATCH = "match"
+RESULT_ADD = "add"
+RESULT_RETRACT = "retract"
+RESULT_LATE = "late"
+RESULT_REJECTED = "rejected"
+
+
+class RecordError(ValueError):
+    """A record that does not follow the contract (wrong kind, missing or mistyped field)."""
 
 
 # Not frozen: a frozen dataclass pays object.__setattr__ per field, and one record is built per event.
@@ -35,7 +62,7 @@ class EventRecord:
     def to_json(self) -> bytes:
         value: dict[str, Any] = {
             "v": CONTRACT_VERSION,
-            "kind": "event",
+            "kind": EVENT,
             "stream": self.stream,
             "source_id": self.source_id,
             "seq": self.seq,
@@ -55,3 +82,153 @@ class EventRecord:
     @property
     def key(self) -> bytes:
         return self.source_id.encode()
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> EventRecord:
+        known = {"v", "kind", "stream", "source_id", "seq", "source_ts_us", "ref_ts_us", "uncertainty_us",
+                 "arrival_ts_us", "release_ts_us", "late", "payload", "late_reason"}
+        return cls(stream=_str(raw, "stream"), source_id=_str(raw, "source_id"), seq=_int(raw, "seq"),
+                   source_ts_us=_int(raw, "source_ts_us"), ref_ts_us=_int(raw, "ref_ts_us"),
+                   uncertainty_us=_int(raw, "uncertainty_us"), arrival_ts_us=_int(raw, "arrival_ts_us"),
+                   release_ts_us=_int(raw, "release_ts_us"), late=bool(raw.get("late", False)),
+                   payload=raw.get("payload"), late_reason=raw.get("late_reason"),
+                   extra={k: v for k, v in raw.items() if k not in known})
+
+
+@dataclass(frozen=True, slots=True)
+class PunctuationRecord:
+    """No event with ``ref_ts_us < watermark_us`` follows this record in its topic."""
+
+    stream: str
+    watermark_us: int
+    release_ts_us: int
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"v": CONTRACT_VERSION, "kind": PUNCTUATION, "stream": self.stream,
+                             "watermark_us": self.watermark_us, "release_ts_us": self.release_ts_us})
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PunctuationRecord:
+        return cls(_str(raw, "stream"), _int(raw, "watermark_us"), _int(raw, "release_ts_us"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClockRecord:
+    """A source's clock as the gateway knows it (sign: ``ref = source + offset_us``); ``estimate`` is the complete
+    estimate a restarted gateway loads (None in records of older gateways)."""
+
+    source_id: str
+    offset_us: int
+    rtt_us: int
+    skew_ppm: float
+    error_bound_us: int
+    last_sync_us: int
+    sample_count: int
+    t_a_us: int
+    updated_us: int
+    estimate: dict[str, int | float] | None = None
+
+    @property
+    def key(self) -> bytes:
+        return self.source_id.encode()
+
+    def to_json(self) -> bytes:
+        value: dict[str, Any] = {"v": CONTRACT_VERSION, "kind": CLOCK, **asdict(self)}
+        if self.estimate is None:
+            del value["estimate"]
+        return orjson.dumps(value)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ClockRecord:
+        estimate = raw.get("estimate")
+        if estimate is not None and not (isinstance(estimate, dict) and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in estimate.values())):
+            raise RecordError("clock record: 'estimate' must map names to numbers")
+        skew = raw.get("skew_ppm")
+        if not isinstance(skew, int | float) or isinstance(skew, bool):
+            raise RecordError("clock record: 'skew_ppm' must be a number")
+        return cls(_str(raw, "source_id"), _int(raw, "offset_us"), _int(raw, "rtt_us"), float(skew),
+                   _int(raw, "error_bound_us"), _int(raw, "last_sync_us"), _int(raw, "sample_count"),
+                   _int(raw, "t_a_us"), _int(raw, "updated_us"), estimate)
+
+
+@dataclass(slots=True)
+class ProgressRecord:
+    """The gateway's restart checkpoint of one stream: its events topic holds everything below ``next_offset``,
+    each source's seqs below ``next_seq[source]``, and punctuations up to ``watermark_us``."""
+
+    stream: str
+    next_offset: int = 0
+    next_seq: dict[str, int] = field(default_factory=dict)
+    watermark_us: int | None = None
+
+    @property
+    def key(self) -> bytes:
+        return progress_key(self.stream)
+
+    def to_json(self) -> bytes:
+        # Version 1 progress records carry no "v"; kept so that checkpoints written before stay readable both ways.
+        return orjson.dumps({"kind": PROGRESS, "stream": self.stream, "next_offset": self.next_offset,
+                             "next_seq": self.next_seq, "watermark_us": self.watermark_us})
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ProgressRecord:
+        next_seq = raw.get("next_seq")
+        if not isinstance(next_seq, dict):
+            raise RecordError("progress record: 'next_seq' must be a map")
+        watermark = raw.get("watermark_us")
+        return cls(_str(raw, "stream"), _int(raw, "next_offset"), {str(k): int(v) for k, v in next_seq.items()},
+                   None if watermark is None else int(watermark))
+
+
+def progress_key(stream: str) -> bytes:
+    return (PROGRESS_KEY_PREFIX + stream).encode()
+
+
+ContractRecord = EventRecord | PunctuationRecord | ClockRecord | ProgressRecord
+_DECODERS: dict[str, Any] = {EVENT: EventRecord.from_dict, PUNCTUATION: PunctuationRecord.from_dict,
+                             CLOCK: ClockRecord.from_dict, PROGRESS: ProgressRecord.from_dict}
+
+
+def decode_record(value: bytes | dict[str, Any]) -> ContractRecord:
+    """A record of an events, late or sources topic, typed by its ``kind``; anything else raises RecordError."""
+    if isinstance(value, dict):
+        raw = value
+    else:
+        try:
+            raw = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise RecordError(f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RecordError(f"a record must be a JSON object, got {type(raw).__name__}")
+    decoder = _DECODERS.get(raw.get("kind"))  # type: ignore[arg-type]
+    if decoder is None:
+        raise RecordError(f"unknown record kind {raw.get('kind')!r}")
+    record: ContractRecord = decoder(raw)
+    return record
+
+
+def result_value(job: str, record: str, stream: str, **fields: Any) -> dict[str, Any]:
+    """The value of a results-topic record (serialised by the job's sink)."""
+    return {"job": job, "record": record, "stream": stream, **fields}
+
+
+def result_key(*parts: object) -> str:
+    """Results keys join their parts with ``|`` (docs/record-contract.md lists each job's parts)."""
+    return "|".join(str(p) for p in parts)
+
+
+def _int(raw: dict[str, Any], name: str) -> int:
+    if name not in raw:
+        raise RecordError(f"record without {name!r}")
+    value = raw[name]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RecordError(f"record field {name!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _str(raw: dict[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str):
+        raise RecordError(f"record field {name!r} must be a string, got {type(value).__name__}")
+    return value

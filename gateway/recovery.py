@@ -10,26 +10,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from contract.records import EventRecord, ProgressRecord, PunctuationRecord, decode_record, progress_key
 from gateway.clock_state import estimate_from_record
 from timesync.estimator import ClockEstimate
 
-PROGRESS_KEY_PREFIX = "progress|"
 
+class StreamProgress(ProgressRecord):
+    """What is known to be in the events topic of one stream (the checkpoint record plus its bookkeeping)."""
 
-@dataclass
-class StreamProgress:
-    """What is known to be in the events topic of one stream."""
-
-    next_offset: int = 0
-    next_seq: dict[str, int] = field(default_factory=dict)
-    watermark_us: int | None = None
-    """The highest watermark promised by a punctuation record of this stream."""
+    __slots__ = ()
 
     def observe(self, source_id: str, seq: int, offset: int) -> None:
         if seq + 1 > self.next_seq.get(source_id, 0):
@@ -39,21 +32,6 @@ class StreamProgress:
     def promise(self, watermark_us: int) -> None:
         if self.watermark_us is None or watermark_us > self.watermark_us:
             self.watermark_us = watermark_us
-
-    def to_json(self, stream: str) -> bytes:
-        return orjson.dumps({"kind": "progress", "stream": stream, "next_offset": self.next_offset,
-                             "next_seq": self.next_seq, "watermark_us": self.watermark_us})
-
-    @classmethod
-    def from_json(cls, value: bytes) -> StreamProgress:
-        raw = orjson.loads(value)
-        watermark = raw.get("watermark_us")
-        return cls(int(raw["next_offset"]), {str(k): int(v) for k, v in raw["next_seq"].items()},
-                   None if watermark is None else int(watermark))
-
-
-def progress_key(stream: str) -> bytes:
-    return (PROGRESS_KEY_PREFIX + stream).encode()
 
 
 def _consumer(bootstrap_servers: str) -> Consumer:
@@ -106,25 +84,28 @@ def _scan(consumer: Consumer, topic: str, start_offset: int, timeout_s: float) -
 
 def recover_stream(bootstrap_servers: str, sources_topic: str, events_topic: str, stream: str,
                    timeout_s: float = 60.0) -> StreamProgress:
-    progress = StreamProgress()
+    progress = StreamProgress(stream)
     wanted = progress_key(stream)
     # One consumer per topic: a reassigned consumer may still hand out messages prefetched for the old topic.
     consumer = _consumer(bootstrap_servers)
     try:
         for _offset, key, value in _scan(consumer, sources_topic, 0, timeout_s):
             if key == wanted:
-                progress = StreamProgress.from_json(value)
+                checkpoint = decode_record(value)
+                if isinstance(checkpoint, ProgressRecord):
+                    progress = StreamProgress(stream, checkpoint.next_offset, checkpoint.next_seq,
+                                              checkpoint.watermark_us)
     finally:
         consumer.close()
     consumer = _consumer(bootstrap_servers)
     try:
         for offset, _key, value in _scan(consumer, events_topic, progress.next_offset, timeout_s):
-            record = orjson.loads(value)
-            if record.get("kind") == "event":
-                progress.observe(record["source_id"], int(record["seq"]), offset)
+            record = decode_record(value)
+            if isinstance(record, EventRecord):
+                progress.observe(record.source_id, record.seq, offset)
             else:
-                if record.get("kind") == "punctuation":
-                    progress.promise(int(record["watermark_us"]))
+                if isinstance(record, PunctuationRecord):
+                    progress.promise(record.watermark_us)
                 progress.next_offset = max(progress.next_offset, offset + 1)
     finally:
         consumer.close()
@@ -139,11 +120,7 @@ def recover_clocks(bootstrap_servers: str, sources_topic: str,
     consumer = _consumer(bootstrap_servers)
     try:
         for _offset, _key, value in _scan(consumer, sources_topic, 0, timeout_s):
-            try:
-                record = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                continue
-            parsed = estimate_from_record(record) if isinstance(record, dict) else None
+            parsed = estimate_from_record(value)
             if parsed is not None:
                 latest[parsed[0]] = (parsed[1], parsed[2])
     finally:

@@ -11,11 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import orjson
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.admin import ensure_topics
-from contract.records import CONTRACT_VERSION, EventRecord
+from contract.records import PUNCTUATION_KEY, EventRecord, PunctuationRecord
 from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
@@ -24,7 +23,7 @@ from gateway.auth import SourceAuthenticator
 from gateway.clock_state import clock_state_record
 from gateway.metrics import MetricsServer, make_registry
 from gateway.publisher import DeliveryCallback, KafkaPublisher, QueueFull
-from gateway.recovery import StreamProgress, progress_key, recover_clocks, recover_stream
+from gateway.recovery import StreamProgress, recover_clocks, recover_stream
 from gateway.session import (
     CloseConnection,
     DrainRequested,
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.002
 PRESSURE_CHECK_EVERY_TICKS = 10
-PUNCTUATION_KEY = b"__punctuation__"
 TIMEOUT_SWEEP_INTERVAL_S = 0.5
 # Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
 MAX_PENDING_ACTIONS = 64
@@ -188,9 +186,9 @@ class Gateway:
 
     def _on_clock_update(self, info: SourceInfo) -> None:
         now_us = self._clock_us()
-        value = clock_state_record(info, now_us, self.store.max_rtt_us())
+        record = clock_state_record(info, now_us, self.store.max_rtt_us())
         with contextlib.suppress(QueueFull):
-            self._publisher.produce(self.topics.sources, info.source_id.encode(), value, None)
+            self._publisher.produce(self.topics.sources, record.key, record.to_json(), None)
 
     @property
     def timesync_port(self) -> int | None:
@@ -337,7 +335,7 @@ class Gateway:
             for stream in missing:
                 if self.topics.events(stream) in created:
                     # A topic created just now is empty: nothing to recover (and its leader may not be known yet).
-                    self._progress[stream] = StreamProgress()
+                    self._progress[stream] = StreamProgress(stream)
                     continue
                 started = time.monotonic()
                 progress = await loop.run_in_executor(
@@ -408,8 +406,7 @@ class Gateway:
                     await self._produce(topic, record.key, record.to_json(),
                                         self._delivery_callback(record, output.topic))
                 else:
-                    value = orjson.dumps({"v": CONTRACT_VERSION, "kind": "punctuation", "stream": output.stream,
-                                          "watermark_us": output.watermark_us, "release_ts_us": output.at_us})
+                    value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
                     self._progress[output.stream].promise(output.watermark_us)
                     self._progress_dirty.add(output.stream)
                     await self._produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None)
@@ -440,8 +437,8 @@ class Gateway:
         for stream in dirty:
             # Best effort: a lost checkpoint only makes the next recovery scan a little longer.
             with contextlib.suppress(QueueFull):
-                self._publisher.produce(self.topics.sources, progress_key(stream),
-                                        self._progress[stream].to_json(stream), None)
+                progress = self._progress[stream]
+                self._publisher.produce(self.topics.sources, progress.key, progress.to_json(), None)
 
     async def _produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None) -> None:
         while True:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.records import EVENT
+
 
 def event_schema() -> Any:
     from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
@@ -52,4 +54,4 @@ def read_events(spark: Any, bootstrap_servers: str, topic_pattern: str, starting
 def events_only(parsed: Any) -> Any:
     from pyspark.sql import functions as F
 
-    return parsed.where((F.col("kind") == "event") & F.col("ref_ts_us").isNotNull())
+    return parsed.where((F.col("kind") == EVENT) & F.col("ref_ts_us").isNotNull())

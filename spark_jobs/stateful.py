@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from contract.records import EVENT, PUNCTUATION
+
 # Spark-side schemas: every job emits (key, value) JSON records, ready for the Kafka sink.
 OUTPUT_SCHEMA = "key string, value string"
 STATE_SCHEMA = "blob binary"
@@ -78,10 +80,10 @@ def run_group(core: GroupCore, batches: Iterator[list[dict[str, Any]]], watermar
     punctuation_us: int | None = None
     if not timed_out:
         for rows in batches:
-            outputs.extend(core.on_rows(sort_rows([r for r in rows if r.get("kind") == "event"])))
+            outputs.extend(core.on_rows(sort_rows([r for r in rows if r.get("kind") == EVENT])))
             punctuation_us = _later(punctuation_us, max(
                 (int(r["watermark_us"]) for r in rows
-                 if r.get("kind") == "punctuation" and r.get("watermark_us") is not None), default=None))
+                 if r.get("kind") == PUNCTUATION and r.get("watermark_us") is not None), default=None))
     watermark_us = _later(watermark_us, punctuation_us)
     if watermark_us is not None:
         outputs.extend(core.on_watermark(watermark_us))
@@ -96,7 +98,7 @@ def _later(a: int | None, b: int | None) -> int | None:
 
 def event_frame(frame: Any) -> Any:
     """A micro-batch chunk as the columnar path sees it: events only, in reference-time then Kafka order."""
-    events = frame[frame["kind"] == "event"]
+    events = frame[frame["kind"] == EVENT]
     return events.sort_values(["ref_ts_us", "partition", "offset"], kind="stable")
 
 
@@ -122,7 +124,7 @@ def make_group_function(factory: CoreFactory) -> Callable[..., Iterator[Any]]:
             if not state.hasTimedOut:
                 for frame in frames:
                     outputs.extend(on_frame(event_frame(frame)))
-                    promised = frame.loc[frame["kind"] == "punctuation", "watermark_us"].dropna()
+                    promised = frame.loc[frame["kind"] == PUNCTUATION, "watermark_us"].dropna()
                     if len(promised):
                         watermark_us = _later(watermark_us, int(promised.max()))
             if watermark_us is not None:
@@ -160,7 +162,7 @@ def read_ordered_stream(spark: Any, bootstrap_servers: str, topics: Sequence[str
     def one(pattern: str) -> Any:
         parsed = read_events(spark, bootstrap_servers, pattern, starting_offsets)
         return (
-            parsed.where(F.col("kind").isin("event", "punctuation"))
+            parsed.where(F.col("kind").isin(EVENT, PUNCTUATION))
             .withColumn("event_time", F.timestamp_micros(F.coalesce(F.col("ref_ts_us"), F.col("watermark_us"))))
             .where(F.col("event_time").isNotNull())
             .withWatermark("event_time", watermark_delay)
@@ -187,7 +189,7 @@ def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory,
 
     punctuation_group = F.lit(PUNCTUATION_KEY) if punctuation_key is None else punctuation_key
     keyed = ordered.withColumn(
-        "group_key", F.when(F.col("kind") == "punctuation", punctuation_group).otherwise(key_column))
+        "group_key", F.when(F.col("kind") == PUNCTUATION, punctuation_group).otherwise(key_column))
     # Events without a key (the partition attribute missing) still get a group so they are reported, not lost.
     keyed = keyed.withColumn("group_key", F.coalesce(F.col("group_key"), F.lit("")))
     extras = [column.alias(name) for name, column in (extra_columns or {}).items()]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
+from contract.records import CLOCK
 from contract.topics import TopicNames
 from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
 
@@ -124,7 +125,7 @@ def latest_ta_us(bootstrap_servers: str, sources_topic: str) -> int:
     latest: dict[str, int] = {}
     for _key, value in read_topic(bootstrap_servers, sources_topic):
         record = orjson.loads(value)
-        if record.get("kind") == "clock" and isinstance(record.get("rtt_us"), int):
+        if record.get("kind") == CLOCK and isinstance(record.get("rtt_us"), int):
             latest[str(record["source_id"])] = record["rtt_us"]
     return max(latest.values(), default=0)
 

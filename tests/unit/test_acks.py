@@ -50,21 +50,26 @@ def test_resume_marks_everything_below_as_published():
 
 
 def test_stream_progress_round_trip():
+    from contract.records import ProgressRecord, decode_record
     from gateway.recovery import StreamProgress
 
-    progress = StreamProgress()
+    progress = StreamProgress("s")
     progress.observe("x", 4, offset=17)
     progress.observe("x", 2, offset=18)
     progress.observe("y", 0, offset=19)
-    assert progress == StreamProgress(20, {"x": 5, "y": 1})
-    assert StreamProgress.from_json(progress.to_json("s")) == progress
+    assert progress == StreamProgress("s", 20, {"x": 5, "y": 1})
+    assert progress.to_json() == (b'{"kind":"progress","stream":"s","next_offset":20,"next_seq":{"x":5,"y":1},'
+                                  b'"watermark_us":null}')
+    assert decode_record(progress.to_json()) == ProgressRecord("s", 20, {"x": 5, "y": 1})
 
 
 def test_stream_progress_keeps_the_highest_promised_watermark():
+    from contract.records import ProgressRecord, decode_record
     from gateway.recovery import StreamProgress
 
-    progress = StreamProgress()
+    progress = StreamProgress("s")
     progress.promise(50)
     progress.promise(40)
     assert progress.watermark_us == 50
-    assert StreamProgress.from_json(progress.to_json("s")).watermark_us == 50
+    decoded = decode_record(progress.to_json())
+    assert isinstance(decoded, ProgressRecord) and decoded.watermark_us == 50

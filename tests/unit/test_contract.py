@@ -50,3 +50,31 @@ def test_connector_jars_skip_what_pyspark_ships(tmp_path: Path):
         (bundled / name).touch()
     assert [p.name for p in connector_jars(ours, bundled)] == [
         "kafka-clients-3.9.0.jar", "spark-sql-kafka-0-10_2.13-4.0.0.jar"]
+
+
+def test_every_gateway_record_kind_round_trips_byte_exact() -> None:
+    import orjson
+
+    from contract.records import (
+        ClockRecord,
+        EventRecord,
+        ProgressRecord,
+        PunctuationRecord,
+        RecordError,
+        decode_record,
+    )
+
+    punctuation = PunctuationRecord("s", 100, 120)
+    assert punctuation.to_json() == b'{"v":1,"kind":"punctuation","stream":"s","watermark_us":100,"release_ts_us":120}'
+    clock = ClockRecord("a", -5, 40, 1.5, 60, 7, 10, 40, 8, {"offset_us": -5, "skew_ppm": 1.5})
+    event = EventRecord("s", "a", 3, 10, 5, 60, 11, 12, payload={"x": 1})
+    progress = ProgressRecord("s", 9, {"a": 4}, 100)
+    for record in (punctuation, clock, event, progress):
+        assert decode_record(record.to_json()) == record
+    assert orjson.loads(clock.to_json())["kind"] == "clock"
+    assert "estimate" not in orjson.loads(ClockRecord("a", 0, 0, 0.0, 0, 0, 0, 0, 0).to_json())
+    assert progress.key == b"progress|s"
+    for bad in (b"[1]", b"not json", b'{"kind":"nope"}', b'{"kind":"event","stream":"s"}',
+                b'{"kind":"punctuation","stream":"s","watermark_us":true,"release_ts_us":1}'):
+        with pytest.raises(RecordError):
+            decode_record(bad)
