@@ -303,7 +303,7 @@ class _Candidate:
     arrival: int
     ref: dict[str, Any]
 
-    def dump(self) -> list[Any]:
+    def snapshot(self) -> list[Any]:
         return [self.ts_us, self.width2_us, self.arrival, self.ref]
 
 
@@ -534,7 +534,7 @@ class UncertainPatternMatcher:
             "max_ta_us": self.max_ta_us,
             "watermark_us": self.watermark_us,
             "arrivals": self._arrivals,
-            "candidates": [[x.dump() for x in bucket] for bucket in self._candidates],
+            "candidates": [[x.snapshot() for x in bucket] for bucket in self._candidates],
             "held": [[h.release_us, h.match.to_dict()] for h in self._held],
             "counters": [
                 c.events,

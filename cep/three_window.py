@@ -170,11 +170,11 @@ class _Acc:
         if self.max is None or value > self.max:
             self.max = value
 
-    def dump(self) -> list[Any]:
+    def snapshot(self) -> list[Any]:
         return [self.count, self.value_count, self.sum, self.min, self.max, self.shift]
 
     @classmethod
-    def load(cls, row: Sequence[Any]) -> _Acc:
+    def restore(cls, row: Sequence[Any]) -> _Acc:
         acc = cls()
         acc.count, acc.value_count, acc.sum, acc.min, acc.max, acc.shift = row
         return acc
@@ -411,10 +411,10 @@ class ThreeWindowAggregator:
             "origin_us": self.origin_us,
             "ta_us": self.ta_us,
             "watermark_us": self.watermark_us,
-            "open": [[str(k), t, *acc.dump()] for (k, t), acc in self._open.items()],
+            "open": [[str(k), t, *acc.snapshot()] for (k, t), acc in self._open.items()],
             "frontier": [self._frontier[k] for k in WINDOW_TYPES],
-            "pending": [[t, [_dump_result(r) for r in got.values()]] for t, got in self._pending.items()],
-            "outbox": [_dump_result(r) for r in self._outbox],
+            "pending": [[t, [_snapshot_result(r) for r in got.values()]] for t, got in self._pending.items()],
+            "outbox": [_snapshot_result(r) for r in self._outbox],
             "counters": [self.events, self.late_events, self.late_slots],
         }
         packed: bytes = msgpack.packb(state, use_bin_type=True)
@@ -435,10 +435,10 @@ class ThreeWindowAggregator:
             ta_us=state["ta_us"],
         )
         agg.watermark_us = state["watermark_us"]
-        agg._open = {(WindowType(row[0]), row[1]): _Acc.load(row[2:]) for row in state["open"]}
+        agg._open = {(WindowType(row[0]), row[1]): _Acc.restore(row[2:]) for row in state["open"]}
         agg._frontier = dict(zip(WINDOW_TYPES, state["frontier"], strict=True))
-        agg._pending = {t: {r.window_type: r for r in (_load_result(x) for x in rows)} for t, rows in state["pending"]}
-        agg._outbox = [_load_result(x) for x in state["outbox"]]
+        agg._pending = {t: {r.window_type: r for r in map(_restore_result, rows)} for t, rows in state["pending"]}
+        agg._outbox = [_restore_result(x) for x in state["outbox"]]
         agg.events, agg.late_events, agg.late_slots = state["counters"]
         return agg
 
@@ -449,7 +449,7 @@ def _order_key(item: WindowResult | FinalResult) -> tuple[int, int]:
     return (item.nominal_start_us, _TYPE_INDEX[item.window_type])
 
 
-def _dump_result(r: WindowResult) -> list[Any]:
+def _snapshot_result(r: WindowResult) -> list[Any]:
     return [
         str(r.window_type),
         r.nominal_start_us,
@@ -465,5 +465,5 @@ def _dump_result(r: WindowResult) -> list[Any]:
     ]
 
 
-def _load_result(row: Sequence[Any]) -> WindowResult:
+def _restore_result(row: Sequence[Any]) -> WindowResult:
     return WindowResult(WindowType(row[0]), *row[1:])

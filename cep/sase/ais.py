@@ -19,6 +19,8 @@ follow each other.  Within a stack, equal timestamps keep their arrival order.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .events import SaseEvent
 from .query import CompiledPredicate
@@ -235,3 +237,40 @@ class ActiveInstanceStacks:
         (outdated: kept only for late arrivals).  Construction computes the exact cut from the trigger's
         timestamp; this view is for inspection and tests."""
         return bisect_left(self.stacks[pos].ts, clock - self.window)
+
+    # ---------------------------------------------------------------- state
+
+    def snapshot(self, events: dict[int, SaseEvent]) -> list[Any]:
+        """``[AIS-CLOCK, rip_resets, candidates, stacks]``, each stack its (seq, RIP seq) pairs bottom first.
+
+        RIPs are written as arrival numbers because they are pointers; the events themselves go into ``events``
+        (keyed by arrival number), which the engine shares between structures so that an event held by several
+        stacks, a negation buffer or a held match is stored once."""
+        stacks: list[list[list[int | None]]] = []
+        for st in self.stacks:
+            items: list[list[int | None]] = []
+            for inst in st.items:
+                events[inst.seq] = inst.event
+                items.append([inst.seq, inst.rip.seq if inst.rip is not None else None])
+            stacks.append(items)
+        return [self.ais_clock, self.rip_resets, self.candidates, stacks]
+
+    @classmethod
+    def restore(
+        cls, length: int, window: int, checks: Checks, state: Sequence[Any], events: Mapping[int, SaseEvent]
+    ) -> ActiveInstanceStacks:
+        """The stacks :meth:`snapshot` captured, RIP pointers included (``events`` resolves arrival numbers)."""
+        ais = cls(length, window, checks)
+        ais.ais_clock, ais.rip_resets, ais.candidates, stacks = state
+        # A RIP always points into the previous stack, so one stack's instances by seq resolve the next one's RIPs.
+        previous: dict[int, Instance] = {}
+        for st, items in zip(ais.stacks, stacks, strict=True):
+            current: dict[int, Instance] = {}
+            for seq, rip_seq in items:
+                inst = Instance(events[seq], seq)
+                inst.rip = previous.get(rip_seq) if rip_seq is not None else None
+                st.items.append(inst)
+                st.ts.append(inst.ts)
+                current[seq] = inst
+            previous = current
+        return ais

@@ -20,9 +20,11 @@ Everything the engine decides follows from L:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
+
+import msgpack
 
 from .ais import ActiveInstanceStacks, Instance
 from .events import SaseError, SaseEvent, SaseInputError, SaseOutput
@@ -123,6 +125,27 @@ class _Partition:
 
     def empty(self) -> bool:
         return not self.held and self.oldest_ts() is None
+
+    def snapshot(self, events: dict[int, SaseEvent]) -> list[Any]:
+        ais_clock, rip_resets, candidates, stacks = self.ais.snapshot(events)
+        # Snapshot version 1's layout, kept so that state checkpointed by earlier builds still restores: the
+        # purge-heap timestamp sits between the AIS counters and the stacks.
+        return [ais_clock, rip_resets, candidates, self.registered_ts, stacks,
+                [buf.snapshot(events) for buf in self.neg], [held.snapshot(events) for held in self.held.values()]]
+
+    @classmethod
+    def restore(cls, query: Query, state: Sequence[Any], events: Mapping[int, SaseEvent]) -> _Partition:
+        """The partition :meth:`snapshot` captured; ``registered_ts`` is the snapshot's, not yet in any heap."""
+        ais_clock, rip_resets, candidates, registered_ts, stacks, negs, held = state
+        part = cls(query)
+        part.ais = ActiveInstanceStacks.restore(query.length, query.window, query.checks,
+                                                [ais_clock, rip_resets, candidates, stacks], events)
+        part.neg = [NegationBuffer.restore(seqs, events) for seqs in negs]
+        for row in held:
+            match = HeldMatch.restore(query, row, events)
+            part.held[match.match_id] = match
+        part.registered_ts = registered_ts
+        return part
 
 
 class SequenceEngine:
@@ -490,15 +513,71 @@ class SequenceEngine:
 
     # ---------------------------------------------------------------- snapshot
 
-    def snapshot(self) -> bytes:
-        """The complete state as msgpack bytes (attribute values must be msgpack-serialisable)."""
-        from .snapshot import dump
+    def _fingerprint(self) -> str:
+        q = self.query
+        return repr((q.elements, q.predicates, q.window))
 
-        return dump(self)
+    def snapshot(self) -> bytes:
+        """The complete state as msgpack bytes (attribute values must be msgpack-serialisable).
+
+        Every stored event is written once (keyed by its arrival number ``seq``); stacks list (seq, RIP seq)
+        pairs in stack order, negation buffers and holding sets list seqs in their order.  The heaps are not
+        written: they are rebuilt from the partitions, since their order only decides which partition is purged
+        first, and held matches are released by (final_at, match_id), which the snapshot keeps; so a restored
+        engine produces exactly the same output."""
+        events: dict[int, SaseEvent] = {}
+        partitions = [[key, *part.snapshot(events)] for key, part in self._partitions.items()]
+        doc = {
+            "v": SNAPSHOT_VERSION,
+            "query": self._fingerprint(),
+            "clock": self._clock,
+            "punctuation": self._punctuation,
+            "seq": self._seq,
+            "match_id": self._match_id,
+            "counters": {f.name: getattr(self.counters, f.name) for f in fields(EngineCounters)},
+            "purge_log": [list(x) for x in self.purge_log],
+            "events": [[s, e.event_type, e.ts, dict(e.attrs), e.event_id] for s, e in sorted(events.items())],
+            "partitions": partitions,
+        }
+        try:
+            return bytes(msgpack.packb(doc, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SaseError(
+                f"engine state is not serialisable (attribute values must be msgpack types): {exc}") from exc
 
     @classmethod
     def restore(cls, query: Query, config: EngineConfig | None, blob: bytes) -> SequenceEngine:
         """An engine in exactly the state ``snapshot`` captured (same query required)."""
-        from .snapshot import load
+        try:
+            doc = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        except (ValueError, TypeError, msgpack.ExtraData) as exc:
+            raise SaseError(f"not an engine snapshot: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("v") != SNAPSHOT_VERSION:
+            raise SaseError("not an engine snapshot of a supported version")
+        engine = cls(query, config)
+        if doc["query"] != engine._fingerprint():
+            raise SaseError("snapshot was taken for a different query")
+        events = {s: SaseEvent(t, ts, attrs, eid) for s, t, ts, attrs, eid in doc["events"]}
+        engine._clock = doc["clock"]
+        engine._punctuation = doc["punctuation"]
+        engine._update_low()
+        engine._seq = doc["seq"]
+        engine._match_id = doc["match_id"]
+        for name, value in doc["counters"].items():
+            setattr(engine.counters, name, value)
+        engine.purge_log = [(a, b, c) for a, b, c in doc["purge_log"]]
+        for raw_key, *state in doc["partitions"]:
+            key = _partition_key(raw_key)
+            part = _Partition.restore(query, state, events)
+            for mid, held in part.held.items():
+                heapq.heappush(engine._release_heap, (held.final_at, mid, key))
+            engine._partitions[key] = part
+            registered_ts, part.registered_ts = part.registered_ts, None
+            if registered_ts is not None:
+                engine._register(part, key, registered_ts)
+        return engine
 
-        return load(cls(query, config), blob)
+
+def _partition_key(raw: Any) -> Hashable:
+    """msgpack turns a tuple key (several partition attributes) into a list: make it hashable again."""
+    return tuple(_partition_key(x) for x in raw) if isinstance(raw, list) else raw

@@ -16,8 +16,9 @@ the engine's low watermark L (future events have ts >= L) reaches the largest ``
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .events import SaseEvent
 from .query import NegatedElement, Query
@@ -87,13 +88,19 @@ class NegationBuffer:
     def oldest_ts(self) -> int | None:
         return self.ts[0] if self.ts else None
 
-    def seqs(self) -> list[int]:
-        return [s for _, s, _ in self.events]
+    def snapshot(self, events: dict[int, SaseEvent]) -> list[int]:
+        """Arrival numbers in buffer order; the events go into the engine's shared ``events`` table."""
+        for _, seq, event in self.events:
+            events[seq] = event
+        return [seq for _, seq, _ in self.events]
 
-    def restore(self, items: Sequence[tuple[SaseEvent, int]]) -> None:
-        """Refill from a snapshot (items already in buffer order)."""
-        self.events = [(event.ts, seq, event) for event, seq in items]
-        self.ts = [t for t, _, _ in self.events]
+    @classmethod
+    def restore(cls, state: Sequence[int], events: Mapping[int, SaseEvent]) -> NegationBuffer:
+        """The buffer :meth:`snapshot` captured (its order is kept: equal timestamps stay in arrival order)."""
+        buf = cls()
+        buf.events = [(events[seq].ts, seq, events[seq]) for seq in state]
+        buf.ts = [t for t, _, _ in buf.events]
+        return buf
 
 
 @dataclass(slots=True)
@@ -112,3 +119,17 @@ class HeldMatch:
     """max hi over the negation ranges: final once the low watermark L >= final_at."""
     kind: str
     """The output kind it was (or will be) emitted with: "match" or "add"."""
+
+    def snapshot(self, events: dict[int, SaseEvent]) -> list[Any]:
+        """``[match_id, seqs, kind]``: ranges and final_at follow from the events and the query, so they are
+        recomputed on restore rather than stored."""
+        for seq, event in zip(self.seqs, self.events, strict=True):
+            events[seq] = event
+        return [self.match_id, list(self.seqs), self.kind]
+
+    @classmethod
+    def restore(cls, query: Query, state: Sequence[Any], events: Mapping[int, SaseEvent]) -> HeldMatch:
+        match_id, seqs, kind = state
+        positives = tuple(events[seq] for seq in seqs)
+        ranges = negation_ranges(query, positives)
+        return cls(match_id, positives, tuple(seqs), ranges, max(hi for _, hi in ranges), kind)
