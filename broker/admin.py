@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+
+from broker.client import KafkaClientConfig, Servers
 
 COMPACTED = {"cleanup.policy": "compact"}
 
 
-def ensure_topics(bootstrap_servers: str, topics: Iterable[str], partitions: int = 1,
+def ensure_topics(servers: Servers, topics: Iterable[str], partitions: int = 1,
                   config: dict[str, str] | None = None, timeout_s: float = 30.0) -> list[str]:
     """Create the topics that do not exist yet; an existing topic is left as it is. Returns the created ones."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = KafkaClientConfig.of(servers).admin()
     wanted = sorted(set(topics))
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     missing = [t for t in wanted if t not in existing]

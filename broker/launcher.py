@@ -184,12 +184,12 @@ class KafkaBroker:
         ]
 
     def _wait_ready(self, state: BrokerState, timeout_s: float) -> bool:
-        from confluent_kafka.admin import AdminClient
+        from broker.client import KafkaClientConfig
 
         deadline = time.monotonic() + timeout_s
         if not wait_for_tcp(state.host, state.port, timeout_s):
             return False
-        admin = AdminClient({"bootstrap.servers": state.bootstrap_servers})
+        admin = KafkaClientConfig(state.bootstrap_servers).admin()
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 return False

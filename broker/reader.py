@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import time
-import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from broker.client import KafkaClientConfig, Servers
 from contract.records import PUNCTUATION
 
 
-def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
+def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
     """All (key, value) pairs currently in every partition of `topic`, in partition then offset order."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap_servers,
-        "group.id": f"skewless-reader-{uuid.uuid4()}",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "enable.partition.eof": False,
-    })
+    consumer = KafkaClientConfig.of(servers).consumer("skewless-reader")
     try:
         metadata = consumer.list_topics(topic, timeout=timeout_s)
         partitions = sorted(metadata.topics[topic].partitions)
@@ -54,12 +49,58 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
         consumer.close()
 
 
-def read_stream(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]],
+def read_stream(servers: Servers, topic: str, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]],
                                                                                      list[dict[str, Any]]]:
     """An events topic split into (event records, punctuation records), each in topic order."""
     events: list[dict[str, Any]] = []
     punctuations: list[dict[str, Any]] = []
-    for _key, value in read_topic(bootstrap_servers, topic, timeout_s):
+    for _key, value in read_topic(servers, topic, timeout_s):
         record = orjson.loads(value)
         (punctuations if record.get("kind") == PUNCTUATION else events).append(record)
     return events, punctuations
+
+
+# A topic created a moment ago may not have a partition leader yet: these errors mean "ask again shortly".
+_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+              KafkaError._TIMED_OUT}
+
+
+def end_offset(consumer: Consumer, topic: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=max(1.0, timeout_s / 10))
+            return int(high)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def scan_partition(consumer: Consumer, topic: str, start_offset: int,
+                   timeout_s: float) -> Iterable[tuple[int, Any, bytes]]:
+    """(offset, key, value) of partition 0 from ``start_offset`` to its end as it is now (the caller owns the
+    consumer: one consumer per topic, since a reassigned consumer may still hand out messages prefetched for the
+    old topic)."""
+    high = end_offset(consumer, topic, timeout_s)
+    if start_offset >= high:
+        return
+    consumer.assign([TopicPartition(topic, 0, start_offset if start_offset > 0 else OFFSET_BEGINNING)])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        message = consumer.poll(0.5)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"recovery scan of {topic} did not reach offset {high}")
+        if message is None:
+            continue
+        if message.error():
+            raise KafkaException(message.error())
+        if message.topic() != topic:
+            continue
+        offset = message.offset()
+        value = message.value()
+        assert offset is not None
+        if value is not None:
+            yield offset, message.key(), value
+        if offset + 1 >= high:
+            return

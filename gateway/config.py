@@ -26,7 +26,8 @@ _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "
 _FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s"}
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
-    "auth_hmac_secret", "allowed_sources", "producer", "timesync", "timesync_host", "sync_keys", "upstream_ntp"}
+    "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
+    "upstream_ntp"}
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,7 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
                  "metrics_port"):
         if name in settings:
             setattr(config, name, settings[name])
+    config.kafka_settings = dict(settings.get("kafka", {}))
     config.producer_config = dict(settings.get("producer", {}))
     secret = settings.get("auth_hmac_secret")
     allowed = settings.get("allowed_sources")

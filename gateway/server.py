@@ -14,6 +14,8 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.admin import ensure_topics
+from broker.client import KafkaClientConfig
+from broker.producer import DeliveryCallback, KafkaPublisher, QueueFull
 from contract.records import PUNCTUATION_KEY, EventRecord, PunctuationRecord
 from contract.topics import TopicNames
 from contract.wire import messages
@@ -22,7 +24,6 @@ from gateway.acks import DeliveryTracker
 from gateway.auth import SourceAuthenticator
 from gateway.clock_state import clock_state_record
 from gateway.metrics import MetricsServer, make_registry
-from gateway.publisher import DeliveryCallback, KafkaPublisher, QueueFull
 from gateway.recovery import StreamProgress, recover_clocks, recover_stream
 from gateway.session import (
     CloseConnection,
@@ -60,6 +61,9 @@ class GatewayConfig:
     bootstrap_servers: str = "127.0.0.1:9092"
     topic_prefix: str = "skewless"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    # librdkafka properties for every Kafka client of the gateway (security.protocol, sasl.*, ssl.*): [gateway.kafka]
+    kafka_settings: dict[str, Any] = field(default_factory=dict)
+    # Producer-only properties on top of them: [gateway.producer]
     producer_config: dict[str, Any] = field(default_factory=dict)
     authenticator: SourceAuthenticator = field(default_factory=SourceAuthenticator)
     timeouts: SessionTimeouts = field(default_factory=SessionTimeouts)
@@ -79,6 +83,10 @@ class GatewayConfig:
     # default of 100 let a burst of a few thousand connects overflow the queue: clients saw an open socket that the
     # gateway never accepted.
     listen_backlog: int = 4096
+
+    @property
+    def kafka_client(self) -> KafkaClientConfig:
+        return KafkaClientConfig(self.bootstrap_servers, self.kafka_settings)
 
 
 @dataclass
@@ -119,7 +127,7 @@ class Gateway:
         self.counters = GatewayCounters()
         self.tracker = DeliveryTracker()
         self._clock_us = clock_us
-        self._publisher = KafkaPublisher(config.bootstrap_servers, config.producer_config)
+        self._publisher = KafkaPublisher(config.kafka_client, config.producer_config)
         self._known_streams: set[str] = set()
         self._stream_lock = asyncio.Lock()
         self._connections: dict[str, set[ConnectionHandler]] = {}
@@ -158,7 +166,7 @@ class Gateway:
             # have kept growing since their last sync, so the uncertainty stays honest).
             try:
                 recovered = await loop.run_in_executor(
-                    None, recover_clocks, self.config.bootstrap_servers, self.topics.sources)
+                    None, recover_clocks, self.config.kafka_client, self.topics.sources)
             except (KafkaException, TimeoutError) as exc:
                 # Not fatal: sources then count as unsynced until their next re-sync, as on a first start.
                 log.warning("could not recover clock state from %s: %s", self.topics.sources, exc)
@@ -225,7 +233,7 @@ class Gateway:
                 "throttled_sources": sorted(self._throttled), "kafka_backpressure": self.kafka_backpressure_active}
 
     def _ensure_base_topics(self) -> None:
-        ensure_topics(self.config.bootstrap_servers, [self.topics.sources], config={"cleanup.policy": "compact"})
+        ensure_topics(self.config.kafka_client, [self.topics.sources], config={"cleanup.policy": "compact"})
 
     async def stop(self, flush_timeout_s: float = 10.0, graceful: bool = True) -> None:
         """Stop taking events, let Kafka confirm what was published (acks still reach open connections), checkpoint,
@@ -331,7 +339,7 @@ class Gateway:
             missing = [s for s in streams if s not in self._known_streams]
             topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
             loop = asyncio.get_running_loop()
-            created = set(await loop.run_in_executor(None, ensure_topics, self.config.bootstrap_servers, topics))
+            created = set(await loop.run_in_executor(None, ensure_topics, self.config.kafka_client, topics))
             for stream in missing:
                 if self.topics.events(stream) in created:
                     # A topic created just now is empty: nothing to recover (and its leader may not be known yet).
@@ -339,7 +347,7 @@ class Gateway:
                     continue
                 started = time.monotonic()
                 progress = await loop.run_in_executor(
-                    None, recover_stream, self.config.bootstrap_servers, self.topics.sources,
+                    None, recover_stream, self.config.kafka_client, self.topics.sources,
                     self.topics.events(stream), stream)
                 log.info("recovered stream %s in %.2f s: %d sources, from offset %d", stream,
                          time.monotonic() - started, len(progress.next_seq), progress.next_offset)

@@ -1,4 +1,4 @@
-"""The one wrapper around confluent-kafka's Producer used by the gateway.
+"""The gateway's producer: confluent-kafka's Producer built from the shared client configuration.
 
 Delivery reports are served by `poll()`, which the asyncio shell calls on its own loop, so callbacks never run
 on a foreign thread.
@@ -7,35 +7,24 @@ on a foreign thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from broker.client import KafkaClientConfig, Servers
+
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
-
-PRODUCER_DEFAULTS: dict[str, Any] = {
-    # Exactly-once per partition from the producer's side: acks=all + idempotence survive broker retries.
-    "acks": "all",
-    "enable.idempotence": True,
-    "linger.ms": 2,
-    "batch.num.messages": 10_000,
-    "compression.type": "lz4",
-    "queue.buffering.max.messages": 500_000,
-}
-
 
 class QueueFull(Exception):
     """librdkafka's local queue is full: the shell must stop reading sockets until poll() drains it."""
 
 
 class KafkaPublisher:
-    def __init__(self, bootstrap_servers: str, extra_config: dict[str, Any] | None = None) -> None:
-        config = {"bootstrap.servers": bootstrap_servers, **PRODUCER_DEFAULTS, **(extra_config or {}),
-                  "error_cb": self._on_error}
-        self._producer: Producer | None = Producer(config)
+    def __init__(self, servers: Servers, overrides: Mapping[str, Any] | None = None) -> None:
+        self._producer: Producer | None = KafkaClientConfig.of(servers).producer(overrides, error_cb=self._on_error)
 
     def _client(self) -> Producer:
         if self._producer is None:

@@ -3,7 +3,7 @@
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from gateway.recovery import _end_offset
+from broker.reader import end_offset
 
 
 class FlakyConsumer:
@@ -20,12 +20,12 @@ class FlakyConsumer:
 
 def test_a_partition_without_a_leader_yet_is_asked_again() -> None:
     consumer = FlakyConsumer([KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE])
-    assert _end_offset(consumer, "t", timeout_s=5.0) == 5  # type: ignore[arg-type]
+    assert end_offset(consumer, "t", timeout_s=5.0) == 5  # type: ignore[arg-type]
     assert consumer.calls == 3
 
 
 def test_other_errors_are_raised_at_once() -> None:
     consumer = FlakyConsumer([KafkaError.TOPIC_AUTHORIZATION_FAILED])
     with pytest.raises(KafkaException):
-        _end_offset(consumer, "t", timeout_s=5.0)  # type: ignore[arg-type]
+        end_offset(consumer, "t", timeout_s=5.0)  # type: ignore[arg-type]
     assert consumer.calls == 1

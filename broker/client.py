@@ -1,0 +1,65 @@
+"""The one configuration every confluent-kafka client of the project is built from.
+
+``settings`` are librdkafka properties shared by every client (``security.protocol``, ``sasl.*``, ``ssl.*``,
+``client.id``, ...), so a secured cluster is configured once and reaches the producer, the admin client that creates
+topics and the consumers that recover state and read topics alike. Role-specific properties come on top.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+__all__ = ["PRODUCER_DEFAULTS", "KafkaClientConfig", "Servers"]
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    # Exactly-once per partition from the producer's side: acks=all + idempotence survive broker retries.
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 2,
+    "batch.num.messages": 10_000,
+    "compression.type": "lz4",
+    "queue.buffering.max.messages": 500_000,
+}
+_CONSUMER_DEFAULTS: dict[str, Any] = {
+    # Our consumers read ranges they choose themselves: no group offsets, no end-of-partition events.
+    "enable.auto.commit": False,
+    "auto.offset.reset": "earliest",
+    "enable.partition.eof": False,
+}
+
+
+@dataclass(frozen=True)
+class KafkaClientConfig:
+    bootstrap_servers: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, servers: Servers) -> KafkaClientConfig:
+        """A plain ``host:port[,host:port]`` string is a config without shared settings."""
+        return servers if isinstance(servers, KafkaClientConfig) else cls(servers)
+
+    def properties(self, role_defaults: Mapping[str, Any] | None = None,
+                   overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """bootstrap + role defaults + shared settings + overrides (later wins)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **(role_defaults or {}), **self.settings,
+                **(overrides or {})}
+
+    def producer(self, overrides: Mapping[str, Any] | None = None, **callbacks: Any) -> Producer:
+        return Producer({**self.properties(PRODUCER_DEFAULTS, overrides), **callbacks})
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.properties())
+
+    def consumer(self, group_prefix: str, overrides: Mapping[str, Any] | None = None) -> Consumer:
+        """A consumer in a group of its own (``<group_prefix>-<uuid>``): it assigns partitions itself."""
+        return Consumer(self.properties({**_CONSUMER_DEFAULTS, "group.id": f"{group_prefix}-{uuid.uuid4()}"},
+                                        overrides))
+
+
+Servers = str | KafkaClientConfig
