@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
+from contract.records import RESULT_MATCH, RESULT_REJECTED, result_key, result_value
 from contract.topics import TopicNames
 from spark_jobs.stateful import decode_payload, start_core_job
 from spark_jobs.three_window import latest_ta_us
@@ -45,6 +46,7 @@ class PatternCore:
     def __init__(self, group: str, spec: PatternSpec, ta_us: int, blob: bytes | None) -> None:
         self.group = group
         self.stream, _, self.partition = group.partition("|")
+        self.key = result_key(self.stream, self.partition)
         self.matcher = (UncertainPatternMatcher.restore(blob, spec) if blob is not None
                         else UncertainPatternMatcher(spec, ta_us=ta_us))
         self.rejected = 0
@@ -55,9 +57,9 @@ class PatternCore:
             try:
                 payload = decode_payload(row.get("payload"))
             except ValueError as exc:
-                outputs.append((self.group, {"job": JOB_NAME, "record": "rejected", "stream": self.stream,
-                                             "source_id": row.get("source_id"), "seq": row.get("seq"),
-                                             "reason": str(exc)}))
+                outputs.append((self.key, result_value(JOB_NAME, RESULT_REJECTED, self.stream,
+                                                       source_id=row.get("source_id"), seq=row.get("seq"),
+                                                       reason=str(exc))))
                 continue
             matches = self.matcher.on_event(int(row["ref_ts_us"]), int(row.get("uncertainty_us") or 0), payload,
                                             event_ref(row, payload))
@@ -77,8 +79,8 @@ class PatternCore:
         return self.matcher.snapshot()
 
     def _record(self, match: PatternMatch) -> tuple[str, dict[str, Any]]:
-        return self.group, {"job": JOB_NAME, "record": "match", "stream": self.stream,
-                            "partition": self.partition, **match.to_dict()}
+        return self.key, result_value(JOB_NAME, RESULT_MATCH, self.stream, partition=self.partition,
+                                      **match.to_dict())
 
 
 def partition_column(spec: PatternSpec) -> Any:

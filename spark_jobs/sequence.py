@@ -16,10 +16,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cep.sase import EngineConfig, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
+from cep.sase import EngineConfig, OutputKind, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
+from contract.records import (
+    RESULT_ADD,
+    RESULT_LATE,
+    RESULT_MATCH,
+    RESULT_REJECTED,
+    RESULT_RETRACT,
+    result_key,
+    result_value,
+)
 from spark_jobs.stateful import decode_payload, start_core_job
 
 JOB_NAME = "sequence"
+
+# The engine's output kinds are its own vocabulary; the results contract names the records.
+RECORD_OF_OUTPUT: dict[OutputKind, str] = {"match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT}
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,7 @@ class SequenceCore:
     def __init__(self, group: str, query: Query, config: EngineConfig, type_field: str, blob: bytes | None) -> None:
         self.group = group
         self.stream, _, self.partition = group.partition("|")
+        self.key = result_key(self.stream, self.partition)
         self.engine = (SequenceEngine.restore(query, config, blob) if blob is not None
                        else SequenceEngine(query, config))
         self.type_field = type_field
@@ -55,21 +68,22 @@ class SequenceCore:
             try:
                 payload = decode_payload(row.get("payload"))
             except ValueError as exc:
-                outputs.append(self._side("rejected", row, "bad_payload", str(exc)))
+                outputs.append(self._side(RESULT_REJECTED, row, "bad_payload", str(exc)))
                 continue
             event_type = payload.get(self.type_field)
             if not isinstance(event_type, str):
-                outputs.append(self._side("rejected", row, "no_event_type",
+                outputs.append(self._side(RESULT_REJECTED, row, "no_event_type",
                                           f"payload field {self.type_field!r} is not a string"))
                 continue
             event = SaseEvent(event_type, int(row["ref_ts_us"]), payload, f"{row.get('source_id')}|{row.get('seq')}")
             too_late, rejected = counters.too_late, counters.rejected
             produced = self.engine.on_event(event)
             if counters.too_late > too_late:
-                outputs.append(self._side("late", row, "behind_watermark",
+                outputs.append(self._side(RESULT_LATE, row, "behind_watermark",
                                           f"ts {event.ts} < low watermark {self.engine.low_watermark}"))
             elif counters.rejected > rejected:
-                outputs.append(self._side("rejected", row, "engine_rejected", "see the engine's rejection counters"))
+                outputs.append(self._side(RESULT_REJECTED, row, "engine_rejected",
+                                          "see the engine's rejection counters"))
             outputs.extend(self._record(o) for o in produced)
         return outputs
 
@@ -86,13 +100,13 @@ class SequenceCore:
         return self.engine.snapshot()
 
     def _record(self, output: SaseOutput) -> tuple[str, dict[str, Any]]:
-        return self.group, {"job": JOB_NAME, "record": output.kind, "stream": self.stream,
-                            "partition": self.partition, **output.to_dict()}
+        return self.key, result_value(JOB_NAME, RECORD_OF_OUTPUT[output.kind], self.stream,
+                                      partition=self.partition, **output.to_dict())
 
     def _side(self, record: str, row: Mapping[str, Any], reason: str, detail: str) -> tuple[str, dict[str, Any]]:
-        return self.group, {"job": JOB_NAME, "record": record, "stream": self.stream, "partition": self.partition,
-                            "source_id": row.get("source_id"), "seq": row.get("seq"),
-                            "ref_ts_us": row.get("ref_ts_us"), "reason": reason, "detail": detail}
+        return self.key, result_value(JOB_NAME, record, self.stream, partition=self.partition,
+                                      source_id=row.get("source_id"), seq=row.get("seq"),
+                                      ref_ts_us=row.get("ref_ts_us"), reason=reason, detail=detail)
 
 
 def partition_column(query: Query, type_field: str) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
-from contract.records import CLOCK
+from contract.records import CLOCK, RESULT_FINAL, RESULT_LATE, RESULT_WINDOW, result_key, result_value
 from contract.topics import TopicNames
 from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
 
@@ -105,15 +105,16 @@ class ThreeWindowCore:
 
     def _result_record(self, result: WindowResult | FinalResult) -> tuple[str, dict[str, Any]]:
         if isinstance(result, FinalResult):
-            key = f"{self.stream}|final|ALL|{result.nominal_start_us}"
-            return key, {"job": JOB_NAME, "record": "final", "stream": self.stream, **result.to_dict()}
-        key = f"{self.stream}|window|{result.window_type}|{result.nominal_start_us}"
-        return key, {"job": JOB_NAME, "record": "window", "stream": self.stream, **result.to_dict()}
+            # A final averages all three window types: "ALL" keeps the key's four parts.
+            key = result_key(self.stream, RESULT_FINAL, "ALL", result.nominal_start_us)
+            return key, result_value(JOB_NAME, RESULT_FINAL, self.stream, **result.to_dict())
+        key = result_key(self.stream, RESULT_WINDOW, result.window_type, result.nominal_start_us)
+        return key, result_value(JOB_NAME, RESULT_WINDOW, self.stream, **result.to_dict())
 
     def _late_record(self, late: LateEvent, row: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        key = f"{self.stream}|late|{late.window_type}|{late.nominal_start_us}"
-        return key, {"job": JOB_NAME, "record": "late", "stream": self.stream, "source_id": row.get("source_id"),
-                     "seq": row.get("seq"), **late.to_dict()}
+        key = result_key(self.stream, RESULT_LATE, late.window_type, late.nominal_start_us)
+        return key, result_value(JOB_NAME, RESULT_LATE, self.stream, source_id=row.get("source_id"),
+                                 seq=row.get("seq"), **late.to_dict())
 
 
 def latest_ta_us(bootstrap_servers: str, sources_topic: str) -> int:
