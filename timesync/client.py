@@ -17,9 +17,9 @@ from collections.abc import Callable
 from types import TracebackType
 
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
-from timesync.clocks import for_time_sync, system_time_us
+from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate, ClockEstimator
-from timesync.exchange import ClientExchange, ClockUs
+from timesync.exchange import ClientExchange
 
 __all__ = ["PeriodicSync", "TimeSyncError", "realtime_us", "sync_burst"]
 

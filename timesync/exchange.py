@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from timesync.clocks import ClockUs
 from timesync.codec import (
     MODE_SERVER,
     NtpCodecError,
@@ -36,7 +37,6 @@ from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
 
 __all__ = ["ClientExchange", "ClientStats", "ReplyRejected"]
 
-ClockUs = Callable[[], int]
 
 
 class ReplyRejected(Exception):
