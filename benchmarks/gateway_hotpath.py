@@ -17,6 +17,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from contract.wire.frames import encode_frame
+from contract.wire.messages import build_event, build_events, build_hello
 from gateway.acks import DeliveryTracker
 from gateway.session import EventsReceived, GatewaySession
 from reorder.pipeline import IngestPipeline, PublishRecord
@@ -36,13 +37,12 @@ def stage_costs() -> tuple[dict[str, float], int]:
     pipeline = IngestPipeline(IdentityMapping())
     for s in range(SOURCES):
         session = GatewaySession()
-        session.receive_data(encode_frame({"type": "hello", "version": 1, "source_id": f"s{s}",
-                                           "streams": ["bench"]}))
+        session.receive_data(encode_frame(build_hello(f"s{s}", ["bench"])))
         pipeline.register(f"s{s}", ("bench",), base_us)
         sessions.append(session)
-        frames.append([encode_frame({"type": "events", "events": [
-            {"stream": "bench", "seq": q, "source_ts_us": base_us + q * 10, "payload": {"v": q & 255}}
-            for q in range(i, i + BATCH)]}) for i in range(0, PER_SOURCE, BATCH)])
+        frames.append([encode_frame(build_events([build_event("bench", q, base_us + q * 10, {"v": q & 255})
+                                                  for q in range(i, i + BATCH)]))
+                       for i in range(0, PER_SOURCE, BATCH)])
     tracker = DeliveryTracker()
     producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1_000_000,
                          "linger.ms": 1000, "log_level": 0})

@@ -25,7 +25,9 @@ import orjson
 
 from broker.launcher import KafkaBroker
 from broker.reader import read_topic
+from contract.records import EVENT
 from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import Ack, build_event, build_events, build_heartbeat, build_hello, parse_gateway_message
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BATCH = 500
@@ -82,9 +84,9 @@ def frames_for(source: int, events: int, base_us: int) -> list[tuple[int, bytes]
     """(last seq, frame) per batch; every source's event time advances 10 us per event."""
     out = []
     for start in range(0, events, BATCH):
-        batch = [{"stream": "bench", "seq": seq, "source_ts_us": base_us + seq * 10, "payload": {"v": seq & 255}}
-                 for seq in range(start, min(start + BATCH, events))]
-        out.append((batch[-1]["seq"], encode_frame({"type": "events", "events": batch})))
+        seqs = range(start, min(start + BATCH, events))
+        batch = [build_event("bench", seq, base_us + seq * 10, {"v": seq & 255}) for seq in seqs]
+        out.append((seqs[-1], encode_frame(build_events(batch))))
     return out
 
 
@@ -93,7 +95,7 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter, FrameDecoder]
 
 async def say_hello(port: int, source: int) -> Connection:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(encode_frame({"type": "hello", "version": 1, "source_id": f"src-{source}", "streams": ["bench"]}))
+    writer.write(encode_frame(build_hello(f"src-{source}", ["bench"])))
     decoder = FrameDecoder()
     while not decoder.feed(await reader.read(65536)):
         pass
@@ -110,10 +112,11 @@ async def run_source(connection: Connection, frames: list[tuple[int, bytes]], fi
     async def read_acks() -> None:
         nonlocal acked
         while data := await reader.read(65536):
-            for message in decoder.feed(data):
-                if message["type"] == "ack":
+            for raw in decoder.feed(data):
+                message = parse_gateway_message(raw)
+                if isinstance(message, Ack):
                     now = time.perf_counter()
-                    acked = message["seq"]
+                    acked = message.seq
                     for last in [s for s in sent_at if s <= acked]:
                         ack_latencies.append((now - sent_at.pop(last)) * 1e3)
                     ack_event.set()
@@ -128,7 +131,7 @@ async def run_source(connection: Connection, frames: list[tuple[int, bytes]], fi
         await writer.drain()
     final_seq = frames[-1][0]
     # Heartbeat: this source is done, nothing older will come, so the merge need not wait for it.
-    writer.write(encode_frame({"type": "heartbeat", "source_ts_us": final_ts_us, "next_seq": {"bench": final_seq + 1}}))
+    writer.write(encode_frame(build_heartbeat(final_ts_us, {"bench": final_seq + 1})))
     while acked < final_seq:
         ack_event.clear()
         await ack_event.wait()
@@ -159,16 +162,14 @@ async def paced_source(connection: Connection, source: int, rate: float, seconds
     start = loop.time()
     while loop.time() - start < seconds:
         now_us = time.time_ns() // 1000
-        batch = [{"stream": "bench", "seq": seq + i, "source_ts_us": now_us, "payload": {"v": i}}
-                 for i in range(per_frame)]
+        batch = [build_event("bench", seq + i, now_us, {"v": i}) for i in range(per_frame)]
         seq += per_frame
-        writer.write(encode_frame({"type": "events", "events": batch}))
+        writer.write(encode_frame(build_events(batch)))
         await asyncio.sleep(frame_every_s)
-    writer.write(encode_frame({"type": "heartbeat", "source_ts_us": time.time_ns() // 1000,
-                               "next_seq": {"bench": seq}}))
-    want = {"type": "ack", "stream": "bench", "seq": seq - 1}
+    writer.write(encode_frame(build_heartbeat(time.time_ns() // 1000, {"bench": seq})))
+    want = Ack("bench", seq - 1)
     async with asyncio.timeout(60):
-        while want not in decoder.feed(await reader.read(65536)):
+        while want not in [parse_gateway_message(raw) for raw in decoder.feed(await reader.read(65536))]:
             pass
     writer.close()
     return seq
@@ -191,7 +192,7 @@ def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_e
         process.terminate()
         process.wait(timeout=30)
     added = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", timeout_s=120)]
-    delays = [r["release_ts_us"] - r["arrival_ts_us"] for r in added if r.get("kind") == "event"]
+    delays = [r["release_ts_us"] - r["arrival_ts_us"] for r in added if r.get("kind") == EVENT]
     assert len(delays) == events, (len(delays), events)
     return {"sources": sources, "events_per_s": sources * rate, "frame_ms": frame_every_s * 1e3,
             "p50_ms": percentile(delays, 0.5) / 1e3, "p99_ms": percentile(delays, 0.99) / 1e3,
@@ -218,7 +219,7 @@ def one_run(bootstrap: str, sources: int, total_events: int, producer: dict[str,
     added = []
     for _key, value in read_topic(bootstrap, f"{prefix}.events.bench", timeout_s=120):
         record = orjson.loads(value)
-        if record.get("kind") == "event":
+        if record.get("kind") == EVENT:
             added.append(record["release_ts_us"] - record["arrival_ts_us"])
     events = per_source * sources
     assert len(added) == events, (len(added), events)

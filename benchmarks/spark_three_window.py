@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from broker.admin import ensure_topics
 from broker.launcher import KafkaBroker
+from contract.records import PUNCTUATION_KEY, RESULT_WINDOW, EventRecord, PunctuationRecord
 from contract.topics import TopicNames
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -47,19 +48,18 @@ def preload(bootstrap: str, prefix: str, events: int, streams: tuple[str, ...]) 
         topic = topics.events(stream)
         for i in range(per_stream):
             ts = BASE_US + i * 100  # 10k events per second of event time
-            record = {"v": 1, "kind": "event", "stream": stream, "source_id": f"src-{s}-{i % 10}", "seq": i // 10,
-                      "source_ts_us": ts, "ref_ts_us": ts, "uncertainty_us": 500, "arrival_ts_us": ts,
-                      "release_ts_us": ts, "late": False,
-                      "payload": {"value": float(i % 97), "type": "ABC"[i % 3], "id": i % 50}}
+            record = EventRecord(stream=stream, source_id=f"src-{s}-{i % 10}", seq=i // 10, source_ts_us=ts,
+                                 ref_ts_us=ts, uncertainty_us=500, arrival_ts_us=ts, release_ts_us=ts,
+                                 payload={"value": float(i % 97), "type": "ABC"[i % 3], "id": i % 50})
             while True:
                 try:
-                    producer.produce(topic, key=record["source_id"].encode(), value=orjson.dumps(record))
+                    producer.produce(topic, key=record.key, value=record.to_json())
                     break
                 except BufferError:
                     producer.poll(0.05)
         end = BASE_US + per_stream * 100 + 10_000_000
-        producer.produce(topic, key=b"__punctuation__", value=orjson.dumps(
-            {"v": 1, "kind": "punctuation", "stream": stream, "watermark_us": end, "release_ts_us": end}))
+        punctuation = PunctuationRecord(stream=stream, watermark_us=end, release_ts_us=end)
+        producer.produce(topic, key=PUNCTUATION_KEY, value=punctuation.to_json())
     producer.flush(120)
 
 
@@ -195,11 +195,11 @@ def latency(spark: Any, bootstrap: str, sources: int, rate: float, seconds: floa
         gateway.wait(30)
     results = read_with_timestamps(bootstrap, topics.results("three_window"))
     released_us = {r["nominal_start_us"]: ts for ts, r in results
-                   if r.get("record") == "window" and r.get("window_type") == "MIDDLE"}
+                   if r.get("record") == RESULT_WINDOW and r.get("window_type") == "MIDDLE"}
     lat_ms = sorted((released_us[(s // 1_000_000) * 1_000_000] - s) / 1000 for s in sent.values()
                     if (s // 1_000_000) * 1_000_000 in released_us)
     close_lag_ms = sorted((ts - r["nominal_start_us"] - 1_000_000) / 1000 for ts, r in results
-                          if r.get("record") == "window" and r.get("window_type") == "MIDDLE")
+                          if r.get("record") == RESULT_WINDOW and r.get("window_type") == "MIDDLE")
     out = {"events": float(len(sent)), "with_result": float(len(lat_ms)),
            "p50_ms": statistics.median(lat_ms), "p99_ms": lat_ms[int(0.99 * (len(lat_ms) - 1))],
            "close_lag_p50_ms": statistics.median(close_lag_ms), "close_lag_max_ms": max(close_lag_ms)}
