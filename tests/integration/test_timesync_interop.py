@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.conditions import wait_until
 from timesync.client import PeriodicSync, TimeSyncError, sync_burst
 from timesync.codec import NtpPacket, encode_packet, unix_us_to_ntp
 from timesync.responder import ResponderConfig
@@ -73,7 +74,8 @@ async def test_sync_burst_registers_source_one_hour_off(server: TimeSyncServer) 
     est = await sync_burst("127.0.0.1", port, "sensor-1", clock, count=10)
     true_offset = -HOUR_US + SHIFT_US  # source runs an hour ahead; t_ref = t_source + offset
     assert abs(est.offset_us - true_offset) < 1_000
-    await asyncio.sleep(0.05)  # the final report is in flight
+    # The burst's last report may still be on its way to the server.
+    await wait_until(lambda: server.responder.stats.samples_registered >= 10, what="10 registered samples")
     info = server.store["sensor-1"]
     assert info.sample_count == 10
     assert abs(info.offset_us - true_offset) < 1_000
@@ -100,9 +102,12 @@ async def test_periodic_sync_resyncs_in_background(server: TimeSyncServer) -> No
             await asyncio.sleep(0.05)
     assert not sync.running
     assert sync.bursts_ok >= 3 and len(seen) == sync.bursts_ok
-    await asyncio.sleep(0.05)
-    est = server.responder.estimator("sensor-2")
-    assert est is not None and est.burst_count >= 3
+
+    def three_bursts_registered() -> bool:
+        est = server.responder.estimator("sensor-2")
+        return est is not None and est.burst_count >= 3
+
+    await wait_until(three_bursts_registered, what="three bursts registered")
 
 
 async def test_sync_burst_fails_cleanly_without_server() -> None:
@@ -164,12 +169,10 @@ async def test_source_auth_with_hmac() -> None:
         _, port = srv.address
         await sync_burst("127.0.0.1", port, "signed", count=3, key=b"not-the-key")
         await sync_burst("127.0.0.1", port, "unknown", count=3)
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: srv.responder.stats.auth_failed >= 6, what="6 refused requests")
         assert store.source_ids() == []
-        assert srv.responder.stats.auth_failed >= 6
         await sync_burst("127.0.0.1", port, "signed", count=3, key=key)
-        await asyncio.sleep(0.05)
-        assert store.source_ids() == ["signed"]
+        await wait_until(lambda: store.source_ids() == ["signed"], what="the signed source registered")
     finally:
         await srv.close()
 
