@@ -139,11 +139,14 @@ class MultiSourceMerger:
         if watermark_mode and ref < self._emitted_watermark:
             self.counters.late += 1
             out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
+            # _revive cancelled any wait on this source: decide again, or the merge is left without a deadline
+            self._drain(now_us, out)
             return out
         if late:
             # passed through by the reorderer's configuration: it is already behind, do not hold it
             self.counters.merged += 1
             out.append(Merged(event, arrival_us, now_us, ref))
+            self._drain(now_us, out)
             return out
         if event.seq > (src.last_seq if src.last_seq is not None else _NEVER):
             src.last_seq = event.seq

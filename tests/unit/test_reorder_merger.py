@@ -184,3 +184,35 @@ def test_watermark_never_goes_backwards_and_nothing_below_it_follows(
             assert o.ref_ts_us >= watermark
     n_late = sum(1 for o in out if isinstance(o, Late))
     assert len(merged(out)) + n_late == len(events)
+
+
+def test_the_awaited_source_sending_only_stale_events_does_not_leave_the_merge_without_a_deadline() -> None:
+    # b is what the merge waits for; its next event is older than the punctuation, so it goes to the late output
+    # without entering the merge. That event still revives b (and cancels the wait on it): the merge must wait for
+    # b again, with a deadline, or a's queued event waits for whatever input comes next, forever at end of stream.
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(punctuation_interval_us=0),
+                          timeout_for=lambda _sid, _now: 1_000)
+    assert merged(m.push(ev("a", 0, 10), 0, 0)) == [("a", 0, 10)]  # punctuation 10
+    (late,) = m.push(ev("b", 0, 5), 1, 1)
+    assert isinstance(late, Late)
+    assert (late.reason, late.lateness_us) == ("after_punctuation", 5)
+    assert merged(m.push(ev("a", 1, 20), 2, 2)) == []  # b might still send something in 10..20
+    assert m.next_deadline_us() == 2 + 1_000
+    out = m.push(ev("b", 1, 6), 3, 3)
+    assert [type(o) for o in out] == [Late]
+    assert m.next_deadline_us() == 3 + 1_000  # waits for b anew, from its last sign of life
+    out = m.advance(3 + 1_000)
+    assert [type(o) for o in out if not isinstance(o, Punctuation)] == [SourceTimedOut, Merged]
+    assert merged(out) == [("a", 1, 20)]
+
+
+def test_a_late_event_passed_through_by_the_awaited_source_keeps_the_merge_deciding() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(mode="thesis"), timeout_for=lambda _sid, _now: 1_000)
+    m.register("a", 0)
+    m.register("b", 0)
+    assert merged(m.push(ev("a", 0, 20), 1, 1)) == []  # waits for b
+    assert m.next_deadline_us() == 1 + 1_000
+    out = m.push(ev("b", 3, 5), 2, 2, late=True)  # passed through by b's reorderer: released at once
+    assert merged(out) == [("b", 3, 5)]
+    assert m.next_deadline_us() == 2 + 1_000
+    assert merged(m.advance(2 + 1_000)) == [("a", 0, 20)]
