@@ -1,4 +1,7 @@
-"""The gateway's ordering pipeline, sans-IO: per-source sequence reorderers feeding one merger per stream.
+"""The ordering pipeline, sans-IO: per-source sequence reorderers feeding one merger per stream.
+
+The one wiring of reorderers -> reference mapping -> merger: the gateway runs it on its clock, the replay
+(reorder/eval/replay.py) on virtual time, so the benchmark measures what production runs.
 
     events of a source ──▶ SequenceReorderer(source, stream) ──▶ ReferenceMapping ──▶ MultiSourceMerger(stream)
                                   │ late, gaps                      │ future-dated          │ late, punctuation
@@ -6,7 +9,8 @@
                              late topic                         late topic            events topic (ordered)
 
 The shell passes the gateway clock's `now_us` into every call and calls `advance(now_us)` when
-`next_deadline_us()` is due. Outputs are plain records the shell publishes; nothing here does I/O.
+`next_deadline_us()` is due. Outputs are plain records the shell publishes; nothing here does I/O. Every pushed event
+leaves exactly once, as one record on the events or the late topic, unless it is still held (`buffered()`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ class PipelineConfig:
     max_future_us: int = DEFAULT_MAX_FUTURE_US
     reconnect_grace_us: int = DEFAULT_RECONNECT_GRACE_US
     join_grace_us: int = DEFAULT_JOIN_GRACE_US
+    drop_late: bool = True
+    """Query 4.3's 7th parameter for every reorderer of the pipeline (it overrides ``sequence.drop_late``).
+
+    True, the gateway: a late event goes to the late topic only, so the events topic keeps its order promise
+    (docs/record-contract.md). False, the thesis' Query 5.3 as the replay runs it: a late event joins the merge at
+    once and is published on the events topic flagged ``late`` with its reason, unless it is older than a
+    punctuation already emitted (then it still goes to the late topic, ``after_punctuation``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +93,9 @@ class _StreamPipeline:
         self.config = config
         self.stream = stream
         self.merger = MultiSourceMerger(stream, clock, config.merger, timeout_for=self._merge_wait)
+        sequence = config.sequence
+        self.sequence = sequence if sequence.drop_late == config.drop_late else replace(
+            sequence, drop_late=config.drop_late)
         # Sources recovered after a restart that have not reconnected yet, and sources that said hello but have not
         # sent anything since: the merge waits for them until then (a shared deadline, not one wait each).
         self.expected_until: dict[str, int] = {}
@@ -96,7 +110,7 @@ class _StreamPipeline:
     def reorderer(self, source_id: str, initial_seq: int) -> SequenceReorderer:
         reorderer = self.reorderers.get(source_id)
         if reorderer is None:
-            config = self.config.sequence
+            config = self.sequence
             if initial_seq != config.initial_seq:
                 config = replace(config, initial_seq=initial_seq)
             reorderer = SequenceReorderer(source_id, self.stream, config)
@@ -240,39 +254,49 @@ class IngestPipeline:
 
     def _reorder_outputs(self, pipeline: _StreamPipeline, outputs: list[Released | Late | GapSkipped], now_us: int,
                          out: list[PipelineOutput]) -> None:
+        passed: Late | None = None
         for item in outputs:
             if isinstance(item, Released):
-                if item.late:
-                    continue  # also reported as Late, which is what the gateway publishes
-                self._to_merger(pipeline, item, now_us, out)
+                self._to_merger(pipeline, item, now_us, out, passed if item.late else None)
+                passed = None
             elif isinstance(item, Late):
+                if item.passed:
+                    # drop_late=False: the reorderer releases it right after this report; it is published once,
+                    # where the merge puts it, and carries this reason there.
+                    passed = item
+                    continue
                 self.counters.late += 1
                 out.append(self._late_record(item.event, item.arrival_us, now_us, item.reason, item.lateness_us))
             else:
                 self.counters.gaps += 1
                 self.counters.gap_events_skipped += item.last_seq - item.first_seq + 1
 
-    def _to_merger(self, pipeline: _StreamPipeline, released: Released, now_us: int,
-                   out: list[PipelineOutput]) -> None:
+    def _to_merger(self, pipeline: _StreamPipeline, released: Released, now_us: int, out: list[PipelineOutput],
+                   passed: Late | None = None) -> None:
         event = released.event
         ref_us, _error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
         if ref_us - now_us > self.config.max_future_us:
             self.counters.quarantined += 1
             out.append(self._late_record(event, released.arrival_us, now_us, "future_dated", ref_us - now_us))
             return
-        self._merge_outputs(pipeline, pipeline.merger.push(event, released.arrival_us, now_us), out)
+        merged = pipeline.merger.push(event, released.arrival_us, now_us, late=released.late)
+        self._merge_outputs(pipeline, merged, out, passed)
 
     def _merge_outputs(self, pipeline: _StreamPipeline, outputs: list[Merged | Punctuation | SourceTimedOut | Late],
-                       out: list[PipelineOutput]) -> None:
+                       out: list[PipelineOutput], passed: Late | None = None) -> None:
         for item in outputs:
             if isinstance(item, Merged):
                 self.counters.released += 1
                 event = item.event
                 _ref, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
-                out.append(PublishRecord(EventRecord(
+                record = EventRecord(
                     stream=event.stream, source_id=event.source_id, seq=event.seq,
                     source_ts_us=event.source_ts_us, ref_ts_us=item.ref_ts_us, uncertainty_us=error_us,
-                    arrival_ts_us=item.arrival_us, release_ts_us=item.release_us, payload=event.payload), "events"))
+                    arrival_ts_us=item.arrival_us, release_ts_us=item.release_us, payload=event.payload)
+                if passed is not None and passed.event is event:  # drop_late=False: released although late
+                    record = replace(record, late=True, late_reason=passed.reason,
+                                     extra={"lateness_us": passed.lateness_us})
+                out.append(PublishRecord(record, "events"))
             elif isinstance(item, Punctuation):
                 self.counters.punctuations += 1
                 out.append(PublishPunctuation(item.stream, item.watermark_us, item.at_us))

@@ -1,4 +1,5 @@
-"""The gateway's ordering pipeline in virtual time: reorder per source, merge by reference time, side outputs."""
+"""The ordering pipeline (the gateway's, and the replay's) in virtual time: reorder per source, merge by reference
+time, side outputs."""
 
 from contract.wire.messages import IncomingEvent
 from reorder.merger import MergerConfig
@@ -157,3 +158,42 @@ def test_silent_newcomers_share_one_join_deadline_instead_of_one_wait_each():
     assert released == [("good", 0, T0 + 10)]
     assert now <= T0 + 50 + 2_000_000
     assert pipe.counters.source_timeouts == 50
+
+
+def _skip_then_late(config: PipelineConfig) -> tuple[IngestPipeline, list]:
+    """seq 1 is given up after 5 ms (seq 2 released at T0 + 5100), then arrives at T0 + 9000."""
+    pipe = IngestPipeline(IdentityMapping(), config)
+    pipe.register("a", ("s",), T0)
+    pipe.push("a", ev(0, T0), T0)
+    pipe.push("a", ev(2, T0 + 2), T0 + 100)
+    assert records(pipe.advance(T0 + 5_100)) == [("a", 2, T0 + 2)]
+    return pipe, pipe.push("a", ev(1, T0 + 1), T0 + 9_000)
+
+
+def test_late_events_only_go_to_the_late_topic_whatever_the_sequence_config_says():
+    # SequenceConfig's own default passes late events on; the pipeline's drop_late (default True) decides.
+    _pipe, out = _skip_then_late(PipelineConfig(sequence=SequenceConfig(latency_threshold_us=5_000)))
+    assert records(out) == []
+    assert [(o.record.seq, o.record.late_reason) for o in out if isinstance(o, PublishRecord)] == [
+        (1, "late_after_skip")]
+
+
+def test_drop_late_false_publishes_a_late_event_once_flagged_on_the_events_topic():
+    config = PipelineConfig(sequence=SequenceConfig(latency_threshold_us=5_000), drop_late=False,
+                            merger=MergerConfig(mode="thesis"))
+    pipe, out = _skip_then_late(config)
+    (record,) = [o.record for o in out if isinstance(o, PublishRecord)]
+    assert [o.topic for o in out if isinstance(o, PublishRecord)] == ["events"]
+    assert (record.seq, record.late, record.late_reason, record.extra) == (
+        1, True, "late_after_skip", {"lateness_us": 9_000 - 5_100})
+    assert (pipe.counters.released, pipe.counters.late) == (3, 0)
+
+
+def test_drop_late_false_still_keeps_the_punctuation_promise():
+    # the watermark merger punctuated past T0 + 1 when it released seq 2: seq 1 cannot follow on the events topic
+    config = PipelineConfig(sequence=SequenceConfig(latency_threshold_us=5_000), drop_late=False,
+                            merger=MergerConfig(punctuation_interval_us=0))
+    pipe, out = _skip_then_late(config)
+    assert [(o.topic, o.record.seq, o.record.late_reason, o.record.extra["lateness_us"]) for o in out
+            if isinstance(o, PublishRecord)] == [("late", 1, "after_punctuation", 1)]
+    assert (pipe.counters.released, pipe.counters.late) == (2, 1)
