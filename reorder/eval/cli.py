@@ -76,8 +76,13 @@ def replay_cmd(
     ] = None,
     alpha: Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.2-3.3.")] = 0.6,
     beta: Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.7-3.8.")] = 0.6,
-    drop_late: Annotated[bool, typer.Option("--drop-late", help="Late events only to the side output.")] = False,
+    drop_late: Annotated[
+        bool, typer.Option("--drop-late", help="Late events only to the side output (as the gateway runs).")
+    ] = False,
     target_accuracy: Annotated[float, typer.Option(help="sequence: fraction of gaps to wait out.")] = 0.9999,
+    min_gap_timeout: Annotated[
+        str, typer.Option(help="sequence: never give up on a gap sooner (the gateway runs 200ms).")
+    ] = "0",
     k: Annotated[str, typer.Option(help="kslack: fixed K.")] = "100ms",
     epsilon: Annotated[float, typer.Option(help="aqkslack: relative error threshold.")] = 1e-4,
     delta: Annotated[float, typer.Option(help="aqkslack: P(error > epsilon) <= delta.")] = 0.05,
@@ -99,6 +104,7 @@ def replay_cmd(
         beta=beta,
         drop_late=drop_late,
         target_accuracy=target_accuracy,
+        min_gap_timeout_us=parse_duration_us(min_gap_timeout),
         k_us=parse_duration_us(k),
         sync=sync,
         heartbeats=heartbeats,

@@ -1,11 +1,23 @@
 """Deterministic virtual-time replay of a trace through one approach, with the thesis' metrics.
 
+Approaches. ``sequence`` (adaptive gap timeout, watermark merge) and ``thesis`` (Eq. 3.11 timeout, the thesis'
+merge rule) run :class:`reorder.pipeline.IngestPipeline`, the gateway's own wiring of per-source reorderers, the
+reference mapping and the merger, with its future-dated quarantine, join grace and heartbeat rule. ``kslack``,
+``mpkslack``, ``aqkslack`` and ``oracle`` are the baselines of this package.
+
+Accounting. Every event of the trace ends in exactly one place: released on the main output (``released_events``;
+``late_passed_events`` of them were released although late, by ``drop_late=False`` or a K-slack releasing behind a
+newer event), diverted to the late side output (``late_events``, split by reason in ``late_events_<reason>``), or
+dropped as a duplicate (``duplicate_events``). ``released + late + duplicate = events`` is checked on every replay;
+:class:`AccountingError` says which event broke it.
+
 Metrics (thesis section 5.2.2, on each stream's main output):
 
 * latency of an event = release time - arrival time (the delay the reorderer adds);
 * an output event is *out of order* when the event released just before it on the same stream has a
   larger ``true_ts_us``; an event diverted to the late side output (never released) also counts as out
-  of order, so dropping late events cannot buy accuracy;
+  of order, so dropping late events cannot buy accuracy; a dropped duplicate does not (its first copy was
+  scored where it was released);
 * injected out-of-order events: the same count over the arrival order;
 * ``accuracy_pct = 100 * (injected - out_of_order) / injected`` (negative when the output is worse
   than the input, as in Table 5.10).
@@ -17,25 +29,28 @@ arriving at the deadline is in time).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from contract.records import EventRecord
+from contract.wire.messages import IncomingEvent
 from reorder.eval.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
 from reorder.eval.oracle import oracle_schedule
 from reorder.eval.syncsim import SourceClockModel, SyncPlan, plan_sync
 from reorder.eval.traces import TraceEvent
-from reorder.merger import MergeOutput, MergerConfig, MultiSourceMerger
-from reorder.records import GapSkipped, Late, Merged, Released, SourceEvent, SourceTimedOut
-from reorder.sequence import ReorderOutput, SequenceConfig, SequenceReorderer
+from reorder.merger import MergerConfig
+from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
+from reorder.records import Late, Released, SourceEvent
+from reorder.sequence import SequenceConfig
 from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
 from timesync.estimator import ClockEstimate
 
-__all__ = ["APPROACHES", "Approach", "ReplayOptions", "ReplayResult", "replay"]
+__all__ = ["APPROACHES", "AccountingError", "Approach", "ReplayOptions", "ReplayResult", "pipeline_config", "replay"]
 
 Approach = Literal["sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle"]
 APPROACHES: tuple[Approach, ...] = ("sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
+PIPELINE_APPROACHES: tuple[Approach, ...] = ("sequence", "thesis")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +61,11 @@ class ReplayOptions:
     alpha: float = 0.6
     beta: float = 0.6
     drop_late: bool = False
+    """Query 4.3's 7th parameter (``sequence``, ``thesis``). False, as the thesis ran it: a late event joins the
+    merge at once, released behind newer ones. True, as the gateway runs: it only goes to the late side output."""
     target_accuracy: float = 0.9999
+    min_gap_timeout_us: int = 0
+    """``sequence``: never give up on a gap sooner (the gateway's floor is 200 ms, ``GATEWAY_MIN_GAP_TIMEOUT_US``)."""
     k_us: int = 100_000
     """Fixed K of ``kslack``."""
     sync: bool = True
@@ -72,27 +91,47 @@ class ReplayResult:
     """(bucket start us, average latency ms, max latency ms) by arrival time."""
 
 
+class AccountingError(AssertionError):
+    """An event of the trace was accounted for twice, or not at all: the replay's numbers would be wrong."""
+
+
+_PENDING, _RELEASED, _LATE, _DUPLICATE = 0, 1, 2, 3
+_OUTCOME_NAMES = ("not accounted for", "released", "late", "duplicate")
+
+
 class _Collector:
+    """Where each event of the trace ended, exactly once, and the order metrics of the main output."""
+
     def __init__(self, events: Sequence[TraceEvent], emit: bool, tolerance_us: int) -> None:
         self.tolerance_us = tolerance_us
-        self.out_of_order_tol = 0
         self.events = events
+        self.outcome = bytearray(len(events))
         self.release_us: list[int | None] = [None] * len(events)
-        self.diverted: list[bool] = [False] * len(events)
         self.last_true: dict[str, int] = {}
         self.out_of_order = 0
         self.out_of_order_ms = 0
+        self.out_of_order_tol = 0
         self.released = 0
-        self.late_records = 0
+        self.late_passed = 0
+        self.late_by_reason: dict[str, int] = {}
+        self.duplicates = 0
         self.emit = emit
         self.emitted: list[tuple[str, str, int, int, int]] = []
 
-    def release(self, i: int, release_us: int, ref_ts_us: int) -> None:
+    def _account(self, i: int, outcome: int) -> None:
+        previous = self.outcome[i]
+        if previous != _PENDING:
+            e = self.events[i]
+            raise AccountingError(f"event {i} ({e.source_id}, {e.stream}, seq {e.seq}) counted twice: "
+                                  f"{_OUTCOME_NAMES[previous]}, then {_OUTCOME_NAMES[outcome]}")
+        self.outcome[i] = outcome
+
+    def release(self, i: int, release_us: int, ref_ts_us: int, *, late: bool = False) -> None:
+        self._account(i, _RELEASED)
         e = self.events[i]
-        if self.release_us[i] is not None:
-            raise AssertionError(f"event {i} released twice")
         self.release_us[i] = release_us
         self.released += 1
+        self.late_passed += late
         last = self.last_true.get(e.stream)
         if last is not None and last > e.true_ts_us:
             self.out_of_order += 1
@@ -104,11 +143,32 @@ class _Collector:
         if self.emit:
             self.emitted.append((e.source_id, e.stream, e.seq, release_us, ref_ts_us))
 
-    def divert(self, i: int) -> None:
-        self.diverted[i] = True
+    def divert(self, i: int, reason: str) -> None:
+        self._account(i, _LATE)
+        self.late_by_reason[reason] = self.late_by_reason.get(reason, 0) + 1
         self.out_of_order += 1
         self.out_of_order_ms += 1
         self.out_of_order_tol += 1
+
+    def duplicate(self, i: int) -> None:
+        self._account(i, _DUPLICATE)
+        self.duplicates += 1
+
+    @property
+    def late(self) -> int:
+        return sum(self.late_by_reason.values())
+
+    def check(self) -> None:
+        """released + late + duplicate = events, every event in exactly one of them."""
+        pending = self.outcome.find(_PENDING)
+        if pending >= 0:
+            e = self.events[pending]
+            left = self.outcome.count(_PENDING)
+            raise AccountingError(f"{left} events neither released, late nor duplicate, e.g. event {pending} "
+                                  f"({e.source_id}, {e.stream}, seq {e.seq})")
+        if self.released + self.late + self.duplicates != len(self.events):
+            raise AccountingError(f"released {self.released} + late {self.late} + duplicate {self.duplicates} "
+                                  f"!= {len(self.events)} events")
 
 
 def _injected_out_of_order(
@@ -149,222 +209,133 @@ def _peak_in_flight(events: Sequence[TraceEvent], col: _Collector) -> int:
     return peak
 
 
+# -- the production pipeline ---------------------------------------------------------------------
+
+
+def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
+    """The :class:`PipelineConfig` a pipeline approach runs: the replay's knobs, the gateway's everything else."""
+    cap = opts.latency_threshold_us
+    if opts.approach == "thesis":
+        sequence = SequenceConfig.thesis(latency_threshold_us=500_000 if cap is None else cap,
+                                         alpha=opts.alpha, beta=opts.beta)
+        merger = MergerConfig(mode="thesis")
+    else:
+        sequence = SequenceConfig(latency_threshold_us=2_000_000 if cap is None else cap, alpha=opts.alpha,
+                                  beta=opts.beta, target_accuracy=opts.target_accuracy,
+                                  min_timeout_us=opts.min_gap_timeout_us)
+        merger = MergerConfig(mode="watermark")
+    return PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late)
+
+
 @dataclass(frozen=True, slots=True)
 class _Control:
-    """A control-plane event of the replay: a new clock estimate, a registration or a heartbeat."""
+    """A control-plane event of the replay: a new clock estimate, a hello or a heartbeat."""
 
     at_us: int
-    kind: int  # 0 estimate, 1 register, 2 heartbeat: the order among equal times
+    kind: int  # 0 estimate, 1 hello, 2 heartbeat: the order among equal times
     source_id: str
     stream: str
     estimate: ClockEstimate | None = None
-    beat: tuple[int, int] | None = None
+    next_seq: int = 0
+    """Heartbeat: the seq the source's next event will carry."""
+    source_clock_us: int = 0
 
 
-class _Pipeline:
-    """Per-source SequenceReorderers feeding one MultiSourceMerger per stream (thesis Figure 4.2)."""
+def _control_events(events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayOptions) -> list[_Control]:
+    """Clock estimates, hellos and heartbeats of every source, in time order.
 
-    def __init__(self, events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayOptions, col: _Collector):
+    A source syncs before it connects (as the SDK does), so its hello comes with its first sync round; with
+    ``heartbeats``, each round also tells the gateway the seq the source's next event will carry.
+    """
+    per_source: dict[tuple[str, str], list[int]] = {}
+    for i in order:
+        e = events[i]
+        per_source.setdefault((e.source_id, e.stream), []).append(i)
+    end_us = max((e.arrival_ts_us for e in events), default=0)
+    control: list[_Control] = []
+    heartbeats = opts.heartbeats and opts.approach != "thesis"  # Query 5.3's merger knows no heartbeats
+    for (sid, stream), idxs in per_source.items():
+        pairs = [(events[i].true_ts_us, events[i].source_ts_us) for i in idxs]
+        model = SourceClockModel.fit(pairs)
+        first_true = min(p[0] for p in pairs)
+        # seq the source had sent by a given true time: events sorted by seq follow its clock
+        by_seq = sorted(idxs, key=lambda i: events[i].seq)
+        sent_true = [events[i].true_ts_us for i in by_seq]
+        rounds = plan_sync(sid, model, first_true, end_us, opts.sync_plan, opts.seed)
+        for rnd in rounds:
+            if opts.sync and rnd.estimate is not None:
+                control.append(_Control(rnd.effective_us, 0, sid, stream, estimate=rnd.estimate))
+            if rnd is rounds[0]:
+                control.append(_Control(rnd.effective_us, 1, sid, stream))
+            if heartbeats:
+                n_sent = _count_le(sent_true, rnd.started_us)
+                next_seq = events[by_seq[n_sent - 1]].seq + 1 if n_sent else events[by_seq[0]].seq
+                control.append(_Control(rnd.effective_us, 2, sid, stream, next_seq=next_seq,
+                                        source_clock_us=rnd.source_clock_at_start_us))
+    control.sort(key=lambda c: (c.at_us, c.kind, c.source_id, c.stream))
+    return control
+
+
+class _PipelineRun:
+    """Drives one :class:`IngestPipeline` through the trace in virtual time, as the gateway's shell would."""
+
+    def __init__(self, events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayOptions,
+                 col: _Collector) -> None:
         self.events = events
         self.order = order
         self.opts = opts
         self.col = col
-        thesis = opts.approach == "thesis"
-        cap = opts.latency_threshold_us
-        if thesis:
-            self.seq_config = SequenceConfig.thesis(
-                latency_threshold_us=500_000 if cap is None else cap,
-                alpha=opts.alpha,
-                beta=opts.beta,
-                drop_late=opts.drop_late,
-            )
-        else:
-            self.seq_config = SequenceConfig(
-                latency_threshold_us=2_000_000 if cap is None else cap,
-                alpha=opts.alpha,
-                beta=opts.beta,
-                drop_late=opts.drop_late,
-                target_accuracy=opts.target_accuracy,
-            )
-        self.merger_config = MergerConfig(mode="thesis" if thesis else "watermark")
-        self.clock: ReferenceMapping
-        self.est_clock = EstimateMapping()
-        self.clock = self.est_clock if opts.sync else IdentityMapping()
-        self.reorderers: dict[tuple[str, str], SequenceReorderer] = {}
-        self.mergers: dict[str, MultiSourceMerger] = {}
-        self.timers: list[tuple[int, int, str, str]] = []  # (deadline, kind, source, stream)
-        # the deadline last put on the heap per component: push only changes, validate on pop
-        self.scheduled_r: dict[tuple[str, str], int] = {}
-        self.scheduled_m: dict[str, int] = {}
-        self.gaps = 0
-        self.skipped = 0
-        self.duplicates = 0
-        self.late = 0
-        self.merger_timeouts = 0
-        self.punctuations = 0
+        self.estimates = EstimateMapping()
+        mapping: ReferenceMapping = self.estimates if opts.sync else IdentityMapping()
+        self.pipeline = IngestPipeline(mapping, pipeline_config(opts))
 
-    def _reorderer(self, source_id: str, stream: str) -> SequenceReorderer:
-        key = (source_id, stream)
-        r = self.reorderers.get(key)
-        if r is None:
-            r = SequenceReorderer(source_id, stream, self.seq_config)
-            self.reorderers[key] = r
-        return r
-
-    def _merger(self, stream: str) -> MultiSourceMerger:
-        m = self.mergers.get(stream)
-        if m is None:
-
-            def wait_for(source_id: str, now_us: int, stream: str = stream) -> int:
-                return self._reorderer(source_id, stream).merge_wait_us(now_us)
-
-            m = MultiSourceMerger(stream, self.clock, self.merger_config, timeout_for=wait_for)
-            self.mergers[stream] = m
-        return m
-
-    # -- output plumbing ------------------------------------------------------------------------
-
-    def _on_reorder(self, outs: list[ReorderOutput], r: SequenceReorderer) -> None:
-        for o in outs:
-            if type(o) is Released:
-                idx = o.event.payload
-                assert isinstance(idx, int)
-                self._on_merge(self._merger(r.stream).push(o.event, o.arrival_us, o.release_us, late=o.late))
-            elif type(o) is Late:
-                if o.reason == "duplicate":
-                    self.duplicates += 1
-                else:
-                    self.late += 1
-                if not o.passed:
-                    self._divert(o)
-            elif type(o) is GapSkipped:
-                self.gaps += 1
-                self.skipped += o.last_seq - o.first_seq + 1
-        d = r.next_deadline_us()
-        key = (r.source_id, r.stream)
-        if d is not None and self.scheduled_r.get(key) != d:
-            self.scheduled_r[key] = d
-            heapq.heappush(self.timers, (d, 0, r.source_id, r.stream))
-
-    def _divert(self, o: Late) -> None:
-        idx = o.event.payload
-        assert isinstance(idx, int)
-        self.col.divert(idx)
-
-    def _on_merge(self, outs: list[MergeOutput]) -> None:
-        for o in outs:
-            if type(o) is Merged:
-                idx = o.event.payload
-                assert isinstance(idx, int)
-                self.col.release(idx, o.release_us, o.ref_ts_us)
-            elif type(o) is Late:
-                self.late += 1
-                self._divert(o)
-            elif type(o) is SourceTimedOut:
-                self.merger_timeouts += 1
+    def _collect(self, outputs: list[PipelineOutput]) -> None:
+        col = self.col
+        for o in outputs:
+            if type(o) is not PublishRecord:
+                continue  # punctuation: the pipeline counts it
+            record: EventRecord = o.record
+            i = record.payload  # the replay carries each event's trace index as its payload
+            assert isinstance(i, int)
+            if o.topic == "events":
+                col.release(i, record.release_ts_us, record.ref_ts_us, late=record.late)
+            elif record.late_reason == "duplicate":
+                col.duplicate(i)
             else:
-                self.punctuations += 1
+                col.divert(i, record.late_reason or "late")
 
-    def _schedule_mergers(self) -> None:
-        for m in self.mergers.values():
-            d = m.next_deadline_us()
-            if d is not None and self.scheduled_m.get(m.stream) != d:
-                self.scheduled_m[m.stream] = d
-                heapq.heappush(self.timers, (d, 1, "", m.stream))
+    def _fire_before(self, t_us: int) -> None:
+        pipeline = self.pipeline
+        while (due := pipeline.next_deadline_us()) is not None and due < t_us:
+            self._collect(pipeline.advance(due))
 
-    def _fire_before(self, t: int) -> None:
-        timers = self.timers
-        while timers and timers[0][0] < t:
-            d, kind, sid, stream = heapq.heappop(timers)
-            if kind == 0:
-                r = self.reorderers[(sid, stream)]
-                self.scheduled_r.pop((sid, stream), None)
-                if r.next_deadline_us() == d:
-                    self._on_reorder(r.advance(d), r)
-            else:
-                m = self.mergers[stream]
-                self.scheduled_m.pop(stream, None)
-                if m.next_deadline_us() == d:
-                    self._on_merge(m.advance(d))
-            self._schedule_mergers()
-
-    # -- control plane: sync rounds ------------------------------------------------------------
-
-    def _control_events(self) -> list[_Control]:
-        """(time, order, source, stream, payload): clock updates and heartbeats, in time order."""
-        events = self.events
-        per_source: dict[tuple[str, str], list[int]] = {}
-        for i in self.order:
-            e = events[i]
-            per_source.setdefault((e.source_id, e.stream), []).append(i)
-        end_us = max(e.arrival_ts_us for e in events)
-        control: list[_Control] = []
-        thesis = self.opts.approach == "thesis"
-        for (sid, stream), idxs in per_source.items():
-            pairs = [(events[i].true_ts_us, events[i].source_ts_us) for i in idxs]
-            model = SourceClockModel.fit(pairs)
-            first_true = min(p[0] for p in pairs)
-            # seq the source had sent by a given true time: events sorted by seq follow its clock
-            by_seq = sorted(idxs, key=lambda i: events[i].seq)
-            sent_true = [events[i].true_ts_us for i in by_seq]
-            rounds = plan_sync(sid, model, first_true, end_us, self.opts.sync_plan, self.opts.seed)
-            for rnd in rounds:
-                if self.opts.sync and rnd.estimate is not None:
-                    control.append(_Control(rnd.effective_us, 0, sid, stream, estimate=rnd.estimate))
-                if thesis:
-                    if rnd is rounds[0]:
-                        control.append(_Control(rnd.effective_us, 1, sid, stream))
-                    continue
-                if self.opts.heartbeats:
-                    n_sent = _count_le(sent_true, rnd.started_us)
-                    seq = events[by_seq[n_sent - 1]].seq if n_sent else events[by_seq[0]].seq - 1
-                    beat = (seq, rnd.source_clock_at_start_us)
-                    control.append(_Control(rnd.effective_us, 2, sid, stream, beat=beat))
-        control.sort(key=lambda c: (c.at_us, c.kind, c.source_id))
-        return control
-
-    def _apply_control(self, c: _Control) -> None:
-        if c.estimate is not None:
-            self.est_clock.update(c.source_id, c.estimate)
-            return
-        m = self._merger(c.stream)
-        self._reorderer(c.source_id, c.stream)
-        if c.beat is None:
-            self._on_merge(m.register(c.source_id, c.at_us))
+    def _apply(self, c: _Control) -> None:
+        if c.kind == 0:
+            assert c.estimate is not None
+            self.estimates.update(c.source_id, c.estimate)
+        elif c.kind == 1:
+            self._collect(self.pipeline.register(c.source_id, (c.stream,), c.at_us))
         else:
-            seq, clock_us = c.beat
-            self._on_merge(m.heartbeat(c.source_id, seq, clock_us, c.at_us))
-        self._schedule_mergers()
+            self._collect(self.pipeline.heartbeat(c.source_id, {c.stream: c.next_seq}, c.source_clock_us, c.at_us))
 
     def run(self) -> None:
         events = self.events
-        control = self._control_events() if (self.opts.sync or self.opts.heartbeats) else []
+        opts = self.opts
+        control = _control_events(events, self.order, opts) if (opts.sync or opts.heartbeats) else []
+        push = self.pipeline.push
+        collect = self._collect
         ci = 0
         for i in self.order:
             e = events[i]
             t = e.arrival_ts_us
             while ci < len(control) and control[ci].at_us <= t:
                 self._fire_before(control[ci].at_us)
-                self._apply_control(control[ci])
+                self._apply(control[ci])
                 ci += 1
             self._fire_before(t)
-            r = self._reorderer(e.source_id, e.stream)
-            self._on_reorder(r.push(SourceEvent(e.source_id, e.stream, e.seq, e.source_ts_us, i), t), r)
-            self._schedule_mergers()
-        # end of trace: let every wait run out on its own, then flush whatever is left
+            collect(push(e.source_id, IncomingEvent(e.stream, e.seq, e.source_ts_us, i), t))
+        # end of trace: every wait runs out on its own; whatever is then still held was lost (check() says so)
         self._fire_before(1 << 62)
-        end = max((e.arrival_ts_us for e in events), default=0)
-        for r in self.reorderers.values():
-            self._on_reorder(r.flush(end), r)
-        for m in self.mergers.values():
-            self._on_merge(m.flush(end))
-
-
-def _index(event: SourceEvent) -> int:
-    """The replay carries each event's trace index in its payload."""
-    idx = event.payload
-    assert isinstance(idx, int)
-    return idx
 
 
 def _count_le(sorted_values: list[int], x: int) -> int:
@@ -378,10 +349,19 @@ def _count_le(sorted_values: list[int], x: int) -> int:
     return lo
 
 
-def _run_slack(events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayOptions, col: _Collector) -> int:
+# -- baselines ----------------------------------------------------------------------------------
+
+
+def _index(event: SourceEvent) -> int:
+    """The replay carries each event's trace index in its payload."""
+    idx = event.payload
+    assert isinstance(idx, int)
+    return idx
+
+
+def _run_slack(events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayOptions, col: _Collector) -> None:
     streams: dict[str, KSlack] = {}
     values = [float((e.payload or {}).get("v", 1)) for e in events]
-    late = 0
 
     def make() -> KSlack:
         if opts.approach == "kslack":
@@ -402,24 +382,23 @@ def _run_slack(events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayO
         )
         return AQKSlack(cfg)
 
+    def collect(outputs: list[Released | Late]) -> None:
+        for o in outputs:
+            if type(o) is Released:
+                col.release(_index(o.event), o.release_us, o.event.source_ts_us, late=o.late)
+            elif type(o) is Late and not o.passed:
+                col.divert(_index(o.event), o.reason)
+            # a passed Late (behind_output) is the report of a Released(late=True) counted above
+
     for i in order:
         e = events[i]
         s = streams.get(e.stream)
         if s is None:
             s = streams[e.stream] = make()
-        for o in s.push(SourceEvent(e.source_id, e.stream, e.seq, e.source_ts_us, i), e.arrival_ts_us):
-            if type(o) is Released:
-                col.release(_index(o.event), o.release_us, o.event.source_ts_us)
-            else:
-                late += 1
+        collect(s.push(SourceEvent(e.source_id, e.stream, e.seq, e.source_ts_us, i), e.arrival_ts_us))
     end = max((e.arrival_ts_us for e in events), default=0)
     for s in streams.values():
-        for o in s.flush(end):
-            if type(o) is Released:
-                col.release(_index(o.event), o.release_us, o.event.source_ts_us)
-            else:
-                late += 1
-    return late
+        collect(s.flush(end))
 
 
 def _run_oracle(events: Sequence[TraceEvent], col: _Collector) -> None:
@@ -441,23 +420,23 @@ def replay(events: Sequence[TraceEvent], opts: ReplayOptions | None = None) -> R
     order = sorted(range(len(events)), key=lambda i: (events[i].arrival_ts_us, events[i].source_id, events[i].seq))
     col = _Collector(events, opts.emit, opts.tolerance_us)
     extra: dict[str, float | int | str] = {}
-    late = 0
-    if opts.approach in ("sequence", "thesis"):
-        pipe = _Pipeline(events, order, opts, col)
-        pipe.run()
-        late = pipe.late
+    if opts.approach in PIPELINE_APPROACHES:
+        run = _PipelineRun(events, order, opts, col)
+        run.run()
+        counters = run.pipeline.counters
         extra = {
-            "gaps_skipped": pipe.gaps,
-            "seqs_skipped": pipe.skipped,
-            "duplicates": pipe.duplicates,
-            "merger_timeouts": pipe.merger_timeouts,
-            "punctuations": pipe.punctuations,
+            "gaps_skipped": counters.gaps,
+            "seqs_skipped": counters.gap_events_skipped,
+            "quarantined": counters.quarantined,
+            "merger_timeouts": counters.source_timeouts,
+            "punctuations": counters.punctuations,
         }
     elif opts.approach == "oracle":
         _run_oracle(events, col)
     else:
-        late = _run_slack(events, order, opts, col)
-    return _finish(events, order, opts, col, late, extra)
+        _run_slack(events, order, opts, col)
+    col.check()
+    return _finish(events, order, opts, col, extra)
 
 
 def _finish(
@@ -465,7 +444,6 @@ def _finish(
     order: Sequence[int],
     opts: ReplayOptions,
     col: _Collector,
-    late: int,
     extra: dict[str, float | int | str],
 ) -> ReplayResult:
     total = 0
@@ -496,13 +474,15 @@ def _finish(
         "approach": opts.approach,
         "events": len(events),
         "released_events": n,
+        "late_events": col.late,
+        "duplicate_events": col.duplicates,
+        "late_passed_events": col.late_passed,
         "avg_latency_ms": round(total / n / 1000.0, 4) if n else 0.0,
         "max_latency_ms": round(peak / 1000.0, 3),
         "avg_max_latency_ms": round(sum(s[2] for s in series) / len(series), 3) if series else 0.0,
         "out_of_order_events": ooo,
         "injected_out_of_order_events": injected,
         "accuracy_pct": round(accuracy, 4),
-        "late_events": late,
         # the thesis' timestamps had millisecond resolution: equal milliseconds were never out of order
         "out_of_order_events_ms": col.out_of_order_ms,
         "injected_out_of_order_events_ms": injected_ms,
@@ -513,8 +493,7 @@ def _finish(
         "accuracy_tol_pct": round(_accuracy(injected_tol, col.out_of_order_tol), 4),
         "peak_buffered_events": _peak_in_flight(events, col),
     }
+    for reason, count in sorted(col.late_by_reason.items()):
+        metrics[f"late_events_{reason}"] = count
     metrics.update(extra)
-    missing = len(events) - n - sum(col.diverted)
-    if missing:
-        raise AssertionError(f"{missing} events neither released nor diverted")
     return ReplayResult(metrics, col.emitted, series)
