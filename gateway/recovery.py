@@ -11,22 +11,8 @@ from broker.client import KafkaClientConfig, Servers
 from broker.reader import scan_partition
 from contract.records import EventRecord, ProgressRecord, PunctuationRecord, decode_record, progress_key
 from gateway.clock_state import estimate_from_record
+from gateway.ingest import StreamProgress
 from timesync.estimator import ClockEstimate
-
-
-class StreamProgress(ProgressRecord):
-    """What is known to be in the events topic of one stream (the checkpoint record plus its bookkeeping)."""
-
-    __slots__ = ()
-
-    def observe(self, source_id: str, seq: int, offset: int) -> None:
-        if seq + 1 > self.next_seq.get(source_id, 0):
-            self.next_seq[source_id] = seq + 1
-        self.next_offset = max(self.next_offset, offset + 1)
-
-    def promise(self, watermark_us: int) -> None:
-        if self.watermark_us is None or watermark_us > self.watermark_us:
-            self.watermark_us = watermark_us
 
 
 def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stream: str,

@@ -23,8 +23,9 @@ from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.acks import DeliveryTracker
 from gateway.auth import SourceAuthenticator
 from gateway.clock_state import clock_state_record
+from gateway.ingest import StreamProgress
 from gateway.metrics import MetricsServer, make_registry
-from gateway.recovery import StreamProgress, recover_clocks, recover_stream
+from gateway.recovery import recover_clocks, recover_stream
 from gateway.session import (
     CloseConnection,
     DrainRequested,

@@ -51,7 +51,7 @@ def test_resume_marks_everything_below_as_published():
 
 def test_stream_progress_round_trip():
     from contract.records import ProgressRecord, decode_record
-    from gateway.recovery import StreamProgress
+    from gateway.ingest import StreamProgress
 
     progress = StreamProgress("s")
     progress.observe("x", 4, offset=17)
@@ -65,7 +65,7 @@ def test_stream_progress_round_trip():
 
 def test_stream_progress_keeps_the_highest_promised_watermark():
     from contract.records import ProgressRecord, decode_record
-    from gateway.recovery import StreamProgress
+    from gateway.ingest import StreamProgress
 
     progress = StreamProgress("s")
     progress.promise(50)

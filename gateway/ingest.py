@@ -1,0 +1,415 @@
+"""The gateway's decisions, sans-IO (h11-style): the shell calls in with what happened and the time, and carries
+out the actions that come back. Nothing here touches a socket, Kafka, the event loop or a clock: every call that
+needs the time takes ``now_us`` (microseconds of the gateway's reference clock), so the rules run on virtual time
+in tests exactly as they run live.
+
+Calls in: ``source_registered``, ``events_received``, ``heartbeat_received`` (from connections), ``on_delivered``
+and ``kafka_queue_full`` (from Kafka), ``stream_created`` / ``stream_recovered`` / ``clock_changed`` (startup and
+time sync), ``poll`` and ``advance`` (timers), plus counting calls for connections and tasks.
+
+Actions out (the shell carries them out; ``Produce`` actions in the order given, the others at once):
+
+    SendFrame(connection, data)        write to that connection (a re-ack to the connection that sent a duplicate)
+    SendToSource(source_id, data)      write to ONE live connection of the source (acks: cumulative per stream,
+                                       applied pool-wide by the SDK)
+    Produce(topic, key, value, delivery)
+                                       hand to Kafka, waiting while its queue is full (report kafka_queue_full);
+                                       the delivery report goes back to on_delivered(delivery, ...) unless None
+    WriteCheckpoint(topic, key, value) best effort: skipped, not waited for, when Kafka's queue is full (the next
+                                       checkpoint, or the recovery scan, covers a lost one)
+    PauseReading(source_id)            stop reading every connection of the source (including later ones)
+    ResumeReading(source_id)           read them again
+
+Rules:
+
+1. Dedup and re-ack: an event whose (source, stream, seq) was accepted before is a duplicate: counted, never
+   published. If Kafka already confirmed everything up to it, the connection that sent it gets the cumulative ack
+   at once (the ack it resends for was lost with a connection). Re-acks come before the batch's produces: they need
+   no Kafka and must not wait behind a stall.
+2. Ack coalescing: a delivery report confirms one event; the DeliveryTracker moves the cumulative ack only over
+   contiguous confirmed seqs (never past an unconfirmed one). ``poll`` sends one ack per (source, stream) with the
+   highest value reached since the previous poll, to one connection of the source.
+3. Delivery failure: counted, kept as ``last_kafka_error``, and forgotten by the tracker so that the client's
+   resend is accepted again; no ack, no checkpoint progress.
+4. Buffer pressure, with hysteresis: every ``pressure_check_interval_us``, when nothing is throttled and the
+   pipeline holds more than ``max_buffered_events``, every source holding events is paused (``global_pauses``);
+   the sources the merge waits for hold none and keep being read. They are resumed together only once at most
+   half the limit is held. A source registering while throttled is paused at once.
+5. Kafka-stall grace: a refused produce (queue full) marks Kafka stalled until ``stall_grace_us`` after the last
+   refusal (``kafka_stalls`` counts stalls, not refusals). While stalled ``advance`` fires no reorder gap or merge
+   timeout and ``next_deadline_us`` is no earlier than the grace end: the sources the merge waits for only look
+   silent because the gateway stopped reading them.
+6. Checkpoints: a confirmed event on the events topic advances its stream's progress (next seq of its source, next
+   offset) and marks the stream dirty; a punctuation promises its watermark (dirty too). ``poll`` writes one
+   checkpoint per dirty stream every ``checkpoint_interval_us``; ``checkpoint_dirty_streams`` at shutdown.
+7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
+   events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
+   records on the sources topic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal, NewType
+
+from contract.records import PUNCTUATION_KEY, ProgressRecord, PunctuationRecord
+from contract.topics import TopicNames
+from contract.wire import messages
+from contract.wire.frames import encode_frame
+from gateway.acks import DeliveryTracker
+from gateway.clock_state import clock_state_record
+from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
+from timesync.clocks import ReferenceMapping
+from timesync.store import SourceInfo
+
+log = logging.getLogger(__name__)
+
+ConnectionId = NewType("ConnectionId", int)
+
+# The buffer check walks every reorderer and merge queue: every 20 ms bounds its cost with thousands of sources and
+# still stops reading within a few batches of the limit.
+PRESSURE_CHECK_INTERVAL_US = 20_000
+# While Kafka back-pressures the gateway (librdkafka's queue full), and for this long after, no reorder gap or merge
+# wait fires: the sources the merge waits for are silent because the gateway stopped reading them, not because they
+# are gone. Timing them out would push their in-order events to the late topic once Kafka is back.
+STALL_GRACE_US = 2_000_000
+DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
+# The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
+DELIVERY_LATENCY_SAMPLES = 4096
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # Events held in reorder buffers and merge queues, all sources together (rule 4).
+    max_buffered_events: int = 1_000_000
+    checkpoint_interval_us: int = DEFAULT_CHECKPOINT_INTERVAL_US
+    stall_grace_us: int = STALL_GRACE_US
+    pressure_check_interval_us: int = PRESSURE_CHECK_INTERVAL_US
+
+
+# -- actions ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRef:
+    """What a produced event's delivery report is about; the shell hands it back to ``on_delivered``."""
+
+    source_id: str
+    stream: str
+    seq: int
+    topic: Literal["events", "late"]
+    released_us: int  # the record's release stamp, taken just before produce: delivery latency without a clock read
+
+
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    connection: ConnectionId
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SendToSource:
+    """Write to one live connection of the source: acks are cumulative per (source, stream) and the SDK applies them
+    pool-wide. Writing each ack to every connection of a pool cost 10 writes per ack with pools of 10."""
+
+    source_id: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Produce:
+    topic: str
+    key: bytes
+    value: bytes
+    delivery: DeliveryRef | None  # None: no report wanted
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCheckpoint:
+    """A record of the compacted sources topic, best effort (skipped when Kafka's queue is full)."""
+
+    topic: str
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PauseReading:
+    source_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeReading:
+    source_id: str
+
+
+IngestAction = SendFrame | SendToSource | Produce | WriteCheckpoint | PauseReading | ResumeReading
+
+
+# -- state ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GatewayCounters:
+    connections_opened: int = 0
+    connections_closed: int = 0
+    frames_too_large: int = 0
+    malformed_frames: int = 0
+    protocol_errors: int = 0
+    events_received: int = 0
+    events_published: int = 0
+    duplicates: int = 0
+    delivery_failures: int = 0
+    heartbeats: int = 0
+    timeouts: int = 0
+    auth_failures: int = 0
+    recovered_sources: int = 0
+    global_pauses: int = 0
+    kafka_stalls: int = 0
+    task_failures: int = 0
+
+    def count_error(self, code: str) -> None:
+        if code == "frame_too_large":
+            self.frames_too_large += 1
+        elif code == "malformed_frame":
+            self.malformed_frames += 1
+        elif code == "timeout":
+            self.timeouts += 1
+        elif code in ("unauthenticated", "unknown_source"):
+            self.auth_failures += 1
+        else:
+            self.protocol_errors += 1
+
+
+class StreamProgress(ProgressRecord):
+    """What is known to be in the events topic of one stream (the checkpoint record plus its bookkeeping)."""
+
+    __slots__ = ()
+
+    def observe(self, source_id: str, seq: int, offset: int) -> None:
+        if seq + 1 > self.next_seq.get(source_id, 0):
+            self.next_seq[source_id] = seq + 1
+        self.next_offset = max(self.next_offset, offset + 1)
+
+    def promise(self, watermark_us: int) -> None:
+        if self.watermark_us is None or watermark_us > self.watermark_us:
+            self.watermark_us = watermark_us
+
+
+class IngestCore:
+    def __init__(self, topics: TopicNames, mapping: ReferenceMapping, config: IngestConfig | None = None) -> None:
+        self.topics = topics
+        self.config = config or IngestConfig()
+        self.counters = GatewayCounters()
+        self.pipeline = IngestPipeline(mapping, self.config.pipeline)
+        self.tracker = DeliveryTracker()
+        self.last_delivery_us: int | None = None
+        self.last_kafka_error: str | None = None
+        self.delivery_latencies_us: deque[int] = deque(maxlen=DELIVERY_LATENCY_SAMPLES)
+        self._progress: dict[str, StreamProgress] = {}
+        self._dirty_streams: set[str] = set()
+        self._acks_due: dict[tuple[str, str], int] = {}
+        self._throttled: frozenset[str] = frozenset()
+        self._kafka_refused_us: int | None = None
+        self._next_pressure_check_us: int | None = None
+        self._next_checkpoint_us: int | None = None
+
+    # -- streams and startup ------------------------------------------------------------------------------------
+
+    def knows_stream(self, stream: str) -> bool:
+        """Its topics exist and its progress is known (created empty or recovered): sources may publish to it."""
+        return stream in self._progress
+
+    def stream_created(self, stream: str) -> None:
+        self._progress[stream] = StreamProgress(stream)
+
+    def stream_recovered(self, progress: StreamProgress, now_us: int) -> list[IngestAction]:
+        """After a restart: what Kafka holds of the stream. Everything below each source's next seq is a duplicate
+        if resent, the last promised watermark is kept, and the merge waits (bounded) for every source that was
+        streaming before."""
+        stream = progress.stream
+        self._progress[stream] = progress
+        if progress.watermark_us is not None:
+            self.pipeline.restore_watermark(stream, progress.watermark_us)
+        outputs: list[PipelineOutput] = []
+        for source_id, next_seq in progress.next_seq.items():
+            self.pipeline.resume_from(source_id, stream, next_seq)
+            self.tracker.resume(source_id, stream, next_seq)
+            outputs += self.pipeline.expect(source_id, stream, now_us)
+        self.counters.recovered_sources += len(progress.next_seq)
+        return self._publish(outputs)
+
+    def stream_progress(self, stream: str) -> StreamProgress | None:
+        return self._progress.get(stream)
+
+    def clock_changed(self, info: SourceInfo, t_a_us: int, now_us: int) -> list[IngestAction]:
+        """A source's clock estimate changed: its state goes to the sources topic, so a restarted gateway maps the
+        source's timestamps before it syncs again."""
+        record = clock_state_record(info, now_us, t_a_us)
+        return [WriteCheckpoint(self.topics.sources, record.key, record.to_json())]
+
+    # -- connections and sources --------------------------------------------------------------------------------
+
+    def connection_opened(self) -> None:
+        self.counters.connections_opened += 1
+
+    def connection_closed(self) -> None:
+        self.counters.connections_closed += 1
+
+    def session_failed(self, error_code: str) -> None:
+        self.counters.count_error(error_code)
+
+    def task_failed(self) -> None:
+        self.counters.task_failures += 1
+
+    def source_registered(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[IngestAction]:
+        actions = self._publish(self.pipeline.register(source_id, streams, now_us))
+        if source_id in self._throttled:
+            actions.append(PauseReading(source_id))
+        return actions
+
+    def events_received(self, connection: ConnectionId, source_id: str,
+                        events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> list[IngestAction]:
+        """Dedup (rule 1), then the ordering pipeline; returns re-acks, then what is ready to publish, in order."""
+        actions: list[IngestAction] = []
+        outputs: list[PipelineOutput] = []
+        for event in events:
+            self.counters.events_received += 1
+            if not self.tracker.accept(source_id, event.stream, event.seq):
+                self.counters.duplicates += 1
+                acked = self.tracker.acked_through(source_id, event.stream)
+                if acked is not None and acked >= event.seq:
+                    actions.append(SendFrame(connection, encode_frame(messages.build_ack(event.stream, acked))))
+                continue
+            outputs += self.pipeline.push(source_id, event, arrival_us)
+        actions += self._publish(outputs)
+        return actions
+
+    def heartbeat_received(self, source_id: str, heartbeat: messages.Heartbeat, now_us: int) -> list[IngestAction]:
+        self.counters.heartbeats += 1
+        return self._publish(self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, now_us))
+
+    # -- Kafka --------------------------------------------------------------------------------------------------
+
+    def kafka_queue_full(self, now_us: int) -> None:
+        """Kafka refused a produce; the shell retries it. Starts or extends the stall grace (rule 5)."""
+        if not self.kafka_stalled(now_us):
+            self.counters.kafka_stalls += 1
+        self._kafka_refused_us = now_us
+
+    def kafka_stalled(self, now_us: int) -> bool:
+        """Kafka refused a produce within the last ``stall_grace_us``."""
+        refused_us = self._kafka_refused_us
+        return refused_us is not None and now_us - refused_us < self.config.stall_grace_us
+
+    def on_delivered(self, delivery: DeliveryRef, error: str | None, offset: int | None, now_us: int) -> None:
+        """Kafka's delivery report for one produced event (rules 2, 3 and 6)."""
+        self.delivery_latencies_us.append(now_us - delivery.released_us)
+        source_id, stream, seq = delivery.source_id, delivery.stream, delivery.seq
+        if error is not None:
+            self.counters.delivery_failures += 1
+            self.last_kafka_error = error
+            self.tracker.failed(source_id, stream, seq)
+            log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
+            return
+        if delivery.topic == "events" and offset is not None:
+            self._progress[stream].observe(source_id, seq, offset)
+            self._dirty_streams.add(stream)
+        self.counters.events_published += 1
+        self.last_delivery_us = now_us
+        acked = self.tracker.confirmed(source_id, stream, seq)
+        if acked is not None:
+            self._acks_due[(source_id, stream)] = acked
+
+    # -- timers -------------------------------------------------------------------------------------------------
+
+    def next_deadline_us(self) -> int | None:
+        """When ``advance`` has something to fire: the pipeline's next deadline, held back to the end of a Kafka
+        stall's grace (rule 5)."""
+        due = self.pipeline.next_deadline_us()
+        if due is None or self._kafka_refused_us is None:
+            return due
+        return max(due, self._kafka_refused_us + self.config.stall_grace_us)
+
+    def advance(self, now_us: int) -> list[IngestAction]:
+        """Fire the reorder gap timeouts and merge waits that are due, unless Kafka is stalled (rule 5)."""
+        if self.kafka_stalled(now_us):
+            return []
+        return self._publish(self.pipeline.advance(now_us))
+
+    def poll(self, now_us: int) -> list[IngestAction]:
+        """Called after the shell served Kafka's delivery reports: the acks they earned (rule 2), and the buffer
+        check (rule 4) and checkpoints (rule 6) when their intervals are up."""
+        actions: list[IngestAction] = list(self.due_acks())
+        if self._next_pressure_check_us is None or now_us >= self._next_pressure_check_us:
+            self._next_pressure_check_us = now_us + self.config.pressure_check_interval_us
+            actions += self._check_buffer_pressure()
+        if self._next_checkpoint_us is None:
+            self._next_checkpoint_us = now_us + self.config.checkpoint_interval_us
+        elif now_us >= self._next_checkpoint_us:
+            self._next_checkpoint_us = now_us + self.config.checkpoint_interval_us
+            actions += self.checkpoint_dirty_streams()
+        return actions
+
+    def due_acks(self) -> list[SendToSource]:
+        """One cumulative ack per (source, stream), however many deliveries it covers."""
+        if not self._acks_due:
+            return []
+        due, self._acks_due = self._acks_due, {}
+        return [SendToSource(source_id, encode_frame(messages.build_ack(stream, acked)))
+                for (source_id, stream), acked in due.items()]
+
+    def checkpoint_dirty_streams(self) -> list[WriteCheckpoint]:
+        dirty, self._dirty_streams = self._dirty_streams, set()
+        return [WriteCheckpoint(self.topics.sources, progress.key, progress.to_json())
+                for progress in (self._progress[stream] for stream in sorted(dirty))]
+
+    # -- queries ------------------------------------------------------------------------------------------------
+
+    @property
+    def throttled_sources(self) -> frozenset[str]:
+        return self._throttled
+
+    def delivery_latency_percentiles_us(self) -> dict[str, float]:
+        latencies = sorted(self.delivery_latencies_us)
+        if not latencies:
+            return {}
+        return {"kafka_delivery_p50_us": float(latencies[len(latencies) // 2]),
+                "kafka_delivery_p99_us": float(latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])}
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _check_buffer_pressure(self) -> list[IngestAction]:
+        held = self.pipeline.buffered()
+        total = sum(held.values())
+        limit = self.config.max_buffered_events
+        if not self._throttled and total > limit:
+            self.counters.global_pauses += 1
+            self._throttled = frozenset(held)
+            log.warning("%d events buffered (limit %d): not reading %d sources that hold events", total, limit,
+                        len(self._throttled))
+            return [PauseReading(source_id) for source_id in sorted(self._throttled)]
+        if self._throttled and total <= limit // 2:
+            resumed, self._throttled = self._throttled, frozenset()
+            return [ResumeReading(source_id) for source_id in sorted(resumed)]
+        return []
+
+    def _publish(self, outputs: list[PipelineOutput]) -> list[IngestAction]:
+        actions: list[IngestAction] = []
+        for output in outputs:
+            if isinstance(output, PublishRecord):
+                record = output.record
+                topic = (self.topics.events(record.stream) if output.topic == "events"
+                         else self.topics.late(record.stream))
+                delivery = DeliveryRef(record.source_id, record.stream, record.seq, output.topic,
+                                       record.release_ts_us)
+                actions.append(Produce(topic, record.key, record.to_json(), delivery))
+            else:
+                self._progress[output.stream].promise(output.watermark_us)
+                self._dirty_streams.add(output.stream)
+                value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
+                actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None))
+        return actions

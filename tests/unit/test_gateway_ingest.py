@@ -1,0 +1,353 @@
+"""The gateway's decisions (gateway.ingest.IngestCore) on virtual time: calls in, exact actions out."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.records import PUNCTUATION_KEY, EventRecord, ProgressRecord, PunctuationRecord
+from contract.topics import TopicNames
+from contract.wire.frames import encode_frame
+from contract.wire.messages import Heartbeat, IncomingEvent, build_ack
+from gateway.clock_state import clock_state_record
+from gateway.ingest import (
+    ConnectionId,
+    DeliveryRef,
+    IngestAction,
+    IngestConfig,
+    IngestCore,
+    PauseReading,
+    Produce,
+    ResumeReading,
+    SendFrame,
+    SendToSource,
+    StreamProgress,
+    WriteCheckpoint,
+)
+from reorder.pipeline import DEFAULT_JOIN_GRACE_US
+from timesync.clocks import IdentityMapping
+from timesync.estimator import ClockEstimate
+from timesync.store import SourceInfo
+
+T0 = 1_700_000_000_000_000
+TOPICS = TopicNames("t")
+EVENTS = TOPICS.events("s")
+CONN = ConnectionId(7)
+
+
+def make_core(**config: int) -> IngestCore:
+    core = IngestCore(TOPICS, IdentityMapping(), IngestConfig(**config))
+    core.stream_created("s")
+    return core
+
+
+def events(seqs: range, stream: str = "s") -> tuple[IncomingEvent, ...]:
+    return tuple(IncomingEvent(stream, q, T0 + 10 * (q + 1), q) for q in seqs)
+
+
+def ack(stream: str, seq: int) -> bytes:
+    return encode_frame(build_ack(stream, seq))
+
+
+def produced(actions: list[IngestAction]) -> list[DeliveryRef]:
+    """The deliveries of the events a list of actions publishes (punctuations left out)."""
+    return [a.delivery for a in actions if isinstance(a, Produce) and a.delivery is not None]
+
+
+def seqs(actions: list[IngestAction]) -> list[int]:
+    return [d.seq for d in produced(actions)]
+
+
+def deliver(core: IngestCore, actions: list[IngestAction], now_us: int, first_offset: int = 0) -> None:
+    for offset, delivery in enumerate(produced(actions), start=first_offset):
+        core.on_delivered(delivery, None, offset, now_us)
+
+
+# -- records ------------------------------------------------------------------------------------------------------
+
+
+def test_a_released_event_is_produced_as_its_event_record_with_a_delivery_ref():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    (first, *_rest) = core.events_received(CONN, "a", (IncomingEvent("s", 0, T0 + 10, {"i": 0}),), T0 + 100)
+    record = EventRecord(stream="s", source_id="a", seq=0, source_ts_us=T0 + 10, ref_ts_us=T0 + 10,
+                         uncertainty_us=0, arrival_ts_us=T0 + 100, release_ts_us=T0 + 100, payload={"i": 0})
+    assert first == Produce(EVENTS, b"a", record.to_json(), DeliveryRef("a", "s", 0, "events", T0 + 100))
+
+
+def test_punctuation_record_bytes_and_watermark_promise():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    actions = core.events_received(CONN, "a", events(range(1)), T0 + 100)
+    punctuation = PunctuationRecord("s", T0 + 10, T0 + 100)
+    assert actions[1] == Produce(EVENTS, PUNCTUATION_KEY, punctuation.to_json(), None)
+    assert core.stream_progress("s") == StreamProgress("s", 0, {}, T0 + 10)
+    # The promise alone makes the stream dirty: a restart must keep it even if no event was confirmed since.
+    assert core.checkpoint_dirty_streams() == [
+        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {}, T0 + 10).to_json())]
+
+
+# -- rule 1: dedup and re-ack -------------------------------------------------------------------------------------
+
+
+def test_a_resent_seq_already_acked_is_a_duplicate_and_is_re_acked_on_its_connection_at_once():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    deliver(core, core.events_received(CONN, "a", events(range(3)), T0 + 100), T0 + 200)
+    assert core.poll(T0 + 200) == [SendToSource("a", ack("s", 2))]
+
+    other = ConnectionId(8)
+    actions = core.events_received(other, "a", events(range(1, 4)), T0 + 300)
+    assert actions[:2] == [SendFrame(other, ack("s", 2)), SendFrame(other, ack("s", 2))]
+    assert seqs(actions) == [3]  # only the new seq is published
+    assert core.counters.duplicates == 2
+    assert core.counters.events_received == 6
+
+
+def test_a_resent_seq_still_in_flight_is_a_duplicate_without_re_ack():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    core.events_received(CONN, "a", events(range(2)), T0 + 100)
+    assert core.events_received(CONN, "a", events(range(1, 2)), T0 + 200) == []
+    assert core.counters.duplicates == 1
+
+
+def test_re_acks_come_before_the_produces_of_the_same_batch():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    deliver(core, core.events_received(CONN, "a", events(range(1)), T0 + 100), T0 + 200)
+    actions = core.events_received(CONN, "a", (*events(range(1, 2)), *events(range(1))), T0 + 300)
+    assert isinstance(actions[0], SendFrame)
+    assert all(isinstance(a, Produce) for a in actions[1:])
+
+
+# -- rule 2: ack coalescing ---------------------------------------------------------------------------------------
+
+
+def test_acks_cover_only_contiguous_confirmed_seqs_and_are_coalesced_per_poll():
+    core = make_core()
+    core.source_registered("a", ("s", "u"), T0)
+    core.stream_created("u")
+    actions = core.events_received(CONN, "a", events(range(4)), T0 + 100)
+    refs = {d.seq: d for d in produced(actions)}
+    core.on_delivered(refs[1], None, 1, T0 + 200)
+    core.on_delivered(refs[3], None, 3, T0 + 200)
+    assert core.poll(T0 + 200) == []  # seq 0 unconfirmed: nothing may be acked
+    core.on_delivered(refs[0], None, 0, T0 + 300)
+    core.on_delivered(refs[2], None, 2, T0 + 300)
+    other_stream = core.events_received(ConnectionId(8), "a", events(range(1), "u"), T0 + 300)
+    deliver(core, other_stream, T0 + 300, first_offset=0)
+    # Three deliveries since the last poll -> one ack per (source, stream), to the source's pool, not per connection.
+    assert core.poll(T0 + 400) == [SendToSource("a", ack("s", 3)), SendToSource("a", ack("u", 0))]
+    assert core.poll(T0 + 500) == []
+
+
+def test_an_ack_never_covers_an_unconfirmed_seq_between_confirmed_ones():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    refs = produced(core.events_received(CONN, "a", events(range(3)), T0 + 100))
+    core.on_delivered(refs[0], None, 0, T0 + 200)
+    core.on_delivered(refs[2], None, 2, T0 + 200)
+    assert core.poll(T0 + 200) == [SendToSource("a", ack("s", 0))]
+
+
+# -- rule 3: delivery failures ------------------------------------------------------------------------------------
+
+
+def test_a_refused_delivery_is_counted_not_acked_and_its_resend_is_published_again():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    (ref,) = produced(core.events_received(CONN, "a", events(range(1)), T0 + 100))
+    core.on_delivered(ref, "KafkaError{code=MSG_SIZE_TOO_LARGE}", None, T0 + 300)
+    assert core.counters.delivery_failures == 1
+    assert core.counters.events_published == 0
+    assert core.last_kafka_error == "KafkaError{code=MSG_SIZE_TOO_LARGE}"
+    assert core.last_delivery_us is None
+    assert list(core.delivery_latencies_us) == [200]
+    assert core.poll(T0 + 300) == []
+    assert core.checkpoint_dirty_streams() == [  # the punctuation's promise only: no offset observed
+        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {}, T0 + 10).to_json())]
+    # The client resends it (no ack came): accepted, not a duplicate.
+    resent = core.events_received(CONN, "a", events(range(1)), T0 + 400)
+    assert seqs(resent) == [0]
+    assert core.counters.duplicates == 0
+
+
+def test_a_confirmed_delivery_counts_and_stamps_the_last_delivery():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    deliver(core, core.events_received(CONN, "a", events(range(2)), T0 + 100), T0 + 1_100)
+    assert core.counters.events_published == 2
+    assert core.last_delivery_us == T0 + 1_100
+    assert core.delivery_latency_percentiles_us() == {"kafka_delivery_p50_us": 1_000.0,
+                                                      "kafka_delivery_p99_us": 1_000.0}
+
+
+# -- rule 4: buffer pressure --------------------------------------------------------------------------------------
+
+
+def throttling_core() -> IngestCore:
+    """Limit 4; b is silent, so the merge holds a's events."""
+    core = make_core(max_buffered_events=4)
+    core.source_registered("a", ("s",), T0)
+    core.source_registered("b", ("s",), T0)
+    return core
+
+
+def test_at_the_limit_nothing_is_paused_above_it_the_sources_holding_events_are():
+    core = throttling_core()
+    core.events_received(CONN, "a", events(range(4)), T0 + 100)
+    assert core.poll(T0 + 100) == []
+    core.events_received(CONN, "a", events(range(4, 5)), T0 + 200)
+    assert core.poll(T0 + 20_100) == [PauseReading("a")]  # b holds nothing: it is still read
+    assert core.throttled_sources == frozenset({"a"})
+    assert core.counters.global_pauses == 1
+    core.events_received(CONN, "a", events(range(5, 7)), T0 + 300)
+    assert core.poll(T0 + 40_100) == []  # already paused: no repeated action, no second count
+    assert core.counters.global_pauses == 1
+
+
+def test_the_buffer_is_checked_once_per_interval():
+    core = throttling_core()
+    assert core.poll(T0) == []
+    core.events_received(CONN, "a", events(range(5)), T0 + 100)
+    assert core.poll(T0 + 19_999) == []
+    assert core.poll(T0 + 20_000) == [PauseReading("a")]
+
+
+def test_resumed_only_once_at_most_half_the_limit_is_held():
+    core = throttling_core()
+    core.events_received(CONN, "a", events(range(6)), T0 + 100)
+    assert core.poll(T0 + 100) == [PauseReading("a")]
+    # b's heartbeat lets the merge release a's events up to its time: 6 held -> 3 (above half of 4).
+    core.heartbeat_received("b", Heartbeat(T0 + 35, {"s": 0}), T0 + 200)
+    assert core.pipeline.buffered() == {"a": 3}
+    assert core.poll(T0 + 20_100) == []
+    assert core.throttled_sources == frozenset({"a"})
+    core.heartbeat_received("b", Heartbeat(T0 + 45, {"s": 0}), T0 + 300)
+    assert core.pipeline.buffered() == {"a": 2}
+    assert core.poll(T0 + 40_100) == [ResumeReading("a")]
+    assert core.throttled_sources == frozenset()
+
+
+def test_a_source_registering_while_throttled_is_paused_at_once():
+    core = throttling_core()
+    core.events_received(CONN, "a", events(range(5)), T0 + 100)
+    core.poll(T0 + 100)
+    assert core.source_registered("a", ("s",), T0 + 200) == [PauseReading("a")]  # a second connection of a
+    assert core.source_registered("c", ("s",), T0 + 200) == []
+
+
+# -- rule 5: Kafka-stall grace ------------------------------------------------------------------------------------
+
+
+def stalled_merge() -> IngestCore:
+    """a's three events wait in the merge for b, silent since its hello: due at the join grace."""
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    core.source_registered("b", ("s",), T0)
+    assert core.events_received(CONN, "a", events(range(3)), T0 + 100) == []
+    assert core.next_deadline_us() == T0 + DEFAULT_JOIN_GRACE_US
+    return core
+
+
+def test_no_merge_timeout_fires_while_kafka_is_stalled_and_they_resume_after_the_grace():
+    core = stalled_merge()
+    core.kafka_queue_full(T0 + 1_500_000)
+    assert core.next_deadline_us() == T0 + 3_500_000  # held back to the end of the grace
+    assert core.advance(T0 + 2_000_000) == []
+    assert core.advance(T0 + 3_499_999) == []
+    assert core.pipeline.counters.source_timeouts == 0
+    actions = core.advance(T0 + 3_500_000)
+    assert seqs(actions) == [0, 1, 2]
+    assert core.pipeline.counters.source_timeouts == 1
+
+
+def test_each_refusal_extends_the_grace_and_a_stall_is_counted_once():
+    core = stalled_merge()
+    core.kafka_queue_full(T0 + 1_500_000)
+    core.kafka_queue_full(T0 + 3_000_000)
+    assert core.counters.kafka_stalls == 1
+    assert core.kafka_stalled(T0 + 4_999_999)
+    assert not core.kafka_stalled(T0 + 5_000_000)
+    assert core.advance(T0 + 4_000_000) == []
+    assert seqs(core.advance(T0 + 5_000_000)) == [0, 1, 2]
+    core.kafka_queue_full(T0 + 9_000_000)
+    assert core.counters.kafka_stalls == 2
+
+
+def test_without_a_stall_the_merge_timeout_fires_at_its_deadline():
+    core = stalled_merge()
+    assert core.advance(T0 + DEFAULT_JOIN_GRACE_US - 1) == []
+    assert seqs(core.advance(T0 + DEFAULT_JOIN_GRACE_US)) == [0, 1, 2]
+    assert not core.kafka_stalled(T0 + DEFAULT_JOIN_GRACE_US)
+
+
+# -- rule 6: checkpoints ------------------------------------------------------------------------------------------
+
+
+def test_checkpoints_carry_observed_offsets_and_promises_and_are_written_at_the_interval():
+    core = make_core(checkpoint_interval_us=1_000_000)
+    core.stream_created("quiet")
+    core.source_registered("a", ("s",), T0)
+    assert core.poll(T0) == []  # starts the interval
+    deliver(core, core.events_received(CONN, "a", events(range(3)), T0 + 100), T0 + 200, first_offset=40)
+    core.poll(T0 + 999_999)  # acks only
+    assert core.poll(T0 + 999_999) == []
+    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 10)
+    assert core.poll(T0 + 1_000_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", checkpoint.to_json())]
+    assert core.poll(T0 + 2_000_000) == []  # nothing changed: no stream is dirty
+    assert core.checkpoint_dirty_streams() == []
+
+
+def test_late_topic_deliveries_do_not_move_the_events_topic_progress():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    core.checkpoint_dirty_streams()
+    core.tracker.accept("a", "s", 0)  # as events_received does before the pipeline routes it to the late topic
+    core.on_delivered(DeliveryRef("a", "s", 0, "late", T0), None, 5, T0 + 100)
+    assert core.poll(T0 + 100) == [SendToSource("a", ack("s", 0))]
+    assert core.stream_progress("s") == StreamProgress("s")
+    assert core.checkpoint_dirty_streams() == []
+
+
+def test_a_recovered_stream_treats_resends_below_its_progress_as_duplicates():
+    core = IngestCore(TOPICS, IdentityMapping())
+    assert not core.knows_stream("s")
+    core.stream_recovered(StreamProgress("s", 120, {"a": 5}, T0 + 40), T0)
+    assert core.knows_stream("s")
+    assert core.counters.recovered_sources == 1
+    assert core.pipeline.watermark_us("s") == T0 + 40
+    actions = core.events_received(CONN, "a", events(range(3, 6)), T0 + 100)
+    assert actions[:2] == [SendFrame(CONN, ack("s", 4)), SendFrame(CONN, ack("s", 4))]
+    assert seqs(actions) == [5]
+
+
+def test_a_clock_change_is_written_to_the_sources_topic_best_effort():
+    core = make_core()
+    info = SourceInfo("a", ClockEstimate(offset_us=-250, skew_ppm=1.5, rtt_us=80, sync_ref_us=T0, sample_count=8), T0)
+    record = clock_state_record(info, T0 + 1_000, 90)
+    assert core.clock_changed(info, 90, T0 + 1_000) == [
+        WriteCheckpoint(TOPICS.sources, b"a", record.to_json())]  # keyed by source id
+    assert record.offset_us == -250
+
+
+# -- counters -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "counter"), [
+    ("frame_too_large", "frames_too_large"), ("malformed_frame", "malformed_frames"), ("timeout", "timeouts"),
+    ("unauthenticated", "auth_failures"), ("bad_version", "protocol_errors")])
+def test_session_failures_are_counted_by_code(code: str, counter: str):
+    core = make_core()
+    core.session_failed(code)
+    assert getattr(core.counters, counter) == 1
+
+
+def test_heartbeats_and_connections_are_counted():
+    core = make_core()
+    core.connection_opened()
+    core.connection_opened()
+    core.connection_closed()
+    core.source_registered("a", ("s",), T0)
+    core.heartbeat_received("a", Heartbeat(T0, {"s": 0}), T0)
+    assert (core.counters.connections_opened, core.counters.connections_closed, core.counters.heartbeats) == (2, 1, 1)
