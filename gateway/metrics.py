@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 
 
 class CounterSource(Protocol):
-    counters: Any
+    @property
+    def counters(self) -> Any: ...
 
     def gauges(self) -> dict[str, float]: ...
 

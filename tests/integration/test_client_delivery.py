@@ -67,7 +67,7 @@ async def test_killed_socket_mid_stream_loses_and_duplicates_nothing(gateway: Ga
         if i == 2_000:
             # Gateway side: the gateway drops the connection.
             await client.send_pending()
-            (handler,) = gateway._connections["killed"]
+            (handler,) = gateway.connections_of("killed")
             assert handler.transport is not None
             handler.transport.abort()
         if i % 100 == 0:
@@ -87,7 +87,7 @@ async def test_pool_of_two_connections_delivers_everything_once_in_seq_order(gat
     clients = [SkewlessClient("127.0.0.1", gateway.port, f"pool-{k}", ["s"], pool_size=2, batch_events=25,
                               linger_s=0, backoff=FAST) for k in range(sources)]
     await connected(*clients)
-    assert all(len(gateway._connections[f"pool-{k}"]) == 2 for k in range(sources))
+    assert all(len(gateway.connections_of(f"pool-{k}")) == 2 for k in range(sources))
 
     async def run(k: int) -> None:
         client = clients[k]

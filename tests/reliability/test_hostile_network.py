@@ -218,7 +218,7 @@ async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaff
 
     async def sample_connections() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], len(gateway._all_handlers))
+            peak[0] = max(peak[0], gateway.connection_count)
             await asyncio.sleep(0.01)
 
     sampler = asyncio.create_task(sample_connections())
@@ -228,7 +228,7 @@ async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaff
         codes = await asyncio.gather(*(oversize(k) for k in range(oversized)))
         await sender
         # Every flood connection is closed by the gateway: garbage at once, silence at the handshake timeout.
-        await wait_until(lambda: len(gateway._all_handlers) == 1, 15, "flood connections closed")
+        await wait_until(lambda: gateway.connection_count == 1, 15, "flood connections closed")
     finally:
         for writer in sockets:
             writer.close()
@@ -377,7 +377,7 @@ async def test_tls_with_a_wrong_certificate_is_refused(kafka, topic_prefix, tmp_
     finally:
         await good.close()
         await gateway.stop()
-    assert "tls-bad" not in gateway._connections and gateway.counters.events_received == 2_000
+    assert gateway.connections_of("tls-bad") == () and gateway.counters.events_received == 2_000
     delivery = read_delivery(kafka.bootstrap_servers, topic_prefix, "s")
     delivery.assert_exactly_once_in_order({"tls-good": 2_000})
     record_outcome(

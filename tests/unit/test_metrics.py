@@ -5,8 +5,8 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from gateway.ingest import GatewayCounters
 from gateway.metrics import make_registry
-from gateway.server import GatewayCounters
 from reorder.pipeline import PipelineCounters
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"

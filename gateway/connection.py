@@ -1,0 +1,177 @@
+"""One TCP connection as an asyncio Protocol: bytes go into its GatewaySession, and the session's actions run in
+order on a worker task. The connection knows the gateway only through ConnectionOwner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol, cast
+
+from contract.wire import messages
+from gateway.ingest import ConnectionId
+from gateway.session import (
+    CloseConnection,
+    DrainRequested,
+    EventsReceived,
+    GatewaySession,
+    HeartbeatReceived,
+    SendBytes,
+    SessionAction,
+    SourceRegistered,
+)
+from timesync.clocks import ClockUs
+
+log = logging.getLogger(__name__)
+
+# Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
+MAX_PENDING_ACTIONS = 64
+
+
+class ConnectionOwner(Protocol):
+    """What a connection asks of the gateway. The coroutines return once their Kafka records are handed to the
+    producer: a connection that waits here stops reading (MAX_PENDING_ACTIONS), so a Kafka stall reaches the
+    clients as TCP back-pressure."""
+
+    def attach(self, connection: ConnectionHandler) -> ConnectionId: ...
+
+    def detach(self, connection: ConnectionHandler) -> None: ...
+
+    async def register_source(self, connection: ConnectionHandler, hello: messages.Hello) -> None: ...
+
+    async def receive_events(self, connection: ConnectionHandler, received: EventsReceived,
+                             arrival_us: int) -> None: ...
+
+    async def receive_heartbeat(self, received: HeartbeatReceived) -> None: ...
+
+    def session_failed(self, error_code: str) -> None: ...
+
+    def worker_failed(self, connection: ConnectionHandler, error: BaseException) -> None: ...
+
+
+class ConnectionHandler(asyncio.Protocol):
+    """One TCP connection: feeds the session and runs its actions in order on a worker task."""
+
+    def __init__(self, owner: ConnectionOwner, session: GatewaySession, clock_us: ClockUs) -> None:
+        self.session = session
+        self.connection_id = ConnectionId(-1)  # the owner's id, from connection_made on
+        self.transport: asyncio.Transport | None = None
+        self._owner = owner
+        self._clock_us = clock_us
+        self._queue: asyncio.Queue[tuple[int, list[SessionAction]]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._paused = False
+        self._closing = False
+        self._busy = False
+        self._throttled = False
+
+    @property
+    def source_id(self) -> str | None:
+        return self.session.source_id
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.connection_id = self._owner.attach(self)
+        self._worker = asyncio.create_task(self._run(), name=f"connection-{self.connection_id}")
+        self._worker.add_done_callback(self._worker_done)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        now_us = self._clock_us()
+        self._enqueue(now_us, self.session.receive_data(data, now_us))
+
+    def check_timeouts(self, now_us: int) -> None:
+        if not self._closing:
+            self._enqueue(now_us, self.session.check_timeouts(now_us))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.session.connection_lost()
+        self._closing = True
+        self._owner.detach(self)
+        if self._worker is not None:
+            self._worker.cancel()
+
+    @property
+    def writable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def send_bytes(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def set_throttled(self, throttled: bool) -> None:
+        """The gateway's buffer limit: stop (or resume) reading, whatever this connection's own backlog says."""
+        if throttled == self._throttled or self.transport is None or self._closing:
+            return
+        self._throttled = throttled
+        if throttled:
+            self.transport.pause_reading()
+        elif not self._paused:
+            self.transport.resume_reading()
+
+    def pause(self) -> None:
+        """Shutdown: read nothing more; what was already read is still processed."""
+        self._closing = True
+        if self.transport is not None and not self._paused:
+            self.transport.pause_reading()
+            self._paused = True
+
+    @property
+    def idle(self) -> bool:
+        return self._queue.empty() and not self._busy
+
+    def _enqueue(self, now_us: int, actions: list[SessionAction]) -> None:
+        if actions:
+            self._queue.put_nowait((now_us, actions))
+            if self._queue.qsize() >= MAX_PENDING_ACTIONS and not self._paused and self.transport is not None:
+                self.transport.pause_reading()
+                self._paused = True
+
+    async def _run(self) -> None:
+        while True:
+            arrival_us, actions = await self._queue.get()
+            self._busy = True
+            try:
+                for action in actions:
+                    await self._apply(action, arrival_us)
+            finally:
+                self._busy = False
+            if (self._paused and not self._closing and not self._throttled
+                    and self._queue.qsize() < MAX_PENDING_ACTIONS // 2 and self.transport is not None):
+                self.transport.resume_reading()
+                self._paused = False
+
+    def _worker_done(self, worker: asyncio.Task[None]) -> None:
+        # A worker that died would leave its client waiting for a welcome or acks forever: close, so it reconnects
+        # and resends (nothing unacknowledged is lost).
+        if worker.cancelled():
+            return
+        error = worker.exception()
+        if error is not None:
+            self._busy = False
+            self._owner.worker_failed(self, error)
+            self.close()
+
+    async def _apply(self, action: SessionAction, arrival_us: int) -> None:
+        if isinstance(action, SourceRegistered):
+            await self._owner.register_source(self, action.hello)
+        elif isinstance(action, SendBytes):
+            self.send_bytes(action.data)
+        elif isinstance(action, EventsReceived):
+            await self._owner.receive_events(self, action, arrival_us)
+        elif isinstance(action, HeartbeatReceived):
+            await self._owner.receive_heartbeat(action)
+        elif isinstance(action, DrainRequested):
+            # Acks for this source keep flowing to the source's other connections; this one can go.
+            self.close()
+        elif isinstance(action, CloseConnection):
+            if action.error_code is not None:
+                self._owner.session_failed(action.error_code)
+                log.warning("closing connection: %s", action.reason)
+            self.close()
