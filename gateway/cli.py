@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from gateway.config import build_config, load_settings
+from gateway.launch import GatewayAddresses, ready_lines
 from gateway.logs import configure_logging
 from gateway.server import Gateway, GatewayConfig
 
@@ -41,7 +42,8 @@ def gateway(
     log_json: Annotated[bool, typer.Option(help="Log one JSON object per line (to stderr).")] = False,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "INFO",
 ) -> None:
-    """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready.
+    """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready (after
+    the time-sync and metrics addresses, if any).
 
     Settings come from --config (TOML, table [gateway]), then SKEWLESS_GATEWAY_* environment variables, then flags.
     """
@@ -78,11 +80,11 @@ def _raise_fd_limit() -> None:
 async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     await gw.start()
-    typer.echo(f"listening {config.host}:{gw.port}", err=False)
-    if gw.timesync_port is not None:
-        typer.echo(f"timesync udp {config.timesync.host if config.timesync else ''}:{gw.timesync_port}")
-    if gw.metrics_port is not None:
-        typer.echo(f"metrics http://{config.metrics_host}:{gw.metrics_port}/metrics")
+    addresses = GatewayAddresses(
+        config.host, gw.port, timesync_host=config.timesync.host if config.timesync else None,
+        timesync_port=gw.timesync_port, metrics_host=config.metrics_host, metrics_port=gw.metrics_port)
+    for line in ready_lines(addresses):  # gateway.launch reads them: the ready line comes last
+        typer.echo(line)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

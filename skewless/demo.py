@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from broker.launcher import KafkaBroker
 from broker.reader import read_stream, read_topic
 from clients import SimulatedClock, connect
 from contract.topics import TopicNames
+from gateway.launch import spawn_gateway
 from skewless.demo_cep import run_cep_jobs
 from timesync.clocks import system_time_us
 
@@ -58,7 +58,7 @@ def demo(
         broker = KafkaBroker(Path(tmp) / "kafka")
         _log("starting Kafka (KRaft, single node)...", started)
         state = broker.start()
-        gateway: subprocess.Popen[str] | None = None
+        gateway: subprocess.Popen[bytes] | None = None
         try:
             _log(f"Kafka ready at {state.bootstrap_servers}; starting the gateway...", started)
             gateway, port, sync_port = start_gateway_process(state.bootstrap_servers)
@@ -82,17 +82,10 @@ def demo(
             _log("stopped gateway and Kafka", started)
 
 
-def start_gateway_process(bootstrap: str) -> tuple[subprocess.Popen[str], int, int]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--timesync-port", "0", "--bootstrap", bootstrap],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    assert process.stdout is not None
-    lines = [process.stdout.readline(), process.stdout.readline()]
-    if not lines[0].startswith("listening ") or not lines[1].startswith("timesync udp "):
-        process.kill()
-        raise RuntimeError(f"gateway did not start: {lines!r}")
-    return process, int(lines[0].rsplit(":", 1)[1]), int(lines[1].rsplit(":", 1)[1])
+def start_gateway_process(bootstrap: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    process, addresses = spawn_gateway(["--port", "0", "--timesync-port", "0", "--bootstrap", bootstrap])
+    assert addresses.timesync_port is not None
+    return process, addresses.port, addresses.timesync_port
 
 
 async def run_sources(port: int, sync_port: int, events: int, rate: float) -> list[SentEvent]:

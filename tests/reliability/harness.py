@@ -10,7 +10,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ import orjson
 from broker.netutil import free_tcp_port
 from broker.reader import read_stream
 from contract.topics import TopicNames
+from gateway.launch import GatewayLaunchError, spawn_gateway_async
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_ENV = "SKEWLESS_RELIABILITY_OUT"
@@ -72,8 +72,7 @@ class GatewayProcess:
 
     async def start(self, timeout_s: float = 60.0) -> None:
         self.starts += 1
-        args = [*self.netns_prefix, sys.executable, "-m", "skewless", "gateway", "--host", self.host,
-                "--port", str(self.port), "--bootstrap", self.bootstrap, "--prefix", self.prefix,
+        args = ["--host", self.host, "--port", str(self.port), "--bootstrap", self.bootstrap, "--prefix", self.prefix,
                 "--metrics-port", str(self.metrics_port), *self.extra_args]
         if self.timesync_port is None:
             args.append("--no-timesync")
@@ -81,18 +80,12 @@ class GatewayProcess:
             args += ["--timesync-port", str(self.timesync_port)]
         stderr = (self.log_dir / f"gateway-{self.starts}.log").open("wb")
         try:
-            self.process = await asyncio.create_subprocess_exec(
-                *args, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=child_env(), cwd=str(REPO))
+            self.process, _addresses = await spawn_gateway_async(
+                args, wrapper=self.netns_prefix, env=child_env(), cwd=REPO, stderr=stderr, timeout_s=timeout_s)
+        except GatewayLaunchError as exc:
+            raise AssertionError(f"{exc}; see {self.log_dir}") from exc
         finally:
             stderr.close()
-        assert self.process.stdout is not None
-        async with asyncio.timeout(timeout_s):
-            while True:
-                line = await self.process.stdout.readline()
-                if not line:
-                    raise AssertionError(f"gateway exited before listening; see {self.log_dir}")
-                if line.startswith(b"listening "):
-                    break
         # Keep draining stdout so the gateway never blocks on a full pipe.
         self.drainers.append(asyncio.get_running_loop().create_task(self._drain_stdout()))
 
