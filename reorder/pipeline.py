@@ -125,8 +125,10 @@ class IngestPipeline:
         self.counters = PipelineCounters()
         self._streams: dict[str, _StreamPipeline] = {}
         self._next_seq_hint: dict[tuple[str, str], int] = {}
-        # Lazy heap of (deadline_us, stream, source_id or "" for the merger); stale entries are skipped.
-        self._deadlines: list[tuple[int, str, str]] = []
+        # Lazy heap of (deadline_us, 0 for a reorderer / 1 for the merger, stream, source_id or ""); stale entries are
+        # skipped. At equal deadlines reorderers go first: the merge's wait for a source is a wait for that source's
+        # next release, and a release due at the same instant is in time (thesis mode makes the two coincide).
+        self._deadlines: list[tuple[int, int, str, str]] = []
         self._scheduled: dict[tuple[str, str], int] = {}
 
     # -- setup ------------------------------------------------------------------------------------
@@ -192,7 +194,7 @@ class IngestPipeline:
     def advance(self, now_us: int) -> list[PipelineOutput]:
         out: list[PipelineOutput] = []
         while self._deadlines and self._deadlines[0][0] <= now_us:
-            deadline, stream, source_id = heapq.heappop(self._deadlines)
+            deadline, _merger_last, stream, source_id = heapq.heappop(self._deadlines)
             if self._scheduled.get((stream, source_id)) == deadline:
                 del self._scheduled[(stream, source_id)]
             pipeline = self._streams[stream]
@@ -250,7 +252,7 @@ class IngestPipeline:
         if due is None or self._scheduled.get(key) == due:
             return
         self._scheduled[key] = due
-        heapq.heappush(self._deadlines, (due, stream, source_id))
+        heapq.heappush(self._deadlines, (due, 0 if source_id else 1, stream, source_id))
 
     def _reorder_outputs(self, pipeline: _StreamPipeline, outputs: list[Released | Late | GapSkipped], now_us: int,
                          out: list[PipelineOutput]) -> None:

@@ -197,3 +197,23 @@ def test_drop_late_false_still_keeps_the_punctuation_promise():
     assert [(o.topic, o.record.seq, o.record.late_reason, o.record.extra["lateness_us"]) for o in out
             if isinstance(o, PublishRecord)] == [("late", 1, "after_punctuation", 1)]
     assert (pipe.counters.released, pipe.counters.late) == (2, 1)
+
+
+def test_at_equal_deadlines_a_reorderer_releases_before_the_merge_gives_up_on_its_source():
+    # Thesis mode waits for a silent source as long as that source's own gap timeout (Eq. 3.11), so the two
+    # deadlines coincide: a's gap (seq 2) times out at T0 + 250, when the merge's wait for a ends too. a's held
+    # event (t = 120) must reach the merge before it gives up on a, or it follows b's later event (t = 150).
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(sequence=SequenceConfig.thesis(),
+                                                            merger=MergerConfig(mode="thesis")))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    pipe.push("a", ev(0, T0), T0)
+    pipe.push("a", ev(1, T0 + 100), T0 + 100)  # learns t_inter = 100 us: the timeout of a's next gap
+    assert records(pipe.push("b", ev(0, T0 + 150), T0 + 150)) == [("a", 0, T0), ("a", 1, T0 + 100)]
+    assert records(pipe.push("a", ev(3, T0 + 120), T0 + 150)) == []  # seq 2 missing
+    assert pipe.next_deadline_us() == T0 + 250
+    assert records(pipe.advance(T0 + 250)) == [("a", 3, T0 + 120)]
+    assert pipe.counters.source_timeouts == 0
+    # now the merge waits for a again (its next gap timeout, 100 us), then b's event goes
+    assert records(pipe.advance(T0 + 350)) == [("b", 0, T0 + 150)]
+    assert pipe.counters.source_timeouts == 1
