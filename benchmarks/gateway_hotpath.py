@@ -2,9 +2,8 @@
 
 Stages, each timed over the same 200k in-order events from 20 sources, batches of 500:
   decode   GatewaySession.receive_data (frame split + msgpack + validation)
-  dedup    DeliveryTracker.accept
-  order    IngestPipeline.push (SequenceReorderer + ReferenceClock + MultiSourceMerger)
-  encode   EventRecord.to_json (orjson)
+  ingest   IngestCore.events_received: dedup (DeliveryTracker), the ordering pipeline (SequenceReorderer,
+           ReferenceMapping, MultiSourceMerger) and record encoding (contract.records, orjson), as the gateway runs it
   produce  confluent-kafka Producer.produce into a local queue (no broker reachable: measures the client call)
 Prints microseconds per event per stage; the sum is the floor of the gateway's CPU cost per event.
 """
@@ -16,11 +15,11 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from contract.topics import TopicNames
 from contract.wire.frames import encode_frame
 from contract.wire.messages import build_event, build_events, build_hello
-from gateway.acks import DeliveryTracker
+from gateway.ingest import ConnectionId, IngestCore, Produce
 from gateway.session import EventsReceived, GatewaySession
-from reorder.pipeline import IngestPipeline, PublishRecord
 from timesync.clocks import IdentityMapping
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -34,19 +33,19 @@ def stage_costs() -> tuple[dict[str, float], int]:
     """Seconds spent per stage and the number of events."""
     base_us = 1_800_000_000_000_000
     sessions, frames = [], []
-    pipeline = IngestPipeline(IdentityMapping())
+    core = IngestCore(TopicNames(), IdentityMapping())
+    core.stream_created("bench")
     for s in range(SOURCES):
         session = GatewaySession()
         session.receive_data(encode_frame(build_hello(f"s{s}", ["bench"])))
-        pipeline.register(f"s{s}", ("bench",), base_us)
+        core.source_registered(f"s{s}", ("bench",), base_us)
         sessions.append(session)
         frames.append([encode_frame(build_events([build_event("bench", q, base_us + q * 10, {"v": q & 255})
                                                   for q in range(i, i + BATCH)]))
                        for i in range(0, PER_SOURCE, BATCH)])
-    tracker = DeliveryTracker()
     producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1_000_000,
                          "linger.ms": 1000, "log_level": 0})
-    spent = dict.fromkeys(("decode", "dedup", "order", "encode", "produce"), 0.0)
+    spent = dict.fromkeys(("decode", "ingest", "produce"), 0.0)
     count = 0
     clock = time.perf_counter
     for batch_index in range(PER_SOURCE // BATCH):
@@ -54,23 +53,17 @@ def stage_costs() -> tuple[dict[str, float], int]:
             t0 = clock()
             actions = sessions[s].receive_data(frames[s][batch_index], base_us)
             t1 = clock()
-            events = [e for a in actions if isinstance(a, EventsReceived) for e in a.events]
-            fresh = [e for e in events if tracker.accept(f"s{s}", e.stream, e.seq)]
+            events = tuple(e for a in actions if isinstance(a, EventsReceived) for e in a.events)
             t2 = clock()
-            outputs = []
-            for event in fresh:
-                outputs += pipeline.push(f"s{s}", event, base_us)
+            produced = [a for a in core.events_received(ConnectionId(s), f"s{s}", events, base_us)
+                        if isinstance(a, Produce)]
             t3 = clock()
-            values = [(o.record.key, o.record.to_json()) for o in outputs if isinstance(o, PublishRecord)]
+            for action in produced:
+                producer.produce("bench", value=action.value, key=action.key)
             t4 = clock()
-            for key, value in values:
-                producer.produce("bench", value=value, key=key)
-            t5 = clock()
             spent["decode"] += t1 - t0
-            spent["dedup"] += t2 - t1
-            spent["order"] += t3 - t2
-            spent["encode"] += t4 - t3
-            spent["produce"] += t5 - t4
+            spent["ingest"] += t3 - t2
+            spent["produce"] += t4 - t3
             count += len(events)
     producer.purge()
     return spent, count
@@ -107,9 +100,8 @@ gateway's CPU cost per event. One run on the shared 2-core machine.
 | **total** | **{total * 1e6 / count:.2f}** | at most {count / total:,.0f} events/s per core |
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation)
-- dedup: `DeliveryTracker.accept`
-- order: `IngestPipeline.push` (SequenceReorderer, ReferenceClock, MultiSourceMerger, record building)
-- encode: `EventRecord.to_json` (orjson)
+- ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
+  ReferenceMapping, MultiSourceMerger, then EventRecord encoding with orjson), the call the gateway makes per batch
 - produce: confluent-kafka `Producer.produce` into librdkafka's queue
 
 The pyinstrument call tree of the same workload is in gateway-profile.txt.

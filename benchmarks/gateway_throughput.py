@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from broker.reader import read_topic
 from contract.records import EVENT
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import Ack, build_event, build_events, build_heartbeat, build_hello, parse_gateway_message
+from gateway.launch import spawn_gateway
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BATCH = 500
@@ -67,17 +67,14 @@ def proc_rss(pid: int) -> int:
 
 
 def start_gateway(bootstrap: str, prefix: str, producer: dict[str, int] | None = None,
-                  ) -> tuple[subprocess.Popen[str], int]:
-    command = [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--no-timesync", "--bootstrap", bootstrap,
-               "--prefix", prefix]
+                  ) -> tuple[subprocess.Popen[bytes], int]:
+    args = ["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", prefix]
     if producer:
         config = Path(tempfile.mkdtemp()) / "gateway.toml"
         config.write_text("[gateway.producer]\n" + "".join(f'"{k}" = {v}\n' for k, v in producer.items()))
-        command += ["--config", str(config)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    return process, int(line.rsplit(":", 1)[1])
+        args += ["--config", str(config)]
+    process, addresses = spawn_gateway(args)
+    return process, addresses.port
 
 
 def frames_for(source: int, events: int, base_us: int) -> list[tuple[int, bytes]]:

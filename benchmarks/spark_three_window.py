@@ -33,6 +33,7 @@ from broker.admin import ensure_topics
 from broker.launcher import KafkaBroker
 from contract.records import PUNCTUATION_KEY, RESULT_WINDOW, EventRecord, PunctuationRecord
 from contract.topics import TopicNames
+from gateway.launch import spawn_gateway
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BASE_US = 1_700_000_000_000_000
@@ -116,13 +117,9 @@ def throughput(spark: Any, bootstrap: str, events: int) -> dict[str, float]:
     return out
 
 
-def start_gateway(bootstrap: str, prefix: str) -> tuple[subprocess.Popen[str], int]:
-    command = [sys.executable, "-m", "skewless", "gateway", "--port", "0", "--no-timesync", "--bootstrap", bootstrap,
-               "--prefix", prefix]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    return process, int(line.rsplit(":", 1)[1])
+def start_gateway(bootstrap: str, prefix: str) -> tuple[subprocess.Popen[bytes], int]:
+    process, addresses = spawn_gateway(["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", prefix])
+    return process, addresses.port
 
 
 async def paced_sources(port: int, sources: int, rate: float, seconds: float) -> dict[tuple[str, int], int]:
