@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.reorder_replay [--quick]
 
 Deterministic (seeded traces, virtual time); only the throughput figures depend on the machine.
-Replays run in two worker processes; the throughput measurement runs alone afterwards.
+Replays run in two worker processes; the throughput measurement runs alone afterwards. The sequence and
+thesis approaches run reorder.pipeline.IngestPipeline, the gateway's ordering pipeline (reorder/eval/replay.py).
 """
 
 from __future__ import annotations
@@ -16,54 +17,19 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from benchmarks.reorder_report import write_report
+from benchmarks.reorder_thesis import ALL, APPROACH_LABEL, DRIFTS, PROFILE_RUNS, SKEW_PPM
+from contract.wire.messages import IncomingEvent
 from reorder.eval.kslack import MPKSlack
 from reorder.eval.replay import ReplayOptions, ReplayResult, replay
 from reorder.eval.traces import PROFILES, TraceSpec, generate
 from reorder.merger import MultiSourceMerger
+from reorder.pipeline import GATEWAY_MIN_GAP_TIMEOUT_US, IngestPipeline
 from reorder.records import SourceEvent
 from reorder.sequence import SequenceConfig, SequenceReorderer
 from timesync.clocks import IdentityMapping
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-
-# Thesis 003, Tables 5.4-5.10 (ms, %, counts), copied as published.
-THESIS_T54 = {"sequence": (4.09, 10.98), "mpkslack": (399.56, 465.37), "aqkslack": (79.04, 133.27)}
-THESIS_T55 = {"sequence": (5, 99.99), "mpkslack": (5, 99.99), "aqkslack": (5, 99.99)}
-THESIS_T56 = {
-    "dataset1": {"sequence": 4.09, "mpkslack": 399.56, "aqkslack": 79.04},
-    "dataset2": {"sequence": 6.52, "mpkslack": 1397.52, "aqkslack": 176.48},
-    "dataset3": {"sequence": 398.12, "mpkslack": 62507.29, "aqkslack": 10462.98},
-}
-THESIS_T57 = {
-    "dataset1": {"sequence": 99.99, "mpkslack": 99.99, "aqkslack": 99.99},
-    "dataset2": {"sequence": 99.97, "mpkslack": 99.98, "aqkslack": 99.96},
-    "dataset3": {"sequence": 99.98, "mpkslack": 99.99, "aqkslack": 99.98},
-}
-THESIS_T58 = {
-    1: (398.12, 62507.29, 10462.98),
-    2: (412.23, 67274.41, 12634.21),
-    5: (552.72, 72937.56, 13432.69),
-    10: (652.34, 66178.05, 16134.3),
-    20: (963.54, 78200.31, 19313.43),
-}
-THESIS_T59 = {1: (99.98, 99.99, 99.98), 2: (99.97, 99.98, 99.47), 5: (99.97, 99.99, 99.12),
-              10: (99.97, 99.99, 99.02), 20: (99.97, 99.99, 99.08)}  # fmt: skip
-THESIS_T510 = {"0ms": (52, 99.97, 52, 99.97), "1ms": (502560, -201.98, 78, 99.95),
-               "5ms": (505235, -203.58, 75, 99.95), "10ms": (539849, -224.38, 72, 99.96),
-               "1min": (441979, -165.57, 74, 99.96), "1h": (18001, 89.18, 73, 99.96)}  # fmt: skip
-
-APPROACH_LABEL = {
-    "sequence": "Sequence (ours, adaptive)",
-    "thesis": "Sequence (thesis Eq. 3.11)",
-    "kslack": "K-slack (K = 100 ms)",
-    "mpkslack": "MP-K-slack",
-    "aqkslack": "AQ-K-slack",
-    "oracle": "Oracle (100 % order)",
-}
-ALL = ("sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
-DRIFTS = {"0ms": 0, "1ms": 1_000, "5ms": 5_000, "10ms": 10_000, "1min": 60_000_000, "1h": 3_600_000_000}
-SKEW_PPM = 20.0
-
 
 @dataclass(frozen=True)
 class Job:
@@ -97,8 +63,11 @@ def build_jobs(scale: float) -> list[Job]:
     def n(x: int) -> int:
         return max(2000, int(x * scale))
 
-    base = {a: ReplayOptions(approach=a) for a in ALL}  # type: ignore[misc]
-    all_runs = tuple((a, base[a]) for a in ALL)
+    base: dict[str, ReplayOptions] = {a: ReplayOptions(approach=a) for a in ALL}
+    # what the gateway configures on top of the same pipeline: late events only to the late topic, and no gap is
+    # given up in less than 200 ms (a live gateway sees event-loop pauses and pool stalls a replay does not)
+    base["sequence-gateway"] = replace(base["sequence"], drop_late=True, min_gap_timeout_us=GATEWAY_MIN_GAP_TIMEOUT_US)
+    all_runs = tuple((a, base[a]) for a in PROFILE_RUNS)
     jobs = [
         Job("dataset1", TraceSpec(PROFILES["dataset1"], events_per_source=n(500_000), payload=False), all_runs),
         Job("dataset2", TraceSpec(PROFILES["dataset2"], events_per_source=n(500_000), payload=False), all_runs),
@@ -174,6 +143,16 @@ def throughput(n: int) -> dict[str, float]:
                 mpush(o.event, o.arrival_us, o.release_us)  # type: ignore[union-attr]
         return n
 
+    incoming = [IncomingEvent("R", i, 66 * i, None) for i in range(n)]
+
+    def pipeline() -> int:
+        p = IngestPipeline(IdentityMapping())
+        p.register("s0", ("R",), 0)
+        push = p.push
+        for i, e in enumerate(incoming):
+            push("s0", e, 66 * i)
+        return n
+
     def mp() -> int:
         k = MPKSlack()
         push = k.push
@@ -185,19 +164,12 @@ def throughput(n: int) -> dict[str, float]:
         "SequenceReorderer (adaptive), in order": _rate(seq_adaptive),
         "SequenceReorderer (thesis Eq. 3.11), in order": _rate(seq_thesis),
         "SequenceReorderer + MultiSourceMerger (1 source)": _rate(seq_and_merger),
+        "IngestPipeline, gateway defaults (1 source, records built)": _rate(pipeline),
         "MP-K-slack (in order)": _rate(mp),
     }
 
 
 # -- report ---------------------------------------------------------------------------------------
-
-
-def fmt(x: float | int | str, digits: int = 2) -> str:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, int):
-        return f"{x:,}"
-    return f"{x:,.{digits}f}"
 
 
 def plots(res: dict[str, JobResult]) -> list[str]:
@@ -330,8 +302,6 @@ def main() -> None:
     replay_s = time.perf_counter() - t0
     tput = throughput(300_000 if not args.quick else 50_000)
     images = plots(res)
-    from benchmarks.reorder_report import write_report
-
     write_report(res, tput, images, replay_s, time.perf_counter() - t0, scale, cpu_name(), DOCS)
     print(f"done in {time.perf_counter() - t0:.0f} s; wrote {DOCS / 'reorder-benchmark.md'}")
 
