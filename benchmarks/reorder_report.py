@@ -301,8 +301,9 @@ def what_moved(res: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     out = [f"## What moved since the run of {PREVIOUS_RUN}", "",
            "That run drove the sequence and thesis rows through the replay's own reorderers -> merger loop, "
-           "without the gateway's quarantine, join grace or heartbeat rule. Every other figure is unchanged "
-           "(deterministic replays); the 'gateway settings' rows and the IngestPipeline throughput are new. The "
+           "without the gateway's quarantine, join grace or heartbeat rule. Every other replay figure is unchanged "
+           "(the replays are deterministic; the throughput section is not); the 'gateway settings' rows and the "
+           "IngestPipeline throughput are new. The "
            "causes below were checked by re-running single configurations with one change reverted (not part of "
            "this benchmark).", ""]  # fmt: skip
     out += _table(["figure", PREVIOUS_RUN, "this run", "why"], rows)
