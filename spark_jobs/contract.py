@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from contract.records import EVENT
+from broker.client import Servers
+from broker.reader import read_topic
+from contract.records import EVENT, ClockRecord, RecordError, decode_record
 
 
 def event_schema() -> Any:
@@ -55,3 +57,16 @@ def events_only(parsed: Any) -> Any:
     from pyspark.sql import functions as F
 
     return parsed.where((F.col("kind") == EVENT) & F.col("ref_ts_us").isNotNull())
+
+
+def latest_ta_us(servers: Servers, sources_topic: str) -> int:
+    """Eq. 3.16: T_a = max RTT over the sources, from each source's latest clock record (0 if none synced)."""
+    latest: dict[str, int] = {}
+    for _key, value in read_topic(servers, sources_topic):
+        try:
+            record = decode_record(value)
+        except RecordError:
+            continue  # not a clock state (a hand-written or foreign record): T_a is over what is known
+        if isinstance(record, ClockRecord):
+            latest[record.source_id] = record.rtt_us
+    return max(latest.values(), default=0)

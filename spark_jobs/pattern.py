@@ -14,8 +14,8 @@ from typing import Any
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
 from contract.records import RESULT_MATCH, RESULT_REJECTED, result_key, result_value
 from contract.topics import TopicNames
+from spark_jobs.contract import latest_ta_us
 from spark_jobs.stateful import decode_payload, start_core_job
-from spark_jobs.three_window import latest_ta_us
 
 JOB_NAME = "pattern"
 

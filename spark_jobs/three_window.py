@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
-from contract.records import CLOCK, RESULT_FINAL, RESULT_LATE, RESULT_WINDOW, result_key, result_value
+from contract.records import RESULT_FINAL, RESULT_LATE, RESULT_WINDOW, result_key, result_value
 from contract.topics import TopicNames
+from spark_jobs import contract as spark_contract
 from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
@@ -117,27 +118,13 @@ class ThreeWindowCore:
                                  seq=row.get("seq"), **late.to_dict())
 
 
-def latest_ta_us(bootstrap_servers: str, sources_topic: str) -> int:
-    """Eq. 3.16: T_a = max RTT over the sources, from each source's latest clock record (0 if none synced)."""
-    import orjson
-
-    from broker.reader import read_topic
-
-    latest: dict[str, int] = {}
-    for _key, value in read_topic(bootstrap_servers, sources_topic):
-        record = orjson.loads(value)
-        if record.get("kind") == CLOCK and isinstance(record.get("rtt_us"), int):
-            latest[str(record["source_id"])] = record["rtt_us"]
-    return max(latest.values(), default=0)
-
-
 def start(spark: Any, options: ThreeWindowOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     from pyspark.sql import functions as F
 
     ta_us = options.ta_us
     if options.shift_mode == "thesis" and ta_us is None:
-        ta_us = latest_ta_us(options.bootstrap_servers, TopicNames(options.topic_prefix).sources)
+        ta_us = spark_contract.latest_ta_us(options.bootstrap_servers, TopicNames(options.topic_prefix).sources)
     ta = ta_us or 0
 
     def factory(key: tuple[Any, ...], blob: bytes | None) -> ThreeWindowCore:
