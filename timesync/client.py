@@ -18,7 +18,7 @@ from types import TracebackType
 
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
-from timesync.estimator import ClockEstimate, ClockEstimator
+from timesync.estimator import DEFAULT_BURST_SIZE, ClockEstimate, ClockEstimator
 from timesync.exchange import ClientExchange
 
 __all__ = ["PeriodicSync", "TimeSyncError", "realtime_us", "sync_burst"]
@@ -172,7 +172,12 @@ EstimateCallback = Callable[[ClockEstimate], None]
 
 
 class PeriodicSync:
-    """Initial burst, then background re-syncs; owns its task (``async with`` or start/close)."""
+    """Initial burst, then background re-syncs; owns its task (``async with`` or start/close).
+
+    ``count`` requests per burst; the minimum filter considers all of them.  ``burst_size`` is the
+    most samples the local estimator puts in one burst (as on the server, default
+    :data:`~timesync.estimator.DEFAULT_BURST_SIZE`); a ``count`` above it is split into several bursts.
+    """
 
     def __init__(
         self,
@@ -186,7 +191,7 @@ class PeriodicSync:
         timeout_s: float = 0.5,
         spacing_s: float = 0.0,
         key: bytes | None = None,
-        burst_size: int = 8,
+        burst_size: int = DEFAULT_BURST_SIZE,
         jitter_fraction: float = 0.1,
         on_estimate: EstimateCallback | None = None,
     ) -> None:

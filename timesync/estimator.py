@@ -16,8 +16,12 @@ Algorithm
 * Each exchange gives a :class:`SyncSample` (t1, t4 on the source clock; t2, t3 on the
   reference clock).  Its round trip is thesis Eq. 3.12 and its offset Eq. 3.13.
 * Samples arrive in bursts.  Within the current burst the *minimum filter* (thesis section
-  3.2.2, RFC 5905 clock filter) keeps the sample with the lowest round trip among the most
-  recent ``burst_size`` samples.
+  3.2.2, Eq. 3.14) keeps the sample with the lowest round trip among *all* samples of the burst,
+  however early in the burst it came.  Only that running minimum is kept (O(1) memory per
+  source).  A burst ends on :meth:`ClockEstimator.end_burst` (the client's end-of-burst report),
+  on a gap of more than ``burst_gap_us`` between samples, or once it holds ``burst_size``
+  samples (default 64): a client that never ends its burst still gets a fresh filtered point
+  every ``burst_size`` samples instead of one stale minimum forever.
 * Each burst contributes one filtered point ``(t_ref, offset, rtt)`` to a history of at most
   ``max_points`` points.  A weighted least-squares line through the history gives the offset at
   the newest point (intercept) and the skew (slope), in the spirit of chrony's sourcestats.c:
@@ -50,8 +54,11 @@ __all__ = [
     "SyncSample",
 ]
 
-#: Depth of the minimum filter, as in RFC 5905's 8-stage clock filter register.
-DEFAULT_BURST_SIZE = 8
+#: Most samples one burst may hold: the minimum filter covers every sample up to here, then the burst is closed
+#: and the next sample opens a new one.  Well above the thesis' 10 requests per burst (Sample Code 4.1) and the
+#: server's default rate limit (64/s); the filter keeps only the running minimum, so this bounds staleness, not
+#: memory.
+DEFAULT_BURST_SIZE = 64
 #: Regression history, as chrony's MAX_SAMPLES (64).
 DEFAULT_MAX_POINTS = 64
 #: Frequency error assumed before a skew has been measured; chrony's default ``maxdrift`` is 500 ppm.
@@ -183,7 +190,9 @@ class ClockEstimate:
 
 @dataclass(slots=True)
 class _Burst:
-    samples: deque[SyncSample]
+    best: SyncSample
+    """Lowest round trip so far in this burst (the first one on a tie)."""
+    count: int
     last_ref_us: int
 
 
@@ -199,9 +208,10 @@ class _Fit:
 class ClockEstimator:
     """Estimator state of one source; feed it :class:`SyncSample` objects, read :class:`ClockEstimate`.
 
-    ``burst_size`` is the depth of the minimum filter inside a burst.  A burst ends when
-    :meth:`end_burst` is called (the client's final report) or when a sample arrives more than
-    ``burst_gap_us`` after the previous one.
+    The minimum filter considers every sample of a burst.  A burst ends when :meth:`end_burst` is
+    called (the client's final report), when a sample arrives more than ``burst_gap_us`` after the
+    previous one, or once it holds ``burst_size`` samples (the bound on one burst; the next sample
+    opens a new burst).
     """
 
     burst_size: int = DEFAULT_BURST_SIZE
@@ -246,11 +256,15 @@ class ClockEstimator:
             self.end_burst()
             burst = None
         if burst is None:
-            burst = _Burst(samples=deque(maxlen=self.burst_size), last_ref_us=ref_us)
-            self._burst = burst
-        burst.samples.append(sample)
-        burst.last_ref_us = max(burst.last_ref_us, ref_us)
+            self._burst = _Burst(best=sample, count=1, last_ref_us=ref_us)
+        else:
+            if sample.rtt_us < burst.best.rtt_us:
+                burst.best = sample
+            burst.count += 1
+            burst.last_ref_us = max(burst.last_ref_us, ref_us)
         self.sample_count += 1
+        if self.open_burst_samples >= self.burst_size:
+            self.end_burst()
         return True
 
     def end_burst(self) -> None:
@@ -284,6 +298,11 @@ class ClockEstimator:
     @property
     def burst_count(self) -> int:
         return self._closed_bursts + (1 if self._burst is not None else 0)
+
+    @property
+    def open_burst_samples(self) -> int:
+        """Samples in the open burst (0 when none is open); never more than ``burst_size``."""
+        return 0 if self._burst is None else self._burst.count
 
     def points(self) -> list[FilteredPoint]:
         """Regression points: closed bursts plus the open burst's provisional point, oldest first."""
@@ -330,7 +349,7 @@ class ClockEstimator:
 
     @staticmethod
     def _filter(burst: _Burst) -> FilteredPoint:
-        best = min(burst.samples, key=lambda s: s.rtt_us)
+        best = burst.best
         return FilteredPoint(ref_us=best.ref_midpoint_us, offset_us=best.offset_exact_us, rtt_us=best.rtt_us)
 
     def _fit(self, pts: list[FilteredPoint]) -> _Fit | None:

@@ -72,15 +72,6 @@ def test_min_filter_picks_lowest_delay_sample() -> None:
     assert e.sample_count == 8
 
 
-def test_min_filter_depth_is_burst_size() -> None:
-    est = ClockEstimator(burst_size=3)
-    for i, rtt in enumerate([10, 500, 400, 300]):
-        est.add_sample(SyncSample(i * 1000, i * 1000, i * 1000, i * 1000 + rtt))
-    e = est.estimate()
-    assert e is not None
-    assert e.rtt_us == 300  # the 10 us sample fell out of the 3-deep register
-
-
 @pytest.mark.parametrize("seed", range(5))
 def test_asymmetric_delays_stay_inside_eq_3_14(seed: int) -> None:
     rng = random.Random(seed)
@@ -309,3 +300,84 @@ def test_a_clock_step_restarts_the_regression_instead_of_becoming_skew() -> None
     drift_estimate = drifting.estimate()
     assert drifting.step_count == 0
     assert drift_estimate is not None and abs(drift_estimate.skew_ppm - 500.0) < 5
+
+
+# -- the minimum filter sees the whole burst (Eq. 3.14: minimum over ALL requests) ----------------------------------
+
+# Hand-computed samples of a 10-request burst, the source ~250 ms behind the reference.
+# Best: up 30 us, turnaround 20 us, down 20 us -> rtt = (70 - 20) = 50, offset = (250_030 + 249_980) / 2 = 250_005.
+_BEST = SyncSample(t1_us=1_000_000, t2_us=1_250_030, t3_us=1_250_050, t4_us=1_000_070)
+
+
+def _slow(k: int) -> SyncSample:
+    """Request k of the burst (20 ms apart): up 600, turnaround 20, down 300 -> rtt 900, offset 250_150."""
+    t1 = 1_000_000 + k * 20_000
+    return SyncSample(t1_us=t1, t2_us=t1 + 250_600, t3_us=t1 + 250_620, t4_us=t1 + 920)
+
+
+def _burst_with_best_at(index: int, n: int = 10) -> list[SyncSample]:
+    samples = [_slow(k) for k in range(n)]
+    samples[index] = SyncSample(
+        _BEST.t1_us + index * 20_000, _BEST.t2_us + index * 20_000, _BEST.t3_us + index * 20_000,
+        _BEST.t4_us + index * 20_000,
+    )
+    return samples
+
+
+def test_hand_computed_burst_samples() -> None:
+    assert (_BEST.rtt_us, _BEST.offset_exact_us) == (50, 250_005.0)
+    assert (_slow(3).rtt_us, _slow(3).offset_exact_us) == (900, 250_150.0)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("close", [False, True])
+def test_min_filter_uses_early_best_sample_of_a_10_request_burst(index: int, close: bool) -> None:
+    est = ClockEstimator()
+    burst = _burst_with_best_at(index)
+    for s in burst:
+        assert est.add_sample(s)
+    if close:
+        est.end_burst()
+    e = est.estimate()
+    assert e is not None
+    assert e.rtt_us == 50
+    assert e.offset_us == 250_005
+    best = burst[index]
+    assert e.sync_ref_us == (best.t2_us + best.t3_us) // 2
+    assert e.root_error_us == 50 / 2 + 0 + 1  # Eq. 3.14 of the selected sample, + precision
+    assert e.sample_count == 10 and e.burst_count == 1
+
+
+def test_burst_size_is_the_most_samples_one_burst_holds() -> None:
+    # A burst is closed once it holds burst_size samples; the next sample opens a new one. Inside a burst
+    # every sample counts, however early it came.
+    est = ClockEstimator(burst_size=3)
+    for i, rtt in enumerate([10, 500, 400, 300]):
+        est.add_sample(SyncSample(i * 1000, i * 1000, i * 1000, i * 1000 + rtt))
+    assert est.burst_count == 2
+    assert [p.rtt_us for p in est.points()] == [10, 300]
+    assert est.open_burst_samples == 1
+
+
+def test_default_burst_cap_holds_a_thesis_burst_and_is_documented() -> None:
+    from timesync.estimator import DEFAULT_BURST_SIZE
+
+    assert DEFAULT_BURST_SIZE == 64
+    assert ClockEstimator().burst_size == DEFAULT_BURST_SIZE
+    with pytest.raises(ValueError):
+        ClockEstimator(burst_size=0)
+
+
+def test_a_burst_that_never_ends_is_cut_and_state_stays_bounded() -> None:
+    # A hostile (or buggy) client sends samples 1 ms apart and never ends its burst: no gap, no end-of-burst.
+    est = ClockEstimator()
+    n = 10_000
+    for i in range(n):
+        t = i * 1_000
+        assert est.add_sample(SyncSample(t, t + 7, t + 8, t + 100 + (i * 37) % 400))
+        assert est.open_burst_samples <= est.burst_size
+    assert est.sample_count == n
+    assert est.burst_count == -(-n // est.burst_size)  # a new filtered point every burst_size samples
+    assert len(est.points()) <= est.max_points + 1  # history is a bounded deque, plus the open burst
+    e = est.estimate()
+    assert e is not None and e.rtt_us >= 100

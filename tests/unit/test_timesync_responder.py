@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -246,3 +247,63 @@ def test_store_max_error_bound() -> None:
     assert store.max_error_bound_us(20_000_000) == 270
     assert store.max_error_bound_us(20_000_000, ["b"]) == 170
     assert store.max_error_bound_us(0, ["zz"], default_us=7) == 7
+
+
+# -- the minimum filter sees the whole burst, on both sides ------------------------------------------------------------
+
+
+def _burst_with_delays(r: Responder, ref: Clock, client: ClientExchange, delays: list[tuple[int, int]]) -> None:
+    for up_us, down_us in delays:
+        req = client.build_request()
+        ref.t_us += up_us
+        reply = r.respond(req, "198.51.100.7", ref.t_us, ref.t_us + 15)
+        assert reply is not None
+        ref.t_us += 15 + down_us
+        assert client.handle_reply(reply) is not None
+        ref.t_us += 10_000
+    report = client.build_report()
+    assert report is not None
+    assert r.respond(report, "198.51.100.7", ref.t_us, ref.t_us) is None
+    client.end_burst()
+
+
+@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("periodic", [False, True])
+def test_best_sample_early_in_a_10_request_burst_is_used_by_server_and_client(index: int, periodic: bool) -> None:
+    # The probe: a 50 us exchange early in the burst, 900 us for the rest.
+    r, ref, client, store = _pair(offset_us=3_600_000_000, skew_ppm=0.0)
+    if periodic:  # the client-side estimator exactly as PeriodicSync configures it
+        from timesync.client import PeriodicSync
+
+        client = PeriodicSync("127.0.0.1", 9, "dev-1", client.clock_us).exchange
+    delays = [(600, 300)] * 10
+    delays[index] = (30, 20)
+    _burst_with_delays(r, ref, client, delays)
+    # rtt = up + down; offset = true offset + (up - down) / 2: 3_600_000_005 for the best, 3_600_000_150 otherwise.
+    info = store["dev-1"]
+    assert info.sample_count == 10
+    assert info.rtt_us == 50
+    assert info.offset_us == 3_600_000_005
+    client_est = client.estimate()
+    assert client_est is not None
+    assert (client_est.rtt_us, client_est.offset_us) == (50, 3_600_000_005)
+    assert client_est.sync_ref_us == info.estimate.sync_ref_us
+
+
+def test_server_state_of_a_never_ending_burst_is_bounded() -> None:
+    # A client that never sends end-of-burst: the server cuts its burst every burst_size samples.
+    r, ref, client, store = _pair(offset_us=1_000, skew_ppm=0.0)
+    n = 200
+    for _ in range(n):
+        req = client.build_request()
+        ref.t_us += 50
+        reply = r.respond(req, "198.51.100.7", ref.t_us, ref.t_us + 15)
+        assert reply is not None
+        ref.t_us += 65
+        assert client.handle_reply(reply) is not None
+    est = r.estimator("dev-1")
+    assert est is not None
+    assert est.sample_count == n - 1  # the last exchange is never reported
+    assert est.burst_count == -(-(n - 1) // est.burst_size)
+    assert est.open_burst_samples <= est.burst_size
+    assert store["dev-1"].rtt_us == 100
