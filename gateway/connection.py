@@ -124,7 +124,9 @@ class ConnectionHandler(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        return self._queue.empty() and not self._busy
+        # A dead worker processes nothing more: shutdown's drain must not wait for its queue.
+        worker_dead = self._worker is not None and self._worker.done()
+        return worker_dead or (self._queue.empty() and not self._busy)
 
     def _enqueue(self, now_us: int, actions: list[SessionAction]) -> None:
         if actions:
@@ -155,7 +157,7 @@ class ConnectionHandler(asyncio.Protocol):
         error = worker.exception()
         if error is not None:
             self._busy = False
-            self._owner.worker_failed(self, error)
+            self._owner.worker_failed(self, error)  # may still write a last frame: the close comes after it
             self.close()
 
     async def _apply(self, action: SessionAction, arrival_us: int) -> None:

@@ -45,6 +45,15 @@ Rules:
 7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
    records on the sources topic.
+8. Refused payloads: an event whose payload the record contract cannot carry arrives with a RejectedPayload
+   (contract.wire.messages.payload_problem). It is counted (``invalid_payloads``) and answered at once with a
+   non-fatal ``invalid_payload`` error frame naming its stream and seq; it still goes through dedup and the ordering
+   pipeline, so its seq is not waited for as a gap, and when released it is not produced but confirmed in the
+   DeliveryTracker, so the cumulative ack moves over it and the SDK forgets it (a resend would be refused again).
+   An event whose record still fails to encode (a gateway bug: parse-time validation should have refused it) is
+   handled the same way, counted as ``encode_failures``, logged with its source, and answered with a non-fatal
+   ``internal_error`` naming it: one bad record never loses the records released with it, kills the task that
+   released it, or stalls its source's acks.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from typing import Literal, NewType
 from contract.records import PUNCTUATION_KEY, ProgressRecord, PunctuationRecord
 from contract.topics import TopicNames
 from contract.wire import messages
+from contract.wire.errors import InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
 from gateway.acks import DeliveryTracker
 from gateway.clock_state import clock_state_record
@@ -170,6 +180,8 @@ class GatewayCounters:
     global_pauses: int = 0
     kafka_stalls: int = 0
     task_failures: int = 0
+    invalid_payloads: int = 0  # events refused because their payload is not JSON-representable (rule 8)
+    encode_failures: int = 0  # records that failed to encode after all: a gateway bug, counted apart (rule 8)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -278,6 +290,11 @@ class IngestCore:
         outputs: list[PipelineOutput] = []
         for event in events:
             self.counters.events_received += 1
+            if type(event.payload) is messages.RejectedPayload:
+                self.counters.invalid_payloads += 1
+                log.warning("refused %s/%s seq %d: %s", source_id, event.stream, event.seq, event.payload.reason)
+                actions.append(SendFrame(connection, encode_frame(messages.build_error(
+                    InvalidPayload.code, event.payload.reason, False, event.stream, event.seq))))
             if not self.tracker.accept(source_id, event.stream, event.seq):
                 self.counters.duplicates += 1
                 acked = self.tracker.acked_through(source_id, event.stream)
@@ -404,12 +421,35 @@ class IngestCore:
                 record = output.record
                 topic = (self.topics.events(record.stream) if output.topic == "events"
                          else self.topics.late(record.stream))
+                if type(record.payload) is messages.RejectedPayload:
+                    self._settle_unpublished(record.source_id, record.stream, record.seq)
+                    continue
+                try:
+                    value = record.to_json()
+                except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+                    actions.append(self._encode_failed(record.source_id, record.stream, record.seq, exc))
+                    continue
                 delivery = DeliveryRef(record.source_id, record.stream, record.seq, output.topic,
                                        record.release_ts_us)
-                actions.append(Produce(topic, record.key, record.to_json(), delivery))
+                actions.append(Produce(topic, record.key, value, delivery))
             else:
                 self._progress[output.stream].promise(output.watermark_us)
                 self._dirty_streams.add(output.stream)
                 value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
                 actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None))
         return actions
+
+    def _settle_unpublished(self, source_id: str, stream: str, seq: int) -> None:
+        """An accepted event that will never be produced (rule 8): settled as if Kafka had confirmed it, or the
+        cumulative ack would stop below it forever and the source's resends would all be duplicates."""
+        acked = self.tracker.confirmed(source_id, stream, seq)
+        if acked is not None:
+            self._acks_due[(source_id, stream)] = acked
+
+    def _encode_failed(self, source_id: str, stream: str, seq: int, error: Exception) -> SendToSource:
+        self.counters.encode_failures += 1
+        log.error("could not encode %s/%s seq %d, refusing it: %r", source_id, stream, seq, error)
+        self._settle_unpublished(source_id, stream, seq)
+        message = f"the gateway could not encode this event's record: {type(error).__name__}: {error}"
+        return SendToSource(source_id, encode_frame(messages.build_error(
+            LocalProtocolError.code, message[:200], False, stream, seq)))

@@ -30,7 +30,8 @@ from broker.client import KafkaClientConfig
 from broker.producer import KafkaPublisher, QueueFull
 from contract.topics import TopicNames
 from contract.wire import messages
-from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES
+from contract.wire.errors import LocalProtocolError
+from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.auth import SourceAuthenticator
 from gateway.connection import ConnectionHandler
 from gateway.ingest import (
@@ -233,7 +234,10 @@ class Gateway:
         while loop.time() < deadline:
             self._publisher.poll(0)
             await self._carry_out(self.core.due_acks())
-            if (self._publisher.pending() == 0 and self._unproduced_records == 0
+            # Records queued for a producer task that died will never be produced: waiting for them would only make
+            # a gateway that already failed take the whole timeout to stop.
+            producer_dead = self._producer is None or self._producer.done()
+            if (self._publisher.pending() == 0 and (self._unproduced_records == 0 or producer_dead)
                     and all(h.idle for h in self._connections.values())):
                 break
             await asyncio.sleep(POLL_INTERVAL_S)
@@ -425,7 +429,11 @@ class Gateway:
         log.error("connection %d (source %s) failed, closing it: %r", connection.connection_id, connection.source_id,
                   error, exc_info=error)
         self.core.task_failed()
-        self._last_connection_failure = repr(error)
+        self._last_connection_failure = f"source {connection.source_id}: {error!r}"
+        # Told why before the close, so the client does not take it for a network fault.
+        connection.send_bytes(encode_frame(messages.build_error(
+            LocalProtocolError.code, f"the gateway failed processing this connection: {type(error).__name__}",
+            fatal=True)))
 
     async def _ensure_streams(self, streams: tuple[str, ...]) -> None:
         """Create the topics of streams not seen yet and recover what Kafka already holds of them."""

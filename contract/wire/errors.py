@@ -26,6 +26,14 @@ class InvalidMessage(RemoteProtocolError):
     code = "invalid_message"
 
 
+class InvalidPayload(RemoteProtocolError):
+    """One event's payload cannot travel unchanged in a JSON record: that event is refused, the connection goes on
+    (contract.wire.messages.payload_problem has the rules)."""
+
+    code = "invalid_payload"
+    fatal = False
+
+
 class UnexpectedMessage(RemoteProtocolError):
     """A message type that the session's current state does not accept."""
 

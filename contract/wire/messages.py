@@ -7,9 +7,12 @@ violation raises a RemoteProtocolError, because whoever parses it received it fr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack
 
 from contract.topics import InvalidStreamName, validate_stream_name
 from contract.wire.errors import InvalidMessage, UnexpectedMessage, UnsupportedVersion
@@ -18,6 +21,13 @@ PROTOCOL_VERSION = 1
 MAX_SEQ = 2**63 - 1
 MAX_SOURCE_ID_CHARS = 128
 MAX_STREAMS_PER_SOURCE = 64
+# A payload travels into the JSON record unchanged, so it must be JSON every consumer reads the same way: integers
+# within signed 64 bits (Spark's LongType, Java's long; orjson itself stops at 2**64 - 1), finite floats (orjson
+# writes NaN and infinities as null: a silent rewrite), string map keys, and a bounded depth (orjson refuses
+# beyond 254 levels; 32 is far above any event schema and keeps this check and every consumer's recursion cheap).
+MIN_PAYLOAD_INT = -(2**63)
+MAX_PAYLOAD_INT = 2**63 - 1
+MAX_PAYLOAD_DEPTH = 32
 
 # Message types ("type" of the frame map).
 HELLO, EVENTS, HEARTBEAT, BYE = "hello", "events", "heartbeat", "bye"
@@ -32,12 +42,21 @@ class Hello:
     token: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RejectedPayload:
+    """Stands in for a payload the record contract cannot carry (see ``payload_problem``). The event keeps its place
+    in the source's sequence, so the gateway neither waits for its seq as a gap nor publishes it: it answers the
+    source with an ``invalid_payload`` error frame and counts it. msgpack never decodes to this type."""
+
+    reason: str
+
+
 @dataclass(slots=True)  # built per event: not frozen, see contract.records.EventRecord
 class IncomingEvent:
     stream: str
     seq: int
     source_ts_us: int
-    payload: Any
+    payload: Any  # a RejectedPayload when the payload is not JSON-representable
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +120,71 @@ def parse_hello(raw: dict[str, Any]) -> Hello:
     return Hello(version, source_id, tuple(dict.fromkeys(_stream(s) for s in streams)), token)
 
 
+def payload_problem(payload: Any) -> str | None:
+    """Why ``payload`` cannot travel unchanged in a JSON record (docs/wire-protocol.md, "Payloads"), or None."""
+    problem = _payload_problem(payload, 0)
+    if problem is None:
+        return None
+    path, reason = problem
+    return f"payload{''.join(reversed(path))}: {reason}"
+
+
+def _payload_problem(value: Any, depth: int) -> tuple[list[str], str] | None:
+    """(path from the offending value up, reason) or None; ``depth`` = containers around ``value``. The path is
+    built only on the way out of a failure: the valid case (every event) pays for the walk alone."""
+    kind = type(value)
+    # Exact types first: msgpack decodes to exactly these, and this is the per-event hot path.
+    if kind is str or value is None or kind is bool:
+        return None
+    if kind is int:
+        if MIN_PAYLOAD_INT <= value <= MAX_PAYLOAD_INT:
+            return None
+        return [], f"integer {value} is outside signed 64 bits"
+    if kind is float:
+        if math.isfinite(value):
+            return None
+        return [], f"{'NaN' if math.isnan(value) else 'Infinity' if value > 0 else '-Infinity'} is not JSON"
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_PAYLOAD_DEPTH:
+            return [], f"nested deeper than {MAX_PAYLOAD_DEPTH} levels"
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str:
+                    return [], f"map key {_short(repr(key))} is not a string"
+                problem = _payload_problem(item, depth + 1)
+                if problem is not None:
+                    problem[0].append(f".{_short(key)}")
+                    return problem
+        else:
+            for index, item in enumerate(value):
+                problem = _payload_problem(item, depth + 1)
+                if problem is not None:
+                    problem[0].append(f"[{index}]")
+                    return problem
+        return None
+    if kind is bytes or kind is bytearray or kind is memoryview:
+        # Refused rather than carried as base64: any in-band marker ({"$base64": ...}) is also a valid JSON object
+        # a source may send, so consumers could not tell the two apart without a contract change.
+        return [], "bytes (msgpack bin) are not JSON; encode them into a string (e.g. base64) before sending"
+    if isinstance(value, msgpack.ExtType):
+        return [], f"msgpack ext type {value.code} is not JSON"
+    if isinstance(value, msgpack.Timestamp):
+        return [], "msgpack timestamp (ext -1) is not JSON; send integer microseconds"
+    # Subclasses of the JSON types (only from direct API use; msgpack never makes them): judged as their base.
+    for base in _JSON_BASES:
+        if isinstance(value, base):
+            return _payload_problem(base(value), depth)
+    return [], f"{kind.__name__} is not JSON"
+
+
+_JSON_BASES: tuple[type[Any], ...] = (str, int, float, dict, list)
+
+
+def _short(text: str, max_chars: int = 40) -> str:
+    """Error messages quote keys: a 60 KiB key must not make a 60 KiB error frame."""
+    return text if len(text) <= max_chars else text[:max_chars] + "..."
+
+
 def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
     if not isinstance(raw, dict):
         raise InvalidMessage(f"an event must be a map, got {type(raw).__name__}")
@@ -108,11 +192,15 @@ def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
     # Hot path: a declared stream was validated at hello; only other values need the full checks.
     if type(stream) is not str or stream not in declared:
         raise UnexpectedMessage(f"stream {_stream(stream)!r} was not declared in hello")
+    payload = raw.get("payload")
+    # Refused per event, not per frame: the rest of the batch is fine, and a fatal error would make the SDK
+    # reconnect and resend the same event forever.
+    problem = payload_problem(payload)
     return IncomingEvent(
         stream=stream,
         seq=_int_field(raw, "seq", 0, MAX_SEQ),
         source_ts_us=_int_field(raw, "source_ts_us", 0, MAX_SEQ),
-        payload=raw.get("payload"),
+        payload=payload if problem is None else RejectedPayload(problem),
     )
 
 
@@ -181,11 +269,14 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class ErrorReply:
-    """The gateway refused something; ``fatal`` means it closes the connection after this frame."""
+    """The gateway refused something; ``fatal`` means it closes the connection after this frame. ``stream`` and
+    ``seq`` name the one event refused by a non-fatal error (``invalid_payload``)."""
 
     code: str
     message: str
     fatal: bool
+    stream: str | None = None
+    seq: int | None = None
 
 
 GatewayMessage = Welcome | Ack | ErrorReply
@@ -199,8 +290,13 @@ def build_ack(stream: str, seq: int) -> dict[str, Any]:
     return {"type": ACK, "stream": stream, "seq": seq}
 
 
-def build_error(code: str, message: str, fatal: bool) -> dict[str, Any]:
-    return {"type": ERROR, "code": code, "message": message, "fatal": fatal}
+def build_error(code: str, message: str, fatal: bool, stream: str | None = None,
+                seq: int | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": ERROR, "code": code, "message": message, "fatal": fatal}
+    if stream is not None and seq is not None:
+        error["stream"] = stream
+        error["seq"] = seq
+    return error
 
 
 def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
@@ -219,5 +315,8 @@ def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
         return Welcome(version, _int_field(raw, "max_frame_bytes", 1, 2**31))
     if kind == ERROR:
         fatal = raw.get("fatal", True)
-        return ErrorReply(str(raw.get("code")), str(raw.get("message")), fatal if isinstance(fatal, bool) else True)
+        stream, seq = raw.get("stream"), raw.get("seq")
+        named = isinstance(stream, str) and isinstance(seq, int) and not isinstance(seq, bool)
+        return ErrorReply(str(raw.get("code")), str(raw.get("message")), fatal if isinstance(fatal, bool) else True,
+                          stream if named else None, seq if named else None)
     raise UnexpectedMessage(f"unknown gateway message type {kind!r}")

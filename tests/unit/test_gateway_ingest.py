@@ -7,7 +7,7 @@ import pytest
 from contract.records import PUNCTUATION_KEY, EventRecord, ProgressRecord, PunctuationRecord
 from contract.topics import TopicNames
 from contract.wire.frames import encode_frame
-from contract.wire.messages import Heartbeat, IncomingEvent, build_ack
+from contract.wire.messages import Heartbeat, IncomingEvent, RejectedPayload, build_ack, build_error
 from gateway.clock_state import clock_state_record
 from gateway.ingest import (
     ConnectionId,
@@ -351,3 +351,45 @@ def test_heartbeats_and_connections_are_counted():
     core.source_registered("a", ("s",), T0)
     core.heartbeat_received("a", Heartbeat(T0, {"s": 0}), T0)
     assert (core.counters.connections_opened, core.counters.connections_closed, core.counters.heartbeats) == (2, 1, 1)
+
+
+# -- rule 8: refused payloads -------------------------------------------------------------------------------------
+
+
+def _error(code: str, message: str, seq: int) -> bytes:
+    return encode_frame(build_error(code, message, False, "s", seq))
+
+
+def test_a_refused_payload_is_answered_counted_not_produced_and_the_ack_moves_over_it():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    bad = IncomingEvent("s", 1, T0 + 20, RejectedPayload("payload: NaN is not JSON"))
+    actions = core.events_received(CONN, "a", (*events(range(1)), bad, *events(range(2, 3))), T0 + 100)
+    assert actions[0] == SendFrame(CONN, _error("invalid_payload", "payload: NaN is not JSON", 1))
+    assert seqs(actions) == [0, 2]  # seq 1 held its place in the order (no gap wait) but is not produced
+    assert all(b"NaN" not in a.value for a in actions if isinstance(a, Produce))
+    assert core.counters.invalid_payloads == 1
+    assert core.counters.events_received == 3
+    assert core.poll(T0 + 150) == []  # nothing confirmed by Kafka yet: no ack, not even for the refused seq
+    deliver(core, actions, T0 + 200)
+    assert core.poll(T0 + 200) == [SendToSource("a", ack("s", 2))]
+    assert core.counters.events_published == 2
+    # A resend of the refused seq is a duplicate: refused again, re-acked, never produced.
+    again = core.events_received(CONN, "a", (bad,), T0 + 300)
+    assert again == [SendFrame(CONN, _error("invalid_payload", "payload: NaN is not JSON", 1)),
+                     SendFrame(CONN, ack("s", 2))]
+    assert core.counters.invalid_payloads == 2 and core.counters.duplicates == 1
+
+
+def test_a_record_that_fails_to_encode_is_refused_without_losing_the_records_released_with_it():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    # Bypasses parse-time validation, as a gateway bug would: orjson refuses bytes.
+    unencodable = IncomingEvent("s", 1, T0 + 20, b"raw")
+    actions = core.events_received(CONN, "a", (*events(range(1)), unencodable, *events(range(2, 3))), T0 + 100)
+    assert seqs(actions) == [0, 2]
+    assert SendToSource("a", _error("internal_error", "the gateway could not encode this event's record: "
+                                    "TypeError: Type is not JSON serializable: bytes", 1)) in actions
+    assert core.counters.encode_failures == 1 and core.counters.invalid_payloads == 0
+    deliver(core, actions, T0 + 200)
+    assert core.poll(T0 + 200) == [SendToSource("a", ack("s", 2))]

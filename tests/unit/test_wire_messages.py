@@ -10,6 +10,7 @@ from contract.wire.messages import (
     PROTOCOL_VERSION,
     Ack,
     ErrorReply,
+    RejectedPayload,
     Welcome,
     build_ack,
     build_bye,
@@ -43,7 +44,10 @@ def test_client_messages_round_trip_through_frames_and_the_gateway_parsers() -> 
     hello, events, heartbeat = decoder.feed(wire)
     assert parse_hello(hello).streams == ("a",)
     (event,) = parse_events(events, 10, frozenset({"a"})).events
-    assert (event.stream, event.seq, event.source_ts_us, event.payload) == ("a", 0, 5, b"\x00")
+    # A bin payload is not JSON (docs/wire-protocol.md, "Payloads"): the event parses, carrying its refusal.
+    assert (event.stream, event.seq, event.source_ts_us) == ("a", 0, 5)
+    assert event.payload == RejectedPayload(
+        "payload: bytes (msgpack bin) are not JSON; encode them into a string (e.g. base64) before sending")
     assert parse_heartbeat(heartbeat).next_seq == {"a": 1}
 
 

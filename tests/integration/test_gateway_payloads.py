@@ -1,0 +1,84 @@
+"""Payloads the JSON record contract cannot carry (docs/wire-protocol.md, "Payloads"): each is refused on its own with
+a non-fatal `invalid_payload` error frame naming its stream and seq, counted, kept out of Kafka, and the connection
+goes on serving; the gateway still stops promptly afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from broker.reader import read_stream
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import build_event, build_events, build_hello
+from gateway.server import Gateway, GatewayConfig
+
+pytestmark = pytest.mark.integration
+
+# A gateway that stops within this after a hostile input is not stalled (the stop itself drains Kafka, ~1 s).
+STOP_BUDGET_S = 5.0
+
+
+async def _read_until(reader: asyncio.StreamReader, decoder: FrameDecoder, replies: list[dict],
+                      done: object, timeout_s: float = 15.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not done(replies):  # type: ignore[operator]
+            data = await reader.read(65536)
+            if not data:
+                return
+            replies += decoder.feed(data)
+
+
+async def test_bin_and_nan_payloads_are_refused_per_event_and_the_gateway_still_stops(kafka, topic_prefix):
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
+                                    max_frame_bytes=64 * 1024))
+    await gateway.start()
+    stopped = False
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        decoder = FrameDecoder()
+        replies: list[dict] = []
+        writer.write(encode_frame(build_hello("raw", ["s"])))
+        writer.write(encode_frame(build_events([
+            build_event("s", 0, 1_000, {"i": 0}),
+            build_event("s", 1, 1_001, b"\x00\x01binary"),
+            build_event("s", 2, 1_002, {"x": math.nan}),
+            build_event("s", 3, 1_003, {"i": 3}),
+        ])))
+        await writer.drain()
+
+        def acked_through(seq: int) -> object:
+            return lambda rs: any(r["type"] == "ack" and r["seq"] >= seq for r in rs)
+
+        await _read_until(reader, decoder, replies, acked_through(3))
+        errors = [r for r in replies if r["type"] == "error"]
+        assert [(e["code"], e["stream"], e["seq"], e["fatal"]) for e in errors] == [
+            ("invalid_payload", "s", 1, False), ("invalid_payload", "s", 2, False)]
+        assert "bytes" in errors[0]["message"] and "NaN" in errors[1]["message"]
+        assert any(r["type"] == "ack" and r["seq"] == 3 for r in replies), replies
+        assert gateway.counters.invalid_payloads == 2
+
+        # The same connection keeps serving the next valid event.
+        writer.write(encode_frame(build_events([build_event("s", 4, 1_004, {"i": 4})])))
+        await writer.drain()
+        await _read_until(reader, decoder, replies, acked_through(4))
+        assert any(r["type"] == "ack" and r["seq"] == 4 for r in replies), replies
+        assert gateway.counters.task_failures == 0
+        assert gateway.health()["status"] == "ok"
+
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        await asyncio.wait_for(gateway.stop(), STOP_BUDGET_S)
+        stopped = True
+        assert loop.time() - started_s < STOP_BUDGET_S
+        writer.close()
+    finally:
+        if not stopped:
+            await gateway.stop()
+
+    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    assert [(v["seq"], v["payload"]) for v in values] == [(0, {"i": 0}), (3, {"i": 3}), (4, {"i": 4})]
+    late, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).late("s"))
+    assert late == []

@@ -1,0 +1,120 @@
+"""Payloads the JSON record contract can carry unchanged, and the exact refusal of everything else
+(contract.wire.messages.payload_problem; docs/wire-protocol.md, "Payloads")."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import orjson
+import pytest
+
+from contract.records import EventRecord
+from contract.wire.errors import InvalidPayload
+from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import (
+    MAX_PAYLOAD_DEPTH,
+    ErrorReply,
+    IncomingEvent,
+    RejectedPayload,
+    build_error,
+    build_event,
+    build_events,
+    parse_event,
+    parse_events,
+    parse_gateway_message,
+    payload_problem,
+)
+
+DECLARED = frozenset({"s"})
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def over_the_wire(payload: Any) -> Any:
+    """The payload as the gateway sees it: msgpack-encoded by a client, decoded by the frame decoder."""
+    (message,) = FrameDecoder().feed(encode_frame(build_events([build_event("s", 0, 1, payload)])))
+    return message["events"][0]["payload"]
+
+
+@pytest.mark.parametrize(("payload", "problem"), [
+    (b"\x00\x01", "payload: bytes (msgpack bin) are not JSON; encode them into a string (e.g. base64) before sending"),
+    (2**64, "payload: integer 18446744073709551616 is outside signed 64 bits"),
+    (2**63, "payload: integer 9223372036854775808 is outside signed 64 bits"),
+    (-(2**63) - 1, "payload: integer -9223372036854775809 is outside signed 64 bits"),
+    (math.nan, "payload: NaN is not JSON"),
+    (math.inf, "payload: Infinity is not JSON"),
+    (-math.inf, "payload: -Infinity is not JSON"),
+    (nested(MAX_PAYLOAD_DEPTH + 1), "payload" + "[0]" * MAX_PAYLOAD_DEPTH + f": nested deeper than {MAX_PAYLOAD_DEPTH}"
+                                    " levels"),
+    ({b"k": 1}, "payload: map key b'k' is not a string"),
+    ({"a": {1: 2}}, "payload.a: map key 1 is not a string"),
+    (msgpack.ExtType(5, b"x"), "payload: msgpack ext type 5 is not JSON"),
+    (msgpack.Timestamp(1, 0), "payload: msgpack timestamp (ext -1) is not JSON; send integer microseconds"),
+    ({"a": [1, {"b": math.nan}]}, "payload.a[1].b: NaN is not JSON"),
+    ({"x" * 100: b""}, "payload." + "x" * 40 + "...: bytes (msgpack bin) are not JSON; encode them into a string "
+                                               "(e.g. base64) before sending"),
+    (object(), "payload: object is not JSON"),
+])
+def test_each_payload_class_the_contract_cannot_carry_is_refused_with_its_path_and_reason(payload: Any,
+                                                                                          problem: str):
+    assert payload_problem(payload) == problem
+
+
+VALID = {"i": 3, "f": -1.5, "s": "é", "n": None, "b": True, "l": [1, [2, {"k": "v"}]], "big": 2**63 - 1,
+         "small": -(2**63), "empty": {}, "deep": nested(MAX_PAYLOAD_DEPTH - 1)}
+
+
+@pytest.mark.parametrize("payload", [VALID, None, 0, "x", [], nested(MAX_PAYLOAD_DEPTH), 2**63 - 1, -(2**63), 1e308])
+def test_json_representable_payloads_pass(payload: Any):
+    assert payload_problem(payload) is None
+
+
+def test_a_valid_nested_payload_travels_unchanged_into_the_record():
+    event = parse_event(over_the_wire(VALID) and {"stream": "s", "seq": 4, "source_ts_us": 9,
+                                                   "payload": over_the_wire(VALID)}, DECLARED)
+    assert event == IncomingEvent("s", 4, 9, VALID)
+    record = EventRecord("s", "a", 4, 9, 9, 0, 10, 11, payload=event.payload)
+    assert orjson.loads(record.to_json())["payload"] == VALID
+
+
+# msgpack cannot even encode integers beyond 64 bits (-2**63 - 1, 2**64): from the wire, the out-of-range ones are
+# the unsigned 64-bit values above 2**63 - 1.
+@pytest.mark.parametrize("payload", [b"bin", 2**63, 2**64 - 1, math.nan, math.inf, -math.inf,
+                                     nested(MAX_PAYLOAD_DEPTH + 1), {b"k": 1}, msgpack.ExtType(3, b"")])
+def test_a_refused_payload_from_the_wire_becomes_a_rejected_payload_and_keeps_the_batch(payload: Any):
+    raw = over_the_wire({"p": payload})
+    batch = parse_events({"type": "events", "events": [
+        {"stream": "s", "seq": 0, "source_ts_us": 1, "payload": 1},
+        {"stream": "s", "seq": 1, "source_ts_us": 2, "payload": raw},
+        {"stream": "s", "seq": 2, "source_ts_us": 3, "payload": {"ok": True}}]}, 10, DECLARED)
+    assert [e.seq for e in batch.events] == [0, 1, 2]
+    assert batch.events[0].payload == 1 and batch.events[2].payload == {"ok": True}
+    rejected = batch.events[1].payload
+    assert rejected == RejectedPayload(payload_problem(raw) or "")
+    assert rejected.reason.startswith("payload.p")
+
+
+def test_int_map_keys_never_get_past_the_frame_decoder():
+    # msgpack's strict_map_key: only str and bin keys decode; a bin key reaches payload_problem (above).
+    from contract.wire.errors import MalformedFrame
+
+    body = msgpack.packb({"type": "events", "events": [{"stream": "s", "payload": {1: 2}}]})
+    with pytest.raises(MalformedFrame):
+        FrameDecoder().feed(len(body).to_bytes(4, "big") + body)
+
+
+def test_the_invalid_payload_error_frame_names_its_event_and_is_not_fatal():
+    frame = build_error(InvalidPayload.code, "payload: NaN is not JSON", False, "s", 7)
+    assert frame == {"type": "error", "code": "invalid_payload", "message": "payload: NaN is not JSON",
+                     "fatal": False, "stream": "s", "seq": 7}
+    assert parse_gateway_message(frame) == ErrorReply("invalid_payload", "payload: NaN is not JSON", False, "s", 7)
+    # Without an event the frame is unchanged from before, and a malformed stream/seq is not trusted.
+    assert build_error("x", "m", True) == {"type": "error", "code": "x", "message": "m", "fatal": True}
+    assert parse_gateway_message({**frame, "seq": True}) == ErrorReply("invalid_payload", frame["message"], False)
