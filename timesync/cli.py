@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
         ] = 0.0,
         stratum: Annotated[int, typer.Option(min=1, max=15, help="Stratum advertised in replies.")] = 1,
         ref_id: Annotated[str, typer.Option(help="Reference id, up to 4 ASCII characters.")] = "XSKW",
-        burst_size: Annotated[int, typer.Option(min=1, help="Most samples one sync burst may hold (its minimum filter sees them all).")] = DEFAULT_BURST_SIZE,
+        burst_size: Annotated[int, typer.Option(min=1, help="Most samples per sync burst.")] = DEFAULT_BURST_SIZE,
         rate_limit: Annotated[
             float, typer.Option(help="Requests per second per address (0 disables).")
         ] = 64.0,
