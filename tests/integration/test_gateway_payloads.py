@@ -82,3 +82,40 @@ async def test_bin_and_nan_payloads_are_refused_per_event_and_the_gateway_still_
     assert [(v["seq"], v["payload"]) for v in values] == [(0, {"i": 0}), (3, {"i": 3}), (4, {"i": 4})]
     late, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).late("s"))
     assert late == []
+
+
+async def test_a_failing_connection_worker_is_answered_counted_and_does_not_block_shutdown(kafka, topic_prefix,
+                                                                                            monkeypatch):
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
+                                    max_frame_bytes=64 * 1024))
+    await gateway.start()
+    stopped = False
+    try:
+        def broken(*_args: object) -> list:
+            raise RuntimeError("injected core failure")
+
+        # Any exception on the worker's path stands for a bug the payload rules did not foresee.
+        monkeypatch.setattr(gateway.core, "events_received", broken)
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(encode_frame(build_hello("victim", ["s"])))
+        writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
+        await writer.drain()
+        decoder = FrameDecoder()
+        replies: list[dict] = []
+        await _read_until(reader, decoder, replies, lambda rs: False)  # until the gateway closes the connection
+        assert [r["type"] for r in replies] == ["welcome", "error"]
+        assert replies[1] == {"type": "error", "code": "internal_error", "fatal": True,
+                              "message": "the gateway failed processing this connection: RuntimeError"}
+        assert gateway.counters.task_failures == 1
+        assert gateway.health()["last_connection_failure"] == (
+            "source victim: RuntimeError('injected core failure')")
+        writer.close()
+
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        await asyncio.wait_for(gateway.stop(), STOP_BUDGET_S)
+        stopped = True
+        assert loop.time() - started_s < STOP_BUDGET_S
+    finally:
+        if not stopped:
+            await gateway.stop()
