@@ -1,4 +1,5 @@
-"""Fuzz harnesses for the two network-facing sans-IO cores: the frame protocol + session, and the time-sync responder.
+"""Fuzz harnesses for the two network-facing sans-IO cores: the frame protocol + session, and the time-sync responder;
+and for the publish path behind them: hostile payloads through session + IngestCore + record encoding.
 
 Both are driven three ways with the same `feed_*` functions: a seeded mutation fuzzer (fast enough for 10^6 inputs),
 hypothesis strategies, and atheris (coverage-guided, in a child process). The verdicts they collect:
@@ -6,11 +7,14 @@ hypothesis strategies, and atheris (coverage-guided, in a child process). The ve
 - every rejection is counted by its code and carries a message (the explanation the client sees);
 - memory stays bounded: the decoder never buffers more than one frame plus one read, the responder's tables stay
   under their limits, and the process RSS grows by less than a fixed budget over the whole run;
-- time sync: a reply is exactly 48 bytes and never larger than its request; received = replied + dropped + reports.
+- time sync: a reply is exactly 48 bytes and never larger than its request; received = replied + dropped + reports;
+- publish path: every event is either produced as a JSON record carrying its payload unchanged, or refused with one
+  counted `invalid_payload` error frame naming its seq, never both; the acks still reach the last seq sent.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import tracemalloc
 from collections import Counter
@@ -18,11 +22,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import orjson
 
+from contract.topics import TopicNames
+from contract.wire.errors import MalformedFrame
 from contract.wire.frames import HEADER, FrameDecoder, encode_frame
-from contract.wire.messages import build_hello
+from contract.wire.messages import (
+    MAX_PAYLOAD_DEPTH,
+    build_event,
+    build_events,
+    build_hello,
+    parse_events,
+    payload_problem,
+)
 from gateway.auth import SourceAuthenticator, hmac_token
-from gateway.session import CloseConnection, GatewaySession, SendBytes, SessionState, SessionTimeouts
+from gateway.ingest import ConnectionId, IngestAction, IngestCore, Produce, SendFrame, SendToSource
+from gateway.session import (
+    CloseConnection,
+    EventsReceived,
+    GatewaySession,
+    SendBytes,
+    SessionState,
+    SessionTimeouts,
+    SourceRegistered,
+)
+from timesync.clocks import IdentityMapping
 from timesync.codec import HEADER_LEN, NtpCodecError, NtpPacket, SyncExtension, decode_packet, encode_request
 from timesync.codec import find_sync_extension as codec_find_extension
 from timesync.responder import Responder, ResponderConfig
@@ -224,6 +248,144 @@ def fuzz_sessions(count: int, seed: int, authenticated: bool = False) -> Session
             frame = random_frame(rng, i)
         harness.feed(frame, chunk=rng.choice([0, 0, 0, 1, 3, 7, 64]))
     return harness.report
+
+
+# -- the publish path: hostile payloads ------------------------------------------------------------------------------
+
+
+def hostile_payload(rng: random.Random, depth: int = 0) -> Any:
+    """A payload the record contract may or may not carry: bytes, integers beyond 64 bits, NaN and infinities,
+    nesting around the depth limit, non-string map keys, msgpack ext types, mixed into valid JSON values."""
+    kind = rng.randrange(14 if depth < 4 else 9)
+    if kind == 0:
+        return rng.randbytes(rng.randrange(0, 16))
+    if kind == 1:
+        return rng.choice([2**63 - 1, 2**63, 2**64 - 1, -(2**63), -(2**63) - 1, 2**64, 10**30, -(10**30)])
+    if kind == 2:
+        return rng.choice([math.nan, math.inf, -math.inf, -0.0, 1e308, 5e-324])
+    if kind == 3:
+        return rng.choice([msgpack.ExtType(rng.randrange(0, 128), rng.randbytes(rng.randrange(0, 8))),
+                           msgpack.Timestamp(rng.randrange(0, 2**32), rng.randrange(0, 10**9))])
+    if kind == 4:
+        value: Any = rng.choice([1, "x", None, math.nan])
+        for _ in range(rng.randrange(MAX_PAYLOAD_DEPTH - 3, MAX_PAYLOAD_DEPTH + 4)):
+            value = [value] if rng.random() < 0.5 else {"k": value}
+        return value
+    if kind in (5, 6, 7, 8):
+        return rng.choice([0, -1, 2**40, 1.5, "é\x00", "", True, False, None, "x" * rng.randrange(0, 100)])
+    if kind == 9:
+        return {rng.choice([b"k", 1, -7]): hostile_payload(rng, depth + 1)}
+    if kind in (10, 11):
+        return [hostile_payload(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
+    return {f"f{i}": hostile_payload(rng, depth + 1) for i in range(rng.randrange(0, 4))}
+
+
+@dataclass
+class PayloadReport:
+    events: int = 0
+    via_wire: int = 0
+    """Events sent as msgpack frames through a GatewaySession; the others (payloads msgpack cannot encode: integers
+    beyond 64 bits, integer map keys) go through parse_events, the function the session calls, directly."""
+    published: int = 0
+    rejections: Counter[str] = field(default_factory=Counter)
+    last_ack: int = -1
+
+
+class PublishHarness:
+    """One source streaming hostile payloads into GatewaySession + IngestCore; Kafka confirms every record."""
+
+    def __init__(self) -> None:
+        self.report = PayloadReport()
+        self.now_us = 1_700_000_000_000_000
+        self.core = IngestCore(TopicNames("f"), IdentityMapping())
+        self.core.stream_created("s")
+        self.session = GatewaySession(now_us=self.now_us)
+        self.connection = ConnectionId(1)
+        self.sent: dict[int, Any] = {}
+        self.offset = 0
+        self._carry_out(self._session_actions(encode_frame(build_hello("src", ["s"]))))
+
+    def send(self, seq: int, payload: Any) -> None:
+        self.now_us += 1_000
+        self.report.events += 1
+        self.sent[seq] = payload
+        event = build_event("s", seq, self.now_us, payload)
+        try:
+            frame = encode_frame(build_events([event]))
+            FrameDecoder().feed(frame)
+        except (OverflowError, TypeError, ValueError, MalformedFrame):
+            # msgpack cannot encode it (integers beyond 64 bits), or the frame decoder refuses the whole frame
+            # (integer map keys: strict_map_key) before any payload rule; the parser must still refuse it.
+            batch = parse_events(build_events([event]), 10, frozenset({"s"}))
+            self._carry_out(self.core.events_received(self.connection, "src", batch.events, self.now_us))
+            return
+        self.report.via_wire += 1
+        self._carry_out(self._session_actions(frame))
+
+    def _session_actions(self, frame: bytes) -> list[IngestAction]:
+        actions: list[IngestAction] = []
+        for action in self.session.receive_data(frame, self.now_us):
+            if isinstance(action, EventsReceived):
+                actions += self.core.events_received(self.connection, action.source_id, action.events, self.now_us)
+            elif isinstance(action, SourceRegistered):
+                actions += self.core.source_registered("src", ("s",), self.now_us)
+            else:
+                # Frames the decoder refuses went the direct way (send): nothing that reaches the session may fail.
+                assert not isinstance(action, CloseConnection), f"session failed: {action}"
+        return actions
+
+    def _carry_out(self, actions: list[IngestAction]) -> None:
+        for action in actions:
+            if isinstance(action, Produce):
+                record = orjson.loads(action.value)  # every produced value is JSON
+                if action.delivery is None:
+                    assert record["kind"] == "punctuation", record
+                    continue
+                seq = record["seq"]
+                assert record["kind"] == "event" and not record["late"], record
+                assert payload_problem(record["payload"]) is None
+                assert record["payload"] == self.sent.pop(seq), seq  # unchanged, and published at most once
+                self.report.published += 1
+                self.core.on_delivered(action.delivery, None, self.offset, self.now_us)
+                self.offset += 1
+            elif isinstance(action, SendFrame | SendToSource):
+                (reply,) = FrameDecoder().feed(action.data)
+                if reply["type"] == "ack":
+                    self.report.last_ack = max(self.report.last_ack, reply["seq"])
+                    continue
+                assert reply["type"] == "error" and reply["code"] == "invalid_payload", reply
+                assert reply["fatal"] is False and reply["stream"] == "s", reply
+                reason = reply["message"].split(": ", 1)[1]
+                assert payload_problem(self.sent.pop(reply["seq"])) is not None  # refused at most once, rightly
+                self.report.rejections[reason.split(" ", 1)[0]] += 1
+        self._carry_out_poll()
+
+    def _carry_out_poll(self) -> None:
+        for action in self.core.poll(self.now_us):
+            if isinstance(action, SendToSource):
+                (reply,) = FrameDecoder().feed(action.data)
+                assert reply["type"] == "ack", reply
+                self.report.last_ack = max(self.report.last_ack, reply["seq"])
+
+    def finish(self) -> PayloadReport:
+        self.now_us += 10_000_000
+        self._carry_out(self.core.advance(self.now_us))
+        self.now_us += self.core.config.checkpoint_interval_us
+        self._carry_out_poll()
+        assert not self.sent, f"neither published nor refused: {sorted(self.sent)[:10]}"
+        assert sum(self.report.rejections.values()) == self.core.counters.invalid_payloads
+        assert self.report.published + self.core.counters.invalid_payloads == self.report.events
+        assert self.core.counters.encode_failures == 0 and self.core.counters.task_failures == 0
+        assert self.report.last_ack == self.report.events - 1  # refused events never hold the acks back
+        return self.report
+
+
+def fuzz_payloads(count: int, seed: int) -> PayloadReport:
+    rng = random.Random(seed)
+    harness = PublishHarness()
+    for seq in range(count):
+        harness.send(seq, hostile_payload(rng))
+    return harness.finish()
 
 
 # -- time sync -------------------------------------------------------------------------------------------------------
