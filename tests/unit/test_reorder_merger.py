@@ -216,3 +216,40 @@ def test_a_late_event_passed_through_by_the_awaited_source_keeps_the_merge_decid
     assert merged(out) == [("b", 3, 5)]
     assert m.next_deadline_us() == 2 + 1_000
     assert merged(m.advance(2 + 1_000)) == [("a", 0, 20)]
+
+
+class _ScanEveryTime(MultiSourceMerger):
+    """The reference: forgets which source held the watermark, so every punctuation check scans every source."""
+
+    def _punctuate(self, now_us: int, out: list) -> None:  # type: ignore[override,type-arg]
+        self._watermark_holder = None
+        super()._punctuate(now_us, out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.booleans(), st.integers(0, 50), st.integers(0, 30)),
+                max_size=80),
+       st.sampled_from([0, 5]))
+def test_skipping_scans_while_the_holder_is_below_the_watermark_changes_no_output(
+        ops: list[tuple[str, bool, int, int]], interval_us: int) -> None:
+    # Differential: the merger that skips scans emits exactly what one that scans on every call emits (events,
+    # punctuations, timeouts), on random interleavings of events, heartbeats and timer firings.
+    config = MergerConfig(default_timeout_us=40, punctuation_interval_us=interval_us)
+    fast = MultiSourceMerger("R", FixedOffsetMapping({"b": 7, "c": -5}, error_bound_us=3), config)
+    reference = _ScanEveryTime("R", FixedOffsetMapping({"b": 7, "c": -5}, error_bound_us=3), config)
+    seq = dict.fromkeys("abcd", 0)
+    ts = dict.fromkeys("abcd", 0)
+    now = 0
+    for merger in (fast, reference):  # "a" joins with its first event or heartbeat
+        for source in "bcd":
+            merger.register(source, now)
+    for source, is_event, step_ts, step_now in ops:
+        now += step_now
+        ts[source] += step_ts
+        if is_event:
+            outs = [m.push(ev(source, seq[source], ts[source]), now, now) for m in (fast, reference)]
+            seq[source] += 1
+        else:
+            outs = [m.heartbeat(source, seq[source], ts[source], now) for m in (fast, reference)]
+        assert outs[0] == outs[1]
+        assert fast.advance(now) == reference.advance(now)
