@@ -125,10 +125,13 @@ async def run_load(bootstrap: str, prefix: str, workdir: Path, sources: int, poo
     os.makedirs(workdir, exist_ok=True)
     # Sized like a deployment that expects overload: on 2 cores, 10,000 connections can stall the event loop for
     # seconds (hello storms), and a merge that gives up on a source after the default waits would send its next
-    # events to the late topic. Late events are still counted below, never ignored.
+    # events to the late topic. Late events are still counted below, never ignored. No source goes away here, so the
+    # waits are a ceiling, never a pace: they only have to exceed the worst backlog of a loaded machine (with 10-15 s
+    # waits one run sent 3 sources' events to the late topic while the gateway, Kafka and 1,000 clients shared the
+    # 2 cores). The drain allows 180 s in all.
     config = workdir / "gateway.toml"
-    config.write_text("[gateway]\ngap_timeout_min_s = 10\ngap_timeout_max_s = 15\nmerge_timeout_s = 15\n"
-                      "join_grace_s = 15\n")
+    config.write_text("[gateway]\ngap_timeout_min_s = 60\ngap_timeout_max_s = 90\nmerge_timeout_s = 90\n"
+                      "join_grace_s = 90\n")
     gateway = GatewayProcess(bootstrap, prefix, workdir, extra_args=("--config", str(config)))
     await gateway.start()
     samples: list[dict[str, Any]] = []

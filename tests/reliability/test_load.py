@@ -46,7 +46,7 @@ async def test_many_sources_and_connections(kafka, topic_prefix, tmp_path: Path,
     record_outcome(
         f"Load: {sources:,} sources on {sources * pool:,} connections", group="load",
         injected=f"{sources:,} SDK sources x {pool} pooled connections, {rate:g} events/s each for {duration_s:g} s, "
-                 "/healthz probed every 100 ms; gateway ordering waits 10-15 s (an overload-sized deployment)",
+                 "/healthz probed every 100 ms; gateway ordering waits 60-90 s (an overload-sized deployment)",
         checked="every seq once and in order; no disconnect; /healthz answers every probe",
         outcome={k: summary[k] for k in ("connections", "connect_s", "events_sent", "late_records",
                                          "throughput_events_per_s",
