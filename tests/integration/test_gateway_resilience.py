@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -20,18 +19,11 @@ from broker.reader import read_stream, read_topic
 from clients import Backoff, SkewlessClient
 from contract.topics import TopicNames
 from gateway.server import Gateway, GatewayConfig
+from tests.conditions import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 FAST = Backoff(initial_s=0.02, max_s=0.1)
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def seqs_of(records: list[dict], source_id: str) -> list[int]:

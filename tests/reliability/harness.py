@@ -12,7 +12,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from broker.netutil import free_tcp_port
 from broker.reader import read_stream
 from contract.topics import TopicNames
 from gateway.launch import GatewayLaunchError, spawn_gateway_async
+from tests.conditions import wait_until  # noqa: F401  (the campaign's tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_ENV = "SKEWLESS_RELIABILITY_OUT"
@@ -39,14 +40,6 @@ def record_outcome(scenario: str, injected: str, checked: str, outcome: dict[str
     row = {"scenario": scenario, "group": group, "injected": injected, "checked": checked, "outcome": outcome,
            "recorded_unix_s": time.time()}
     (path / f"{slug}.json").write_bytes(orjson.dumps(row, option=orjson.OPT_INDENT_2))
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(poll_s)
 
 
 def child_env() -> dict[str, str]:
