@@ -2,7 +2,7 @@
 
 All timestamps are integer microseconds.  ``*_us`` values named ``arrival``/``release``/``at`` are on
 the gateway (reference) clock; ``source_ts_us`` is on the source's own clock and becomes a reference
-timestamp only through a :class:`timesync.clocks.ReferenceClock` (``t_ref = t_source + offset_us``).
+timestamp only through a :class:`timesync.clocks.ReferenceMapping` (``t_ref = t_source + offset_us``).
 
 Records are ``NamedTuple``s: immutable, cheap to build on the in-order fast path, and easy to match on.
 """
