@@ -31,6 +31,13 @@ RESULT_ADD = "add"
 RESULT_RETRACT = "retract"
 RESULT_LATE = "late"
 RESULT_REJECTED = "rejected"
+# A late event past the job's allowed lateness: its window's state is gone, so no correction can carry it.
+RESULT_TOO_LATE = "too_late"
+# Rows Spark's own late-row filter dropped (numRowsDroppedByWatermark): never expected, never silent.
+RESULT_DROPPED_BY_WATERMARK = "dropped_by_watermark"
+# Window results carry a revision: 0 when first released, n for the n-th correction (same key: a compacted
+# results topic keeps the final truth).
+REVISION = "revision"
 
 
 class RecordError(ValueError):
