@@ -64,6 +64,9 @@ class EventRecord:
     late: bool = False
     payload: Any = None
     late_reason: str | None = None
+    rtt_us: int | None = None
+    """The round trip of the clock estimate that mapped this event (its source's T_s): jobs take T_a, the maximum
+    over a stream's sources, from the records themselves, so it follows re-syncs live and deterministically."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
@@ -83,6 +86,8 @@ class EventRecord:
         }
         if self.late_reason is not None:
             value["late_reason"] = self.late_reason
+        if self.rtt_us is not None:
+            value["rtt_us"] = self.rtt_us
         value.update(self.extra)
         return orjson.dumps(value)
 
@@ -93,13 +98,13 @@ class EventRecord:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EventRecord:
         known = {"v", "kind", "stream", "source_id", "seq", "source_ts_us", "ref_ts_us", "uncertainty_us",
-                 "arrival_ts_us", "release_ts_us", "late", "payload", "late_reason"}
+                 "arrival_ts_us", "release_ts_us", "late", "payload", "late_reason", "rtt_us"}
         return cls(stream=_str(raw, "stream"), source_id=_str(raw, "source_id"), seq=_int(raw, "seq"),
                    source_ts_us=_int(raw, "source_ts_us"), ref_ts_us=_int(raw, "ref_ts_us"),
                    uncertainty_us=_int(raw, "uncertainty_us"), arrival_ts_us=_int(raw, "arrival_ts_us"),
                    release_ts_us=_int(raw, "release_ts_us"), late=bool(raw.get("late", False)),
                    payload=raw.get("payload"), late_reason=raw.get("late_reason"),
-                   extra={k: v for k, v in raw.items() if k not in known})
+                   rtt_us=_optional_int(raw, "rtt_us"), extra={k: v for k, v in raw.items() if k not in known})
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,10 @@ def _int(raw: dict[str, Any], name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise RecordError(f"record field {name!r} must be an integer, got {type(value).__name__}")
     return value
+
+
+def _optional_int(raw: dict[str, Any], name: str) -> int | None:
+    return None if raw.get(name) is None else _int(raw, name)
 
 
 def _str(raw: dict[str, Any], name: str) -> str:

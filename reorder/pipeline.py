@@ -294,7 +294,8 @@ class IngestPipeline:
                 record = EventRecord(
                     stream=event.stream, source_id=event.source_id, seq=event.seq,
                     source_ts_us=event.source_ts_us, ref_ts_us=item.ref_ts_us, uncertainty_us=error_us,
-                    arrival_ts_us=item.arrival_us, release_ts_us=item.release_us, payload=event.payload)
+                    arrival_ts_us=item.arrival_us, release_ts_us=item.release_us, payload=event.payload,
+                    rtt_us=self.clock.rtt_us(event.source_id))
                 if passed is not None and passed.event is event:  # drop_late=False: released although late
                     record = replace(record, late=True, late_reason=passed.reason,
                                      extra={"lateness_us": passed.lateness_us})
@@ -315,4 +316,5 @@ class IngestPipeline:
         return PublishRecord(EventRecord(
             stream=event.stream, source_id=event.source_id, seq=event.seq, source_ts_us=event.source_ts_us,
             ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us,
-            late=True, payload=event.payload, late_reason=reason, extra={"lateness_us": lateness_us}), "late")
+            late=True, payload=event.payload, late_reason=reason, rtt_us=self.clock.rtt_us(event.source_id),
+            extra={"lateness_us": lateness_us}), "late")

@@ -150,9 +150,17 @@ class ReferenceMapping(Protocol):
 
     def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]: ...
 
+    def rtt_us(self, source_id: str) -> int | None:
+        """The round trip of the source's current estimate (the thesis' T_s; T_a is its maximum over a stream's
+        sources), None where the mapping has none."""
+        ...
+
 
 class ClockEstimateLike(Protocol):
     """The part of a clock estimate (``timesync.estimator.ClockEstimate``, ``SourceInfo``) a mapping needs."""
+
+    @property
+    def rtt_us(self) -> int: ...
 
     def to_reference_us(self, source_ts_us: int) -> int: ...
 
@@ -165,6 +173,9 @@ class IdentityMapping:
     def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
         return source_ts_us, 0
 
+    def rtt_us(self, source_id: str) -> int | None:
+        return None
+
 
 class FixedOffsetMapping:
     """Known constant offsets per source (tests, or sources already disciplined by NTP)."""
@@ -175,6 +186,9 @@ class FixedOffsetMapping:
 
     def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
         return source_ts_us + self._offsets.get(source_id, 0), self._error
+
+    def rtt_us(self, source_id: str) -> int | None:
+        return None
 
 
 class EstimateMapping:
@@ -199,3 +213,7 @@ class EstimateMapping:
             return source_ts_us, UNKNOWN_ERROR_BOUND_US
         ref = est.to_reference_us(source_ts_us)
         return ref, est.error_bound_us(ref)
+
+    def rtt_us(self, source_id: str) -> int | None:
+        est = self._lookup(source_id)
+        return None if est is None else est.rtt_us
