@@ -65,11 +65,44 @@ class FrameDecoder:
         return messages
 
 
+class NonStringKeyMap:
+    """A msgpack map with a key that is neither str nor bin, kept as its (key, value) pairs: its keys are never
+    hashed (Python's int and float hashes are easy to collide, lists are unhashable) nor used. Only payloads may
+    hold one; the parsers refuse it everywhere else, and contract.wire.messages.payload_problem refuses the event
+    that carries it (one bad key must not cost the whole frame)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.pairs = pairs
+
+    def __repr__(self) -> str:
+        return f"NonStringKeyMap({len(self.pairs)} pairs)"
+
+
+def _map_from_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any] | NonStringKeyMap:
+    for key, _value in pairs:
+        if type(key) is not str and type(key) is not bytes:
+            return NonStringKeyMap(pairs)
+    return dict(pairs)
+
+
 def _decode_body(body: bytes) -> dict[str, Any]:
     try:
         message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except ValueError as exc:
+        if "is not allowed for map key" not in str(exc):
+            raise MalformedFrame(f"frame body is not valid msgpack: {type(exc).__name__}") from exc
+        # A map key other than str or bin somewhere. Decoded again, slower, only for such frames: the per-map hook
+        # would cost every valid frame a Python call per event.
+        try:
+            message = msgpack.unpackb(body, raw=False, strict_map_key=False, object_pairs_hook=_map_from_pairs)
+        except Exception as exc2:  # as below
+            raise MalformedFrame(f"frame body is not valid msgpack: {type(exc2).__name__}") from exc2
     except Exception as exc:  # msgpack raises several unrelated types for corrupt input
         raise MalformedFrame(f"frame body is not valid msgpack: {type(exc).__name__}") from exc
+    if type(message) is NonStringKeyMap:
+        raise MalformedFrame("frame map has a non-string key")
     if not isinstance(message, dict):
         raise MalformedFrame(f"frame body must be a map, got {type(message).__name__}")
     if not isinstance(message.get("type"), str):

@@ -16,6 +16,7 @@ import msgpack
 
 from contract.topics import InvalidStreamName, validate_stream_name
 from contract.wire.errors import InvalidMessage, UnexpectedMessage, UnsupportedVersion
+from contract.wire.frames import NonStringKeyMap
 
 PROTOCOL_VERSION = 1
 MAX_SEQ = 2**63 - 1
@@ -144,13 +145,13 @@ def _payload_problem(value: Any, depth: int) -> tuple[list[str], str] | None:
         if math.isfinite(value):
             return None
         return [], f"{'NaN' if math.isnan(value) else 'Infinity' if value > 0 else '-Infinity'} is not JSON"
-    if kind is dict or kind is list or kind is tuple:
+    if kind is dict or kind is list or kind is tuple or kind is NonStringKeyMap:
         if depth >= MAX_PAYLOAD_DEPTH:
             return [], f"nested deeper than {MAX_PAYLOAD_DEPTH} levels"
-        if kind is dict:
-            for key, item in value.items():
+        if kind is dict or kind is NonStringKeyMap:
+            for key, item in (value.items() if kind is dict else value.pairs):
                 if type(key) is not str:
-                    return [], f"map key {_short(repr(key))} is not a string"
+                    return [], f"map key {_describe_key(key)} is not a string"
                 problem = _payload_problem(item, depth + 1)
                 if problem is not None:
                     problem[0].append(f".{_short(key)}")
@@ -178,6 +179,17 @@ def _payload_problem(value: Any, depth: int) -> tuple[list[str], str] | None:
 
 
 _JSON_BASES: tuple[type[Any], ...] = (str, int, float, dict, list)
+
+
+def _describe_key(key: Any) -> str:
+    # Only scalars are quoted: repr of a 1,000-level array key (msgpack decodes up to 1,023) would hit the
+    # recursion limit, and a parse error here would fail the whole connection.
+    if type(key) in _QUOTED_KEY_TYPES:
+        return _short(repr(key))
+    return f"of type {'list' if type(key) is tuple else type(key).__name__}"
+
+
+_QUOTED_KEY_TYPES: frozenset[type[Any]] = frozenset({int, float, bool, type(None), bytes})
 
 
 def _short(text: str, max_chars: int = 40) -> str:

@@ -57,7 +57,8 @@ def test_frame_at_exact_limit_accepted():
     (msgpack.packb([1, 2]), "must be a map"),
     (msgpack.packb({"kind": "hello"}), "no string 'type'"),
     (msgpack.packb({"type": 7}), "no string 'type'"),
-    (msgpack.packb({1: "int key"}), "not valid msgpack"),
+    (msgpack.packb({1: "int key"}), "frame map has a non-string key"),
+    (msgpack.packb({"type": "events", 1: "int key"}), "frame map has a non-string key"),
 ])
 def test_malformed_bodies(body, message):
     with pytest.raises(MalformedFrame, match=message):

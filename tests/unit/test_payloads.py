@@ -101,13 +101,39 @@ def test_a_refused_payload_from_the_wire_becomes_a_rejected_payload_and_keeps_th
     assert rejected.reason.startswith("payload.p")
 
 
-def test_int_map_keys_never_get_past_the_frame_decoder():
-    # msgpack's strict_map_key: only str and bin keys decode; a bin key reaches payload_problem (above).
-    from contract.wire.errors import MalformedFrame
+@pytest.mark.parametrize(("payload", "problem"), [
+    ({1: 2}, "payload.p: map key 1 is not a string"),
+    ({"a": 1, -7: "x"}, "payload.p: map key -7 is not a string"),
+    ({1.5: None}, "payload.p: map key 1.5 is not a string"),
+    ({None: 1}, "payload.p: map key None is not a string"),
+    ({"ok": {"in": {2: [b""]}}}, "payload.p.ok.in: map key 2 is not a string"),
+    # Keys msgpack decodes to unhashable or deep values: described by type, never hashed or repr'd in full.
+    ({(1, (2,)): 0}, "payload.p: map key of type list is not a string"),
+    ({msgpack.ExtType(4, b"k"): 0}, "payload.p: map key of type ExtType is not a string"),
+])
+def test_non_string_map_keys_in_a_payload_refuse_that_event_not_the_frame(payload: Any, problem: str) -> None:
+    # A map key that is not a string only breaks its own event: the frame decodes and the batch goes on.
+    (message,) = FrameDecoder().feed(encode_frame(build_events([
+        build_event("s", 0, 1, 1), build_event("s", 1, 2, {"p": payload}), build_event("s", 2, 3, {"ok": True})])))
+    batch = parse_events(message, 10, DECLARED)
+    assert [(e.seq, e.payload) for e in batch.events] == [
+        (0, 1), (1, RejectedPayload(problem)), (2, {"ok": True})]
 
-    body = msgpack.packb({"type": "events", "events": [{"stream": "s", "payload": {1: 2}}]})
-    with pytest.raises(MalformedFrame):
-        FrameDecoder().feed(len(body).to_bytes(4, "big") + body)
+
+def test_a_thousand_levels_of_keys_that_are_arrays_cost_no_recursion() -> None:
+    key: Any = 0
+    for _ in range(1000):
+        key = [key]
+    body = msgpack.packb({"type": "events", "events": [{"stream": "s", "seq": 0, "source_ts_us": 1,
+                                                          "payload": {"p": {0: 0}}}]})
+    # A map whose only key is 1,000 nested arrays, spliced in as the payload of seq 0 (msgpack's packb cannot
+    # build it: tuple keys nest only as deep as its recursion limit allows).
+    deep_key = b"\x91" * 1000 + b"\x00"
+    body = body.replace(b"\x81\xa1p\x81\x00\x00", b"\x81\xa1p\x81" + deep_key + b"\x00")
+    assert deep_key in body
+    (message,) = FrameDecoder().feed(len(body).to_bytes(4, "big") + body)
+    (event,) = parse_events(message, 10, DECLARED).events
+    assert event.payload == RejectedPayload("payload.p: map key of type list is not a string")
 
 
 def test_the_invalid_payload_error_frame_names_its_event_and_is_not_fatal():
