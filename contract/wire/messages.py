@@ -1,6 +1,6 @@
 """Typed messages of the client <-> gateway protocol, both directions (docs/wire-protocol.md).
 
-Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, ack, error. Each has a ``build_*``
+Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, ack, error, resync. Each has a ``build_*``
 function (the map that goes into one frame) and a ``parse_*`` function (validation into a typed message; a
 violation raises a RemoteProtocolError, because whoever parses it received it from the other side).
 """
@@ -32,7 +32,7 @@ MAX_PAYLOAD_DEPTH = 32
 
 # Message types ("type" of the frame map).
 HELLO, EVENTS, HEARTBEAT, BYE = "hello", "events", "heartbeat", "bye"
-WELCOME, ACK, ERROR = "welcome", "ack", "error"
+WELCOME, ACK, ERROR, RESYNC = "welcome", "ack", "error", "resync"
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +291,18 @@ class ErrorReply:
     seq: int | None = None
 
 
-GatewayMessage = Welcome | Ack | ErrorReply
+@dataclass(frozen=True, slots=True)
+class ResyncRequest:
+    """The gateway saw this source's clock jump beyond its error bound (a step between re-syncs): run a time-sync
+    burst now. ``stream`` and ``seq`` name the first event that showed the step; the gateway holds the source's
+    events from there until the new estimate arrives (docs/wire-protocol.md, "Resync")."""
+
+    reason: str
+    stream: str | None = None
+    seq: int | None = None
+
+
+GatewayMessage = Welcome | Ack | ErrorReply | ResyncRequest
 
 
 def build_welcome(max_frame_bytes: int) -> dict[str, Any]:
@@ -309,6 +320,14 @@ def build_error(code: str, message: str, fatal: bool, stream: str | None = None,
         error["stream"] = stream
         error["seq"] = seq
     return error
+
+
+def build_resync(reason: str, stream: str | None = None, seq: int | None = None) -> dict[str, Any]:
+    resync: dict[str, Any] = {"type": RESYNC, "reason": reason}
+    if stream is not None and seq is not None:
+        resync["stream"] = stream
+        resync["seq"] = seq
+    return resync
 
 
 def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
@@ -331,4 +350,10 @@ def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
         named = isinstance(stream, str) and isinstance(seq, int) and not isinstance(seq, bool)
         return ErrorReply(str(raw.get("code")), str(raw.get("message")), fatal if isinstance(fatal, bool) else True,
                           stream if named else None, seq if named else None)
+    if kind == RESYNC:
+        # Lenient like error: the request itself is what matters; a bad reason or event name must not make a client
+        # ignore it and keep sending timestamps the gateway cannot map.
+        stream, seq = raw.get("stream"), raw.get("seq")
+        named = isinstance(stream, str) and isinstance(seq, int) and not isinstance(seq, bool)
+        return ResyncRequest(str(raw.get("reason", "")), stream if named else None, seq if named else None)
     raise UnexpectedMessage(f"unknown gateway message type {kind!r}")

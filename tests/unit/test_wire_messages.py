@@ -73,3 +73,16 @@ def test_bad_gateway_messages_raise_remote_errors(raw: dict[str, object], error:
 
 def test_an_error_without_a_fatal_flag_is_fatal() -> None:
     assert parse_gateway_message({"type": "error", "code": "c", "message": "m"}) == ErrorReply("c", "m", True)
+
+
+def test_resync_request_is_the_documented_map_and_parses_to_a_typed_request() -> None:
+    from contract.wire.messages import ResyncRequest, build_resync
+
+    built = build_resync("clock_step", "a", 42)
+    assert built == {"type": "resync", "reason": "clock_step", "stream": "a", "seq": 42}
+    decoded = FrameDecoder().feed(encode_frame(built))
+    assert parse_gateway_message(decoded[0]) == ResyncRequest("clock_step", "a", 42)
+    assert build_resync("clock_step") == {"type": "resync", "reason": "clock_step"}
+    assert parse_gateway_message(build_resync("clock_step")) == ResyncRequest("clock_step")
+    # A malformed event name still asks for the re-sync: the request is what matters.
+    assert parse_gateway_message({"type": "resync", "reason": "x", "stream": "a", "seq": True}) == ResyncRequest("x")
