@@ -21,6 +21,14 @@ its last member arrives, whatever the arrival order (the reversed order of Query
 from the other side).  Memory is bounded by the window: a candidate is dropped once no future event
 (``ts >= watermark``) can combine with it, and hard caps (``max_candidates`` per element, ``max_matches_per_event``)
 turn a burst into counted truncations instead of unbounded growth.
+
+Late events (``ts < watermark``, from the gateway's late topic): a candidate past that horizon is not dropped but
+*retained* for ``allowed_lateness_us`` more, in a separate set that only late events search (an on-time event
+cannot reach it by the window, so the on-time path is unchanged).  A late event within the allowed lateness is
+combined with live and retained candidates and every match it completes is returned at once, flagged ``late``, in
+both emit modes (holding it for a watermark already passed would only delay it).  A late event past the allowed
+lateness is counted ``too_late``, not matched and not buffered (:meth:`UncertainPatternMatcher.lateness`,
+``last_lateness``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from contract.units import format_duration, parse_duration_us
 __all__ = [
     "Confidence",
     "Element",
+    "Lateness",
     "PatternMatch",
     "PatternMode",
     "PatternSpec",
@@ -51,7 +60,10 @@ __all__ = [
 
 PatternMode = Literal["thesis", "per_event"]
 EmitMode = Literal["eager", "watermark"]
-_SNAPSHOT_VERSION = 1
+Lateness = Literal["on_time", "late", "too_late"]
+"""An event against the watermark: ``ts >= wm``; ``wm - allowed_lateness <= ts < wm``; older."""
+_SNAPSHOT_VERSION = 2
+DEFAULT_ALLOWED_LATENESS_US = 3_600_000_000
 
 
 class Confidence(StrEnum):
@@ -281,6 +293,11 @@ class PatternMatch:
     within_us: int
     in_observed_order: bool
     """False when the reference timestamps put the events in another order (Query 5.9's ``e2 -> e1`` branch)."""
+    late: bool = False
+    """Completed by a late event (``ts`` below the watermark when it arrived): reported after the watermark that
+    would normally have closed it."""
+    late_element: str | None = None
+    """The element the late event fills (``None`` when not late)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -293,6 +310,8 @@ class PatternMatch:
             "span_us": self.span_us,
             "within_us": self.within_us,
             "in_observed_order": self.in_observed_order,
+            "late": self.late,
+            "late_element": self.late_element,
         }
 
 
@@ -328,26 +347,47 @@ class _Counters:
     confirmed: int = 0
     uncertain: int = 0
     late_events: int = 0
+    """Events below the watermark, too_late ones included."""
     over_bound: int = 0
     candidates_dropped: int = 0
     matches_truncated: int = 0
     expired: int = 0
+    """Candidates past the on-time horizon (moved to the retained set, or dropped with no allowed lateness)."""
+    too_late: int = 0
+    """Events below ``watermark - allowed_lateness``: neither matched nor buffered."""
+    late_matches: int = 0
+    forgotten: int = 0
+    """Retained candidates dropped once past the allowed lateness too."""
+
+    def as_list(self) -> list[int]:
+        return [self.events, self.matches, self.confirmed, self.uncertain, self.late_events, self.over_bound,
+                self.candidates_dropped, self.matches_truncated, self.expired, self.too_late, self.late_matches,
+                self.forgotten]
 
 
 class UncertainPatternMatcher:
     """Uncertainty-aware ``SEQ`` matcher for one partition key.  Pure: events and watermarks in, matches out."""
 
-    def __init__(self, spec: PatternSpec, *, ta_us: int = 0) -> None:
+    def __init__(
+        self, spec: PatternSpec, *, ta_us: int = 0, allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
+    ) -> None:
+        if allowed_lateness_us < 0:
+            raise ValueError(f"allowed_lateness_us must be >= 0, got {allowed_lateness_us}")
         self.spec = spec
+        self.allowed_lateness_us = allowed_lateness_us
         self.ta_us = 0
         self.max_ta_us = 0
         self.set_ta_us(ta_us)
         self.watermark_us: int | None = None
         self._arrivals = 0
         self._candidates: list[list[_Candidate]] = [[] for _ in spec.elements]
+        # Past the on-time horizon, kept for late events only: on-time events never look here.
+        self._retained: list[list[_Candidate]] = [[] for _ in spec.elements]
         self._max_width2 = 0  # widest interval ever buffered: bounds how far a partner can be
         self._held: list[_Held] = []
         self.counters = _Counters()
+        self.last_lateness: Lateness = "on_time"
+        """What the last :meth:`on_event` found its event to be (the shell reports ``too_late`` from it)."""
 
     def set_ta_us(self, ta_us: int) -> None:
         """Thesis mode: ``T_a`` (max RTT over the stream's sources).  Applies to events added from now on."""
@@ -368,18 +408,42 @@ class UncertainPatternMatcher:
             return self.max_ta_us
         return 2 * self.spec.max_uncertainty_us
 
+    def _horizon2(self, watermark_us: int) -> int:
+        """In doubled units: a candidate whose interval ends below this meets no event with ``ts >= wm``.
+
+        A future event f has 2 ts_f - U_f >= 2 wm - U_max; it can pair with c only if that start minus c's end
+        fits the window: (2 wm - U_max) - (2 ts_c + U_c) <= 2 W."""
+        return 2 * watermark_us - self._bound_width2 - 2 * self.spec.within_us
+
+    def lateness(self, ts_us: int) -> Lateness:
+        """Where an event at ``ts_us`` stands against the current watermark and the allowed lateness."""
+        wm = self.watermark_us
+        if wm is None or ts_us >= wm:
+            return "on_time"
+        return "late" if ts_us >= wm - self.allowed_lateness_us else "too_late"
+
     # -------------------------------------------------------------------------------------------------- input
 
     def on_event(
         self, ts_us: int, uncertainty_us: int, payload: Mapping[str, Any], event_ref: dict[str, Any]
     ) -> list[PatternMatch]:
-        """Feed one event (reference time order expected, not required).  Eager mode returns the new matches."""
+        """Feed one event (reference time order expected, not required).  Returns the new matches in eager mode,
+        and in both modes the matches a late event completes (flagged ``late``); ``last_lateness`` tells whether
+        the event was on time, late, or too late (then nothing is matched or buffered)."""
         spec = self.spec
         self.counters.events += 1
+        lateness: Lateness = "on_time"
         if self.watermark_us is not None and ts_us < self.watermark_us:
             self.counters.late_events += 1
+            lateness = self.lateness(ts_us)
+        self.last_lateness = lateness
         if spec.mode == "per_event" and uncertainty_us > spec.max_uncertainty_us:
             self.counters.over_bound += 1
+        if lateness == "too_late":
+            # Its partners may already be forgotten: a partial answer would pass for a complete one.
+            self.counters.too_late += 1
+            return []
+        late = lateness == "late"
         positions = [i for i, el in enumerate(spec.elements) if el.matches(payload)]
         if not positions:
             return []
@@ -388,16 +452,20 @@ class UncertainPatternMatcher:
         found: list[PatternMatch] = []
         for i in positions:
             budget = spec.max_matches_per_event - len(found)
-            for combo in self._combinations(i, cand):
+            for combo in self._combinations(i, cand, late):
                 if budget <= 0:
                     self.counters.matches_truncated += 1
                     break
-                match = self._match(combo)
+                match = self._match(combo, spec.elements[i].name if late else None)
                 if match is not None:
                     found.append(match)
                     budget -= 1
+        buckets = self._candidates
+        wm = self.watermark_us
+        if late and wm is not None and 2 * cand.ts_us + cand.width2_us < self._horizon2(wm):
+            buckets = self._retained  # already past the on-time horizon: only late events may use it
         for i in positions:
-            bucket = self._candidates[i]
+            bucket = buckets[i]
             # Buckets stay sorted by reference time so a new event only visits partners near it.
             bucket.insert(bisect.bisect_right(bucket, cand.ts_us, key=_ts_of), cand)
             self._max_width2 = max(self._max_width2, cand.width2_us)
@@ -411,14 +479,18 @@ class UncertainPatternMatcher:
                 self.counters.confirmed += 1
             else:
                 self.counters.uncertain += 1
+        if late:
+            self.counters.late_matches += len(found)
+            return found
         if spec.emit == "eager":
             return found
         self._held.extend(_Held(max(m.ts_us), m) for m in found)
         return []
 
-    def _combinations(self, fixed: int, cand: _Candidate) -> Iterator[list[_Candidate]]:
+    def _combinations(self, fixed: int, cand: _Candidate, late: bool) -> Iterator[list[_Candidate]]:
         """Every assignment of buffered candidates to the other positions that passes the pairwise necessary
-        conditions (each earlier interval starts no later than each later one ends; each pair fits the window)."""
+        conditions (each earlier interval starts no later than each later one ends; each pair fits the window).
+        Only a late event also searches the retained candidates."""
         n = len(self.spec.elements)
         within2 = 2 * self.spec.within_us
         chosen: list[_Candidate | None] = [None] * n
@@ -441,11 +513,15 @@ class UncertainPatternMatcher:
         # Any partner must fit the window with the fixed event: |2 ts_c - 2 ts| <= 2 W + U + U_c.
         reach2 = within2 + cand.width2_us + self._max_width2
 
-        def near(pos: int) -> list[_Candidate]:
-            bucket = self._candidates[pos]
+        def slice_near(bucket: list[_Candidate]) -> list[_Candidate]:
             lo = bisect.bisect_left(bucket, 2 * cand.ts_us - reach2, key=_ts2_of)
             hi = bisect.bisect_right(bucket, 2 * cand.ts_us + reach2, key=_ts2_of)
             return bucket[lo:hi]
+
+        def near(pos: int) -> list[_Candidate]:
+            if late:
+                return slice_near(self._retained[pos]) + slice_near(self._candidates[pos])
+            return slice_near(self._candidates[pos])
 
         def rec(pos: int) -> Iterator[list[_Candidate]]:
             if pos == n:
@@ -462,7 +538,7 @@ class UncertainPatternMatcher:
 
         return rec(0)
 
-    def _match(self, combo: list[_Candidate]) -> PatternMatch | None:
+    def _match(self, combo: list[_Candidate], late_element: str | None) -> PatternMatch | None:
         ts = [c.ts_us for c in combo]
         widths = [c.width2_us for c in combo]
         confidence = classify(ts, widths, self.spec.within_us)
@@ -478,44 +554,82 @@ class UncertainPatternMatcher:
             span_us=max(ts) - min(ts),
             within_us=self.spec.within_us,
             in_observed_order=all(a <= b for a, b in itertools.pairwise(ts)),
+            late=late_element is not None,
+            late_element=late_element,
         )
 
     # -------------------------------------------------------------------------------------------------- watermark
 
     def on_watermark(self, watermark_us: int) -> list[PatternMatch]:
-        """Promise: no later event has ``ts < watermark``.  Expires candidates no future event can combine with,
-        and (``EMIT watermark``) releases held matches whose members are all below the watermark, in time order."""
+        """Promise: no later event has ``ts < watermark`` (late events aside).  Moves candidates no future on-time
+        event can combine with to the retained set, forgets retained ones past the allowed lateness too, and
+        (``EMIT watermark``) releases held matches whose members are all below the watermark, in time order."""
         if self.watermark_us is not None and watermark_us <= self.watermark_us:
             return []
         self.watermark_us = watermark_us
-        # A future event f has 2 ts_f - U_f >= 2 wm - U_max; it can pair with c only if that start minus c's end
-        # fits the window: (2 wm - U_max) - (2 ts_c + U_c) <= 2 W.  Past that, c is dead for good.
-        horizon2 = 2 * watermark_us - self._bound_width2 - 2 * self.spec.within_us
+        horizon2 = self._horizon2(watermark_us)
+        # A late event within the allowed lateness starts no earlier than 2 (wm - lateness) - U_max: the same
+        # argument as the on-time horizon, moved back by the allowed lateness.
+        forget2 = horizon2 - 2 * self.allowed_lateness_us
         for i, bucket in enumerate(self._candidates):
             keep = [c for c in bucket if 2 * c.ts_us + c.width2_us >= horizon2]
+            if len(keep) == len(bucket):
+                continue
             self.counters.expired += len(bucket) - len(keep)
             self._candidates[i] = keep
+            expired = [c for c in bucket if 2 * c.ts_us + c.width2_us < horizon2]
+            # Both runs are sorted by reference time: the stable merge keeps arrival order among equals.
+            self._retained[i] = sorted(self._retained[i] + expired, key=_ts_of)
+        for i, bucket in enumerate(self._retained):
+            self._retained[i] = self._forget(bucket, forget2)
         if not self._held:
             return []
         ready = sorted((h for h in self._held if h.release_us < watermark_us), key=lambda h: h.release_us)
         self._held = [h for h in self._held if h.release_us >= watermark_us]
         return [h.match for h in ready]
 
+    def _forget(self, bucket: list[_Candidate], forget2: int) -> list[_Candidate]:
+        """``bucket`` without the candidates whose interval ends below ``forget2``; only the prefix within the
+        widest interval of that bound needs a look, so a long retained set costs a bisection per watermark."""
+        surely = bisect.bisect_left(bucket, forget2 - self._max_width2, key=_ts2_of)
+        edge = bisect.bisect_left(bucket, forget2, key=_ts2_of)
+        if edge == 0:
+            return bucket
+        kept = [c for c in bucket[surely:edge] if 2 * c.ts_us + c.width2_us >= forget2]
+        self.counters.forgotten += edge - len(kept)
+        return kept + bucket[edge:]
+
     @property
     def buffered(self) -> int:
-        return sum(len(b) for b in self._candidates)
+        """Candidates stored: live and retained (what keeps the matcher from being idle)."""
+        return sum(len(b) for b in self._candidates) + self.retained
+
+    @property
+    def retained(self) -> int:
+        """Candidates past the on-time horizon, kept for late events only."""
+        return sum(len(b) for b in self._retained)
 
     @property
     def held(self) -> int:
         return len(self._held)
 
+    def is_idle(self) -> bool:
+        """Nothing buffered, retained or held: the shell may drop the matcher and start fresh."""
+        return self.buffered == 0 and not self._held
+
     def next_timer_us(self) -> int | None:
-        """The lowest watermark at which :meth:`on_watermark` changes something: a held match released or a
-        candidate expired (an event-time timer for the shell)."""
+        """The lowest watermark at which :meth:`on_watermark` changes something: a held match released, a
+        candidate expired or a retained one forgotten (an event-time timer for the shell)."""
         due = [h.release_us + 1 for h in self._held]
         slack2 = self._bound_width2 + 2 * self.spec.within_us
         for bucket in self._candidates:
             due.extend((2 * c.ts_us + c.width2_us + slack2) // 2 + 1 for c in bucket)
+        slack2 += 2 * self.allowed_lateness_us
+        for bucket in self._retained:
+            if bucket:
+                # The earliest end lies among the oldest starts, within the widest interval of the first one.
+                stop = bisect.bisect_right(bucket, 2 * bucket[0].ts_us + self._max_width2, key=_ts2_of)
+                due.extend((2 * c.ts_us + c.width2_us + slack2) // 2 + 1 for c in bucket[:stop])
         return min(due, default=None)
 
     # -------------------------------------------------------------------------------------------------- state
@@ -526,56 +640,48 @@ class UncertainPatternMatcher:
             spec_text: str | None = self.spec.to_text()
         except ValueError:
             spec_text = None
-        c = self.counters
         state = {
             "v": _SNAPSHOT_VERSION,
             "spec": spec_text,
             "ta_us": self.ta_us,
             "max_ta_us": self.max_ta_us,
+            "allowed_lateness_us": self.allowed_lateness_us,
             "watermark_us": self.watermark_us,
             "arrivals": self._arrivals,
             "candidates": [[x.snapshot() for x in bucket] for bucket in self._candidates],
+            "retained": [[x.snapshot() for x in bucket] for bucket in self._retained],
             "held": [[h.release_us, h.match.to_dict()] for h in self._held],
-            "counters": [
-                c.events,
-                c.matches,
-                c.confirmed,
-                c.uncertain,
-                c.late_events,
-                c.over_bound,
-                c.candidates_dropped,
-                c.matches_truncated,
-                c.expired,
-            ],
+            "counters": self.counters.as_list(),
         }
         packed: bytes = msgpack.packb(state, use_bin_type=True)
         return packed
 
     @classmethod
     def restore(cls, blob: bytes, spec: PatternSpec | None = None) -> UncertainPatternMatcher:
-        """Rebuild from :meth:`snapshot`; pass ``spec`` when it was built with Python callables."""
+        """Rebuild from :meth:`snapshot`; pass ``spec`` when it was built with Python callables.  Version 1
+        snapshots (before allowed lateness) restore with the default allowed lateness and nothing retained."""
         state = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-        if state.get("v") != _SNAPSHOT_VERSION:
+        if state.get("v") not in (1, _SNAPSHOT_VERSION):
             raise ValueError(f"unsupported snapshot version {state.get('v')!r}")
         if spec is None:
             if state["spec"] is None:
                 raise ValueError("the snapshot's spec has no text form: pass spec=")
             spec = PatternSpec.parse(state["spec"])
-        m = cls(spec)
+        m = cls(spec, allowed_lateness_us=state.get("allowed_lateness_us", DEFAULT_ALLOWED_LATENESS_US))
         m.ta_us = state["ta_us"]
         m.max_ta_us = state["max_ta_us"]
         m.watermark_us = state["watermark_us"]
         m._arrivals = state["arrivals"]
         # One event may sit in several buckets; restore them as one object again (arrival numbers are unique).
         by_arrival: dict[int, _Candidate] = {}
-        buckets: list[list[_Candidate]] = []
-        for bucket in state["candidates"]:
-            rebuilt = []
-            for ts, width2, arrival, ref in bucket:
-                rebuilt.append(by_arrival.setdefault(arrival, _Candidate(ts, width2, arrival, ref)))
-            buckets.append(rebuilt)
-        m._candidates = buckets
-        m._max_width2 = max((c.width2_us for b in buckets for c in b), default=0)
+
+        def rebuild(rows: list[list[list[Any]]]) -> list[list[_Candidate]]:
+            return [[by_arrival.setdefault(arrival, _Candidate(ts, width2, arrival, ref))
+                     for ts, width2, arrival, ref in bucket] for bucket in rows]
+
+        m._candidates = rebuild(state["candidates"])
+        m._retained = rebuild(state.get("retained") or [[] for _ in spec.elements])
+        m._max_width2 = max((c.width2_us for c in by_arrival.values()), default=0)
         m._held = [_Held(release, _match_from_dict(d)) for release, d in state["held"]]
         m.counters = _Counters(*state["counters"])
         return m
@@ -592,4 +698,6 @@ def _match_from_dict(d: Mapping[str, Any]) -> PatternMatch:
         span_us=d["span_us"],
         within_us=d["within_us"],
         in_observed_order=d["in_observed_order"],
+        late=d.get("late", False),
+        late_element=d.get("late_element"),
     )

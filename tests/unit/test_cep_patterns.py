@@ -198,13 +198,76 @@ def test_watermark_expires_state() -> None:
     m.on_event(40, 5, {"k": "b"}, {"id": 3})
     # The a at 0 (true time <= 5) can meet a future event (true time >= wm - 10) only while wm - 10 - 5 <= 100.
     m.on_watermark(115)
-    assert m.buffered == 3
+    assert (m.buffered, m.retained) == (3, 0)
     m.on_watermark(116)
-    assert m.buffered == 2
+    assert (m.buffered, m.retained) == (3, 1)  # past the on-time horizon, kept for late events
     m.on_watermark(10_000)
-    assert m.buffered == 0
+    assert (m.buffered, m.retained) == (3, 3)
     assert m.counters.expired == 3
     assert m.on_watermark(9_000) == []  # a watermark never goes back
+    # Forgotten once a late event within the allowed lateness (ts >= wm - 1 h, u <= 10) cannot reach it either:
+    # the a at 0 ends at 5; such an event starts at wm - 1 h - 10, so 5 >= wm - 1 h - 10 - 100 keeps it.
+    hour = 3_600_000_000
+    assert m.next_timer_us() == hour + 116
+    m.on_watermark(hour + 115)
+    assert m.buffered == 3
+    m.on_watermark(hour + 116)
+    assert (m.buffered, m.counters.forgotten) == (2, 1)
+    m.on_watermark(10 * hour)
+    assert m.is_idle() and m.counters.forgotten == 3
+
+
+def test_without_allowed_lateness_expired_state_is_dropped() -> None:
+    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 100 us MODE per_event MAX_UNCERTAINTY 10 us")
+    m = UncertainPatternMatcher(spec, allowed_lateness_us=0)
+    m.on_event(0, 5, {"k": "a"}, {"id": 1})
+    m.on_watermark(116)
+    assert (m.buffered, m.counters.expired, m.counters.forgotten) == (0, 1, 1)
+    assert m.on_event(115, 0, {"k": "b"}, {"id": 2}) == []
+    assert (m.last_lateness, m.counters.too_late) == ("too_late", 1)
+    assert m.buffered == 0  # a too-late event is not buffered either
+
+
+def test_late_event_completes_matches_with_retained_candidates() -> None:
+    """Hand-computed: W = 100, exact clocks.  The a at 0 leaves the on-time horizon at wm 101 (0 < 2*101 - 0 -
+    200); a late b at 60 still meets it, its match comes at once, flagged; a b at 40 behind wm - 500 is too late."""
+    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 100 us MODE per_event MAX_UNCERTAINTY 0 us "
+                             "EMIT watermark")
+    m = UncertainPatternMatcher(spec, allowed_lateness_us=500)
+    assert m.on_event(0, 0, {"k": "a"}, {"id": 1}) == []
+    assert m.on_watermark(101) == []
+    assert (m.retained, m.lateness(101), m.lateness(100), m.lateness(-399), m.lateness(-400)) == (
+        1, "on_time", "late", "late", "too_late")
+    got = m.on_event(60, 0, {"k": "b"}, {"id": 2})
+    assert m.last_lateness == "late"
+    assert [(ids([x]), x.late, x.late_element) for x in got] == [([((1, 2), "Confirmed")], True, "b")]
+    assert got[0].to_dict()["late"] is True and got[0].to_dict()["late_element"] == "b"
+    assert m.held == 0  # returned at once even in EMIT watermark mode
+    # An on-time b (ts >= 101) is 101 or more after the a: outside W, whatever is retained.
+    assert m.on_event(101, 0, {"k": "b"}, {"id": 3}) == []
+    assert (m.last_lateness, m.counters.late_events) == ("on_time", 1)
+    assert m.on_watermark(600) == []  # forget horizon 2*600 - 200 - 1000 = 0: the a ends at 0, still kept
+    assert m.lateness(100) == "late" and m.lateness(99) == "too_late"
+    assert ids(m.on_event(100, 0, {"k": "b"}, {"id": 4})) == [((1, 4), "Confirmed")]  # gap 100 = W
+    assert m.on_event(99, 0, {"k": "b"}, {"id": 5}) == []
+    assert (m.counters.too_late, m.counters.late_events, m.counters.late_matches) == (1, 3, 2)
+    assert m.on_watermark(601) == []
+    assert m.counters.forgotten == 1 and m.buffered == 3  # the a at 0 forgotten; b 2, b 3 and b 4 remain
+
+
+def test_retained_candidates_never_meet_on_time_events() -> None:
+    """An on-time event above MAX_UNCERTAINTY could geometrically reach an expired candidate; the on-time path must
+    behave exactly as before (the partner is gone for it), so retained state is searched by late events only."""
+    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 100 us MODE per_event MAX_UNCERTAINTY 0 us")
+    m = UncertainPatternMatcher(spec)
+    m.on_event(0, 0, {"k": "a"}, {"id": 1})
+    m.on_watermark(101)
+    assert m.retained == 1
+    assert m.on_event(150, 60, {"k": "b"}, {"id": 2}) == []  # [90, 210] would fit with a at 0 (90 - 0 <= 100)
+    assert m.counters.over_bound == 1
+    # A late event is inserted where it belongs: past the horizon it goes to the retained set.
+    m.on_event(0, 0, {"k": "a"}, {"id": 3})
+    assert m.retained == 2 and m.buffered == 3
 
 
 def test_emit_watermark_release_order() -> None:
@@ -385,3 +448,74 @@ def test_matcher_reports_the_true_sequence(
             reported.add(tuple(e["k"] for e in match.events))
         m.on_watermark(ts)
     assert tuple(range(n)) in reported
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw=st.lists(
+        st.tuples(st.integers(0, 3000), st.integers(0, 100), st.sampled_from("abc"), st.integers(0, 1500)),
+        max_size=12,
+    ),
+    n=st.integers(1, 3),
+    within=st.integers(0, 800),
+    lag=st.integers(0, 100),
+    allowed=st.integers(0, 1500),
+    emit=st.sampled_from(["eager", "watermark"]),
+    cut=st.floats(0, 1),
+)
+def test_late_events_within_allowed_lateness_match_exactly(
+    raw: list[tuple[int, int, str, int]], n: int, within: int, lag: int, allowed: int, emit: str, cut: float
+) -> None:
+    """Events arrive after random delays while the watermark trails the largest timestamp by ``lag``, so some are
+    late and some too late.  The union of everything emitted equals brute force over the events that were not too
+    late; a match is flagged late exactly when its last-arriving member was late (and names that member's element);
+    too-late events are reported exactly.  A snapshot/restore at a random point changes nothing."""
+    spec = PatternSpec(
+        tuple(Element.parse(x, f"k == '{x}'") for x in "abc"[:n]),
+        within,
+        mode="per_event",
+        max_uncertainty_us=100,
+        emit=emit,  # type: ignore[arg-type]
+    )
+    order = sorted(range(len(raw)), key=lambda i: (raw[i][0] + raw[i][3], i))
+    # Ground truth of each arrival's lateness, from the watermark the matcher was given before it.
+    lateness: dict[int, str] = {}
+    wm: int | None = None
+    for idx in order:
+        ts = raw[idx][0]
+        lateness[idx] = ("on_time" if wm is None or ts >= wm else "late" if ts >= wm - allowed else "too_late")
+        wm = ts - lag if wm is None else max(wm, ts - lag)
+    kept = [i for i in order if lateness[i] != "too_late"]
+    arrival_pos = {idx: p for p, idx in enumerate(order)}
+    expected: dict[tuple[tuple[int, ...], str], str | None] = {}
+    for combo in itertools.permutations(kept, n):
+        if any(raw[i][2] != spec.elements[p].name for p, i in enumerate(combo)):
+            continue
+        conf = classify([raw[i][0] for i in combo], [2 * raw[i][1] for i in combo], within)
+        if conf is None:
+            continue
+        last = max(range(n), key=lambda p: arrival_pos[combo[p]])
+        expected[(combo, str(conf))] = spec.elements[last].name if lateness[combo[last]] == "late" else None
+
+    m = UncertainPatternMatcher(spec, allowed_lateness_us=allowed)
+    got: dict[tuple[tuple[int, ...], str], str | None] = {}
+
+    def collect(matches: list[PatternMatch]) -> None:
+        for match in matches:
+            key = (tuple(e["id"] for e in match.events), str(match.confidence))
+            assert key not in got
+            assert match.late == (match.late_element is not None)
+            got[key] = match.late_element
+
+    split = int(cut * len(order))
+    for pos, idx in enumerate(order):
+        if pos == split:
+            m = UncertainPatternMatcher.restore(m.snapshot())
+        ts, u, k, _ = raw[idx]
+        collect(m.on_event(ts, u, {"k": k}, {"id": idx}))
+        assert m.last_lateness == lateness[idx]
+        collect(m.on_watermark(ts - lag))
+    collect(m.on_watermark(10**9))
+    assert got == expected
+    assert m.counters.too_late == len(order) - len(kept)
+    assert m.counters.late_matches == sum(1 for v in expected.values() if v is not None)
