@@ -1,11 +1,17 @@
 """One TCP connection as an asyncio Protocol: bytes go into its GatewaySession, and the session's actions run in
-order on a worker task. The connection knows the gateway only through ConnectionOwner."""
+order on a worker task. The connection knows the gateway only through ConnectionOwner.
+
+Failure containment: the session answers every protocol violation itself, so anything raised while decoding or
+carrying out an action is a gateway bug. Whatever it is, it is caught here, reported once to the owner with its
+stage (who logs and counts it and writes an ``internal_error`` frame), and the connection is closed: it never stalls
+with its client waiting, never propagates into asyncio or the timeout sweep, and never holds up shutdown's drain.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol, cast
+from typing import Literal, Protocol, cast
 
 from contract.wire import messages
 from gateway.ingest import ConnectionId
@@ -26,6 +32,11 @@ log = logging.getLogger(__name__)
 # Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
 MAX_PENDING_ACTIONS = 64
 
+# Where a connection failed (the `stage` label of skewless_gateway_worker_errors_total): the session decoding and
+# parsing bytes, one of the worker's actions, or the worker task itself outside any action.
+WorkerStage = Literal["session", "register", "events", "heartbeat", "worker"]
+WORKER_STAGES: tuple[WorkerStage, ...] = ("session", "register", "events", "heartbeat", "worker")
+
 
 class ConnectionOwner(Protocol):
     """What a connection asks of the gateway. The coroutines return once their Kafka records are handed to the
@@ -45,7 +56,8 @@ class ConnectionOwner(Protocol):
 
     def session_failed(self, error_code: str) -> None: ...
 
-    def worker_failed(self, connection: ConnectionHandler, error: BaseException) -> None: ...
+    def worker_failed(self, connection: ConnectionHandler, stage: WorkerStage, error: BaseException) -> None:
+        """Log and count it, and tell the client why before the connection closes."""
 
 
 class ConnectionHandler(asyncio.Protocol):
@@ -55,6 +67,7 @@ class ConnectionHandler(asyncio.Protocol):
         self.session = session
         self.connection_id = ConnectionId(-1)  # the owner's id, from connection_made on
         self.transport: asyncio.Transport | None = None
+        self.peer = "?"  # host:port of the client, for log lines
         self._owner = owner
         self._clock_us = clock_us
         self._queue: asyncio.Queue[tuple[int, list[SessionAction]]] = asyncio.Queue()
@@ -63,6 +76,7 @@ class ConnectionHandler(asyncio.Protocol):
         self._closing = False
         self._busy = False
         self._throttled = False
+        self._failed = False
 
     @property
     def source_id(self) -> str | None:
@@ -71,6 +85,9 @@ class ConnectionHandler(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        if isinstance(peername, tuple) and len(peername) >= 2:
+            self.peer = f"{peername[0]}:{peername[1]}"
         self.connection_id = self._owner.attach(self)
         self._worker = asyncio.create_task(self._run(), name=f"connection-{self.connection_id}")
         self._worker.add_done_callback(self._worker_done)
@@ -79,11 +96,22 @@ class ConnectionHandler(asyncio.Protocol):
         if self._closing:
             return
         now_us = self._clock_us()
-        self._enqueue(now_us, self.session.receive_data(data, now_us))
+        try:
+            actions = self.session.receive_data(data, now_us)
+        except Exception as exc:  # noqa: BLE001 - a bug of any kind: contained to this connection (module doc)
+            self._fail("session", exc)
+            return
+        self._enqueue(now_us, actions)
 
     def check_timeouts(self, now_us: int) -> None:
-        if not self._closing:
-            self._enqueue(now_us, self.session.check_timeouts(now_us))
+        if self._closing:
+            return
+        try:
+            actions = self.session.check_timeouts(now_us)
+        except Exception as exc:  # noqa: BLE001 - as above; raised, it would kill every connection's sweep
+            self._fail("session", exc)
+            return
+        self._enqueue(now_us, actions)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.session.connection_lost()
@@ -141,7 +169,13 @@ class ConnectionHandler(asyncio.Protocol):
             self._busy = True
             try:
                 for action in actions:
-                    await self._apply(action, arrival_us)
+                    try:
+                        await self._apply(action, arrival_us)
+                    except Exception as exc:  # noqa: BLE001 - as in data_received
+                        # The actions still queued belong to a connection that is closing: its client resends
+                        # whatever they carried that was not acknowledged.
+                        self._fail(_STAGES[type(action)], exc)
+                        return
             finally:
                 self._busy = False
             if (self._paused and not self._closing and not self._throttled
@@ -150,15 +184,23 @@ class ConnectionHandler(asyncio.Protocol):
                 self._paused = False
 
     def _worker_done(self, worker: asyncio.Task[None]) -> None:
-        # A worker that died would leave its client waiting for a welcome or acks forever: close, so it reconnects
-        # and resends (nothing unacknowledged is lost).
+        # _run catches what its actions raise; this is for anything else (a BaseException, a bug in _run itself).
         if worker.cancelled():
             return
         error = worker.exception()
         if error is not None:
-            self._busy = False
-            self._owner.worker_failed(self, error)  # may still write a last frame: the close comes after it
-            self.close()
+            self._fail("worker", error)
+
+    def _fail(self, stage: WorkerStage, error: BaseException) -> None:
+        # A connection left open after a failure would keep its client waiting for a welcome or acks forever: close
+        # it, so the client reconnects and resends (nothing unacknowledged is lost). Reported once: the first
+        # failure is the cause, what follows on a closing connection is noise.
+        if self._failed:
+            return
+        self._failed = True
+        self._busy = False
+        self._owner.worker_failed(self, stage, error)  # may still write a last frame: the close comes after it
+        self.close()
 
     async def _apply(self, action: SessionAction, arrival_us: int) -> None:
         if isinstance(action, SourceRegistered):
@@ -177,3 +219,8 @@ class ConnectionHandler(asyncio.Protocol):
                 self._owner.session_failed(action.error_code)
                 log.warning("closing connection: %s", action.reason)
             self.close()
+
+
+_STAGES: dict[type[SessionAction], WorkerStage] = {
+    SourceRegistered: "register", EventsReceived: "events", HeartbeatReceived: "heartbeat", SendBytes: "worker",
+    DrainRequested: "worker", CloseConnection: "worker"}

@@ -32,9 +32,15 @@ class CounterSource(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
+# name -> (label name, {label value: count}): counters the shell keeps apart from GatewayCounters, such as
+# worker_errors by stage.
+LabeledCounters = Callable[[], dict[str, tuple[str, dict[str, float]]]]
+
+
 class GatewayCollector(Collector):
-    def __init__(self, source: CounterSource) -> None:
+    def __init__(self, source: CounterSource, labeled_counters: LabeledCounters | None = None) -> None:
         self._source = source
+        self._labeled_counters = labeled_counters
 
     def collect(self) -> Iterator[Metric]:
         counters = self._source.counters
@@ -46,6 +52,13 @@ class GatewayCollector(Collector):
             counter = CounterMetricFamily(f"skewless_gateway_{name}", f"Gateway counter {name}")
             counter.add_metric([], value)
             yield counter
+        if self._labeled_counters is not None:
+            for name, (label, values) in self._labeled_counters().items():
+                counter = CounterMetricFamily(f"skewless_gateway_{name}", f"Gateway counter {name} by {label}",
+                                              labels=[label])
+                for label_value, value in values.items():
+                    counter.add_metric([label_value], value)
+                yield counter
         for name, value in self._source.gauges().items():
             gauge = GaugeMetricFamily(f"skewless_gateway_{name}", f"Gateway gauge {name}")
             gauge.add_metric([], value)
@@ -61,9 +74,9 @@ class GatewayCollector(Collector):
         yield from per_source.values()
 
 
-def make_registry(source: CounterSource) -> CollectorRegistry:
+def make_registry(source: CounterSource, labeled_counters: LabeledCounters | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GatewayCollector(source))
+    registry.register(GatewayCollector(source, labeled_counters))
     return registry
 
 

@@ -33,7 +33,7 @@ from contract.wire import messages
 from contract.wire.errors import LocalProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.auth import SourceAuthenticator
-from gateway.connection import ConnectionHandler
+from gateway.connection import WORKER_STAGES, ConnectionHandler, WorkerStage
 from gateway.ingest import (
     ConnectionId,
     DeliveryRef,
@@ -62,6 +62,9 @@ POLL_INTERVAL_S = 0.002
 TIMEOUT_SWEEP_INTERVAL_S = 0.5
 # librdkafka's queue is full: retry this often (each refusal also extends the core's stall grace).
 QUEUE_FULL_RETRY_S = 0.005
+# How long stop() waits for Kafka to confirm what was read (both drains together): below the 10 s that docker stop
+# and most supervisors grant between SIGTERM and SIGKILL, leaving the rest for closing connections and the producer.
+STOP_FLUSH_TIMEOUT_S = 8.0
 
 
 @dataclass
@@ -132,6 +135,9 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._producer: asyncio.Task[None] | None = None
         self._failed_tasks: dict[str, str] = {}
+        # Connections that failed on a gateway bug, by stage (gateway.connection): kept in the shell because the
+        # core never sees them; zero-filled so every stage is exported before its first failure.
+        self.worker_errors: dict[WorkerStage, int] = dict.fromkeys(WORKER_STAGES, 0)
         self._last_connection_failure: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -161,7 +167,7 @@ class Gateway:
         self._start_task(self._sweep_timeouts(), "session-timeouts")
         self._start_task(self._fire_deadlines(), "pipeline-deadlines")
         if self.config.metrics_port is not None:
-            self._metrics = MetricsServer(make_registry(self), self.health)
+            self._metrics = MetricsServer(make_registry(self, self.labeled_counters), self.health)
             await self._metrics.start(self.config.metrics_host, self.config.metrics_port)
 
     async def _start_timesync(self) -> None:
@@ -186,9 +192,12 @@ class Gateway:
     def _ensure_base_topics(self) -> None:
         ensure_topics(self.config.kafka_client, [self.topics.sources], config={"cleanup.policy": "compact"})
 
-    async def stop(self, flush_timeout_s: float = 10.0, graceful: bool = True) -> None:
+    async def stop(self, flush_timeout_s: float = STOP_FLUSH_TIMEOUT_S, graceful: bool = True) -> None:
         """Stop taking events, let Kafka confirm what was published (acks still reach open connections), checkpoint,
         then close. Everything runs on the event loop: delivery callbacks never race the loop's own state.
+
+        ``flush_timeout_s`` bounds both drains together, so a stuck connection or an unreachable Kafka delays the
+        stop by that much at most.
 
         graceful=False drops every connection first, as a crash would: the clients never see the last acks and
         resend those events to the next gateway (which must recognise them)."""
@@ -203,9 +212,10 @@ class Gateway:
         for task in self._tasks:
             if task is not self._producer:
                 await self._cancel(task)
-        await self._drain(flush_timeout_s)
+        deadline = asyncio.get_running_loop().time() + flush_timeout_s
+        await self._drain(deadline)
         await self._carry_out(self.core.checkpoint_dirty_streams())
-        remaining = await self._drain(flush_timeout_s)
+        remaining = await self._drain(deadline)
         if remaining:
             log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
         if self._producer is not None:
@@ -226,11 +236,10 @@ class Gateway:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    async def _drain(self, timeout_s: float) -> int:
-        """Poll until connection workers and the producer are idle and librdkafka has no undelivered message;
-        returns how many records are left (undelivered or not yet produced)."""
+    async def _drain(self, deadline: float) -> int:
+        """Poll until connection workers and the producer are idle and librdkafka has no undelivered message, or
+        the loop's clock reaches ``deadline``; returns how many records are left (undelivered or not produced)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         while loop.time() < deadline:
             self._publisher.poll(0)
             await self._carry_out(self.core.due_acks())
@@ -425,15 +434,17 @@ class Gateway:
     def session_failed(self, error_code: str) -> None:
         self.core.session_failed(error_code)
 
-    def worker_failed(self, connection: ConnectionHandler, error: BaseException) -> None:
-        log.error("connection %d (source %s) failed, closing it: %r", connection.connection_id, connection.source_id,
-                  error, exc_info=error)
-        self.core.task_failed()
-        self._last_connection_failure = f"source {connection.source_id}: {error!r}"
+    def worker_failed(self, connection: ConnectionHandler, stage: WorkerStage, error: BaseException) -> None:
+        # One connection's failure is not the gateway's: /healthz stays "ok" unless a gateway task died too (the
+        # producer, typically, which is then what every connection's failure says).
+        log.error("connection %d (source %s, peer %s) failed at stage %s, closing it: %r", connection.connection_id,
+                  connection.source_id, connection.peer, stage, error, exc_info=error)
+        self.worker_errors[stage] += 1
+        self._last_connection_failure = f"source {connection.source_id} ({stage}): {error!r}"
         # Told why before the close, so the client does not take it for a network fault.
         connection.send_bytes(encode_frame(messages.build_error(
-            LocalProtocolError.code, f"the gateway failed processing this connection: {type(error).__name__}",
-            fatal=True)))
+            LocalProtocolError.code,
+            f"the gateway failed processing this connection ({stage}): {type(error).__name__}", fatal=True)))
 
     async def _ensure_streams(self, streams: tuple[str, ...]) -> None:
         """Create the topics of streams not seen yet and recover what Kafka already holds of them."""
@@ -480,6 +491,9 @@ class Gateway:
     def connections_of(self, source_id: str) -> tuple[ConnectionHandler, ...]:
         """The registered connections of a source (a pool has several)."""
         return tuple(self._connections_by_source.get(source_id, ()))
+
+    def labeled_counters(self) -> dict[str, tuple[str, dict[str, float]]]:
+        return {"worker_errors": ("stage", {stage: float(n) for stage, n in self.worker_errors.items()})}
 
     def extra_counters(self) -> dict[str, float]:
         counters = self.core.pipeline.counters

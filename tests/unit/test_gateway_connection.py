@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from contract.wire.frames import encode_frame
 from contract.wire.messages import Hello, build_event, build_events, build_hello
 from gateway.connection import ConnectionHandler
@@ -35,12 +37,16 @@ class FakeTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def get_extra_info(self, name: str) -> object:
+        return ("10.0.0.7", 51000) if name == "peername" else None
+
 
 class FakeOwner:
-    def __init__(self, fail_registration: bool = False) -> None:
+    def __init__(self, fail_registration: bool = False, fail_events: bool = False) -> None:
         self.fail_registration = fail_registration
+        self.fail_events = fail_events
         self.calls: list[tuple[str, object]] = []
-        self.failures: list[str] = []
+        self.failures: list[tuple[str, str]] = []
 
     def attach(self, connection: ConnectionHandler) -> ConnectionId:
         return ConnectionId(3)
@@ -54,6 +60,8 @@ class FakeOwner:
         self.calls.append(("register", hello.source_id))
 
     async def receive_events(self, connection: ConnectionHandler, received: EventsReceived, arrival_us: int) -> None:
+        if self.fail_events:
+            raise KeyError("core bug")
         self.calls.append(("events", (connection.connection_id, [e.seq for e in received.events], arrival_us)))
 
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None:
@@ -62,8 +70,9 @@ class FakeOwner:
     def session_failed(self, error_code: str) -> None:
         self.calls.append(("session_failed", error_code))
 
-    def worker_failed(self, connection: ConnectionHandler, error: BaseException) -> None:
-        self.failures.append(repr(error))
+    def worker_failed(self, connection: ConnectionHandler, stage: str, error: BaseException) -> None:
+        self.failures.append((stage, repr(error)))
+        connection.send_bytes(b"last words")
 
 
 def connect(owner: FakeOwner) -> tuple[ConnectionHandler, FakeTransport]:
@@ -98,8 +107,49 @@ async def test_a_worker_that_fails_is_reported_and_closes_its_connection():
     handler, transport = connect(owner)
     handler.data_received(encode_frame(build_hello("a", ["s"])))
     await settle()
-    assert owner.failures == ["OSError('topic creation failed')"]
+    assert owner.failures == [("register", "OSError('topic creation failed')")]
     assert transport.closed  # the client reconnects instead of waiting for a welcome forever
-    assert transport.written == []
+    assert transport.written == [b"last words"]  # the owner's error frame goes out before the close
+    assert handler.idle  # shutdown's drain does not wait for it
     handler.connection_lost(None)
     assert owner.calls == [("detach", ConnectionId(3))]
+
+
+async def test_a_failing_action_names_its_stage_and_the_rest_of_the_queue_is_dropped():
+    owner = FakeOwner(fail_events=True)
+    handler, transport = connect(owner)
+    handler.data_received(encode_frame(build_hello("a", ["s"]))
+                          + encode_frame(build_events([build_event("s", 0, T0, 0)]))
+                          + encode_frame(build_events([build_event("s", 1, T0, 1)])))
+    await settle()
+    assert owner.failures == [("events", "KeyError('core bug')")]  # once, not again for the second batch
+    assert owner.calls == [("register", "a")]
+    assert transport.closed and handler.idle
+    assert handler.peer == "10.0.0.7:51000"
+
+
+@pytest.mark.parametrize("call", ["data_received", "check_timeouts"])
+async def test_a_session_that_raises_is_answered_counted_and_closed_never_raised_to_the_caller(call: str,
+                                                                                              monkeypatch):
+    owner = FakeOwner()
+    handler, transport = connect(owner)
+    handler.data_received(encode_frame(build_hello("a", ["s"])))
+    await settle()
+
+    def broken(*_args: object) -> list[object]:
+        raise IndexError("session bug")
+
+    # Raised into asyncio's data_received, it would close the transport with no error frame, no count and no line
+    # naming the source; raised into the timeout sweep, it would kill the sweep of every connection.
+    monkeypatch.setattr(handler.session, "receive_data", broken)
+    monkeypatch.setattr(handler.session, "check_timeouts", broken)
+    if call == "data_received":
+        handler.data_received(encode_frame(build_events([build_event("s", 0, T0, 0)])))
+    else:
+        handler.check_timeouts(T0 + 1)
+    await settle()
+    assert owner.failures == [("session", "IndexError('session bug')")]
+    assert transport.written[-1] == b"last words" and transport.closed
+    handler.data_received(b"more")  # a closing connection reads nothing more
+    handler.check_timeouts(T0 + 2)
+    assert len(owner.failures) == 1
