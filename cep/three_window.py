@@ -19,15 +19,30 @@ Release rule (watermark ``W``: no later event has a reference time below ``W``):
 * HIGH: thesis ``W >= t + s + w``; per-event ``W >= t + max_shift + w``.
 
 With ``emit_early=False`` (Query 4.4 as the thesis runs it) all three wait for the HIGH rule and come out together.
-An event whose slot was already released is never dropped silently: it is counted and returned as a
-:class:`LateEvent` with a reason, and its other (still open) slots take it as usual.
+That watermark is the slot's *close time*.
 
-Pure and clock-free: only :meth:`add` and :meth:`advance` change state, so the object can live in Spark's group state
-through :meth:`snapshot` / :meth:`restore`.
+Late events correct released slots.  A released slot stays correctable while the watermark is below its close time
+plus ``allowed_lateness_us`` (Flink's rule: too late once ``close + allowed_lateness <= W``, so ``0`` means no
+corrections at all).  An event landing in a correctable slot is counted there and the next :meth:`advance` re-emits
+the slot's :class:`WindowResult` with ``revision`` one higher (``0`` is the first release), followed by the
+:class:`FinalResult` of ``t`` recomputed from the three slots, also with its own revision one higher.  Every late
+event for a slot between two :meth:`advance` calls is folded into one correction.  A slot released empty before any
+event touched it (so never emitted) is correctable too: the late event makes it, and the empty slots of its ``t``,
+come out at the next :meth:`advance` for the first time, with revision 0.
+
+Change from snapshot version 1: :meth:`ThreeWindowAggregator.add` used to return every slot it found released (reasons
+``behind_watermark`` / ``shift_beyond_bound``) and never counted such an event there.  It now returns a
+:class:`LateEvent` only for slots past allowed lateness (reason ``too_late``), whose state is gone; an event is never
+dropped silently either way, and its other slots take it as usual.
+
+State is bounded: a nominal start is forgotten once its HIGH slot (the last to close) is past allowed lateness, and
+every slot of it is too late by then.  Pure and clock-free: only :meth:`add` and :meth:`advance` change state, so the
+object can live in Spark's group state through :meth:`snapshot` / :meth:`restore`.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -38,6 +53,8 @@ import msgpack
 from cep.windows import WINDOW_TYPES, WindowType, sliding_starts, type_offset_us
 
 __all__ = [
+    "DEFAULT_ALLOWED_LATENESS_US",
+    "TOO_LATE",
     "FinalResult",
     "LateEvent",
     "ShiftMode",
@@ -47,9 +64,11 @@ __all__ = [
 ]
 
 ShiftMode = Literal["per_event", "thesis"]
-_SNAPSHOT_VERSION = 1
-_BEHIND_WATERMARK = "behind_watermark"
-_SHIFT_BEYOND_BOUND = "shift_beyond_bound"
+DEFAULT_ALLOWED_LATENESS_US = 3_600_000_000
+"""One hour of reference time: how long a released window keeps accepting corrections by default."""
+TOO_LATE = "too_late"
+_SNAPSHOT_VERSION = 2
+_LEGACY_SNAPSHOT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +87,8 @@ class WindowResult:
     value_count: int
     shift_us: int
     """The shift the window was placed with: thesis mode ``s``; per-event mode the largest shift of its events."""
+    revision: int = 0
+    """0 for the first release of the slot, n for its n-th correction: the highest revision is the final truth."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -94,6 +115,8 @@ class FinalResult:
     window_counts: tuple[int, int, int]
     """Counts of the LOW, MIDDLE and HIGH window, for transparency."""
     types_with_values: int
+    revision: int = 0
+    """0 for the first final of ``t``, n for the n-th recomputation after a correction of one of its slots."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -103,7 +126,7 @@ class FinalResult:
 
 @dataclass(frozen=True, slots=True)
 class LateEvent:
-    """An event that arrived for an already released slot; that slot's result did not include it."""
+    """An event that arrived for a slot past allowed lateness; that slot's results never include it."""
 
     ts_us: int
     value: float | None
@@ -112,9 +135,9 @@ class LateEvent:
     window_type: WindowType
     nominal_start_us: int
     reason: str
-    """``behind_watermark``: the event is older than a watermark already seen (the upstream promise was broken);
-    ``shift_beyond_bound``: the event itself is not late, but its shift exceeds the bound the slot was released
-    with (per-event ``uncertainty_us > max_shift_us``, or thesis ``T_a`` grew after the release)."""
+    """``too_late``: the slot was released and its close time plus the allowed lateness is at or below the
+    watermark, so its state is gone.  (Snapshot version 1 also reported ``behind_watermark`` and
+    ``shift_beyond_bound`` for slots that are now corrected instead.)"""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -126,7 +149,9 @@ def _mean(values: Sequence[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-def combine_final(nominal_start_us: int, width_us: int, results: dict[WindowType, WindowResult]) -> FinalResult:
+def combine_final(
+    nominal_start_us: int, width_us: int, results: dict[WindowType, WindowResult], revision: int = 0
+) -> FinalResult:
     """Average the LOW/MIDDLE/HIGH results of one nominal start (missing types count as empty windows)."""
     present = [results[k] for k in WINDOW_TYPES if k in results]
     valued = [r for r in present if r.value_count > 0]
@@ -141,11 +166,12 @@ def combine_final(nominal_start_us: int, width_us: int, results: dict[WindowType
         max=_mean([r.max for r in valued if r.max is not None]),
         window_counts=(counts[0], counts[1], counts[2]),
         types_with_values=len(valued),
+        revision=revision,
     )
 
 
 class _Acc:
-    """Running aggregate of one open slot (a small mutable record; slots keep it cheap)."""
+    """Running aggregate of one slot (a small mutable record; slots keep it cheap)."""
 
     __slots__ = ("count", "max", "min", "shift", "sum", "value_count")
 
@@ -180,7 +206,48 @@ class _Acc:
         return acc
 
 
-_TYPE_INDEX = {t: i for i, t in enumerate(WINDOW_TYPES)}
+class _Released:
+    """A released slot, kept so late events can still correct it."""
+
+    __slots__ = ("acc", "dirty", "empty_shift", "revision")
+
+    def __init__(self, acc: _Acc, empty_shift: int) -> None:
+        self.acc = acc
+        # An empty slot has no member shift: it is placed with the bound the release waited for, as of its release.
+        self.empty_shift = empty_shift
+        self.revision = 0
+        """The revision its next emission carries (= how often it has been emitted)."""
+        self.dirty = True
+        """Changed since its last emission (or never emitted): the next advance() emits it."""
+
+    def snapshot(self) -> list[Any]:
+        return [self.revision, self.dirty, self.empty_shift, *self.acc.snapshot()]
+
+    @classmethod
+    def restore(cls, row: Sequence[Any]) -> _Released:
+        slot = cls(_Acc.restore(row[3:]), row[2])
+        slot.revision, slot.dirty = row[0], row[1]
+        return slot
+
+
+class _Start:
+    """The released slots of one nominal start and the revision of its next FinalResult."""
+
+    __slots__ = ("final_revision", "slots")
+
+    def __init__(self) -> None:
+        self.slots: dict[WindowType, _Released] = {}
+        self.final_revision = 0
+
+    def snapshot(self, t: int) -> list[Any]:
+        return [t, self.final_revision, [[str(k), *slot.snapshot()] for k, slot in self.slots.items()]]
+
+    @classmethod
+    def restore(cls, row: Sequence[Any]) -> tuple[int, _Start]:
+        start = cls()
+        start.final_revision = row[1]
+        start.slots = {WindowType(r[0]): _Released.restore(r[1:]) for r in row[2]}
+        return row[0], start
 
 
 class ThreeWindowAggregator:
@@ -196,6 +263,7 @@ class ThreeWindowAggregator:
         max_shift_us: int | None = None,
         origin_us: int = 0,
         ta_us: int = 0,
+        allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US,
     ) -> None:
         if width_us <= 0:
             raise ValueError(f"width_us must be positive, got {width_us}")
@@ -205,6 +273,8 @@ class ThreeWindowAggregator:
             raise ValueError(f"shift_mode must be 'per_event' or 'thesis', got {shift_mode!r}")
         if shift_mode == "per_event" and (max_shift_us is None or max_shift_us < 0):
             raise ValueError("per_event mode needs max_shift_us >= 0: the bound HIGH windows wait for")
+        if allowed_lateness_us < 0:
+            raise ValueError(f"allowed_lateness_us must be >= 0, got {allowed_lateness_us}")
         self.width_us = width_us
         # slide == width is the tumbling case; keep None for it so the fast path is used.
         self.slide_us = None if slide_us == width_us else slide_us
@@ -212,19 +282,35 @@ class ThreeWindowAggregator:
         self.shift_mode: ShiftMode = shift_mode
         self.max_shift_us = max_shift_us if max_shift_us is not None else 0
         self.origin_us = origin_us
+        self.allowed_lateness_us = allowed_lateness_us
         self.ta_us = 0
         self.set_ta_us(ta_us)
         self.watermark_us: int | None = None
         self._open: dict[tuple[WindowType, int], _Acc] = {}
-        # Highest nominal start released per type; a slot at or below it is closed for good.
+        # Highest nominal start released per type; a slot at or below it is closed for good.  Never moves back,
+        # even if a growing T_a would close later: what has been released stays released.
         self._frontier: dict[WindowType, int | None] = dict.fromkeys(WINDOW_TYPES)
-        # Released slot results of nominal starts whose HIGH slot is still open (FinalResult needs all three).
-        self._pending: dict[int, dict[WindowType, WindowResult]] = {}
-        # Results created outside advance() (an empty slot discovered after its release), emitted at the next one.
-        self._outbox: list[WindowResult] = []
+        # Highest nominal start past allowed lateness per type (derived from the frontier, see _update_too_late).
+        self._too_late_upto: dict[WindowType, int] = {}
+        # Restored from a version 1 snapshot: the starts finalized before it are not in the state, so they cannot
+        # be corrected; slots at or below this nominal start are too late.
+        self._legacy_floor: int | None = None
+        # Starts with a released slot whose FinalResult is not out yet (their HIGH slot is still open).
+        self._pending: dict[int, _Start] = {}
+        # Starts whose FinalResult is out and whose HIGH slot is not past allowed lateness: still correctable.
+        self._retained: dict[int, _Start] = {}
+        self._retained_order: list[int] = []  # a heap of the retained starts, the next to forget on top
+        # Starts with a slot to (re-)emit at the next advance().
+        self._dirty: set[int] = set()
         self.events = 0
         self.late_events = 0
+        """Events with at least one slot past allowed lateness."""
         self.late_slots = 0
+        """Slots those events could not be counted in (one LateEvent each)."""
+        self.corrected_slots = 0
+        """Late slot contributions counted into a released slot."""
+        self.corrections = 0
+        """WindowResults emitted with revision >= 1."""
 
     # ---------------------------------------------------------------- configuration
 
@@ -250,10 +336,14 @@ class ThreeWindowAggregator:
             return type_offset_us(window_type, self.thesis_shift_us)
         return self.max_shift_us if window_type is WindowType.HIGH else 0
 
+    def _empty_shift(self) -> int:
+        return self.thesis_shift_us if self.shift_mode == "thesis" else self.max_shift_us
+
     # ---------------------------------------------------------------- input
 
     def add(self, ts_us: int, value: float | None, uncertainty_us: int) -> list[LateEvent]:
-        """Count one event (``value=None``: counted, not aggregated).  Returns its late slots, usually none."""
+        """Count one event (``value=None``: counted, not aggregated).  Returns its slots past allowed lateness,
+        usually none; a released slot still within allowed lateness takes the event as a correction."""
         shift = self.shift_for(uncertainty_us)
         self.events += 1
         late: list[LateEvent] = []
@@ -273,7 +363,11 @@ class ThreeWindowAggregator:
             )
             for t in starts:
                 if frontier is not None and t <= frontier:
-                    late.append(self._late(ts_us, value, uncertainty_us, shift, window_type, t))
+                    # Released: the rare branch, so the lateness lookups live here and not on the common path.
+                    if t <= self._too_late_upto[window_type]:
+                        late.append(LateEvent(ts_us, value, uncertainty_us, shift, window_type, t, TOO_LATE))
+                    else:
+                        self._correct(window_type, t, value, shift)
                     continue
                 key = (window_type, t)
                 acc = open_slots.get(key)
@@ -300,98 +394,160 @@ class ThreeWindowAggregator:
                 late.extend(got)
         return late
 
-    def _late(
-        self, ts_us: int, value: float | None, unc: int, shift: int, window_type: WindowType, t: int
-    ) -> LateEvent:
-        behind = self.watermark_us is not None and ts_us < self.watermark_us
-        reason = _BEHIND_WATERMARK if behind else _SHIFT_BEYOND_BOUND
-        return LateEvent(ts_us, value, unc, shift, window_type, t, reason)
+    def _start_of(self, t: int) -> _Start:
+        start = self._pending.get(t)
+        if start is None:
+            start = self._retained.get(t)
+        if start is None:
+            # Finalized starts are all in _retained until forgotten, so a new one has no final yet.
+            start = self._pending[t] = _Start()
+        return start
+
+    def _correct(self, window_type: WindowType, t: int, value: float | None, shift: int) -> None:
+        """A late event for released slot ``(window_type, t)`` within allowed lateness."""
+        start = self._start_of(t)
+        slot = start.slots.get(window_type)
+        if slot is None:
+            # Released empty before anything touched t: it is first emitted now, with this event.
+            slot = start.slots[window_type] = _Released(_Acc(), self._empty_shift())
+            self._materialize_released(t, start)
+        slot.acc.add(value, shift)
+        slot.dirty = True
+        self._dirty.add(t)
+        self.corrected_slots += 1
 
     def _touch(self, t: int) -> None:
         """A new open slot of ``t``: types of ``t`` already released (empty, nobody had touched ``t``) get an
-        empty result now, so the FinalResult of ``t`` still sees all three windows."""
+        empty result at the next advance, so the FinalResult of ``t`` still sees all three windows."""
         for k in WINDOW_TYPES:
             f = self._frontier[k]
             if f is not None and t <= f:
-                got = self._pending.setdefault(t, {})
-                if k not in got:
-                    got[k] = result = self._empty_result(k, t)
-                    self._outbox.append(result)
+                self._materialize_released(t, self._start_of(t))
+                return
+
+    def _materialize_released(self, t: int, start: _Start) -> None:
+        for k in WINDOW_TYPES:
+            f = self._frontier[k]
+            if f is not None and t <= f and k not in start.slots:
+                start.slots[k] = _Released(_Acc(), self._empty_shift())
+                self._dirty.add(t)
 
     # ---------------------------------------------------------------- output
 
-    def _empty_result(self, window_type: WindowType, t: int) -> WindowResult:
-        shift = self.thesis_shift_us if self.shift_mode == "thesis" else self.max_shift_us
-        return self._result(window_type, t, None, shift)
-
-    def _result(self, window_type: WindowType, t: int, acc: _Acc | None, shift: int) -> WindowResult:
-        if acc is not None:
-            shift = acc.shift
+    def _result(self, window_type: WindowType, t: int, slot: _Released) -> WindowResult:
+        acc = slot.acc
+        shift = acc.shift if acc.count else slot.empty_shift
         start = t + type_offset_us(window_type, shift)
         end = start + self.width_us
-        if acc is None:
-            return WindowResult(window_type, t, start, end, 0, 0.0, None, None, None, 0, shift)
+        if not acc.count:
+            return WindowResult(window_type, t, start, end, 0, 0.0, None, None, None, 0, shift, slot.revision)
         avg = acc.sum / acc.value_count if acc.value_count else None
         return WindowResult(
-            window_type, t, start, end, acc.count, acc.sum, acc.min, acc.max, avg, acc.value_count, shift
+            window_type,
+            t,
+            start,
+            end,
+            acc.count,
+            acc.sum,
+            acc.min,
+            acc.max,
+            avg,
+            acc.value_count,
+            shift,
+            slot.revision,
         )
 
     def advance(self, watermark_us: int) -> list[WindowResult | FinalResult]:
-        """Release every slot the watermark completes, in nominal-start order, each ``t``'s FinalResult last."""
+        """Release every slot the watermark completes and every correction since the last call, in nominal-start
+        order, each ``t``'s FinalResult last; then forget the starts past allowed lateness."""
         if self.watermark_us is None or watermark_us > self.watermark_us:
             self.watermark_us = watermark_us
         wm = self.watermark_us
-        out: list[WindowResult | FinalResult] = list(self._outbox)
-        self._outbox.clear()
-        shift_default = self.thesis_shift_us if self.shift_mode == "thesis" else self.max_shift_us
-        cutoff = {k: wm - self.width_us - self.close_offset_us(k) for k in WINDOW_TYPES}
+        released_upto: dict[WindowType, int] = {}
+        for k in WINDOW_TYPES:
+            cutoff = wm - self.width_us - self.close_offset_us(k)
+            f = self._frontier[k]
+            released_upto[k] = self._frontier[k] = cutoff if f is None or cutoff > f else f
+        self._update_too_late()
         # Nominal starts with an open slot due for release; empty types of them are released empty.
         # Pending starts are included: one whose remaining types are all empty has no open slot left.
-        due = sorted({t for (k, t) in self._open if t <= cutoff[k]} | self._pending.keys())
-        released: list[tuple[int, WindowType, WindowResult]] = []
+        due = {t for (k, t) in self._open if t <= released_upto[k]}
+        due.update(self._pending)
         for t in due:
+            start: _Start | None = None
             for k in WINDOW_TYPES:
-                if t > cutoff[k]:
+                if t > released_upto[k]:
                     continue
-                pending = self._pending.setdefault(t, {})
-                if k in pending:
-                    continue
-                acc = self._open.pop((k, t), None)
-                result = self._result(k, t, acc, shift_default)
-                pending[k] = result
-                released.append((t, k, result))
+                if start is None:
+                    start = self._start_of(t)
+                if k not in start.slots:
+                    acc = self._open.pop((k, t), None)
+                    start.slots[k] = _Released(acc if acc is not None else _Acc(), self._empty_shift())
+                    self._dirty.add(t)
+        out = self._emit_dirty()
+        limit = self._too_late_upto.get(WindowType.HIGH)
+        order = self._retained_order
+        while order and limit is not None and order[0] <= limit:
+            del self._retained[heapq.heappop(order)]
+        return out
+
+    def _update_too_late(self) -> None:
+        lateness, floor = self.allowed_lateness_us, self._legacy_floor
         for k in WINDOW_TYPES:
             f = self._frontier[k]
-            # Grid-aligned frontier is not needed: the comparison ``t <= frontier`` works for any integer.
-            if f is None or cutoff[k] > f:
-                self._frontier[k] = cutoff[k]
-        for _t, _k, result in released:
-            out.append(result)
-        # A nominal start is final once its HIGH slot is out (HIGH closes last in both modes).
-        finals = sorted(t for t, got in self._pending.items() if WindowType.HIGH in got)
-        for t in finals:
-            got = self._pending.pop(t)
-            for k in WINDOW_TYPES:  # types released empty before any event touched t
-                if k not in got:
-                    got[k] = self._empty_result(k, t)
-                    out.append(got[k])
-            out.append(combine_final(t, self.width_us, got))
-        out.sort(key=_order_key)
+            if f is not None:
+                # Too late once close + lateness <= W, i.e. t <= (W - w - close_offset) - lateness.
+                upto = f - lateness
+                self._too_late_upto[k] = upto if floor is None else max(upto, floor)
+
+    def _emit_dirty(self) -> list[WindowResult | FinalResult]:
+        out: list[WindowResult | FinalResult] = []
+        for t in sorted(self._dirty):
+            start = self._start_of(t)
+            results: dict[WindowType, WindowResult] = {}
+            for k in WINDOW_TYPES:
+                slot = start.slots.get(k)
+                if slot is None:
+                    continue
+                result = results[k] = self._result(k, t, slot)
+                if slot.dirty:
+                    out.append(result)
+                    if slot.revision:
+                        self.corrections += 1
+                    slot.revision += 1
+                    slot.dirty = False
+            # HIGH closes last in both modes: once it is released, all three are.
+            if WindowType.HIGH in results:
+                out.append(combine_final(t, self.width_us, results, start.final_revision))
+                start.final_revision += 1
+                if self._pending.pop(t, None) is not None:
+                    self._retained[t] = start
+                    heapq.heappush(self._retained_order, t)
+        self._dirty.clear()
         return out
 
     def flush(self) -> list[WindowResult | FinalResult]:
-        """End of stream: release everything still open."""
-        if not self._open and not self._pending and not self._outbox:
+        """End of stream: release everything still open, and every pending correction."""
+        if not self._open and not self._pending and not self._dirty:
             return []
-        horizon = max([t for _k, t in self._open] + list(self._pending), default=0)
+        horizon = max([t for _k, t in self._open] + list(self._pending) + list(self._dirty), default=0)
         return self.advance(horizon + 2 * self.width_us + self.max_shift_us + self.thesis_shift_us + 1)
 
     @property
     def open_slots(self) -> int:
         return len(self._open)
 
+    @property
+    def retained_starts(self) -> int:
+        """Finalized nominal starts still correctable (bounded by allowed lateness / slide)."""
+        return len(self._retained)
+
     def next_release_us(self) -> int | None:
-        """The lowest watermark at which :meth:`advance` releases something (an event-time timer for the shell)."""
+        """The lowest watermark at which :meth:`advance` releases something (an event-time timer for the shell).
+
+        With corrections waiting, that is the current watermark: any advance() emits them."""
+        if self._dirty and self.watermark_us is not None:
+            return self.watermark_us
         due = [t + self.width_us + self.close_offset_us(k) for k, t in self._open]
         high = self.width_us + self.close_offset_us(WindowType.HIGH)
         due.extend(t + high for t in self._pending)
@@ -410,21 +566,28 @@ class ThreeWindowAggregator:
             "max_shift_us": self.max_shift_us,
             "origin_us": self.origin_us,
             "ta_us": self.ta_us,
+            "allowed_lateness_us": self.allowed_lateness_us,
             "watermark_us": self.watermark_us,
             "open": [[str(k), t, *acc.snapshot()] for (k, t), acc in self._open.items()],
             "frontier": [self._frontier[k] for k in WINDOW_TYPES],
-            "pending": [[t, [_snapshot_result(r) for r in got.values()]] for t, got in self._pending.items()],
-            "outbox": [_snapshot_result(r) for r in self._outbox],
-            "counters": [self.events, self.late_events, self.late_slots],
+            "legacy_floor": self._legacy_floor,
+            "pending": [start.snapshot(t) for t, start in self._pending.items()],
+            "retained": [start.snapshot(t) for t, start in self._retained.items()],
+            "retained_order": list(self._retained_order),
+            "dirty": sorted(self._dirty),
+            "counters": [self.events, self.late_events, self.late_slots, self.corrected_slots, self.corrections],
         }
         packed: bytes = msgpack.packb(state, use_bin_type=True)
         return packed
 
     @classmethod
     def restore(cls, blob: bytes) -> ThreeWindowAggregator:
+        """Version 2 round-trips exactly.  Version 1 (no retained slots) restores with the starts it had already
+        finalized marked too late, since their slots are not in it; its pending slots stay correctable."""
         state = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-        if state.get("v") != _SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported snapshot version {state.get('v')!r}")
+        version = state.get("v")
+        if version not in (_SNAPSHOT_VERSION, _LEGACY_SNAPSHOT_VERSION):
+            raise ValueError(f"unsupported snapshot version {version!r}")
         agg = cls(
             state["width_us"],
             slide_us=state["slide_us"],
@@ -433,37 +596,35 @@ class ThreeWindowAggregator:
             max_shift_us=state["max_shift_us"],
             origin_us=state["origin_us"],
             ta_us=state["ta_us"],
+            allowed_lateness_us=state.get("allowed_lateness_us", DEFAULT_ALLOWED_LATENESS_US),
         )
         agg.watermark_us = state["watermark_us"]
         agg._open = {(WindowType(row[0]), row[1]): _Acc.restore(row[2:]) for row in state["open"]}
         agg._frontier = dict(zip(WINDOW_TYPES, state["frontier"], strict=True))
-        agg._pending = {t: {r.window_type: r for r in map(_restore_result, rows)} for t, rows in state["pending"]}
-        agg._outbox = [_restore_result(x) for x in state["outbox"]]
-        agg.events, agg.late_events, agg.late_slots = state["counters"]
+        if version == _LEGACY_SNAPSHOT_VERSION:
+            agg._restore_v1(state)
+        else:
+            agg._legacy_floor = state["legacy_floor"]
+            agg._pending = dict(map(_Start.restore, state["pending"]))
+            agg._retained = dict(map(_Start.restore, state["retained"]))
+            agg._retained_order = list(state["retained_order"])
+            agg._dirty = set(state["dirty"])
+            (agg.events, agg.late_events, agg.late_slots, agg.corrected_slots, agg.corrections) = state["counters"]
+        agg._update_too_late()
         return agg
 
-
-def _order_key(item: WindowResult | FinalResult) -> tuple[int, int]:
-    if isinstance(item, FinalResult):
-        return (item.nominal_start_us, 3)
-    return (item.nominal_start_us, _TYPE_INDEX[item.window_type])
-
-
-def _snapshot_result(r: WindowResult) -> list[Any]:
-    return [
-        str(r.window_type),
-        r.nominal_start_us,
-        r.start_us,
-        r.end_us,
-        r.count,
-        r.sum,
-        r.min,
-        r.max,
-        r.avg,
-        r.value_count,
-        r.shift_us,
-    ]
-
-
-def _restore_result(row: Sequence[Any]) -> WindowResult:
-    return WindowResult(WindowType(row[0]), *row[1:])
+    def _restore_v1(self, state: dict[str, Any]) -> None:
+        # Finalized starts are those at or below the HIGH frontier (HIGH closes last); pending ones lie above it.
+        self._legacy_floor = self._frontier[WindowType.HIGH]
+        unsent = {(row[0], row[1]) for row in state["outbox"]}
+        for t, rows in state["pending"]:
+            start = self._pending[t] = _Start()
+            for row in rows:
+                count, value_count, total, low, high, shift = row[4], row[9], row[5], row[6], row[7], row[10]
+                acc = _Acc.restore([count, value_count, total, low, high, shift if count else 0])
+                slot = start.slots[WindowType(row[0])] = _Released(acc, shift)
+                if (row[0], t) in unsent:
+                    self._dirty.add(t)
+                else:
+                    slot.revision, slot.dirty = 1, False
+        self.events, self.late_events, self.late_slots = state["counters"]

@@ -94,22 +94,24 @@ def test_per_event_mode_needs_a_bound() -> None:
         ThreeWindowAggregator(1000)
 
 
-def test_late_event_is_returned_and_counted_never_dropped_silently() -> None:
-    agg = thesis()
+def test_without_allowed_lateness_every_late_slot_is_returned_and_counted_never_dropped_silently() -> None:
+    agg = thesis(allowed_lateness_us=0)
     agg.add(500, 1.0, 0)
     agg.advance(1100)
     late = agg.add(700, 5.0, 0)
     assert [(e.window_type, e.nominal_start_us, e.reason) for e in late] == [
-        (L, 0, "behind_watermark"),
-        (M, 0, "behind_watermark"),
-        (H, 0, "behind_watermark"),
+        (L, 0, "too_late"),
+        (M, 0, "too_late"),
+        (H, 0, "too_late"),
     ]
-    assert (agg.late_events, agg.late_slots, agg.events) == (1, 3, 2)
+    assert (agg.late_events, agg.late_slots, agg.events, agg.corrected_slots) == (1, 3, 2, 0)
     assert late[0].to_dict()["window_type"] == "LOW"
+    assert agg.advance(1200) == []  # nothing to correct
+    assert agg.retained_starts == 0  # lateness 0: nothing is kept once released
 
 
 def test_partly_late_event_still_enters_its_open_slots() -> None:
-    agg = thesis(emit_early=True)
+    agg = thesis(emit_early=True, allowed_lateness_us=0)
     agg.add(100, 1.0, 0)
     agg.advance(950)  # LOW of 0 released (900); MIDDLE (1000) and HIGH (1100) still open
     late = agg.add(920, 2.0, 0)  # LOW probe 1020 -> LOW 1000 (open); MIDDLE 0 open; HIGH 0 open
@@ -122,12 +124,34 @@ def test_partly_late_event_still_enters_its_open_slots() -> None:
     assert windows(out) == [("MIDDLE", 0, 3), ("HIGH", 0, 3)]
 
 
-def test_shift_beyond_bound_in_per_event_mode() -> None:
-    agg = ThreeWindowAggregator(1000, emit_early=True, max_shift_us=100)
+def test_shift_beyond_bound_past_allowed_lateness_is_too_late() -> None:
+    agg = ThreeWindowAggregator(1000, emit_early=True, max_shift_us=100, allowed_lateness_us=0)
     agg.add(100, 1.0, 0)
     agg.advance(1100)  # everything of 0 released, HIGH included (0 + 1000 + 100)
     late = agg.add(1150, 1.0, 200)  # not behind the watermark, but s = 200 > bound: HIGH probe 950 -> HIGH 0
-    assert [(e.window_type, e.nominal_start_us, e.reason) for e in late] == [(H, 0, "shift_beyond_bound")]
+    assert [(e.window_type, e.nominal_start_us, e.reason) for e in late] == [(H, 0, "too_late")]
+
+
+def test_shift_beyond_bound_within_allowed_lateness_corrects_the_slot() -> None:
+    agg = ThreeWindowAggregator(1000, emit_early=True, max_shift_us=100)
+    agg.add(100, 1.0, 0)
+    agg.advance(1100)
+    assert agg.add(1150, 3.0, 200) == []  # HIGH probe 950 -> HIGH 0 (released): corrected
+    out = agg.advance(1100)
+    # The corrected HIGH window is placed with its largest member shift, 200: [200, 1200).
+    assert out == [
+        WindowResult(H, 0, 200, 1200, 2, 4.0, 1.0, 3.0, 2.0, 2, 200, revision=1),
+        combine_final(
+            0,
+            1000,
+            {
+                L: WindowResult(L, 0, 0, 1000, 1, 1.0, 1.0, 1.0, 1.0, 1, 0),
+                M: WindowResult(M, 0, 0, 1000, 1, 1.0, 1.0, 1.0, 1.0, 1, 0),
+                H: WindowResult(H, 0, 200, 1200, 2, 4.0, 1.0, 3.0, 2.0, 2, 200),
+            },
+            revision=1,
+        ),
+    ]
 
 
 def test_type_released_empty_before_any_event_gets_an_empty_result() -> None:
