@@ -40,7 +40,9 @@ Rules:
    timeout and ``next_deadline_us`` is no earlier than the grace end: the sources the merge waits for only look
    silent because the gateway stopped reading them.
 6. Checkpoints: a confirmed event on the events topic advances its stream's progress (next seq of its source, next
-   offset) and marks the stream dirty; a punctuation promises its watermark (dirty too). ``poll`` writes one
+   offset) and marks the stream dirty; a refused event (rule 8), and an events-topic confirmation, also move the
+   next seq past the cumulative ack they reach: the source forgets refused seqs with the ack, so a restarted
+   gateway must not wait out a gap for them. A punctuation promises its watermark (dirty too). ``poll`` writes one
    checkpoint per dirty stream every ``checkpoint_interval_us``; ``checkpoint_dirty_streams`` at shutdown.
 7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
@@ -206,6 +208,14 @@ class StreamProgress(ProgressRecord):
             self.next_seq[source_id] = seq + 1
         self.next_offset = max(self.next_offset, offset + 1)
 
+    def consumed(self, source_id: str, acked_seq: int) -> bool:
+        """The source was acked through ``acked_seq`` (published or refused): its next seq is past it. True if
+        that moved the progress."""
+        if acked_seq + 1 > self.next_seq.get(source_id, 0):
+            self.next_seq[source_id] = acked_seq + 1
+            return True
+        return False
+
     def promise(self, watermark_us: int) -> None:
         if self.watermark_us is None or watermark_us > self.watermark_us:
             self.watermark_us = watermark_us
@@ -339,7 +349,7 @@ class IngestCore:
         self.last_delivery_us = now_us
         acked = self.tracker.confirmed(source_id, stream, seq)
         if acked is not None:
-            self._acks_due[(source_id, stream)] = acked
+            self._ack_moved(source_id, stream, acked, delivery.topic == "events")
 
     # -- timers -------------------------------------------------------------------------------------------------
 
@@ -444,7 +454,14 @@ class IngestCore:
         cumulative ack would stop below it forever and the source's resends would all be duplicates."""
         acked = self.tracker.confirmed(source_id, stream, seq)
         if acked is not None:
-            self._acks_due[(source_id, stream)] = acked
+            self._ack_moved(source_id, stream, acked, True)
+
+    def _ack_moved(self, source_id: str, stream: str, acked: int, moves_progress: bool) -> None:
+        self._acks_due[(source_id, stream)] = acked
+        # The source forgets everything up to the ack, refused seqs included: the checkpoint must not ask for them
+        # (rule 6). A late-topic delivery alone leaves the events topic's progress as it was.
+        if moves_progress and self._progress[stream].consumed(source_id, acked):
+            self._dirty_streams.add(stream)
 
     def _encode_failed(self, source_id: str, stream: str, seq: int, error: Exception) -> SendToSource:
         self.counters.encode_failures += 1

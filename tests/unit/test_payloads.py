@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from contract.records import EventRecord
+from contract.topics import TopicNames
 from contract.wire.errors import InvalidPayload
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import (
@@ -18,6 +19,7 @@ from contract.wire.messages import (
     ErrorReply,
     IncomingEvent,
     RejectedPayload,
+    build_ack,
     build_error,
     build_event,
     build_events,
@@ -26,6 +28,8 @@ from contract.wire.messages import (
     parse_gateway_message,
     payload_problem,
 )
+from gateway.ingest import ConnectionId, IngestCore, Produce, SendToSource, StreamProgress
+from timesync.clocks import IdentityMapping
 
 DECLARED = frozenset({"s"})
 
@@ -144,3 +148,44 @@ def test_the_invalid_payload_error_frame_names_its_event_and_is_not_fatal():
     # Without an event the frame is unchanged from before, and a malformed stream/seq is not trusted.
     assert build_error("x", "m", True) == {"type": "error", "code": "x", "message": "m", "fatal": True}
     assert parse_gateway_message({**frame, "seq": True}) == ErrorReply("invalid_payload", frame["message"], False)
+
+
+def test_a_refused_seq_counts_as_consumed_in_the_checkpoint_so_a_restarted_gateway_does_not_wait_for_it() -> None:
+    topics = TopicNames("t")
+    t0 = 1_700_000_000_000_000
+    core = IngestCore(topics, IdentityMapping())
+    core.stream_created("s")
+    core.source_registered("a", ("s",), t0)
+    bad = IncomingEvent("s", 1, t0 + 20, RejectedPayload("payload: NaN is not JSON"))
+    actions = core.events_received(ConnectionId(1), "a", (IncomingEvent("s", 0, t0 + 10, 0), bad), t0 + 100)
+    (produce,) = [a for a in actions if isinstance(a, Produce) and a.delivery is not None]
+    assert produce.delivery is not None and produce.delivery.seq == 0
+    # Kafka confirms seq 0 after seq 1 was settled: the ack and the checkpoint both move over the refused seq.
+    core.on_delivered(produce.delivery, None, 0, t0 + 200)
+    assert core.poll(t0 + 200) == [SendToSource("a", encode_frame(build_ack("s", 1)))]
+    (checkpoint,) = core.checkpoint_dirty_streams()
+    progress = orjson.loads(checkpoint.value)
+    assert (progress["next_seq"], progress["next_offset"]) == ({"a": 2}, 1)
+
+    # The restarted gateway: the source (which forgot seq 1 with its ack) goes on at seq 2, published at once.
+    restarted = IngestCore(topics, IdentityMapping())
+    restarted.stream_recovered(StreamProgress("s", progress["next_offset"], progress["next_seq"]), t0 + 1_000)
+    restarted.source_registered("a", ("s",), t0 + 1_000)
+    actions = restarted.events_received(ConnectionId(2), "a", (IncomingEvent("s", 2, t0 + 30, 2),), t0 + 1_100)
+    assert [a.delivery.seq for a in actions if isinstance(a, Produce) and a.delivery is not None] == [2]
+
+
+def test_a_refused_last_seq_settled_after_the_confirmed_ones_moves_the_checkpoint_too() -> None:
+    t0 = 1_700_000_000_000_000
+    core = IngestCore(TopicNames("t"), IdentityMapping())
+    core.stream_created("s")
+    core.source_registered("a", ("s",), t0)
+    actions = core.events_received(ConnectionId(1), "a", (IncomingEvent("s", 0, t0 + 10, 0),), t0 + 100)
+    (produce,) = [a for a in actions if isinstance(a, Produce) and a.delivery is not None]
+    assert produce.delivery is not None
+    core.on_delivered(produce.delivery, None, 0, t0 + 200)
+    bad = IncomingEvent("s", 1, t0 + 20, RejectedPayload("payload: NaN is not JSON"))
+    core.events_received(ConnectionId(1), "a", (bad,), t0 + 300)
+    assert core.poll(t0 + 300) == [SendToSource("a", encode_frame(build_ack("s", 1)))]
+    (checkpoint,) = core.checkpoint_dirty_streams()
+    assert orjson.loads(checkpoint.value)["next_seq"] == {"a": 2}
