@@ -11,7 +11,7 @@ Actions out (the shell carries them out; ``Produce`` actions in the order given,
 
     SendFrame(connection, data)        write to that connection (a re-ack to the connection that sent a duplicate)
     SendToSource(source_id, data)      write to ONE live connection of the source (acks: cumulative per stream,
-                                       applied pool-wide by the SDK)
+                                       applied pool-wide by the SDK; a resync request, rule 9)
     Produce(topic, key, value, delivery)
                                        hand to Kafka, waiting while its queue is full (report kafka_queue_full);
                                        the delivery report goes back to on_delivered(delivery, ...) unless None
@@ -56,6 +56,27 @@ Rules:
    handled the same way, counted as ``encode_failures``, logged with its source, and answered with a non-fatal
    ``internal_error`` naming it: one bad record never loses the records released with it, kills the task that
    released it, or stalls its source's acks.
+9. Clock steps, caught at the first event after them (docs/architecture.md, "Clock steps"). Every source with a
+   clock estimate (one ``clock_changed`` seen) is checked on each accepted event: with its current mapping
+   ``(ref, err)``, the apparent delay ``arrival - ref`` is the network delay plus a mapping error within ``err``.
+   The event shows a step when
+     (a) ``arrival - ref < -(err + clock_step_future_tolerance_us)``: it would have arrived before it happened
+         (a forward step; no false positive while the error bound is honest), or
+     (b) ``arrival - ref > recent + err + clock_step_delay_margin_us``, ``recent`` being the largest apparent
+         delay among the source's last 64 to 128 events: a backward step, or an event delayed that much more than
+         any recent one (a network or gateway stall: a false alarm, which costs one re-sync and a short hold).
+   Then the source is sent a ``resync`` (at most one per hold) naming that event, and it and every later event
+   of the source are held, not pushed, until an estimate from a sample taken after the detection arrives
+   (``clock_changed`` with ``sync_ref_us`` at or after it). The hold is resolved when that estimate maps the
+   first held event plausibly (the step was real and is corrected) or agrees with the estimate it was detected
+   with (a false alarm); the next ``poll`` (or event, or timer) pushes the held events, in order, mapped with it.
+   Meanwhile the merge waits for the source as for a recovered one (``IngestPipeline.expect``: up to the
+   pipeline's ``reconnect_grace_us`` from the detection; the hold's own bounds end it sooner): its events would
+   otherwise arrive behind the watermark and be late. The hold is bounded by ``clock_step_hold_us`` and
+   ``clock_step_max_held`` events; past either, the held events go to the late topic with reason
+   ``clock_step_unresolved`` (counted), and so do the source's further events, without holding or checking,
+   until its next estimate arrives: a source that does not re-sync holds the merge back once, not forever. Its
+   reorderer then skips their seqs as a gap.
 """
 
 from __future__ import annotations
@@ -65,7 +86,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, NewType
 
-from contract.records import PUNCTUATION_KEY, ProgressRecord, PunctuationRecord
+from contract.records import PUNCTUATION_KEY, EventRecord, ProgressRecord, PunctuationRecord
 from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import InvalidPayload, LocalProtocolError
@@ -90,6 +111,23 @@ STALL_GRACE_US = 2_000_000
 DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
 DELIVERY_LATENCY_SAMPLES = 4096
+# Rule 9. How long a source's events are held for its re-sync after a clock step: an SDK burst takes a few round
+# trips; 5 s also matches the pipeline's reconnect grace, which bounds how long the merge waits for a held source.
+CLOCK_STEP_HOLD_US = 5_000_000
+CLOCK_STEP_MAX_HELD = 10_000
+# (a): the gateway stamps arrival after the source stamped the event, so only a broken error bound or a reference
+# clock step (an upstream correction) puts an event in the future of its arrival; 20 ms covers those.
+CLOCK_STEP_FUTURE_TOLERANCE_US = 20_000
+# (b): a delay this much above the source's recent ones is taken for a backward step. Below it, event-loop pauses
+# and scheduling hiccups of a loaded gateway are not worth a re-sync; a backward step of less than this (plus the
+# recent delay spread) goes unnoticed until the next periodic re-sync, as before.
+CLOCK_STEP_DELAY_MARGIN_US = 250_000
+# Apparent delays are remembered as the maxima of two windows of this many events: the bound of (b) is the largest
+# delay of the last 64 to 128 events, in O(1) per event.
+CLOCK_STEP_DELAY_WINDOW = 64
+RESYNC_REASON = "clock_step"
+UNRESOLVED_REASON = "clock_step_unresolved"
+RECENT_CLOCK_STEPS = 256
 
 
 @dataclass(frozen=True)
@@ -100,6 +138,11 @@ class IngestConfig:
     checkpoint_interval_us: int = DEFAULT_CHECKPOINT_INTERVAL_US
     stall_grace_us: int = STALL_GRACE_US
     pressure_check_interval_us: int = PRESSURE_CHECK_INTERVAL_US
+    # Rule 9.
+    clock_step_hold_us: int = CLOCK_STEP_HOLD_US
+    clock_step_max_held: int = CLOCK_STEP_MAX_HELD
+    clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
+    clock_step_delay_margin_us: int = CLOCK_STEP_DELAY_MARGIN_US
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -184,6 +227,9 @@ class GatewayCounters:
     task_failures: int = 0
     invalid_payloads: int = 0  # events refused because their payload is not JSON-representable (rule 8)
     encode_failures: int = 0  # records that failed to encode after all: a gateway bug, counted apart (rule 8)
+    clock_steps: int = 0  # clock steps detected, each answered with a resync request (rule 9)
+    clock_step_false_alarms: int = 0  # holds the re-sync showed were no step (a delayed event): released as they were
+    clock_step_unresolved: int = 0  # events sent to the late topic because their source's step was not resolved
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -196,6 +242,59 @@ class GatewayCounters:
             self.auth_failures += 1
         else:
             self.protocol_errors += 1
+
+
+@dataclass(frozen=True, slots=True)
+class ClockStepDetected:
+    """Rule 9: the event that showed a source's clock step. ``apparent_step_us`` is how far its mapped time moved
+    against its arrival: positive for a clock that jumped ahead (measured against ``-err``), negative for one that
+    jumped back (measured against the recent delays)."""
+
+    source_id: str
+    stream: str
+    seq: int
+    apparent_step_us: int
+    at_us: int
+
+
+@dataclass(slots=True)
+class _Trigger:
+    event: messages.IncomingEvent
+    arrival_us: int
+    ref_us: int  # mapped with the estimate it was detected with
+    error_us: int
+
+
+class _ClockWatch:
+    """Rule 9 state of one source with a clock estimate."""
+
+    __slots__ = ("delays_seen", "held", "hold_until_us", "older_max_us", "recent_max_us", "resolved", "since_us",
+                 "trigger", "unresolved")
+
+    def __init__(self) -> None:
+        self.recent_max_us: int | None = None  # largest apparent delay of the current window
+        self.older_max_us: int | None = None  # of the window before
+        self.delays_seen = 0
+        self.held: list[tuple[messages.IncomingEvent, int]] = []  # (event, arrival_us)
+        self.hold_until_us: int | None = None  # set while holding
+        self.since_us = 0
+        self.trigger: _Trigger | None = None
+        self.resolved = False
+        self.unresolved = False  # the last hold ran out: events go late until the next estimate
+
+    def learn(self, delay_us: int) -> None:
+        if self.delays_seen == CLOCK_STEP_DELAY_WINDOW:
+            self.older_max_us, self.recent_max_us, self.delays_seen = self.recent_max_us, None, 0
+        self.delays_seen += 1
+        if self.recent_max_us is None or delay_us > self.recent_max_us:
+            self.recent_max_us = delay_us
+
+    def delay_bound_us(self) -> int | None:
+        if self.older_max_us is None:
+            return self.recent_max_us
+        if self.recent_max_us is None:
+            return self.older_max_us
+        return max(self.recent_max_us, self.older_max_us)
 
 
 class StreamProgress(ProgressRecord):
@@ -238,6 +337,11 @@ class IngestCore:
         self._kafka_refused_us: int | None = None
         self._next_pressure_check_us: int | None = None
         self._next_checkpoint_us: int | None = None
+        self._mapping = mapping
+        self._streams_of: dict[str, tuple[str, ...]] = {}
+        self._watches: dict[str, _ClockWatch] = {}  # rule 9: sources with a clock estimate
+        self._holding: set[str] = set()
+        self.clock_steps: deque[ClockStepDetected] = deque(maxlen=RECENT_CLOCK_STEPS)
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -271,6 +375,13 @@ class IngestCore:
         """A source's clock estimate changed: its state goes to the sources topic, so a restarted gateway maps the
         source's timestamps before it syncs again."""
         record = clock_state_record(info, now_us, t_a_us)
+        watch = self._watches.get(info.source_id)
+        if watch is None:
+            self._watches[info.source_id] = _ClockWatch()
+        elif watch.hold_until_us is not None:
+            self._check_resolved(info, watch)
+        else:
+            watch.unresolved = False  # a new estimate: check its events again
         return [WriteCheckpoint(self.topics.sources, record.key, record.to_json())]
 
     # -- connections and sources --------------------------------------------------------------------------------
@@ -288,6 +399,7 @@ class IngestCore:
         self.counters.task_failures += 1
 
     def source_registered(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[IngestAction]:
+        self._streams_of[source_id] = tuple(dict.fromkeys((*self._streams_of.get(source_id, ()), *streams)))
         actions = self._publish(self.pipeline.register(source_id, streams, now_us))
         if source_id in self._throttled:
             actions.append(PauseReading(source_id))
@@ -296,8 +408,9 @@ class IngestCore:
     def events_received(self, connection: ConnectionId, source_id: str,
                         events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> list[IngestAction]:
         """Dedup (rule 1), then the ordering pipeline; returns re-acks, then what is ready to publish, in order."""
-        actions: list[IngestAction] = []
+        actions: list[IngestAction] = self._release_resolved() if self._holding else []
         outputs: list[PipelineOutput] = []
+        watch = self._watches.get(source_id) if self._watches else None
         for event in events:
             self.counters.events_received += 1
             if type(event.payload) is messages.RejectedPayload:
@@ -311,13 +424,21 @@ class IngestCore:
                 if acked is not None and acked >= event.seq:
                     actions.append(SendFrame(connection, encode_frame(messages.build_ack(event.stream, acked))))
                 continue
+            if watch is not None and self._held_back(source_id, watch, event, arrival_us, actions, outputs):
+                continue
             outputs += self.pipeline.push(source_id, event, arrival_us)
         actions += self._publish(outputs)
         return actions
 
     def heartbeat_received(self, source_id: str, heartbeat: messages.Heartbeat, now_us: int) -> list[IngestAction]:
         self.counters.heartbeats += 1
-        return self._publish(self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, now_us))
+        actions = self._release_resolved() if self._holding else []
+        watch = self._watches.get(source_id)
+        if watch is not None and (watch.hold_until_us is not None or watch.unresolved):
+            # Its clock reading is as wrong as its events' (rule 9): it must not move the merge's frontier.
+            return actions
+        return actions + self._publish(
+            self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, now_us))
 
     # -- Kafka --------------------------------------------------------------------------------------------------
 
@@ -357,6 +478,10 @@ class IngestCore:
         """When ``advance`` has something to fire: the pipeline's next deadline, held back to the end of a Kafka
         stall's grace (rule 5)."""
         due = self.pipeline.next_deadline_us()
+        for source_id in self._holding:
+            hold_until_us = self._watches[source_id].hold_until_us
+            if hold_until_us is not None and (due is None or hold_until_us < due):
+                due = hold_until_us
         if due is None or self._kafka_refused_us is None:
             return due
         return max(due, self._kafka_refused_us + self.config.stall_grace_us)
@@ -365,12 +490,20 @@ class IngestCore:
         """Fire the reorder gap timeouts and merge waits that are due, unless Kafka is stalled (rule 5)."""
         if self.kafka_stalled(now_us):
             return []
-        return self._publish(self.pipeline.advance(now_us))
+        actions = self._release_resolved() if self._holding else []
+        outputs: list[PipelineOutput] = []
+        for source_id in sorted(self._holding):
+            watch = self._watches[source_id]
+            if watch.hold_until_us is not None and watch.hold_until_us <= now_us:
+                self._end_unresolved(source_id, watch, now_us, outputs)
+        return actions + self._publish(outputs) + self._publish(self.pipeline.advance(now_us))
 
     def poll(self, now_us: int) -> list[IngestAction]:
         """Called after the shell served Kafka's delivery reports: the acks they earned (rule 2), and the buffer
         check (rule 4) and checkpoints (rule 6) when their intervals are up."""
         actions: list[IngestAction] = list(self.due_acks())
+        if self._holding:
+            actions += self._release_resolved()
         if self._next_pressure_check_us is None or now_us >= self._next_pressure_check_us:
             self._next_pressure_check_us = now_us + self.config.pressure_check_interval_us
             actions += self._check_buffer_pressure()
@@ -408,6 +541,108 @@ class IngestCore:
                 "kafka_delivery_p99_us": float(latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])}
 
     # -- internals ----------------------------------------------------------------------------------------------
+
+    def _held_back(self, source_id: str, watch: _ClockWatch, event: messages.IncomingEvent, arrival_us: int,
+                   actions: list[IngestAction], outputs: list[PipelineOutput]) -> bool:
+        """Rule 9 for one accepted event of a source with a clock estimate: True when it is not pushed now (held,
+        or late because its source's step went unresolved)."""
+        if watch.hold_until_us is not None:
+            watch.held.append((event, arrival_us))
+            if len(watch.held) > self.config.clock_step_max_held:
+                self._end_unresolved(source_id, watch, arrival_us, outputs)
+            return True
+        if watch.unresolved:
+            self.counters.clock_step_unresolved += 1
+            outputs.append(self._unresolved_record(source_id, event, arrival_us, arrival_us))
+            return True
+        ref_us, error_us = self._mapping.to_reference(source_id, event.source_ts_us)
+        delay_us = arrival_us - ref_us
+        step_us = self._step_us(watch, delay_us, error_us)
+        if step_us is None:
+            watch.learn(delay_us)
+            return False
+        self.counters.clock_steps += 1
+        self.clock_steps.append(ClockStepDetected(source_id, event.stream, event.seq, step_us, arrival_us))
+        log.warning("%s: clock step of about %+d us at %s seq %d (error bound %d us): re-sync asked, holding its "
+                    "events", source_id, step_us, event.stream, event.seq, error_us)
+        watch.trigger = _Trigger(event, arrival_us, ref_us, error_us)
+        watch.held = [(event, arrival_us)]
+        watch.since_us = arrival_us
+        watch.hold_until_us = arrival_us + self.config.clock_step_hold_us
+        watch.resolved = False
+        self._holding.add(source_id)
+        actions.append(SendToSource(source_id, encode_frame(messages.build_resync(RESYNC_REASON, event.stream,
+                                                                                  event.seq))))
+        # The merge waits for the held source (bounded): released behind the watermark, its events would be late.
+        for stream in self._streams_of.get(source_id, (event.stream,)):
+            outputs += self.pipeline.expect(source_id, stream, arrival_us)
+        return True
+
+    def _step_us(self, watch: _ClockWatch, delay_us: int, error_us: int) -> int | None:
+        """The apparent step an event's apparent delay shows (rule 9 (a) and (b)), or None."""
+        if delay_us < -(error_us + self.config.clock_step_future_tolerance_us):
+            return -delay_us
+        recent_us = watch.delay_bound_us()
+        if recent_us is not None and delay_us > recent_us + error_us + self.config.clock_step_delay_margin_us:
+            return recent_us - delay_us
+        return None
+
+    def _check_resolved(self, info: SourceInfo, watch: _ClockWatch) -> None:
+        """A new estimate for a held source: it resolves the hold if it rests on a sample taken after the detection
+        and either maps the first held event plausibly or agrees with the estimate it was detected with."""
+        trigger = watch.trigger
+        if trigger is None or info.estimate.sync_ref_us < watch.since_us:
+            return  # an exchange from before the request: it may have been measured before the step
+        ref_us = info.to_reference_us(trigger.event.source_ts_us)
+        error_us = info.error_bound_us(ref_us)
+        if abs(ref_us - trigger.ref_us) <= error_us + trigger.error_us + self.config.clock_step_future_tolerance_us:
+            self.counters.clock_step_false_alarms += 1
+            watch.resolved = True
+        elif self._step_us(watch, trigger.arrival_us - ref_us, error_us) is None:
+            watch.resolved = True
+        # Otherwise a provisional estimate (a burst still open across the step): the end of the burst brings a
+        # better one, or the hold runs out.
+
+    def _release_resolved(self) -> list[IngestAction]:
+        """Push the held events of the sources whose hold is resolved, in order, mapped with the new estimate."""
+        outputs: list[PipelineOutput] = []
+        for source_id in sorted(self._holding):
+            watch = self._watches[source_id]
+            if not watch.resolved:
+                continue
+            held = self._end_hold(source_id, watch)
+            for event, arrival_us in held:
+                ref_us, _error_us = self._mapping.to_reference(source_id, event.source_ts_us)
+                watch.learn(arrival_us - ref_us)
+                outputs += self.pipeline.push(source_id, event, arrival_us)
+        return self._publish(outputs)
+
+    def _end_hold(self, source_id: str, watch: _ClockWatch) -> list[tuple[messages.IncomingEvent, int]]:
+        held, watch.held = watch.held, []
+        watch.hold_until_us = None
+        watch.trigger = None
+        watch.resolved = False
+        self._holding.discard(source_id)
+        return held
+
+    def _end_unresolved(self, source_id: str, watch: _ClockWatch, now_us: int, outputs: list[PipelineOutput]) -> None:
+        held = self._end_hold(source_id, watch)
+        watch.unresolved = True
+        self.counters.clock_step_unresolved += len(held)
+        log.warning("%s: no usable re-sync after its clock step: %d held events to the late topic", source_id,
+                    len(held))
+        outputs += [self._unresolved_record(source_id, event, arrival_us, now_us) for event, arrival_us in held]
+
+    def _unresolved_record(self, source_id: str, event: messages.IncomingEvent, arrival_us: int,
+                           now_us: int) -> PublishRecord:
+        # Mapped with the estimate the step made stale: the reference time is known to be off by about the step,
+        # which is why the record is on the late topic, with its uncertainty as the estimate states it.
+        ref_us, error_us = self._mapping.to_reference(source_id, event.source_ts_us)
+        return PublishRecord(EventRecord(
+            stream=event.stream, source_id=source_id, seq=event.seq, source_ts_us=event.source_ts_us,
+            ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us, late=True,
+            payload=event.payload, late_reason=UNRESOLVED_REASON, rtt_us=self._mapping.rtt_us(source_id),
+            extra={"lateness_us": arrival_us - ref_us}), "late")
 
     def _check_buffer_pressure(self) -> list[IngestAction]:
         held = self.pipeline.buffered()

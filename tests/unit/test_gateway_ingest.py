@@ -393,3 +393,191 @@ def test_a_record_that_fails_to_encode_is_refused_without_losing_the_records_rel
     assert core.counters.encode_failures == 1 and core.counters.invalid_payloads == 0
     deliver(core, actions, T0 + 200)
     assert core.poll(T0 + 200) == [SendToSource("a", ack("s", 2))]
+
+
+# -- rule 9: clock steps between re-syncs -------------------------------------------------------------------------
+
+# Three synced sources, one event each every 10 ms of true time, 1 ms of network delay; the reference clock is the
+# true clock. "a" may step; "b" and "c" never do, and their records must come out the same with or without a's step.
+TICK_US = 10_000
+NET_US = 1_000
+RESYNC_TAKES_US = 30_000  # request -> the new estimate in the store (an SDK burst on loopback takes a few ms)
+
+
+def _estimate(offset_us: int, sync_ref_us: int) -> ClockEstimate:
+    return ClockEstimate(offset_us=offset_us, skew_ppm=0.0, rtt_us=200, sync_ref_us=sync_ref_us, sample_count=10,
+                         root_error_us=100.0, skew_error_ppm=0.0)
+
+
+class StepRun:
+    """Virtual time around an IngestCore with an EstimateMapping, as the gateway wires it: the time-sync server
+    updates the mapping, then calls clock_changed; the SDK obeys a resync RESYNC_TAKES_US later."""
+
+    def __init__(self, obey_resync: bool = True, **config: int) -> None:
+        from timesync.clocks import EstimateMapping
+
+        self.mapping = EstimateMapping()
+        self.core = IngestCore(TOPICS, self.mapping, IngestConfig(**config))
+        self.core.stream_created("s")
+        self.ahead = {"a": 0, "b": 0, "c": 0}
+        self.next_seq = dict.fromkeys(self.ahead, 0)
+        self.truth: dict[tuple[str, int], int] = {}
+        self.actions: list[IngestAction] = []
+        self.seen = 0
+        self.resync_due_us: int | None = None
+        self.obey_resync = obey_resync
+        self.now_us = T0
+        for source in self.ahead:
+            self.core.source_registered(source, ("s",), T0)
+            self.sync(source, T0)
+
+    def sync(self, source: str, now_us: int) -> None:
+        estimate = _estimate(-self.ahead[source], now_us)
+        self.mapping.update(source, estimate)
+        self.actions += self.core.clock_changed(SourceInfo(source, estimate, now_us), 0, now_us)
+
+    def tick(self, sources: tuple[str, ...] = ("a", "b", "c")) -> None:
+        true_us = self.now_us
+        self.now_us += TICK_US
+        for source in sources:
+            seq = self.next_seq[source]
+            self.next_seq[source] += 1
+            self.truth[(source, seq)] = true_us
+            event = IncomingEvent("s", seq, true_us + self.ahead[source], true_us)
+            self.actions += self.core.events_received(CONN, source, (event,), true_us + NET_US)
+        self.housekeeping()
+
+    def housekeeping(self) -> None:
+        if self.resync_due_us is not None and self.now_us >= self.resync_due_us:
+            self.resync_due_us = None
+            self.sync("a", self.now_us)
+        due = self.core.next_deadline_us()
+        if due is not None and due <= self.now_us:
+            self.actions += self.core.advance(self.now_us)
+        self.actions += self.core.poll(self.now_us)
+        fresh, self.seen = self.actions[self.seen:], len(self.actions)
+        if self.obey_resync and self.resync_due_us is None and any(
+                isinstance(a, SendToSource) and a.source_id == "a" and b"resync" in a.data for a in fresh):
+            self.resync_due_us = self.now_us + RESYNC_TAKES_US
+
+    def run(self, ticks: int, sources: tuple[str, ...] = ("a", "b", "c")) -> None:
+        for _ in range(ticks):
+            self.tick(sources)
+
+    def drain(self) -> None:
+        """Let every wait run out: all events leave the pipeline."""
+        for _ in range(100):
+            self.now_us += 100_000
+            self.housekeeping()
+
+    def records(self, topic: str) -> list[dict[str, object]]:
+        import orjson
+
+        return [orjson.loads(a.value) for a in self.actions
+                if isinstance(a, Produce) and a.topic == topic and a.key != PUNCTUATION_KEY]
+
+    def resyncs(self) -> list[SendToSource]:
+        return [a for a in self.actions if isinstance(a, SendToSource) and b"resync" in a.data]
+
+
+def _others(run: StepRun) -> list[tuple[object, object, object]]:
+    return [(r["source_id"], r["seq"], r["ref_ts_us"]) for r in run.records(EVENTS) if r["source_id"] != "a"]
+
+
+@pytest.mark.parametrize("step_us", [5_000_000, -2_000_000], ids=["+5s", "-2s"])
+def test_a_clock_step_is_caught_at_the_first_event_after_it_resynced_and_mapped_with_the_new_estimate(step_us):
+    from contract.wire.messages import build_resync
+
+    steady = StepRun()
+    steady.run(100)
+    steady.drain()
+    stepped = StepRun()
+    stepped.run(50)
+    stepped.ahead["a"] += step_us  # the source's clock steps between two of its events
+    stepped.run(50)
+    stepped.drain()
+
+    # Caught at seq 50, the first event stamped after the step: one resync request, naming that event.
+    assert stepped.resyncs() == [SendToSource("a", encode_frame(build_resync("clock_step", "s", 50)))]
+    (detected,) = stepped.core.clock_steps
+    assert (detected.source_id, detected.stream, detected.seq) == ("a", "s", 50)
+    assert detected.apparent_step_us == pytest.approx(step_us, abs=2 * NET_US)
+    assert stepped.core.counters.clock_steps == 1
+    # Every event of the stepped source is published on the events topic within its error bound of the truth.
+    published = stepped.records(EVENTS)
+    mine = [r for r in published if r["source_id"] == "a"]
+    assert [r["seq"] for r in mine] == list(range(100))
+    for record in mine:
+        truth = stepped.truth[("a", record["seq"])]
+        assert abs(record["ref_ts_us"] - truth) <= record["uncertainty_us"], record
+    assert stepped.records(TOPICS.late("s")) == []
+    # The events topic stays ordered, and the other sources' records are exactly those of the run without a step.
+    refs = [r["ref_ts_us"] for r in published]
+    assert refs == sorted(refs)
+    assert _others(stepped) == _others(steady)
+    assert stepped.core.counters.clock_step_unresolved == 0
+
+
+def test_without_a_step_nothing_is_held_and_no_resync_is_asked():
+    run = StepRun()
+    run.run(100)
+    assert run.resyncs() == [] and run.core.counters.clock_steps == 0
+
+
+def test_a_step_the_source_never_resyncs_for_goes_late_after_the_hold_with_its_reason():
+    run = StepRun(obey_resync=False, clock_step_hold_us=200_000)
+    run.run(50)
+    run.ahead["a"] += 5_000_000
+    run.run(10)  # 100 ms: still held
+    assert [r["seq"] for r in run.records(TOPICS.late("s"))] == []
+    run.run(20)  # past the 200 ms hold
+    late = run.records(TOPICS.late("s"))
+    assert [r["seq"] for r in late][:20] == list(range(50, 70))
+    assert {r["late_reason"] for r in late} == {"clock_step_unresolved"}
+    assert run.core.counters.clock_step_unresolved >= 20
+    # The other sources' merge was held back by the hold at most, then went on: all of b and c is on the events topic.
+    run.drain()
+    others = [(r["source_id"], r["seq"]) for r in run.records(EVENTS) if r["source_id"] != "a"]
+    assert sorted(others) == [(s, q) for s in ("b", "c") for q in range(80)]
+
+
+def test_the_hold_is_bounded_in_events():
+    run = StepRun(obey_resync=False, clock_step_max_held=5)
+    run.run(50)
+    run.ahead["a"] += 5_000_000
+    run.run(5)
+    assert run.records(TOPICS.late("s")) == []
+    run.run(1)  # the 6th held event is one too many: the hold ends, unresolved
+    assert [r["seq"] for r in run.records(TOPICS.late("s"))] == [50, 51, 52, 53, 54, 55]
+
+
+def test_a_delay_within_the_learned_bound_is_not_a_step_and_a_false_alarm_is_released_by_the_confirming_resync():
+    run = StepRun()
+    run.run(20)
+    # One event delayed by 100 ms in the network: within the backward margin, nothing happens.
+    true_us = run.now_us
+    run.actions += run.core.events_received(CONN, "a", (IncomingEvent("s", 20, true_us, true_us),),
+                                            true_us + 100_000)
+    run.next_seq["a"] = 21
+    run.truth[("a", 20)] = true_us
+    assert run.resyncs() == []
+    # A 3 s stall looks like a -3 s step: asked to resync, and the resync confirms the old clock: released as is.
+    true_us = run.now_us
+    run.actions += run.core.events_received(CONN, "a", (IncomingEvent("s", 21, true_us, true_us),),
+                                            true_us + 3_000_000)
+    run.next_seq["a"] = 22
+    run.truth[("a", 21)] = true_us
+    run.now_us += 3_000_000  # the stall is over: it arrived now
+    assert len(run.resyncs()) == 1
+    run.run(10)
+    run.drain()
+    assert [r["seq"] for r in run.records(EVENTS) if r["source_id"] == "a"] == list(range(32))
+    assert run.records(TOPICS.late("s")) == []
+    assert (run.core.counters.clock_steps, run.core.counters.clock_step_false_alarms) == (1, 1)
+
+
+def test_sources_without_a_clock_estimate_are_never_checked():
+    core = make_core()  # IdentityMapping, no clock_changed: a gateway without time sync
+    core.source_registered("a", ("s",), T0)
+    actions = core.events_received(CONN, "a", (IncomingEvent("s", 0, T0 + 60_000_000, 0),), T0)
+    assert seqs(actions) == [0] and core.counters.clock_steps == 0
