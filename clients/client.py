@@ -25,6 +25,7 @@ from clients.core import (
     EventTooLarge,
     IdleTimer,
     PoolScheduler,
+    ResyncGate,
     SeqAssigner,
     UnackedStore,
     encode_batches,
@@ -38,13 +39,14 @@ from contract.wire.messages import (
     MAX_SEQ,
     Ack,
     ErrorReply,
+    ResyncRequest,
     Welcome,
     build_bye,
     build_heartbeat,
     build_hello,
     parse_gateway_message,
 )
-from timesync.client import DEFAULT_COUNT, PeriodicSync
+from timesync.client import DEFAULT_COUNT, PeriodicSync, TimeSyncError
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
 
@@ -110,6 +112,7 @@ class ClientStats:
     reconnects: int = 0
     connection_losses: int = 0
     syncs: int = 0
+    resyncs_requested: int = 0  # resync requests from the gateway (a clock step it saw), each obeyed or covered
     recovered_from_spool: int = 0
 
 
@@ -233,6 +236,8 @@ class SkewlessClient:
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._acked_streams: set[str] = set()
         self._sync: PeriodicSync | None = None
+        self._resync_gate = ResyncGate()
+        self._resync_task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._progress: asyncio.Event | None = None
@@ -397,6 +402,10 @@ class SkewlessClient:
             self._room.set()
 
     async def _teardown(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync_task
         for slot in self._slots:
             await self._drop(slot)
         if self._sync is not None:
@@ -700,6 +709,8 @@ class SkewlessClient:
                     self._room.set()
                 if self._progress is not None:
                     self._progress.set()
+        elif isinstance(message, ResyncRequest):
+            self._on_resync_request(message)
         elif isinstance(message, ErrorReply):
             error = GatewayRejected(message.code, message.message)
             if message.fatal:
@@ -707,6 +718,34 @@ class SkewlessClient:
                 self._fail(error)
             else:
                 log.warning("%s: gateway warning %s", self.source_id, error)
+
+
+    def _on_resync_request(self, request: ResyncRequest) -> None:
+        """The gateway saw this source's clock step and holds its events until a sync after the step: one burst now
+        (clients.core.ResyncGate decides when), beside the periodic ones; sending goes on meanwhile."""
+        self.stats.resyncs_requested += 1
+        if self._sync is None or self._closed:
+            return  # no time sync (no udp_port): the gateway has no estimate of this clock to renew
+        log.warning("%s: the gateway asks for a re-sync (%s at %s seq %s)", self.source_id, request.reason,
+                    request.stream, request.seq)
+        delay_s = self._resync_gate.request(asyncio.get_running_loop().time())
+        if delay_s is not None:
+            self._resync_task = asyncio.create_task(self._resync(delay_s), name=f"skewless-{self.source_id}-resync")
+            self._resync_task.add_done_callback(self._task_done)
+
+    async def _resync(self, delay_s: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        while delay_s is not None and self._sync is not None:
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            self._resync_gate.started(loop.time())
+            try:
+                await self._sync.sync_now()
+            except (TimeSyncError, OSError) as exc:
+                # Not fatal: the gateway sends its held events to the late topic when its hold runs out, and the
+                # periodic re-sync tries again.
+                log.warning("%s: the re-sync the gateway asked for failed: %s", self.source_id, exc)
+            delay_s = self._resync_gate.finished(loop.time())
 
 
 async def _read_first_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list[dict[str, Any]]:

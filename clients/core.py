@@ -22,6 +22,7 @@ __all__ = [
     "IdleTimer",
     "PendingEvent",
     "PoolScheduler",
+    "ResyncGate",
     "SeqAssigner",
     "StoreFull",
     "UnackedStore",
@@ -363,3 +364,50 @@ class IdleTimer:
             return None
         waits = [self._last_write[s] + self.interval_s - now_s for s in live]
         return max(0.0, min(waits)) if waits else None
+
+
+class ResyncGate:
+    """When the gateway's ``resync`` requests (a clock step it saw: docs/wire-protocol.md, "Resync") start a time-sync
+    burst. At once, unless a burst is already scheduled (it starts after the request, so it answers it) or running
+    (it may have measured before the step: one more follows it). Bursts the gateway asked for start at least
+    ``min_interval_s`` apart: requests from several pool connections, or a gateway repeating itself, cost one burst,
+    not a storm of UDP requests; the gateway holds the source's events meanwhile, so a request is never dropped."""
+
+    def __init__(self, min_interval_s: float = 1.0) -> None:
+        self.min_interval_s = min_interval_s
+        self.requests = 0
+        self._scheduled = False
+        self._running = False
+        self._again = False
+        self._last_start_s: float | None = None
+
+    def request(self, now_s: float) -> float | None:
+        """A resync request arrived: the delay before a new burst starts, or None when a scheduled or running one
+        covers it."""
+        self.requests += 1
+        if self._scheduled:
+            return None
+        if self._running:
+            self._again = True
+            return None
+        self._scheduled = True
+        return self._delay(now_s)
+
+    def started(self, now_s: float) -> None:
+        self._scheduled = False
+        self._running = True
+        self._last_start_s = now_s
+
+    def finished(self, now_s: float) -> float | None:
+        """The burst ended (well or not): the delay before the next one when a request came during it, else None."""
+        self._running = False
+        if not self._again:
+            return None
+        self._again = False
+        self._scheduled = True
+        return self._delay(now_s)
+
+    def _delay(self, now_s: float) -> float:
+        if self._last_start_s is None:
+            return 0.0
+        return max(0.0, self._last_start_s + self.min_interval_s - now_s)

@@ -13,6 +13,7 @@ from clients.core import (
     IdleTimer,
     PendingEvent,
     PoolScheduler,
+    ResyncGate,
     SeqAssigner,
     StoreFull,
     UnackedStore,
@@ -296,3 +297,43 @@ def test_time_sync_clock_converts_kernel_timestamps_only_for_realtime_bases():
     virtual = SimulatedClock(ahead_us=1, base=lambda: 10)
     assert for_time_sync(virtual) is virtual  # a virtual base has no relation to CLOCK_REALTIME
     assert not hasattr(for_time_sync(virtual), "from_realtime_ns")
+
+
+# -- resync requests (a clock step the gateway saw) ----------------------------------------------------------------
+
+
+def test_a_resync_request_starts_a_burst_at_once():
+    gate = ResyncGate(min_interval_s=1.0)
+    assert gate.request(10.0) == 0.0
+    gate.started(10.0)
+    assert gate.finished(10.05) is None
+
+
+def test_requests_while_a_burst_is_scheduled_cost_nothing_more():
+    gate = ResyncGate(min_interval_s=1.0)
+    assert gate.request(10.0) == 0.0
+    assert gate.request(10.0) is None  # a second pool connection delivering the same request
+    gate.started(10.0)
+    assert gate.finished(10.05) is None
+    assert gate.requests == 2
+
+
+def test_a_request_during_a_burst_gets_one_more_burst_after_it_no_sooner_than_the_interval():
+    gate = ResyncGate(min_interval_s=1.0)
+    gate.request(10.0)
+    gate.started(10.0)
+    # The running burst may have measured before the step: it cannot answer this request.
+    assert gate.request(10.02) is None
+    assert gate.request(10.03) is None
+    assert gate.finished(10.05) == pytest.approx(0.95)  # one more, a second after the last start
+    gate.started(11.0)
+    assert gate.finished(11.05) is None
+
+
+def test_requests_more_than_the_interval_apart_each_start_a_burst_at_once():
+    gate = ResyncGate(min_interval_s=1.0)
+    for now_s in (10.0, 12.0, 14.0):
+        assert gate.request(now_s) == 0.0
+        gate.started(now_s)
+        assert gate.finished(now_s + 0.05) is None
+    assert gate.request(14.5) == pytest.approx(0.5)  # too soon after the last one: deferred, never dropped
