@@ -8,7 +8,15 @@
 """
 
 from clients.auth import hmac_token
-from clients.client import ClientClosed, ClientStats, GatewayRejected, SkewlessClient, connect
+from clients.client import (
+    ClientClosed,
+    ClientStats,
+    GatewayFailed,
+    GatewayRejected,
+    RefusedEvent,
+    SkewlessClient,
+    connect,
+)
 from clients.core import Backoff, EventTooLarge
 from clients.sync import SyncSkewlessClient, connect_sync
 from timesync.clocks import SimulatedClock
@@ -18,7 +26,9 @@ __all__ = [
     "ClientClosed",
     "ClientStats",
     "EventTooLarge",
+    "GatewayFailed",
     "GatewayRejected",
+    "RefusedEvent",
     "SimulatedClock",
     "SkewlessClient",
     "SyncSkewlessClient",

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import ssl as ssl_module
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -50,8 +51,8 @@ from timesync.client import DEFAULT_COUNT, PeriodicSync, TimeSyncError
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
 
-__all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientStats", "GatewayRejected", "SkewlessClient",
-           "connect"]
+__all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientStats", "GatewayFailed", "GatewayRejected",
+           "RefusedEvent", "SkewlessClient", "connect"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,13 @@ DEFAULT_RESYNC_INTERVAL_S = 60.0
 # How long the sender waits for a batch to fill before writing a partial one.
 DEFAULT_LINGER_S = 0.002
 _READ_CHUNK = 65536
+# SkewlessClient.refused keeps the most recent refusals only: a source that sends nothing but bad payloads must not
+# grow the client's memory without bound (stats.events_refused counts them all).
+REFUSED_KEPT = 1000
+# Fatal errors that are the gateway's fault (a bug contained to the connection) or the network's (a frame stalled
+# past the session timeout), not the source's: the client reconnects and resends what was not acknowledged, as on a
+# lost connection. Every other fatal code means the same hello or frames would be refused again.
+RETRYABLE_ERROR_CODES = frozenset({"internal_error", "timeout"})
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
@@ -93,6 +101,26 @@ class GatewayRejected(Exception):
         self.code = code
 
 
+class GatewayFailed(ConnectionError):
+    """The gateway closed the connection with a fatal error that is not the source's fault (RETRYABLE_ERROR_CODES):
+    handled as a lost connection, re-opened with backoff."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedEvent:
+    """An event the gateway refused on its own (``invalid_payload``: its payload cannot travel in a JSON record).
+    It is acknowledged with the events around it and never resent; it is not in Kafka."""
+
+    stream: str
+    seq: int
+    code: str
+    message: str
+
+
 class ClientClosed(RuntimeError):
     """``send()`` after ``close()``."""
 
@@ -106,6 +134,9 @@ class ClientStats:
     events_resent: int = 0
     """Events written again after their connection was lost (or recovered from the spool)."""
     events_acked: int = 0
+    """Events the gateway acknowledged, refused ones included (they are done with too)."""
+    events_refused: int = 0
+    """Events the gateway refused (``SkewlessClient.refused`` has the latest, with the reason)."""
     frames_sent: int = 0
     heartbeats_sent: int = 0
     connects: int = 0
@@ -203,6 +234,10 @@ class SkewlessClient:
         self.max_unacked = max_unacked
         self.connect_timeout_s = connect_timeout_s
         self.stats = ClientStats()
+        self.refused: deque[RefusedEvent] = deque(maxlen=REFUSED_KEPT)
+        # Refused seqs not acked yet, so that the refusal of a resend (the connection dropped before the ack) is
+        # not counted twice; pruned by the acks.
+        self._refused_unacked: set[tuple[str, int]] = set()
         self._token: TokenProvider | None
         if hmac_secret is not None:
             self._token = hmac_provider(hmac_secret, source_id, self.reference_now_us)
@@ -619,6 +654,8 @@ class SkewlessClient:
         if not isinstance(reply, Welcome):
             writer.close()
             if isinstance(reply, ErrorReply):
+                if reply.code in RETRYABLE_ERROR_CODES:
+                    raise GatewayFailed(reply.code, reply.message)
                 raise GatewayRejected(reply.code, reply.message)
             raise GatewayRejected("unexpected_reply", f"expected welcome, got {messages[0].get('type')!r}")
         slot.max_frame_bytes = reply.max_frame_bytes
@@ -701,6 +738,8 @@ class SkewlessClient:
             stream, seq = message.stream, message.seq
             released = self._store.ack(stream, seq)
             self._acked_streams.add(stream)
+            if self._refused_unacked:
+                self._refused_unacked = {r for r in self._refused_unacked if r[0] != stream or r[1] > seq}
             if released:
                 self.stats.events_acked += released
                 if self._spool is not None:
@@ -712,12 +751,28 @@ class SkewlessClient:
         elif isinstance(message, ResyncRequest):
             self._on_resync_request(message)
         elif isinstance(message, ErrorReply):
+            if message.fatal and message.code in RETRYABLE_ERROR_CODES:
+                # Raised to the connection's supervisor: dropped, re-opened, its unacked events resent.
+                raise GatewayFailed(message.code, message.message)
             error = GatewayRejected(message.code, message.message)
             if message.fatal:
                 log.error("%s: gateway error %s", self.source_id, error)
                 self._fail(error)
+            elif message.stream is not None and message.seq is not None:
+                self._refused_event(RefusedEvent(message.stream, message.seq, message.code, message.message))
             else:
                 log.warning("%s: gateway warning %s", self.source_id, error)
+
+    def _refused_event(self, refused: RefusedEvent) -> None:
+        key = (refused.stream, refused.seq)
+        if (refused.stream not in self._declared or refused.seq <= self._store.acked_through(refused.stream)
+                or key in self._refused_unacked):
+            return  # a resend's refusal: counted the first time
+        self._refused_unacked.add(key)
+        self.stats.events_refused += 1
+        self.refused.append(refused)
+        log.warning("%s: the gateway refused %s seq %d (%s): %s", self.source_id, refused.stream, refused.seq,
+                    refused.code, refused.message)
 
 
     def _on_resync_request(self, request: ResyncRequest) -> None:

@@ -201,3 +201,65 @@ async def test_a_stuck_connection_and_a_client_that_never_reads_delay_stop_by_th
     # Both drains share the 2 s (before, each waited its own 2 s for the stuck worker).
     assert 2.0 <= loop.time() - started_s < 3.0
     writer.close()
+
+
+async def test_the_sdk_gets_a_refused_seq_with_its_reason_resends_nothing_and_the_rest_is_published_in_order(
+        kafka, topic_prefix):
+    from clients import RefusedEvent, SkewlessClient
+
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix))
+    await gateway.start()
+    try:
+        client = SkewlessClient("127.0.0.1", gateway.port, "sdk", ["s"], heartbeat_interval_s=None)
+        await client.connect()
+        assert [await client.send("s", payload, 1_000 + i) for i, payload in enumerate(
+            [{"i": 0}, {"blob": b"\x00\x01"}, {"i": 2}])] == [0, 1, 2]
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        await client.flush(15.0)
+        # Far below any gap timeout: seq 1 held its place and was never waited for.
+        assert loop.time() - started_s < 2.0
+        assert list(client.refused) == [RefusedEvent(
+            "s", 1, "invalid_payload",
+            "payload.blob: bytes (msgpack bin) are not JSON; encode them into a string (e.g. base64) before sending")]
+        assert (client.stats.events_refused, client.stats.events_sent, client.stats.events_resent,
+                client.stats.events_acked) == (1, 3, 0, 3)
+        assert client.acked_through("s") == 2 and client.unacked_count == 0
+        assert client.error is None
+        await client.close()
+        assert (gateway.pipeline.counters.gaps, gateway.counters.invalid_payloads) == (0, 1)
+    finally:
+        await gateway.stop()
+    values, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    assert [(v["seq"], v["payload"]) for v in values] == [(0, {"i": 0}), (2, {"i": 2})]
+
+
+async def test_an_internal_error_makes_the_sdk_reconnect_and_resend_not_fail(kafka, topic_prefix, monkeypatch):
+    from clients import Backoff, SkewlessClient
+
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix))
+    await gateway.start()
+    try:
+        real = gateway.core.events_received
+        failures = [RuntimeError("transient gateway bug")]
+
+        def fails_once(*args: object) -> object:
+            if failures:
+                raise failures.pop()
+            return real(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(gateway.core, "events_received", fails_once)
+        client = SkewlessClient("127.0.0.1", gateway.port, "sdk", ["s"], heartbeat_interval_s=None,
+                                backoff=Backoff(initial_s=0.05, max_s=0.1))
+        await client.connect()
+        await client.send("s", {"i": 0}, 1_000)
+        await client.flush(15.0)
+        # The gateway's fault, not the source's: the client reconnected and resent instead of failing for good.
+        assert client.error is None
+        assert (client.stats.reconnects, client.stats.events_resent, client.stats.events_acked) == (1, 1, 1)
+        assert gateway.worker_errors["events"] == 1
+        await client.close()
+    finally:
+        await gateway.stop()
+    values, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    assert [v["seq"] for v in values] == [0]
