@@ -34,3 +34,13 @@ def ensure_topics(servers: Servers, topics: Iterable[str], partitions: int = 1,
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RuntimeError(f"creating topic {topic} failed: {exc}") from exc
     return created
+
+
+def partition_count(servers: Servers, topic: str, timeout_s: float = 30.0) -> int:
+    """How many partitions ``topic`` has; raises LookupError if it does not exist (or has none yet)."""
+    metadata = KafkaClientConfig.of(servers).admin().list_topics(topic=topic, timeout=timeout_s)
+    described = metadata.topics.get(topic)
+    if described is None or described.error is not None or not described.partitions:
+        reason = "absent" if described is None else (described.error or "no partitions")
+        raise LookupError(f"topic {topic!r}: {reason}")
+    return len(described.partitions)

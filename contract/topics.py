@@ -41,3 +41,8 @@ class TopicNames:
     def events_pattern(self) -> str:
         """Java regex (Spark subscribePattern) matching every ordered-stream topic."""
         return re.escape(self.prefix) + r"\.events\..+"
+
+    @property
+    def events_and_late_pattern(self) -> str:
+        """Java regex matching every events topic and every late topic (what the Spark jobs read)."""
+        return re.escape(self.prefix) + r"\.(events|late)\..+"

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from contract.units import DurationError, parse_duration_us
 from spark_jobs import pattern as pattern_job
 from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
@@ -14,37 +15,42 @@ from spark_jobs.session import create_spark_session, stop_spark
 spark_app = typer.Typer(no_args_is_help=True, help="PySpark Structured Streaming jobs over the ordered stream.")
 
 
-@spark_app.command("window-count")
-def window_count_command(
-    bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap servers.", envvar="SKEWLESS_BOOTSTRAP")]
-    = "127.0.0.1:9092",
-    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
-    window: Annotated[str, typer.Option(help="Tumbling window length (Spark interval).")] = "1 second",
-    watermark: Annotated[str, typer.Option(help="Watermark delay (Spark interval).")] = "2 seconds",
-    checkpoint: Annotated[str | None, typer.Option(help="Checkpoint directory.")] = None,
-    available_now: Annotated[bool, typer.Option(help="Process what is in Kafka now, then stop.")] = False,
-) -> None:
-    """Count events per stream in tumbling event-time windows; print them and publish to the results topic."""
-    spark = create_spark_session("skewless-window-count")
-    query = window_count.start(spark, window_count.WindowCountOptions(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, window=window, watermark=watermark,
-        checkpoint_dir=checkpoint, available_now=available_now))
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-        stop_spark(spark)
-
-
 Bootstrap = Annotated[str, typer.Option(help="Kafka bootstrap servers.", envvar="SKEWLESS_BOOTSTRAP")]
 Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
 Streams = Annotated[list[str] | None, typer.Option("--stream", help="Stream(s) to read (default: every stream).")]
-WatermarkDelay = Annotated[str, typer.Option(
-    help="Spark watermark delay behind the newest reference time (the gateway already ordered each stream).")]
+AllowedLateness = Annotated[str, typer.Option(
+    help="How long (reference time) released results stay correctable by late events; later ones are too_late.")]
 Checkpoint = Annotated[str | None, typer.Option(help="Checkpoint directory (default: a fresh temporary one).")]
 AvailableNow = Annotated[bool, typer.Option(help="Process what is in Kafka now, then stop.")]
 TaUs = Annotated[int | None, typer.Option(
-    help="Thesis mode T_a in microseconds (default: max RTT from the sources topic when the job starts).")]
+    help="Thesis mode T_a in microseconds (default: max round trip over the stream's sources, read live).")]
+
+
+def _duration_us(text: str, option: str) -> int:
+    try:
+        return parse_duration_us(text, require_unit=True)
+    except DurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
+
+
+@spark_app.command("window-count")
+def window_count_command(
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    prefix: Prefix = "skewless",
+    stream: Streams = None,
+    window: Annotated[str, typer.Option(help="Tumbling window length, e.g. \"1 s\" or \"500 ms\".")] = "1 s",
+    allowed_lateness: AllowedLateness = "1 hour",
+    checkpoint: Checkpoint = None,
+    available_now: AvailableNow = False,
+) -> None:
+    """Count events per stream in tumbling event-time windows, exactly; corrections for late events."""
+    options = window_count.WindowCountOptions(
+        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()),
+        width_us=_duration_us(window, "--window"),
+        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"),
+        checkpoint_dir=checkpoint, available_now=available_now)
+    spark = create_spark_session("skewless-window-count")
+    _run(spark, window_count.start(spark, options))
 
 
 def _run(spark: object, query: object) -> None:
@@ -70,7 +76,7 @@ def three_window_command(
         help="per_event: shift by each event's uncertainty_us; thesis: shift by T_a/2.")] = "per_event",
     ta_us: TaUs = None,
     max_shift_ms: Annotated[int, typer.Option(help="per_event mode: the largest shift HIGH windows wait for.")] = 50,
-    watermark_delay: WatermarkDelay = "0 seconds",
+    allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
 ) -> None:
@@ -82,7 +88,8 @@ def three_window_command(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()), width_us=width_ms * 1000,
         slide_us=None if slide_ms is None else slide_ms * 1000, value_field=value_field, emit_early=emit_early,
         shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us, max_shift_us=max_shift_ms * 1000,
-        watermark_delay=watermark_delay, checkpoint_dir=checkpoint, available_now=available_now))
+        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"), checkpoint_dir=checkpoint,
+        available_now=available_now))
     _run(spark, query)
 
 
@@ -94,7 +101,7 @@ def pattern_command(
     prefix: Prefix = "skewless",
     stream: Streams = None,
     ta_us: TaUs = None,
-    watermark_delay: WatermarkDelay = "0 seconds",
+    allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
 ) -> None:
@@ -108,7 +115,8 @@ def pattern_command(
     spark = create_spark_session("skewless-pattern")
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=tuple(stream or ()), ta_us=ta_us,
-        watermark_delay=watermark_delay, checkpoint_dir=checkpoint, available_now=available_now))
+        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"), checkpoint_dir=checkpoint,
+        available_now=available_now))
     _run(spark, query)
 
 
@@ -126,7 +134,7 @@ def sequence_command(
     k_slack_ms: Annotated[int | None, typer.Option(
         help="K-slack bound on disorder (default: none, the gateway's punctuations drive purge and release).")]
     = None,
-    watermark_delay: WatermarkDelay = "0 seconds",
+    allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
 ) -> None:
@@ -143,8 +151,9 @@ def sequence_command(
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=tuple(stream or ()),
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
-        k_slack_us=None if k_slack_ms is None else k_slack_ms * 1000, watermark_delay=watermark_delay,
-        checkpoint_dir=checkpoint, available_now=available_now))
+        k_slack_us=None if k_slack_ms is None else k_slack_ms * 1000,
+        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"), checkpoint_dir=checkpoint,
+        available_now=available_now))
     _run(spark, started)
 
 

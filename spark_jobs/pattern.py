@@ -1,8 +1,11 @@
 """Job `pattern`: SEQ patterns under clock uncertainty (Pseudocode 3.1, Query 4.6/5.9, and any n).
 
-Spark groups the ordered stream by (stream, PARTITION BY value); each group runs a cep.patterns
-UncertainPatternMatcher. Every match goes to `skewless.results.pattern` with its confidence (Confirmed/Uncertain),
-the matched events and the gaps that decided it; key `<stream>|<partition value>`.
+Spark groups the stream's records (events and late topics) by stream; each stream keeps one cep.patterns
+UncertainPatternMatcher per PARTITION BY value, advanced by the stream's promise (spark_jobs/stateful.py). Every
+match goes to `skewless.results.pattern` with its confidence (Confirmed/Uncertain), the matched events, the gaps
+that decided it and `late` (a late event completed it); key `<stream>|<partition value>|<source:seq of each event>`.
+T_a for thesis mode is read from the records while the job runs (the maximum round trip over the stream's sources),
+or fixed with `ta_us`.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+import orjson
+
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
 from contract.records import RESULT_MATCH, RESULT_REJECTED, result_key, result_value
-from contract.topics import TopicNames
-from spark_jobs.contract import latest_ta_us
 from spark_jobs.stateful import decode_payload, start_core_job
 
 JOB_NAME = "pattern"
@@ -27,7 +31,7 @@ class PatternOptions:
     topic_prefix: str = "skewless"
     streams: tuple[str, ...] = ()
     ta_us: int | None = None
-    watermark_delay: str = "0 seconds"
+    allowed_lateness_us: int = 3_600_000_000
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
@@ -40,16 +44,28 @@ def event_ref(row: Mapping[str, Any], payload: Mapping[str, Any]) -> dict[str, A
             "uncertainty_us": row.get("uncertainty_us"), "payload": dict(payload)}
 
 
-class PatternCore:
-    """GroupCore adapter: one partition key's matcher."""
+def partition_text(value: Any) -> str:
+    """A PARTITION BY value as it appears in result keys: strings as they are, other values as JSON text."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
-    def __init__(self, group: str, spec: PatternSpec, ta_us: int, blob: bytes | None) -> None:
-        self.group = group
-        self.stream, _, self.partition = group.partition("|")
-        self.key = result_key(self.stream, self.partition)
-        self.matcher = (UncertainPatternMatcher.restore(blob, spec) if blob is not None
-                        else UncertainPatternMatcher(spec, ta_us=ta_us))
-        self.rejected = 0
+
+class PatternStreamCore:
+    """StreamCore adapter: one matcher per PARTITION BY value of one stream."""
+
+    def __init__(self, stream: str, spec: PatternSpec, ta_us: int, fixed_ta: bool, allowed_lateness_us: int,
+                 blob: bytes | None) -> None:
+        self.stream = stream
+        self.allowed_lateness_us = allowed_lateness_us
+        self.spec = spec
+        self.ta_us = ta_us
+        self.fixed_ta = fixed_ta
+        self.matchers: dict[str, UncertainPatternMatcher] = {}
+        if blob is not None:
+            state = msgpack.unpackb(blob, raw=False)
+            self.ta_us = state["ta_us"]
+            self.matchers = {part: UncertainPatternMatcher.restore(b, spec) for part, b in state["parts"].items()}
 
     def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
         outputs: list[tuple[str, dict[str, Any]]] = []
@@ -57,51 +73,56 @@ class PatternCore:
             try:
                 payload = decode_payload(row.get("payload"))
             except ValueError as exc:
-                outputs.append((self.key, result_value(JOB_NAME, RESULT_REJECTED, self.stream,
-                                                       source_id=row.get("source_id"), seq=row.get("seq"),
-                                                       reason=str(exc))))
+                key = result_key(self.stream, RESULT_REJECTED, row.get("source_id"), row.get("seq"))
+                outputs.append((key, result_value(JOB_NAME, RESULT_REJECTED, self.stream,
+                                                  source_id=row.get("source_id"), seq=row.get("seq"),
+                                                  reason="bad_payload", detail=str(exc))))
                 continue
-            matches = self.matcher.on_event(int(row["ref_ts_us"]), int(row.get("uncertainty_us") or 0), payload,
-                                            event_ref(row, payload))
-            outputs.extend(self._record(m) for m in matches)
+            part = partition_text(self.spec.partition_key(payload))
+            matcher = self.matchers.get(part)
+            if matcher is None:
+                matcher = self.matchers[part] = UncertainPatternMatcher(
+                    self.spec, ta_us=self.ta_us, allowed_lateness_us=self.allowed_lateness_us)
+            matches = matcher.on_event(int(row["ref_ts_us"]), int(row.get("uncertainty_us") or 0), payload,
+                                       event_ref(row, payload))
+            outputs.extend(self._record(part, m) for m in matches)
         return outputs
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
-        return [self._record(m) for m in self.matcher.on_watermark(watermark_us)]
+        outputs: list[tuple[str, dict[str, Any]]] = []
+        for part in sorted(self.matchers):
+            matcher = self.matchers[part]
+            outputs.extend(self._record(part, m) for m in matcher.on_watermark(watermark_us))
+            if matcher.buffered == 0 and matcher.held == 0:
+                del self.matchers[part]
+        return outputs
 
-    def next_timer_us(self) -> int | None:
-        return self.matcher.next_timer_us()
-
-    def is_empty(self) -> bool:
-        return self.matcher.buffered == 0 and self.matcher.held == 0
+    def set_ta_us(self, ta_us: int) -> None:
+        if self.fixed_ta:
+            return
+        self.ta_us = ta_us
+        for matcher in self.matchers.values():
+            matcher.set_ta_us(ta_us)
 
     def snapshot(self) -> bytes:
-        return self.matcher.snapshot()
+        packed: bytes = msgpack.packb({"ta_us": self.ta_us,
+                                       "parts": {p: m.snapshot() for p, m in self.matchers.items()}},
+                                      use_bin_type=True)
+        return packed
 
-    def _record(self, match: PatternMatch) -> tuple[str, dict[str, Any]]:
-        return self.key, result_value(JOB_NAME, RESULT_MATCH, self.stream, partition=self.partition,
-                                      **match.to_dict())
-
-
-def partition_column(spec: PatternSpec) -> Any:
-    """`<stream>|<partition value>` as a Spark column (the value's JSON text; empty without PARTITION BY)."""
-    from pyspark.sql import functions as F
-
-    if spec.partition_by is None:
-        return F.concat_ws("|", F.col("stream"), F.lit(""))
-    value = F.get_json_object(F.col("payload"), "$." + spec.partition_by)
-    return F.concat_ws("|", F.col("stream"), F.coalesce(value, F.lit("")))
+    def _record(self, part: str, match: PatternMatch) -> tuple[str, dict[str, Any]]:
+        # One key per match (its events): a compacted results topic keeps every match, not the last per partition.
+        ids = [f"{e.get('source_id')}:{e.get('seq')}" for e in match.events]
+        return result_key(self.stream, part, *ids), result_value(JOB_NAME, RESULT_MATCH, self.stream, partition=part,
+                                                                 **match.to_dict())
 
 
 def start(spark: Any, options: PatternOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     spec = PatternSpec.parse(options.pattern)
-    ta_us = options.ta_us
-    if spec.mode == "thesis" and ta_us is None:
-        ta_us = latest_ta_us(options.bootstrap_servers, TopicNames(options.topic_prefix).sources)
-    ta = ta_us or 0
 
-    def factory(key: tuple[Any, ...], blob: bytes | None) -> PatternCore:
-        return PatternCore(str(key[0]), spec, ta, blob)
+    def factory(stream: str, blob: bytes | None) -> PatternStreamCore:
+        return PatternStreamCore(stream, spec, options.ta_us or 0, options.ta_us is not None,
+                                 options.allowed_lateness_us, blob)
 
-    return start_core_job(spark, JOB_NAME, options, lambda: partition_column(spec), factory)
+    return start_core_job(spark, JOB_NAME, options, factory)

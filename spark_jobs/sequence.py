@@ -1,11 +1,13 @@
 """Job `sequence`: SASE sequence queries (EVENT SEQ(...) WHERE ... WITHIN ...) over the ordered stream.
 
-Spark groups events by (stream, the query's equality-partitioning attribute for the event's type) and runs a
-cep.sase SequenceEngine per group. The engine's low watermark is Spark's event-time watermark, which the gateway's
-punctuations drive: purge and release are exact, no K has to be guessed (a K-slack bound can still be set for
-inputs that are not ordered upstream). Records on `skewless.results.sequence`, key `<stream>|<partition value>`:
-`record` = `match`, `retract` (-) or `add` (+) (aggressive mode's compensations), `late` (an event behind the
-watermark the engine already acted on) or `rejected` (an event the query cannot use), always with a reason.
+Spark groups the stream's records (events and late topics) by stream and runs one cep.sase SequenceEngine per
+stream (it partitions by the query's equality attributes itself). The engine's low watermark is the stream's
+promise (spark_jobs/stateful.py): purge and release are exact, no K has to be guessed (a K-slack bound can still be
+set for inputs that are not ordered upstream). Records on `skewless.results.sequence`, key
+`<stream>|<partition value>|<event ids>` (one key per matched sequence): `record` = `match`, `retract` (-) or `add`
+(+) (aggressive mode's compensations), what the engine did with a late event (docs/sase.md), `too_late` (an event
+behind the watermark past what the engine can still act on) or `rejected` (an event the query cannot use), always
+with a reason.
 
 An event's type is the payload field named by `--type-field` (default `type`); its attributes are the payload.
 """
@@ -19,19 +21,20 @@ from typing import Any, Literal
 from cep.sase import EngineConfig, OutputKind, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
 from contract.records import (
     RESULT_ADD,
-    RESULT_LATE,
     RESULT_MATCH,
     RESULT_REJECTED,
     RESULT_RETRACT,
+    RESULT_TOO_LATE,
     result_key,
     result_value,
 )
+from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import decode_payload, start_core_job
 
 JOB_NAME = "sequence"
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
-RECORD_OF_OUTPUT: dict[OutputKind, str] = {"match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT}
+RECORD_OF_OUTPUT: dict[OutputKind | str, str] = {"match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT}
 
 
 @dataclass(frozen=True)
@@ -43,20 +46,19 @@ class SequenceOptions:
     type_field: str = "type"
     mode: Literal["conservative", "aggressive"] = "conservative"
     k_slack_us: int | None = None
-    watermark_delay: str = "0 seconds"
+    allowed_lateness_us: int = 3_600_000_000
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
     console: bool = True
 
 
-class SequenceCore:
-    """GroupCore adapter: one partition's engine, fed contract rows."""
+class SequenceStreamCore:
+    """StreamCore adapter: one stream's engine (it partitions by the query's equality attributes itself)."""
 
-    def __init__(self, group: str, query: Query, config: EngineConfig, type_field: str, blob: bytes | None) -> None:
-        self.group = group
-        self.stream, _, self.partition = group.partition("|")
-        self.key = result_key(self.stream, self.partition)
+    def __init__(self, stream: str, query: Query, config: EngineConfig, type_field: str, blob: bytes | None) -> None:
+        self.stream = stream
+        self.query = query
         self.engine = (SequenceEngine.restore(query, config, blob) if blob is not None
                        else SequenceEngine(query, config))
         self.type_field = type_field
@@ -75,11 +77,11 @@ class SequenceCore:
                 outputs.append(self._side(RESULT_REJECTED, row, "no_event_type",
                                           f"payload field {self.type_field!r} is not a string"))
                 continue
-            event = SaseEvent(event_type, int(row["ref_ts_us"]), payload, f"{row.get('source_id')}|{row.get('seq')}")
+            event = SaseEvent(event_type, int(row["ref_ts_us"]), payload, f"{row.get('source_id')}:{row.get('seq')}")
             too_late, rejected = counters.too_late, counters.rejected
             produced = self.engine.on_event(event)
             if counters.too_late > too_late:
-                outputs.append(self._side(RESULT_LATE, row, "behind_watermark",
+                outputs.append(self._side(RESULT_TOO_LATE, row, "behind_watermark",
                                           f"ts {event.ts} < low watermark {self.engine.low_watermark}"))
             elif counters.rejected > rejected:
                 outputs.append(self._side(RESULT_REJECTED, row, "engine_rejected",
@@ -90,48 +92,39 @@ class SequenceCore:
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
         return [self._record(o) for o in self.engine.on_punctuation(watermark_us)]
 
-    def next_timer_us(self) -> int | None:
-        return self.engine.next_timer_us()
-
-    def is_empty(self) -> bool:
-        return self.engine.is_idle()
+    def set_ta_us(self, ta_us: int) -> None:
+        """SASE queries have no clock-uncertainty shift: T_a does not apply."""
 
     def snapshot(self) -> bytes:
         return self.engine.snapshot()
 
+    def _partition(self, output: SaseOutput) -> str:
+        if not output.events:
+            return ""
+        first = output.events[0]
+        attr = self.query.partition_attributes.get(first.event_type)
+        return "" if attr is None else partition_text(first.attrs.get(attr))
+
     def _record(self, output: SaseOutput) -> tuple[str, dict[str, Any]]:
-        return self.key, result_value(JOB_NAME, RECORD_OF_OUTPUT[output.kind], self.stream,
-                                      partition=self.partition, **output.to_dict())
+        # One key per matched sequence: a retract or add names the match it compensates.
+        part = self._partition(output)
+        key = result_key(self.stream, part, *(e.event_id for e in output.events))
+        record = RECORD_OF_OUTPUT.get(output.kind, str(output.kind))
+        return key, result_value(JOB_NAME, record, self.stream, partition=part, **output.to_dict())
 
     def _side(self, record: str, row: Mapping[str, Any], reason: str, detail: str) -> tuple[str, dict[str, Any]]:
-        return self.key, result_value(JOB_NAME, record, self.stream, partition=self.partition,
-                                      source_id=row.get("source_id"), seq=row.get("seq"),
-                                      ref_ts_us=row.get("ref_ts_us"), reason=reason, detail=detail)
-
-
-def partition_column(query: Query, type_field: str) -> Any:
-    """`<stream>|<partition attribute value>`: per event type, the attribute the query's equalities name."""
-    from pyspark.sql import functions as F
-
-    value: Any = F.lit("")
-    if query.partition_attributes:
-        event_type = F.get_json_object(F.col("payload"), f"$.{type_field}")
-        cases = None
-        for etype, attr in sorted(query.partition_attributes.items()):
-            attr_value = F.get_json_object(F.col("payload"), f"$.{attr}")
-            cases = (F.when(event_type == etype, attr_value) if cases is None
-                     else cases.when(event_type == etype, attr_value))
-        assert cases is not None
-        value = F.coalesce(cases.otherwise(F.lit("")), F.lit(""))
-    return F.concat_ws("|", F.col("stream"), value)
+        key = result_key(self.stream, record, row.get("source_id"), row.get("seq"))
+        return key, result_value(JOB_NAME, record, self.stream, source_id=row.get("source_id"), seq=row.get("seq"),
+                                 ref_ts_us=row.get("ref_ts_us"), reason=reason, detail=detail)
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     query = parse_query(options.query)
-    config = EngineConfig(k_slack_us=options.k_slack_us, mode=options.mode)
+    config = EngineConfig(k_slack_us=options.k_slack_us, mode=options.mode,
+                          allowed_lateness_us=options.allowed_lateness_us)
 
-    def factory(key: tuple[Any, ...], blob: bytes | None) -> SequenceCore:
-        return SequenceCore(str(key[0]), query, config, options.type_field, blob)
+    def factory(stream: str, blob: bytes | None) -> SequenceStreamCore:
+        return SequenceStreamCore(stream, query, config, options.type_field, blob)
 
-    return start_core_job(spark, JOB_NAME, options, lambda: partition_column(query, options.type_field), factory)
+    return start_core_job(spark, JOB_NAME, options, factory)

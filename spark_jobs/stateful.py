@@ -1,46 +1,289 @@
-"""The thin Spark shell around the pure CEP cores: one core object per group, driven by Spark's event-time
-watermark, persisted as one opaque blob of GroupState.
+"""The thin Spark shell around the pure CEP cores: one core per stream, driven by the gateway's own promises.
 
-Every stateful job (three_window, pattern, sequence) is the same loop: restore the group's core from its blob,
-feed it this micro-batch's rows in reference-time order, advance it to the watermark, store the blob back and
-arm an event-time timer for the core's next release. The cores know nothing of Spark; this module knows nothing
-of CEP.
+Why not Spark's event-time watermark: Spark keeps one watermark per query, the maximum event time a source has
+read minus a fixed delay, and its stateful operators drop every row behind it before any core sees it. The
+gateway's promise is per stream and per partition ("no event below watermark_us follows in this partition"), and
+a stream may legally carry an event below an earlier event's reference time (a source that timed out and came
+back above the watermark). No single delay makes Spark's watermark equal to that promise, so Spark's late-row
+filter would drop data the gateway delivered. The jobs therefore declare no Spark watermark at all: nothing is
+ever dropped by Spark (``numRowsDroppedByWatermark`` stays 0, and :mod:`spark_jobs.monitor` turns any non-zero
+count into a logged, counted result record), and each stream's core advances with exactly its stream's promise:
+
+    W(stream) = min over the partitions p of the stream's events topic of the latest punctuation of p
+
+(None until every partition has punctuated). The promise is exact because Kafka hands each partition over in
+offset order and a punctuation covers everything after it in its partition: once the rows of a micro-batch are
+in, no event below ``W`` can follow in any partition. One stream lagging another holds back only itself.
+
+Every job (window_count, three_window, pattern, sequence) is the same loop, run by Spark per stream and
+micro-batch: restore the stream's progress and core from the group state, feed the core the batch's events (the
+events topic and the late topic, in reference-time order), advance it to ``W``, store both back. The cores know
+nothing of Spark; :func:`run_stream_batch` is the Spark-free heart, unit-tested without Spark.
+
+T_a (thesis MaxDelay, Eq. 3.16) per stream is read from the records themselves: every event carries the round
+trip of the clock estimate that mapped it (``rtt_us``); T_a is the maximum over the stream's sources of the latest
+one. It follows re-syncs while the job runs and, read from the data, is the same when a batch is replayed.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgpack
 import orjson
 
-from contract.records import EVENT, PUNCTUATION
+from contract.records import EVENT, PUNCTUATION, RESULT_REJECTED, result_key, result_value
 
 # Spark-side schemas: every job emits (key, value) JSON records, ready for the Kafka sink.
 OUTPUT_SCHEMA = "key string, value string"
 STATE_SCHEMA = "blob binary"
 # Columns every job hands to its cores (a job may add its own, e.g. a grouping key).
-INPUT_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "uncertainty_us", "watermark_us", "payload",
-                 "partition", "offset")
-PUNCTUATION_KEY = "\x00punctuation"
+INPUT_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "uncertainty_us", "watermark_us", "rtt_us",
+                 "late", "late_reason", "payload", "topic", "partition", "offset")
+# Rows that are not contract records (no stream) are grouped here and reported, never fed to a core.
+UNPARSED_GROUP = ""
+# A micro-batch reads at most this many Kafka records: a backlog is worked off in bounded steps.
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
+_STATE_VERSION = 1
+
+Output = tuple[str, dict[str, Any]]
 
 
-class GroupCore(Protocol):
+class StreamCore(Protocol):
     """What the shell needs from a pure core (adapters in each job wrap the cep package's objects)."""
 
-    def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]: ...
+    def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[Output]:
+        """Events of the stream, on time and late, in reference-time order."""
+        ...
 
-    def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]: ...
+    def on_watermark(self, watermark_us: int) -> list[Output]: ...
 
-    def next_timer_us(self) -> int | None: ...
-
-    def is_empty(self) -> bool: ...
+    def set_ta_us(self, ta_us: int) -> None: ...
 
     def snapshot(self) -> bytes: ...
 
 
-CoreFactory = Callable[[tuple[Any, ...], bytes | None], GroupCore]
+CoreFactory = Callable[[str, bytes | None], StreamCore]
+
+
+@dataclass
+class StreamProgress:
+    """The stream's promise and clock facts, as far as the job has read them."""
+
+    partitions: int
+    """Partitions of the stream's events topic: each one's punctuations bound the stream's watermark."""
+    events_topic: str = ""
+    """The stream's events topic: only its punctuations are promises ("" in tests: any topic)."""
+    promised_us: dict[int, int] = field(default_factory=dict)
+    """Latest punctuation per partition."""
+    rtt_us: dict[str, int] = field(default_factory=dict)
+    """Latest clock round trip per source (from its events' ``rtt_us``)."""
+
+    def observe_punctuation(self, partition: int, watermark_us: int) -> None:
+        if partition >= self.partitions:
+            # A partition the job did not know of (the topic grew): it has punctuated, so it exists.
+            self.partitions = partition + 1
+        if watermark_us > self.promised_us.get(partition, watermark_us - 1):
+            self.promised_us[partition] = watermark_us
+
+    @property
+    def watermark_us(self) -> int | None:
+        """min over every partition of its latest punctuation; None while one has not punctuated yet."""
+        if len(self.promised_us) < self.partitions:
+            return None
+        return min(self.promised_us.values())
+
+    @property
+    def ta_us(self) -> int:
+        return max(self.rtt_us.values(), default=0)
+
+    def to_blob(self, core_blob: bytes) -> bytes:
+        packed: bytes = msgpack.packb({
+            "v": _STATE_VERSION, "partitions": self.partitions, "events_topic": self.events_topic,
+            "promised_us": self.promised_us,
+            "rtt_us": self.rtt_us, "core": core_blob}, use_bin_type=True)
+        return packed
+
+    @classmethod
+    def from_blob(cls, blob: bytes) -> tuple[StreamProgress, bytes]:
+        state = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        if state.get("v") != _STATE_VERSION:
+            raise ValueError(f"unsupported stream state version {state.get('v')!r}")
+        progress = cls(state["partitions"], state["events_topic"],
+                       {int(p): w for p, w in state["promised_us"].items()}, dict(state["rtt_us"]))
+        return progress, bytes(state["core"])
+
+
+def _int_or_none(value: Any) -> int | None:
+    # Arrow hands integer columns with nulls to pandas as floats (NaN for null).
+    if value is None or value != value:  # noqa: PLR0124 - NaN is the only value unequal to itself
+        return None
+    return int(value)
+
+
+def row_order(row: Mapping[str, Any]) -> tuple[int, str, int, int]:
+    """Reference time, then the gateway's release order (topic, partition, offset): deterministic on replay."""
+    return (_int_or_none(row.get("ref_ts_us")) or 0, str(row.get("topic") or ""),
+            _int_or_none(row.get("partition")) or 0, _int_or_none(row.get("offset")) or 0)
+
+
+def release_order(row: Mapping[str, Any]) -> tuple[str, int, int]:
+    return (str(row.get("topic") or ""), _int_or_none(row.get("partition")) or 0,
+            _int_or_none(row.get("offset")) or 0)
+
+
+_INT_COLUMNS = ("seq", "ref_ts_us", "uncertainty_us", "watermark_us", "rtt_us", "partition", "offset")
+
+
+def normalized_event(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row with its integer columns as ints (or None): a batch mixing events and punctuations reaches pandas
+    with float columns, and a result record must carry ``"seq": 3``, not ``3.0``."""
+    event = dict(row)
+    for name in _INT_COLUMNS:
+        if name in event:
+            event[name] = _int_or_none(event[name])
+    return event
+
+
+def run_stream_batch(progress: StreamProgress, core: StreamCore, rows: Sequence[Mapping[str, Any]],
+                     *, job: str, stream: str) -> list[Output]:
+    """One micro-batch of one stream: T_a, events in reference-time order, then the stream's promise."""
+    outputs: list[Output] = []
+    events: list[Mapping[str, Any]] = []
+    ta_before = progress.ta_us
+    for row in sorted(rows, key=release_order):
+        kind = row.get("kind")
+        if kind == PUNCTUATION:
+            watermark = _int_or_none(row.get("watermark_us"))
+            partition = _int_or_none(row.get("partition"))
+            if progress.events_topic and row.get("topic") != progress.events_topic:
+                outputs.append(rejected_record(job, stream, row, "misplaced_punctuation",
+                                               f"promises count only on {progress.events_topic}"))
+            elif watermark is not None and partition is not None:
+                progress.observe_punctuation(partition, watermark)
+            continue
+        if kind != EVENT or _int_or_none(row.get("ref_ts_us")) is None:
+            outputs.append(rejected_record(job, stream, row, "not_an_event",
+                                           f"kind {kind!r} with ref_ts_us {row.get('ref_ts_us')!r}"))
+            continue
+        event = normalized_event(row)
+        rtt = event.get("rtt_us")
+        if rtt is not None and event.get("source_id") is not None:
+            progress.rtt_us[str(event["source_id"])] = rtt
+        events.append(event)
+    if progress.ta_us != ta_before:
+        core.set_ta_us(progress.ta_us)
+    events.sort(key=row_order)
+    if events:
+        outputs.extend(core.on_rows(events))
+    watermark = progress.watermark_us
+    if watermark is not None:
+        outputs.extend(core.on_watermark(watermark))
+    return outputs
+
+
+def rejected_record(job: str, stream: str, row: Mapping[str, Any], reason: str, detail: str) -> Output:
+    """A record the job cannot use, reported with where it is in Kafka (never dropped silently)."""
+    where = (row.get("topic"), _int_or_none(row.get("partition")), _int_or_none(row.get("offset")))
+    return result_key(stream, RESULT_REJECTED, *where), result_value(
+        job, RESULT_REJECTED, stream, topic=where[0], partition=where[1], offset=where[2],
+        source_id=row.get("source_id"), seq=_int_or_none(row.get("seq")), reason=reason, detail=detail)
+
+
+def make_stream_function(job: str, factory: CoreFactory,
+                         partitions_of: Callable[[str], tuple[str, int]]) -> Callable[..., Any]:
+    """The function for ``applyInPandasWithState(..., outputMode="append", timeoutConf=NoTimeout)``."""
+
+    def apply(key: tuple[Any, ...], frames: Any, state: Any) -> Any:
+        import pandas as pd
+
+        stream = str(key[0])
+        rows = [row for frame in frames for row in frame.to_dict("records")]
+        if stream == UNPARSED_GROUP:
+            outputs = [rejected_record(job, stream, row, "not_a_record", "not a contract record (no stream)")
+                       for row in rows]
+        else:
+            if state.exists:
+                progress, core_blob = StreamProgress.from_blob(bytes(state.get[0]))
+                core = factory(stream, core_blob)
+            else:
+                progress = StreamProgress(partitions_of(stream)[1], partitions_of(stream)[0])
+                core = factory(stream, None)
+            outputs = run_stream_batch(progress, core, rows, job=job, stream=stream)
+            state.update((progress.to_blob(core.snapshot()),))
+        if outputs:
+            yield pd.DataFrame({"key": [k for k, _ in outputs],
+                                "value": [orjson.dumps(v).decode() for _, v in outputs]})
+
+    return apply
+
+
+def read_contract_records(spark: Any, bootstrap_servers: str, topics: Sequence[str] | str,
+                          starting_offsets: str = "earliest",
+                          max_offsets_per_trigger: int = DEFAULT_MAX_OFFSETS_PER_TRIGGER) -> Any:
+    """Events, late and punctuation records of the given topics (a list, or one Java regex) as contract columns,
+    with no Spark watermark (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.contract import event_schema
+
+    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("startingOffsets", starting_offsets).option("failOnDataLoss", "false")
+              .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)))
+    reader = (reader.option("subscribePattern", topics) if isinstance(topics, str)
+              else reader.option("subscribe", ",".join(topics)))
+    raw = reader.load()
+    return raw.select(
+        F.from_json(F.col("value").cast("string"), event_schema(), {"mode": "PERMISSIVE"}).alias("e"),
+        F.col("topic"), F.col("partition"), F.col("offset"),
+    ).select("e.*", "topic", "partition", "offset")
+
+
+def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
+                       partitions_of: Callable[[str], tuple[str, int]],
+                       extra_columns: Mapping[str, Any] | None = None,
+                       input_columns: Sequence[str] = INPUT_COLUMNS) -> Any:
+    """Group the records by stream and run the cores. ``extra_columns`` (name -> Spark column) are computed in the
+    JVM and handed to the cores too; a job that needs fewer contract columns ships fewer (``input_columns``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    keyed = records.withColumn("group_key", F.coalesce(F.col("stream"), F.lit(UNPARSED_GROUP)))
+    extras = [column.alias(name) for name, column in (extra_columns or {}).items()]
+    return (
+        keyed.select("group_key", *input_columns, *extras)
+        .groupBy("group_key")
+        .applyInPandasWithState(make_stream_function(job, factory, partitions_of), OUTPUT_SCHEMA, STATE_SCHEMA,
+                                "append", GroupStateTimeout.NoTimeout)
+    )
+
+
+def job_topics(topic_names: Any, streams: Sequence[str]) -> Sequence[str] | str:
+    """What a job reads: the named streams' events and late topics, or every one of them (a pattern)."""
+    if not streams:
+        return str(topic_names.events_and_late_pattern)
+    return [t for s in streams for t in (topic_names.events(s), topic_names.late(s))]
+
+
+class EventsTopicPartitions:
+    """``stream -> (its events topic, that topic's partition count)``, looked up in Kafka once per stream and
+    process (executors call it when a stream's state is created)."""
+
+    def __init__(self, bootstrap_servers: str, topic_prefix: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic_prefix = topic_prefix
+        self._known: dict[str, tuple[str, int]] = {}
+
+    def __call__(self, stream: str) -> tuple[str, int]:
+        if stream not in self._known:
+            from broker.admin import partition_count
+            from contract.topics import TopicNames
+
+            topic = TopicNames(self.topic_prefix).events(stream)
+            self._known[stream] = (topic, partition_count(self.bootstrap_servers, topic))
+        return self._known[stream]
 
 
 class CoreJobOptions(Protocol):
@@ -53,8 +296,6 @@ class CoreJobOptions(Protocol):
     @property
     def streams(self) -> tuple[str, ...]: ...
     @property
-    def watermark_delay(self) -> str: ...
-    @property
     def checkpoint_dir(self) -> str | None: ...
     @property
     def available_now(self) -> bool: ...
@@ -62,150 +303,6 @@ class CoreJobOptions(Protocol):
     def processing_time(self) -> str: ...
     @property
     def console(self) -> bool: ...
-
-
-def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Reference-time order; ties keep the gateway's release order (the Kafka offset)."""
-    return sorted(rows, key=lambda r: (r.get("ref_ts_us") or 0, r.get("partition") or 0, r.get("offset") or 0))
-
-
-def run_group(core: GroupCore, batches: Iterator[list[dict[str, Any]]], watermark_us: int | None,
-              timed_out: bool) -> list[tuple[str, dict[str, Any]]]:
-    """One invocation for one group: the Spark-free heart of the shell (unit-tested without Spark).
-
-    Punctuation rows in the group's own batch (three_window groups by stream, so it receives its stream's
-    punctuations) advance the core right away: the gateway's promise holds for everything after it in the topic,
-    and waiting for Spark's watermark would cost one more micro-batch."""
-    outputs: list[tuple[str, dict[str, Any]]] = []
-    punctuation_us: int | None = None
-    if not timed_out:
-        for rows in batches:
-            outputs.extend(core.on_rows(sort_rows([r for r in rows if r.get("kind") == EVENT])))
-            punctuation_us = _later(punctuation_us, max(
-                (int(r["watermark_us"]) for r in rows
-                 if r.get("kind") == PUNCTUATION and r.get("watermark_us") is not None), default=None))
-    watermark_us = _later(watermark_us, punctuation_us)
-    if watermark_us is not None:
-        outputs.extend(core.on_watermark(watermark_us))
-    return outputs
-
-
-def _later(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
-
-
-def event_frame(frame: Any) -> Any:
-    """A micro-batch chunk as the columnar path sees it: events only, in reference-time then Kafka order."""
-    events = frame[frame["kind"] == EVENT]
-    return events.sort_values(["ref_ts_us", "partition", "offset"], kind="stable")
-
-
-def make_group_function(factory: CoreFactory) -> Callable[..., Iterator[Any]]:
-    """The function for `applyInPandasWithState(..., outputMode="append", timeoutConf=EventTimeTimeout)`."""
-
-    def apply(key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        import pandas as pd
-
-        if key and key[0] == PUNCTUATION_KEY:
-            # Punctuation rows only move Spark's watermark; their group holds nothing.
-            for _ in frames:
-                pass
-            return
-        blob = bytes(state.get[0]) if state.exists else None
-        core = factory(key, blob)
-        watermark_ms = state.getCurrentWatermarkMs()
-        watermark_us = watermark_ms * 1000 if watermark_ms > 0 else None
-        on_frame = getattr(core, "on_frame", None)
-        if on_frame is not None:
-            # Columnar fast path: no per-row dicts (cores that aggregate columns skip most Python work).
-            outputs: list[tuple[str, dict[str, Any]]] = []
-            if not state.hasTimedOut:
-                for frame in frames:
-                    outputs.extend(on_frame(event_frame(frame)))
-                    promised = frame.loc[frame["kind"] == PUNCTUATION, "watermark_us"].dropna()
-                    if len(promised):
-                        watermark_us = _later(watermark_us, int(promised.max()))
-            if watermark_us is not None:
-                outputs.extend(core.on_watermark(watermark_us))
-        else:
-            batches = (frame.to_dict("records") for frame in frames)
-            outputs = run_group(core, batches, watermark_us, timed_out=state.hasTimedOut)
-        if core.is_empty():
-            state.remove()
-        else:
-            state.update((core.snapshot(),))
-            timer_us = core.next_timer_us()
-            if timer_us is not None:
-                # Spark fires a timer once the watermark passes it; it must not lie behind the current one.
-                state.setTimeoutTimestamp(max(timer_us // 1000 + 1, watermark_ms + 1))
-        if outputs:
-            yield pd.DataFrame({"key": [k for k, _ in outputs],
-                                "value": [orjson.dumps(v).decode() for _, v in outputs]})
-
-    return apply
-
-
-def read_ordered_stream(spark: Any, bootstrap_servers: str, topics: Sequence[str] | str, watermark_delay: str,
-                        starting_offsets: str = "earliest") -> Any:
-    """The gateway's ordered events plus its punctuations, with an event-time watermark.
-
-    `event_time` is the reference time (events) or the promised watermark (punctuations), so Spark's watermark
-    advances even while a stream is quiet. Given a list of topics, each gets its own Kafka source and watermark and
-    Spark keeps the minimum (its default policy): one stream running ahead cannot push another's events behind the
-    watermark. A string is a topic pattern read as one source."""
-    from pyspark.sql import functions as F
-
-    from spark_jobs.contract import read_events
-
-    def one(pattern: str) -> Any:
-        parsed = read_events(spark, bootstrap_servers, pattern, starting_offsets)
-        return (
-            parsed.where(F.col("kind").isin(EVENT, PUNCTUATION))
-            .withColumn("event_time", F.timestamp_micros(F.coalesce(F.col("ref_ts_us"), F.col("watermark_us"))))
-            .where(F.col("event_time").isNotNull())
-            .withWatermark("event_time", watermark_delay)
-        )
-
-    if isinstance(topics, str):
-        return one(topics)
-    sources = [one(re.escape(topic)) for topic in topics]
-    ordered = sources[0]
-    for other in sources[1:]:
-        ordered = ordered.unionByName(other)
-    return ordered
-
-
-def apply_cores(ordered: Any, key_column: Any, factory: CoreFactory,
-                extra_columns: Mapping[str, Any] | None = None, punctuation_key: Any | None = None,
-                input_columns: Sequence[str] = INPUT_COLUMNS) -> Any:
-    """Group the watermarked stream by `key_column` and run the cores. Punctuations go to `punctuation_key`'s
-    group (a job grouped by stream passes the stream, so its cores see them at once) or to an inert group of their
-    own; `extra_columns` (name -> Spark column) are computed in the JVM and handed to the cores too, and a job that
-    does not need every contract column can ship fewer (`input_columns`) to Python."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    punctuation_group = F.lit(PUNCTUATION_KEY) if punctuation_key is None else punctuation_key
-    keyed = ordered.withColumn(
-        "group_key", F.when(F.col("kind") == PUNCTUATION, punctuation_group).otherwise(key_column))
-    # Events without a key (the partition attribute missing) still get a group so they are reported, not lost.
-    keyed = keyed.withColumn("group_key", F.coalesce(F.col("group_key"), F.lit("")))
-    extras = [column.alias(name) for name, column in (extra_columns or {}).items()]
-    return (
-        keyed.select("group_key", "event_time", *input_columns, *extras)
-        .groupBy("group_key")
-        .applyInPandasWithState(make_group_function(factory), OUTPUT_SCHEMA, STATE_SCHEMA, "append",
-                                GroupStateTimeout.EventTimeTimeout)
-    )
-
-
-def stream_topics(topic_names: Any, streams: Sequence[str]) -> Sequence[str] | str:
-    """The topics a job reads: the named streams' topics, or every events topic (a pattern) if none is named."""
-    if not streams:
-        return str(topic_names.events_pattern)
-    return [str(topic_names.events(s)) for s in streams]
 
 
 def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topic: str, checkpoint_dir: str,
@@ -231,25 +328,29 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
     return writer.start()
 
 
-def start_core_job(spark: Any, job: str, options: CoreJobOptions, key_column: Callable[[], Any],
-                   factory: CoreFactory, **apply_options: Any) -> Any:
-    """Read the ordered stream(s), run one core per group, write `skewless.results.<job>`; returns the query.
-    `key_column` builds the grouping column (called once Spark is up); `apply_options` go to `apply_cores`."""
+def start_core_job(spark: Any, job: str, options: CoreJobOptions, factory: CoreFactory,
+                   **apply_options: Any) -> Any:
+    """Read the streams' events and late topics, run one core per stream, write `skewless.results.<job>`;
+    returns the query. ``apply_options`` go to :func:`apply_stream_cores`."""
     import tempfile
 
     from broker.admin import ensure_topics
     from contract.topics import TopicNames
+    from spark_jobs.monitor import watch_watermark_drops
 
     topics = TopicNames(options.topic_prefix)
     output_topic = topics.results(job)
     ensure_topics(options.bootstrap_servers, [output_topic])
-    ordered = read_ordered_stream(spark, options.bootstrap_servers, stream_topics(topics, options.streams),
-                                  options.watermark_delay)
-    results = apply_cores(ordered, key_column(), factory, **apply_options)
+    records = read_contract_records(spark, options.bootstrap_servers, job_topics(topics, options.streams))
+    partitions_of = EventsTopicPartitions(options.bootstrap_servers, options.topic_prefix)
+    results = apply_stream_cores(records, job, factory, partitions_of, **apply_options)
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"skewless-{job.replace('_', '-')}-")
-    return write_results(results, job=job, bootstrap_servers=options.bootstrap_servers, output_topic=output_topic,
-                         checkpoint_dir=checkpoint, console=options.console, available_now=options.available_now,
-                         processing_time=options.processing_time)
+    query = write_results(results, job=job, bootstrap_servers=options.bootstrap_servers, output_topic=output_topic,
+                          checkpoint_dir=checkpoint, console=options.console, available_now=options.available_now,
+                          processing_time=options.processing_time)
+    watch_watermark_drops(spark, query, job=job, bootstrap_servers=options.bootstrap_servers,
+                          output_topic=output_topic)
+    return query
 
 
 def decode_payload(payload: str | None) -> dict[str, Any]:

@@ -8,9 +8,7 @@ import orjson
 import pytest
 
 from broker.reader import read_topic
-from contract.records import ClockRecord
 from contract.topics import TopicNames
-from spark_jobs import contract as spark_contract
 from spark_jobs import pattern as pattern_job
 from spark_jobs import three_window
 from tests.integration.spark_job_support import (
@@ -117,16 +115,3 @@ def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_
     # The console shows exactly what went to Kafka (one execution of the micro-batch for both).
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[pattern batch")]
     assert sorted(orjson.loads(line.split("] ", 1)[1])["partition"] for line in printed) == ["a", "b", "c"]
-
-
-def test_thesis_t_a_is_the_max_rtt_over_each_sources_latest_clock_record(kafka, topic_prefix):
-    topics = TopicNames(topic_prefix)
-    clock = [("s1", 900), ("s2", 4_000), ("s1", 1_500), ("s2", 2_500), ("s3", 700)]  # latest: s1 1500, s2 2500
-    clock_records = [orjson.loads(ClockRecord(s, 0, rtt, 0.0, rtt, 1, 8, rtt, 2).to_json()) for s, rtt in clock]
-    produce(kafka.bootstrap_servers, topics.sources,
-            [*clock_records,
-             {"v": 1, "kind": "progress", "source_id": "progress|x", "rtt_us": 99_999},
-             # Not a contract clock record (no offset, bound, sync time): skipped, not trusted.
-             {"v": 1, "kind": "clock", "source_id": "s4", "rtt_us": 88_888}])
-    assert spark_contract.latest_ta_us(kafka.bootstrap_servers, topics.sources) == 2_500
-    assert spark_contract.latest_ta_us(kafka.bootstrap_servers, TopicNames(topic_prefix + "x").sources) == 0

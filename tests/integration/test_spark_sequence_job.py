@@ -42,7 +42,7 @@ def summary(results: list[dict[str, Any]]) -> list[tuple[str, str, list[tuple[st
 def run(spark, kafka, prefix: str, mode: str, tmp_path) -> Any:
     return sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=kafka.bootstrap_servers, query=QUERY, topic_prefix=prefix, streams=("store",),
-        mode=mode, watermark_delay="5 seconds", checkpoint_dir=str(tmp_path / f"ckpt-{mode}"), console=False,
+        mode=mode, checkpoint_dir=str(tmp_path / f"ckpt-{mode}"), console=False,
         processing_time="500 milliseconds"))
 
 

@@ -1,11 +1,8 @@
-"""The Spark jobs' core adapters without Spark: the columnar path equals the row path, records are exact."""
+"""The Spark jobs' core adapters without Spark: records are exact, state round-trips."""
 
 from typing import Any
 
 import orjson
-import pandas as pd
-
-from spark_jobs.stateful import event_frame
 from spark_jobs.three_window import ThreeWindowCore, ThreeWindowOptions
 
 BASE = 1_700_000_000_000_000
@@ -23,42 +20,36 @@ def rows() -> list[dict[str, Any]]:
             for ts, unc, p, part, off in ROWS]
 
 
-def frame() -> pd.DataFrame:
-    df = pd.DataFrame(rows())
-    values = [p.get("value") for _ts, _u, p, _pa, _o in ROWS]
-    # What Spark's get_json_object(...).cast("double") yields: numbers, else null.
-    df["value"] = [float(v) if isinstance(v, int | float) else None for v in values]
-    punctuation = {"kind": "punctuation", "stream": "s", "ref_ts_us": None, "offset": 9, "partition": 0}
-    return pd.concat([df, pd.DataFrame([punctuation])], ignore_index=True)
-
-
 def core() -> ThreeWindowCore:
     return ThreeWindowCore("s", ThreeWindowOptions(bootstrap_servers="", width_us=1_000_000, max_shift_us=50_000),
                            0, None)
 
 
-def test_event_frame_drops_punctuations_and_sorts_by_reference_time() -> None:
-    assert event_frame(frame())["offset"].tolist() == [0, 1, 2, 3]
-
-
-def test_columnar_and_row_paths_release_the_same_windows() -> None:
-    by_rows, by_columns = core(), core()
+def test_the_row_path_releases_the_hand_computed_windows() -> None:
+    by_rows = core()
     assert by_rows.on_rows(sorted(rows(), key=lambda r: r["ref_ts_us"])) == []
-    assert by_columns.on_frame(event_frame(frame())) == []
     released_rows = by_rows.on_watermark(BASE + 10_000_000)
-    assert released_rows == by_columns.on_watermark(BASE + 10_000_000)
     finals = {v["nominal_start_us"] - BASE: v for _k, v in released_rows if v["record"] == "final"}
     # MIDDLE 0 = {100 ms: 10, 990 ms: 20}; 1 010 ms carries no number, 1 500 ms no value field: counted only.
     middle0 = next(v for _k, v in released_rows
                    if v["record"] == "window" and v["window_type"] == "MIDDLE" and v["nominal_start_us"] == BASE)
-    assert (middle0["count"], middle0["sum"], middle0["value_count"]) == (2, 30.0, 2)
+    assert (middle0["count"], middle0["sum"], middle0["value_count"], middle0["revision"]) == (2, 30.0, 2, 0)
     # LOW 1 = 990+20, 1010+20, 1500 ; MIDDLE 1 = 1010, 1500 ; HIGH 1 = 1500 (990-20 and 1010-20 fall in HIGH 0).
     assert finals[1_000_000]["window_counts"] == [3, 2, 1]
 
 
+def test_a_jvm_extracted_value_column_wins_over_the_payload() -> None:
+    by_column = core()
+    row = {**rows()[0], "value": float("nan")}
+    by_column.on_rows([row])
+    middle0 = next(v for _k, v in by_column.on_watermark(BASE + 10_000_000)
+                   if v["record"] == "window" and v["window_type"] == "MIDDLE" and v["nominal_start_us"] == BASE)
+    assert (middle0["count"], middle0["value_count"]) == (1, 0)
+
+
 def test_a_snapshot_restores_the_same_core() -> None:
     first = core()
-    first.on_frame(event_frame(frame()))
+    first.on_rows(sorted(rows(), key=lambda r: r["ref_ts_us"]))
     again = ThreeWindowCore("s", ThreeWindowOptions(bootstrap_servers=""), 0, first.snapshot())
     assert again.on_watermark(BASE + 10_000_000) == first.on_watermark(BASE + 10_000_000)
 
@@ -73,22 +64,6 @@ def test_the_aggregator_timer_is_the_next_release() -> None:
     assert agg.advance(2_049) == []
     assert len(agg.advance(2_050)) == 4  # three windows + the final
     assert agg.next_release_us() is None
-
-
-def test_the_pattern_timer_releases_held_matches_and_expires_candidates() -> None:
-    from cep.patterns import PatternSpec, UncertainPatternMatcher
-
-    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 100 us MODE thesis EMIT watermark")
-    matcher = UncertainPatternMatcher(spec, ta_us=10)
-    matcher.on_event(1_000, 0, {"k": "a"}, {"id": 1})
-    # A candidate at 1000 with T_a = 10 can pair with a future event up to 1000 + 10 + 100: expiry after that.
-    assert matcher.next_timer_us() == 1_111
-    matcher.on_event(1_050, 0, {"k": "b"}, {"id": 2})
-    assert matcher.held == 1
-    assert matcher.next_timer_us() == 1_051  # the held match is released once the watermark passes 1050
-    assert [m.confidence for m in matcher.on_watermark(1_051)] == ["Confirmed"]
-    matcher.on_watermark(2_000)
-    assert (matcher.buffered, matcher.held, matcher.next_timer_us()) == (0, 0, None)
 
 
 def test_the_sequence_engine_timer_and_idleness() -> None:

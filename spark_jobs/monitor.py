@@ -1,0 +1,84 @@
+"""Spark's own late-row filter, watched: ``numRowsDroppedByWatermark`` from every query progress.
+
+The jobs declare no Spark watermark (spark_jobs/stateful.py says why), so the count is 0 by construction. A job
+that declares one (a user's own job started with :func:`watch_watermark_drops`, or a regression) would lose rows
+silently: the count only shows in the query progress. Here each non-zero count becomes an ERROR log line, a
+counter, and a ``dropped_by_watermark`` record on the job's results topic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from contract.records import RESULT_DROPPED_BY_WATERMARK, result_key, result_value
+
+logger = logging.getLogger("skewless.spark")
+
+def dropped_by_watermark(progress: Mapping[str, Any]) -> int:
+    """Rows Spark's stateful operators dropped as late in one query progress (its JSON form)."""
+    return sum(int(op.get("numRowsDroppedByWatermark") or 0) for op in progress.get("stateOperators") or ())
+
+class WatermarkDropReport:
+    """Turns progresses into result records (pure: the listener below only feeds it and sends what it returns)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.dropped_total = 0
+        self.progresses = 0
+
+    def on_progress(self, progress: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        self.progresses += 1
+        dropped = dropped_by_watermark(progress)
+        if dropped == 0:
+            return None
+        self.dropped_total += dropped
+        batch_id = progress.get("batchId")
+        return result_key("*", RESULT_DROPPED_BY_WATERMARK, progress.get("id"), batch_id), result_value(
+            self.job, RESULT_DROPPED_BY_WATERMARK, "*", query_id=progress.get("id"), batch_id=batch_id,
+            rows=dropped, dropped_total=self.dropped_total,
+            reason="Spark's late-row filter dropped rows behind its event-time watermark")
+
+def watch_watermark_drops(spark: Any, query: Any, *, job: str, bootstrap_servers: str,
+                          output_topic: str) -> WatermarkDropReport:
+    """Report ``query``'s watermark drops (log, counter, result record) for as long as it runs."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    from broker.client import KafkaClientConfig
+
+    report = WatermarkDropReport(job)
+    query_id = str(query.id)
+    producer = KafkaClientConfig.of(bootstrap_servers).producer()
+
+    def send(key: str, value: dict[str, Any]) -> None:
+        logger.error("%s: %s rows dropped by Spark's watermark in batch %s (total %s)", job, value["rows"],
+                     value["batch_id"], value["dropped_total"])
+        producer.produce(output_topic, key=key.encode(), value=orjson.dumps(value))
+        producer.flush(30)
+
+    class Listener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = orjson.loads(event.progress.json)
+            if str(progress.get("id")) != query_id:
+                return
+            got = report.on_progress(progress)
+            if got is not None:
+                send(*got)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.id) == query_id:
+                producer.flush(30)
+
+    spark.streams.addListener(Listener())
+    return report
+
+DropSink = Callable[[str, dict[str, Any]], None]
