@@ -9,7 +9,9 @@ hypothesis strategies, and atheris (coverage-guided, in a child process). The ve
   under their limits, and the process RSS grows by less than a fixed budget over the whole run;
 - time sync: a reply is exactly 48 bytes and never larger than its request; received = replied + dropped + reports;
 - publish path: every event is either produced as a JSON record carrying its payload unchanged, or refused with one
-  counted `invalid_payload` error frame naming its seq, never both; the acks still reach the last seq sent.
+  counted `invalid_payload` error frame naming its seq, never both; the acks still reach the last seq sent. A frame
+  msgpack itself cannot decode (nesting past its 1,024-level stack) is refused whole, with one fatal
+  `malformed_frame`; its seq is not consumed.
 """
 
 from __future__ import annotations
@@ -274,7 +276,9 @@ def hostile_payload(rng: random.Random, depth: int = 0) -> Any:
     if kind in (5, 6, 7, 8):
         return rng.choice([0, -1, 2**40, 1.5, "é\x00", "", True, False, None, "x" * rng.randrange(0, 100)])
     if kind == 9:
-        return {rng.choice([b"k", 1, -7]): hostile_payload(rng, depth + 1)}
+        # Keys msgpack can carry but JSON cannot; a tuple key goes out as a msgpack array.
+        key = rng.choice([b"k", 1, -7, 2**64 - 1, 1.5, None, True, (1, (2,)), msgpack.ExtType(1, b"k")])
+        return {key: hostile_payload(rng, depth + 1)}
     if kind in (10, 11):
         return [hostile_payload(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
     return {f"f{i}": hostile_payload(rng, depth + 1) for i in range(rng.randrange(0, 4))}
@@ -285,8 +289,10 @@ class PayloadReport:
     events: int = 0
     via_wire: int = 0
     """Events sent as msgpack frames through a GatewaySession; the others (payloads msgpack cannot encode: integers
-    beyond 64 bits, integer map keys) go through parse_events, the function the session calls, directly."""
+    beyond 64 bits) go through parse_events, the function the session calls, directly."""
     published: int = 0
+    frames_refused: int = 0
+    """Frames nested past msgpack's decoder stack: refused whole with a fatal malformed_frame, seq not consumed."""
     rejections: Counter[str] = field(default_factory=Counter)
     last_ack: int = -1
 
@@ -312,15 +318,47 @@ class PublishHarness:
         event = build_event("s", seq, self.now_us, payload)
         try:
             frame = encode_frame(build_events([event]))
-            FrameDecoder().feed(frame)
-        except (OverflowError, TypeError, ValueError, MalformedFrame):
-            # msgpack cannot encode it (integers beyond 64 bits), or the frame decoder refuses the whole frame
-            # (integer map keys: strict_map_key) before any payload rule; the parser must still refuse it.
+        except (OverflowError, ValueError):
+            # msgpack cannot encode it (integers beyond 64 bits): no client can send it, but the parser must still
+            # refuse it if it ever got one. Anything msgpack can encode goes over the wire below.
             batch = parse_events(build_events([event]), 10, frozenset({"s"}))
             self._carry_out(self.core.events_received(self.connection, "src", batch.events, self.now_us))
             return
         self.report.via_wire += 1
         self._carry_out(self._session_actions(frame))
+
+    def send_nested(self, seq: int, levels: int) -> bool:
+        """A payload of ``levels`` nested one-element arrays, framed by hand (msgpack's packer stops at 512 levels).
+        True if the seq was consumed (refused as too deep), False if the frame was refused whole."""
+        event = build_event("s", seq, self.now_us, 0)
+        body = bytearray(msgpack.packb(build_events([event])))
+        assert body.endswith(b"\xa7payload\x00")
+        body[-1:] = b"\x91" * levels + b"\x00"
+        frame = HEADER.pack(len(body)) + bytes(body)
+        try:
+            FrameDecoder().feed(frame)
+        except MalformedFrame as exc:
+            # Past msgpack's stack: no event can be read out of it. A fresh session (this one would close) must
+            # answer with exactly one fatal malformed_frame.
+            assert "StackError" in str(exc), exc
+            throwaway = GatewaySession(now_us=self.now_us)
+            throwaway.receive_data(encode_frame(build_hello("src", ["s"])), self.now_us)
+            actions = throwaway.receive_data(frame, self.now_us)
+            assert len(actions) == 2 and isinstance(actions[0], SendBytes), actions
+            (reply,) = FrameDecoder().feed(actions[0].data)
+            assert (reply["code"], reply["fatal"]) == ("malformed_frame", True), reply
+            assert actions[1] == CloseConnection(reply["message"], "malformed_frame")
+            self.report.frames_refused += 1
+            return False
+        payload: Any = 0
+        for _ in range(levels):
+            payload = [payload]
+        self.now_us += 1_000
+        self.report.events += 1
+        self.report.via_wire += 1
+        self.sent[seq] = payload
+        self._carry_out(self._session_actions(frame))
+        return True
 
     def _session_actions(self, frame: bytes) -> list[IngestAction]:
         actions: list[IngestAction] = []
@@ -380,11 +418,21 @@ class PublishHarness:
         return self.report
 
 
+# Nesting depths sent framed by hand: just past the limit, deep, at and past msgpack's decoder stack (1,024 levels
+# including the frame's own 3), and far past it.
+HAND_NESTED_LEVELS = (MAX_PAYLOAD_DEPTH + 1, 500, 1_019, 1_020, 1_021, 10_000)
+
+
 def fuzz_payloads(count: int, seed: int) -> PayloadReport:
     rng = random.Random(seed)
     harness = PublishHarness()
-    for seq in range(count):
+    seq = 0
+    while seq < count:
+        if rng.random() < 0.01:
+            seq += harness.send_nested(seq, rng.choice(HAND_NESTED_LEVELS))
+            continue
         harness.send(seq, hostile_payload(rng))
+        seq += 1
     return harness.finish()
 
 
