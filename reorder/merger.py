@@ -17,6 +17,14 @@ smallest head does not hold the merge back and is never timed out.  The watermar
 and a :class:`Punctuation` carries it downstream: no event with a smaller ``t_ref`` follows on the main
 output.  An event that would break that promise (a timed-out source coming back with old events) goes
 to the late side output instead, with how far behind the watermark it was.
+
+Learned merge wait (watermark mode, ``learn_wait``).  How long the merge waits for a silent source is also learned
+from that source's own *silences*: each time the merge starts waiting for it, the time until it next speaks (an
+event or a heartbeat, also when the wait had already given up) is a sample of a decayed quantile, as the sequence
+reorderer learns its gap wait from gap-closing delays.  The wait is at least ``wait_factor`` times that quantile,
+bounded by ``learned_wait_cap_us``; until ``min_wait_samples`` silences were seen it is the cap.  A source whose
+uplink stalls shows no gap to its reorderer, so only this wait keeps the merge from giving up on it
+(docs/reorder.md, "The learned merge wait").
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from reorder.estimators import DecayedQuantile
 from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
 from timesync.clocks import ReferenceMapping
 
@@ -39,6 +48,10 @@ _NEVER = -(1 << 62)
 #: Events one source may have queued while the merge waits for another; past it the source being
 #: waited for is flagged timed out at once (memory is bounded, the wait is not worth more).
 DEFAULT_MAX_QUEUED = 200_000
+#: The longest the learned merge wait holds the merge for one silent source (the sequence reorderer's gap cap).
+DEFAULT_LEARNED_WAIT_CAP_US = 2_000_000
+#: Silences a source must have shown before its learned wait is trusted; until then the merge waits up to the cap.
+DEFAULT_MIN_WAIT_SAMPLES = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,29 @@ class MergerConfig:
     punctuation_interval_us: int = 1_000
     """Punctuation is emitted at most this often (gateway time) and only when the watermark moved."""
     max_queued_per_source: int = DEFAULT_MAX_QUEUED
+    learn_wait: bool = False
+    """Watermark mode: wait for a silent source at least as long as its learned silences say (module docstring).
+    Off by default: before it trusts what it learned it waits the cap, which would stretch the gateway's shared join
+    and reconnect graces and its configured merge timeout; the replay turns it on (``ReplayOptions``)."""
+    learned_wait_cap_us: int = DEFAULT_LEARNED_WAIT_CAP_US
+    """No silence is waited for longer than this on account of the learned wait; also the wait before it is
+    trusted.  Waiting costs only when the source has nothing to send (gone, or sparse without heartbeats)."""
+    wait_quantile: float = 0.9999
+    """The fraction of a source's silences the learned wait should outlast."""
+    wait_factor: float = 2.0
+    """The learned wait is this multiple of the quantile: a 0.9999-quantile rests on a handful of samples, and
+    waiting longer for a source that does come back costs only its own silence, while giving up diverts its events."""
+    wait_half_life: float = 10_000.0
+    """Silences after which an old one counts half."""
+    min_wait_samples: int = DEFAULT_MIN_WAIT_SAMPLES
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.wait_quantile < 1.0:
+            raise ValueError("wait_quantile must be in (0, 1)")
+        if self.learned_wait_cap_us < 0:
+            raise ValueError("learned_wait_cap_us must be >= 0")
+        if self.min_wait_samples < 0:
+            raise ValueError("min_wait_samples must be >= 0")
 
 
 @dataclass(slots=True)
@@ -62,9 +98,19 @@ class MergerCounters:
 
 
 class _Source:
-    __slots__ = ("error_us", "frontier", "last_seq", "pending_beat", "queue", "timed_out", "wait_deadline")
+    __slots__ = (
+        "error_us",
+        "frontier",
+        "last_seq",
+        "pending_beat",
+        "queue",
+        "silences",
+        "timed_out",
+        "wait_deadline",
+        "waited_since",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, silences: DecayedQuantile | None) -> None:
         self.queue: deque[tuple[int, SourceEvent, int]] = deque()
         self.frontier = _NEVER
         self.error_us = 0
@@ -72,6 +118,9 @@ class _Source:
         self.pending_beat: tuple[int, int] | None = None  # (seq, ref_ts_us) not yet covered
         self.timed_out = False
         self.wait_deadline: int | None = None
+        # when the merge started waiting for this source (None: not waiting), and how long its silences lasted
+        self.waited_since: int | None = None
+        self.silences = silences
 
 
 class MultiSourceMerger:
@@ -135,7 +184,7 @@ class MultiSourceMerger:
         ref, err = self.clock.to_reference(event.source_id, event.source_ts_us)
         src.error_us = err
         out: list[MergeOutput] = []
-        self._revive(event.source_id, src)
+        self._revive(event.source_id, src, now_us)
         watermark_mode = self.config.mode == "watermark"
         if watermark_mode and ref < self._emitted_watermark:
             self.counters.late += 1
@@ -171,7 +220,7 @@ class MultiSourceMerger:
     def register(self, source_id: str, now_us: int) -> list[MergeOutput]:
         """Announce a source (e.g. at its first time sync): from now on the merge waits for it."""
         src = self._source(source_id)
-        self._revive(source_id, src)
+        self._revive(source_id, src, now_us)
         out: list[MergeOutput] = []
         self._drain(now_us, out)
         return out
@@ -185,7 +234,7 @@ class MultiSourceMerger:
         self.counters.heartbeats += 1
         ref, err = self.clock.to_reference(source_id, source_ts_us)
         src.error_us = err
-        self._revive(source_id, src)
+        self._revive(source_id, src, now_us)
         if src.pending_beat is None or seq >= src.pending_beat[0]:
             src.pending_beat = (seq, ref)
         self._apply_pending_beat(source_id, src)
@@ -219,12 +268,22 @@ class MultiSourceMerger:
     def _source(self, source_id: str) -> _Source:
         src = self._sources.get(source_id)
         if src is None:
-            src = _Source()
+            cfg = self.config
+            silences = None
+            if cfg.learn_wait and cfg.mode == "watermark":
+                cap_us = max(cfg.learned_wait_cap_us, 2)
+                silences = DecayedQuantile(cfg.wait_quantile, half_life_samples=cfg.wait_half_life, max_us=cap_us)
+            src = _Source(silences)
             self._sources[source_id] = src
             heapq.heappush(self._empty, (src.frontier, source_id))
         return src
 
-    def _revive(self, source_id: str, src: _Source) -> None:
+    def _revive(self, source_id: str, src: _Source, now_us: int) -> None:
+        if src.waited_since is not None:
+            # the silence the merge waited through ends here, whether or not the wait had given up
+            if src.silences is not None:
+                src.silences.add(now_us - src.waited_since)
+            src.waited_since = None
         src.wait_deadline = None
         if self._blocker == source_id:
             self._blocker = None
@@ -267,6 +326,13 @@ class MultiSourceMerger:
             return None
         return None
 
+    def _learned_wait_us(self, silences: DecayedQuantile) -> int:
+        """The wait this source's silences call for: ``min(cap, wait_factor x q-quantile)``, the cap until trusted."""
+        cfg = self.config
+        if silences.count < cfg.min_wait_samples:
+            return cfg.learned_wait_cap_us
+        return min(cfg.learned_wait_cap_us, int(cfg.wait_factor * silences.value_us()))
+
     def _time_out(self, source_id: str, at_us: int, out: list[MergeOutput]) -> None:
         src = self._sources[source_id]
         src.timed_out = True
@@ -292,7 +358,11 @@ class MultiSourceMerger:
                             if self._timeout_for is not None
                             else self.config.default_timeout_us
                         )
+                        if bsrc.silences is not None:
+                            wait = max(wait, self._learned_wait_us(bsrc.silences))
                         bsrc.wait_deadline = now_us + wait
+                        if bsrc.waited_since is None:
+                            bsrc.waited_since = now_us
                 break
             self._blocker = None
             heapq.heappop(heads)

@@ -72,6 +72,13 @@ class ReplayOptions:
     """Map source timestamps through simulated time sync (else ``t_ref = source_ts``)."""
     heartbeats: bool = True
     """``sequence``: each sync round also proves the source alive (its seq and clock) to the merger."""
+    learn_merge_wait: bool = True
+    """``sequence``: the merge waits for a silent source at least as long as that source's silences say
+    (:class:`MergerConfig` ``learn_wait``); False: only as long as its reorderer's gap wait."""
+    linger_us: int = 2_000_000
+    """Sources stay connected this long after the trace's last arrival: their sync rounds (and heartbeats) go on, as a
+    live source's do when it has nothing to send. Without it every source vanishes at once when the trace ends and
+    the merge waits out each one in turn, a cost no live stream pays."""
     sync_plan: SyncPlan = field(default_factory=SyncPlan)
     seed: int = 1
     aq: AQKSlackConfig = field(default_factory=AQKSlackConfig)
@@ -223,7 +230,7 @@ def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
         sequence = SequenceConfig(latency_threshold_us=2_000_000 if cap is None else cap, alpha=opts.alpha,
                                   beta=opts.beta, target_accuracy=opts.target_accuracy,
                                   min_timeout_us=opts.min_gap_timeout_us)
-        merger = MergerConfig(mode="watermark")
+        merger = MergerConfig(mode="watermark", learn_wait=opts.learn_merge_wait)
     return PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late)
 
 
@@ -251,7 +258,7 @@ def _control_events(events: Sequence[TraceEvent], order: Sequence[int], opts: Re
     for i in order:
         e = events[i]
         per_source.setdefault((e.source_id, e.stream), []).append(i)
-    end_us = max((e.arrival_ts_us for e in events), default=0)
+    end_us = max((e.arrival_ts_us for e in events), default=0) + opts.linger_us
     control: list[_Control] = []
     heartbeats = opts.heartbeats and opts.approach != "thesis"  # Query 5.3's merger knows no heartbeats
     for (sid, stream), idxs in per_source.items():
@@ -334,6 +341,9 @@ class _PipelineRun:
                 ci += 1
             self._fire_before(t)
             collect(push(e.source_id, IncomingEvent(e.stream, e.seq, e.source_ts_us, i), t))
+        for c in control[ci:]:  # the sources linger after their last event
+            self._fire_before(c.at_us)
+            self._apply(c)
         # end of trace: every wait runs out on its own; whatever is then still held was lost (check() says so)
         self._fire_before(1 << 62)
 

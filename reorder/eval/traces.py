@@ -22,6 +22,7 @@ from typing import NamedTuple
 import orjson
 
 __all__ = [
+    "MULTI_SOURCE_SPECS",
     "PROFILES",
     "Burst",
     "DisorderProfile",
@@ -112,7 +113,8 @@ class DisorderProfile:
     * with probability ``tail_probability`` a log-uniform extra delay in ``tail_us`` (heavy tail);
     * ``bursts``: rare, huge delays (Dataset 1's two peaks of 750-1000 ms);
     * ``connections`` > 1: round-robin over a TCP connection pool, each connection FIFO with its own
-      mean-reverting jitter and rare stalls (head-of-line blocking).
+      mean-reverting jitter and rare stalls (head-of-line blocking);
+    * ``uplink_stall_probability``: rare stalls of the source's whole uplink (heavy-tailed, log-uniform).
     """
 
     name: str
@@ -126,6 +128,11 @@ class DisorderProfile:
     connection_jitter_us: int = 300
     stall_probability: float = 0.0
     stall_us: tuple[int, int] = (5_000, 50_000)
+    uplink_stall_probability: float = 0.0
+    uplink_stall_us: tuple[int, int] = (10_000, 500_000)
+    """With this probability per event the source's whole uplink stalls for a log-uniform time in ``uplink_stall_us``
+    from that event on: it and every event sent during the stall arrive at its end at the earliest, in order. No gap
+    shows at the gateway, the source just goes silent: only the merge can wait for it."""
     description: str = ""
 
 
@@ -170,6 +177,29 @@ PROFILES: dict[str, DisorderProfile] = {
     ),
 }
 
+# Multi-source profiles (issue 12 item 7): sources whose whole uplink stalls now and then, heavy-tailed. No gap shows
+# at the gateway, so only the merge can wait for them; their clocks disagree by up to 120 ms (time sync maps them).
+PROFILES["multitail"] = DisorderProfile(
+    "multitail",
+    ooo_probability=0.10,
+    small_mean_us=(1_000, 5_000),
+    tail_probability=0.001,
+    tail_us=(10_000, 500_000),
+    uplink_stall_probability=0.0003,
+    uplink_stall_us=(10_000, 500_000),
+    description="10% out of order by 1-5 ms, 0.1% delayed 10-500 ms, uplink stalls of 10-500 ms: ~3.5% delayed > 10 ms",
+)
+PROFILES["multistall"] = DisorderProfile(
+    "multistall",
+    connections=4,
+    connection_jitter_us=300,
+    stall_probability=0.0005,
+    stall_us=(5_000, 50_000),
+    uplink_stall_probability=0.0005,
+    uplink_stall_us=(10_000, 500_000),
+    description="4 pooled connections with 5-50 ms stalls, uplink stalls of 10-500 ms: ~4% delayed > 10 ms",
+)
+
 # DEBS 2013: one ball in play at 2000 Hz (4 ball sensors rotate; we keep four), 16 players x 2 legs
 # + 2 goalkeepers x 2 hands at 200 Hz: 4*2000 + 36*200 = 15,200 events/s.
 _BALL_SIDS = (4, 8, 10, 12)
@@ -192,9 +222,26 @@ class TraceSpec:
     """Clock offset of every source but the first: ``source_ts = true_ts + drift + skew * true_ts``."""
     skew_ppm: float = 0.0
     """Source k (k >= 1) runs ``k * skew_ppm`` fast."""
+    offsets_us: tuple[int, ...] = ()
+    """Clock offset of source k, for the sources it lists (it replaces ``drift_us`` for them): several sources whose
+    clocks disagree by different amounts, as unsynchronised devices do."""
+    time_scale: int = 1
+    """Every reading's true time is multiplied by this: 30 turns the 15,200 events/s DEBS feed into a 507 events/s
+    source, so a delay of half a second is overtaken by hundreds of events, not by seven thousand."""
     stream: str = "sensors"
     payload: bool = True
     extra: dict[str, int] = field(default_factory=dict)
+
+
+#: The multi-source traces of the replay benchmark: 507 events/s per source (DEBS x 1/30), independent disorder.
+MULTI_SOURCE_SPECS: dict[str, TraceSpec] = {
+    # the trace of issue 12 item 7: 5 sources, 25,000 events, offsets up to 120 ms
+    "multitail": TraceSpec(PROFILES["multitail"], events_per_source=5_000, sources=5, same_disorder=False,
+                           offsets_us=(0, 120_000, -75_000, 40_000, -110_000), time_scale=30, payload=False),
+    "multistall": TraceSpec(PROFILES["multistall"], events_per_source=3_000, sources=10, same_disorder=False,
+                            offsets_us=(0, 50_000, -30_000, 20_000, -45_000, 10_000, 35_000, -15_000, 5_000, -50_000),
+                            time_scale=30, payload=False),
+}  # fmt: skip
 
 
 def _sensor_times(n: int, rng: random.Random) -> list[tuple[int, int]]:
@@ -270,22 +317,46 @@ def _pooled_arrivals(times: list[int], extra: list[int], profile: DisorderProfil
     return arrivals
 
 
+def _uplink_stalls(times: list[int], arrivals: list[int], profile: DisorderProfile, rng: random.Random) -> list[int]:
+    """Arrival times with the source's uplink stalls applied (every event sent during a stall waits for its end)."""
+    p = profile.uplink_stall_probability
+    if not p:
+        return arrivals
+    lo, hi = math.log(profile.uplink_stall_us[0]), math.log(profile.uplink_stall_us[1])
+    out = list(arrivals)
+    stall_end = -1  # send time up to which the uplink is stalled
+    release = 0  # when the stalled uplink delivers
+    for i, t in enumerate(times):
+        if t > stall_end and rng.random() < p:
+            duration = int(math.exp(rng.uniform(lo, hi)))
+            stall_end = t + duration
+            release = arrivals[i] + duration
+        if t <= stall_end:
+            out[i] = max(out[i], release)
+    return out
+
+
 def generate(spec: TraceSpec) -> list[TraceEvent]:
     """Build the trace in memory, in arrival order (ties by source and seq).  Same spec, same trace."""
     rng = random.Random(spec.seed)
     readings = _sensor_times(spec.events_per_source, rng)
+    if spec.time_scale != 1:
+        readings = [(t * spec.time_scale, sensor) for t, sensor in readings]
     times = [t for t, _ in readings]
     shared = _extra_delays(times, spec.profile, rng) if spec.same_disorder else None
     shared_arrivals = _pooled_arrivals(times, shared, spec.profile, rng) if shared is not None else None
+    if shared_arrivals is not None:
+        shared_arrivals = _uplink_stalls(times, shared_arrivals, spec.profile, rng)
     events: list[TraceEvent] = []
     for k in range(spec.sources):
         src_rng = random.Random(f"{spec.seed}/{k}")
         if shared_arrivals is None:
             arrivals = _pooled_arrivals(times, _extra_delays(times, spec.profile, src_rng), spec.profile, src_rng)
+            arrivals = _uplink_stalls(times, arrivals, spec.profile, src_rng)
         else:
             arrivals = shared_arrivals
         shift = k * spec.source_shift_us
-        offset = spec.drift_us if k >= 1 else 0
+        offset = spec.offsets_us[k] if k < len(spec.offsets_us) else spec.drift_us if k >= 1 else 0
         rate = k * spec.skew_ppm * 1e-6
         sid = f"s{k}"
         for seq, ((t, sensor), arr) in enumerate(zip(readings, arrivals, strict=True)):

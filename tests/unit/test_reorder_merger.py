@@ -229,12 +229,14 @@ class _ScanEveryTime(MultiSourceMerger):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abcd"), st.booleans(), st.integers(0, 50), st.integers(0, 30)),
                 max_size=80),
-       st.sampled_from([0, 5]))
+       st.sampled_from([0, 5]), st.booleans())
 def test_skipping_scans_while_the_holder_is_below_the_watermark_changes_no_output(
-        ops: list[tuple[str, bool, int, int]], interval_us: int) -> None:
+        ops: list[tuple[str, bool, int, int]], interval_us: int, learn_wait: bool) -> None:
     # Differential: the merger that skips scans emits exactly what one that scans on every call emits (events,
-    # punctuations, timeouts), on random interleavings of events, heartbeats and timer firings.
-    config = MergerConfig(default_timeout_us=40, punctuation_interval_us=interval_us)
+    # punctuations, timeouts), on random interleavings of events, heartbeats and timer firings; with the learned
+    # merge wait too (a short cap and warm-up, so learned waits both hold the merge and run out within the ops).
+    config = MergerConfig(default_timeout_us=40, punctuation_interval_us=interval_us, learn_wait=learn_wait,
+                          learned_wait_cap_us=90, min_wait_samples=2)
     fast = MultiSourceMerger("R", FixedOffsetMapping({"b": 7, "c": -5}, error_bound_us=3), config)
     reference = _ScanEveryTime("R", FixedOffsetMapping({"b": 7, "c": -5}, error_bound_us=3), config)
     seq = dict.fromkeys("abcd", 0)
@@ -253,3 +255,71 @@ def test_skipping_scans_while_the_holder_is_below_the_watermark_changes_no_outpu
             outs = [m.heartbeat(source, seq[source], ts[source], now) for m in (fast, reference)]
         assert outs[0] == outs[1]
         assert fast.advance(now) == reference.advance(now)
+
+
+# -- the learned merge wait ------------------------------------------------------------------------------------------
+
+LEARN = MergerConfig(default_timeout_us=10, punctuation_interval_us=0, learn_wait=True, learned_wait_cap_us=5_000,
+                     min_wait_samples=3)
+
+
+def _silence(m: MultiSourceMerger, ref_us: int, silent_for_us: int) -> list[object]:
+    """a sends an event at ``ref_us`` (the merge starts waiting for b), b follows ``silent_for_us`` later."""
+    out: list[object] = list(m.push(ev("a", ref_us, ref_us), ref_us, ref_us))
+    out += m.push(ev("b", ref_us, ref_us), ref_us + silent_for_us, ref_us + silent_for_us)
+    return out
+
+
+def test_before_it_has_seen_enough_silences_the_merge_waits_the_cap_not_the_short_given_wait() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), LEARN)
+    for source in "ab":
+        m.heartbeat(source, -1, 0, 0)
+    assert merged(m.push(ev("a", 0, 100), 100, 100)) == []
+    assert m.next_deadline_us() == 100 + 5_000  # the cap: nothing says yet how long b goes quiet
+    # b's uplink stalled 3 ms: no gap showed, b was just silent; the learned wait outlasts it, nothing is diverted
+    out = m.push(ev("b", 0, 100), 3_100, 3_100)
+    assert merged(out) == [("a", 0, 100), ("b", 0, 100)]
+    assert m.counters.timeouts == 0
+
+
+def test_once_trusted_the_wait_is_twice_the_quantile_of_the_sources_silences() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), LEARN)
+    for source in "ab":
+        m.heartbeat(source, -1, 0, 0)
+    for k in range(1, 4):  # three silences of 30 us each
+        assert len(merged(_silence(m, 1_000 * k, 30))) == 2
+    m.push(ev("a", 4_000, 4_000), 4_000, 4_000)
+    # 30 us falls in the 5 % bucket whose upper edge is 31 us: the wait is 2 x 31, above the given 10 us
+    assert m.next_deadline_us() == 4_000 + 62
+
+
+def test_a_silence_that_outlasted_the_wait_still_teaches_it_when_the_source_comes_back() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), LEARN)
+    for source in "ab":
+        m.heartbeat(source, -1, 0, 0)
+    for k in range(1, 4):
+        _silence(m, 1_000 * k, 30)
+    m.push(ev("a", 4_000, 4_000), 4_000, 4_000)
+    out = m.advance(4_000 + 62)  # b stays quiet past its learned wait: the merge gives up on it
+    assert [type(o) for o in out] == [SourceTimedOut, Merged, Punctuation]
+    (late,) = m.push(ev("b", 3_999, 3_999), 4_500, 4_500)  # back 500 us after the wait began, behind the watermark
+    assert isinstance(late, Late) and late.reason == "after_punctuation"
+    m.push(ev("a", 5_000, 5_000), 5_000, 5_000)
+    # the 500 us silence lands in the bucket with edge 516 us, the highest seen: the wait is now 2 x 516
+    assert m.next_deadline_us() == 5_000 + 1_032
+
+
+def test_the_learned_wait_never_exceeds_its_cap_and_thesis_mode_ignores_it() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), LEARN)
+    for source in "ab":
+        m.heartbeat(source, -1, 0, 0)
+    for k in range(1, 4):
+        _silence(m, 10_000 * k, 4_000)  # 2 x the 4 ms quantile is above the 5 ms cap
+    m.push(ev("a", 40_000, 40_000), 40_000, 40_000)
+    assert m.next_deadline_us() == 40_000 + 5_000
+    thesis = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(
+        mode="thesis", default_timeout_us=10, learn_wait=True, learned_wait_cap_us=5_000, min_wait_samples=0))
+    for source in "ab":
+        thesis.register(source, 0)
+    thesis.push(ev("a", 0, 100), 100, 100)
+    assert thesis.next_deadline_us() == 100 + 10  # Eq. 3.11's wait, as the thesis runs it
