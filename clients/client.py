@@ -64,6 +64,9 @@ DEFAULT_RESYNC_INTERVAL_S = 60.0
 # How long the sender waits for a batch to fill before writing a partial one.
 DEFAULT_LINGER_S = 0.002
 _READ_CHUNK = 65536
+# The integers msgpack can encode (int64 and uint64).
+_MIN_MSGPACK_INT = -(2**63)
+_MAX_MSGPACK_INT = 2**64 - 1
 # SkewlessClient.refused keeps the most recent refusals only: a source that sends nothing but bad payloads must not
 # grow the client's memory without bound (stats.events_refused counts them all).
 REFUSED_KEPT = 1000
@@ -483,7 +486,12 @@ class SkewlessClient:
             await room.wait()
         if stream not in self._declared:
             raise ValueError(f"stream {stream!r} was not declared; declared: {self.streams}")
-        if not isinstance(payload, (int, float, bool)) and payload is not None:
+        if isinstance(payload, int) and not isinstance(payload, bool):
+            if not _MIN_MSGPACK_INT <= payload <= _MAX_MSGPACK_INT:
+                # What packb raises for a nested one. Queued, it would fail the sender task when framed, and with it
+                # the whole client.
+                raise OverflowError(f"integer payload {payload} is beyond msgpack's 64 bits")
+        elif not isinstance(payload, float) and payload is not None:
             size = len(msgpack.packb(payload, use_bin_type=True))
             if not payload_fits(size, self._max_frame_bytes):
                 raise EventTooLarge(f"payload of {size} bytes does not fit a {self._max_frame_bytes}-byte frame")

@@ -225,3 +225,27 @@ def test_atheris_coverage_guided(target: str, runs: int):
         outcome={"executed": int(stats.get("stat::number_of_executed_units", "0")),
                  "exec_per_s": int(stats.get("stat::average_exec_per_sec", "0")),
                  "peak_rss_mb": int(stats.get("stat::peak_rss_mb", "0"))})
+
+
+# -- the SDK at the 64-bit edges ---------------------------------------------------------------------------------------
+
+
+async def test_the_sdk_refuses_integers_msgpack_cannot_encode_at_send_and_keeps_its_seqs() -> None:
+    from clients import SkewlessClient
+
+    client = SkewlessClient("127.0.0.1", 9, "edges", ["s"])  # never connected: send() only queues
+    # msgpack carries -2**63 .. 2**64 - 1; the gateway refuses 2**63 and up per event (signed 64 bits in the record).
+    for payload in (-(2**63), 2**63 - 1, 2**63, 2**64 - 1, {"x": 2**64 - 1}):
+        await client.send("s", payload, 1)
+    assert (client.next_seq("s"), client.unacked_count) == (5, 5)
+    for payload in (2**64, -(2**63) - 1, 10**30, {"x": 2**64}, [-(10**30)]):
+        # Queued, a top-level one failed the sender task when it was framed, and with it the whole client.
+        with pytest.raises(OverflowError):
+            await client.send("s", payload, 1)
+    deep: object = 0
+    for _ in range(10_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="recursion limit"):  # msgpack's packer stops at 512 levels
+        await client.send("s", deep, 1)
+    assert (client.next_seq("s"), client.unacked_count, client.error) == (5, 5, None)
+    await client.close()
