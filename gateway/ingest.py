@@ -69,7 +69,8 @@ Rules:
    of the source are held, not pushed, until an estimate from a sample taken after the detection arrives
    (``clock_changed`` with ``sync_ref_us`` at or after it). The hold is resolved when that estimate maps the
    first held event plausibly (the step was real and is corrected) or agrees with the estimate it was detected
-   with (a false alarm); the next ``poll`` (or event, or timer) pushes the held events, in order, mapped with it.
+   with (a false alarm); the next ``poll`` (or event, or timer) pushes the held events, in order, mapped with it,
+   as if they arrived then (the pipeline's clock never goes backwards; their ``arrival_ts_us`` is the release).
    Meanwhile the merge waits for the source as for a recovered one (``IngestPipeline.expect``: up to the
    pipeline's ``reconnect_grace_us`` from the detection; the hold's own bounds end it sooner): its events would
    otherwise arrive behind the watermark and be late. The hold is bounded by ``clock_step_hold_us`` and
@@ -257,6 +258,16 @@ class ClockStepDetected:
     at_us: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClockStepHold:
+    """Rule 9: how a hold ended: ``resolved`` (pushed with the new estimate) or ``unresolved`` (to the late topic)."""
+
+    source_id: str
+    events: int
+    held_us: int  # from the detection to the release
+    outcome: Literal["resolved", "unresolved"]
+
+
 @dataclass(slots=True)
 class _Trigger:
     event: messages.IncomingEvent
@@ -342,6 +353,7 @@ class IngestCore:
         self._watches: dict[str, _ClockWatch] = {}  # rule 9: sources with a clock estimate
         self._holding: set[str] = set()
         self.clock_steps: deque[ClockStepDetected] = deque(maxlen=RECENT_CLOCK_STEPS)
+        self.clock_step_holds: deque[ClockStepHold] = deque(maxlen=RECENT_CLOCK_STEPS)
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -408,7 +420,7 @@ class IngestCore:
     def events_received(self, connection: ConnectionId, source_id: str,
                         events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> list[IngestAction]:
         """Dedup (rule 1), then the ordering pipeline; returns re-acks, then what is ready to publish, in order."""
-        actions: list[IngestAction] = self._release_resolved() if self._holding else []
+        actions: list[IngestAction] = self._release_resolved(arrival_us) if self._holding else []
         outputs: list[PipelineOutput] = []
         watch = self._watches.get(source_id) if self._watches else None
         for event in events:
@@ -432,7 +444,7 @@ class IngestCore:
 
     def heartbeat_received(self, source_id: str, heartbeat: messages.Heartbeat, now_us: int) -> list[IngestAction]:
         self.counters.heartbeats += 1
-        actions = self._release_resolved() if self._holding else []
+        actions = self._release_resolved(now_us) if self._holding else []
         watch = self._watches.get(source_id)
         if watch is not None and (watch.hold_until_us is not None or watch.unresolved):
             # Its clock reading is as wrong as its events' (rule 9): it must not move the merge's frontier.
@@ -490,7 +502,7 @@ class IngestCore:
         """Fire the reorder gap timeouts and merge waits that are due, unless Kafka is stalled (rule 5)."""
         if self.kafka_stalled(now_us):
             return []
-        actions = self._release_resolved() if self._holding else []
+        actions = self._release_resolved(now_us) if self._holding else []
         outputs: list[PipelineOutput] = []
         for source_id in sorted(self._holding):
             watch = self._watches[source_id]
@@ -503,7 +515,7 @@ class IngestCore:
         check (rule 4) and checkpoints (rule 6) when their intervals are up."""
         actions: list[IngestAction] = list(self.due_acks())
         if self._holding:
-            actions += self._release_resolved()
+            actions += self._release_resolved(now_us)
         if self._next_pressure_check_us is None or now_us >= self._next_pressure_check_us:
             self._next_pressure_check_us = now_us + self.config.pressure_check_interval_us
             actions += self._check_buffer_pressure()
@@ -603,18 +615,23 @@ class IngestCore:
         # Otherwise a provisional estimate (a burst still open across the step): the end of the burst brings a
         # better one, or the hold runs out.
 
-    def _release_resolved(self) -> list[IngestAction]:
-        """Push the held events of the sources whose hold is resolved, in order, mapped with the new estimate."""
+    def _release_resolved(self, now_us: int) -> list[IngestAction]:
+        """Push the held events of the sources whose hold is resolved, in order, mapped with the new estimate.
+
+        They enter the pipeline now, as if they arrived now (their records' ``arrival_ts_us`` is the release): the
+        pipeline's clock must not go backwards, or the merge's waits would be due before they started."""
         outputs: list[PipelineOutput] = []
         for source_id in sorted(self._holding):
             watch = self._watches[source_id]
             if not watch.resolved:
                 continue
+            since_us = watch.since_us
             held = self._end_hold(source_id, watch)
+            self.clock_step_holds.append(ClockStepHold(source_id, len(held), now_us - since_us, "resolved"))
             for event, arrival_us in held:
                 ref_us, _error_us = self._mapping.to_reference(source_id, event.source_ts_us)
-                watch.learn(arrival_us - ref_us)
-                outputs += self.pipeline.push(source_id, event, arrival_us)
+                watch.learn(arrival_us - ref_us)  # the network's delay, not the hold's
+                outputs += self.pipeline.push(source_id, event, now_us)
         return self._publish(outputs)
 
     def _end_hold(self, source_id: str, watch: _ClockWatch) -> list[tuple[messages.IncomingEvent, int]]:
@@ -626,7 +643,9 @@ class IngestCore:
         return held
 
     def _end_unresolved(self, source_id: str, watch: _ClockWatch, now_us: int, outputs: list[PipelineOutput]) -> None:
+        since_us = watch.since_us
         held = self._end_hold(source_id, watch)
+        self.clock_step_holds.append(ClockStepHold(source_id, len(held), now_us - since_us, "unresolved"))
         watch.unresolved = True
         self.counters.clock_step_unresolved += len(held)
         log.warning("%s: no usable re-sync after its clock step: %d held events to the late topic", source_id,

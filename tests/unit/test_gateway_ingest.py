@@ -516,6 +516,10 @@ def test_a_clock_step_is_caught_at_the_first_event_after_it_resynced_and_mapped_
     assert refs == sorted(refs)
     assert _others(stepped) == _others(steady)
     assert stepped.core.counters.clock_step_unresolved == 0
+    # Held from the detection until the poll after the new estimate: the resync's own time, one tick at most more.
+    (hold,) = stepped.core.clock_step_holds
+    assert (hold.source_id, hold.outcome) == ("a", "resolved")
+    assert RESYNC_TAKES_US <= hold.held_us <= RESYNC_TAKES_US + TICK_US
 
 
 def test_without_a_step_nothing_is_held_and_no_resync_is_asked():
