@@ -78,3 +78,20 @@ def test_the_sequence_engine_timer_and_idleness() -> None:
     assert [o.kind for o in engine.on_punctuation(20)] == ["match"]
     engine.on_punctuation(1_000)
     assert engine.is_idle() and engine.next_timer_us() is None
+
+
+def test_thesis_t_a_follows_the_records_round_trips_while_the_job_runs() -> None:
+    from spark_jobs.stateful import StreamProgress, run_stream_batch
+
+    options = ThreeWindowOptions(bootstrap_servers="", width_us=1_000_000, shift_mode="thesis")
+    live, fixed = ThreeWindowCore("s", options, 0, None), ThreeWindowCore(
+        "s", ThreeWindowOptions(bootstrap_servers="", shift_mode="thesis", ta_us=9_000), 9_000, None)
+    progress = StreamProgress(1)
+    batch = [{**r, "rtt_us": 4_000 + 1_000 * i, "source_id": f"src-{i % 2}", "topic": "t"}
+             for i, r in enumerate(sorted(rows(), key=lambda r: r["offset"]))]
+    run_stream_batch(progress, live, batch[:2], job="three_window", stream="s")
+    assert live.aggregator.ta_us == 5_000  # src-0 4 ms, src-1 5 ms
+    run_stream_batch(progress, live, batch[2:], job="three_window", stream="s")
+    assert live.aggregator.ta_us == 7_000  # src-0 re-synced at 6 ms, src-1 at 7 ms
+    run_stream_batch(StreamProgress(1), fixed, batch, job="three_window", stream="s")
+    assert fixed.aggregator.ta_us == 9_000  # --ta-us wins
