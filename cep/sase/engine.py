@@ -9,12 +9,19 @@ Per partition of the stream (equality partitioning, when the query has one) the 
 
 Everything the engine decides follows from L:
 
-* events with ts < L broke the promise (delay beyond K, or behind a punctuation): counted as ``too_late`` and
-  dropped, because the state they would need may already be purged and matches they would negate released;
-* an instance or buffered negation event with ts + W < L is purged (Algorithm 3's e.ts + W + K < CLOCK);
-* a held match whose negation ranges all end at or before L (hi <= L) is final: released in conservative mode,
-  forgotten (no longer retractable) in aggressive mode.  This is the earliest safe moment: Example 4.10
-  releases <a3 b6 d10> at CLOCK = 16 with K = 6 (10 <= 16 - 6).
+* an instance or buffered negation event with ts + W < L - A is purged (Algorithm 3's e.ts + W + K < CLOCK,
+  moved back by the allowed lateness A so that late events still find their partners);
+* a held match whose negation ranges all end at or before L (hi <= L) is final for on-time events: released in
+  conservative mode, no longer held in aggressive mode.  This is the earliest safe moment: Example 4.10
+  releases <a3 b6 d10> at CLOCK = 16 with K = 6 (10 <= 16 - 6).  An emitted match with negation stays in the
+  partition's *released* set until hi <= L - A, because until then a late event can still fall into a range;
+* a late event (L - A <= ts < L: it broke the promise, e.g. from the gateway's late topic) is processed against
+  that retained history: matches it completes are ``late_match`` (conservative) or ``add`` (aggressive), released
+  matches it negates are reported ``invalidated`` (conservative) or ``retract`` (aggressive), with the event as
+  ``cause``;
+* an event with ts < L - A is not processed: a ``too_late`` output says so (the state it would need may be gone,
+  and a partial answer would pass for a complete one).  A = 0 is Li's engine exactly: everything behind L is
+  too late.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from .query import Query
 __all__ = ["EngineConfig", "EngineCounters", "SequenceEngine"]
 
 Mode = Literal["conservative", "aggressive"]
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+TOO_LATE_REASON = "beyond_allowed_lateness"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,9 @@ class EngineConfig:
     ``purge_lag`` time units past Algorithm 3's bound, so that one purge removes a batch instead of one instance
     per CLOCK update.  0 purges exactly at Algorithm 3's moment; None (default) uses W // 4, which keeps memory
     within (1.25 W + K) of stream time.  Purging later never changes results.
+    ``allowed_lateness_us``: A, how far behind the low watermark an event may still be processed (a late event):
+    state is kept A longer, so memory covers about 1.25 W + K + A of stream time.  0 drops everything behind L as
+    ``too_late`` (Li's engine).
     """
 
     k_slack_us: int | None = None
@@ -61,10 +72,14 @@ class EngineConfig:
     strict: bool = False
     record_purges: bool = False
     purge_lag: int | None = None
+    allowed_lateness_us: int = 3_600_000_000
 
     def __post_init__(self) -> None:
         k = self.k_slack_us
         lag = self.purge_lag
+        a = self.allowed_lateness_us
+        if isinstance(a, bool) or not isinstance(a, int) or a < 0:
+            raise SaseError(f"allowed_lateness_us must be a non-negative integer, got {a!r}")
         if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 0):
             raise SaseError(f"purge_lag must be a non-negative integer or None, got {lag!r}")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
@@ -85,7 +100,15 @@ class EngineCounters:
     late_events: int = 0
     """Accepted out-of-order events (ts < CLOCK at arrival)."""
     too_late: int = 0
-    """Dropped: ts below the low watermark (delay beyond K or behind a punctuation)."""
+    """Not processed: ts below the low watermark minus the allowed lateness (a ``too_late`` output each)."""
+    behind_watermark: int = 0
+    """Late events processed: ts below the low watermark, within the allowed lateness."""
+    late_matches: int = 0
+    """``late_match`` outputs (conservative mode)."""
+    invalidated_after_release: int = 0
+    """Released matches a late negation event fell into (``invalidated`` or ``retract`` outputs)."""
+    released_retained: int = 0
+    """Gauge: emitted matches with negation kept until no late event within the allowed lateness can negate them."""
     instances: int = 0
     negation_events: int = 0
     held: int = 0
@@ -103,12 +126,14 @@ class EngineCounters:
 
 
 class _Partition:
-    __slots__ = ("ais", "held", "neg", "registered_ts")
+    __slots__ = ("ais", "held", "neg", "registered_ts", "released")
 
     def __init__(self, query: Query) -> None:
         self.ais = ActiveInstanceStacks(query.length, query.window, query.checks)
         self.neg = [NegationBuffer() for _ in query.negations]
         self.held: dict[int, HeldMatch] = {}
+        self.released: dict[int, HeldMatch] = {}
+        """Emitted matches with negation that a late event within the allowed lateness can still negate."""
         self.registered_ts: int | None = None
         """Timestamp of this partition's live entry in the purge heap (its oldest state when registered)."""
 
@@ -124,19 +149,20 @@ class _Partition:
         return max(cands, default=-(2**63))
 
     def empty(self) -> bool:
-        return not self.held and self.oldest_ts() is None
+        return not self.held and not self.released and self.oldest_ts() is None
 
     def snapshot(self, events: dict[int, SaseEvent]) -> list[Any]:
         ais_clock, rip_resets, candidates, stacks = self.ais.snapshot(events)
         # Snapshot version 1's layout, kept so that state checkpointed by earlier builds still restores: the
         # purge-heap timestamp sits between the AIS counters and the stacks.
         return [ais_clock, rip_resets, candidates, self.registered_ts, stacks,
-                [buf.snapshot(events) for buf in self.neg], [held.snapshot(events) for held in self.held.values()]]
+                [buf.snapshot(events) for buf in self.neg], [held.snapshot(events) for held in self.held.values()],
+                [done.snapshot(events) for done in self.released.values()]]
 
     @classmethod
     def restore(cls, query: Query, state: Sequence[Any], events: Mapping[int, SaseEvent]) -> _Partition:
         """The partition :meth:`snapshot` captured; ``registered_ts`` is the snapshot's, not yet in any heap."""
-        ais_clock, rip_resets, candidates, registered_ts, stacks, negs, held = state
+        ais_clock, rip_resets, candidates, registered_ts, stacks, negs, held, *rest = state
         part = cls(query)
         part.ais = ActiveInstanceStacks.restore(query.length, query.window, query.checks,
                                                 [ais_clock, rip_resets, candidates, stacks], events)
@@ -144,6 +170,9 @@ class _Partition:
         for row in held:
             match = HeldMatch.restore(query, row, events)
             part.held[match.match_id] = match
+        for row in rest[0] if rest else ():  # version 1 had no released set
+            match = HeldMatch.restore(query, row, events)
+            part.released[match.match_id] = match
         part.registered_ts = registered_ts
         return part
 
@@ -170,6 +199,9 @@ class SequenceEngine:
         self._partitions: dict[Hashable, _Partition] = {}
         self._purge_heap: list[tuple[int, int, Hashable]] = []
         self._release_heap: list[tuple[int, int, Hashable]] = []
+        self._forget_heap: list[tuple[int, int, Hashable]] = []
+        """(final_at, match_id, key) of released matches: forgotten once final_at <= L - A."""
+        self._lateness = self.config.allowed_lateness_us
         self._aggressive = self.config.mode == "aggressive"
         self._low: int | None = None
         self._k = self.config.k_slack_us
@@ -235,10 +267,10 @@ class SequenceEngine:
         return self._on_time()
 
     def end_of_stream(self) -> list[SaseOutput]:
-        """No more events at all: release every held match and purge everything."""
+        """No more events at all: release every held match and purge everything (late events too are over)."""
         if self._clock is None:
             return []
-        return self.on_punctuation(self._clock + self.query.window + self._purge_lag + 1)
+        return self.on_punctuation(self._clock + self.query.window + self._purge_lag + self._lateness + 1)
 
     # ---------------------------------------------------------------- events
 
@@ -255,9 +287,13 @@ class SequenceEngine:
         c.events += 1
         ts = event.ts
         low = self._low
-        if low is not None and ts < low:
-            c.too_late += 1
-            return []
+        behind = low is not None and ts < low
+        if behind:
+            assert low is not None
+            if ts < low - self._lateness:
+                c.too_late += 1
+                return [SaseOutput("too_late", (event,), self._now(), reason=TOO_LATE_REASON)]
+            c.behind_watermark += 1
         outs: list[SaseOutput] = []
         clock = self._clock
         late = clock is not None and ts < clock
@@ -298,12 +334,21 @@ class SequenceEngine:
             part.neg[k].add(event, seq)
             c.negation_events += 1
             outs.extend(self._negate(part, k, event))
+            if behind and part.released:
+                outs.extend(self._negate_released(part, k, event))
         if positions:
-            outs.extend(self._scan(part, key, event, seq, positions, late))
+            outs.extend(self._scan(part, key, event, seq, positions, late, behind))
         return outs
 
     def _scan(
-        self, part: _Partition, key: Hashable, event: SaseEvent, seq: int, positions: tuple[int, ...], late: bool
+        self,
+        part: _Partition,
+        key: Hashable,
+        event: SaseEvent,
+        seq: int,
+        positions: tuple[int, ...],
+        late: bool,
+        behind: bool,
     ) -> list[SaseOutput]:
         """Sequence scan and construction (Algorithm 2) for one event in one partition."""
         ais = part.ais
@@ -334,21 +379,27 @@ class SequenceEngine:
             return []
         outs: list[SaseOutput] = []
         for match in matches:
-            out = self._accept(part, key, match, late)
+            out = self._accept(part, key, match, late, behind)
             if out is not None:
                 outs.append(out)
         return outs
 
-    def _accept(self, part: _Partition, key: Hashable, match: tuple[Instance, ...], late: bool) -> SaseOutput | None:
+    def _accept(
+        self, part: _Partition, key: Hashable, match: tuple[Instance, ...], late: bool, behind: bool
+    ) -> SaseOutput | None:
         """Negation filter and holding set (Algorithm 10, lines 17-21) for one constructed sequence."""
         q = self.query
         c = self.counters
         c.matches_constructed += 1
         events = tuple(i.event for i in match)
-        kind: Literal["match", "add"] = "add" if late and self._aggressive else "match"
+        kind: Literal["match", "add", "late_match"] = "match"
+        if self._aggressive:
+            if late or behind:
+                kind = "add"
+        elif behind:
+            kind = "late_match"
         if not q.negations:
-            c.emitted += 1
-            return SaseOutput(kind, events, self._now())
+            return self._emit(kind, events)
         ranges = negation_ranges(q, events)
         for k, (lo, hi) in enumerate(ranges):
             neg = q.negations[k]
@@ -358,16 +409,31 @@ class SequenceEngine:
                     return None
         final_at = max(hi for _, hi in ranges)
         low = self._low
+        mid = self._match_id
+        self._match_id += 1
+        held = HeldMatch(mid, events, tuple(i.seq for i in match), ranges, final_at, kind)
         if low is None or final_at > low:
-            mid = self._match_id
-            self._match_id += 1
-            part.held[mid] = HeldMatch(mid, events, tuple(i.seq for i in match), ranges, final_at, kind)
+            part.held[mid] = held
             heapq.heappush(self._release_heap, (final_at, mid, key))
             c.held += 1
             if not self._aggressive:
                 return None
-        c.emitted += 1
+        else:
+            self._retain(part, key, held, low)
+        return self._emit(kind, events)
+
+    def _emit(self, kind: Literal["match", "add", "late_match"], events: tuple[SaseEvent, ...]) -> SaseOutput:
+        self.counters.emitted += 1
+        if kind == "late_match":
+            self.counters.late_matches += 1
         return SaseOutput(kind, events, self._now())
+
+    def _retain(self, part: _Partition, key: Hashable, held: HeldMatch, low: int) -> None:
+        """An emitted match that is final for on-time events: kept while a late event can still negate it."""
+        if held.final_at > low - self._lateness:
+            part.released[held.match_id] = held
+            heapq.heappush(self._forget_heap, (held.final_at, held.match_id, key))
+            self.counters.released_retained += 1
 
     def _negate(self, part: _Partition, k: int, event: SaseEvent) -> list[SaseOutput]:
         """A negation event removes the held matches it falls into (Algorithm 10, lines 9-11)."""
@@ -381,7 +447,25 @@ class SequenceEngine:
                 self.counters.invalidated_while_held += 1
                 if self._aggressive:
                     self.counters.retracted += 1
-                    outs.append(SaseOutput("retract", held.events, self._now()))
+                    outs.append(SaseOutput("retract", held.events, self._now(), cause=event))
+        return outs
+
+    def _negate_released(self, part: _Partition, k: int, event: SaseEvent) -> list[SaseOutput]:
+        """A late negation event falls into matches already released (conservative) or no longer held
+        (aggressive): those are withdrawn downstream, each once."""
+        neg = self.query.negations[k]
+        kind: Literal["retract", "invalidated"] = "retract" if self._aggressive else "invalidated"
+        outs: list[SaseOutput] = []
+        for mid, done in list(part.released.items()):
+            lo, hi = done.ranges[k]
+            if invalidates(neg, event, done.events, lo, hi):
+                del part.released[mid]
+                c = self.counters
+                c.released_retained -= 1
+                c.invalidated_after_release += 1
+                if self._aggressive:
+                    c.retracted += 1
+                outs.append(SaseOutput(kind, done.events, self._now(), cause=event))
         return outs
 
     def _register(self, part: _Partition, key: Hashable, ts: int) -> None:
@@ -396,11 +480,12 @@ class SequenceEngine:
         if low is None:
             return []
         outs: list[SaseOutput] = []
-        release_heap, purge_heap = self._release_heap, self._purge_heap
-        bound = low - self.query.window
+        release_heap, purge_heap, forget_heap = self._release_heap, self._purge_heap, self._forget_heap
+        late_low = low - self._lateness
+        bound = late_low - self.query.window
         if (not release_heap or release_heap[0][0] > low) and (
             not purge_heap or purge_heap[0][0] + self._purge_lag >= bound
-        ):
+        ) and (not forget_heap or forget_heap[0][0] > late_low):
             return outs  # nothing due: the common case on every CLOCK update
         c = self.counters
         while self._release_heap and self._release_heap[0][0] <= low:
@@ -411,8 +496,16 @@ class SequenceEngine:
                 continue
             c.held -= 1
             if not self._aggressive:
-                c.emitted += 1
-                outs.append(SaseOutput(held.kind, held.events, self._now()))  # type: ignore[arg-type]
+                outs.append(self._emit(held.kind, held.events))  # type: ignore[arg-type]
+            self._retain(part, key, held, low)
+            if part.registered_ts is None and part.empty():
+                del self._partitions[key]
+        while self._forget_heap and self._forget_heap[0][0] <= late_low:
+            _, mid, key = heapq.heappop(self._forget_heap)
+            part = self._partitions.get(key)
+            if part is None or part.released.pop(mid, None) is None:
+                continue  # already withdrawn by a late negation event
+            c.released_retained -= 1
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
         while self._purge_heap and self._purge_heap[0][0] + self._purge_lag < bound:
@@ -420,7 +513,7 @@ class SequenceEngine:
             part = self._partitions.get(key)
             if part is None or part.registered_ts != ts:
                 continue
-            if not part.held and not self.config.record_purges and part.newest_ts() < bound:
+            if not part.held and not part.released and not self.config.record_purges and part.newest_ts() < bound:
                 # The whole partition expired (the usual end of a key's life): drop it in one step.
                 n_inst, n_neg = len(part.ais), sum(len(b) for b in part.neg)
                 self.counters.purged_instances += n_inst
@@ -434,11 +527,12 @@ class SequenceEngine:
             part.registered_ts = None
             if oldest is not None:
                 self._register(part, key, oldest)
-            elif not part.held:
+            elif not part.held and not part.released:
                 del self._partitions[key]
         return outs
 
     def _purge(self, part: _Partition, bound: int) -> None:
+        """Drop state no event within the allowed lateness can use: ``bound`` is L - A - W."""
         purged = part.ais.purge_before(bound)
         c = self.counters
         c.purged_instances += len(purged)
@@ -504,7 +598,9 @@ class SequenceEngine:
         if self._release_heap:
             due.append(self._release_heap[0][0])
         if self._purge_heap:
-            due.append(self._purge_heap[0][0] + self._purge_lag + self.query.window + 1)
+            due.append(self._purge_heap[0][0] + self._purge_lag + self.query.window + self._lateness + 1)
+        if self._forget_heap:
+            due.append(self._forget_heap[0][0] + self._lateness)
         return min(due, default=None)
 
     def is_idle(self) -> bool:
@@ -552,7 +648,7 @@ class SequenceEngine:
             doc = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         except (ValueError, TypeError, msgpack.ExtraData) as exc:
             raise SaseError(f"not an engine snapshot: {exc}") from exc
-        if not isinstance(doc, dict) or doc.get("v") != SNAPSHOT_VERSION:
+        if not isinstance(doc, dict) or doc.get("v") not in (1, SNAPSHOT_VERSION):
             raise SaseError("not an engine snapshot of a supported version")
         engine = cls(query, config)
         if doc["query"] != engine._fingerprint():
@@ -571,6 +667,8 @@ class SequenceEngine:
             part = _Partition.restore(query, state, events)
             for mid, held in part.held.items():
                 heapq.heappush(engine._release_heap, (held.final_at, mid, key))
+            for mid, done in part.released.items():
+                heapq.heappush(engine._forget_heap, (done.final_at, mid, key))
             engine._partitions[key] = part
             registered_ts, part.registered_ts = part.registered_ts, None
             if registered_ts is not None:

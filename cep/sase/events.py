@@ -13,14 +13,22 @@ from typing import Any, Literal
 
 __all__ = ["OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError"]
 
-OutputKind = Literal["match", "retract", "add"]
+OutputKind = Literal["match", "retract", "add", "late_match", "invalidated", "too_late"]
 """What an output record means downstream.
 
-* ``match``: a result sequence.  In conservative mode every output is a ``match`` and is permanently valid.
-* ``add``: aggressive mode only: a (+) compensation, a match that an out-of-order event created after the
+* ``match``: a result sequence.  In conservative mode a ``match`` is valid against every event within the
+  allowed lateness of the low watermark; only an event behind the watermark (a late event) can still invalidate it,
+  which is then reported as ``invalidated``.
+* ``add``: aggressive mode only: a (+) compensation, a match that an out-of-order or late event created after the
   matches of its time span were already emitted.
-* ``retract``: aggressive mode only: a (-) compensation, an earlier ``match``/``add`` that a late negation event
-  has invalidated.
+* ``retract``: aggressive mode only: a (-) compensation, an earlier ``match``/``add`` that an out-of-order or late
+  negation event has invalidated (``cause`` is that event).
+* ``late_match``: conservative mode only: a match completed by a late event (ts below the low watermark, within
+  the allowed lateness), released like a ``match`` once no on-time event can invalidate it.
+* ``invalidated``: conservative mode only: an already released ``match``/``late_match`` that a late negation event
+  (``cause``) falls into; downstream withdraws it.
+* ``too_late``: both modes: ``events`` is the one input event, older than the low watermark minus the allowed
+  lateness; it was not processed (``reason`` says why).
 """
 
 
@@ -78,9 +86,19 @@ class SaseOutput:
     events: tuple[SaseEvent, ...]
     emitted_at: int
     """The engine's CLOCK (largest timestamp seen) when the record was produced."""
+    cause: SaseEvent | None = None
+    """``invalidated`` / ``retract``: the negation event that invalidated the match."""
+    reason: str | None = None
+    """``too_late``: why the event was not processed (``beyond_allowed_lateness``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "events": [e.to_dict() for e in self.events], "emitted_at": self.emitted_at}
+        out: dict[str, Any] = {"kind": self.kind, "events": [e.to_dict() for e in self.events],
+                               "emitted_at": self.emitted_at}
+        if self.cause is not None:
+            out["cause"] = self.cause.to_dict()
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
 
     @property
     def key(self) -> tuple[tuple[str, int, str | None], ...]:

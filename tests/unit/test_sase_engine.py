@@ -49,20 +49,24 @@ def test_window_is_strict() -> None:
 
 
 def test_delay_exactly_k_is_accepted_beyond_k_dropped() -> None:
-    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"), EngineConfig(k_slack_us=3))
+    """Without allowed lateness (Li's engine) an event behind L = CLOCK - K is too late."""
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b) WITHIN 10"),
+                         EngineConfig(k_slack_us=3, allowed_lateness_us=0))
     feed(eng, E("B", 8))
     assert ts_of(feed(eng, E("A", 5))) == [(5, 8)]  # delay 8 - 5 = 3 = K
-    assert feed(eng, E("A", 4)) == []  # delay 4 > K: dropped, counted
+    # delay 4 > K: not processed, said so
+    assert feed(eng, E("A", 4)) == [SaseOutput("too_late", (E("A", 4),), 8, reason="beyond_allowed_lateness")]
     assert eng.counters.too_late == 1
     assert eng.counters.late_events == 1
 
 
 def test_punctuation_contract_nothing_older_than_ts_follows() -> None:
-    eng = SequenceEngine(parse_query("EVENT SEQ(A a, !(C c), B b) WITHIN 10"), EngineConfig(k_slack_us=None))
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, !(C c), B b) WITHIN 10"),
+                         EngineConfig(k_slack_us=None, allowed_lateness_us=0))
     assert feed(eng, E("A", 1), E("B", 5)) == []  # held: a C in (1, 5) may still come
     assert eng.on_punctuation(4) == []  # a C at 4 may still come
     assert ts_of(eng.on_punctuation(5)) == [(1, 5)]  # nothing below 5 follows: final
-    assert eng.on_event(E("A", 4)) == []  # behind the punctuation: dropped
+    assert [o.kind for o in eng.on_event(E("A", 4))] == ["too_late"]  # behind the punctuation: not processed
     assert eng.counters.too_late == 1
     assert eng.on_punctuation(3) == []  # punctuations never go backwards
 
@@ -152,7 +156,7 @@ def test_strict_mode_raises() -> None:
 def test_memory_is_bounded_by_purge_over_a_long_stream() -> None:
     """50 000 events over 1 000 keys with delays <= K: held state stays proportional to (W + K) * rate."""
     q = parse_query("EVENT SEQ(A a, !(C c), B b) WHERE [id] WITHIN 50")
-    eng = SequenceEngine(q, EngineConfig(k_slack_us=20))
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=20, allowed_lateness_us=0))
     rng = random.Random(7)
     items = []
     for i in range(50_000):

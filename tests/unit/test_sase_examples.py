@@ -98,7 +98,7 @@ def test_example3_misplacement_avoided_for_d2() -> None:
 def test_example6_purge_order_w7_k2() -> None:
     """Algorithm 3 with W = 7, K = 2: a3 when c13 arrives (3+7+2 < 13), b6 at f16, d10 at f21."""
     eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b, D d) WITHIN 7"),
-                         EngineConfig(k_slack_us=2, record_purges=True, purge_lag=0))
+                         EngineConfig(k_slack_us=2, record_purges=True, purge_lag=0, allowed_lateness_us=0))
     assert run(eng, BASE + " f21") == []  # 10 - 3 = 7 is not < 7; 15 - 7 = 8 neither
     log = [(clock, f"{t.lower()}{ts}") for clock, t, ts in eng.purge_log]
     named = [x for x in log if x[1] in {"a3", "b6", "d10"}]
@@ -169,7 +169,7 @@ def test_example_4_10_aggressive_retracts() -> None:
 def test_example_4_9_lazy_purge_chain() -> None:
     """Optimization 4.4: purging d10 (at f21) follows d10 -> b6 -> a3 (already purged by their own time)."""
     eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b, D d) WITHIN 7"),
-                         EngineConfig(k_slack_us=2, record_purges=True, purge_lag=0))
+                         EngineConfig(k_slack_us=2, record_purges=True, purge_lag=0, allowed_lateness_us=0))
     run(eng, "a3 b6 d10")
     ais = eng.partition()
     assert ais is not None

@@ -174,18 +174,21 @@ def unbounded_streams(draw: st.DrawFn) -> tuple[list[SaseEvent], int]:
 @SETTINGS
 @given(data=unbounded_streams())
 def test_events_beyond_k_are_dropped_and_the_rest_stays_exact(text: str, data: tuple[list[SaseEvent], int]) -> None:
-    """Delays beyond K break the promise: those events are dropped (counted), and the output is exactly the
-    reference result of the events that were accepted, never a partial or invalid match."""
+    """Without allowed lateness, delays beyond K break the promise: those events are not processed (a too_late
+    output each), and the output is exactly the reference result of the events that were accepted, never a
+    partial or invalid match."""
     arrivals, k = data
     q = parse_query(text)
-    eng = SequenceEngine(q, EngineConfig(k_slack_us=k))
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=k, allowed_lateness_us=0))
     accepted: list[SaseEvent] = []
     out: list[Key] = []
     for e in arrivals:
-        before = eng.counters.too_late
-        out.extend(key(o.events) for o in eng.on_event(e))
-        if eng.counters.too_late == before:
+        outs = eng.on_event(e)
+        if [o.kind for o in outs] == ["too_late"]:
+            assert outs[0].events == (e,) and outs[0].reason == "beyond_allowed_lateness"
+        else:
             accepted.append(e)
+            out.extend(key(o.events) for o in outs)
     out.extend(key(o.events) for o in eng.end_of_stream())
     assert eng.counters.too_late == len(arrivals) - len(accepted)
     assert sorted(out) == sorted(key(m) for m in reference_matches(q, accepted))
