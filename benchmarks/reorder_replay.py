@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from benchmarks.reorder_report import write_report
-from benchmarks.reorder_thesis import ALL, APPROACH_LABEL, DRIFTS, PROFILE_RUNS, SKEW_PPM
+from benchmarks.reorder_thesis import ALL, APPROACH_LABEL, DRIFTS, MULTI_SOURCE_RUNS, PROFILE_RUNS, SKEW_PPM
 from contract.wire.messages import IncomingEvent
 from reorder.eval.kslack import MPKSlack
 from reorder.eval.replay import ReplayOptions, ReplayResult, replay
-from reorder.eval.traces import PROFILES, TraceSpec, generate
+from reorder.eval.traces import MULTI_SOURCE_SPECS, PROFILES, TraceSpec, generate
 from reorder.merger import MultiSourceMerger
 from reorder.pipeline import GATEWAY_MIN_GAP_TIMEOUT_US, IngestPipeline
 from reorder.records import SourceEvent
@@ -67,6 +67,9 @@ def build_jobs(scale: float) -> list[Job]:
     # what the gateway configures on top of the same pipeline: late events only to the late topic, and no gap is
     # given up in less than 200 ms (a live gateway sees event-loop pauses and pool stalls a replay does not)
     base["sequence-gateway"] = replace(base["sequence"], drop_late=True, min_gap_timeout_us=GATEWAY_MIN_GAP_TIMEOUT_US)
+    # the same two with the merge waiting only as long as the source's reorderer says (before issue 12 item 7)
+    base["sequence-fixedwait"] = replace(base["sequence"], learn_merge_wait=False)
+    base["sequence-gateway-fixedwait"] = replace(base["sequence-gateway"], learn_merge_wait=False)
     all_runs = tuple((a, base[a]) for a in PROFILE_RUNS)
     jobs = [
         Job("dataset1", TraceSpec(PROFILES["dataset1"], events_per_source=n(500_000), payload=False), all_runs),
@@ -88,6 +91,10 @@ def build_jobs(scale: float) -> list[Job]:
                          skew_ppm=SKEW_PPM if drift else 0.0, payload=False)  # fmt: skip
         runs = (("sync", base["sequence"]), ("nosync", replace(base["sequence"], sync=False)))
         jobs.append(Job(f"drift{label}", spec, runs))
+    # sources whose uplink stalls (issue 12 item 7): learned merge wait or not
+    stall_runs = tuple((a, base[a]) for a in MULTI_SOURCE_RUNS)
+    for key, spec in MULTI_SOURCE_SPECS.items():
+        jobs.append(Job(key, replace(spec, events_per_source=n(spec.events_per_source)), stall_runs))
     # latency versus accuracy: sweep each mode's knob
     for prof, size in (("dataset1", 200_000), ("heavytail", 200_000)):
         runs_list: list[tuple[str, ReplayOptions]] = [("oracle", base["oracle"])]
@@ -270,6 +277,28 @@ def plots(res: dict[str, JobResult]) -> list[str]:
     fig.savefig(DOCS / "reorder-latency-accuracy.png", dpi=110)
     plt.close(fig)
     names.append("reorder-latency-accuracy.png")
+    # issue 12 item 7: sources whose uplink stalls, merge wait learned or not
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    keys = ("multitail", "multistall")
+    runs = ("sequence-fixedwait", "sequence", "sequence-gateway-fixedwait", "sequence-gateway", "oracle")
+    width = 0.16
+    for j, a in enumerate(runs):
+        xs = [i + (j - 2) * width for i in range(len(keys))]
+        ax1.bar(xs, [float(res[k].results[a]["accuracy_ms_pct"]) for k in keys], width, label=APPROACH_LABEL[a])
+        ax2.bar(xs, [float(res[k].results[a]["avg_latency_ms"]) / max(float(res[k].results["oracle"]["avg_latency_ms"]),
+                                                                        1e-9) for k in keys], width)  # fmt: skip
+    ax1.set_ylim(80, 100.5)
+    ax1.axhline(99.9, color="grey", lw=0.8, ls="--")
+    ax2.axhline(1.25, color="grey", lw=0.8, ls="--")
+    for ax, title in ((ax1, "accuracy % (ms resolution, late counted)"), (ax2, "mean latency / oracle's")):
+        ax.set_xticks(range(len(keys)), keys, fontsize=8)
+        ax.set_title(title)
+    ax1.legend(fontsize=7, loc="lower left")
+    fig.suptitle("Sources whose uplink stalls: learned merge wait (issue 12 item 7)")
+    fig.tight_layout()
+    fig.savefig(DOCS / "reorder-multisource.png", dpi=110)
+    plt.close(fig)
+    names.append("reorder-multisource.png")
     return names
 
 

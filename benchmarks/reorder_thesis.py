@@ -37,6 +37,8 @@ THESIS_T510 = {"0ms": (52, 99.97, 52, 99.97), "1ms": (502560, -201.98, 78, 99.95
 APPROACH_LABEL = {
     "sequence": "Sequence (ours, adaptive)",
     "sequence-gateway": "Sequence (ours), gateway settings",
+    "sequence-fixedwait": "Sequence (ours), merge wait not learned",
+    "sequence-gateway-fixedwait": "Sequence (ours), gateway settings, merge wait not learned",
     "thesis": "Sequence (thesis Eq. 3.11)",
     "kslack": "K-slack (K = 100 ms)",
     "mpkslack": "MP-K-slack",
@@ -46,6 +48,9 @@ APPROACH_LABEL = {
 ALL: tuple[Approach, ...] = ("sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
 # the per-profile runs: every approach, and the sequence approach as the gateway configures it
 PROFILE_RUNS = ("sequence", "sequence-gateway", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
+# the multi-source uplink-stall profiles (issue 12 item 7): the sequence runs with and without the learned merge wait
+MULTI_SOURCE_RUNS = ("sequence", "sequence-fixedwait", "sequence-gateway", "sequence-gateway-fixedwait", "thesis",
+                     "mpkslack", "aqkslack", "oracle")  # fmt: skip
 # Table 5.10: source s1's clock offset per row; it also runs SKEW_PPM fast (except at 0 ms)
 DRIFTS = {"0ms": 0, "1ms": 1_000, "5ms": 5_000, "10ms": 10_000, "1min": 60_000_000, "1h": 3_600_000_000}
 SKEW_PPM = 20.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +16,7 @@ def ev(source: str, seq: int, ts: int) -> SourceEvent:
     return SourceEvent(source, "R1", seq, ts)
 
 
-def merged(outs: list[object]) -> list[tuple[str, int, int]]:
+def merged(outs: Sequence[object]) -> list[tuple[str, int, int]]:
     return [(o.event.source_id, o.event.seq, o.ref_ts_us) for o in outs if isinstance(o, Merged)]
 
 
