@@ -263,3 +263,61 @@ async def test_an_internal_error_makes_the_sdk_reconnect_and_resend_not_fail(kaf
         await gateway.stop()
     values, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
     assert [v["seq"] for v in values] == [0]
+
+
+async def test_a_dead_producer_turns_healthz_unhealthy_fails_its_connections_and_does_not_block_stop(
+        kafka, topic_prefix, monkeypatch):
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
+                                    metrics_port=0))
+    await gateway.start()
+    stopped = False
+    try:
+        def broken(*_args: object) -> None:
+            raise MemoryError("injected producer failure")
+
+        # The gateway can no longer publish anything: not one connection's problem, the gateway's.
+        monkeypatch.setattr(gateway._publisher, "produce", broken)
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(encode_frame(build_hello("p", ["s"])))
+        writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
+        await writer.drain()
+        replies: list[dict] = []
+        await _read_until(reader, FrameDecoder(), replies, lambda rs: False)
+        assert [r["type"] for r in replies] == ["welcome", "error"]
+        assert replies[1] == {"type": "error", "code": "internal_error", "fatal": True,
+                              "message": "the gateway failed processing this connection (events): MemoryError"}
+        health = gateway.health()
+        assert (health["status"], health["failed_tasks"]) == (
+            "failing", {"kafka-produce": "MemoryError('injected producer failure')"})
+        assert gateway.counters.task_failures == 1 and gateway.worker_errors["events"] == 1
+        response = await _http_get_status(gateway.metrics_port, "/healthz")
+        assert response.startswith("HTTP/1.0 503")
+        writer.close()
+
+        # A connection that comes now is refused the same way: nothing would publish its events.
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(encode_frame(build_hello("p2", ["s"])))
+        writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
+        await writer.drain()
+        replies = []
+        await _read_until(reader, FrameDecoder(), replies, lambda rs: False)
+        assert replies[1]["message"] == "the gateway failed processing this connection (events): RuntimeError"
+        writer.close()
+
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        await asyncio.wait_for(gateway.stop(), STOP_BUDGET_S)
+        stopped = True
+        assert loop.time() - started_s < STOP_BUDGET_S
+    finally:
+        if not stopped:
+            await gateway.stop()
+
+
+async def _http_get_status(port: int | None, path: str) -> str:
+    assert port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    response = await reader.read()
+    writer.close()
+    return response.decode()
