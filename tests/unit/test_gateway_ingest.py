@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from contract.records import PUNCTUATION_KEY, EventRecord, ProgressRecord, PunctuationRecord
@@ -431,8 +433,8 @@ class StepRun:
             self.core.source_registered(source, ("s",), T0)
             self.sync(source, T0)
 
-    def sync(self, source: str, now_us: int) -> None:
-        estimate = _estimate(-self.ahead[source], now_us)
+    def sync(self, source: str, now_us: int, sync_ref_us: int | None = None) -> None:
+        estimate = _estimate(-self.ahead[source], now_us if sync_ref_us is None else sync_ref_us)
         self.mapping.update(source, estimate)
         self.actions += self.core.clock_changed(SourceInfo(source, estimate, now_us), 0, now_us)
 
@@ -585,3 +587,28 @@ def test_sources_without_a_clock_estimate_are_never_checked():
     core.source_registered("a", ("s",), T0)
     actions = core.events_received(CONN, "a", (IncomingEvent("s", 0, T0 + 60_000_000, 0),), T0)
     assert seqs(actions) == [0] and core.counters.clock_steps == 0
+
+
+def test_an_estimate_measured_before_the_detection_does_not_end_the_hold():
+    run = StepRun(obey_resync=False)
+    run.run(50)
+    run.ahead["a"] += 5_000_000
+    run.run(1)
+    (detected,) = run.core.clock_steps
+    run.sync("a", run.now_us, sync_ref_us=detected.at_us - 1)  # a sample from a burst that began before the step
+    run.run(3)
+    assert run.core.clock_step_holds == deque()
+    assert [r["seq"] for r in run.records(EVENTS) if r["source_id"] == "a" and r["seq"] >= 50] == []
+    run.sync("a", run.now_us)
+    run.run(1)  # the next call in releases seqs 50-53 first; seq 54 is checked and pushed as usual
+    (hold,) = run.core.clock_step_holds
+    assert (hold.events, hold.outcome) == (4, "resolved")
+
+
+def test_heartbeats_of_a_held_source_are_ignored():
+    run = StepRun(obey_resync=False)
+    run.run(50)
+    run.ahead["a"] += 5_000_000
+    run.run(1)
+    assert run.core.heartbeat_received("a", Heartbeat(run.now_us + 5_000_000, {"s": 51}), run.now_us) == []
+    assert run.core.counters.heartbeats == 1
