@@ -218,6 +218,7 @@ def _atheris_available() -> bool:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("target", "runs"), [
     pytest.param("session", 3_000, id="session-fast"), pytest.param("timesync", 3_000, id="timesync-fast"),
+    pytest.param("publish", 3_000, id="publish-fast"), pytest.param("publish", 100_000, id="publish-long", marks=LONG),
     # The session target runs ~4,000 inputs/s under atheris' instrumentation: 10^6 of them would take the whole
     # CI budget, so it gets 10^5 here and the seeded mutation fuzzer above does the 10^6.
     pytest.param("session", 100_000, id="session-long", marks=LONG),
@@ -236,7 +237,8 @@ def test_atheris_coverage_guided(target: str, runs: int):
     record_outcome(
         f"Atheris {target} ({runs:,} runs)", group="hostile",
         injected=f"{runs:,} coverage-guided inputs (libFuzzer via atheris 3.0.0) against the "
-                 + ("frame decoder + session" if target == "session" else "time-sync codec + responder"),
+                 + {"session": "frame decoder + session", "timesync": "time-sync codec + responder",
+                    "publish": "one event's payload bytes through session + IngestCore + record encoding"}[target],
         checked="no uncaught exception (atheris stops at the first one); same invariants as the harness",
         outcome={"executed": int(stats.get("stat::number_of_executed_units", "0")),
                  "exec_per_s": int(stats.get("stat::average_exec_per_sec", "0")),
