@@ -91,3 +91,54 @@ async def test_duplicate_resend_reaches_kafka_once(gateway: Gateway, kafka, topi
     assert gateway.counters.duplicates == 10
     values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
     assert [v["seq"] for v in values] == list(range(25))
+
+
+async def test_sigterm_stops_a_gateway_process_within_10_s_with_hostile_payloads_and_stuck_peers(
+        kafka, topic_prefix, tmp_path):
+    import signal
+
+    from tests.reliability.harness import GatewayProcess
+
+    process = GatewayProcess(kafka.bootstrap_servers, topic_prefix, tmp_path)
+    await process.start()
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        # The stall: a bin payload (and an int map key) on a connection that never reads its replies ...
+        _reader, writer = await asyncio.open_connection("127.0.0.1", process.port)
+        writers.append(writer)
+        writer.write(encode_frame(HELLO) + encode_frame({"type": "events", "events": [
+            {"stream": "s", "seq": 0, "source_ts_us": 1_000, "payload": b"\x00\x01"},
+            {"stream": "s", "seq": 1, "source_ts_us": 1_001, "payload": {1: "int key"}},
+            {"stream": "s", "seq": 2, "source_ts_us": 1_002, "payload": {"ok": True}}]}))
+        # ... then half a frame, left hanging.
+        writer.write(HEADER.pack(100) + b"\x81")
+        await writer.drain()
+        # A second peer that said hello and went silent.
+        _reader2, writer2 = await asyncio.open_connection("127.0.0.1", process.port)
+        writers.append(writer2)
+        writer2.write(encode_frame({**HELLO, "source_id": "silent"}))
+        await writer2.drain()
+
+        for _ in range(150):  # a scrape is the only way to see a process's counters: polled, 15 s at most
+            if (await process.metrics()).get("skewless_gateway_invalid_payloads", 0) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the two invalid payloads were never counted")
+        status, health = await process.health()
+        assert (status, health["status"]) == (200, "ok")
+
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        assert process.process is not None
+        process.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            returncode = await process.process.wait()
+        assert loop.time() - started_s < 10.0
+        assert returncode == 0, process.log()[-3000:]
+    finally:
+        for w in writers:
+            w.close()
+        await process.stop()
+    values, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    assert [(v["seq"], v["payload"]) for v in values] == [(2, {"ok": True})]
