@@ -255,3 +255,68 @@ def test_next_timer_and_idle() -> None:
         assert eng.on_punctuation(due) == []
         steps += 1
     assert eng.counters.instances == 0 and eng.next_timer_us() is None
+
+
+# ---------------------------------------------------------------- late events within the allowed lateness
+
+LATE_Q = "EVENT SEQ(A a, !(C c), B b) WITHIN 10"
+
+
+def late_stream(eng: SequenceEngine) -> list[tuple[str, list[tuple[int, ...]], str | None]]:
+    """K = 0, allowed lateness 22: (kind, timestamps, cause id) per output of a hand-made stream."""
+    out = feed(eng, E("A", 1), E("B", 5))  # <a1 b5> final at b5 (range (1, 5), L = 5)
+    out += feed(eng, E("X", 25))  # L = 25: late from 3 on
+    out += feed(eng, E("C", 3))  # late (3 < L = 25, >= 25 - 22): falls into (1, 5)
+    out += feed(eng, E("A", 15), E("B", 18))  # late: <a15 b18>, range (15, 18) already final (18 <= 25)
+    out += feed(eng, E("C", 16))  # late: negates it
+    out += feed(eng, E("A", 2))  # 2 < 25 - 22: too late
+    return [(o.kind, [e.ts for e in o.events], o.cause.event_id if o.cause else o.reason) for o in out]
+
+
+def test_late_events_conservative_hand_computed() -> None:
+    eng = SequenceEngine(parse_query(LATE_Q), EngineConfig(k_slack_us=0, allowed_lateness_us=22))
+    assert late_stream(eng) == [
+        ("match", [1, 5], None),
+        ("invalidated", [1, 5], "c3"),
+        ("late_match", [15, 18], None),
+        ("invalidated", [15, 18], "c16"),
+        ("too_late", [2], "beyond_allowed_lateness"),
+    ]
+    c = eng.counters
+    assert (c.behind_watermark, c.too_late, c.late_matches, c.invalidated_after_release) == (4, 1, 1, 2)
+    assert c.released_retained == 0  # both withdrawn: nothing left to negate
+
+
+def test_late_events_aggressive_hand_computed() -> None:
+    eng = SequenceEngine(parse_query(LATE_Q), EngineConfig(k_slack_us=0, allowed_lateness_us=22, mode="aggressive"))
+    assert late_stream(eng) == [
+        ("match", [1, 5], None),
+        ("retract", [1, 5], "c3"),
+        ("add", [15, 18], None),
+        ("retract", [15, 18], "c16"),
+        ("too_late", [2], "beyond_allowed_lateness"),
+    ]
+    assert eng.counters.retracted == 2
+
+
+def test_late_match_not_yet_final_is_held_and_released_history_is_forgotten() -> None:
+    """Trailing negation: <a25 b27> (late at CLOCK 30) has range (27, 35), so a C at 34 could still come on time:
+    held, released as late_match at L = 35, kept until L - A >= 35, then nothing can negate it any more."""
+    eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b, !(C c)) WITHIN 10"),
+                         EngineConfig(k_slack_us=0, allowed_lateness_us=20, purge_lag=0))
+    feed(eng, E("X", 30))
+    assert feed(eng, E("A", 25), E("B", 27)) == []
+    assert eng.counters.held == 1
+    assert eng.advance_clock(34) == []
+    released = eng.advance_clock(35)
+    assert [(o.kind, ts) for o, ts in zip(released, ts_of(released), strict=True)] == [("late_match", (25, 27))]
+    assert eng.counters.released_retained == 1
+    assert eng.next_timer_us() == 35 + 20
+    assert eng.advance_clock(54) == [] and eng.counters.released_retained == 1
+    # A late C at 34 (>= 54 - 20) still negates it.
+    assert [(o.kind, o.cause) for o in feed(eng, E("C", 34))] == [("invalidated", E("C", 34))]
+    feed(eng, E("A", 40), E("B", 41))  # late again: range (41, 50) final at L = 54
+    assert eng.counters.released_retained == 1
+    eng.advance_clock(72)  # 50 <= 72 - 20: forgotten; state below 72 - 20 - W = 42 purged
+    assert eng.counters.released_retained == 0 and eng.is_idle()
+    assert [o.kind for o in feed(eng, E("C", 45))] == ["too_late"]

@@ -216,3 +216,146 @@ def test_rip_invariant_after_every_event(text: str, data: tuple[list[SaseEvent],
             for inst in stack:
                 below = [p for p in prev if p.ts < inst.ts]
                 assert inst.rip is (below[-1] if below else None)
+
+
+# ---------------------------------------------------------------- late events within the allowed lateness
+
+LATE_QUERIES = [QUERIES[0], QUERIES[1], QUERIES[4], QUERIES[5], QUERIES[6], QUERIES[7], QUERIES[8]]
+
+
+@st.composite
+def late_streams(draw: st.DrawFn) -> tuple[list[SaseEvent], int, int]:
+    """Delays far beyond K: events behind L within the allowed lateness A (late) and beyond it (too late)."""
+    k = draw(st.integers(0, 6))
+    allowed = draw(st.integers(0, 20))
+    n = draw(st.integers(0, 24))
+    items = []
+    for i in range(n):
+        ts = draw(st.integers(0, 40))
+        attrs = {"id": draw(st.integers(0, 2)), "v": draw(st.integers(0, 4))}
+        delay = draw(st.integers(0, k + 30))
+        items.append((ts + delay, i, SaseEvent(draw(st.sampled_from("AABBCDX")), ts, attrs, f"e{i}")))
+    items.sort(key=lambda x: (x[0], x[1]))
+    return [e for _, _, e in items], k, allowed
+
+
+def lateness(arrivals: list[SaseEvent], k: int, allowed: int) -> list[str]:
+    """Each arrival against L = CLOCK - K before it (CLOCK: the largest timestamp seen; late events never move
+    it, being below L)."""
+    out = []
+    clock: int | None = None
+    for e in arrivals:
+        low = None if clock is None else clock - k
+        out.append("on_time" if low is None or e.ts >= low else "late" if e.ts >= low - allowed else "too_late")
+        clock = e.ts if clock is None else max(clock, e.ts)
+    return out
+
+
+def final_at(text: str, match: tuple[SaseEvent, ...]) -> int:
+    """The largest upper end of the match's negation ranges (docs/sase.md), written from the query's elements:
+    once L reaches it, no on-time event can negate the match."""
+    q = parse_query(text)
+    his = []
+    positives_before = 0
+    for el in q.elements:
+        if not el.negated:
+            positives_before += 1
+        else:
+            his.append(match[positives_before].ts if positives_before < len(match) else match[0].ts + q.window)
+    return max(his, default=-(10**9))
+
+
+def completed_late(match: tuple[SaseEvent, ...], arrivals: list[SaseEvent], late: list[str]) -> bool:
+    """Whether the member that arrived last (the one whose arrival constructs the match) was late."""
+    last = max(arrivals.index(e) for e in match)
+    return late[last] == "late"
+
+
+@pytest.mark.parametrize("text", LATE_QUERIES)
+@SETTINGS
+@given(data=late_streams(), cut=st.floats(0, 1))
+def test_conservative_late_events_against_brute_force(
+    text: str, data: tuple[list[SaseEvent], int, int], cut: float
+) -> None:
+    """Union of match and late_match minus invalidated = the reference over all events not too late; a match is
+    late_match exactly when its last member arrived late; invalidated = what was released (final against L over the
+    events seen so far) but is not in the reference, each with a late negation event that negates it; too_late
+    exactly for the events behind L - A.  A snapshot/restore at a random point changes nothing."""
+    arrivals, k, allowed = data
+    q = parse_query(text)
+    late = lateness(arrivals, k, allowed)
+    kept = [e for e, lt in zip(arrivals, late, strict=True) if lt != "too_late"]
+    final = {key(m) for m in reference_matches(q, kept)}
+    expected_emitted: dict[Key, bool] = {key(m): completed_late(m, arrivals, late) for m in reference_matches(q, kept)}
+    prefix: list[SaseEvent] = []
+    for e in kept:
+        prefix.append(e)
+        low = max(x.ts for x in prefix) - k
+        for m in reference_matches(q, prefix):
+            if final_at(text, m) <= low:
+                expected_emitted.setdefault(key(m), completed_late(m, arrivals, late))
+
+    cfg = EngineConfig(k_slack_us=k, allowed_lateness_us=allowed)
+    eng = SequenceEngine(q, cfg)
+    emitted: dict[Key, bool] = {}
+    invalidated: set[Key] = set()
+    too_late: list[SaseEvent] = []
+
+    def collect(outs: list[SaseOutput]) -> None:
+        for o in outs:
+            if o.kind == "too_late":
+                assert len(o.events) == 1 and o.reason == "beyond_allowed_lateness"
+                too_late.append(o.events[0])
+            elif o.kind == "invalidated":
+                assert key(o.events) in emitted and key(o.events) not in invalidated
+                assert o.cause is not None and late[arrivals.index(o.cause)] == "late"
+                assert key(o.events) not in {key(m) for m in reference_matches(q, [*o.events, o.cause])}
+                invalidated.add(key(o.events))
+            else:
+                assert o.kind in ("match", "late_match")
+                assert key(o.events) not in emitted, "each match once"
+                emitted[key(o.events)] = o.kind == "late_match"
+
+    split = int(cut * len(arrivals))
+    for i, e in enumerate(arrivals):
+        if i == split:
+            eng = SequenceEngine.restore(q, cfg, eng.snapshot())
+        collect(eng.on_event(e))
+    collect(eng.end_of_stream())
+    assert emitted == expected_emitted
+    assert invalidated == set(expected_emitted) - final
+    assert too_late == [e for e, lt in zip(arrivals, late, strict=True) if lt == "too_late"]
+    assert eng.counters.too_late == len(too_late)
+    assert eng.counters.behind_watermark == late.count("late")
+    assert eng.is_idle() and eng.counters.released_retained == 0
+
+
+@pytest.mark.parametrize("text", LATE_QUERIES)
+@SETTINGS
+@given(data=late_streams())
+def test_aggressive_late_events_net_to_reference(text: str, data: tuple[list[SaseEvent], int, int]) -> None:
+    """Aggressive mode: match/add minus retract nets to the reference over the events not too late; a match that a
+    late event completes is an add; every retract names a negation event that negates the match."""
+    arrivals, k, allowed = data
+    q = parse_query(text)
+    late = lateness(arrivals, k, allowed)
+    kept = [e for e, lt in zip(arrivals, late, strict=True) if lt != "too_late"]
+    expected = Counter(key(m) for m in reference_matches(q, kept))
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=k, mode="aggressive", allowed_lateness_us=allowed))
+    net: Counter[Key] = Counter()
+    too_late: list[SaseEvent] = []
+    for o in run(eng, arrivals):
+        if o.kind == "too_late":
+            too_late.extend(o.events)
+        elif o.kind == "retract":
+            assert net[key(o.events)] == 1, "only an emitted match can be retracted"
+            assert o.cause is not None
+            assert key(o.events) not in {key(m) for m in reference_matches(q, [*o.events, o.cause])}
+            net[key(o.events)] -= 1
+        else:
+            assert o.kind in ("match", "add")
+            if completed_late(o.events, arrivals, late):
+                assert o.kind == "add"
+            net[key(o.events)] += 1
+    assert +net == expected
+    assert too_late == [e for e, lt in zip(arrivals, late, strict=True) if lt == "too_late"]
