@@ -3,7 +3,8 @@ decision. Connections (gateway/connection.py) call in with what their sessions r
 call in from the poll task; the deadline task calls in when the core says something is due. The shell carries out
 the actions that come back: writes to connections, produces to Kafka, pauses and resumes reading.
 
-Tasks, each with a done-callback that logs, counts (`task_failures`) and reports it in /healthz (status "failing"):
+Tasks, each with a done-callback that logs, counts (`task_failures`) and reports it in /healthz (status "failing"),
+as does an exception out of the core during a connection's call (see _core_call):
   kafka-poll          serves delivery reports, then the core's poll (acks, buffer check, checkpoints)
   kafka-produce       hands Produce actions to librdkafka in the order the core gave them, waiting while its queue
                       is full; owned by the gateway, so records already taken out of the ordering pipeline are
@@ -18,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -65,6 +66,8 @@ QUEUE_FULL_RETRY_S = 0.005
 # How long stop() waits for Kafka to confirm what was read (both drains together): below the 10 s that docker stop
 # and most supervisors grant between SIGTERM and SIGKILL, leaving the rest for closing connections and the producer.
 STOP_FLUSH_TIMEOUT_S = 8.0
+# The failed_tasks entry of /healthz for an exception out of the IngestCore (see Gateway._core_call).
+CORE_FAILURE = "ingest-core"
 
 
 @dataclass
@@ -422,20 +425,38 @@ class Gateway:
     async def register_source(self, connection: ConnectionHandler, hello: messages.Hello) -> None:
         await self._ensure_streams(hello.streams)
         self._connections_by_source.setdefault(hello.source_id, set()).add(connection)
-        actions = self.core.source_registered(hello.source_id, hello.streams, self._clock_us())
+        with self._core_call():
+            actions = self.core.source_registered(hello.source_id, hello.streams, self._clock_us())
         self._deadline_changed.set()
         await self._carry_out(actions)
 
     async def receive_events(self, connection: ConnectionHandler, received: EventsReceived, arrival_us: int) -> None:
-        actions = self.core.events_received(connection.connection_id, received.source_id, received.events,
-                                            arrival_us)
+        with self._core_call():
+            actions = self.core.events_received(connection.connection_id, received.source_id, received.events,
+                                                arrival_us)
         self._deadline_changed.set()
         await self._carry_out(actions)
 
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None:
-        actions = self.core.heartbeat_received(received.source_id, received.heartbeat, self._clock_us())
+        with self._core_call():
+            actions = self.core.heartbeat_received(received.source_id, received.heartbeat, self._clock_us())
         self._deadline_changed.set()
         await self._carry_out(actions)
+
+    @contextlib.contextmanager
+    def _core_call(self) -> Iterator[None]:
+        """Around a core call made for a connection. The core raising (a bug) takes down that connection, and more:
+        records it had released in the call are lost with it, and the seqs it had accepted are never confirmed, so
+        their resends are duplicates never acked and that source's acks stop for good. Only a restart (recovery
+        from Kafka, the clients resending what was not acked) serves it again: /healthz says so."""
+        try:
+            yield
+        except Exception as exc:
+            if CORE_FAILURE not in self._failed_tasks:
+                log.exception("the ingest core raised: /healthz is failing until the gateway restarts")
+                self._failed_tasks[CORE_FAILURE] = repr(exc)
+            self.core.task_failed()
+            raise
 
     def session_failed(self, error_code: str) -> None:
         self.core.session_failed(error_code)

@@ -116,9 +116,11 @@ async def test_a_failing_connection_worker_is_answered_counted_and_does_not_bloc
         assert replies[1] == {"type": "error", "code": "internal_error", "fatal": True,
                               "message": "the gateway failed processing this connection (events): RuntimeError"}
         assert gateway.worker_errors == {"session": 0, "register": 0, "events": 1, "heartbeat": 0, "worker": 0}
-        assert gateway.counters.task_failures == 0  # no gateway task died: the gateway still serves
+        # Out of the core: its state is suspect (see the mid-batch test below), so the gateway reports failing.
+        assert gateway.counters.task_failures == 1
         health = gateway.health()
-        assert health["status"] == "ok"
+        assert (health["status"], health["failed_tasks"]) == (
+            "failing", {"ingest-core": "RuntimeError('injected core failure')"})
         assert health["last_connection_failure"] == "source victim (events): RuntimeError('injected core failure')"
         metrics = await _http_get(gateway.metrics_port, "/metrics")
         assert 'skewless_gateway_worker_errors_total{stage="events"} 1.0' in metrics.splitlines()
@@ -321,3 +323,38 @@ async def _http_get_status(port: int | None, path: str) -> str:
     response = await reader.read()
     writer.close()
     return response.decode()
+
+
+async def test_a_core_that_raises_mid_batch_turns_healthz_failing_its_source_cannot_be_served_until_a_restart(
+        kafka, topic_prefix, monkeypatch):
+    from clients import Backoff, SkewlessClient
+
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix))
+    await gateway.start()
+    try:
+        real_push = gateway.core.pipeline.push
+        failures = [RuntimeError("pipeline bug at seq 1")]
+
+        def push(source_id: str, event: object, arrival_us: int) -> object:
+            if getattr(event, "seq", None) == 1 and failures:
+                raise failures.pop()
+            return real_push(source_id, event, arrival_us)  # type: ignore[arg-type]
+
+        # Seq 0 was accepted and released, seq 1 accepted, then the core raised: the released record is lost with
+        # the call, and both seqs stay accepted but never confirmed, so their resends are duplicates never acked.
+        monkeypatch.setattr(gateway.core.pipeline, "push", push)
+        client = SkewlessClient("127.0.0.1", gateway.port, "mid", ["s"], heartbeat_interval_s=None,
+                                backoff=Backoff(initial_s=0.05, max_s=0.1))
+        await client.connect()
+        for seq in range(3):
+            await client.send("s", {"i": seq}, 1_000 + seq)
+        with pytest.raises(TimeoutError):
+            await client.flush(3.0)
+        assert client.acked_through("s") == -1 and client.stats.events_resent == 3
+        # Not one connection's problem: only a restart (recovery from Kafka, the clients resending) serves it again.
+        health = gateway.health()
+        assert (health["status"], health["failed_tasks"]) == (
+            "failing", {"ingest-core": "RuntimeError('pipeline bug at seq 1')"})
+        await client.close()
+    finally:
+        await gateway.stop(flush_timeout_s=1.0)
