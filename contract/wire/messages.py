@@ -199,6 +199,8 @@ def _short(text: str, max_chars: int = 40) -> str:
 
 def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
     if not isinstance(raw, dict):
+        if type(raw) is NonStringKeyMap:
+            raise InvalidMessage("an event map has a non-string key")
         raise InvalidMessage(f"an event must be a map, got {type(raw).__name__}")
     stream = raw.get("stream")
     # Hot path: a declared stream was validated at hello; only other values need the full checks.

@@ -124,6 +124,14 @@ def test_non_string_map_keys_in_a_payload_refuse_that_event_not_the_frame(payloa
         (0, 1), (1, RejectedPayload(problem)), (2, {"ok": True})]
 
 
+def test_a_non_string_key_in_the_event_map_itself_is_an_invalid_message_for_the_frame() -> None:
+    from contract.wire.errors import InvalidMessage
+
+    (message,) = FrameDecoder().feed(encode_frame(build_events([{**build_event("s", 0, 1, 1), 7: "x"}])))
+    with pytest.raises(InvalidMessage, match=r"^an event map has a non-string key$"):
+        parse_events(message, 10, DECLARED)
+
+
 def test_a_thousand_levels_of_keys_that_are_arrays_cost_no_recursion() -> None:
     key: Any = 0
     for _ in range(1000):
