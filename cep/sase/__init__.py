@@ -11,13 +11,14 @@ See docs/sase.md for the syntax and the semantics decisions.
 
 from .ais import ActiveInstanceStacks, Instance
 from .baseline import InOrderSequenceEngine
-from .engine import EngineConfig, EngineCounters, SequenceEngine
+from .engine import TOO_LATE_REASON, EngineConfig, EngineCounters, SequenceEngine
 from .events import OutputKind, SaseError, SaseEvent, SaseInputError, SaseOutput, SaseSyntaxError
 from .parser import parse_query
 from .query import AttrRef, Element, Predicate, Query, SeqBuilder, ref
 from .reference import reference_matches
 
 __all__ = [
+    "TOO_LATE_REASON",
     "ActiveInstanceStacks",
     "AttrRef",
     "Element",

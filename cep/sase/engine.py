@@ -38,7 +38,7 @@ from .events import SaseError, SaseEvent, SaseInputError, SaseOutput
 from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
 from .query import Query
 
-__all__ = ["EngineConfig", "EngineCounters", "SequenceEngine"]
+__all__ = ["TOO_LATE_REASON", "EngineConfig", "EngineCounters", "SequenceEngine"]
 
 Mode = Literal["conservative", "aggressive"]
 SNAPSHOT_VERSION = 2

@@ -262,7 +262,7 @@ def test_next_timer_and_idle() -> None:
 LATE_Q = "EVENT SEQ(A a, !(C c), B b) WITHIN 10"
 
 
-def late_stream(eng: SequenceEngine) -> list[tuple[str, list[tuple[int, ...]], str | None]]:
+def late_stream(eng: SequenceEngine) -> list[tuple[str, list[int], str | None]]:
     """K = 0, allowed lateness 22: (kind, timestamps, cause id) per output of a hand-made stream."""
     out = feed(eng, E("A", 1), E("B", 5))  # <a1 b5> final at b5 (range (1, 5), L = 5)
     out += feed(eng, E("X", 25))  # L = 25: late from 3 on

@@ -166,6 +166,24 @@ def test_example_4_10_aggressive_retracts() -> None:
     ]
 
 
+def test_example_4_4_c9_after_f16_is_late() -> None:
+    """Example 4.4's order: c9 arrives after f16 (delay 16 - 9 = 7 > K = 6), when <a3 b6 d10> is already released.
+    Li's engine (no allowed lateness) cannot use it: too_late.  With an allowed lateness A >= 1 (L - A = 16 - 6 - A
+    <= 9) it is a late event: the released match is reported invalidated, caused by c9 (aggressive: retracted)."""
+    stream = "b1 a3 c5 b6 a7 d10 b11 f12 c13 d15 f16 c9"
+    li = SequenceEngine(parse_query(NEG), EngineConfig(k_slack_us=6, allowed_lateness_us=0))
+    assert run(li, stream) == [("f16", "match", "a3 b6 d10"), ("c9", "too_late", "c9")]
+    late = SequenceEngine(parse_query(NEG), EngineConfig(k_slack_us=6, allowed_lateness_us=7))
+    outs = run(late, stream[: -len(" c9")])
+    c9 = late.on_event(ev("c9"))
+    assert [(o.kind, names(o), o.cause) for o in c9] == [("invalidated", "a3 b6 d10", ev("c9"))]
+    assert outs == [("f16", "match", "a3 b6 d10")]
+    just_enough = SequenceEngine(parse_query(NEG), EngineConfig(k_slack_us=6, allowed_lateness_us=1))
+    assert run(just_enough, stream)[-1] == ("c9", "invalidated", "a3 b6 d10")  # 9 >= 10 - 1
+    aggressive = SequenceEngine(parse_query(NEG), EngineConfig(k_slack_us=6, allowed_lateness_us=7, mode="aggressive"))
+    assert run(aggressive, stream) == [("d10", "match", "a3 b6 d10"), ("c9", "retract", "a3 b6 d10")]
+
+
 def test_example_4_9_lazy_purge_chain() -> None:
     """Optimization 4.4: purging d10 (at f21) follows d10 -> b6 -> a3 (already purged by their own time)."""
     eng = SequenceEngine(parse_query("EVENT SEQ(A a, B b, D d) WITHIN 7"),
