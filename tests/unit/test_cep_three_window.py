@@ -451,7 +451,9 @@ def run_ops(make: Callable[[], ThreeWindowAggregator], ops: list[Op], split: int
     batches: list[Batch] = []
     for i, op in enumerate(ops):
         if i == split:
-            agg = ThreeWindowAggregator.restore(agg.snapshot())
+            blob = agg.snapshot()
+            agg = ThreeWindowAggregator.restore(blob)
+            assert agg.snapshot() == blob  # every field round-trips
         if isinstance(op, int):
             batches.append(agg.advance(op))
             step = agg.slide_us or agg.width_us

@@ -111,7 +111,9 @@ def run_ops(lateness: int, ops: list[Op], split: int | None = None, batched: boo
     run: list[int] = []
     for i, (is_event, x) in enumerate(ops):
         if i == split:
-            counter = TumblingWindowCounter.restore(counter.snapshot())
+            blob = counter.snapshot()
+            counter = TumblingWindowCounter.restore(blob)
+            assert counter.snapshot() == blob  # every field round-trips
         if is_event and batched:
             run.append(x)
             continue
