@@ -136,8 +136,8 @@ class LateEvent:
     nominal_start_us: int
     reason: str
     """``too_late``: the slot was released and its close time plus the allowed lateness is at or below the
-    watermark, so its state is gone.  (Snapshot version 1 also reported ``behind_watermark`` and
-    ``shift_beyond_bound`` for slots that are now corrected instead.)"""
+    watermark, so its state is gone.  (Before corrections, with snapshot version 1, ``behind_watermark`` and
+    ``shift_beyond_bound`` were reported for released slots that are now corrected instead.)"""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
