@@ -91,7 +91,7 @@ def start_job(spark: Any, name: str, bootstrap: str, prefix: str, checkpoint: st
             bootstrap_servers=bootstrap, query=SEQUENCE_QUERY, topic_prefix=prefix, checkpoint_dir=checkpoint,
             available_now=True, console=False))
     return window_count.start(spark, window_count.WindowCountOptions(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, window="1 second", watermark="0 seconds",
+        bootstrap_servers=bootstrap, topic_prefix=prefix, width_us=1_000_000,
         checkpoint_dir=checkpoint, available_now=True, console=False))
 
 

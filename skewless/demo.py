@@ -121,7 +121,7 @@ def run_window_job(bootstrap: str) -> dict[int, int]:
     spark = create_spark_session("skewless-demo")
     try:
         query = window_count.start(spark, window_count.WindowCountOptions(
-            bootstrap_servers=bootstrap, window="1 second", watermark="2 seconds", available_now=True))
+            bootstrap_servers=bootstrap, width_us=WINDOW_US, available_now=True))
         query.awaitTermination()
     finally:
         stop_spark(spark)

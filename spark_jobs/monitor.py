@@ -51,13 +51,16 @@ def watch_watermark_drops(spark: Any, query: Any, *, job: str, bootstrap_servers
 
     report = WatermarkDropReport(job)
     query_id = str(query.id)
-    producer = KafkaClientConfig.of(bootstrap_servers).producer()
+    # Made on the first drop only: a producer per job that never sends would hold a connection for nothing.
+    producers: list[Any] = []
 
     def send(key: str, value: dict[str, Any]) -> None:
         logger.error("%s: %s rows dropped by Spark's watermark in batch %s (total %s)", job, value["rows"],
                      value["batch_id"], value["dropped_total"])
-        producer.produce(output_topic, key=key.encode(), value=orjson.dumps(value))
-        producer.flush(30)
+        if not producers:
+            producers.append(KafkaClientConfig.of(bootstrap_servers).producer())
+        producers[0].produce(output_topic, key=key.encode(), value=orjson.dumps(value))
+        producers[0].flush(30)
 
     class Listener(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
@@ -75,8 +78,7 @@ def watch_watermark_drops(spark: Any, query: Any, *, job: str, bootstrap_servers
             pass
 
         def onQueryTerminated(self, event: Any) -> None:
-            if str(event.id) == query_id:
-                producer.flush(30)
+            pass
 
     spark.streams.addListener(Listener())
     return report

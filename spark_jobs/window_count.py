@@ -1,17 +1,22 @@
-"""Job `window_count`: tumbling event-time windows (on ref_ts_us) counted per stream, with a watermark.
+"""Job `window_count`: tumbling event-time windows (on ref_ts_us) counted per stream, exactly.
 
-Results are upserts: every trigger re-emits the windows whose count changed ("update" mode), keyed by
-`<stream>|<window_start_us>` so the last record per key in `skewless.results.window_count` is the final count.
+Spark groups the stream's records (events and late topics) by stream; each stream's cep.window_count
+TumblingWindowCounter counts events per window and releases a window once the stream's promise passes its end
+(spark_jobs/stateful.py): no watermark delay to tune, nothing dropped. Records on `skewless.results.window_count`,
+key `<stream>|<window_start_us>`: `record = "window"` with `count` and `revision` (0 when released; a late event
+for a released window re-emits it with the next revision under the same key, so the last record per key is the
+final count), and `"too_late"` (a late event past the allowed lateness, with its reason).
 """
 
 from __future__ import annotations
 
-import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.admin import ensure_topics
-from contract.topics import TopicNames
+from cep.window_count import TumblingWindowCounter, WindowCount
+from contract.records import RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
+from spark_jobs.stateful import start_core_job
 
 JOB_NAME = "window_count"
 
@@ -20,66 +25,57 @@ JOB_NAME = "window_count"
 class WindowCountOptions:
     bootstrap_servers: str
     topic_prefix: str = "skewless"
-    window: str = "1 second"
-    watermark: str = "2 seconds"
+    streams: tuple[str, ...] = ()
+    width_us: int = 1_000_000
+    allowed_lateness_us: int = 3_600_000_000
     checkpoint_dir: str | None = None
     available_now: bool = False
-    processing_time: str = "2 seconds"
+    processing_time: str = "1 second"
     console: bool = True
 
 
-def window_counts(events: Any, window: str, watermark: str) -> Any:
-    """The pure transformation, reusable on any DataFrame with `stream` and `event_time` columns."""
-    from pyspark.sql import functions as F
+class WindowCountCore:
+    """StreamCore adapter: one stream's counter."""
 
-    counted = (
-        events.withWatermark("event_time", watermark)
-        .groupBy(F.window("event_time", window).alias("w"), F.col("stream"))
-        .agg(F.count(F.lit(1)).alias("count"))
-    )
-    return counted.select(
-        F.col("stream"),
-        F.unix_micros(F.col("w.start")).alias("window_start_us"),
-        F.unix_micros(F.col("w.end")).alias("window_end_us"),
-        F.col("count"),
-    )
+    def __init__(self, stream: str, options: WindowCountOptions, blob: bytes | None) -> None:
+        self.stream = stream
+        self.counter = (TumblingWindowCounter.restore(blob) if blob is not None else
+                        TumblingWindowCounter(options.width_us, allowed_lateness_us=options.allowed_lateness_us))
 
+    def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        outputs: list[tuple[str, dict[str, Any]]] = []
+        for row in rows:
+            too_late = self.counter.add(int(row["ref_ts_us"]))
+            if too_late is not None:
+                key = result_key(self.stream, RESULT_TOO_LATE, too_late.window_start_us, row.get("source_id"),
+                                 row.get("seq"))
+                outputs.append((key, result_value(
+                    JOB_NAME, RESULT_TOO_LATE, self.stream, source_id=row.get("source_id"), seq=row.get("seq"),
+                    ref_ts_us=row.get("ref_ts_us"), window_start_us=too_late.window_start_us,
+                    reason=too_late.reason, gateway_late_reason=row.get("late_reason"))))
+        return outputs
 
-def to_kafka_records(results: Any) -> Any:
-    from pyspark.sql import functions as F
+    def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
+        return [self._record(w) for w in self.counter.advance(watermark_us)]
 
-    return results.select(
-        F.concat_ws("|", F.col("stream"), F.col("window_start_us").cast("string")).alias("key"),
-        F.to_json(F.struct(F.lit(JOB_NAME).alias("job"), "stream", "window_start_us", "window_end_us",
-                           "count")).alias("value"),
-    )
+    def set_ta_us(self, ta_us: int) -> None:
+        """Tumbling counts take the reference time as it is: T_a does not apply."""
+
+    def snapshot(self) -> bytes:
+        return self.counter.snapshot()
+
+    def _record(self, window: WindowCount) -> tuple[str, dict[str, Any]]:
+        return result_key(self.stream, window.window_start_us), result_value(
+            JOB_NAME, RESULT_WINDOW, self.stream, window_start_us=window.window_start_us,
+            window_end_us=window.window_end_us, count=window.count, revision=window.revision)
 
 
 def start(spark: Any, options: WindowCountOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from spark_jobs.contract import events_only, read_events
 
-    topics = TopicNames(options.topic_prefix)
-    output_topic = topics.results(JOB_NAME)
-    ensure_topics(options.bootstrap_servers, [output_topic])
-    results = window_counts(events_only(read_events(spark, options.bootstrap_servers, topics.events_pattern)),
-                            options.window, options.watermark)
+    def factory(stream: str, blob: bytes | None) -> WindowCountCore:
+        return WindowCountCore(stream, options, blob)
 
-    def write_batch(batch: Any, batch_id: int) -> None:
-        if options.console:
-            rows = batch.orderBy("stream", "window_start_us").collect()
-            for row in rows:
-                print(f"[window_count batch {batch_id}] stream={row['stream']} "
-                      f"window=[{row['window_start_us']}, {row['window_end_us']}) count={row['count']}",
-                      flush=True)
-        (to_kafka_records(batch).write.format("kafka")
-         .option("kafka.bootstrap.servers", options.bootstrap_servers)
-         .option("topic", output_topic).save())
-
-    writer = results.writeStream.outputMode("update").foreachBatch(write_batch).queryName(JOB_NAME)
-    # A foreachBatch sink needs a checkpoint; without a configured one, a fresh directory means "start over".
-    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix="skewless-window-count-")
-    writer = writer.option("checkpointLocation", checkpoint)
-    writer = writer.trigger(availableNow=True) if options.available_now else writer.trigger(
-        processingTime=options.processing_time)
-    return writer.start()
+    return start_core_job(spark, JOB_NAME, options, factory,
+                          input_columns=["kind", "stream", "source_id", "seq", "ref_ts_us", "watermark_us", "rtt_us",
+                                         "late_reason", "topic", "partition", "offset"])

@@ -93,8 +93,8 @@ async def test_events_reach_kafka_and_spark_counts_match(gateway: Gateway, kafka
     from spark_jobs import window_count
 
     query = window_count.start(spark, window_count.WindowCountOptions(
-        bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix, window="1 second",
-        watermark="5 seconds", available_now=True, console=False))
+        bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix, width_us=1_000_000,
+        available_now=True, console=False))
     await asyncio.get_running_loop().run_in_executor(None, query.awaitTermination)
 
     expected = Counter((stream, ts - ts % 1_000_000) for plan in plans.values() for stream, ts, _p in plan)
