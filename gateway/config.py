@@ -20,10 +20,11 @@ from timesync.server import ServerConfig
 
 ENV_PREFIX = "SKEWLESS_GATEWAY_"
 _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "idle_timeout_s",
-             "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s"}
+             "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s", "clock_step_max_held"}
 # Ordering waits, in seconds (TOML floats or env strings): how long a gap or a silent source is waited for before
 # the gateway gives up on it. A deployment that must ride out network partitions of N seconds sets them above N.
-_FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s"}
+_FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s",
+               "clock_step_hold_s"}
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
     "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
@@ -54,9 +55,16 @@ def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None
 def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
     config = GatewayConfig()
     for name in ("host", "port", "bootstrap_servers", "topic_prefix", "max_frame_bytes", "metrics_host",
-                 "metrics_port"):
+                 "metrics_port", "clock_step_max_held"):
         if name in settings:
             setattr(config, name, settings[name])
+    if "clock_step_hold_s" in settings:
+        hold_s = float(settings["clock_step_hold_s"])
+        if hold_s < 0:
+            raise ConfigError(f"clock_step_hold_s must be >= 0, got {hold_s}")
+        config.clock_step_hold_us = round(hold_s * 1_000_000)
+    if config.clock_step_max_held < 1:
+        raise ConfigError(f"clock_step_max_held must be >= 1, got {config.clock_step_max_held}")
     config.kafka_settings = dict(settings.get("kafka", {}))
     config.producer_config = dict(settings.get("producer", {}))
     secret = settings.get("auth_hmac_secret")

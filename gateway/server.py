@@ -36,6 +36,8 @@ from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.auth import SourceAuthenticator
 from gateway.connection import WORKER_STAGES, ConnectionHandler, WorkerStage
 from gateway.ingest import (
+    CLOCK_STEP_HOLD_US,
+    CLOCK_STEP_MAX_HELD,
     ConnectionId,
     DeliveryRef,
     GatewayCounters,
@@ -90,6 +92,9 @@ class GatewayConfig:
     checkpoint_interval_s: float = 5.0
     # Events held in reorder buffers and merge queues, all sources together (gateway.ingest, rule 4).
     max_buffered_events: int = 1_000_000
+    # A source whose clock stepped between re-syncs is held at most this long / this many events (rule 9).
+    clock_step_hold_us: int = CLOCK_STEP_HOLD_US
+    clock_step_max_held: int = CLOCK_STEP_MAX_HELD
     # None: trust source clocks (ref = source time, uncertainty 0), for sources already disciplined by NTP/PTP.
     # With `timesync` set, the gateway runs the time-sync server and maps source times through its estimates.
     reference_clock: ReferenceMapping | None = None
@@ -125,7 +130,8 @@ class Gateway:
             mapping = EstimateMapping(self.store.get) if config.timesync is not None else IdentityMapping()
         self.core = IngestCore(self.topics, mapping, IngestConfig(
             pipeline=config.pipeline, max_buffered_events=config.max_buffered_events,
-            checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000)))
+            checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
+            clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held))
         self._server: asyncio.Server | None = None
         self._metrics: MetricsServer | None = None
         self._connections: dict[ConnectionId, ConnectionHandler] = {}

@@ -58,3 +58,11 @@ def test_ordering_waits_are_checked():
         build_config({"gap_timeout_min_s": 5, "gap_timeout_max_s": 1})
     with pytest.raises(ConfigError, match="merge_timeout_s must be >= 0"):
         build_config({"merge_timeout_s": -1})
+
+
+def test_clock_step_hold_settings_reach_the_gateway_config() -> None:
+    config = build_config(load_settings(None, env={"SKEWLESS_GATEWAY_CLOCK_STEP_HOLD_S": "2.5",
+                                                   "SKEWLESS_GATEWAY_CLOCK_STEP_MAX_HELD": "500"}))
+    assert (config.clock_step_hold_us, config.clock_step_max_held) == (2_500_000, 500)
+    with pytest.raises(ConfigError, match="clock_step_hold_s"):
+        build_config({"clock_step_hold_s": -1})
