@@ -88,7 +88,7 @@ def check_pattern(bootstrap: str, records: list[dict[str, Any]]) -> bool:
 def check_sequence(bootstrap: str, records: list[dict[str, Any]]) -> bool:
     from cep.sase import SaseEvent, parse_query, reference_matches
 
-    events = [SaseEvent(r["payload"]["type"], r["ref_ts_us"], r["payload"], f"{r['source_id']}|{r['seq']}")
+    events = [SaseEvent(r["payload"]["type"], r["ref_ts_us"], r["payload"], f"{r['source_id']}:{r['seq']}")
               for r in records]
     valid = {tuple(e.event_id for e in m) for m in reference_matches(parse_query(SEQUENCE), events)}
     got = [tuple(e["event_id"] for e in r["events"]) for r in _results(bootstrap, "sequence")
