@@ -18,7 +18,7 @@ import msgpack
 import orjson
 
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
-from contract.records import RESULT_MATCH, RESULT_REJECTED, result_key, result_value
+from contract.records import RESULT_MATCH, RESULT_REJECTED, RESULT_TOO_LATE, result_key, result_value
 from spark_jobs.stateful import decode_payload, start_core_job
 
 JOB_NAME = "pattern"
@@ -62,9 +62,13 @@ class PatternStreamCore:
         self.ta_us = ta_us
         self.fixed_ta = fixed_ta
         self.matchers: dict[str, UncertainPatternMatcher] = {}
+        # The stream's promise so far: a matcher made for a new (or forgotten) partition key starts from it, so it
+        # judges a late event as late, not as the first event of a fresh stream.
+        self.watermark_us: int | None = None
         if blob is not None:
             state = msgpack.unpackb(blob, raw=False)
             self.ta_us = state["ta_us"]
+            self.watermark_us = state["watermark_us"]
             self.matchers = {part: UncertainPatternMatcher.restore(b, spec) for part, b in state["parts"].items()}
 
     def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -83,17 +87,26 @@ class PatternStreamCore:
             if matcher is None:
                 matcher = self.matchers[part] = UncertainPatternMatcher(
                     self.spec, ta_us=self.ta_us, allowed_lateness_us=self.allowed_lateness_us)
+                if self.watermark_us is not None:
+                    matcher.on_watermark(self.watermark_us)
             matches = matcher.on_event(int(row["ref_ts_us"]), int(row.get("uncertainty_us") or 0), payload,
                                        event_ref(row, payload))
+            if matcher.last_lateness == "too_late":
+                key = result_key(self.stream, RESULT_TOO_LATE, row.get("source_id"), row.get("seq"))
+                outputs.append((key, result_value(
+                    JOB_NAME, RESULT_TOO_LATE, self.stream, partition=part, source_id=row.get("source_id"),
+                    seq=row.get("seq"), ref_ts_us=row.get("ref_ts_us"), reason="beyond_allowed_lateness",
+                    detail=f"older than the watermark {self.watermark_us} minus the allowed lateness")))
             outputs.extend(self._record(part, m) for m in matches)
         return outputs
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
+        self.watermark_us = watermark_us if self.watermark_us is None else max(self.watermark_us, watermark_us)
         outputs: list[tuple[str, dict[str, Any]]] = []
         for part in sorted(self.matchers):
             matcher = self.matchers[part]
             outputs.extend(self._record(part, m) for m in matcher.on_watermark(watermark_us))
-            if matcher.buffered == 0 and matcher.held == 0:
+            if matcher.is_idle():
                 del self.matchers[part]
         return outputs
 
@@ -105,7 +118,7 @@ class PatternStreamCore:
             matcher.set_ta_us(ta_us)
 
     def snapshot(self) -> bytes:
-        packed: bytes = msgpack.packb({"ta_us": self.ta_us,
+        packed: bytes = msgpack.packb({"ta_us": self.ta_us, "watermark_us": self.watermark_us,
                                        "parts": {p: m.snapshot() for p, m in self.matchers.items()}},
                                       use_bin_type=True)
         return packed

@@ -95,3 +95,29 @@ def test_thesis_t_a_follows_the_records_round_trips_while_the_job_runs() -> None
     assert live.aggregator.ta_us == 7_000  # src-0 re-synced at 6 ms, src-1 at 7 ms
     run_stream_batch(StreamProgress(1), fixed, batch, job="three_window", stream="s")
     assert fixed.aggregator.ta_us == 9_000  # --ta-us wins
+
+
+def pattern_row(seq: int, ts_ms: int, kind: str, team: str = "a") -> dict[str, Any]:
+    return {"kind": "event", "stream": "m", "source_id": "cam", "seq": seq, "ref_ts_us": BASE + ts_ms * 1_000,
+            "uncertainty_us": 0, "payload": orjson.dumps({"team": team, "k": kind}).decode(), "topic": "t",
+            "partition": 0, "offset": seq}
+
+
+def test_a_late_event_completes_a_match_marked_late_and_a_too_late_one_is_said_so() -> None:
+    from cep.patterns import PatternSpec
+    from spark_jobs.pattern import PatternStreamCore
+
+    spec = PatternSpec.parse("SEQ(x: k == 'kick', y: k == 'goal') PARTITION BY team WITHIN 2 s MODE thesis")
+    core = PatternStreamCore("m", spec, 0, True, 5_000_000, None)
+    assert core.on_rows([pattern_row(0, 1_000, "kick")]) == []
+    assert core.on_watermark(BASE + 4_000_000) == []  # the kick waits for a goal within 2 s: none came in time
+    # The goal at 1.5 s arrives late (from the late topic): it completes the match, flagged late.
+    late = core.on_rows([pattern_row(1, 1_500, "goal")])
+    assert [(v["record"], v["late"], [e["seq"] for e in v["events"]]) for _k, v in late] == [("match", True, [0, 1])]
+    assert late[0][0] == "m|a|cam:0|cam:1"
+    # A partition key never seen before still knows the stream's promise; past the allowed lateness: too_late.
+    core.on_watermark(BASE + 9_000_000)
+    too_late = core.on_rows([pattern_row(2, 1_000, "kick", team="b")])
+    assert [(v["record"], v["partition"], v["seq"]) for _k, v in too_late] == [("too_late", "b", 2)]
+    again = PatternStreamCore("m", spec, 0, True, 5_000_000, core.snapshot())
+    assert again.watermark_us == BASE + 9_000_000
