@@ -33,6 +33,9 @@ RESULT_LATE = "late"
 RESULT_REJECTED = "rejected"
 # A late event past the job's allowed lateness: its window's state is gone, so no correction can carry it.
 RESULT_TOO_LATE = "too_late"
+# SASE conservative mode on a late event: a match it completed, and a released match it negated.
+RESULT_LATE_MATCH = "late_match"
+RESULT_INVALIDATED = "invalidated"
 # Rows Spark's own late-row filter dropped (numRowsDroppedByWatermark): never expected, never silent.
 RESULT_DROPPED_BY_WATERMARK = "dropped_by_watermark"
 # Window results carry a revision: 0 when first released, n for the n-th correction (same key: a compacted

@@ -21,6 +21,8 @@ from typing import Any, Literal
 from cep.sase import EngineConfig, OutputKind, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
 from contract.records import (
     RESULT_ADD,
+    RESULT_INVALIDATED,
+    RESULT_LATE_MATCH,
     RESULT_MATCH,
     RESULT_REJECTED,
     RESULT_RETRACT,
@@ -34,7 +36,9 @@ from spark_jobs.stateful import decode_payload, start_core_job
 JOB_NAME = "sequence"
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
-RECORD_OF_OUTPUT: dict[OutputKind | str, str] = {"match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT}
+RECORD_OF_OUTPUT: dict[OutputKind, str] = {
+    "match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT, "late_match": RESULT_LATE_MATCH,
+    "invalidated": RESULT_INVALIDATED, "too_late": RESULT_TOO_LATE}
 
 
 @dataclass(frozen=True)
@@ -78,12 +82,9 @@ class SequenceStreamCore:
                                           f"payload field {self.type_field!r} is not a string"))
                 continue
             event = SaseEvent(event_type, int(row["ref_ts_us"]), payload, f"{row.get('source_id')}:{row.get('seq')}")
-            too_late, rejected = counters.too_late, counters.rejected
+            rejected = counters.rejected
             produced = self.engine.on_event(event)
-            if counters.too_late > too_late:
-                outputs.append(self._side(RESULT_TOO_LATE, row, "behind_watermark",
-                                          f"ts {event.ts} < low watermark {self.engine.low_watermark}"))
-            elif counters.rejected > rejected:
+            if counters.rejected > rejected:
                 outputs.append(self._side(RESULT_REJECTED, row, "engine_rejected",
                                           "see the engine's rejection counters"))
             outputs.extend(self._record(o) for o in produced)
@@ -106,10 +107,16 @@ class SequenceStreamCore:
         return "" if attr is None else partition_text(first.attrs.get(attr))
 
     def _record(self, output: SaseOutput) -> tuple[str, dict[str, Any]]:
-        # One key per matched sequence: a retract or add names the match it compensates.
+        if output.kind == "too_late":
+            late = output.events[0]
+            source_id, _, seq = (late.event_id or "").rpartition(":")
+            return self._side(RESULT_TOO_LATE, {"source_id": source_id, "seq": int(seq) if seq.isdigit() else None,
+                                                "ref_ts_us": late.ts}, output.reason or "too_late",
+                              f"ts {late.ts} < low watermark {self.engine.low_watermark} minus the allowed lateness")
+        # One key per matched sequence: a retract, add or invalidated names the match it concerns.
         part = self._partition(output)
         key = result_key(self.stream, part, *(e.event_id for e in output.events))
-        record = RECORD_OF_OUTPUT.get(output.kind, str(output.kind))
+        record = RECORD_OF_OUTPUT[output.kind]
         return key, result_value(JOB_NAME, record, self.stream, partition=part, **output.to_dict())
 
     def _side(self, record: str, row: Mapping[str, Any], reason: str, detail: str) -> tuple[str, dict[str, Any]]:

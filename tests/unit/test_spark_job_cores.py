@@ -121,3 +121,29 @@ def test_a_late_event_completes_a_match_marked_late_and_a_too_late_one_is_said_s
     assert [(v["record"], v["partition"], v["seq"]) for _k, v in too_late] == [("too_late", "b", 2)]
     again = PatternStreamCore("m", spec, 0, True, 5_000_000, core.snapshot())
     assert again.watermark_us == BASE + 9_000_000
+
+
+def sase_row(seq: int, ts: int, etype: str) -> dict[str, Any]:
+    return {"kind": "event", "stream": "st", "source_id": "r", "seq": seq, "ref_ts_us": ts, "uncertainty_us": 0,
+            "payload": orjson.dumps({"type": etype}).decode(), "topic": "t", "partition": 0, "offset": seq}
+
+
+def test_conservative_sequence_job_says_what_it_did_with_each_late_event() -> None:
+    from cep.sase import EngineConfig, parse_query
+    from spark_jobs.sequence import SequenceStreamCore
+
+    query = parse_query("EVENT SEQ(A a, !(N n), B b) WITHIN 100")
+    core = SequenceStreamCore("st", query, EngineConfig(mode="conservative", allowed_lateness_us=1_000), "type",
+                              None)
+    core.on_rows([sase_row(0, 10, "A"), sase_row(1, 20, "B")])
+    assert [(v["record"], k) for k, v in core.on_watermark(50)] == [("match", "st||r:0|r:1")]
+    # A late N between them: the released match is reported invalidated, with the N as its cause.
+    invalidated = core.on_rows([sase_row(2, 15, "N")])
+    assert [(v["record"], k, v["cause"]["event_id"]) for k, v in invalidated] == [("invalidated", "st||r:0|r:1", "r:2")]
+    # A late A and a late B after the N: a match completed late.
+    core.on_rows([sase_row(3, 22, "A")])
+    assert [(v["record"], k) for k, v in core.on_rows([sase_row(4, 45, "B")])] == [("late_match", "st||r:3|r:4")]
+    core.on_watermark(5_000)
+    too_late = core.on_rows([sase_row(5, 100, "A")])
+    assert [(v["record"], k, v["reason"]) for k, v in too_late] == [
+        ("too_late", "st|too_late|r|5", "beyond_allowed_lateness")]
