@@ -518,10 +518,18 @@ class UncertainPatternMatcher:
             hi = bisect.bisect_right(bucket, 2 * cand.ts_us + reach2, key=_ts2_of)
             return bucket[lo:hi]
 
+        live, retained = self._candidates, self._retained
+
         def near(pos: int) -> list[_Candidate]:
-            if late:
-                return slice_near(self._retained[pos]) + slice_near(self._candidates[pos])
-            return slice_near(self._candidates[pos])
+            bucket = live[pos]  # the on-time path: slice_near inlined, it runs once per position and level
+            lo = bisect.bisect_left(bucket, 2 * cand.ts_us - reach2, key=_ts2_of)
+            hi = bisect.bisect_right(bucket, 2 * cand.ts_us + reach2, key=_ts2_of)
+            return bucket[lo:hi]
+
+        def near_late(pos: int) -> list[_Candidate]:
+            return slice_near(retained[pos]) + slice_near(live[pos])
+
+        partners = near_late if late else near
 
         def rec(pos: int) -> Iterator[list[_Candidate]]:
             if pos == n:
@@ -530,7 +538,7 @@ class UncertainPatternMatcher:
             if pos == fixed:
                 yield from rec(pos + 1)
                 return
-            for c in near(pos):
+            for c in partners(pos):
                 if fits(pos, c):
                     chosen[pos] = c
                     yield from rec(pos + 1)
@@ -577,27 +585,33 @@ class UncertainPatternMatcher:
                 continue
             self.counters.expired += len(bucket) - len(keep)
             self._candidates[i] = keep
-            expired = [c for c in bucket if 2 * c.ts_us + c.width2_us < horizon2]
-            # Both runs are sorted by reference time: the stable merge keeps arrival order among equals.
-            self._retained[i] = sorted(self._retained[i] + expired, key=_ts_of)
-        for i, bucket in enumerate(self._retained):
-            self._retained[i] = self._forget(bucket, forget2)
+            retained = self._retained[i]
+            for c in bucket:
+                if 2 * c.ts_us + c.width2_us >= horizon2:
+                    continue
+                # Expiry mostly follows reference time, so this is an append; insort covers wider intervals.
+                if not retained or retained[-1].ts_us <= c.ts_us:
+                    retained.append(c)
+                else:
+                    retained.insert(bisect.bisect_right(retained, c.ts_us, key=_ts_of), c)
+        for bucket in self._retained:
+            self._forget(bucket, forget2)
         if not self._held:
             return []
         ready = sorted((h for h in self._held if h.release_us < watermark_us), key=lambda h: h.release_us)
         self._held = [h for h in self._held if h.release_us >= watermark_us]
         return [h.match for h in ready]
 
-    def _forget(self, bucket: list[_Candidate], forget2: int) -> list[_Candidate]:
-        """``bucket`` without the candidates whose interval ends below ``forget2``; only the prefix within the
-        widest interval of that bound needs a look, so a long retained set costs a bisection per watermark."""
-        surely = bisect.bisect_left(bucket, forget2 - self._max_width2, key=_ts2_of)
+    def _forget(self, bucket: list[_Candidate], forget2: int) -> None:
+        """Remove the candidates whose interval ends below ``forget2``; only the prefix within the widest interval
+        of that bound needs a look, so a long retained set costs a bisection per watermark."""
         edge = bisect.bisect_left(bucket, forget2, key=_ts2_of)
         if edge == 0:
-            return bucket
+            return
+        surely = bisect.bisect_left(bucket, forget2 - self._max_width2, 0, edge, key=_ts2_of)
         kept = [c for c in bucket[surely:edge] if 2 * c.ts_us + c.width2_us >= forget2]
         self.counters.forgotten += edge - len(kept)
-        return kept + bucket[edge:]
+        bucket[:edge] = kept
 
     @property
     def buffered(self) -> int:
