@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -519,3 +520,17 @@ def test_late_events_within_allowed_lateness_match_exactly(
     assert got == expected
     assert m.counters.too_late == len(order) - len(kept)
     assert m.counters.late_matches == sum(1 for v in expected.values() if v is not None)
+
+
+def test_version_1_snapshot_restores() -> None:
+    """A snapshot written before the allowed lateness (version 1: nine counters, no retained set) restores."""
+    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 100 us MODE per_event MAX_UNCERTAINTY 0 us")
+    m = UncertainPatternMatcher(spec)
+    m.on_event(0, 0, {"k": "a"}, {"id": 1})
+    state = msgpack.unpackb(m.snapshot(), raw=False)
+    state["v"] = 1
+    del state["retained"], state["allowed_lateness_us"]
+    state["counters"] = state["counters"][:9]
+    old = UncertainPatternMatcher.restore(msgpack.packb(state, use_bin_type=True))
+    assert (old.allowed_lateness_us, old.retained, old.counters.events) == (3_600_000_000, 0, 1)
+    assert ids(old.on_event(50, 0, {"k": "b"}, {"id": 2})) == [((1, 2), "Confirmed")]

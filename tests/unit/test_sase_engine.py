@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 
+import msgpack
 import pytest
 
 from cep.sase import (
@@ -320,3 +321,39 @@ def test_late_match_not_yet_final_is_held_and_released_history_is_forgotten() ->
     eng.advance_clock(72)  # 50 <= 72 - 20: forgotten; state below 72 - 20 - W = 42 purged
     assert eng.counters.released_retained == 0 and eng.is_idle()
     assert [o.kind for o in feed(eng, E("C", 45))] == ["too_late"]
+
+
+def test_memory_with_allowed_lateness_is_bounded_by_w_plus_k_plus_a() -> None:
+    """The same 50 000 events with A = 100: state covers about 1.25 W + K + A of stream time, not all of it."""
+    q = parse_query("EVENT SEQ(A a, !(C c), B b) WHERE [id] WITHIN 50")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=20, allowed_lateness_us=100))
+    rng = random.Random(7)
+    items = []
+    for i in range(50_000):
+        items.append((i + rng.randint(0, 20), i, SaseEvent(rng.choice("ABC"), i, {"id": rng.randrange(1000)})))
+    items.sort(key=lambda x: (x[0], x[1]))
+    peak = 0
+    for _, _, e in items:
+        eng.on_event(e)
+        c = eng.counters
+        peak = max(peak, c.instances + c.negation_events + c.held + c.released_retained)
+    assert 150 < peak < 450  # ~ (62.5 + 20 + 100) events, plus the matches released within the last A
+    assert eng.counters.too_late == 0 and eng.counters.purged_instances > 30_000
+    eng.end_of_stream()
+    assert eng.is_idle()
+
+
+def test_version_1_snapshot_restores() -> None:
+    """A snapshot written before the allowed lateness (version 1: no released sets) restores and continues."""
+    q = parse_query("EVENT SEQ(A a, !(C c), B b) WITHIN 10")
+    cfg = EngineConfig(k_slack_us=5)
+    eng = SequenceEngine(q, cfg)
+    feed(eng, E("A", 1), E("B", 4))
+    doc = msgpack.unpackb(eng.snapshot(), raw=False, strict_map_key=False)
+    doc["v"] = 1
+    for part in doc["partitions"]:
+        del part[-1]  # version 1's partition layout ends with the holding set
+    for name in ("behind_watermark", "late_matches", "invalidated_after_release", "released_retained"):
+        del doc["counters"][name]
+    old = SequenceEngine.restore(q, cfg, msgpack.packb(doc, use_bin_type=True))
+    assert ts_of(old.on_event(E("X", 9))) == [(1, 4)]
