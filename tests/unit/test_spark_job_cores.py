@@ -3,6 +3,7 @@
 from typing import Any
 
 import orjson
+
 from spark_jobs.three_window import ThreeWindowCore, ThreeWindowOptions
 
 BASE = 1_700_000_000_000_000
@@ -69,7 +70,7 @@ def test_the_aggregator_timer_is_the_next_release() -> None:
 def test_the_sequence_engine_timer_and_idleness() -> None:
     from cep.sase import EngineConfig, SaseEvent, SequenceEngine, parse_query
 
-    engine = SequenceEngine(parse_query("EVENT SEQ(A a, !(N n), B b) WITHIN 100"), EngineConfig())
+    engine = SequenceEngine(parse_query("EVENT SEQ(A a, !(N n), B b) WITHIN 100"), EngineConfig(allowed_lateness_us=0))
     assert engine.is_idle() and engine.next_timer_us() is None
     engine.on_event(SaseEvent("A", 10))
     assert engine.on_event(SaseEvent("B", 20)) == []  # held: an N between 10 and 20 may still come
