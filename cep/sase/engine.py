@@ -153,8 +153,8 @@ class _Partition:
 
     def snapshot(self, events: dict[int, SaseEvent]) -> list[Any]:
         ais_clock, rip_resets, candidates, stacks = self.ais.snapshot(events)
-        # Snapshot version 1's layout, kept so that state checkpointed by earlier builds still restores: the
-        # purge-heap timestamp sits between the AIS counters and the stacks.
+        # Snapshot version 1's layout, kept so that state checkpointed by earlier builds still restores (the
+        # purge-heap timestamp sits between the AIS counters and the stacks); version 2 appends the released set.
         return [ais_clock, rip_resets, candidates, self.registered_ts, stacks,
                 [buf.snapshot(events) for buf in self.neg], [held.snapshot(events) for held in self.held.values()],
                 [done.snapshot(events) for done in self.released.values()]]
@@ -287,12 +287,12 @@ class SequenceEngine:
         c.events += 1
         ts = event.ts
         low = self._low
-        behind = low is not None and ts < low
-        if behind:
-            assert low is not None
+        behind = False
+        if low is not None and ts < low:
             if ts < low - self._lateness:
                 c.too_late += 1
                 return [SaseOutput("too_late", (event,), self._now(), reason=TOO_LATE_REASON)]
+            behind = True
             c.behind_watermark += 1
         outs: list[SaseOutput] = []
         clock = self._clock
