@@ -272,15 +272,18 @@ def completed_late(match: tuple[SaseEvent, ...], arrivals: list[SaseEvent], late
 
 
 @pytest.mark.parametrize("text", LATE_QUERIES)
+@pytest.mark.parametrize("driver", ["k_slack", "punctuation"])
 @SETTINGS
 @given(data=late_streams(), cut=st.floats(0, 1))
 def test_conservative_late_events_against_brute_force(
-    text: str, data: tuple[list[SaseEvent], int, int], cut: float
+    text: str, driver: str, data: tuple[list[SaseEvent], int, int], cut: float
 ) -> None:
     """Union of match and late_match minus invalidated = the reference over all events not too late; a match is
     late_match exactly when its last member arrived late; invalidated = what was released (final against L over the
     events seen so far) but is not in the reference, each with a late negation event that negates it; too_late
-    exactly for the events behind L - A.  A snapshot/restore at a random point changes nothing."""
+    exactly for the events behind L - A.  A snapshot/restore at a random point changes nothing.  ``driver``: L from
+    K-slack, or (as the Spark job drives it) from a punctuation after each event at the largest timestamp seen
+    minus K, which gives the same L before each event."""
     arrivals, k, allowed = data
     q = parse_query(text)
     late = lateness(arrivals, k, allowed)
@@ -295,7 +298,8 @@ def test_conservative_late_events_against_brute_force(
             if final_at(text, m) <= low:
                 expected_emitted.setdefault(key(m), completed_late(m, arrivals, late))
 
-    cfg = EngineConfig(k_slack_us=k, allowed_lateness_us=allowed)
+    punctuated = driver == "punctuation"
+    cfg = EngineConfig(k_slack_us=None if punctuated else k, allowed_lateness_us=allowed)
     eng = SequenceEngine(q, cfg)
     emitted: dict[Key, bool] = {}
     invalidated: set[Key] = set()
@@ -317,10 +321,14 @@ def test_conservative_late_events_against_brute_force(
                 emitted[key(o.events)] = o.kind == "late_match"
 
     split = int(cut * len(arrivals))
+    seen = -(10**9)
     for i, e in enumerate(arrivals):
         if i == split:
             eng = SequenceEngine.restore(q, cfg, eng.snapshot())
         collect(eng.on_event(e))
+        seen = max(seen, e.ts)
+        if punctuated:
+            collect(eng.on_punctuation(seen - k))
     collect(eng.end_of_stream())
     assert emitted == expected_emitted
     assert invalidated == set(expected_emitted) - final
