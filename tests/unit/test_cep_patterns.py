@@ -463,21 +463,34 @@ def test_matcher_reports_the_true_sequence(
     allowed=st.integers(0, 1500),
     emit=st.sampled_from(["eager", "watermark"]),
     cut=st.floats(0, 1),
+    ta=st.one_of(st.none(), st.integers(0, 200)),
 )
 def test_late_events_within_allowed_lateness_match_exactly(
-    raw: list[tuple[int, int, str, int]], n: int, within: int, lag: int, allowed: int, emit: str, cut: float
+    raw: list[tuple[int, int, str, int]],
+    n: int,
+    within: int,
+    lag: int,
+    allowed: int,
+    emit: str,
+    cut: float,
+    ta: int | None,
 ) -> None:
     """Events arrive after random delays while the watermark trails the largest timestamp by ``lag``, so some are
     late and some too late.  The union of everything emitted equals brute force over the events that were not too
     late; a match is flagged late exactly when its last-arriving member was late (and names that member's element);
-    too-late events are reported exactly.  A snapshot/restore at a random point changes nothing."""
+    too-late events are reported exactly.  A snapshot/restore at a random point changes nothing.  ``ta``: thesis
+    mode with that T_a for every event, else per-event uncertainties."""
     spec = PatternSpec(
         tuple(Element.parse(x, f"k == '{x}'") for x in "abc"[:n]),
         within,
-        mode="per_event",
+        mode="per_event" if ta is None else "thesis",
         max_uncertainty_us=100,
         emit=emit,  # type: ignore[arg-type]
     )
+
+    def width2(i: int) -> int:
+        return 2 * raw[i][1] if ta is None else ta
+
     order = sorted(range(len(raw)), key=lambda i: (raw[i][0] + raw[i][3], i))
     # Ground truth of each arrival's lateness, from the watermark the matcher was given before it.
     lateness: dict[int, str] = {}
@@ -492,13 +505,13 @@ def test_late_events_within_allowed_lateness_match_exactly(
     for combo in itertools.permutations(kept, n):
         if any(raw[i][2] != spec.elements[p].name for p, i in enumerate(combo)):
             continue
-        conf = classify([raw[i][0] for i in combo], [2 * raw[i][1] for i in combo], within)
+        conf = classify([raw[i][0] for i in combo], [width2(i) for i in combo], within)
         if conf is None:
             continue
         last = max(range(n), key=lambda p: arrival_pos[combo[p]])
         expected[(combo, str(conf))] = spec.elements[last].name if lateness[combo[last]] == "late" else None
 
-    m = UncertainPatternMatcher(spec, allowed_lateness_us=allowed)
+    m = UncertainPatternMatcher(spec, ta_us=ta or 0, allowed_lateness_us=allowed)
     got: dict[tuple[tuple[int, ...], str], str | None] = {}
 
     def collect(matches: list[PatternMatch]) -> None:
