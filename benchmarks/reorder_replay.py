@@ -287,15 +287,15 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax1.bar(xs, [float(res[k].results[a]["accuracy_ms_pct"]) for k in keys], width, label=APPROACH_LABEL[a])
         ax2.bar(xs, [float(res[k].results[a]["avg_latency_ms"]) / max(float(res[k].results["oracle"]["avg_latency_ms"]),
                                                                         1e-9) for k in keys], width)  # fmt: skip
-    ax1.set_ylim(80, 100.5)
+    ax1.set_ylim(70, 100.5)
     ax1.axhline(99.9, color="grey", lw=0.8, ls="--")
     ax2.axhline(1.25, color="grey", lw=0.8, ls="--")
     for ax, title in ((ax1, "accuracy % (ms resolution, late counted)"), (ax2, "mean latency / oracle's")):
         ax.set_xticks(range(len(keys)), keys, fontsize=8)
         ax.set_title(title)
-    ax1.legend(fontsize=7, loc="lower left")
+    fig.legend(loc="lower center", ncol=3, fontsize=7)
     fig.suptitle("Sources whose uplink stalls: learned merge wait (issue 12 item 7)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(DOCS / "reorder-multisource.png", dpi=110)
     plt.close(fig)
     names.append("reorder-multisource.png")

@@ -339,8 +339,10 @@ def what_moved(res: dict[str, Any]) -> list[str]:
     out = [f"## What moved since the run of {PREVIOUS_RUN}", "",
            "That run drove the sequence and thesis rows through the replay's own reorderers -> merger loop, "
            "without the gateway's quarantine, join grace or heartbeat rule. Every other replay figure is unchanged "
-           "(the replays are deterministic; the throughput section is not); the 'gateway settings' rows and the "
-           "IngestPipeline throughput are new. The "
+           "(the replays are deterministic; the throughput section is not); the 'gateway settings' rows, the "
+           "IngestPipeline throughput and the section on sources whose uplink stalls are new. The learned merge "
+           "wait and the sources lingering after the trace (issue 12 item 7, docs/reorder.md) moved none of the "
+           "figures of the run of 2026-11-22 22:17 outside that new section. The "
            "causes below were checked by re-running single configurations with one change reverted (not part of "
            "this benchmark).", ""]  # fmt: skip
     out += _table(["figure", PREVIOUS_RUN, "this run", "why"], rows)
