@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,15 @@ import typer
 from contract import units
 from reorder.eval.kslack import AQKSlackConfig
 from reorder.eval.replay import APPROACHES, Approach, ReplayOptions, replay
-from reorder.eval.traces import PROFILES, TraceSpec, generate, read_trace, with_profile, write_trace
+from reorder.eval.traces import (
+    MULTI_SOURCE_SPECS,
+    PROFILES,
+    TraceSpec,
+    generate,
+    read_trace,
+    with_profile,
+    write_trace,
+)
 
 __all__ = ["parse_duration_us", "register"]
 
@@ -49,8 +58,20 @@ def generate_cmd(
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed: same options and seed, same trace.")] = 1,
     payload: Annotated[bool, typer.Option("--payload/--no-payload", help="Full DEBS-like payload.")] = True,
+    multi: Annotated[
+        str | None,
+        typer.Option(help=f"A multi-source trace of the benchmark, as it runs it: {', '.join(MULTI_SOURCE_SPECS)}; "
+                          "only --seed applies."),
+    ] = None,
 ) -> None:
     """Write a seeded DEBS-2013-like sensor trace with the chosen disorder."""
+    if multi is not None:
+        if multi not in MULTI_SOURCE_SPECS:
+            choices = ", ".join(MULTI_SOURCE_SPECS)
+            raise typer.BadParameter(f"unknown multi-source trace {multi!r}; choose from {choices}")
+        n = write_trace(out, generate(replace(MULTI_SOURCE_SPECS[multi], seed=seed)))
+        typer.echo(f"wrote {n} events to {out}")
+        return
     if profile not in PROFILES:
         raise typer.BadParameter(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
     prof = PROFILES[profile] if connections is None else with_profile(profile, connections=connections)
@@ -91,6 +112,11 @@ def replay_cmd(
         bool, typer.Option("--heartbeats/--no-heartbeats", help="Sync rounds prove liveness.")
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed of the simulated sync network.")] = 1,
+    learn_merge_wait: Annotated[
+        bool,
+        typer.Option("--learn-merge-wait/--fixed-merge-wait",
+                     help="sequence: wait for a silent source as long as its silences say, or only as its gaps say."),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
     emit: Annotated[Path | None, typer.Option(help="Also write released events, in release order.")] = None,
 ) -> None:
@@ -108,6 +134,7 @@ def replay_cmd(
         k_us=parse_duration_us(k),
         sync=sync,
         heartbeats=heartbeats,
+        learn_merge_wait=learn_merge_wait,
         seed=seed,
         aq=AQKSlackConfig(epsilon_thr=epsilon, delta=delta),
         emit=emit is not None,
