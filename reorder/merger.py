@@ -22,7 +22,8 @@ Learned merge wait (watermark mode, ``learn_wait``).  How long the merge waits f
 from that source's own *silences*: each time the merge starts waiting for it, the time until it next speaks (an
 event or a heartbeat, also when the wait had already given up) is a sample of a decayed quantile, as the sequence
 reorderer learns its gap wait from gap-closing delays.  The wait is at least ``wait_factor`` times that quantile,
-bounded by ``learned_wait_cap_us``; until ``min_wait_samples`` silences were seen it is the cap.  A source whose
+bounded by ``learned_wait_cap_us``; until ``min_wait_samples`` silences were seen it is the cap.  It applies once the
+source has delivered an event or a heartbeat; before, the given wait alone (a join or reconnect grace).  A source whose
 uplink stalls shows no gap to its reorderer, so only this wait keeps the merge from giving up on it
 (docs/reorder.md, "The learned merge wait").
 """
@@ -64,8 +65,8 @@ class MergerConfig:
     max_queued_per_source: int = DEFAULT_MAX_QUEUED
     learn_wait: bool = False
     """Watermark mode: wait for a silent source at least as long as its learned silences say (module docstring).
-    Off by default: before it trusts what it learned it waits the cap, which would stretch the gateway's shared join
-    and reconnect graces and its configured merge timeout; the replay turns it on (``ReplayOptions``)."""
+    Off by default: the gateway runs without it until its own tests and load runs have been checked with it; the replay
+    turns it on (``ReplayOptions``)."""
     learned_wait_cap_us: int = DEFAULT_LEARNED_WAIT_CAP_US
     """No silence is waited for longer than this on account of the learned wait; also the wait before it is
     trusted.  Waiting costs only when the source has nothing to send (gone, or sparse without heartbeats)."""
@@ -358,7 +359,9 @@ class MultiSourceMerger:
                             if self._timeout_for is not None
                             else self.config.default_timeout_us
                         )
-                        if bsrc.silences is not None:
+                        if bsrc.silences is not None and bsrc.frontier != _NEVER:
+                            # a source that never delivered has shown no silences: the given wait (a join or
+                            # reconnect grace) alone says how long it may take to speak
                             wait = max(wait, self._learned_wait_us(bsrc.silences))
                         bsrc.wait_deadline = now_us + wait
                         if bsrc.waited_since is None:

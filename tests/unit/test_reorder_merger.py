@@ -325,3 +325,15 @@ def test_the_learned_wait_never_exceeds_its_cap_and_thesis_mode_ignores_it() -> 
         thesis.register(source, 0)
     thesis.push(ev("a", 0, 100), 100, 100)
     assert thesis.next_deadline_us() == 100 + 10  # Eq. 3.11's wait, as the thesis runs it
+
+
+def test_a_source_that_never_delivered_is_waited_for_its_given_wait_alone() -> None:
+    # b said hello but has sent nothing: no silence of its own to learn from, so the given wait (in the pipeline its
+    # join or reconnect grace, shared by every newcomer) is not stretched to the learned wait's cap
+    m = MultiSourceMerger("R1", IdentityMapping(), LEARN)
+    m.register("a", 0)
+    m.register("b", 0)
+    m.push(ev("a", 0, 100), 100, 100)
+    assert m.next_deadline_us() == 100 + 10
+    out = m.advance(110)
+    assert [type(o) for o in out] == [SourceTimedOut, Merged, Punctuation]
