@@ -9,7 +9,7 @@ counter, and a ``dropped_by_watermark`` record on the job's results topic.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -42,45 +42,68 @@ class WatermarkDropReport:
             rows=dropped, dropped_total=self.dropped_total,
             reason="Spark's late-row filter dropped rows behind its event-time watermark")
 
+
+class _Watched:
+    """One watched query: its report and where its records go."""
+
+    def __init__(self, job: str, bootstrap_servers: str, output_topic: str) -> None:
+        self.report = WatermarkDropReport(job)
+        self.bootstrap_servers = bootstrap_servers
+        self.output_topic = output_topic
+        # Made on the first drop only: a producer per job that never sends would hold a connection for nothing.
+        self.producer: Any = None
+
+    def on_progress(self, progress: Mapping[str, Any]) -> None:
+        got = self.report.on_progress(progress)
+        if got is None:
+            return
+        key, value = got
+        logger.error("%s: %s rows dropped by Spark's watermark in batch %s (total %s)", self.report.job,
+                     value["rows"], value["batch_id"], value["dropped_total"])
+        if self.producer is None:
+            from broker.client import KafkaClientConfig
+
+            self.producer = KafkaClientConfig.of(self.bootstrap_servers).producer()
+        self.producer.produce(self.output_topic, key=key.encode(), value=orjson.dumps(value))
+        self.producer.flush(30)
+
+
+_SESSION_ATTRIBUTE = "_skewless_watched_queries"
+
+
 def watch_watermark_drops(spark: Any, query: Any, *, job: str, bootstrap_servers: str,
                           output_topic: str) -> WatermarkDropReport:
-    """Report ``query``'s watermark drops (log, counter, result record) for as long as it runs."""
+    """Report ``query``'s watermark drops (log, counter, result record) for as long as it runs.
+
+    One listener per session serves every watched query: each listener costs a Python callback per progress of
+    every query of the session."""
+    watched: dict[str, _Watched] | None = getattr(spark, _SESSION_ATTRIBUTE, None)
+    if watched is None:
+        watched = {}
+        setattr(spark, _SESSION_ATTRIBUTE, watched)
+        spark.streams.addListener(_listener(watched))
+    entry = watched[str(query.id)] = _Watched(job, bootstrap_servers, output_topic)
+    return entry.report
+
+
+def _listener(watched: dict[str, _Watched]) -> Any:
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    from broker.client import KafkaClientConfig
-
-    report = WatermarkDropReport(job)
-    query_id = str(query.id)
-    # Made on the first drop only: a producer per job that never sends would hold a connection for nothing.
-    producers: list[Any] = []
-
-    def send(key: str, value: dict[str, Any]) -> None:
-        logger.error("%s: %s rows dropped by Spark's watermark in batch %s (total %s)", job, value["rows"],
-                     value["batch_id"], value["dropped_total"])
-        if not producers:
-            producers.append(KafkaClientConfig.of(bootstrap_servers).producer())
-        producers[0].produce(output_topic, key=key.encode(), value=orjson.dumps(value))
-        producers[0].flush(30)
-
-    class Listener(StreamingQueryListener):
+    class DropListener(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
             progress = orjson.loads(event.progress.json)
-            if str(progress.get("id")) != query_id:
-                return
-            got = report.on_progress(progress)
-            if got is not None:
-                send(*got)
+            entry = watched.get(str(progress.get("id")))
+            if entry is not None:
+                entry.on_progress(progress)
 
         def onQueryIdle(self, event: Any) -> None:
             pass
 
         def onQueryTerminated(self, event: Any) -> None:
-            pass
+            # A restarted query keeps its id: the next start registers it again.
+            watched.pop(str(event.id), None)
 
-    spark.streams.addListener(Listener())
-    return report
-
-DropSink = Callable[[str, dict[str, Any]], None]
+    return DropListener()

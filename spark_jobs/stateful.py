@@ -27,6 +27,7 @@ one. It follows re-syncs while the job runs and, read from the data, is the same
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -260,11 +261,13 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     )
 
 
-def job_topics(topic_names: Any, streams: Sequence[str]) -> Sequence[str] | str:
-    """What a job reads: the named streams' events and late topics, or every one of them (a pattern)."""
+def job_topics(topic_names: Any, streams: Sequence[str]) -> str:
+    """What a job reads, as one topic pattern: the named streams' events and late topics, or every one of them.
+    A pattern, not a list, even for named streams: a late topic that does not exist yet is not an error."""
     if not streams:
         return str(topic_names.events_and_late_pattern)
-    return [t for s in streams for t in (topic_names.events(s), topic_names.late(s))]
+    names = "|".join(re.escape(s) for s in streams)
+    return f"{re.escape(topic_names.prefix)}\\.(events|late)\\.({names})"
 
 
 class EventsTopicPartitions:
