@@ -27,6 +27,7 @@ one. It follows re-syncs while the job runs and, read from the data, is the same
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,7 +75,8 @@ class StreamProgress:
     """The stream's promise and clock facts, as far as the job has read them."""
 
     partitions: int
-    """Partitions of the stream's events topic: each one's punctuations bound the stream's watermark."""
+    """Partitions of the stream's events topic: each one's punctuations bound the stream's watermark (0: not known
+    yet, the topic does not exist; nothing is promised then)."""
     events_topic: str = ""
     """The stream's events topic: only its punctuations are promises ("" in tests: any topic)."""
     promised_us: dict[int, int] = field(default_factory=dict)
@@ -83,7 +85,7 @@ class StreamProgress:
     """Latest clock round trip per source (from its events' ``rtt_us``)."""
 
     def observe_punctuation(self, partition: int, watermark_us: int) -> None:
-        if partition >= self.partitions:
+        if 0 < self.partitions <= partition:
             # A partition the job did not know of (the topic grew): it has punctuated, so it exists.
             self.partitions = partition + 1
         if watermark_us > self.promised_us.get(partition, watermark_us - 1):
@@ -92,7 +94,7 @@ class StreamProgress:
     @property
     def watermark_us(self) -> int | None:
         """min over every partition of its latest punctuation; None while one has not punctuated yet."""
-        if len(self.promised_us) < self.partitions:
+        if self.partitions == 0 or len(self.promised_us) < self.partitions:
             return None
         return min(self.promised_us.values())
 
@@ -210,8 +212,12 @@ def make_stream_function(job: str, factory: CoreFactory,
                 progress, core_blob = StreamProgress.from_blob(bytes(state.get[0]))
                 core = factory(stream, core_blob)
             else:
-                progress = StreamProgress(partitions_of(stream)[1], partitions_of(stream)[0])
+                progress = StreamProgress(0)
                 core = factory(stream, None)
+            if progress.partitions == 0:
+                # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
+                with contextlib.suppress(LookupError):
+                    progress.events_topic, progress.partitions = partitions_of(stream)
             outputs = run_stream_batch(progress, core, rows, job=job, stream=stream)
             state.update((progress.to_blob(core.snapshot()),))
         if outputs:
@@ -285,6 +291,7 @@ class EventsTopicPartitions:
             from contract.topics import TopicNames
 
             topic = TopicNames(self.topic_prefix).events(stream)
+            # LookupError (no such topic yet) propagates uncached: the caller asks again next batch.
             self._known[stream] = (topic, partition_count(self.bootstrap_servers, topic))
         return self._known[stream]
 

@@ -178,3 +178,12 @@ def test_watermark_drops_in_a_progress_become_one_counted_record() -> None:
     assert (value["record"], value["rows"], value["dropped_total"], value["batch_id"]) == (
         "dropped_by_watermark", 5, 5, 4)
     assert report.dropped_total == 5
+
+
+def test_while_the_partition_count_is_unknown_nothing_is_promised() -> None:
+    progress, core = StreamProgress(0), RecordingCore()
+    run(progress, core, [event(0, 10, 0), punctuation(500, 1, partition=0)])
+    assert (progress.partitions, core.watermarks, core.seen) == (0, [], [(0, 10)])
+    progress.partitions = 2  # the topic was found: two partitions, one of which has punctuated
+    run(progress, core, [punctuation(300, 0, partition=1)])
+    assert core.watermarks == [300]
