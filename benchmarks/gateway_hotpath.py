@@ -6,10 +6,17 @@ Stages, each timed over the same 200k in-order events from 20 sources, batches o
            ReferenceMapping, MultiSourceMerger) and record encoding (contract.records, orjson), as the gateway runs it
   produce  confluent-kafka Producer.produce into a local queue (no broker reachable: measures the client call)
 Prints microseconds per event per stage; the sum is the floor of the gateway's CPU cost per event.
+
+``--ingest-only`` times the ingest stage alone on pre-decoded events, twice: with unsynced sources
+(IdentityMapping, as the stage table) and with synced ones (an EstimateMapping over a SourceInfoStore, as the
+gateway wires it with time sync on, every source's ``clock_changed`` seen, so rule 9 checks every event). It prints
+the median of ``--repeats`` runs and writes nothing: quick enough to compare two trees minutes apart.
 """
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -17,10 +24,12 @@ from confluent_kafka import Producer
 
 from contract.topics import TopicNames
 from contract.wire.frames import encode_frame
-from contract.wire.messages import build_event, build_events, build_hello
+from contract.wire.messages import IncomingEvent, build_event, build_events, build_hello
 from gateway.ingest import ConnectionId, IngestCore, Produce
 from gateway.session import EventsReceived, GatewaySession
-from timesync.clocks import IdentityMapping
+from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
+from timesync.estimator import ClockEstimate
+from timesync.store import SourceInfoStore
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -69,6 +78,44 @@ def stage_costs() -> tuple[dict[str, float], int]:
     return spent, count
 
 
+def ingest_cost(synced: bool, per_source: int = PER_SOURCE) -> float:
+    """Seconds per event of ``IngestCore.events_received`` alone, on the stage table's workload pre-decoded.
+
+    Synced: each source's clock is 1 ms ahead with 20 ppm of skew, and the estimate says so, so the mapping does
+    its full arithmetic and no event looks like a clock step; events arrive 1 ms after they happened."""
+    base_us = 1_800_000_000_000_000
+    store = SourceInfoStore()
+    mapping: ReferenceMapping = EstimateMapping(store.get) if synced else IdentityMapping()
+    core = IngestCore(TopicNames(), mapping)
+    core.stream_created("bench")
+    ahead_us = 1_000 if synced else 0
+    batches: list[list[tuple[IncomingEvent, ...]]] = []
+    for s in range(SOURCES):
+        source_id = f"s{s}"
+        core.source_registered(source_id, ("bench",), base_us)
+        if synced:
+            estimate = ClockEstimate(offset_us=-ahead_us, skew_ppm=20.0, rtt_us=400, sync_ref_us=base_us,
+                                     sample_count=10, root_error_us=200.0, skew_error_ppm=1.0)
+            core.clock_changed(store.update(source_id, estimate, base_us), 0, base_us)
+        batches.append([tuple(IncomingEvent("bench", q, base_us + q * 10 + ahead_us, {"v": q & 255})
+                              for q in range(i, i + BATCH))
+                        for i in range(0, per_source, BATCH)])
+    spent = 0.0
+    count = 0
+    clock = time.perf_counter
+    for batch_index in range(per_source // BATCH):
+        arrival_us = base_us + (batch_index + 1) * BATCH * 10 + 1_000
+        for s in range(SOURCES):
+            events = batches[s][batch_index]
+            t0 = clock()
+            core.events_received(ConnectionId(s), f"s{s}", events, arrival_us)
+            spent += clock() - t0
+            count += len(events)
+    if core.counters.clock_steps:
+        raise AssertionError("the synced workload must not look like a clock step")
+    return spent / count
+
+
 def write_profile() -> None:
     """pyinstrument's call tree of the same workload, kept next to the stage table."""
     from pyinstrument import Profiler
@@ -109,5 +156,20 @@ The pyinstrument call tree of the same workload is in gateway-profile.txt.
     write_profile()
 
 
+def ingest_only(repeats: int, per_source: int) -> None:
+    for synced in (False, True):
+        runs = sorted(ingest_cost(synced, per_source) * 1e6 for _ in range(repeats))
+        print(f"ingest, {'synced' if synced else 'unsynced'}: median {statistics.median(runs):6.2f} us/event "
+              f"(min {runs[0]:.2f}, max {runs[-1]:.2f}, {repeats} runs of {SOURCES * per_source:,} events)")
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ingest-only", action="store_true", help="time the ingest stage alone; writes nothing")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--per-source", type=int, default=PER_SOURCE, help="events per source (multiple of 500)")
+    args = parser.parse_args()
+    if args.ingest_only:
+        ingest_only(args.repeats, args.per_source)
+    else:
+        main()
