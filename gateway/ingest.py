@@ -436,9 +436,13 @@ class IngestCore:
                 if acked is not None and acked >= event.seq:
                     actions.append(SendFrame(connection, encode_frame(messages.build_ack(event.stream, acked))))
                 continue
-            if watch is not None and self._held_back(source_id, watch, event, arrival_us, actions, outputs):
+            if watch is None:
+                outputs += self.pipeline.push(source_id, event, arrival_us)
                 continue
-            outputs += self.pipeline.push(source_id, event, arrival_us)
+            mapped = self._held_back(source_id, watch, event, arrival_us, actions, outputs)
+            if mapped is not None:
+                # Rule 9 just mapped it: the pipeline reuses that mapping rather than computing it twice more.
+                outputs += self.pipeline.push(source_id, event, arrival_us, mapped=mapped)
         actions += self._publish(outputs)
         return actions
 
@@ -555,24 +559,25 @@ class IngestCore:
     # -- internals ----------------------------------------------------------------------------------------------
 
     def _held_back(self, source_id: str, watch: _ClockWatch, event: messages.IncomingEvent, arrival_us: int,
-                   actions: list[IngestAction], outputs: list[PipelineOutput]) -> bool:
-        """Rule 9 for one accepted event of a source with a clock estimate: True when it is not pushed now (held,
-        or late because its source's step went unresolved)."""
+                   actions: list[IngestAction], outputs: list[PipelineOutput]) -> tuple[int, int] | None:
+        """Rule 9 for one accepted event of a source with a clock estimate: None when it is not pushed now (held,
+        or late because its source's step went unresolved), else its mapping ``(ref, err)``, to push it with."""
         if watch.hold_until_us is not None:
             watch.held.append((event, arrival_us))
             if len(watch.held) > self.config.clock_step_max_held:
                 self._end_unresolved(source_id, watch, arrival_us, outputs)
-            return True
+            return None
         if watch.unresolved:
             self.counters.clock_step_unresolved += 1
             outputs.append(self._unresolved_record(source_id, event, arrival_us, arrival_us))
-            return True
-        ref_us, error_us = self._mapping.to_reference(source_id, event.source_ts_us)
+            return None
+        mapped = self._mapping.to_reference(source_id, event.source_ts_us)
+        ref_us, error_us = mapped
         delay_us = arrival_us - ref_us
         step_us = self._step_us(watch, delay_us, error_us)
         if step_us is None:
             watch.learn(delay_us)
-            return False
+            return mapped
         self.counters.clock_steps += 1
         self.clock_steps.append(ClockStepDetected(source_id, event.stream, event.seq, step_us, arrival_us))
         log.warning("%s: clock step of about %+d us at %s seq %d (error bound %d us): re-sync asked, holding its "
@@ -588,7 +593,7 @@ class IngestCore:
         # The merge waits for the held source (bounded): released behind the watermark, its events would be late.
         for stream in self._streams_of.get(source_id, (event.stream,)):
             outputs += self.pipeline.expect(source_id, stream, arrival_us)
-        return True
+        return None
 
     def _step_us(self, watch: _ClockWatch, delay_us: int, error_us: int) -> int | None:
         """The apparent step an event's apparent delay shows (rule 9 (a) and (b)), or None."""
@@ -629,9 +634,9 @@ class IngestCore:
             held = self._end_hold(source_id, watch)
             self.clock_step_holds.append(ClockStepHold(source_id, len(held), now_us - since_us, "resolved"))
             for event, arrival_us in held:
-                ref_us, _error_us = self._mapping.to_reference(source_id, event.source_ts_us)
-                watch.learn(arrival_us - ref_us)  # the network's delay, not the hold's
-                outputs += self.pipeline.push(source_id, event, now_us)
+                mapped = self._mapping.to_reference(source_id, event.source_ts_us)
+                watch.learn(arrival_us - mapped[0])  # the network's delay, not the hold's
+                outputs += self.pipeline.push(source_id, event, now_us, mapped=mapped)
         return self._publish(outputs)
 
     def _end_hold(self, source_id: str, watch: _ClockWatch) -> list[tuple[messages.IncomingEvent, int]]:

@@ -179,10 +179,14 @@ class MultiSourceMerger:
 
     # -- input ----------------------------------------------------------------------------------
 
-    def push(self, event: SourceEvent, arrival_us: int, now_us: int, *, late: bool = False) -> list[MergeOutput]:
-        """An event released by the source's reorderer; ``late`` if it was released behind its successors."""
+    def push(self, event: SourceEvent, arrival_us: int, now_us: int, *, late: bool = False,
+             mapped: tuple[int, int] | None = None) -> list[MergeOutput]:
+        """An event released by the source's reorderer; ``late`` if it was released behind its successors.
+
+        ``mapped``: ``clock.to_reference(event.source_id, event.source_ts_us)`` as the caller just computed it, so
+        the event is not mapped twice in one call (the pipeline maps it first, for its future-dated check)."""
         src = self._source(event.source_id)
-        ref, err = self.clock.to_reference(event.source_id, event.source_ts_us)
+        ref, err = mapped if mapped is not None else self.clock.to_reference(event.source_id, event.source_ts_us)
         src.error_us = err
         out: list[MergeOutput] = []
         self._revive(event.source_id, src, now_us)

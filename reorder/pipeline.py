@@ -165,14 +165,20 @@ class IngestPipeline:
 
     # -- input ------------------------------------------------------------------------------------
 
-    def push(self, source_id: str, event: IncomingEvent, arrival_us: int) -> list[PipelineOutput]:
+    def push(self, source_id: str, event: IncomingEvent, arrival_us: int, *,
+             mapped: tuple[int, int] | None = None) -> list[PipelineOutput]:
+        """``mapped``: ``clock.to_reference(source_id, event.source_ts_us)`` as the caller just computed it (the
+        gateway's clock-step check maps every event of a synced source). It is used only if the reorderer releases
+        this very event within this call: nothing can change the clock's estimate in between, so it is the mapping
+        the pipeline would compute. An event the reorderer buffers is mapped when it leaves, as before."""
         pipeline = self._stream(event.stream)
         if pipeline.expected_until:
             pipeline.expected_until.pop(source_id, None)  # it spoke: its own adaptive waits apply from now on
         reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, event.stream), 0))
         source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
         out: list[PipelineOutput] = []
-        self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out)
+        self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
+                              source_event if mapped is not None else None, mapped)
         self._track(pipeline, source_id)
         return out
 
@@ -255,11 +261,13 @@ class IngestPipeline:
         heapq.heappush(self._deadlines, (due, 0 if source_id else 1, stream, source_id))
 
     def _reorder_outputs(self, pipeline: _StreamPipeline, outputs: list[Released | Late | GapSkipped], now_us: int,
-                         out: list[PipelineOutput]) -> None:
+                         out: list[PipelineOutput], pushed: SourceEvent | None = None,
+                         mapped: tuple[int, int] | None = None) -> None:
         passed: Late | None = None
         for item in outputs:
             if isinstance(item, Released):
-                self._to_merger(pipeline, item, now_us, out, passed if item.late else None)
+                self._to_merger(pipeline, item, now_us, out, passed if item.late else None,
+                                mapped if item.event is pushed else None)
                 passed = None
             elif isinstance(item, Late):
                 if item.passed:
@@ -274,14 +282,17 @@ class IngestPipeline:
                 self.counters.gap_events_skipped += item.last_seq - item.first_seq + 1
 
     def _to_merger(self, pipeline: _StreamPipeline, released: Released, now_us: int, out: list[PipelineOutput],
-                   passed: Late | None = None) -> None:
+                   passed: Late | None = None, mapped: tuple[int, int] | None = None) -> None:
         event = released.event
-        ref_us, _error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+        if mapped is None:
+            mapped = self.clock.to_reference(event.source_id, event.source_ts_us)
+        ref_us = mapped[0]
         if ref_us - now_us > self.config.max_future_us:
             self.counters.quarantined += 1
             out.append(self._late_record(event, released.arrival_us, now_us, "future_dated", ref_us - now_us))
             return
-        merged = pipeline.merger.push(event, released.arrival_us, now_us, late=released.late)
+        # The merger gets the mapping just made: mapping again in the same call gives the same (ref, err).
+        merged = pipeline.merger.push(event, released.arrival_us, now_us, late=released.late, mapped=mapped)
         self._merge_outputs(pipeline, merged, out, passed)
 
     def _merge_outputs(self, pipeline: _StreamPipeline, outputs: list[Merged | Punctuation | SourceTimedOut | Late],

@@ -612,3 +612,55 @@ def test_heartbeats_of_a_held_source_are_ignored():
     run.run(1)
     assert run.core.heartbeat_received("a", Heartbeat(run.now_us + 5_000_000, {"s": 51}), run.now_us) == []
     assert run.core.counters.heartbeats == 1
+
+
+def _resynced_b(sync_ref_us: int) -> ClockEstimate:
+    return ClockEstimate(offset_us=-300, skew_ppm=0.0, rtt_us=900, sync_ref_us=sync_ref_us, sample_count=10,
+                         root_error_us=450.0, skew_error_ppm=0.0)
+
+
+def _resync_and_step_run(step_us: int) -> StepRun:
+    """StepRun with b re-synced while its events wait in the merge, then a's clock stepping by ``step_us``."""
+    run = StepRun()
+    run.run(30)
+    run.tick(("a", "b"))  # a's and b's events wait in the merge for c's
+    run.ahead["b"] += 300
+    resynced = _resynced_b(run.now_us)
+    run.mapping.update("b", resynced)  # b's estimate changes under its queued event
+    run.actions += run.core.clock_changed(SourceInfo("b", resynced, run.now_us), 0, run.now_us)
+    run.tick(("c",))
+    run.run(20)
+    run.ahead["a"] += step_us
+    run.run(50)
+    run.drain()
+    return run
+
+
+@pytest.mark.parametrize("step_us", [0, 5_000_000, -2_000_000], ids=["none", "+5s", "-2s"])
+def test_pushing_with_the_clock_step_checks_mapping_leaves_every_action_byte_identical(step_us, monkeypatch):
+    from reorder.merger import MultiSourceMerger
+    from reorder.pipeline import IngestPipeline
+
+    carried = _resync_and_step_run(step_us)
+    # The reference, as before the check's mapping was carried: the pipeline and the merger map each event again.
+    merger_push, pipeline_push = MultiSourceMerger.push, IngestPipeline.push
+
+    def merger_maps(self, event, arrival_us, now_us, *, late=False, mapped=None):
+        return merger_push(self, event, arrival_us, now_us, late=late)
+
+    def pipeline_maps(self, source_id, event, arrival_us, *, mapped=None):
+        return pipeline_push(self, source_id, event, arrival_us)
+
+    monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
+    monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
+    reference = _resync_and_step_run(step_us)
+    assert carried.actions == reference.actions
+    events, late = carried.records(EVENTS), carried.records(TOPICS.late("s"))
+    assert (len(events), len(late)) == (303, 0)
+    assert len(carried.resyncs()) == (0 if step_us == 0 else 1)
+    # b's seq 30 was pushed before b's re-sync and released after it: mapped at push, its error bound at release.
+    b30 = next(r for r in events if r["source_id"] == "b" and r["seq"] == 30)
+    resynced = _resynced_b(T0 + 31 * TICK_US)
+    assert (b30["ref_ts_us"], b30["uncertainty_us"], b30["rtt_us"]) == (
+        T0 + 30 * TICK_US, resynced.error_bound_us(resynced.to_reference_us(T0 + 30 * TICK_US)), 900)
+    assert b30["uncertainty_us"] > 450 > _estimate(0, T0).error_bound_us(T0 + 30 * TICK_US)

@@ -217,3 +217,102 @@ def test_at_equal_deadlines_a_reorderer_releases_before_the_merge_gives_up_on_it
     # now the merge waits for a again (its next gap timeout, 100 us), then b's event goes
     assert records(pipe.advance(T0 + 350)) == [("b", 0, T0 + 150)]
     assert pipe.counters.source_timeouts == 1
+
+
+class _CountingMapping:
+    """An EstimateMapping that counts how often it is asked, to pin down how often an event is mapped."""
+
+    def __init__(self) -> None:
+        from timesync.clocks import EstimateMapping
+
+        self.inner = EstimateMapping()
+        self.mapped = 0
+        self.rtts = 0
+
+    def to_reference(self, source_id, source_ts_us):
+        self.mapped += 1
+        return self.inner.to_reference(source_id, source_ts_us)
+
+    def rtt_us(self, source_id):
+        self.rtts += 1
+        return self.inner.rtt_us(source_id)
+
+
+def _skewed(offset_us, sync_ref_us, rtt_us=400):
+    from timesync.estimator import ClockEstimate
+
+    # skew and growth make (ref, err) depend on the timestamp and on the estimate, so a stale reuse would show
+    return ClockEstimate(offset_us=offset_us, skew_ppm=35.0, rtt_us=rtt_us, sync_ref_us=sync_ref_us, sample_count=9,
+                         root_error_us=150.5, skew_error_ppm=2.0)
+
+
+def _carried_mapping_scenario(carry):
+    """Three sources; `carry`: push with the mapping just made, as the gateway's clock-step check does. Includes
+    a re-sync while an event waits in its reorderer and one while events wait in the merge."""
+    mapping = _CountingMapping()
+    for source, offset in (("a", -1_000), ("b", 2_000), ("c", 0)):
+        mapping.inner.update(source, _skewed(offset, T0))
+    pipe = IngestPipeline(mapping)
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    pipe.register("c", ("s",), T0)
+    out = []
+
+    def push(source, event, arrival_us):
+        mapped = mapping.to_reference(source, event.source_ts_us) if carry else None
+        out.extend(pipe.push(source, event, arrival_us, mapped=mapped))
+
+    for i in range(3):  # in order, every source
+        for source, ahead in (("a", 1_000), ("b", -2_000), ("c", 0)):
+            push(source, ev(i, T0 + 100_000 * (i + 1) + ahead), T0 + 100_000 * (i + 1) + 900)
+    push("b", ev(4, T0 + 500_000 - 2_000), T0 + 500_900)  # seq 3 of b is missing: 4 waits in b's reorderer
+    push("a", ev(3, T0 + 400_000 + 1_000), T0 + 400_900)  # waits in the merge for b and c
+    mapping.inner.update("b", _skewed(2_500, T0 + 450_000, rtt_us=300))  # re-sync with both waiting
+    mapping.inner.update("a", _skewed(-1_200, T0 + 450_000, rtt_us=500))
+    push("b", ev(3, T0 + 400_000 - 2_000), T0 + 501_000)  # releases b's 3 and the buffered 4
+    push("c", ev(3, T0 + 400_000), T0 + 501_100)
+    push("c", ev(4, T0 + 500_000), T0 + 501_200)
+    push("a", ev(4, T0 + 500_000 + 1_000), T0 + 501_300)
+    out += pipe.advance(T0 + 10_000_000)
+    return out, mapping
+
+
+def test_a_mapping_carried_into_the_pipeline_gives_byte_identical_records_and_maps_each_event_twice(monkeypatch):
+    from reorder.merger import MultiSourceMerger
+
+    carried, fast = _carried_mapping_scenario(carry=True)
+    # The reference, as before the mapping was carried: the caller maps (the clock-step check), then the pipeline
+    # and the merger each map the event again themselves.
+    merger_push, pipeline_push = MultiSourceMerger.push, IngestPipeline.push
+
+    def merger_maps(self, event, arrival_us, now_us, *, late=False, mapped=None):
+        return merger_push(self, event, arrival_us, now_us, late=late)
+
+    def pipeline_maps(self, source_id, event, arrival_us, *, mapped=None):
+        return pipeline_push(self, source_id, event, arrival_us)
+
+    monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
+    monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
+    independent, slow = _carried_mapping_scenario(carry=True)
+    assert [o.record.to_json() if isinstance(o, PublishRecord) else o for o in carried] == \
+        [o.record.to_json() if isinstance(o, PublishRecord) else o for o in independent]
+    assert carried == independent
+    assert [(s, q) for s, q, _ in records(carried)] == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 2), ("c", 2),
+        ("a", 3), ("c", 3), ("b", 3), ("a", 4), ("c", 4), ("b", 4)]
+    assert records(carried, "late") == []
+    by_key = {(o.record.source_id, o.record.seq): o.record for o in carried if isinstance(o, PublishRecord)}
+    # Pushed under the old estimate, released under the new one: ref_ts_us is the push's (the merge order rests on
+    # it), uncertainty_us and rtt_us the release's, as before.
+    a3 = by_key[("a", 3)]
+    old, new = _skewed(-1_000, T0), _skewed(-1_200, T0 + 450_000, rtt_us=500)
+    assert a3.ref_ts_us == old.to_reference_us(T0 + 401_000) != new.to_reference_us(T0 + 401_000)
+    assert a3.uncertainty_us == new.error_bound_us(new.to_reference_us(T0 + 401_000)) != \
+        old.error_bound_us(a3.ref_ts_us)
+    assert a3.rtt_us == 500
+    # b's 4 waited in its reorderer across the re-sync: mapped when it left, with the new estimate.
+    assert by_key[("b", 4)].ref_ts_us == _skewed(2_500, T0 + 450_000).to_reference_us(T0 + 498_000)
+    # 15 events: the caller's map and the release's, against four before; b's 4, buffered, is mapped once more
+    # when it leaves its reorderer (the caller's mapping is not reused for it). One rtt each on both paths.
+    assert (fast.mapped, slow.mapped) == (2 * 15 + 1, 4 * 15)
+    assert fast.rtts == slow.rtts == 15
