@@ -72,7 +72,29 @@ def rate_of(query: Any) -> tuple[int, float]:
 
 SEQUENCE_QUERY = "EVENT SEQ(A a, B b, C c) WHERE a.id = b.id AND b.id = c.id WITHIN 20 ms"
 PATTERN = "SEQ(a: type == 'A', b: type == 'B') PARTITION BY id WITHIN 10 ms MODE per_event MAX_UNCERTAINTY 1 ms"
-JOBS = ("three_window", "window_count", "pattern", "sequence")
+JOBS = ("three_window", "window_count", "native_window", "pattern", "sequence")
+
+
+def start_native_window(spark: Any, bootstrap: str, prefix: str, checkpoint: str) -> Any:
+    """The peer: Spark's own window count on the same records (JVM only, Spark's watermark with delay 0, so it may
+    drop legal rows; on this ordered single-partition data it drops none)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.stateful import read_contract_records
+
+    topics = TopicNames(prefix)
+    ensure_topics(bootstrap, [topics.results("native_window")])
+    records = read_contract_records(spark, bootstrap, topics.events_pattern)
+    counted = (records.where(F.col("kind") == "event")
+               .withColumn("event_time", F.timestamp_micros(F.col("ref_ts_us")))
+               .withWatermark("event_time", "0 seconds")
+               .groupBy(F.window("event_time", "1 second").alias("w"), F.col("stream")).count())
+    out = counted.select(
+        F.concat_ws("|", F.col("stream"), F.unix_micros(F.col("w.start")).cast("string")).alias("key"),
+        F.to_json(F.struct("stream", "count")).alias("value"))
+    return (out.writeStream.outputMode("update").format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", topics.results("native_window")).option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True).start())
 
 
 def start_job(spark: Any, name: str, bootstrap: str, prefix: str, checkpoint: str) -> Any:
@@ -86,6 +108,8 @@ def start_job(spark: Any, name: str, bootstrap: str, prefix: str, checkpoint: st
         return pattern.start(spark, pattern.PatternOptions(
             bootstrap_servers=bootstrap, pattern=PATTERN, topic_prefix=prefix, checkpoint_dir=checkpoint,
             available_now=True, console=False))
+    if name == "native_window":
+        return start_native_window(spark, bootstrap, prefix, checkpoint)
     if name == "sequence":
         return sequence.start(spark, sequence.SequenceOptions(
             bootstrap_servers=bootstrap, query=SEQUENCE_QUERY, topic_prefix=prefix, checkpoint_dir=checkpoint,
@@ -213,15 +237,16 @@ def write_report(tp: dict[str, float], lat: dict[str, float], events: int) -> No
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    names = ["three_window", "window_count\n(native)", "pattern", "sequence"]
+    names = ["three_window", "window_count", "Spark native\nwindow", "pattern", "sequence"]
     values = [tp[f"{j}_events_per_s"] for j in JOBS]
-    ax.bar(names, values, color=["#4477aa", "#bbbbbb", "#44aa77", "#aa7744"])
+    ax.bar(names, values, color=["#4477aa", "#6699cc", "#bbbbbb", "#44aa77", "#aa7744"])
     ax.axhline(100_000, color="red", linestyle="--", label="target 100k/s")
     ax.set_ylabel("events/s (local[2])")
     ax.legend()
     fig.tight_layout()
     fig.savefig(DOCS / "spark-three-window.png", dpi=120)
-    ratio = tp["window_count_events_per_s"] / tp["three_window_events_per_s"]
+    ratio = tp["native_window_events_per_s"] / tp["three_window_events_per_s"]
+    count_ratio = tp["native_window_events_per_s"] / tp["window_count_events_per_s"]
     text = f"""# Spark jobs benchmark (Job 1: three_window)
 
 Produced by `benchmarks/spark_three_window.py` on this machine (2 cores, shared; Spark local[2], Kafka 4.0.0 on
@@ -233,19 +258,23 @@ loopback). Numbers from one run; rerun to refresh.
 |---|---:|---:|---:|
 | three_window (pure aggregator in applyInPandasWithState) | {tp['three_window_rows']:,.0f} | \
 {tp['three_window_batch_s']:.1f} s | {tp['three_window_events_per_s']:,.0f} |
-| window_count (Spark's native window + count) | {tp['window_count_rows']:,.0f} | \
-{tp['window_count_batch_s']:.1f} s | {tp['window_count_events_per_s']:,.0f} |
+| window_count (exact: TumblingWindowCounter per stream, released at the gateway's promise, corrections) | \
+{tp['window_count_rows']:,.0f} | {tp['window_count_batch_s']:.1f} s | {tp['window_count_events_per_s']:,.0f} |
+| the peer: Spark's native window + count (JVM only, Spark's watermark) | {tp['native_window_rows']:,.0f} | \
+{tp['native_window_batch_s']:.1f} s | {tp['native_window_events_per_s']:,.0f} |
 | pattern (`{PATTERN}`) | {tp['pattern_rows']:,.0f} | {tp['pattern_batch_s']:.1f} s | \
 {tp['pattern_events_per_s']:,.0f} |
 | sequence (`{SEQUENCE_QUERY}`) | {tp['sequence_rows']:,.0f} | {tp['sequence_batch_s']:.1f} s | \
 {tp['sequence_events_per_s']:,.0f} |
 
-Target >= 100k events/s: **{'met' if tp['three_window_events_per_s'] >= 100_000 else 'missed'}**. The native job is
-{ratio:.1f}x faster on the same data, and it bounds every job that reads this contract here: Kafka reading and
-`from_json` of every record in the JVM are most of its cost. three_window adds the shuffle that groups by stream,
-the Arrow transfer of the needed columns to Python and the aggregator's per-event loop (~8 us per event, one
-core per stream: the two streams use both cores). The pattern and sequence jobs take the row path (one Python
-dict and one payload decode per event) across their 50 partition keys.
+Target >= 100k events/s: **{'met' if tp['three_window_events_per_s'] >= 100_000 else 'missed'}**. Spark's native
+window count is {ratio:.1f}x faster than three_window and {count_ratio:.1f}x faster than the exact window_count on
+the same data; it bounds every job that reads this contract here (Kafka reading and `from_json` of every record in
+the JVM are most of its cost), but it is not exact: its watermark is the maximum event time seen minus a delay,
+and rows behind it are dropped (docs/spark-jobs.md). Every Skewless job adds the shuffle that groups by stream,
+the Arrow transfer of the needed columns to Python, one Python dict per row (the shell sorts a stream's batch by
+reference time across partitions and topics) and the core's per-event work; one core per stream, so the two
+streams use both cores. The pattern and sequence jobs also decode every payload.
 
 ![throughput](spark-three-window.png)
 
