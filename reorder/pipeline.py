@@ -291,17 +291,23 @@ class IngestPipeline:
             self.counters.quarantined += 1
             out.append(self._late_record(event, released.arrival_us, now_us, "future_dated", ref_us - now_us))
             return
-        # The merger gets the mapping just made: mapping again in the same call gives the same (ref, err).
+        # The merger gets the mapping just made: mapping again in the same call gives the same (ref, err). So does
+        # the record's, if the merge releases the event at once.
         merged = pipeline.merger.push(event, released.arrival_us, now_us, late=released.late, mapped=mapped)
-        self._merge_outputs(pipeline, merged, out, passed)
+        self._merge_outputs(pipeline, merged, out, passed, event, mapped)
 
     def _merge_outputs(self, pipeline: _StreamPipeline, outputs: list[Merged | Punctuation | SourceTimedOut | Late],
-                       out: list[PipelineOutput], passed: Late | None = None) -> None:
+                       out: list[PipelineOutput], passed: Late | None = None, pushed: SourceEvent | None = None,
+                       mapped: tuple[int, int] | None = None) -> None:
+        """``pushed``, ``mapped``: the event just pushed into the merger and its mapping, made in this call."""
         for item in outputs:
             if isinstance(item, Merged):
                 self.counters.released += 1
                 event = item.event
-                _ref, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+                # The record's uncertainty is the release's mapping (the estimate may have changed while the event
+                # waited in the merge); for the event just pushed, that is the mapping it was pushed with.
+                error_us = (mapped[1] if mapped is not None and event is pushed
+                            else self.clock.to_reference(event.source_id, event.source_ts_us)[1])
                 record = EventRecord(
                     stream=event.stream, source_id=event.source_id, seq=event.seq,
                     source_ts_us=event.source_ts_us, ref_ts_us=item.ref_ts_us, uncertainty_us=error_us,

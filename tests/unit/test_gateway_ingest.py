@@ -651,8 +651,13 @@ def test_pushing_with_the_clock_step_checks_mapping_leaves_every_action_byte_ide
     def pipeline_maps(self, source_id, event, arrival_us, *, mapped=None):
         return pipeline_push(self, source_id, event, arrival_us)
 
+    def release_maps(self, pipeline, outputs, out, passed=None, pushed=None, mapped=None):
+        return merge_outputs(self, pipeline, outputs, out, passed)
+
+    merge_outputs = IngestPipeline._merge_outputs
     monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
     monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
+    monkeypatch.setattr(IngestPipeline, "_merge_outputs", release_maps)
     reference = _resync_and_step_run(step_us)
     assert carried.actions == reference.actions
     events, late = carried.records(EVENTS), carried.records(TOPICS.late("s"))

@@ -277,7 +277,7 @@ def _carried_mapping_scenario(carry):
     return out, mapping
 
 
-def test_a_mapping_carried_into_the_pipeline_gives_byte_identical_records_and_maps_each_event_twice(monkeypatch):
+def test_a_carried_mapping_gives_byte_identical_records_and_maps_each_event_at_most_twice(monkeypatch):
     from reorder.merger import MultiSourceMerger
 
     carried, fast = _carried_mapping_scenario(carry=True)
@@ -291,8 +291,13 @@ def test_a_mapping_carried_into_the_pipeline_gives_byte_identical_records_and_ma
     def pipeline_maps(self, source_id, event, arrival_us, *, mapped=None):
         return pipeline_push(self, source_id, event, arrival_us)
 
+    def release_maps(self, pipeline, outputs, out, passed=None, pushed=None, mapped=None):
+        return merge_outputs(self, pipeline, outputs, out, passed)
+
+    merge_outputs = IngestPipeline._merge_outputs
     monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
     monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
+    monkeypatch.setattr(IngestPipeline, "_merge_outputs", release_maps)
     independent, slow = _carried_mapping_scenario(carry=True)
     assert [o.record.to_json() if isinstance(o, PublishRecord) else o for o in carried] == \
         [o.record.to_json() if isinstance(o, PublishRecord) else o for o in independent]
@@ -312,7 +317,8 @@ def test_a_mapping_carried_into_the_pipeline_gives_byte_identical_records_and_ma
     assert a3.rtt_us == 500
     # b's 4 waited in its reorderer across the re-sync: mapped when it left, with the new estimate.
     assert by_key[("b", 4)].ref_ts_us == _skewed(2_500, T0 + 450_000).to_reference_us(T0 + 498_000)
-    # 15 events: the caller's map and the release's, against four before; b's 4, buffered, is mapped once more
-    # when it leaves its reorderer (the caller's mapping is not reused for it). One rtt each on both paths.
-    assert (fast.mapped, slow.mapped) == (2 * 15 + 1, 4 * 15)
+    # 15 events: the caller's map and the release's, against four before. b's 4, buffered, is mapped once more
+    # when it leaves its reorderer (the caller's mapping is not reused for it); c's 0 to 3 and a's 4, each the one
+    # the merge waited for, are released by their own push: their records take its mapping. One rtt each on both.
+    assert (fast.mapped, slow.mapped) == (2 * 15 + 1 - 5, 4 * 15)
     assert fast.rtts == slow.rtts == 15
