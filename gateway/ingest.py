@@ -78,6 +78,8 @@ Rules:
    ``clock_step_unresolved`` (counted), and so do the source's further events, without holding or checking,
    until its next estimate arrives: a source that does not re-sync holds the merge back once, not forever. Its
    reorderer then skips their seqs as a gap.
+   The check's mapping is the one the event is pushed with (``IngestPipeline.push(mapped=...)``): the pipeline and
+   the merger do not map an event again in the same call, so the check costs one mapping, not one more.
 """
 
 from __future__ import annotations
