@@ -28,7 +28,7 @@ _FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "rec
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
     "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
-    "upstream_ntp"}
+    "upstream_ntp", "merge_wait_learned"}
 
 
 class ConfigError(ValueError):
@@ -123,6 +123,9 @@ def _with_ordering_waits(pipeline: PipelineConfig, settings: Mapping[str, Any]) 
     merger = pipeline.merger
     if (merge := us("merge_timeout_s")) is not None:
         merger = replace(merger, default_timeout_us=merge)
+    if "merge_wait_learned" in settings:
+        # off: the merge waits for a silent source only as long as its reorderer's gap wait says (docs/reorder.md)
+        merger = replace(merger, learn_wait=_truthy(settings["merge_wait_learned"]))
     pipeline = replace(pipeline, sequence=sequence, merger=merger)
     if (grace := us("reconnect_grace_s")) is not None:
         pipeline = replace(pipeline, reconnect_grace_us=grace)

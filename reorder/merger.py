@@ -63,10 +63,13 @@ class MergerConfig:
     punctuation_interval_us: int = 1_000
     """Punctuation is emitted at most this often (gateway time) and only when the watermark moved."""
     max_queued_per_source: int = DEFAULT_MAX_QUEUED
-    learn_wait: bool = False
+    learn_wait: bool = True
     """Watermark mode: wait for a silent source at least as long as its learned silences say (module docstring).
-    Off by default: the gateway runs without it until its own tests and load runs have been checked with it; the replay
-    turns it on (``ReplayOptions``)."""
+    On by default, so the gateway has it (setting ``merge_wait_learned``): a stalled uplink shows its reorderer no
+    gap, and without it the merge gives up on that source and diverts what it sent meanwhile (multistall replay: 577
+    events late instead of 0).  It never shortens a wait, and its warm-up (the cap until ``min_wait_samples``)
+    costs a source that vanishes no more than its reorderer's own wait does before that reorderer has learned its
+    gaps (the same cap, docs/reorder.md)."""
     learned_wait_cap_us: int = DEFAULT_LEARNED_WAIT_CAP_US
     """No silence is waited for longer than this on account of the learned wait; also the wait before it is
     trusted.  Waiting costs only when the source has nothing to send (gone, or sparse without heartbeats)."""

@@ -66,3 +66,13 @@ def test_clock_step_hold_settings_reach_the_gateway_config() -> None:
     assert (config.clock_step_hold_us, config.clock_step_max_held) == (2_500_000, 500)
     with pytest.raises(ConfigError, match="clock_step_hold_s"):
         build_config({"clock_step_hold_s": -1})
+
+
+def test_the_learned_merge_wait_is_on_unless_switched_off_by_file_or_env(tmp_path: Path) -> None:
+    assert build_config({}).pipeline.merger.learn_wait is True
+    toml = tmp_path / "gw.toml"
+    toml.write_text("[gateway]\nmerge_wait_learned = false\n")
+    assert build_config(load_settings(toml, env={})).pipeline.merger.learn_wait is False
+    for raw, learned in (("false", False), ("0", False), ("off", False), ("true", True), ("1", True)):
+        settings = load_settings(None, env={"SKEWLESS_GATEWAY_MERGE_WAIT_LEARNED": raw})
+        assert build_config(settings).pipeline.merger.learn_wait is learned

@@ -85,7 +85,9 @@ def test_heartbeat_only_counts_once_every_event_up_to_its_seq_was_delivered() ->
 
 
 def test_timed_out_source_coming_back_below_the_punctuation_goes_to_the_late_side_output() -> None:
-    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=100, punctuation_interval_us=0))
+    # the given 100 us wait alone: with the learned wait B's heartbeat would have it waited for up to the 2 s cap
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=100, punctuation_interval_us=0,
+                                                                learn_wait=False))
     m.heartbeat("A", -1, 0, 0)
     m.heartbeat("B", -1, 0, 0)
     m.push(ev("A", 0, 500), 10, 10)
