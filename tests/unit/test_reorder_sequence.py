@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.records import GapSkipped, Late, Released, SourceEvent
-from reorder.sequence import SequenceConfig, SequenceReorderer
+from reorder.sequence import DEFAULT_MIN_GAP_SAMPLES, SequenceConfig, SequenceReorderer
 
 
 def ev(seq: int, ts: int | None = None) -> SourceEvent:
@@ -168,6 +168,21 @@ def test_adaptive_learns_from_late_arrivals_after_a_skip() -> None:
     # ...and that delay is learned: 1 of 4 samples is above, so the 0.9999-quantile is its bucket
     assert r.timeout_us() >= 50_000
     assert r.counters.late == 1
+
+
+def test_the_gap_quantile_is_trusted_from_the_200th_sample_on_and_the_cap_is_waited_before() -> None:
+    # Every gap closes 1 ms after it opened: the 199th sample still leaves the first long delay a 2 s wait (with 20,
+    # the multi-source replays skipped gaps on 27-273 samples of millisecond disorder); the 200th sets 2 x 1,021 us.
+    r = SequenceReorderer("D1", "R1")
+    assert r.config.min_gap_samples == DEFAULT_MIN_GAP_SAMPLES == 200
+    timeouts = []
+    for k in range(200):
+        r.push(ev(2 * k + 1), 10_000 * k)
+        r.push(ev(2 * k), 10_000 * k + 1_000)
+        timeouts.append(r.timeout_us())
+    assert r.gap_delay.count == 200
+    assert timeouts[:199] == [2_000_000] * 199
+    assert timeouts[199] == 2 * 1_021
 
 
 def test_buffer_full_skips_the_head_gap() -> None:
