@@ -26,6 +26,7 @@ from gateway.ingest import (
     WriteCheckpoint,
 )
 from reorder.pipeline import DEFAULT_JOIN_GRACE_US
+from tests.mapping_reference import map_at_every_stage
 from timesync.clocks import IdentityMapping
 from timesync.estimator import ClockEstimate
 from timesync.store import SourceInfo
@@ -638,26 +639,9 @@ def _resync_and_step_run(step_us: int) -> StepRun:
 
 @pytest.mark.parametrize("step_us", [0, 5_000_000, -2_000_000], ids=["none", "+5s", "-2s"])
 def test_pushing_with_the_clock_step_checks_mapping_leaves_every_action_byte_identical(step_us, monkeypatch):
-    from reorder.merger import MultiSourceMerger
-    from reorder.pipeline import IngestPipeline
-
     carried = _resync_and_step_run(step_us)
     # The reference, as before the check's mapping was carried: the pipeline and the merger map each event again.
-    merger_push, pipeline_push = MultiSourceMerger.push, IngestPipeline.push
-
-    def merger_maps(self, event, arrival_us, now_us, *, late=False, mapped=None):
-        return merger_push(self, event, arrival_us, now_us, late=late)
-
-    def pipeline_maps(self, source_id, event, arrival_us, *, mapped=None):
-        return pipeline_push(self, source_id, event, arrival_us)
-
-    def release_maps(self, pipeline, outputs, out, passed=None, pushed=None, mapped=None):
-        return merge_outputs(self, pipeline, outputs, out, passed)
-
-    merge_outputs = IngestPipeline._merge_outputs
-    monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
-    monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
-    monkeypatch.setattr(IngestPipeline, "_merge_outputs", release_maps)
+    map_at_every_stage(monkeypatch)
     reference = _resync_and_step_run(step_us)
     assert carried.actions == reference.actions
     events, late = carried.records(EVENTS), carried.records(TOPICS.late("s"))

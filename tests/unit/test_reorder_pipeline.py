@@ -5,6 +5,7 @@ from contract.wire.messages import IncomingEvent
 from reorder.merger import MergerConfig
 from reorder.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord
 from reorder.sequence import SequenceConfig
+from tests.mapping_reference import map_at_every_stage
 from timesync.clocks import FixedOffsetMapping, IdentityMapping
 
 T0 = 1_000_000_000
@@ -278,26 +279,10 @@ def _carried_mapping_scenario(carry):
 
 
 def test_a_carried_mapping_gives_byte_identical_records_and_maps_each_event_at_most_twice(monkeypatch):
-    from reorder.merger import MultiSourceMerger
-
     carried, fast = _carried_mapping_scenario(carry=True)
     # The reference, as before the mapping was carried: the caller maps (the clock-step check), then the pipeline
     # and the merger each map the event again themselves.
-    merger_push, pipeline_push = MultiSourceMerger.push, IngestPipeline.push
-
-    def merger_maps(self, event, arrival_us, now_us, *, late=False, mapped=None):
-        return merger_push(self, event, arrival_us, now_us, late=late)
-
-    def pipeline_maps(self, source_id, event, arrival_us, *, mapped=None):
-        return pipeline_push(self, source_id, event, arrival_us)
-
-    def release_maps(self, pipeline, outputs, out, passed=None, pushed=None, mapped=None):
-        return merge_outputs(self, pipeline, outputs, out, passed)
-
-    merge_outputs = IngestPipeline._merge_outputs
-    monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
-    monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
-    monkeypatch.setattr(IngestPipeline, "_merge_outputs", release_maps)
+    map_at_every_stage(monkeypatch)
     independent, slow = _carried_mapping_scenario(carry=True)
     assert [o.record.to_json() if isinstance(o, PublishRecord) else o for o in carried] == \
         [o.record.to_json() if isinstance(o, PublishRecord) else o for o in independent]
