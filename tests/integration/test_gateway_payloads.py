@@ -105,13 +105,7 @@ async def test_a_failing_connection_worker_is_answered_counted_and_does_not_bloc
 
         # Any exception on the worker's path stands for a bug the payload rules did not foresee.
         monkeypatch.setattr(gateway.core, "events_received", broken)
-        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-        writer.write(encode_frame(build_hello("victim", ["s"])))
-        writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
-        await writer.drain()
-        decoder = FrameDecoder()
-        replies: list[dict] = []
-        await _read_until(reader, decoder, replies, lambda rs: False)  # until the gateway closes the connection
+        replies = await _one_event_until_closed(gateway.port, "victim")
         assert [r["type"] for r in replies] == ["welcome", "error"]
         assert replies[1] == {"type": "error", "code": "internal_error", "fatal": True,
                               "message": "the gateway failed processing this connection (events): RuntimeError"}
@@ -125,7 +119,6 @@ async def test_a_failing_connection_worker_is_answered_counted_and_does_not_bloc
         metrics = await _http_get(gateway.metrics_port, "/metrics")
         assert 'skewless_gateway_worker_errors_total{stage="events"} 1.0' in metrics.splitlines()
         assert 'skewless_gateway_worker_errors_total{stage="session"} 0.0' in metrics.splitlines()
-        writer.close()
 
         loop = asyncio.get_running_loop()
         started_s = loop.time()
@@ -279,12 +272,7 @@ async def test_a_dead_producer_turns_healthz_unhealthy_fails_its_connections_and
 
         # The gateway can no longer publish anything: not one connection's problem, the gateway's.
         monkeypatch.setattr(gateway._publisher, "produce", broken)
-        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-        writer.write(encode_frame(build_hello("p", ["s"])))
-        writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
-        await writer.drain()
-        replies: list[dict] = []
-        await _read_until(reader, FrameDecoder(), replies, lambda rs: False)
+        replies = await _one_event_until_closed(gateway.port, "p")
         assert [r["type"] for r in replies] == ["welcome", "error"]
         assert replies[1] == {"type": "error", "code": "internal_error", "fatal": True,
                               "message": "the gateway failed processing this connection (events): MemoryError"}
@@ -294,17 +282,10 @@ async def test_a_dead_producer_turns_healthz_unhealthy_fails_its_connections_and
         assert gateway.counters.task_failures == 1 and gateway.worker_errors["events"] == 1
         response = await _http_get_status(gateway.metrics_port, "/healthz")
         assert response.startswith("HTTP/1.0 503")
-        writer.close()
 
         # A connection that comes now is refused the same way: nothing would publish its events.
-        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-        writer.write(encode_frame(build_hello("p2", ["s"])))
-        writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
-        await writer.drain()
-        replies = []
-        await _read_until(reader, FrameDecoder(), replies, lambda rs: False)
+        replies = await _one_event_until_closed(gateway.port, "p2")
         assert replies[1]["message"] == "the gateway failed processing this connection (events): RuntimeError"
-        writer.close()
 
         loop = asyncio.get_running_loop()
         started_s = loop.time()
@@ -314,6 +295,18 @@ async def test_a_dead_producer_turns_healthz_unhealthy_fails_its_connections_and
     finally:
         if not stopped:
             await gateway.stop()
+
+
+async def _one_event_until_closed(port: int, source_id: str) -> list[dict]:
+    """Hello and one event as ``source_id``; every reply until the gateway closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(encode_frame(build_hello(source_id, ["s"])))
+    writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
+    await writer.drain()
+    replies: list[dict] = []
+    await _read_until(reader, FrameDecoder(), replies, lambda rs: False)
+    writer.close()
+    return replies
 
 
 async def _http_get_status(port: int | None, path: str) -> str:
