@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 import msgpack
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.predicates import Condition, parse_condition
 from contract.units import format_duration, parse_duration_us
 
@@ -63,7 +64,6 @@ EmitMode = Literal["eager", "watermark"]
 Lateness = Literal["on_time", "late", "too_late"]
 """An event against the watermark: ``ts >= wm``; ``wm - allowed_lateness <= ts < wm``; older."""
 _SNAPSHOT_VERSION = 2
-DEFAULT_ALLOWED_LATENESS_US = 3_600_000_000
 
 
 class Confidence(StrEnum):

@@ -50,6 +50,7 @@ from typing import Any, Literal
 
 import msgpack
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.windows import WINDOW_TYPES, WindowType, sliding_starts, type_offset_us
 
 __all__ = [
@@ -64,7 +65,6 @@ __all__ = [
 ]
 
 ShiftMode = Literal["per_event", "thesis"]
-DEFAULT_ALLOWED_LATENESS_US = 3_600_000_000
 """One hour of reference time: how long a released window keeps accepting corrections by default."""
 TOO_LATE = "too_late"
 _SNAPSHOT_VERSION = 2

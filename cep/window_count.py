@@ -26,9 +26,10 @@ from typing import Any
 
 import msgpack
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
+
 __all__ = ["DEFAULT_ALLOWED_LATENESS_US", "TOO_LATE", "TooLate", "TumblingWindowCounter", "WindowCount"]
 
-DEFAULT_ALLOWED_LATENESS_US = 3_600_000_000
 """One hour of reference time: how long a released window keeps accepting corrections by default."""
 TOO_LATE = "too_late"
 _SNAPSHOT_VERSION = 1

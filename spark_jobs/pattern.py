@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
 from contract.records import RESULT_MATCH, RESULT_REJECTED, RESULT_TOO_LATE, result_key, result_value
 from spark_jobs.stateful import decode_payload, start_core_job
@@ -31,7 +32,7 @@ class PatternOptions:
     topic_prefix: str = "skewless"
     streams: tuple[str, ...] = ()
     ta_us: int | None = None
-    allowed_lateness_us: int = 3_600_000_000
+    allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.sase import EngineConfig, OutputKind, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
 from contract.records import (
     RESULT_ADD,
@@ -50,7 +51,7 @@ class SequenceOptions:
     type_field: str = "type"
     mode: Literal["conservative", "aggressive"] = "conservative"
     k_slack_us: int | None = None
-    allowed_lateness_us: int = 3_600_000_000
+    allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"

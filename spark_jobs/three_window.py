@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
 from contract.records import RESULT_FINAL, RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
 from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
@@ -38,7 +39,7 @@ class ThreeWindowOptions:
     shift_mode: Literal["per_event", "thesis"] = "per_event"
     ta_us: int | None = None
     max_shift_us: int = 50_000
-    allowed_lateness_us: int = 3_600_000_000
+    allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"

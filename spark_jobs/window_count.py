@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.window_count import TumblingWindowCounter, WindowCount
 from contract.records import RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
 from spark_jobs.stateful import start_core_job
@@ -27,7 +28,7 @@ class WindowCountOptions:
     topic_prefix: str = "skewless"
     streams: tuple[str, ...] = ()
     width_us: int = 1_000_000
-    allowed_lateness_us: int = 3_600_000_000
+    allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"

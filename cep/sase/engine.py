@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 import msgpack
 
+from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
+
 from .ais import ActiveInstanceStacks, Instance
 from .events import SaseError, SaseEvent, SaseInputError, SaseOutput
 from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
@@ -72,7 +74,7 @@ class EngineConfig:
     strict: bool = False
     record_purges: bool = False
     purge_lag: int | None = None
-    allowed_lateness_us: int = 3_600_000_000
+    allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
 
     def __post_init__(self) -> None:
         k = self.k_slack_us
