@@ -88,7 +88,13 @@ class SequenceStreamCore:
             if counters.rejected > rejected:
                 outputs.append(self._side(RESULT_REJECTED, row, "engine_rejected",
                                           "see the engine's rejection counters"))
-            outputs.extend(self._record(o) for o in produced)
+            for output in produced:
+                if output.kind == "too_late":  # only ever about the event just fed: report it from its row
+                    outputs.append(self._side(
+                        RESULT_TOO_LATE, row, output.reason or "too_late",
+                        f"ts {event.ts} < low watermark {self.engine.low_watermark} minus the allowed lateness"))
+                else:
+                    outputs.append(self._record(output))
         return outputs
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
@@ -108,12 +114,6 @@ class SequenceStreamCore:
         return "" if attr is None else partition_text(first.attrs.get(attr))
 
     def _record(self, output: SaseOutput) -> tuple[str, dict[str, Any]]:
-        if output.kind == "too_late":
-            late = output.events[0]
-            source_id, _, seq = (late.event_id or "").rpartition(":")
-            return self._side(RESULT_TOO_LATE, {"source_id": source_id, "seq": int(seq) if seq.isdigit() else None,
-                                                "ref_ts_us": late.ts}, output.reason or "too_late",
-                              f"ts {late.ts} < low watermark {self.engine.low_watermark} minus the allowed lateness")
         # One key per matched sequence: a retract, add or invalidated names the match it concerns.
         part = self._partition(output)
         key = result_key(self.stream, part, *(e.event_id for e in output.events))
