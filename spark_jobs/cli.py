@@ -44,10 +44,11 @@ def window_count_command(
     available_now: AvailableNow = False,
 ) -> None:
     """Count events per stream in tumbling event-time windows, exactly; corrections for late events."""
+    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")
     options = window_count.WindowCountOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()),
         width_us=_duration_us(window, "--window"),
-        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"),
+        allowed_lateness_us=lateness_us,
         checkpoint_dir=checkpoint, available_now=available_now)
     spark = create_spark_session("skewless-window-count")
     _run(spark, window_count.start(spark, options))
@@ -83,12 +84,13 @@ def three_window_command(
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
     if mode not in ("per_event", "thesis"):
         raise typer.BadParameter("mode must be per_event or thesis", param_hint="--mode")
+    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
     spark = create_spark_session("skewless-three-window")
     query = three_window.start(spark, three_window.ThreeWindowOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()), width_us=width_ms * 1000,
         slide_us=None if slide_ms is None else slide_ms * 1000, value_field=value_field, emit_early=emit_early,
         shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us, max_shift_us=max_shift_ms * 1000,
-        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"), checkpoint_dir=checkpoint,
+        allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, query)
 
@@ -112,10 +114,11 @@ def pattern_command(
         PatternSpec.parse(pattern)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--pattern") from exc
+    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
     spark = create_spark_session("skewless-pattern")
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=tuple(stream or ()), ta_us=ta_us,
-        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"), checkpoint_dir=checkpoint,
+        allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, query)
 
@@ -147,12 +150,13 @@ def sequence_command(
         raise typer.BadParameter(str(exc), param_hint="--query") from exc
     if mode not in ("conservative", "aggressive"):
         raise typer.BadParameter("mode must be conservative or aggressive", param_hint="--mode")
+    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
     spark = create_spark_session("skewless-sequence")
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=tuple(stream or ()),
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
         k_slack_us=None if k_slack_ms is None else k_slack_ms * 1000,
-        allowed_lateness_us=_duration_us(allowed_lateness, "--allowed-lateness"), checkpoint_dir=checkpoint,
+        allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, started)
 
