@@ -28,10 +28,8 @@ class WatermarkDropReport:
     def __init__(self, job: str) -> None:
         self.job = job
         self.dropped_total = 0
-        self.progresses = 0
 
     def on_progress(self, progress: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
-        self.progresses += 1
         dropped = dropped_by_watermark(progress)
         if dropped == 0:
             return None
