@@ -89,7 +89,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, NewType
 
-from contract.records import PUNCTUATION_KEY, EventRecord, ProgressRecord, PunctuationRecord
+from contract.records import PUNCTUATION_KEY, ProgressRecord, PunctuationRecord
 from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import InvalidPayload, LocalProtocolError
@@ -663,12 +663,7 @@ class IngestCore:
                            now_us: int) -> PublishRecord:
         # Mapped with the estimate the step made stale: the reference time is known to be off by about the step,
         # which is why the record is on the late topic, with its uncertainty as the estimate states it.
-        ref_us, error_us = self._mapping.to_reference(source_id, event.source_ts_us)
-        return PublishRecord(EventRecord(
-            stream=event.stream, source_id=source_id, seq=event.seq, source_ts_us=event.source_ts_us,
-            ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us, late=True,
-            payload=event.payload, late_reason=UNRESOLVED_REASON, rtt_us=self._mapping.rtt_us(source_id),
-            extra={"lateness_us": arrival_us - ref_us}), "late")
+        return self.pipeline.late_record(source_id, event, arrival_us, now_us, UNRESOLVED_REASON)
 
     def _check_buffer_pressure(self) -> list[IngestAction]:
         held = self.pipeline.buffered()

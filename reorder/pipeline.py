@@ -327,9 +327,18 @@ class IngestPipeline:
                 out.append(self._late_record(item.event, item.arrival_us, item.arrival_us, item.reason,
                                              item.lateness_us))
 
+    def late_record(self, source_id: str, event: IncomingEvent, arrival_us: int, now_us: int,
+                    reason: str) -> PublishRecord:
+        """A late-topic record for an event the caller diverts before it enters the pipeline (its lateness: how far
+        its mapped time lies behind its arrival)."""
+        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+        return self._late_record(source_event, arrival_us, now_us, reason, None)
+
     def _late_record(self, event: SourceEvent, arrival_us: int, now_us: int, reason: str,
-                     lateness_us: int) -> PublishRecord:
+                     lateness_us: int | None) -> PublishRecord:
         ref_us, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+        if lateness_us is None:
+            lateness_us = arrival_us - ref_us
         return PublishRecord(EventRecord(
             stream=event.stream, source_id=event.source_id, seq=event.seq, source_ts_us=event.source_ts_us,
             ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us,
