@@ -126,10 +126,10 @@ def _int_or_none(value: Any) -> int | None:
     return int(value)
 
 
-def row_order(row: Mapping[str, Any]) -> tuple[int, str, int, int]:
-    """Reference time, then the gateway's release order (topic, partition, offset): deterministic on replay."""
-    return (_int_or_none(row.get("ref_ts_us")) or 0, str(row.get("topic") or ""),
-            _int_or_none(row.get("partition")) or 0, _int_or_none(row.get("offset")) or 0)
+def row_order(event: Mapping[str, Any]) -> tuple[int, str, int, int]:
+    """A normalized event's place: reference time, then the gateway's release order (topic, partition, offset),
+    deterministic on replay."""
+    return (event["ref_ts_us"], event.get("topic") or "", event.get("partition") or 0, event.get("offset") or 0)
 
 
 def release_order(row: Mapping[str, Any]) -> tuple[str, int, int]:
@@ -154,7 +154,7 @@ def run_stream_batch(progress: StreamProgress, core: StreamCore, rows: Sequence[
                      *, job: str, stream: str) -> list[Output]:
     """One micro-batch of one stream: T_a, events in reference-time order, then the stream's promise."""
     outputs: list[Output] = []
-    events: list[Mapping[str, Any]] = []
+    events: list[dict[str, Any]] = []
     ta_before = progress.ta_us
     for row in sorted(rows, key=release_order):
         kind = row.get("kind")
