@@ -19,6 +19,11 @@ EVENT = "event"
 PUNCTUATION = "punctuation"
 CLOCK = "clock"
 PROGRESS = "progress"
+# The "kind" of a record on the cluster control topic (``<prefix>.cluster``).
+CLUSTER = "cluster"
+OWNER = "owner"
+CLUSTER_KEY = b"cluster"
+OWNER_KEY = b"owner"
 
 PUNCTUATION_KEY = b"__punctuation__"
 PROGRESS_KEY_PREFIX = "progress|"
@@ -200,13 +205,71 @@ def progress_key(stream: str) -> bytes:
     return (PROGRESS_KEY_PREFIX + stream).encode()
 
 
-ContractRecord = EventRecord | PunctuationRecord | ClockRecord | ProgressRecord
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    """Partition 0 of the control topic: which cluster owns the topic prefix and how many shards it has. Written
+    once when the deployment is created; every gateway checks its own configuration against it."""
+
+    cluster: str
+    shards: int
+    created_us: int
+
+    @property
+    def key(self) -> bytes:
+        return CLUSTER_KEY
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"v": CONTRACT_VERSION, "kind": CLUSTER, "cluster": self.cluster, "shards": self.shards,
+                             "created_us": self.created_us})
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ClusterRecord:
+        shards = _int(raw, "shards")
+        if shards < 1:
+            raise RecordError(f"cluster record: 'shards' must be at least 1, got {shards}")
+        return cls(_str(raw, "cluster"), shards, _int(raw, "created_us"))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRecord:
+    """Partition ``shard`` of the control topic: the gateway serving that shard since ``since_us`` and where sources
+    reach it (a non-owner redirects a source's hello there). Written inside the owner's transaction on the shard,
+    so a fenced gateway's claim never becomes visible to committed readers."""
+
+    shard: int
+    gateway_id: str
+    host: str
+    port: int
+    timesync_port: int | None
+    since_us: int
+
+    @property
+    def key(self) -> bytes:
+        return OWNER_KEY
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"v": CONTRACT_VERSION, "kind": OWNER, "shard": self.shard, "gateway_id": self.gateway_id,
+                             "host": self.host, "port": self.port, "timesync_port": self.timesync_port,
+                             "since_us": self.since_us})
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> OwnerRecord:
+        shard = _int(raw, "shard")
+        if shard < 0:
+            raise RecordError(f"owner record: 'shard' must not be negative, got {shard}")
+        return cls(shard, _str(raw, "gateway_id"), _str(raw, "host"), _int(raw, "port"),
+                   _optional_int(raw, "timesync_port"), _int(raw, "since_us"))
+
+
+ContractRecord = EventRecord | PunctuationRecord | ClockRecord | ProgressRecord | ClusterRecord | OwnerRecord
 _DECODERS: dict[str, Any] = {EVENT: EventRecord.from_dict, PUNCTUATION: PunctuationRecord.from_dict,
-                             CLOCK: ClockRecord.from_dict, PROGRESS: ProgressRecord.from_dict}
+                             CLOCK: ClockRecord.from_dict, PROGRESS: ProgressRecord.from_dict,
+                             CLUSTER: ClusterRecord.from_dict, OWNER: OwnerRecord.from_dict}
 
 
 def decode_record(value: bytes | dict[str, Any]) -> ContractRecord:
-    """A record of an events, late or sources topic, typed by its ``kind``; anything else raises RecordError."""
+    """A record of an events, late, sources or cluster control topic, typed by its ``kind``; anything else raises
+    RecordError."""
     if isinstance(value, dict):
         raw = value
     else:

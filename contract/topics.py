@@ -34,6 +34,17 @@ class TopicNames:
     def sources(self) -> str:
         return f"{self.prefix}.sources"
 
+    @property
+    def cluster(self) -> str:
+        """The compacted control topic: partition 0 holds the cluster record, partition k the owner of shard k."""
+        return f"{self.prefix}.cluster"
+
+    @property
+    def gateway_group(self) -> str:
+        """The consumer group whose members are the cluster's gateways (it assigns the control topic's
+        partitions, i.e. the shards)."""
+        return f"{self.prefix}.gateways"
+
     def results(self, job: str) -> str:
         return f"{self.prefix}.results.{validate_stream_name(job)}"
 
