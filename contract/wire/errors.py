@@ -1,6 +1,17 @@
-"""Protocol errors, split by who broke the protocol (h11-style): the remote peer or this process."""
+"""Protocol errors, split by who broke the protocol (h11-style): the remote peer or this process; and the error codes
+of a gateway cluster's routing, which are nobody's protocol error."""
 
 from __future__ import annotations
+
+# Routing error codes (docs/wire-protocol.md, "Shards and routing"). Both are fatal (the gateway closes the connection)
+# and neither is the source's fault, so a client must not give up on them: it backs off (at least the frame's
+# ``retry_after_ms`` when given), forgets the owner it remembered, goes through its address list again and resends
+# every event not acknowledged yet (the owner drops duplicates).
+SHARD_UNAVAILABLE = "shard_unavailable"
+"""The source's shard has no serving owner right now (its owner is recovering it, or it is failing over)."""
+SHARD_MOVED = "shard_moved"
+"""This gateway stopped serving the source's shard (revoked, fenced, or restarting): another owner takes it."""
+ROUTING_ERROR_CODES = frozenset({SHARD_UNAVAILABLE, SHARD_MOVED})
 
 
 class ProtocolError(Exception):

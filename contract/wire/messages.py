@@ -1,8 +1,8 @@
 """Typed messages of the client <-> gateway protocol, both directions (docs/wire-protocol.md).
 
-Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, ack, error, resync. Each has a ``build_*``
-function (the map that goes into one frame) and a ``parse_*`` function (validation into a typed message; a
-violation raises a RemoteProtocolError, because whoever parses it received it from the other side).
+Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, redirect, ack, error, resync. Each has a
+``build_*`` function (the map that goes into one frame) and a ``parse_*`` function (validation into a typed message;
+a violation raises a RemoteProtocolError, because whoever parses it received it from the other side).
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ MAX_PAYLOAD_DEPTH = 32
 
 # Message types ("type" of the frame map).
 HELLO, EVENTS, HEARTBEAT, BYE = "hello", "events", "heartbeat", "bye"
-WELCOME, ACK, ERROR, RESYNC = "welcome", "ack", "error", "resync"
+WELCOME, REDIRECT, ACK, ERROR, RESYNC = "welcome", "redirect", "ack", "error", "resync"
+MAX_PORT = 65535
+MAX_HOST_CHARS = 255  # a DNS name's limit
+MAX_GATEWAY_ID_CHARS = 128
+MAX_SHARD = 2**31 - 1  # shards are Kafka partitions: a Java int
+# A retry_after_ms the gateway may ask for: one hour. Larger values are a gateway bug; the client bounds its own wait.
+MAX_RETRY_AFTER_MS = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +102,15 @@ def _str_field(raw: dict[str, Any], name: str, max_chars: int) -> str:
     if not isinstance(value, str) or not value or len(value) > max_chars:
         raise InvalidMessage(f"field {name!r} must be a non-empty string of at most {max_chars} chars")
     return value
+
+
+def _optional_int(raw: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """An optional field: absent and nil both mean None; anything else must be a valid integer."""
+    return None if raw.get(name) is None else _int_field(raw, name, low, high)
+
+
+def _optional_str(raw: dict[str, Any], name: str, max_chars: int) -> str | None:
+    return None if raw.get(name) is None else _str_field(raw, name, max_chars)
 
 
 def _stream(value: Any) -> str:
@@ -269,8 +284,27 @@ def build_bye() -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
+    """The hello is accepted. A clustered gateway also names itself, the source's shard, and the UDP port of its
+    time-sync server (the client syncs there); a single gateway may leave them out (None)."""
+
     version: int
     max_frame_bytes: int
+    gateway_id: str | None = None
+    shard: int | None = None
+    timesync_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """Sent instead of welcome: this gateway does not own the source's ``shard``; ``gateway_id`` at ``host:port``
+    does (its time-sync server on UDP ``timesync_port``, None: the client's configured port). The gateway closes
+    the connection after it."""
+
+    shard: int
+    gateway_id: str
+    host: str
+    port: int
+    timesync_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +325,8 @@ class ErrorReply:
     fatal: bool
     stream: str | None = None
     seq: int | None = None
+    retry_after_ms: int | None = None
+    """The least wait before reconnecting (``shard_unavailable``, ``shard_moved``), None if the gateway gave none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,11 +340,30 @@ class ResyncRequest:
     seq: int | None = None
 
 
-GatewayMessage = Welcome | Ack | ErrorReply | ResyncRequest
+GatewayMessage = Welcome | Redirect | Ack | ErrorReply | ResyncRequest
 
 
-def build_welcome(max_frame_bytes: int) -> dict[str, Any]:
-    return {"type": WELCOME, "version": PROTOCOL_VERSION, "max_frame_bytes": max_frame_bytes}
+def build_welcome(max_frame_bytes: int, *, gateway_id: str | None = None, shard: int | None = None,
+                  timesync_port: int | None = None) -> dict[str, Any]:
+    """The cluster fields are left out when None: a client that predates them reads the same map as before."""
+    welcome: dict[str, Any] = {"type": WELCOME, "version": PROTOCOL_VERSION, "max_frame_bytes": max_frame_bytes}
+    if gateway_id is not None:
+        welcome["gateway_id"] = gateway_id
+    if shard is not None:
+        welcome["shard"] = shard
+    if timesync_port is not None:
+        welcome["timesync_port"] = timesync_port
+    return welcome
+
+
+def build_redirect(shard: int, gateway_id: str, host: str, port: int,
+                   timesync_port: int | None = None) -> dict[str, Any]:
+    """``host`` must be an address the source can reach (the owner's advertised one, not its bind address)."""
+    redirect: dict[str, Any] = {"type": REDIRECT, "shard": shard, "gateway_id": gateway_id, "host": host,
+                                "port": port}
+    if timesync_port is not None:
+        redirect["timesync_port"] = timesync_port
+    return redirect
 
 
 def build_ack(stream: str, seq: int) -> dict[str, Any]:
@@ -316,11 +371,13 @@ def build_ack(stream: str, seq: int) -> dict[str, Any]:
 
 
 def build_error(code: str, message: str, fatal: bool, stream: str | None = None,
-                seq: int | None = None) -> dict[str, Any]:
+                seq: int | None = None, *, retry_after_ms: int | None = None) -> dict[str, Any]:
     error: dict[str, Any] = {"type": ERROR, "code": code, "message": message, "fatal": fatal}
     if stream is not None and seq is not None:
         error["stream"] = stream
         error["seq"] = seq
+    if retry_after_ms is not None:
+        error["retry_after_ms"] = retry_after_ms
     return error
 
 
@@ -345,13 +402,25 @@ def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
         if version != PROTOCOL_VERSION:
             raise UnsupportedVersion(f"gateway speaks protocol version {version}; this client speaks "
                                      f"{PROTOCOL_VERSION}")
-        return Welcome(version, _int_field(raw, "max_frame_bytes", 1, 2**31))
+        return Welcome(version, _int_field(raw, "max_frame_bytes", 1, 2**31),
+                       _optional_str(raw, "gateway_id", MAX_GATEWAY_ID_CHARS),
+                       _optional_int(raw, "shard", 0, MAX_SHARD), _optional_int(raw, "timesync_port", 1, MAX_PORT))
+    if kind == REDIRECT:
+        # Strict, unlike error: a redirect the client cannot follow (no host, a port out of range) is no answer.
+        return Redirect(_int_field(raw, "shard", 0, MAX_SHARD), _str_field(raw, "gateway_id", MAX_GATEWAY_ID_CHARS),
+                        _str_field(raw, "host", MAX_HOST_CHARS), _int_field(raw, "port", 1, MAX_PORT),
+                        _optional_int(raw, "timesync_port", 1, MAX_PORT))
     if kind == ERROR:
         fatal = raw.get("fatal", True)
         stream, seq = raw.get("stream"), raw.get("seq")
         named = isinstance(stream, str) and isinstance(seq, int) and not isinstance(seq, bool)
+        retry_after_ms = raw.get("retry_after_ms")
+        # Lenient: a bad hint must not hide the error itself; the client then uses its own backoff.
+        if (not isinstance(retry_after_ms, int) or isinstance(retry_after_ms, bool)
+                or not 0 <= retry_after_ms <= MAX_RETRY_AFTER_MS):
+            retry_after_ms = None
         return ErrorReply(str(raw.get("code")), str(raw.get("message")), fatal if isinstance(fatal, bool) else True,
-                          stream if named else None, seq if named else None)
+                          stream if named else None, seq if named else None, retry_after_ms)
     if kind == RESYNC:
         # Lenient like error: the request itself is what matters; a bad reason or event name must not make a client
         # ignore it and keep sending timestamps the gateway cannot map.

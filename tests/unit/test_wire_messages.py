@@ -86,3 +86,78 @@ def test_resync_request_is_the_documented_map_and_parses_to_a_typed_request() ->
     assert parse_gateway_message(build_resync("clock_step")) == ResyncRequest("clock_step")
     # A malformed event name still asks for the re-sync: the request is what matters.
     assert parse_gateway_message({"type": "resync", "reason": "x", "stream": "a", "seq": True}) == ResyncRequest("x")
+
+
+# -- cluster routing: welcome's optional fields, redirect, shard errors (docs/wire-protocol.md, "Shards and routing")
+
+
+def test_welcome_leaves_out_the_cluster_fields_it_was_not_given() -> None:
+    # gateway/session.py's call and a client that predates the cluster fields see exactly the old map.
+    assert build_welcome(4096) == {"type": "welcome", "version": 1, "max_frame_bytes": 4096}
+    assert build_welcome(4096, gateway_id="gw-2", shard=5, timesync_port=7453) == {
+        "type": "welcome", "version": 1, "max_frame_bytes": 4096, "gateway_id": "gw-2", "shard": 5,
+        "timesync_port": 7453}
+    assert build_welcome(4096, shard=0) == {"type": "welcome", "version": 1, "max_frame_bytes": 4096, "shard": 0}
+
+
+def test_welcome_with_cluster_fields_round_trips() -> None:
+    (raw,) = FrameDecoder().feed(encode_frame(build_welcome(4096, gateway_id="gw-2", shard=5, timesync_port=7453)))
+    assert parse_gateway_message(raw) == Welcome(PROTOCOL_VERSION, 4096, "gw-2", 5, 7453)
+    assert parse_gateway_message(build_welcome(4096)) == Welcome(PROTOCOL_VERSION, 4096, None, None, None)
+    # nil is "not said", like an absent field.
+    assert parse_gateway_message({**build_welcome(10), "timesync_port": None}) == Welcome(PROTOCOL_VERSION, 10)
+
+
+def test_redirect_is_the_documented_map_and_round_trips() -> None:
+    from contract.wire.messages import Redirect, build_redirect
+
+    built = build_redirect(3, "gw-1", "10.0.0.7", 7700, 7452)
+    assert built == {"type": "redirect", "shard": 3, "gateway_id": "gw-1", "host": "10.0.0.7", "port": 7700,
+                     "timesync_port": 7452}
+    (raw,) = FrameDecoder().feed(encode_frame(built))
+    assert parse_gateway_message(raw) == Redirect(3, "gw-1", "10.0.0.7", 7700, 7452)
+    assert build_redirect(0, "gw-1", "h", 1) == {"type": "redirect", "shard": 0, "gateway_id": "gw-1", "host": "h",
+                                                 "port": 1}
+    assert parse_gateway_message(build_redirect(0, "gw-1", "h", 1)) == Redirect(0, "gw-1", "h", 1, None)
+
+
+REDIRECT = {"type": "redirect", "shard": 3, "gateway_id": "gw-1", "host": "h", "port": 7700}
+
+
+@pytest.mark.parametrize("raw", [
+    {**REDIRECT, "port": 0},
+    {**REDIRECT, "port": 65536},
+    {**REDIRECT, "port": True},
+    {**REDIRECT, "host": ""},
+    {**REDIRECT, "host": "h" * 256},
+    {k: v for k, v in REDIRECT.items() if k != "host"},
+    {**REDIRECT, "gateway_id": 7},
+    {**REDIRECT, "shard": -1},
+    {**REDIRECT, "timesync_port": 70000},
+    {**build_welcome(10), "shard": -1},
+    {**build_welcome(10), "timesync_port": "7452"},
+    {**build_welcome(10), "gateway_id": ""},
+])
+def test_a_redirect_or_welcome_that_cannot_be_followed_is_invalid(raw: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage):
+        parse_gateway_message(raw)
+
+
+def test_shard_error_codes_and_retry_after_ms() -> None:
+    from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE
+
+    assert (SHARD_UNAVAILABLE, SHARD_MOVED) == ("shard_unavailable", "shard_moved")
+    assert frozenset({"shard_unavailable", "shard_moved"}) == ROUTING_ERROR_CODES
+    built = build_error(SHARD_MOVED, "shard 3 revoked", True, retry_after_ms=250)
+    assert built == {"type": "error", "code": "shard_moved", "message": "shard 3 revoked", "fatal": True,
+                     "retry_after_ms": 250}
+    assert parse_gateway_message(built) == ErrorReply("shard_moved", "shard 3 revoked", True, retry_after_ms=250)
+    assert build_error("x", "m", True) == {"type": "error", "code": "x", "message": "m", "fatal": True}
+    assert parse_gateway_message(build_error("x", "m", True)).retry_after_ms is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "100", 3_600_001])
+def test_a_bad_retry_after_ms_is_dropped_and_the_error_kept(bad: object) -> None:
+    # The error itself is what matters: the client falls back to its own backoff.
+    raw = {"type": "error", "code": "shard_unavailable", "message": "m", "fatal": True, "retry_after_ms": bad}
+    assert parse_gateway_message(raw) == ErrorReply("shard_unavailable", "m", True)
