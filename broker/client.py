@@ -31,6 +31,9 @@ _CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
     "enable.partition.eof": False,
+    # Shards are written in transactions: aborted records (a fenced gateway's) and open transactions must stay
+    # invisible to every reader of ours. librdkafka's default already; stated because correctness rests on it.
+    "isolation.level": "read_committed",
 }
 
 

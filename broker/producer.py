@@ -31,9 +31,14 @@ class KafkaPublisher:
             raise RuntimeError("publisher is closed")
         return self._producer
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None,
+                partition: int | None = None) -> None:
+        """``partition`` None leaves the choice to the partitioner (hash of the key)."""
         try:
-            self._client().produce(topic, value=value, key=key, on_delivery=on_delivery)
+            if partition is None:
+                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery)
+            else:
+                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery, partition=partition)
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
 

@@ -14,8 +14,9 @@ from contract.records import PUNCTUATION
 
 
 def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
-    """All (key, value) pairs currently in every partition of `topic`, in partition then offset order."""
-    consumer = KafkaClientConfig.of(servers).consumer("skewless-reader")
+    """All committed (key, value) pairs currently in every partition of `topic`, in partition then offset order
+    (read_committed: aborted records and open transactions are not returned)."""
+    consumer = KafkaClientConfig.of(servers).consumer("skewless-reader", {"isolation.level": "read_committed"})
     try:
         metadata = consumer.list_topics(topic, timeout=timeout_s)
         partitions = sorted(metadata.topics[topic].partitions)
@@ -26,11 +27,15 @@ def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0) -> list[tu
         positions = dict.fromkeys(partitions, 0)
         deadline = time.monotonic() + timeout_s
         while True:
-            while any(positions[p] < ends[p] for p in partitions):
+            while remaining := [p for p in partitions if positions[p] < ends[p]]:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"reading {topic}: got {positions}, expected {ends}")
-                message = consumer.poll(0.5)
+                message = consumer.poll(_IDLE_POLL_S)
                 if message is None:
+                    # A partition may end in transaction markers or aborted records, which are never delivered:
+                    # only the consumer's position tells that it went past them.
+                    for tp in consumer.position([TopicPartition(topic, p) for p in remaining]):
+                        positions[tp.partition] = max(positions[tp.partition], tp.offset)
                     continue
                 if message.error():
                     raise KafkaException(message.error())
@@ -63,13 +68,18 @@ def read_stream(servers: Servers, topic: str, timeout_s: float = 30.0) -> tuple[
 # A topic created a moment ago may not have a partition leader yet: these errors mean "ask again shortly".
 _NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
               KafkaError._TIMED_OUT}
+# How long a reader waits for a message before it asks the consumer's position whether the end was passed.
+_IDLE_POLL_S = 0.2
 
 
-def end_offset(consumer: Consumer, topic: str, timeout_s: float) -> int:
+def end_offset(consumer: Consumer, topic: str, timeout_s: float, partition: int = 0) -> int:
+    """The partition's end offset as the broker reports it now (the high watermark; the last stable offset for a
+    read_committed consumer where librdkafka asks for it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=max(1.0, timeout_s / 10))
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                        timeout=max(1.0, timeout_s / 10))
             return int(high)
         except KafkaException as exc:
             if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
@@ -77,25 +87,34 @@ def end_offset(consumer: Consumer, topic: str, timeout_s: float) -> int:
             time.sleep(0.1)
 
 
-def scan_partition(consumer: Consumer, topic: str, start_offset: int,
-                   timeout_s: float) -> Iterable[tuple[int, Any, bytes]]:
-    """(offset, key, value) of partition 0 from ``start_offset`` to its end as it is now (the caller owns the
+def scan_partition(consumer: Consumer, topic: str, start_offset: int, timeout_s: float,
+                   partition: int = 0) -> Iterable[tuple[int, Any, bytes]]:
+    """(offset, key, value) of ``partition`` from ``start_offset`` to its end as it is now (the caller owns the
     consumer: one consumer per topic, since a reassigned consumer may still hand out messages prefetched for the
-    old topic)."""
-    high = end_offset(consumer, topic, timeout_s)
+    old topic).
+
+    The consumer must read committed data (broker.client's consumers do). A transactional partition may end in a
+    commit/abort marker or in aborted records, none of which is ever delivered, so the scan ends when the
+    consumer's position reaches the end, not on the last delivered offset. An open transaction keeps the last
+    stable offset below the end and the scan waits for it (TimeoutError after ``timeout_s``): a new shard owner
+    calls ``TransactionalPublisher.init()`` first, which aborts its predecessor's open transaction."""
+    high = end_offset(consumer, topic, timeout_s, partition)
     if start_offset >= high:
         return
-    consumer.assign([TopicPartition(topic, 0, start_offset if start_offset > 0 else OFFSET_BEGINNING)])
+    watched = TopicPartition(topic, partition)
+    consumer.assign([TopicPartition(topic, partition, start_offset if start_offset > 0 else OFFSET_BEGINNING)])
     deadline = time.monotonic() + timeout_s
     while True:
-        message = consumer.poll(0.5)
+        message = consumer.poll(_IDLE_POLL_S)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"recovery scan of {topic} did not reach offset {high}")
+            raise TimeoutError(f"recovery scan of {topic} [{partition}] did not reach offset {high}")
         if message is None:
+            if consumer.position([watched])[0].offset >= high:
+                return
             continue
         if message.error():
             raise KafkaException(message.error())
-        if message.topic() != topic:
+        if message.topic() != topic or message.partition() != partition:
             continue
         offset = message.offset()
         value = message.value()

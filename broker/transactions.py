@@ -1,0 +1,197 @@
+"""A transactional producer for one shard: Kafka's fencing (one ``transactional.id`` per shard) with our own errors.
+
+The Kafka Streams exactly-once model: every shard has one transactional id, and whoever calls ``init()`` with it
+last is the only one whose transactions can commit. ``init()`` bumps the producer epoch on the transaction
+coordinator, which aborts the previous holder's open transaction and makes every later produce or commit of the
+previous holder fail with PRODUCER_FENCED. Readers with ``isolation.level=read_committed`` never see aborted
+records, so a paused gateway that wakes up after losing its shard cannot make anything visible.
+
+Threading. The transaction calls (``init``, ``commit``, ``abort``) block on broker round trips: run them in an
+executor thread. What may overlap:
+
+- ``produce()`` and ``poll()`` may run on the caller's thread while ``begin()``-ed transaction is open; both are
+  thread-safe in librdkafka.
+- **Never ``produce()`` while ``commit()`` or ``abort()`` runs** (confluent-kafka: messages produced during
+  commit_transaction belong to no transaction; librdkafka refuses them with a state error or, worse, they race the
+  end marker). Stop producing, call ``commit()``, and produce again only after it returned and ``begin()`` opened
+  the next transaction. ``poll()`` may keep running during ``commit()``.
+- Two transaction calls must not overlap each other.
+
+Delivery callbacks always run on the thread that calls ``poll()``: commit_transaction flushes the queue itself and
+would otherwise run the callbacks on the executor thread that commits, so reports are handed over through a
+queue and run by the next ``poll()``. A successful delivery report means "written, not yet committed": only the
+return of ``commit()`` makes a transaction's records visible to committed readers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from broker.client import KafkaClientConfig, Servers
+from broker.producer import DeliveryCallback, QueueFull
+
+__all__ = ["TRANSACTION_DEFAULTS", "ProducerFenced", "TransactionAbortable", "TransactionRetriable",
+           "TransactionalPublisher", "classify"]
+
+log = logging.getLogger(__name__)
+
+TRANSACTION_DEFAULTS: dict[str, Any] = {
+    # Kafka Streams' exactly-once default: a gateway that dies mid-transaction blocks committed readers of its
+    # partition (the last stable offset) for at most this long when nobody takes the shard over sooner.
+    "transaction.timeout.ms": 10_000,
+}
+
+# librdkafka reports a fenced producer as the fatal _FENCED; the broker codes can surface before it maps them.
+_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+class ProducerFenced(Exception):
+    """Another instance called ``init()`` with this transactional id: it owns the shard now. Stop writing for good
+    (every later call raises this again); nothing of the open transaction will ever be visible."""
+
+
+class TransactionAbortable(Exception):
+    """The open transaction cannot commit: call ``abort()``, then the caller may retry in a new transaction."""
+
+
+class TransactionRetriable(Exception):
+    """A transient failure (timeout, coordinator moving): the same call may be retried as it is."""
+
+
+def classify(exc: KafkaException, fatal_error: KafkaError | None = None) -> Exception:
+    """Our exception for a confluent-kafka failure; a fatal error that is not fencing stays a KafkaException.
+
+    ``fatal_error`` is the producer's fatal error if one was reported: after it every call fails with the
+    generic _FATAL code, and only the original error says whether the producer was fenced."""
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if error is None:
+        return exc
+    code = error.code()
+    if code in _FENCED_CODES or (code == KafkaError._FATAL and fatal_error is not None
+                                 and fatal_error.code() in _FENCED_CODES):
+        return ProducerFenced(str(error))
+    if error.fatal():
+        return exc
+    if error.txn_requires_abort():
+        return TransactionAbortable(str(error))
+    if error.retriable():
+        return TransactionRetriable(str(error))
+    return exc
+
+
+class TransactionalPublisher:
+    """confluent-kafka's Producer with ``transactional.id``, built from the shared client configuration (security
+    settings included) with the gateway's producer defaults, then ``TRANSACTION_DEFAULTS``, then ``overrides``."""
+
+    def __init__(self, servers: Servers, transactional_id: str, overrides: Mapping[str, Any] | None = None) -> None:
+        self.transactional_id = transactional_id
+        self._fatal: KafkaError | None = None
+        self._fenced = False
+        # Filled by whichever thread serves delivery reports (poll or commit's internal flush); drained by poll().
+        self._reports: collections.deque[tuple[DeliveryCallback, KafkaError | None, Message]] = collections.deque()
+        self._producer: Producer | None = KafkaClientConfig.of(servers).producer(
+            {**TRANSACTION_DEFAULTS, **(overrides or {}), "transactional.id": transactional_id},
+            error_cb=self._on_error)
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced
+
+    def init(self, timeout_s: float) -> None:
+        """Register the transactional id: fences any earlier producer with the same id and aborts its open
+        transaction (or waits until its commit completed). Call once, before the first ``begin()``."""
+        self._call(lambda p: p.init_transactions(timeout_s))
+
+    def begin(self) -> None:
+        """Open a transaction (local, no broker round trip)."""
+        self._call(lambda p: p.begin_transaction())
+
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None,
+                partition: int) -> None:
+        """Queue one record for ``partition`` of ``topic`` in the open transaction; raises QueueFull when
+        librdkafka's local queue is full (poll, then retry)."""
+        callback = None if on_delivery is None else self._deferred(on_delivery)
+        try:
+            self._client().produce(topic, value=value, key=key, partition=partition, on_delivery=callback)
+        except BufferError as exc:
+            raise QueueFull(str(exc)) from exc
+        except KafkaException as exc:
+            raise self._classified(exc) from exc
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Serve delivery reports and run their callbacks on this thread; returns how many callbacks ran."""
+        if self._producer is not None:
+            self._producer.poll(timeout_s)
+        ran = 0
+        while self._reports:
+            callback, error, message = self._reports.popleft()
+            callback(error, message)
+            ran += 1
+        return ran
+
+    def pending(self) -> int:
+        """Records queued or in flight, plus reports not yet handed to their callbacks."""
+        return len(self._reports) + (0 if self._producer is None else len(self._producer))
+
+    def commit(self, timeout_s: float) -> None:
+        """Flush and commit the open transaction: when this returns, its records are visible to committed readers.
+        TransactionRetriable: call ``commit()`` again; TransactionAbortable: ``abort()``; ProducerFenced: stop."""
+        self._call(lambda p: p.commit_transaction(timeout_s))
+
+    def abort(self, timeout_s: float) -> None:
+        """Abort the open transaction: its records (queued ones are purged) are never visible to committed
+        readers; their delivery reports fail with _PURGE_QUEUE or succeed without ever becoming visible."""
+        self._call(lambda p: p.abort_transaction(timeout_s))
+
+    def close(self) -> None:
+        """Drop the client now. An open transaction is not committed: the broker aborts it after
+        ``transaction.timeout.ms``, or at once when the next owner calls ``init()``."""
+        if self._producer is None:
+            return
+        self._producer.purge()
+        self._producer.poll(0)
+        self._producer = None
+        self._reports.clear()
+
+    def _client(self) -> Producer:
+        if self._fenced:
+            raise ProducerFenced(f"transactional id {self.transactional_id!r} was taken over by another producer")
+        if self._producer is None:
+            raise RuntimeError("publisher is closed")
+        return self._producer
+
+    def _call(self, operation: Any) -> None:
+        producer = self._client()
+        try:
+            operation(producer)
+        except KafkaException as exc:
+            raise self._classified(exc) from exc
+
+    def _classified(self, exc: KafkaException) -> Exception:
+        result = classify(exc, self._fatal)
+        if isinstance(result, ProducerFenced):
+            self._fenced = True
+        return result
+
+    def _deferred(self, callback: DeliveryCallback) -> DeliveryCallback:
+        reports = self._reports
+
+        def report(error: KafkaError | None, message: Message) -> None:
+            reports.append((callback, error, message))
+        return report
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error
+            if error.code() in _FENCED_CODES:
+                self._fenced = True
+                log.warning("transactional id %s fenced by a newer producer: %s", self.transactional_id, error)
+                return
+            log.error("fatal Kafka producer error (%s): %s", self.transactional_id, error)
+        else:
+            log.warning("Kafka producer error (retried by librdkafka): %s", error)
