@@ -147,6 +147,7 @@ class OwnerDirectory:
     def __init__(self, servers: Servers, topic: str, shards: int) -> None:
         self.topic = topic
         self._owners: dict[int, OwnerRecord] = {}
+        self._shards = range(shards)
         self._consumer = KafkaClientConfig.of(servers).consumer(
             "skewless-owners", {"isolation.level": "read_committed"})
         self._consumer.assign([TopicPartition(topic, shard, OFFSET_BEGINNING) for shard in range(shards)])
@@ -162,6 +163,18 @@ class OwnerDirectory:
                     continue
                 self._take(message.partition(), message.value())
         return dict(self._owners)
+
+    def caught_up(self) -> bool:
+        """Whether every shard's partition was read to the end last fetched (never blocks): before that, a shard
+        absent from ``poll()`` may just not be read yet."""
+        for shard in self._shards:
+            partition = TopicPartition(self.topic, shard)
+            low, high = self._consumer.get_watermark_offsets(partition, cached=True)
+            position = self._consumer.position([partition])[0].offset
+            # Nothing fetched yet: the cached offsets are invalid (negative). An empty partition has no position.
+            if high < 0 or max(position, low) < high:
+                return False
+        return True
 
     def close(self) -> None:
         self._consumer.close()

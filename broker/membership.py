@@ -60,7 +60,7 @@ class GroupMembership:
 
     def __init__(self, servers: Servers, group_id: str, topic: str, *, instance_id: str | None,
                  session_timeout_ms: int = 6000, max_poll_interval_ms: int = 20_000,
-                 overrides: Mapping[str, Any] | None = None) -> None:
+                 heartbeat_interval_ms: int | None = None, overrides: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self._owned: set[int] = set()
         self._changes: list[MembershipChange] = []
@@ -68,8 +68,10 @@ class GroupMembership:
             "group.id": group_id,
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session_timeout_ms,
-            # Three heartbeats per session: one lost heartbeat does not cost a shard.
-            "heartbeat.interval.ms": max(100, session_timeout_ms // 3),
+            # Three heartbeats per session: one lost heartbeat does not cost a shard. A running member learns of a
+            # rebalance from a heartbeat response, so this interval also bounds how late it joins one.
+            "heartbeat.interval.ms": (heartbeat_interval_ms if heartbeat_interval_ms is not None
+                                      else max(100, session_timeout_ms // 3)),
             # librdkafka requires it >= the session timeout.
             "max.poll.interval.ms": max(max_poll_interval_ms, session_timeout_ms),
             "enable.auto.commit": False,

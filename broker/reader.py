@@ -73,8 +73,8 @@ _IDLE_POLL_S = 0.2
 
 
 def end_offset(consumer: Consumer, topic: str, timeout_s: float, partition: int = 0) -> int:
-    """The partition's end offset as the broker reports it now (the high watermark; the last stable offset for a
-    read_committed consumer where librdkafka asks for it)."""
+    """The partition's end as the broker reports it now: the last stable offset for a read_committed consumer
+    (below the high watermark while a transaction is open), the high watermark otherwise."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -95,9 +95,10 @@ def scan_partition(consumer: Consumer, topic: str, start_offset: int, timeout_s:
 
     The consumer must read committed data (broker.client's consumers do). A transactional partition may end in a
     commit/abort marker or in aborted records, none of which is ever delivered, so the scan ends when the
-    consumer's position reaches the end, not on the last delivered offset. An open transaction keeps the last
-    stable offset below the end and the scan waits for it (TimeoutError after ``timeout_s``): a new shard owner
-    calls ``TransactionalPublisher.init()`` first, which aborts its predecessor's open transaction."""
+    consumer's position reaches the end, not on the last delivered offset. For a read_committed consumer the end
+    is the last stable offset: records of a transaction still open are neither returned nor waited for, so a new
+    shard owner calls ``TransactionalPublisher.init()`` first (it aborts its predecessor's open transaction, after
+    which the last stable offset is the high watermark) and scans after."""
     high = end_offset(consumer, topic, timeout_s, partition)
     if start_offset >= high:
         return

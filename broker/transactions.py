@@ -126,7 +126,11 @@ class TransactionalPublisher:
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery reports and run their callbacks on this thread; returns how many callbacks ran."""
         if self._producer is not None:
-            self._producer.poll(timeout_s)
+            try:
+                self._producer.poll(timeout_s)
+            except KafkaException as exc:
+                # confluent-kafka re-raises a fatal error (fencing included) from poll() as well.
+                raise self._classified(exc) from exc
         ran = 0
         while self._reports:
             callback, error, message = self._reports.popleft()
@@ -153,9 +157,13 @@ class TransactionalPublisher:
         ``transaction.timeout.ms``, or at once when the next owner calls ``init()``."""
         if self._producer is None:
             return
-        self._producer.purge()
-        self._producer.poll(0)
-        self._producer = None
+        producer, self._producer = self._producer, None
+        try:
+            producer.purge()
+            producer.poll(0)
+        except KafkaException as exc:
+            # A fenced or otherwise failed producer is dropped all the same; its error was reported already.
+            log.debug("closing transactional producer %s: %s", self.transactional_id, exc)
         self._reports.clear()
 
     def _client(self) -> Producer:
