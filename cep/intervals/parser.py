@@ -1,0 +1,284 @@
+"""Text syntax of ISEQ queries (Li 2010 5.3.1 in the SASE style of :mod:`cep.sase.parser`)::
+
+    EVENT ISEQ[A.ts < B.te AND B.te < C.te < D.te](A, B, C, D; 30 s)
+    EVENT ISEQ[A^- < B^+ < C^+ < D^+](A, B, C, D; 30)
+    EVENT ISEQ[a overlaps b AND b.te < c.ts AND d.ts < c.ts AND b.te < d.te](A a, B b, !D d, C c; 10) WHERE a.id = b.id
+
+Grammar (keywords case-insensitive)::
+
+    query    := 'EVENT' 'ISEQ' '[' [tlist] ']' '(' element (',' element)* ';' window ')' ['WHERE' cond ('AND' cond)*]
+    tlist    := atom (('AND' | '∧') atom)*
+    atom     := endpoint (OP endpoint)+        -- OP: < <= = > >=; a chain a < b < c is a < b AND b < c
+              | alias RELATION alias           -- an Allen relation name (before, meets, overlaps/overlap, ...)
+    endpoint := alias '.' ('ts' | 'te' | 'start' | 'end') | alias '^-' | alias '^+'
+    element  := ['!'] ( '(' TYPE [alias] ')' | TYPE [alias] )
+    cond     := operand OP operand             -- OP: = == != <> < <= > >=; one side is alias.attr
+    window   := NUMBER [unit]                  -- no unit: microseconds; us, ms, s, min, h ...
+
+Without an alias an element's alias is its type name.  Errors are :class:`IntervalSyntaxError` with the position.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import cast
+
+from contract.units import UNIT_US
+
+from .events import IntervalError, IntervalSyntaxError
+from .query import (
+    AttrRef,
+    Constraint,
+    ConstraintOp,
+    Element,
+    IntervalQuery,
+    Predicate,
+    PredOp,
+    Scalar,
+    allen_constraints,
+)
+from .relations import ALLEN_RELATIONS, EndpointRef
+
+__all__ = ["parse_iseq"]
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<number>-?\d+(?:\.\d+)?)
+  | (?P<string>'[^']*'|"[^"]*")
+  | (?P<caret>\^[-+])
+  | (?P<op><=|>=|!=|<>|==|=|<|>)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z]+)*)
+  | (?P<punct>[()\[\],;!.∧])
+    """,
+    re.VERBOSE,
+)
+_RELATIONS = {*ALLEN_RELATIONS, "overlap"}
+_ENDPOINT_WORDS = {"ts": "ts", "te": "te", "start": "ts", "end": "te"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Tok:
+    kind: str
+    text: str
+    pos: int
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise IntervalSyntaxError("unexpected character", text, pos)
+        kind = m.lastgroup or ""
+        if kind != "ws":
+            toks.append(_Tok(kind, m.group(), pos))
+        pos = m.end()
+    toks.append(_Tok("end", "", len(text)))
+    return toks
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.toks = _tokenize(text)
+        self.i = 0
+
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.i]
+
+    def error(self, message: str, tok: _Tok | None = None) -> IntervalSyntaxError:
+        return IntervalSyntaxError(message, self.text, (tok or self.tok).pos)
+
+    def take(self) -> _Tok:
+        t = self.tok
+        self.i += 1
+        return t
+
+    def is_kw(self, word: str) -> bool:
+        return self.tok.kind == "name" and self.tok.text.upper() == word
+
+    def expect_kw(self, word: str) -> None:
+        if not self.is_kw(word):
+            raise self.error(f"expected {word}")
+        self.take()
+
+    def expect_punct(self, p: str) -> _Tok:
+        if self.tok.kind != "punct" or self.tok.text != p:
+            raise self.error(f"expected {p!r}")
+        return self.take()
+
+    def at_punct(self, p: str) -> bool:
+        return self.tok.kind == "punct" and self.tok.text == p
+
+    def is_and(self) -> bool:
+        return self.is_kw("AND") or self.at_punct("∧")
+
+    # -- query ------------------------------------------------------------------------------------------------
+    def parse(self) -> IntervalQuery:
+        self.expect_kw("EVENT")
+        self.expect_kw("ISEQ")
+        self.expect_punct("[")
+        raw_atoms: list[list[_Tok]] = []
+        if not self.at_punct("]"):
+            raw_atoms.append(self.atom_tokens())
+            while self.is_and():
+                self.take()
+                raw_atoms.append(self.atom_tokens())
+        self.expect_punct("]")
+        self.expect_punct("(")
+        elements = [self.element()]
+        while self.at_punct(","):
+            self.take()
+            elements.append(self.element())
+        self.expect_punct(";")
+        window_us = self.window()
+        self.expect_punct(")")
+        predicates: list[Predicate] = []
+        if self.is_kw("WHERE"):
+            self.take()
+            predicates.append(self.condition())
+            while self.is_kw("AND"):
+                self.take()
+                predicates.append(self.condition())
+        if self.tok.kind != "end":
+            raise self.error("unexpected text after the query")
+        aliases = {e.alias for e in elements}
+        constraints: list[Constraint] = []
+        for toks in raw_atoms:
+            constraints += self.atom(toks, aliases)
+        try:
+            return IntervalQuery(elements, constraints, predicates, window_us, text=self.text)
+        except IntervalError as exc:
+            raise IntervalSyntaxError(str(exc), self.text, 0) from None
+
+    def atom_tokens(self) -> list[_Tok]:
+        """The tokens of one TList atom (parsed once the aliases are known: the element list comes after)."""
+        out: list[_Tok] = []
+        depth = 0
+        while not (depth == 0 and (self.is_and() or self.at_punct("]"))):
+            if self.tok.kind == "end":
+                raise self.error("unterminated TList: expected ']'")
+            out.append(self.take())
+        if not out:
+            raise self.error("empty TList atom")
+        return out
+
+    def atom(self, toks: list[_Tok], aliases: set[str]) -> list[Constraint]:
+        if len(toks) == 3 and toks[1].kind == "name" and toks[1].text.lower() in _RELATIONS:
+            for t in (toks[0], toks[2]):
+                if t.text not in aliases:
+                    raise self.error(f"unknown element {t.text!r}", t)
+            return allen_constraints(toks[1].text.lower(), toks[0].text, toks[2].text)
+        j = 0
+
+        def endpoint() -> EndpointRef:
+            nonlocal j
+            if j >= len(toks) or toks[j].kind != "name":
+                raise self.error("expected an endpoint (alias.ts, alias.te, alias^-, alias^+)",
+                                 toks[j] if j < len(toks) else toks[-1])
+            name = toks[j]
+            if name.text not in aliases:
+                raise self.error(f"unknown element {name.text!r}", name)
+            j += 1
+            if j < len(toks) and toks[j].kind == "caret":
+                j += 1
+                return EndpointRef(name.text, "ts" if toks[j - 1].text == "^-" else "te")
+            if j + 1 < len(toks) and toks[j].text == "." and toks[j + 1].text.lower() in _ENDPOINT_WORDS:
+                j += 2
+                return EndpointRef(name.text, _ENDPOINT_WORDS[toks[j - 1].text.lower()])  # type: ignore[arg-type]
+            raise self.error("expected .ts, .te, ^- or ^+ after the element", toks[j] if j < len(toks) else name)
+
+        out: list[Constraint] = []
+        left = endpoint()
+        while j < len(toks):
+            op = toks[j]
+            if op.kind != "op" or op.text not in ("<", "<=", "=", "==", ">", ">="):
+                raise self.error("expected <, <=, =, > or >= between endpoints", op)
+            j += 1
+            right = endpoint()
+            if op.text in (">", ">="):
+                out.append(Constraint(right, cast(ConstraintOp, op.text.replace(">", "<")), left))
+            else:
+                out.append(Constraint(left, cast(ConstraintOp, "=" if op.text == "==" else op.text), right))
+            left = right
+        if not out:
+            raise self.error("a TList atom compares two endpoints", toks[0])
+        return out
+
+    def element(self) -> Element:
+        negated = False
+        if self.at_punct("!"):
+            self.take()
+            negated = True
+        wrapped = self.at_punct("(")
+        if wrapped:
+            self.take()
+        if self.tok.kind != "name":
+            raise self.error("expected an event type")
+        event_type = self.take().text
+        alias = event_type
+        if self.tok.kind == "name":
+            alias = self.take().text
+        if wrapped:
+            self.expect_punct(")")
+        return Element(event_type, alias, negated)
+
+    def window(self) -> int:
+        t = self.tok
+        if t.kind != "number":
+            raise self.error("expected the window (a number, optionally with a unit)")
+        self.take()
+        factor = 1
+        if self.tok.kind == "name":
+            unit = self.tok.text.lower()
+            if unit not in UNIT_US:
+                raise self.error(f"unknown time unit (use one of {', '.join(UNIT_US)})")
+            factor = UNIT_US[unit]
+            self.take()
+        value = float(t.text) * factor
+        if value <= 0 or value != int(value):
+            raise IntervalSyntaxError("the window must be a positive whole number of microseconds", self.text, t.pos)
+        return int(value)
+
+    def operand(self) -> AttrRef | Scalar:
+        t = self.tok
+        if t.kind == "number":
+            self.take()
+            return float(t.text) if "." in t.text else int(t.text)
+        if t.kind == "string":
+            self.take()
+            return t.text[1:-1]
+        if t.kind == "name" and t.text.upper() in ("TRUE", "FALSE"):
+            self.take()
+            return t.text.upper() == "TRUE"
+        if t.kind == "name":
+            self.take()
+            self.expect_punct(".")
+            if self.tok.kind != "name":
+                raise self.error("expected an attribute name")
+            return AttrRef(t.text, self.take().text)
+        raise self.error("expected alias.attr or a constant")
+
+    def condition(self) -> Predicate:
+        start = self.tok
+        left = self.operand()
+        if self.tok.kind != "op":
+            raise self.error("expected a comparison operator")
+        op = {"==": "=", "<>": "!="}.get(self.tok.text, self.tok.text)
+        self.take()
+        right = self.operand()
+        flip = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+        if not isinstance(left, AttrRef):
+            if not isinstance(right, AttrRef):
+                raise self.error("a condition needs at least one alias.attr", start)
+            left, right, op = right, left, flip[op]
+        return Predicate(left, cast(PredOp, op), right)
+
+
+def parse_iseq(text: str) -> IntervalQuery:
+    """Parse ``EVENT ISEQ[TList](E1, ..., Em; W) [WHERE ...]`` into a validated :class:`IntervalQuery`."""
+    return _Parser(text).parse()
