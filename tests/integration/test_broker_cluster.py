@@ -108,12 +108,21 @@ def test_an_aborted_transaction_is_invisible_and_the_scan_still_ends(kafka: Brok
     topic = names.events("s")
     ensure_partitions(servers, [topic], 2)
     publisher = TransactionalPublisher(servers, f"{names.prefix}-shard-0")
+    reports: list[tuple[KafkaError | None, bytes | None]] = []
+
+    def report(error: KafkaError | None, message: Message) -> None:
+        reports.append((error, message.value()))
+
     try:
         publisher.init(30.0)
         publisher.begin()
-        publisher.produce(topic, b"a", b"committed-1", None, partition=0)
-        publisher.produce(topic, b"a", b"committed-2", None, partition=0)
+        publisher.produce(topic, b"a", b"committed-1", report, partition=0)
+        publisher.produce(topic, b"a", b"committed-2", report, partition=0)
         publisher.commit(30.0)
+        # commit() served the delivery reports (it flushes) but left their callbacks to the polling thread.
+        assert reports == []
+        assert publisher.poll(0) == 2
+        assert reports == [(None, b"committed-1"), (None, b"committed-2")]
         publisher.begin()
         publisher.produce(topic, b"a", b"aborted-1", None, partition=0)
         publisher.produce(topic, b"a", b"aborted-2", None, partition=0)

@@ -1,0 +1,304 @@
+"""What Kafka transactions cost the gateway: the idempotent producer against a transactional producer committing
+every 10, 50, 100, 200 and 1000 ms, side by side on one broker in one run.
+
+Every mode publishes the same records (a ~250 B JSON event value, key = one of 100 source ids, one topic with 2
+partitions, partition = source mod 2) with the gateway's producer settings (broker.client.PRODUCER_DEFAULTS).
+Two phases per mode:
+
+- saturated: produce as fast as one Python thread can for a fixed time, then flush / commit; throughput = records
+  made durable (acknowledged / committed) per second of wall time. The transactional loop commits in the producing
+  thread, so production stops while a commit runs, as the gateway must (no produce during commit_transaction).
+- paced: a steady 5,000 records/s (well under what one gateway process sustains, ~24k/s), the added latency of a
+  record = from produce() to the moment a source could be acked for it: its delivery report for the idempotent
+  producer, the return of the commit that covered it for the transactional one; plus commit_transaction's own
+  duration.
+
+Writes docs/transactions-benchmark.md and docs/transactions-benchmark.png.
+
+Run: .venv/bin/python benchmarks/kafka_transactions.py [--saturated-s 6] [--paced-s 5] [--rate 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+
+from broker.client import PRODUCER_DEFAULTS
+from broker.cluster import ensure_partitions
+from broker.launcher import KafkaBroker
+from broker.producer import KafkaPublisher, QueueFull
+from broker.transactions import TransactionalPublisher
+from contract.records import EventRecord
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SOURCES = 100
+PARTITIONS = 2
+INTERVALS_MS = (10, 50, 100, 200, 1000)
+# Records per pacing tick: sleeping per record would cost more than the 200 us between records at 5,000/s.
+TICK_S = 0.001
+
+
+def make_values(count: int = 1000) -> list[tuple[bytes, bytes, int]]:
+    """(key, value, partition) of ``count`` distinct records, each value ~250 B like a small sensor event."""
+    base_us = 1_700_000_000_000_000
+    out = []
+    for i in range(count):
+        source = i % SOURCES
+        record = EventRecord("bench", f"sensor-{source:03d}", i, base_us + i * 1000, base_us + i * 1000 + 7, 150,
+                             base_us + i * 1000 + 900, base_us + i * 1000 + 1400,
+                             payload={"t": 21.5 + i % 7},
+                             rtt_us=830)
+        out.append((record.key, record.to_json(), source % PARTITIONS))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+@dataclass
+class ModeResult:
+    name: str
+    interval_ms: int | None
+    durable_per_s: float = 0.0
+    latency_ms: list[float] = field(default_factory=list)
+    commit_ms: list[float] = field(default_factory=list)
+    saturated_commit_ms: list[float] = field(default_factory=list)
+
+    def row(self, baseline: float) -> dict[str, Any]:
+        return {"mode": self.name, "events_per_s": self.durable_per_s, "ratio": self.durable_per_s / baseline,
+                "lat_p50": percentile(self.latency_ms, 0.5), "lat_p99": percentile(self.latency_ms, 0.99),
+                "commit_p50": percentile(self.commit_ms, 0.5), "commit_p99": percentile(self.commit_ms, 0.99),
+                "sat_commit_p50": percentile(self.saturated_commit_ms, 0.5),
+                "sat_commit_p99": percentile(self.saturated_commit_ms, 0.99)}
+
+
+def produce_one(publisher: KafkaPublisher | TransactionalPublisher, topic: str, key: bytes, value: bytes,
+                partition: int, on_delivery: Any) -> None:
+    while True:
+        try:
+            publisher.produce(topic, key, value, on_delivery, partition=partition)
+            return
+        except QueueFull:
+            publisher.poll(0.005)
+
+
+def idempotent_saturated(servers: str, topic: str, values: list[tuple[bytes, bytes, int]], seconds: float) -> float:
+    publisher = KafkaPublisher(servers)
+    acked = [0]
+
+    def report(error: KafkaError | None, _message: Message) -> None:
+        if error is None:
+            acked[0] += 1
+    try:
+        started = time.perf_counter()
+        i = 0
+        while time.perf_counter() - started < seconds:
+            key, value, partition = values[i % len(values)]
+            produce_one(publisher, topic, key, value, partition, report)
+            i += 1
+            if i % 1000 == 0:
+                publisher.poll(0)
+        assert publisher.flush(60.0) == 0
+        elapsed = time.perf_counter() - started
+        assert acked[0] == i, (acked[0], i)
+        return i / elapsed
+    finally:
+        publisher.close()
+
+
+def idempotent_paced(servers: str, topic: str, values: list[tuple[bytes, bytes, int]], seconds: float,
+                     rate: float) -> list[float]:
+    publisher = KafkaPublisher(servers)
+    latency_ms: list[float] = []
+
+    def report_for(produced_s: float) -> Any:
+        def report(error: KafkaError | None, _message: Message) -> None:
+            assert error is None, error
+            latency_ms.append((time.perf_counter() - produced_s) * 1000)
+        return report
+    try:
+        sent = 0
+        started = time.perf_counter()
+        while (now := time.perf_counter()) - started < seconds:
+            due = int((now - started) * rate)
+            while sent < due:
+                key, value, partition = values[sent % len(values)]
+                produce_one(publisher, topic, key, value, partition, report_for(time.perf_counter()))
+                sent += 1
+            publisher.poll(0)
+            time.sleep(TICK_S)
+        assert publisher.flush(30.0) == 0
+        assert len(latency_ms) == sent
+        return latency_ms
+    finally:
+        publisher.close()
+
+
+def transactional_run(servers: str, topic: str, values: list[tuple[bytes, bytes, int]], seconds: float,
+                      interval_ms: int, rate: float | None) -> tuple[float, list[float], list[float]]:
+    """(committed records/s, per-record latency ms, commit durations ms); ``rate`` None = as fast as possible."""
+    publisher = TransactionalPublisher(servers, f"bench-{interval_ms}-{uuid.uuid4().hex[:8]}")
+    latency_ms: list[float] = []
+    commit_ms: list[float] = []
+    interval_s = interval_ms / 1000
+    try:
+        publisher.init(30.0)
+        publisher.begin()
+        produced_at: list[float] = []
+        committed = sent = 0
+        started = txn_started = time.perf_counter()
+
+        def commit() -> None:
+            nonlocal committed, txn_started
+            before = time.perf_counter()
+            publisher.commit(30.0)
+            after = time.perf_counter()
+            commit_ms.append((after - before) * 1000)
+            latency_ms.extend((after - t) * 1000 for t in produced_at)
+            committed += len(produced_at)
+            produced_at.clear()
+            publisher.begin()
+            txn_started = after
+
+        while (now := time.perf_counter()) - started < seconds:
+            due = sent + 1000 if rate is None else int((now - started) * rate)
+            while sent < due:
+                key, value, partition = values[sent % len(values)]
+                produce_one(publisher, topic, key, value, partition, None)
+                produced_at.append(time.perf_counter())
+                sent += 1
+            publisher.poll(0)
+            if time.perf_counter() - txn_started >= interval_s:
+                commit()
+            elif rate is not None:
+                time.sleep(TICK_S)
+        commit()
+        elapsed = time.perf_counter() - started
+        assert committed == sent
+        return committed / elapsed, latency_ms, commit_ms
+    finally:
+        publisher.close()
+
+
+def write_report(results: list[ModeResult], rate: float, saturated_s: float, paced_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    baseline = results[0].durable_per_s
+    rows = [r.row(baseline) for r in results]
+    DOCS.mkdir(exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [r.name.replace("transactional, commit every ", "txn ") for r in results]
+    ax1.bar(labels, [row["events_per_s"] / 1000 for row in rows])
+    ax1.set_ylabel("k records/s made durable (one producer thread)")
+    ax1.tick_params(axis="x", rotation=30)
+    xs = range(len(rows))
+    ax2.bar([x - 0.2 for x in xs], [row["lat_p50"] for row in rows], width=0.4, label="p50")
+    ax2.bar([x + 0.2 for x in xs], [row["lat_p99"] for row in rows], width=0.4, label="p99")
+    ax2.set_xticks(list(xs), labels, rotation=30)
+    ax2.set_yscale("log")
+    ax2.set_ylabel(f"ms from produce() to acked/committed at {rate:,.0f}/s")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(DOCS / "transactions-benchmark.png", dpi=100)
+    table = "\n".join(
+        f"| {row['mode']} | {row['events_per_s']:,.0f} | {row['ratio']:.2f} | {row['lat_p50']:.1f} | "
+        f"{row['lat_p99']:.1f} | " + (
+            "n/a | n/a | n/a | n/a |" if results[i].interval_ms is None else
+            f"{row['commit_p50']:.1f} | {row['commit_p99']:.1f} | {row['sat_commit_p50']:.1f} | "
+            f"{row['sat_commit_p99']:.1f} |")
+        for i, row in enumerate(rows))
+    (DOCS / "transactions-benchmark.md").write_text(f"""# Kafka transactions against the idempotent producer \
+(benchmarks/kafka_transactions.py)
+
+{table_header()}
+{table}
+
+![throughput and added latency](transactions-benchmark.png)
+
+{{analysis}}
+
+## How it was measured
+
+One run, one local KRaft broker (broker/launcher.py, single node, replication factor 1) on the same 2-core machine
+as the producer, one Python producer thread, the gateway's producer settings (`PRODUCER_DEFAULTS`: `acks=all`,
+idempotence, `linger.ms=2`, lz4, batches up to 10,000). Every mode writes the same records: ~250 B JSON event
+values (contract EventRecord with a small payload), key = one of {SOURCES} source ids, one topic with
+{PARTITIONS} partitions (partition = source mod 2), so each transaction spans both partitions as a shard's
+events + late topics would.
+
+- **records/s**: {saturated_s:.0f} s of producing as fast as the thread can, then flush (idempotent) or a final
+  commit; records made durable per second of wall time. The transactional loop commits in the producing thread
+  (production stops during `commit_transaction`, as it must: confluent-kafka forbids produce() while a commit
+  runs). The idempotent producer serves a delivery callback per record (the gateway acks from them); the
+  transactional producer needs none (a failed delivery fails the commit), which is part of what is compared.
+- **latency**: {paced_s:.0f} s at a steady {rate:,.0f} records/s; per record, the time from `produce()` to the
+  moment a source could be acked for it: its delivery report (idempotent) or the return of the `commit()` whose
+  transaction holds it (transactional). It includes the wait for the commit interval (on average half of it).
+- **commit**: duration of `commit_transaction` (it flushes, then ends the transaction on both partitions and
+  the coordinator), in the paced phase and in the saturated phase.
+""")
+
+
+def table_header() -> str:
+    return ("| mode | records/s (saturated) | ratio to idempotent | latency p50 ms | latency p99 ms | "
+            "commit p50 ms (paced) | commit p99 ms (paced) | commit p50 ms (saturated) | "
+            "commit p99 ms (saturated) |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--saturated-s", type=float, default=6.0)
+    parser.add_argument("--paced-s", type=float, default=5.0)
+    parser.add_argument("--rate", type=float, default=5000.0)
+    args = parser.parse_args()
+    values = make_values()
+    assert 200 <= sum(len(v) for _k, v, _p in values) / len(values) <= 300, "records must stay ~250 B"
+    print(f"settings: {PRODUCER_DEFAULTS}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = KafkaBroker(Path(tmp) / "kafka")
+        state = broker.start()
+        try:
+            servers = state.bootstrap_servers
+            results: list[ModeResult] = []
+            topic = f"bench.tx.{uuid.uuid4().hex[:6]}"
+            ensure_partitions(servers, [topic], PARTITIONS)
+            # Warm-up: topic leaders, the transaction coordinator's state log, JIT of the broker's hot paths.
+            transactional_run(servers, topic, values, 2.0, 100, None)
+            idempotent_saturated(servers, topic, values, 2.0)
+
+            idempotent = ModeResult("idempotent", None)
+            idempotent.durable_per_s = idempotent_saturated(servers, topic, values, args.saturated_s)
+            idempotent.latency_ms = idempotent_paced(servers, topic, values, args.paced_s, args.rate)
+            results.append(idempotent)
+            for interval_ms in INTERVALS_MS:
+                mode = ModeResult(f"transactional, commit every {interval_ms} ms", interval_ms)
+                mode.durable_per_s, _, mode.saturated_commit_ms = transactional_run(
+                    servers, topic, values, args.saturated_s, interval_ms, None)
+                _, mode.latency_ms, mode.commit_ms = transactional_run(
+                    servers, topic, values, args.paced_s, interval_ms, args.rate)
+                results.append(mode)
+            for result in results:
+                row = result.row(results[0].durable_per_s)
+                print(f"{result.name:<40} {row['events_per_s']:>10,.0f}/s x{row['ratio']:.2f}  "
+                      f"latency p50/p99 {row['lat_p50']:.1f}/{row['lat_p99']:.1f} ms  "
+                      f"commit p50/p99 {row['commit_p50']:.1f}/{row['commit_p99']:.1f} ms  "
+                      f"(saturated {row['sat_commit_p50']:.1f}/{row['sat_commit_p99']:.1f})", flush=True)
+            write_report(results, args.rate, args.saturated_s, args.paced_s)
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
