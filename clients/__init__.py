@@ -13,11 +13,12 @@ from clients.client import (
     ClientStats,
     GatewayFailed,
     GatewayRejected,
+    GatewayRerouted,
     RefusedEvent,
     SkewlessClient,
     connect,
 )
-from clients.core import Backoff, EventTooLarge
+from clients.core import Backoff, EventTooLarge, GatewayAddress
 from clients.sync import SyncSkewlessClient, connect_sync
 from timesync.clocks import SimulatedClock
 
@@ -26,8 +27,10 @@ __all__ = [
     "ClientClosed",
     "ClientStats",
     "EventTooLarge",
+    "GatewayAddress",
     "GatewayFailed",
     "GatewayRejected",
+    "GatewayRerouted",
     "RefusedEvent",
     "SimulatedClock",
     "SkewlessClient",

@@ -22,8 +22,11 @@ import msgpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
 from clients.core import (
+    DEFAULT_MAX_REDIRECTS,
     Backoff,
     EventTooLarge,
+    GatewayAddress,
+    GatewayRouter,
     IdleTimer,
     PoolScheduler,
     ResyncGate,
@@ -34,12 +37,13 @@ from clients.core import (
     payload_fits,
 )
 from clients.spool import DEFAULT_SPOOL_MAX_BYTES, FileSpool
-from contract.wire.errors import RemoteProtocolError
+from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from contract.wire.messages import (
     MAX_SEQ,
     Ack,
     ErrorReply,
+    Redirect,
     ResyncRequest,
     Welcome,
     build_bye,
@@ -52,7 +56,7 @@ from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
 
 __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientStats", "GatewayFailed", "GatewayRejected",
-           "RefusedEvent", "SkewlessClient", "connect"]
+           "GatewayRerouted", "RefusedEvent", "SkewlessClient", "connect"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,10 @@ REFUSED_KEPT = 1000
 # past the session timeout), not the source's: the client reconnects and resends what was not acknowledged, as on a
 # lost connection. Every other fatal code means the same hello or frames would be refused again.
 RETRYABLE_ERROR_CODES = frozenset({"internal_error", "timeout"})
+# How long close() waits for the time-sync task to stop before cancelling it again (see _close_time_sync).
+_SYNC_CLOSE_WAIT_S = 0.2
+# Not a wire code: the client's own, when redirects did not settle within max_redirects hops.
+TOO_MANY_REDIRECTS = "too_many_redirects"
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
@@ -113,6 +121,19 @@ class GatewayFailed(ConnectionError):
         self.code = code
 
 
+class GatewayRerouted(GatewayFailed):
+    """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
+    the gateway (``ROUTING_ERROR_CODES``), a redirect after the welcome, or redirects that did not settle
+    (``too_many_redirects``). Handled as a lost connection, except that the gateway is no longer taken for the
+    owner and the next attempt waits at least ``retry_after_ms`` and starts from the address list."""
+
+    def __init__(self, code: str, message: str, retry_after_ms: int | None = None,
+                 gateway: GatewayAddress | None = None) -> None:
+        super().__init__(code, message)
+        self.retry_after_ms = retry_after_ms
+        self.gateway = gateway
+
+
 @dataclass(frozen=True, slots=True)
 class RefusedEvent:
     """An event the gateway refused on its own (``invalid_payload``: its payload cannot travel in a JSON record).
@@ -148,6 +169,15 @@ class ClientStats:
     syncs: int = 0
     resyncs_requested: int = 0  # resync requests from the gateway (a clock step it saw), each obeyed or covered
     recovered_from_spool: int = 0
+    redirects: int = 0
+    """Redirects followed: a gateway that does not own the source's shard named the owner."""
+    shard_moves: int = 0
+    """``shard_moved`` errors: the owner stopped serving the shard (revoked, fenced, restarting); the client went
+    back through its address list and resent what was not acknowledged."""
+    shard_unavailable: int = 0
+    """``shard_unavailable`` errors: no gateway served the shard at that moment (recovery, failover)."""
+    time_sync_moves: int = 0
+    """Times the time sync moved to another gateway's time-sync server (the owner changed)."""
 
 
 @dataclass
@@ -161,14 +191,24 @@ class _Slot:
     decoder: FrameDecoder = field(default_factory=FrameDecoder)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     task: asyncio.Task[None] | None = None
+    gateway: GatewayAddress | None = None
+    """The gateway this connection is (or was last) open to."""
+    retry_after_s: float = 0.0
+    """The least wait before the next dialing round (a shard error's ``retry_after_ms``)."""
 
 
 class SkewlessClient:
     """One event source, async. ``send()`` stamps an event with the source clock and the next seq of its stream.
 
-    Lifecycle: ``await connect()`` (time sync first when ``udp_port`` is set, then ``pool_size`` TCP connections)
-    … ``await send(...)`` … ``await flush()`` … ``await close()``; or ``async with SkewlessClient(...)`` (flushes on
-    a clean exit). ``send()`` works before ``connect()`` too: events queue until a connection is up.
+    Lifecycle: ``await connect()`` (the first TCP connection finds the gateway that owns this source, then the clock
+    syncs with that gateway's time-sync server when ``udp_port`` is set, then the rest of the ``pool_size``
+    connections open) … ``await send(...)`` … ``await flush()`` … ``await close()``; or ``async with
+    SkewlessClient(...)`` (flushes on a clean exit). ``send()`` works before ``connect()`` too: events queue until
+    a connection is up.
+
+    Gateways: ``host:port`` and then ``gateways`` are tried in order; a gateway that does not own the source's shard
+    answers with a redirect to the owner, which every pool connection then dials first (docs/sdk.md, "Several
+    gateways").
 
     Delivery: every event stays in memory (and in the spool file when ``spool_path`` is set) until the gateway
     acknowledges it, cumulatively per stream, after Kafka confirmed it. A lost connection is re-opened with
@@ -176,7 +216,10 @@ class SkewlessClient:
     gateway drops duplicates. ``send()`` blocks while ``max_unacked`` events are outstanding.
 
     Parameters (keyword-only after ``streams``):
-        udp_port: the gateway's time-sync UDP port; None for a gateway without time sync (no sync at all).
+        gateways: more gateway addresses ``(host, port)`` of the same cluster, tried after ``host:port``.
+        max_redirects: redirects followed in a row before backing off and starting again from the list.
+        udp_port: the gateway's time-sync UDP port; None for a gateway without time sync (no sync at all). A gateway
+            that announces its own time-sync port (in its welcome, or a redirect naming it) is synced on that one.
         sync_attempts: requests per sync burst (the thesis' 10).
         resync_interval_s: seconds between background re-syncs; None syncs only once, at ``connect()``.
         sync_timeout_s: how long one sync request waits for its reply.
@@ -198,6 +241,7 @@ class SkewlessClient:
     """
 
     def __init__(self, host: str, port: int, source_id: str, streams: Sequence[str], *,
+                 gateways: Sequence[tuple[str, int]] = (), max_redirects: int = DEFAULT_MAX_REDIRECTS,
                  udp_port: int | None = None, sync_attempts: int = DEFAULT_COUNT,
                  resync_interval_s: float | None = DEFAULT_RESYNC_INTERVAL_S, sync_timeout_s: float = 0.5,
                  timesync_key: bytes | None = None,
@@ -220,6 +264,8 @@ class SkewlessClient:
             raise ValueError("pass either token or hmac_secret, not both")
         self.host = host
         self.port = port
+        self.gateways = [(str(h), int(p)) for h, p in gateways]
+        self._router = GatewayRouter([(host, port), *self.gateways], max_redirects)
         self.udp_port = udp_port
         self.source_id = source_id
         self.streams = list(dict.fromkeys(streams))
@@ -241,6 +287,7 @@ class SkewlessClient:
         # Refused seqs not acked yet, so that the refusal of a resend (the connection dropped before the ack) is
         # not counted twice; pruned by the acks.
         self._refused_unacked: set[tuple[str, int]] = set()
+        self._hmac_secret = hmac_secret is not None
         self._token: TokenProvider | None
         if hmac_secret is not None:
             self._token = hmac_provider(hmac_secret, source_id, self.reference_now_us)
@@ -274,6 +321,8 @@ class SkewlessClient:
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._acked_streams: set[str] = set()
         self._sync: PeriodicSync | None = None
+        # One time-sync move at a time: several pool connections may learn the same new owner together.
+        self._time_lock = asyncio.Lock()
         self._resync_gate = ResyncGate()
         self._resync_task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -309,6 +358,12 @@ class SkewlessClient:
     def clock_estimate(self) -> ClockEstimate | None:
         """The latest time-sync estimate (``t_ref = t_source + offset_us``), None before the first sync."""
         return None if self._sync is None else self._sync.estimate
+
+    @property
+    def owner(self) -> GatewayAddress | None:
+        """The gateway this source talks to (the last one that welcomed it, or that a redirect named), None while
+        the client does not know (before ``connect()``, or after a shard error until the next welcome)."""
+        return self._router.owner
 
     @property
     def error(self) -> BaseException | None:
@@ -364,21 +419,26 @@ class SkewlessClient:
         return self._wake, self._progress, self._room
 
     async def connect(self) -> None:
-        """Sync the clock (when ``udp_port`` is set), open the pool, start the background tasks.
+        """Find the owning gateway, sync the clock with it (when ``udp_port`` is set), open the pool, start the
+        background tasks.
 
         Raises ``TimeSyncError`` if the first sync burst got no usable reply, ``GatewayRejected`` if the gateway
-        refused the hello, ``OSError``/``TimeoutError`` if a connection could not be opened.
+        refused the hello, ``OSError``/``TimeoutError`` if no gateway address could be reached, ``GatewayRerouted``
+        if the shard stayed unserved (or redirects did not settle) for ``connect_timeout_s``.
         """
         if self._closed:
             raise ClientClosed("client is closed")
         if self._connected:
             return
         self._events()
-        if self.udp_port is not None:
-            await self._start_sync(self.udp_port)
         try:
+            if self.udp_port is not None and self._hmac_secret:
+                # An HMAC token is stamped with the synced clock, so this source syncs before its first hello (with
+                # the first gateway of the list that answers: any gateway's clock makes a fresh token), then again
+                # with the owner once it knows it.
+                await self._presync(self.udp_port)
             for slot in self._slots:
-                await self._open(slot)
+                await self._open_at_connect(slot)
         except BaseException:
             await self._teardown()
             raise
@@ -390,26 +450,76 @@ class SkewlessClient:
         self._sender.add_done_callback(self._task_done)
         self._wake_sender()
 
-    async def _start_sync(self, udp_port: int) -> None:
+    async def _start_sync(self, host: str, udp_port: int) -> None:
+        """The first sync burst (raising when it gets no usable reply), then the periodic re-syncs."""
         def on_estimate(_estimate: ClockEstimate) -> None:
             self.stats.syncs += 1
 
         interval = self.resync_interval_s
-        self._sync = PeriodicSync(self.host, udp_port, self.source_id, for_time_sync(self.clock_us),
-                                  count=self.sync_attempts,
-                                  interval_s=interval if interval is not None else 1.0, timeout_s=self.sync_timeout_s,
-                                  key=self.timesync_key, on_estimate=on_estimate)
+        sync = PeriodicSync(host, udp_port, self.source_id, for_time_sync(self.clock_us), count=self.sync_attempts,
+                            interval_s=interval if interval is not None else 1.0, timeout_s=self.sync_timeout_s,
+                            key=self.timesync_key, on_estimate=on_estimate)
         if interval is None:
-            await self._sync.sync_now()
+            await sync.sync_now()
         else:
-            await self._sync.start()
+            await sync.start()
+        self._sync = sync
+
+    async def _presync(self, udp_port: int) -> None:
+        failure: BaseException | None = None
+        for address in self._router.addresses:
+            try:
+                await self._start_sync(address.host, udp_port)
+                return
+            except (TimeSyncError, OSError) as exc:
+                log.info("%s: no time sync at %s:%d: %s", self.source_id, address.host, udp_port, exc)
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    def _time_endpoint(self, owner: GatewayAddress | None = None) -> tuple[str, int] | None:
+        """Where this source syncs its clock: the owner's announced time-sync port, else the configured ``udp_port``
+        on the owner's host (the first address while no owner is known); None without ``udp_port``."""
+        if self.udp_port is None:
+            return None
+        owner = owner if owner is not None else self._router.owner
+        if owner is None:
+            return self.host, self.udp_port
+        return owner.host, owner.timesync_port if owner.timesync_port is not None else self.udp_port
+
+    async def _follow_owner_time(self, owner: GatewayAddress) -> None:
+        """Sync with the owner's time-sync server before anything is sent to it: the first burst (raising, so that
+        ``connect()`` fails as it always did), or a move of the existing sync when the owner changed."""
+        target = self._time_endpoint(owner)
+        if target is None:
+            return
+        async with self._time_lock:
+            sync = self._sync
+            if sync is None:
+                await self._start_sync(*target)
+                return
+            if (sync.host, sync.port) == target:
+                return
+            log.info("%s: time sync moves from %s:%d to the owner's %s:%d", self.source_id, sync.host, sync.port,
+                     *target)
+            self.stats.time_sync_moves += 1
+            sync.host, sync.port = target
+            # Another gateway, maybe another reference clock: the old server's samples must not bend the new line
+            # (the estimate itself stays until the new burst replaces it).
+            sync.exchange.estimator.reset()
+            try:
+                await sync.sync_now()
+            except (TimeSyncError, OSError) as exc:
+                # Not fatal: the periodic re-sync (and any resync request) tries the new server again.
+                log.warning("%s: time sync with the new owner %s:%d failed: %s", self.source_id, *target, exc)
 
     async def sync_now(self) -> ClockEstimate:
-        """Run one sync burst now (requires ``udp_port``)."""
+        """Run one sync burst now (requires ``udp_port``), with the owner's time-sync server when known."""
         if self._sync is None:
-            if self.udp_port is None:
+            target = self._time_endpoint()
+            if target is None:
                 raise RuntimeError("no udp_port: this client does not sync")
-            await self._start_sync(self.udp_port)
+            await self._start_sync(*target)
             assert self._sync is not None
             estimate = self._sync.estimate
             assert estimate is not None
@@ -447,7 +557,7 @@ class SkewlessClient:
         for slot in self._slots:
             await self._drop(slot)
         if self._sync is not None:
-            await self._sync.close()
+            await _close_time_sync(self._sync)
         if self._spool is not None:
             self._spool.close()
 
@@ -637,12 +747,70 @@ class SkewlessClient:
     def _hello(self) -> dict[str, Any]:
         return build_hello(self.source_id, self.streams, None if self._token is None else self._token())
 
+    async def _open_at_connect(self, slot: _Slot) -> None:
+        """``connect()``'s opening of one connection: a wrong address or credentials fail at once, but a cluster that
+        says "not now" (a shard error, redirects still moving) is retried with backoff for ``connect_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + self.connect_timeout_s
+        while True:
+            try:
+                await self._open(slot)
+            except GatewayRerouted as exc:
+                self._rerouted(slot, exc)
+                delay = slot.backoff.next_delay()
+                if delay is None or loop.time() + max(delay, slot.retry_after_s) > deadline_s:
+                    raise
+                await asyncio.sleep(max(delay, slot.retry_after_s))
+                slot.retry_after_s = 0.0
+                continue
+            slot.backoff.reset()
+            return
+
     async def _open(self, slot: _Slot) -> None:
-        """Connect and handshake one pool connection; raises on failure (the caller retries or gives up)."""
+        """Open one pool connection: one dialing round (``clients.core.RouteRound``: the owner, else the address
+        list in order, following redirects), then the owner's time sync, then the connection goes live.
+
+        Raises the last dialing failure when no gateway welcomed it, ``GatewayRerouted`` for a shard error or too
+        many redirects, ``GatewayRejected`` for a refusal."""
+        route = self._router.round()
+        failure: BaseException | None = None
+        while (target := route.next_target()) is not None:
+            try:
+                reader, writer, decoder, reply, rest = await self._handshake(slot, target)
+            except GatewayRerouted:
+                raise  # the cluster answered: another address would say the same now
+            except (ConnectionError, OSError, TimeoutError) as exc:
+                log.info("%s conn%d: %s:%d: %r", self.source_id, slot.index, target.host, target.port, exc)
+                route.unreachable(target)
+                failure = exc
+                continue
+            if isinstance(reply, Redirect):
+                writer.close()
+                self.stats.redirects += 1
+                to = GatewayAddress(reply.host, reply.port, reply.timesync_port)
+                log.info("%s conn%d: %s:%d redirects shard %d to %s at %s:%d", self.source_id, slot.index,
+                         target.host, target.port, reply.shard, reply.gateway_id, to.host, to.port)
+                if not route.redirected(to):
+                    raise GatewayRerouted(TOO_MANY_REDIRECTS, f"more than {self._router.max_redirects} redirects in a "
+                                          f"row, the last to {to.host}:{to.port}")
+                continue
+            owner = self._router.welcomed(target, reply.timesync_port)
+            try:
+                await self._follow_owner_time(owner)
+            except BaseException:
+                writer.close()
+                raise
+            self._go_live(slot, owner, reader, writer, decoder, reply, rest)
+            return
+        raise failure if failure is not None else ConnectionError("no gateway address left to dial")
+
+    async def _handshake(self, slot: _Slot, target: GatewayAddress) -> tuple[
+            asyncio.StreamReader, asyncio.StreamWriter, FrameDecoder, Welcome | Redirect, list[dict[str, Any]]]:
+        """Connect to ``target`` and say hello; the answer is a welcome or a redirect, an error frame raises."""
         started = asyncio.get_running_loop().time()
         async with asyncio.timeout(self.connect_timeout_s):
             reader, writer = await asyncio.open_connection(
-                self.host, self.port, ssl=self.ssl,
+                target.host, target.port, ssl=self.ssl,
                 server_hostname=self.server_hostname if self.ssl is not None else None)
             decoder = FrameDecoder(DEFAULT_MAX_FRAME_BYTES)
             try:
@@ -659,24 +827,49 @@ class SkewlessClient:
         except RemoteProtocolError as exc:
             writer.close()
             raise GatewayRejected(exc.code, f"expected welcome: {exc}") from exc
-        if not isinstance(reply, Welcome):
-            writer.close()
-            if isinstance(reply, ErrorReply):
-                if reply.code in RETRYABLE_ERROR_CODES:
-                    raise GatewayFailed(reply.code, reply.message)
-                raise GatewayRejected(reply.code, reply.message)
-            raise GatewayRejected("unexpected_reply", f"expected welcome, got {messages[0].get('type')!r}")
-        slot.max_frame_bytes = reply.max_frame_bytes
+        if isinstance(reply, Welcome | Redirect):
+            return reader, writer, decoder, reply, messages[1:]
+        writer.close()
+        if isinstance(reply, ErrorReply):
+            if reply.code in ROUTING_ERROR_CODES:
+                raise self._shard_error(reply, target)
+            if reply.code in RETRYABLE_ERROR_CODES:
+                raise GatewayFailed(reply.code, reply.message)
+            raise GatewayRejected(reply.code, reply.message)
+        raise GatewayRejected("unexpected_reply", f"expected welcome, got {messages[0].get('type')!r}")
+
+    def _go_live(self, slot: _Slot, owner: GatewayAddress, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, decoder: FrameDecoder, welcome: Welcome,
+                 rest: list[dict[str, Any]]) -> None:
+        slot.max_frame_bytes = welcome.max_frame_bytes
         self._max_frame_bytes = min(s.max_frame_bytes for s in self._slots)
-        slot.reader, slot.writer, slot.decoder = reader, writer, decoder
+        slot.reader, slot.writer, slot.decoder, slot.gateway = reader, writer, decoder, owner
         self._scheduler.up(slot.index)
         self._idle.wrote(slot.index, asyncio.get_running_loop().time())
         self.stats.connects += 1
-        for message in messages[1:]:
+        for message in rest:
             self._on_message(message)
         self._wake_sender()
         if self._progress is not None:
             self._progress.set()
+
+    def _shard_error(self, reply: ErrorReply, gateway: GatewayAddress | None) -> GatewayRerouted:
+        if reply.code == SHARD_MOVED:
+            self.stats.shard_moves += 1
+        elif reply.code == SHARD_UNAVAILABLE:
+            self.stats.shard_unavailable += 1
+        log.warning("%s: gateway %s: %s: %s", self.source_id,
+                    "?" if gateway is None else f"{gateway.host}:{gateway.port}", reply.code, reply.message)
+        return GatewayRerouted(reply.code, reply.message, reply.retry_after_ms, gateway)
+
+    def _rerouted(self, slot: _Slot, exc: GatewayRerouted) -> None:
+        """A shard error or unsettled redirects: that gateway is no longer taken for the owner, and the next dialing
+        round of this connection waits at least the gateway's ``retry_after_ms``."""
+        gateway = exc.gateway if exc.gateway is not None else slot.gateway
+        if gateway is not None and exc.code != "redirect":
+            self._router.forget(gateway)
+        if exc.retry_after_ms is not None:
+            slot.retry_after_s = max(slot.retry_after_s, exc.retry_after_ms / 1000)
 
     async def _drop(self, slot: _Slot) -> None:
         """Forget one connection: requeue what it carried, close the socket."""
@@ -700,6 +893,8 @@ class SkewlessClient:
             if slot.reader is not None:
                 try:
                     await self._read_until_closed(slot)
+                except GatewayRerouted as exc:
+                    self._rerouted(slot, exc)
                 except (ConnectionError, OSError, RemoteProtocolError) as exc:
                     log.info("%s conn%d: %r", self.source_id, slot.index, exc)
                 self.stats.connection_losses += 1
@@ -708,16 +903,20 @@ class SkewlessClient:
                     return
             delay = slot.backoff.next_delay()
             if delay is None:
-                self._fail(ConnectionError(f"gateway {self.host}:{self.port} unreachable after "
+                self._fail(ConnectionError(f"gateway {self._describe_addresses()} unreachable after "
                                            f"{slot.backoff.attempts} reconnect attempts"))
                 return
+            delay, slot.retry_after_s = max(delay, slot.retry_after_s), 0.0
             await asyncio.sleep(delay)
             try:
                 await self._open(slot)
             except GatewayRejected as exc:
                 self._fail(exc)
                 return
-            except (ConnectionError, OSError, TimeoutError, RemoteProtocolError) as exc:
+            except GatewayRerouted as exc:
+                self._rerouted(slot, exc)
+                continue
+            except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, TimeSyncError) as exc:
                 log.info("%s conn%d reconnect failed: %r", self.source_id, slot.index, exc)
                 continue
             slot.backoff.reset()
@@ -758,7 +957,16 @@ class SkewlessClient:
                     self._progress.set()
         elif isinstance(message, ResyncRequest):
             self._on_resync_request(message)
+        elif isinstance(message, Redirect):
+            # Only an answer to a hello should carry one; later it still means the owner is elsewhere: go there.
+            self.stats.redirects += 1
+            self._router.owner = GatewayAddress(message.host, message.port, message.timesync_port)
+            raise GatewayRerouted("redirect", f"redirected to {message.host}:{message.port} after the welcome")
         elif isinstance(message, ErrorReply):
+            if message.fatal and message.code in ROUTING_ERROR_CODES:
+                # Raised to the connection's supervisor: dropped, the list dialed again after retry_after_ms, the
+                # unacked events resent to whichever gateway owns the shard now.
+                raise self._shard_error(message, None)
             if message.fatal and message.code in RETRYABLE_ERROR_CODES:
                 # Raised to the connection's supervisor: dropped, re-opened, its unacked events resent.
                 raise GatewayFailed(message.code, message.message)
@@ -770,6 +978,9 @@ class SkewlessClient:
                 self._refused_event(RefusedEvent(message.stream, message.seq, message.code, message.message))
             else:
                 log.warning("%s: gateway warning %s", self.source_id, error)
+
+    def _describe_addresses(self) -> str:
+        return ", ".join(f"{a.host}:{a.port}" for a in self._router.addresses)
 
     def _refused_event(self, refused: RefusedEvent) -> None:
         key = (refused.stream, refused.seq)
@@ -809,6 +1020,20 @@ class SkewlessClient:
                 # periodic re-sync tries again.
                 log.warning("%s: the re-sync the gateway asked for failed: %s", self.source_id, exc)
             delay_s = self._resync_gate.finished(loop.time())
+
+
+async def _close_time_sync(sync: PeriodicSync) -> None:
+    """``sync.close()``, bounded. Python 3.11's ``asyncio.wait_for`` (which a sync burst awaits each reply with)
+    swallows a cancellation that lands in the loop iteration where the reply arrived: the re-sync task then goes on to
+    its next sleep and ``close()`` would wait for it forever. Cancelling the pending ``close()`` cancels the task it
+    awaits a second time, which that sleep does not swallow."""
+    closing = asyncio.ensure_future(sync.close())
+    done, _pending = await asyncio.wait({closing}, timeout=_SYNC_CLOSE_WAIT_S)
+    if not done:
+        log.debug("the time-sync task ignored a cancellation; cancelling it again")
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
 
 
 async def _read_first_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list[dict[str, Any]]:

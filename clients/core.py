@@ -19,10 +19,13 @@ from contract.wire.messages import MAX_SEQ, build_event, build_events
 __all__ = [
     "Backoff",
     "EventTooLarge",
+    "GatewayAddress",
+    "GatewayRouter",
     "IdleTimer",
     "PendingEvent",
     "PoolScheduler",
     "ResyncGate",
+    "RouteRound",
     "SeqAssigner",
     "StoreFull",
     "UnackedStore",
@@ -411,3 +414,110 @@ class ResyncGate:
         if self._last_start_s is None:
             return 0.0
         return max(0.0, self._last_start_s + self.min_interval_s - now_s)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayAddress:
+    """A gateway's TCP address, and the UDP port of its time-sync server when the gateway announced one (in its
+    welcome or in a redirect naming it); None: the client's configured ``udp_port`` applies."""
+
+    host: str
+    port: int
+    timesync_port: int | None = None
+
+    def same_gateway(self, other: GatewayAddress | None) -> bool:
+        """Same TCP endpoint: what the client dials (the time-sync port is what it learned about it)."""
+        return other is not None and (self.host, self.port) == (other.host, other.port)
+
+
+DEFAULT_MAX_REDIRECTS = 3
+
+
+class GatewayRouter:
+    """Which gateway a pool connection dials, in a cluster where one gateway owns the source's shard at a time
+    (docs/wire-protocol.md, "Shards and routing"). Shared by the pool.
+
+    ``owner`` is the gateway that last welcomed this source or that a redirect named: every connection dials it
+    first, so a pool follows one redirect together. Without an owner (none yet, or forgotten after a shard error or
+    an unreachable owner) a connection goes through ``addresses`` in order. A dialing *round* (:meth:`round`) ends
+    when a gateway welcomes the connection, after the whole list failed, or after ``max_redirects`` redirects in a
+    row (a cluster still moving the shard: the shell backs off and starts a new round from the list).
+    """
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], max_redirects: int = DEFAULT_MAX_REDIRECTS) -> None:
+        if not addresses:
+            raise ValueError("at least one gateway address")
+        if max_redirects < 0:
+            raise ValueError("max_redirects must be >= 0")
+        # Order kept, duplicates dropped: the first address is the one the application named first.
+        self.addresses = tuple(GatewayAddress(h, p) for h, p in dict.fromkeys((h, p) for h, p in addresses))
+        self.max_redirects = max_redirects
+        self.owner: GatewayAddress | None = None
+
+    def round(self) -> RouteRound:
+        return RouteRound(self)
+
+    def welcomed(self, at: GatewayAddress, timesync_port: int | None) -> GatewayAddress:
+        """``at`` welcomed the source: it is the owner. Its time-sync port is the welcome's, else the one the
+        redirect to it named."""
+        owner = GatewayAddress(at.host, at.port, timesync_port if timesync_port is not None else at.timesync_port)
+        self.owner = owner
+        return owner
+
+    def forget(self, gateway: GatewayAddress | None = None) -> None:
+        """Forget the owner; with ``gateway``, only if the owner is that gateway (a stale connection's failure must
+        not erase an owner another connection learned since)."""
+        if gateway is None or gateway.same_gateway(self.owner):
+            self.owner = None
+
+
+class RouteRound:
+    """One dialing round of one pool connection: the pending redirect, else the owner, else the next address of the
+    list not dialed yet this round."""
+
+    def __init__(self, router: GatewayRouter) -> None:
+        self._router = router
+        self._next_index = 0
+        self._dialed: set[tuple[str, int]] = set()
+        self._redirect: GatewayAddress | None = None
+        self.redirects = 0
+
+    def next_target(self) -> GatewayAddress | None:
+        """Where to dial now; None when the round is over (every address failed): back off, then a new round."""
+        target = self._pick()
+        if target is not None:
+            self._dialed.add((target.host, target.port))
+        return target
+
+    def _pick(self) -> GatewayAddress | None:
+        if self._redirect is not None:
+            # Followed even to a gateway dialed already: ownership may have moved meanwhile; the hop bound stops loops.
+            target, self._redirect = self._redirect, None
+            return target
+        owner = self._router.owner
+        if owner is not None and (owner.host, owner.port) not in self._dialed:
+            return owner
+        addresses = self._router.addresses
+        while self._next_index < len(addresses):
+            address = addresses[self._next_index]
+            self._next_index += 1
+            if (address.host, address.port) not in self._dialed:
+                return address
+        return None
+
+    def redirected(self, to: GatewayAddress) -> bool:
+        """The dialed gateway answered with a redirect to ``to``: remember it as the owner (for the whole pool) and
+        dial it next. False when that is more than ``max_redirects`` in a row: the round ends and the owner is
+        forgotten, so the next round starts from the list."""
+        self.redirects += 1
+        if self.redirects > self._router.max_redirects:
+            self._router.forget()
+            return False
+        self._router.owner = to
+        self._redirect = to
+        return True
+
+    def unreachable(self, target: GatewayAddress) -> None:
+        """Dialing ``target`` failed (refused, timed out, closed during the handshake): if it was the owner, forget
+        it; the round goes on with the list."""
+        self._router.forget(target)
