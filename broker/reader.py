@@ -67,7 +67,7 @@ def read_stream(servers: Servers, topic: str, timeout_s: float = 30.0) -> tuple[
 
 # A topic created a moment ago may not have a partition leader yet: these errors mean "ask again shortly".
 _NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-              KafkaError._TIMED_OUT}
+              KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION}
 # How long a reader waits for a message before it asks the consumer's position whether the end was passed.
 _IDLE_POLL_S = 0.2
 

@@ -20,15 +20,16 @@ from timesync.server import ServerConfig
 
 ENV_PREFIX = "SKEWLESS_GATEWAY_"
 _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "idle_timeout_s",
-             "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s", "clock_step_max_held"}
+             "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s", "clock_step_max_held",
+             "shards"}
 # Ordering waits, in seconds (TOML floats or env strings): how long a gap or a silent source is waited for before
 # the gateway gives up on it. A deployment that must ride out network partitions of N seconds sets them above N.
 _FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s",
-               "clock_step_hold_s"}
+               "clock_step_hold_s", "session_timeout_s", "commit_interval_s"}
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
     "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
-    "upstream_ntp", "merge_wait_learned"}
+    "upstream_ntp", "merge_wait_learned", "cluster", "gateway_id", "advertised_host", "instance_id", "transactions"}
 
 
 class ConfigError(ValueError):
@@ -55,9 +56,20 @@ def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None
 def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
     config = GatewayConfig()
     for name in ("host", "port", "bootstrap_servers", "topic_prefix", "max_frame_bytes", "metrics_host",
-                 "metrics_port", "clock_step_max_held"):
+                 "metrics_port", "clock_step_max_held", "shards", "cluster", "gateway_id", "advertised_host",
+                 "instance_id"):
         if name in settings:
             setattr(config, name, settings[name])
+    if config.shards < 1:
+        raise ConfigError(f"shards must be >= 1, got {config.shards}")
+    if "transactions" in settings:
+        config.transactions = _truthy(settings["transactions"])
+    for name, low_s in (("session_timeout_s", 1.0), ("commit_interval_s", 0.001)):
+        if name in settings:
+            value_s = float(settings[name])
+            if value_s < low_s:
+                raise ConfigError(f"{name} must be >= {low_s}, got {value_s}")
+            setattr(config, name, value_s)
     if "clock_step_hold_s" in settings:
         hold_s = float(settings["clock_step_hold_s"])
         if hold_s < 0:

@@ -1,8 +1,9 @@
 """Recover, at startup, how far each source got in Kafka, so a restarted gateway never publishes an event twice.
 
-The gateway periodically checkpoints per stream `{events_offset, next_seq per source}` into the compacted
-sources topic (key `progress|<stream>`). Recovery reads the latest checkpoint and scans the events topic only
-from the checkpointed offset to its end: exact, and bounded by the checkpoint interval rather than the topic size.
+Each shard's owner periodically checkpoints per stream `{events_offset, next_seq per source}` into its partition
+of the compacted sources topic (key `progress|<stream>`). Recovery reads the latest checkpoint and scans the
+shard's partition of the events topic only from the checkpointed offset to its end: exact, and bounded by the
+checkpoint interval rather than the topic size.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from timesync.estimator import ClockEstimate
 
 
 def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stream: str,
-                   timeout_s: float = 60.0) -> StreamProgress:
+                   timeout_s: float = 60.0, *, partition: int = 0) -> StreamProgress:
+    """What partition ``partition`` (one shard) of the stream's events topic holds, from the shard's checkpoint in
+    the same partition of the sources topic. Reads committed data only: a fenced owner's open transaction is not
+    there."""
     progress = StreamProgress(stream)
     wanted = progress_key(stream)
     # One consumer per topic: a reassigned consumer may still hand out messages prefetched for the old topic.
     consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
     try:
-        for _offset, key, value in scan_partition(consumer, sources_topic, 0, timeout_s):
+        for _offset, key, value in scan_partition(consumer, sources_topic, 0, timeout_s, partition=partition):
             if key == wanted:
                 checkpoint = decode_record(value)
                 if isinstance(checkpoint, ProgressRecord):
@@ -32,7 +36,8 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
         consumer.close()
     consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
     try:
-        for offset, _key, value in scan_partition(consumer, events_topic, progress.next_offset, timeout_s):
+        for offset, _key, value in scan_partition(consumer, events_topic, progress.next_offset, timeout_s,
+                                                      partition=partition):
             record = decode_record(value)
             if isinstance(record, EventRecord):
                 progress.observe(record.source_id, record.seq, offset)
@@ -45,14 +50,14 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
     return progress
 
 
-def recover_clocks(servers: Servers, sources_topic: str,
-                   timeout_s: float = 60.0) -> dict[str, tuple[ClockEstimate, int]]:
+def recover_clocks(servers: Servers, sources_topic: str, timeout_s: float = 60.0, *,
+                   partition: int = 0) -> dict[str, tuple[ClockEstimate, int]]:
     """Every source's latest clock estimate (and its last sync) from the compacted sources topic: a restarted
     gateway maps a source's timestamps at once instead of treating it as unsynced until its next re-sync."""
     latest: dict[str, tuple[ClockEstimate, int]] = {}
     consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
     try:
-        for _offset, _key, value in scan_partition(consumer, sources_topic, 0, timeout_s):
+        for _offset, _key, value in scan_partition(consumer, sources_topic, 0, timeout_s, partition=partition):
             parsed = estimate_from_record(value)
             if parsed is not None:
                 latest[parsed[0]] = (parsed[1], parsed[2])

@@ -1,15 +1,18 @@
-"""The gateway's asyncio shell: lifecycle and tasks around the IngestCore (gateway/ingest.py), which makes every
-decision. Connections (gateway/connection.py) call in with what their sessions received; Kafka's delivery reports
-call in from the poll task; the deadline task calls in when the core says something is due. The shell carries out
-the actions that come back: writes to connections, produces to Kafka, pauses and resumes reading.
+"""The gateway's asyncio shell: connections, time sync, metrics and cluster membership around the shards it owns.
 
-Tasks, each with a done-callback that logs, counts (`task_failures`) and reports it in /healthz (status "failing"),
-as does an exception out of the core during a connection's call (see _core_call):
-  kafka-poll          serves delivery reports, then the core's poll (acks, buffer check, checkpoints)
-  kafka-produce       hands Produce actions to librdkafka in the order the core gave them, waiting while its queue
-                      is full; owned by the gateway, so records already taken out of the ordering pipeline are
-                      produced even if the connection that released them goes away
-  pipeline-deadlines  fires reorder gap timeouts and merge waits when the core says they are due
+A deployment has S shards (contract.sharding.shard_of maps a source to one). Gateways join one cluster through
+Kafka's group membership: every gateway is a member of the consumer group ``<prefix>.gateways`` subscribed to the
+control topic ``<prefix>.cluster``, which has S partitions; the group coordinator assigns partition k — shard k —
+to one live member and moves it when a member dies, joins or leaves. For each shard it owns, the gateway runs a
+gateway.shard.ShardRuntime (its own IngestCore, transactional producer and tasks); the runtime's first transaction
+writes an owner record (address, time-sync port) to partition k of the control topic, which every gateway reads to
+redirect a source whose shard it does not own.
+
+A connection's hello is routed by the source's shard: served here (welcome), redirected to the owner, or refused
+with ``shard_unavailable`` while no gateway serves the shard (recovering, failing over); the SDK retries.
+
+Tasks, each with a done-callback that logs, counts (`task_failures`) and reports it in /healthz (status "failing"):
+  cluster-membership  follows the group's assignment and the owner directory; starts and stops shard runtimes
   session-timeouts    cuts off slow and silent peers
 """
 
@@ -18,17 +21,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import ssl
-from collections.abc import Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
+import time
+import uuid
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
-
-from broker.admin import ensure_topics
 from broker.client import KafkaClientConfig
-from broker.producer import KafkaPublisher, QueueFull
+from broker.cluster import ClusterConfigError, OwnerDirectory, claim_cluster, ensure_control_topic, ensure_partitions
+from broker.membership import GroupMembership, SharesAssigned, SharesLost, SharesRevoked
+from contract.records import OwnerRecord
+from contract.sharding import shard_of
 from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import LocalProtocolError
@@ -39,37 +46,42 @@ from gateway.ingest import (
     CLOCK_STEP_HOLD_US,
     CLOCK_STEP_MAX_HELD,
     ConnectionId,
-    DeliveryRef,
     GatewayCounters,
-    IngestAction,
     IngestConfig,
     IngestCore,
-    PauseReading,
-    Produce,
-    ResumeReading,
-    SendFrame,
-    SendToSource,
-    WriteCheckpoint,
 )
 from gateway.metrics import MetricsServer, make_registry
-from gateway.recovery import recover_clocks, recover_stream
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts
+from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from reorder.pipeline import IngestPipeline, PipelineConfig
 from timesync.clocks import ClockUs, EstimateMapping, IdentityMapping, ReferenceMapping, system_time_us
 from timesync.server import ServerConfig, TimeSyncServer, start_server
 from timesync.store import SourceInfo, SourceInfoStore
 
+__all__ = ["ClusterConfigError", "Gateway", "GatewayConfig"]
+
 log = logging.getLogger(__name__)
 
-POLL_INTERVAL_S = 0.002
 TIMEOUT_SWEEP_INTERVAL_S = 0.5
-# librdkafka's queue is full: retry this often (each refusal also extends the core's stall grace).
-QUEUE_FULL_RETRY_S = 0.005
-# How long stop() waits for Kafka to confirm what was read (both drains together): below the 10 s that docker stop
-# and most supervisors grant between SIGTERM and SIGKILL, leaving the rest for closing connections and the producer.
+MEMBERSHIP_POLL_INTERVAL_S = 0.05
+# How long stop() waits for Kafka to confirm what was read: below the 10 s that docker stop and most supervisors
+# grant between SIGTERM and SIGKILL, leaving the rest for closing connections and the producer.
 STOP_FLUSH_TIMEOUT_S = 8.0
-# The failed_tasks entry of /healthz for an exception out of the IngestCore (see Gateway._core_call).
-CORE_FAILURE = "ingest-core"
+STOP_POLL_INTERVAL_S = 0.002
+# A revoked shard's runtime gets this long to commit what it released before its connections are moved on: the
+# new owner is waiting (it fences us when it starts anyway).
+REVOKE_FLUSH_TIMEOUT_S = 2.0
+# A hello for a shard being recovered here waits this long for it before the client is told to retry.
+HELLO_ROUTE_WAIT_S = 10.0
+HELLO_ROUTE_POLL_S = 0.02
+# start() waits for the group's assignment this much beyond one session timeout (a dead member's shards move then).
+JOIN_WAIT_EXTRA_S = 10.0
+# What a client is told to wait before retrying a shard nobody serves (failover in progress).
+SHARD_UNAVAILABLE_RETRY_MS = 500
+# After a runtime failed (fenced, aborted), a shard still assigned here is taken up again after this pause.
+SHARD_RESTART_BACKOFF_S = 0.5
+SHARD_MOVED = "shard_moved"
+SHARD_UNAVAILABLE = "shard_unavailable"
 
 
 @dataclass
@@ -90,7 +102,8 @@ class GatewayConfig:
     metrics_port: int | None = None
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     checkpoint_interval_s: float = 5.0
-    # Events held in reorder buffers and merge queues, all sources together (gateway.ingest, rule 4).
+    # Events held in reorder buffers and merge queues, all sources together (gateway.ingest, rule 4); each shard
+    # gets its share (limit / shards), so a gateway owning every shard holds at most this many.
     max_buffered_events: int = 1_000_000
     # A source whose clock stepped between re-syncs is held at most this long / this many events (rule 9).
     clock_step_hold_us: int = CLOCK_STEP_HOLD_US
@@ -103,47 +116,79 @@ class GatewayConfig:
     # default of 100 let a burst of a few thousand connects overflow the queue: clients saw an open socket that the
     # gateway never accepted.
     listen_backlog: int = 4096
+    # -- the cluster (docs/cluster.md) --
+    # S: fixed for the life of a deployment (the control topic and every stream's topics have S partitions).
+    shards: int = 1
+    # Name of the deployment: a second cluster configured on the same topic prefix is refused.
+    cluster: str = "skewless"
+    # This gateway in logs, owner records and redirects; default: advertised address + a random suffix.
+    gateway_id: str | None = None
+    # The address clients are redirected to; default: `host`, or this machine's name when `host` is a wildcard.
+    advertised_host: str | None = None
+    # Kafka static group membership (group.instance.id): a gateway restarted with the same id takes its shards back
+    # at once instead of after the session timeout; None: dynamic membership (a clean stop hands shards on at once).
+    instance_id: str | None = None
+    # How long the group coordinator waits for a silent gateway before moving its shards (failover time).
+    session_timeout_s: float = 6.0
+    # Kafka transactions (fencing); False: idempotent producer only, safe with one gateway and no failover.
+    transactions: bool = True
+    # How often a shard commits its transaction; sources are acked at commits (docs/transactions-benchmark.md).
+    commit_interval_s: float = 0.1
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
         return KafkaClientConfig(self.bootstrap_servers, self.kafka_settings)
 
 
-@dataclass
-class _ProduceBatch:
-    """Produce actions of one core call, in order; `done` resolves once all of them are with librdkafka."""
-
-    actions: list[Produce]
-    done: asyncio.Future[None]
+def sum_counters(parts: list[GatewayCounters]) -> GatewayCounters:
+    total = GatewayCounters()
+    for part in parts:
+        for spec in fields(GatewayCounters):
+            setattr(total, spec.name, getattr(total, spec.name) + getattr(part, spec.name))
+    return total
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig, clock_us: ClockUs = system_time_us) -> None:
+        if config.shards < 1:
+            raise ClusterConfigError(f"shards must be >= 1, got {config.shards}")
         self.config = config
         self.topics = TopicNames(config.topic_prefix)
         self._clock_us = clock_us
-        self._publisher = KafkaPublisher(config.kafka_client, config.producer_config)
         self.store = SourceInfoStore()
         self.timesync: TimeSyncServer | None = None
         mapping = config.reference_clock
         if mapping is None:
             mapping = EstimateMapping(self.store.get) if config.timesync is not None else IdentityMapping()
-        self.core = IngestCore(self.topics, mapping, IngestConfig(
-            pipeline=config.pipeline, max_buffered_events=config.max_buffered_events,
+        self._mapping = mapping
+        self._ingest_config = IngestConfig(
+            pipeline=config.pipeline, max_buffered_events=max(1, config.max_buffered_events // config.shards),
             checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
-            clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held))
+            clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held)
+        self.gateway_id = config.gateway_id or ""
         self._server: asyncio.Server | None = None
         self._metrics: MetricsServer | None = None
+        self._membership: GroupMembership | None = None
+        self._directory: OwnerDirectory | None = None
+        self._owners: dict[int, OwnerRecord] = {}
+        self._shards: dict[int, ShardRuntime] = {}
+        self._starting: dict[int, asyncio.Task[None]] = {}
+        self._restart_after: dict[int, float] = {}
+        self._stopping_shards: set[asyncio.Task[None]] = set()
+        self._shards_changed = asyncio.Event()
         self._connections: dict[ConnectionId, ConnectionHandler] = {}
         self._connections_by_source: dict[str, set[ConnectionHandler]] = {}
         self._last_connection_id = 0
+        self._known_streams: set[str] = set()
         self._stream_lock = asyncio.Lock()
-        self._deadline_changed = asyncio.Event()
-        self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
-        self._unproduced_records = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._producer: asyncio.Task[None] | None = None
         self._failed_tasks: dict[str, str] = {}
+        # Counters of the process (connections, sessions) and of shard runtimes that are gone: Prometheus counters
+        # must not go down when a shard moves away.
+        self._own_counters = GatewayCounters()
+        self._retired_counters = GatewayCounters()
+        self.shard_handovers = 0
+        self.last_shard_failure: str | None = None
         # Connections that failed on a gateway bug, by stage (gateway.connection): kept in the shell because the
         # core never sees them; zero-filled so every stage is exported before its first failure.
         self.worker_errors: dict[WorkerStage, int] = dict.fromkeys(WORKER_STAGES, 0)
@@ -157,6 +202,14 @@ class Gateway:
         return int(self._server.sockets[0].getsockname()[1])
 
     @property
+    def advertised_host(self) -> str:
+        if self.config.advertised_host:
+            return self.config.advertised_host
+        if self.config.host in ("0.0.0.0", "::", ""):
+            return socket.gethostname()
+        return self.config.host
+
+    @property
     def metrics_port(self) -> int | None:
         return None if self._metrics is None else self._metrics.port
 
@@ -166,47 +219,74 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._ensure_base_topics)
+        await loop.run_in_executor(None, self._prepare_cluster)
         if self.config.timesync is not None:
             await self._start_timesync()
         self._server = await loop.create_server(self._new_connection, self.config.host, self.config.port,
                                                 ssl=self.config.ssl_context, backlog=self.config.listen_backlog)
-        self._producer = self._start_task(self._produce_forever(), "kafka-produce")
-        self._start_task(self._poll_forever(), "kafka-poll")
+        if not self.gateway_id:
+            self.gateway_id = f"{self.advertised_host}:{self.port}/{uuid.uuid4().hex[:8]}"
+        client = self.config.kafka_client
+        self._directory = OwnerDirectory(client, self.topics.cluster, self.config.shards)
+        self._membership = GroupMembership(
+            client, self.topics.gateway_group, self.topics.cluster, instance_id=self.config.instance_id,
+            session_timeout_ms=round(self.config.session_timeout_s * 1000))
+        self._start_task(self._follow_membership(), "cluster-membership")
         self._start_task(self._sweep_timeouts(), "session-timeouts")
-        self._start_task(self._fire_deadlines(), "pipeline-deadlines")
         if self.config.metrics_port is not None:
             self._metrics = MetricsServer(make_registry(self, self.labeled_counters), self.health)
             await self._metrics.start(self.config.metrics_host, self.config.metrics_port)
+        await self._wait_settled(self.config.session_timeout_s + JOIN_WAIT_EXTRA_S)
+        log.info("gateway %s joined cluster %s (%d shards) on prefix %s, serving shards %s", self.gateway_id,
+                 self.config.cluster, self.config.shards, self.config.topic_prefix, sorted(self._shards))
+
+    async def _wait_settled(self, timeout_s: float) -> None:
+        """Until the group gave this gateway its shards and it serves them, or every shard has an owner elsewhere
+        (a gateway joining a full cluster may get none). Bounded: a gateway whose shards are still held by a dead
+        member (until its session timeout) starts anyway and takes them when they come."""
+        assert self._membership is not None
+        membership = self._membership
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            owned = membership.owned()
+            if owned and all(k in self._shards and self._shards[k].serving for k in owned):
+                return
+            if not owned and len(self._owners) == self.config.shards:
+                return
+            self._shards_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HELLO_ROUTE_POLL_S * 5):
+                    await self._shards_changed.wait()
+        log.warning("gateway %s: no shard served %.1f s after joining; serving them as they come", self.gateway_id,
+                    timeout_s)
+
+    def _prepare_cluster(self) -> None:
+        """The control topic with S partitions, this deployment's claim on the prefix, the sources topic."""
+        client = self.config.kafka_client
+        ensure_control_topic(client, self.topics.cluster, self.config.shards)
+        claim_cluster(client, self.topics.cluster, self.config.cluster, self.config.shards, self._clock_us())
+        ensure_partitions(client, [self.topics.sources], self.config.shards, config={"cleanup.policy": "compact"})
 
     async def _start_timesync(self) -> None:
         assert self.config.timesync is not None
-        # Clock state survives a restart: sources map correctly before their next re-sync (their error bounds have
-        # kept growing since their last sync, so the uncertainty stays honest).
-        try:
-            recovered = await asyncio.get_running_loop().run_in_executor(
-                None, recover_clocks, self.config.kafka_client, self.topics.sources)
-        except (KafkaException, TimeoutError) as exc:
-            # Not fatal: sources then count as unsynced until their next re-sync, as on a first start.
-            log.warning("could not recover clock state from %s: %s", self.topics.sources, exc)
-            recovered = {}
-        for source_id, (estimate, last_sync_us) in recovered.items():
-            self.store.update(source_id, estimate, last_sync_us)
         self.timesync = await start_server(self.config.timesync, store=self.store)
         if self._clock_us is system_time_us:
             # One reference clock for sync replies and gateway stamps (so --clock-offset-us shifts both).
             self._clock_us = self.timesync.clock.now_us
         self.store.add_listener(self._on_clock_update)
 
-    def _ensure_base_topics(self) -> None:
-        ensure_topics(self.config.kafka_client, [self.topics.sources], config={"cleanup.policy": "compact"})
+    async def wait_serving(self, shards: set[int] | None = None, timeout_s: float = 60.0) -> None:
+        """Until this gateway serves ``shards`` (default: all of them); tests and single-gateway tools use it."""
+        wanted = set(range(self.config.shards)) if shards is None else shards
+        async with asyncio.timeout(timeout_s):
+            while not all(k in self._shards and self._shards[k].serving for k in wanted):
+                self._shards_changed.clear()
+                await self._shards_changed.wait()
 
     async def stop(self, flush_timeout_s: float = STOP_FLUSH_TIMEOUT_S, graceful: bool = True) -> None:
-        """Stop taking events, let Kafka confirm what was published (acks still reach open connections), checkpoint,
-        then close. Everything runs on the event loop: delivery callbacks never race the loop's own state.
-
-        ``flush_timeout_s`` bounds both drains together, so a stuck connection or an unreachable Kafka delays the
-        stop by that much at most.
+        """Stop taking events, let Kafka commit what was read (acks still reach open connections), checkpoint, leave
+        the group (the shards move at once), then close.
 
         graceful=False drops every connection first, as a crash would: the clients never see the last acks and
         resend those events to the next gateway (which must recognise them)."""
@@ -217,55 +297,39 @@ class Gateway:
                 handler.pause()
             else:
                 handler.close()
-        # The producer keeps running until the drain is over: what connections already read is still published.
         for task in self._tasks:
-            if task is not self._producer:
-                await self._cancel(task)
-        deadline = asyncio.get_running_loop().time() + flush_timeout_s
-        await self._drain(deadline)
-        try:
-            await self._carry_out(self.core.checkpoint_dirty_streams())
-        except Exception:
-            # The stop goes on (connections, server, publisher still to close): the next start's recovery scan
-            # covers a lost checkpoint.
-            log.exception("could not write the shutdown checkpoints")
-        remaining = await self._drain(deadline)
+            await _cancel(task)
+        for task in list(self._starting.values()):
+            await _cancel(task)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + flush_timeout_s
+        # What connections already read is still published: their workers finish first (one shared budget).
+        while graceful and loop.time() < deadline and not all(h.idle for h in self._connections.values()):
+            await asyncio.sleep(STOP_POLL_INTERVAL_S)
+        remaining = 0
+        for shard, runtime in sorted(self._shards.items()):
+            try:
+                remaining += await runtime.stop(max(0.0, deadline - loop.time()), graceful=graceful)
+            except Exception:
+                log.exception("shard %d: stop failed", shard)
+            self._retire(runtime)
+        self._shards.clear()
         if remaining:
             log.error("%d events still unconfirmed by Kafka at shutdown; clients will resend them", remaining)
-        if self._producer is not None:
-            await self._cancel(self._producer)
+        if self._stopping_shards:
+            await asyncio.wait(self._stopping_shards)
         for handler in list(self._connections.values()):
             handler.close()
         if self._server is not None:
             await self._server.wait_closed()
+        if self._membership is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._membership.close)
+        if self._directory is not None:
+            self._directory.close()
         if self._metrics is not None:
             await self._metrics.stop()
         if self.timesync is not None:
             await self.timesync.close()
-        self._publisher.close()
-
-    @staticmethod
-    async def _cancel(task: asyncio.Task[None]) -> None:
-        # Waited for, not awaited: awaiting a task that already died re-raises its error, which _task_done has
-        # logged and counted; stop() must go on to close everything else.
-        task.cancel()
-        await asyncio.wait([task])
-
-    async def _drain(self, deadline: float) -> int:
-        """Poll until connection workers and the producer are idle and librdkafka has no undelivered message, or
-        the loop's clock reaches ``deadline``; returns how many records are left (undelivered or not produced)."""
-        loop = asyncio.get_running_loop()
-        while loop.time() < deadline:
-            self._publisher.poll(0)
-            await self._carry_out(self.core.due_acks())
-            # Records queued for a producer task that died will never be produced: waiting for them would only make
-            # a gateway that already failed take the whole timeout to stop.
-            producer_dead = self._producer is None or self._producer.done()
-            if (self._publisher.pending() == 0 and (self._unproduced_records == 0 or producer_dead)
-                    and all(h.idle for h in self._connections.values())):
-                break
-            await asyncio.sleep(POLL_INTERVAL_S)
-        return self._publisher.pending() + self._unproduced_records
 
     # -- tasks --------------------------------------------------------------------------------------------------
 
@@ -282,71 +346,8 @@ class Gateway:
         if error is None:
             return
         log.error("gateway task %s died: %r", task.get_name(), error, exc_info=error)
-        self.core.task_failed()
+        self._own_counters.task_failures += 1
         self._failed_tasks[task.get_name()] = repr(error)
-        if task is self._producer:
-            # As aiokafka's Sender: whoever waits for the producer fails now instead of waiting forever; their
-            # connections close and the clients resend what was not acknowledged.
-            while not self._produce_queue.empty():
-                self._fail_batch(self._produce_queue.get_nowait(), error)
-
-    async def _poll_forever(self) -> None:
-        while True:
-            self._publisher.poll(0)
-            await self._carry_out(self.core.poll(self._clock_us()))
-            await asyncio.sleep(POLL_INTERVAL_S)
-
-    async def _produce_forever(self) -> None:
-        while True:
-            batch = await self._produce_queue.get()
-            try:
-                for action in batch.actions:
-                    await self._produce(action)
-                    self._unproduced_records -= 1
-            except BaseException as exc:
-                self._fail_batch(batch, exc)
-                raise
-            if not batch.done.done():  # its connection may have gone meanwhile: produced all the same
-                batch.done.set_result(None)
-
-    @staticmethod
-    def _fail_batch(batch: _ProduceBatch, error: BaseException) -> None:
-        if batch.done.done():
-            return
-        if isinstance(error, Exception):
-            batch.done.set_exception(error)
-        else:
-            batch.done.cancel()
-
-    async def _produce(self, action: Produce) -> None:
-        on_delivery = None if action.delivery is None else partial(self._on_delivery, action.delivery)
-        while True:
-            try:
-                self._publisher.produce(action.topic, action.key, action.value, on_delivery)
-                return
-            except QueueFull:
-                self.core.kafka_queue_full(self._clock_us())
-                await asyncio.sleep(QUEUE_FULL_RETRY_S)
-
-    def _on_delivery(self, delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
-        offset = message.offset() if error is None else None
-        self.core.on_delivered(delivery, None if error is None else str(error), offset, self._clock_us())
-
-    async def _fire_deadlines(self) -> None:
-        """Fires reorder gap timeouts and merge waits when the core says they are due."""
-        while True:
-            self._deadline_changed.clear()
-            deadline_us = self.core.next_deadline_us()
-            if deadline_us is None:
-                await self._deadline_changed.wait()
-                continue
-            delay_s = (deadline_us - self._clock_us()) / 1e6
-            if delay_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay_s):
-                        await self._deadline_changed.wait()
-                continue
-            await self._carry_out(self.core.advance(self._clock_us()))
 
     async def _sweep_timeouts(self) -> None:
         while True:
@@ -355,52 +356,135 @@ class Gateway:
             for handler in list(self._connections.values()):
                 handler.check_timeouts(now_us)
 
-    # -- carrying out the core's actions ------------------------------------------------------------------------
+    async def _follow_membership(self) -> None:
+        """The group's assignment is the truth: shards assigned here get a runtime, shards taken away lose theirs,
+        a runtime that failed is replaced while its shard stays here."""
+        assert self._membership is not None and self._directory is not None
+        membership, directory = self._membership, self._directory
+        loop = asyncio.get_running_loop()
+        while True:
+            for change in membership.poll():
+                if isinstance(change, SharesRevoked | SharesLost):
+                    for shard in sorted(change.partitions):
+                        self._give_up(shard, f"{type(change).__name__} by the group coordinator",
+                                      graceful=isinstance(change, SharesRevoked))
+                elif isinstance(change, SharesAssigned):
+                    log.info("gateway %s: assigned shards %s", self.gateway_id, sorted(change.partitions))
+            self._owners = directory.poll()
+            now_s = loop.time()
+            for shard in sorted(membership.owned()):
+                if shard in self._shards or shard in self._starting:
+                    continue
+                if self._restart_after.get(shard, 0.0) > now_s:
+                    continue
+                self._starting[shard] = asyncio.create_task(self._take(shard), name=f"take-shard-{shard}")
+            await asyncio.sleep(MEMBERSHIP_POLL_INTERVAL_S)
 
-    async def _carry_out(self, actions: Sequence[IngestAction]) -> None:
-        """Everything but Produce at once; Produce actions in their order, after those of earlier calls. Returns
-        once they are with librdkafka, so that a caller waiting on a Kafka stall stops reading its socket."""
-        produces: list[Produce] = []
-        for action in actions:
-            if isinstance(action, Produce):
-                produces.append(action)
-            else:
-                self._carry_out_now(action)
-        if produces:
-            if self._producer is None or self._producer.done():
-                # Nobody would produce them: fail the caller (its connection closes, its client resends).
-                raise RuntimeError("the gateway's Kafka producer task is not running")
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._produce_queue.put_nowait(_ProduceBatch(produces, done))
-            self._unproduced_records += len(produces)
-            await done
+    async def _take(self, shard: int) -> None:
+        runtime = ShardRuntime(
+            ShardSettings(shard=shard, topics=self.topics, kafka_client=self.config.kafka_client,
+                          producer_config=self.config.producer_config, ingest=self._ingest_config,
+                          transactional=self.config.transactions, commit_interval_s=self.config.commit_interval_s),
+            self._mapping, self.store, self, self._clock_us, owner_record=self._owner_record(shard))
+        started_s = time.monotonic()
+        try:
+            await runtime.start()
+        except Exception as exc:  # noqa: BLE001 - whatever stopped the takeover, the shard is tried again
+            log.warning("shard %d: could not take it over: %s", shard, exc)
+            self.last_shard_failure = f"shard {shard}: {exc}"
+            self._restart_after[shard] = asyncio.get_running_loop().time() + SHARD_RESTART_BACKOFF_S
+            with contextlib.suppress(Exception):
+                await runtime.stop(0.0, graceful=False)
+            return
+        finally:
+            self._starting.pop(shard, None)
+        if self._membership is None or shard not in self._membership.owned():
+            await runtime.stop(REVOKE_FLUSH_TIMEOUT_S)
+            return
+        self._shards[shard] = runtime
+        self._shards_changed.set()
+        log.info("gateway %s serves shard %d (took %.2f s)", self.gateway_id, shard, time.monotonic() - started_s)
 
-    def _carry_out_now(self, action: IngestAction) -> None:
-        if isinstance(action, SendToSource):
-            # One live connection of the source is enough. If that connection dies with the ack unread, the SDK
-            # resends what it carried and the core re-acks the duplicates.
-            for handler in self._connections_by_source.get(action.source_id, ()):
-                if handler.writable:
-                    handler.send_bytes(action.data)
-                    break
-        elif isinstance(action, SendFrame):
-            connection = self._connections.get(action.connection)
-            if connection is not None:
-                connection.send_bytes(action.data)
-        elif isinstance(action, WriteCheckpoint):
-            # Best effort: a lost checkpoint only makes the next recovery scan a little longer.
-            with contextlib.suppress(QueueFull):
-                self._publisher.produce(action.topic, action.key, action.value, None)
-        elif isinstance(action, PauseReading | ResumeReading):
-            throttled = isinstance(action, PauseReading)
-            for handler in self._connections_by_source.get(action.source_id, ()):
-                handler.set_throttled(throttled)
-        else:
-            raise TypeError(f"not an action carried out at once: {action!r}")
+    def _owner_record(self, shard: int) -> tuple[str, bytes, bytes]:
+        record = OwnerRecord(shard=shard, gateway_id=self.gateway_id, host=self.advertised_host, port=self.port,
+                             timesync_port=self.timesync_port, since_us=self._clock_us())
+        return self.topics.cluster, record.key, record.to_json()
+
+    def _give_up(self, shard: int, reason: str, graceful: bool) -> None:
+        """Stop serving a shard: its connections are told `shard_moved` (their clients go through their address list
+        and are redirected to the new owner) once its runtime committed what it could."""
+        starting = self._starting.pop(shard, None)
+        if starting is not None:
+            starting.cancel()
+        runtime = self._shards.pop(shard, None)
+        if runtime is None:
+            return
+        self.shard_handovers += 1
+        log.info("gateway %s gives up shard %d: %s", self.gateway_id, shard, reason)
+        runtime.serving = False
+        for source_id, handlers in self._connections_by_source.items():
+            if shard_of(source_id, self.config.shards) == shard:
+                for handler in handlers:
+                    handler.pause()  # what they sent is committed and acked first, then they move on
+        task = asyncio.create_task(self._stop_runtime(runtime, graceful), name=f"stop-shard-{shard}")
+        self._stopping_shards.add(task)
+        task.add_done_callback(self._stopping_shards.discard)
+
+    async def _stop_runtime(self, runtime: ShardRuntime, graceful: bool) -> None:
+        try:
+            await runtime.stop(REVOKE_FLUSH_TIMEOUT_S if graceful else 0.0, graceful=graceful)
+        except Exception:
+            log.exception("shard %d: stop failed", runtime.shard)
+        finally:
+            self._retire(runtime)
+            self._move_sources_of(runtime.shard, "this gateway no longer serves the source's shard")
+
+    def _retire(self, runtime: ShardRuntime) -> None:
+        self._retired_counters = sum_counters([self._retired_counters, runtime.core.counters])
+
+    def _move_sources_of(self, shard: int, reason: str) -> None:
+        frame = encode_frame(messages.build_error(SHARD_MOVED, reason, fatal=True))
+        for source_id, handlers in list(self._connections_by_source.items()):
+            if shard_of(source_id, self.config.shards) != shard or self._serving(source_id) is not None:
+                continue
+            for handler in list(handlers):
+                handler.send_bytes(frame)
+                handler.close()
+
+    # -- what shard runtimes ask (gateway.shard.ShardHost) ------------------------------------------------------
+
+    def send_to_source(self, source_id: str, data: bytes) -> None:
+        # One live connection of the source is enough. If that connection dies with the ack unread, the SDK
+        # resends what it carried and the core re-acks the duplicates.
+        for handler in self._connections_by_source.get(source_id, ()):
+            if handler.writable:
+                handler.send_bytes(data)
+                break
+
+    def send_frame(self, connection: ConnectionId, data: bytes) -> None:
+        handler = self._connections.get(connection)
+        if handler is not None:
+            handler.send_bytes(data)
+
+    def set_throttled(self, source_id: str, throttled: bool) -> None:
+        for handler in self._connections_by_source.get(source_id, ()):
+            handler.set_throttled(throttled)
+
+    def shard_failed(self, shard: int, reason: str) -> None:
+        self.last_shard_failure = f"shard {shard}: {reason}"
+        self._restart_after[shard] = asyncio.get_running_loop().time() + SHARD_RESTART_BACKOFF_S
+        self._give_up(shard, reason, graceful=False)
+
+    # -- routing ------------------------------------------------------------------------------------------------
+
+    def _serving(self, source_id: str) -> ShardRuntime | None:
+        runtime = self._shards.get(shard_of(source_id, self.config.shards))
+        return runtime if runtime is not None and runtime.serving else None
 
     def _on_clock_update(self, info: SourceInfo) -> None:
-        for action in self.core.clock_changed(info, self.store.max_rtt_us(), self._clock_us()):
-            self._carry_out_now(action)
+        runtime = self._serving(info.source_id)
+        if runtime is not None:
+            runtime.clock_changed(info, self.store.max_rtt_us())
 
     # -- what connections ask (gateway.connection.ConnectionOwner) ----------------------------------------------
 
@@ -413,11 +497,11 @@ class Gateway:
         self._last_connection_id += 1
         connection_id = ConnectionId(self._last_connection_id)
         self._connections[connection_id] = connection
-        self.core.connection_opened()
+        self._own_counters.connections_opened += 1
         return connection_id
 
     def detach(self, connection: ConnectionHandler) -> None:
-        self.core.connection_closed()
+        self._own_counters.connections_closed += 1
         self._connections.pop(connection.connection_id, None)
         source_id = connection.source_id
         if source_id is None:
@@ -429,47 +513,103 @@ class Gateway:
                 del self._connections_by_source[source_id]
 
     async def register_source(self, connection: ConnectionHandler, hello: messages.Hello) -> None:
-        await self._ensure_streams(hello.streams)
+        shard = shard_of(hello.source_id, self.config.shards)
+        runtime = await self._runtime_for_hello(shard)
+        if runtime is None:
+            self._route_elsewhere(connection, shard)
+            return
+        created = await self._ensure_stream_topics(hello.streams)
         self._connections_by_source.setdefault(hello.source_id, set()).add(connection)
-        with self._core_call():
-            actions = self.core.source_registered(hello.source_id, hello.streams, self._clock_us())
-        self._deadline_changed.set()
-        await self._carry_out(actions)
+        with self._core_call(runtime):
+            await runtime.register_source(hello.source_id, hello.streams, created)
+        connection.send_bytes(encode_frame(messages.build_welcome(
+            self.config.max_frame_bytes, gateway_id=self.gateway_id, shard=shard, timesync_port=self.timesync_port)))
+
+    async def _runtime_for_hello(self, shard: int) -> ShardRuntime | None:
+        """The runtime serving ``shard`` here, waiting (bounded) while it is being taken over here or while nobody
+        is known to own it (a gateway just started, a failover in progress); None: route the source elsewhere."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HELLO_ROUTE_WAIT_S
+        while True:
+            runtime = self._shards.get(shard)
+            if runtime is not None and runtime.serving:
+                return runtime
+            starting = self._starting.get(shard)
+            if starting is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                        await asyncio.shield(starting)
+                continue_waiting = loop.time() < deadline
+            else:
+                owner = self._owners.get(shard)
+                owned_here = self._membership is not None and shard in self._membership.owned()
+                if owner is not None and owner.gateway_id != self.gateway_id and not owned_here:
+                    return None
+                continue_waiting = loop.time() < deadline
+                if continue_waiting:
+                    await asyncio.sleep(HELLO_ROUTE_POLL_S)
+            if not continue_waiting:
+                return None
+
+    def _route_elsewhere(self, connection: ConnectionHandler, shard: int) -> None:
+        owner = self._owners.get(shard)
+        if owner is not None and owner.gateway_id != self.gateway_id:
+            frame = messages.build_redirect(shard=shard, gateway_id=owner.gateway_id, host=owner.host,
+                                            port=owner.port, timesync_port=owner.timesync_port)
+        else:
+            frame = messages.build_error(
+                SHARD_UNAVAILABLE, f"no gateway serves shard {shard} right now (failover in progress)", fatal=True,
+                retry_after_ms=SHARD_UNAVAILABLE_RETRY_MS)
+        connection.send_bytes(encode_frame(frame))
+        connection.close()
+
+    def _moved(self, connection: ConnectionHandler) -> None:
+        connection.send_bytes(encode_frame(messages.build_error(
+            SHARD_MOVED, "this gateway no longer serves the source's shard", fatal=True)))
+        connection.close()
 
     async def receive_events(self, connection: ConnectionHandler, received: EventsReceived, arrival_us: int) -> None:
-        with self._core_call():
-            actions = self.core.events_received(connection.connection_id, received.source_id, received.events,
-                                                arrival_us)
-        self._deadline_changed.set()
-        await self._carry_out(actions)
+        runtime = self._serving(received.source_id)
+        if runtime is None:
+            self._moved(connection)
+            return
+        with self._core_call(runtime):
+            await runtime.receive_events(connection.connection_id, received.source_id, received.events, arrival_us)
 
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None:
-        with self._core_call():
-            actions = self.core.heartbeat_received(received.source_id, received.heartbeat, self._clock_us())
-        self._deadline_changed.set()
-        await self._carry_out(actions)
+        runtime = self._serving(received.source_id)
+        if runtime is None:
+            for handler in list(self._connections_by_source.get(received.source_id, ())):
+                self._moved(handler)
+            return
+        with self._core_call(runtime):
+            await runtime.receive_heartbeat(received.source_id, received.heartbeat)
 
     @contextlib.contextmanager
-    def _core_call(self) -> Iterator[None]:
-        """Around a core call made for a connection. The core raising (a bug) takes down that connection, and more:
-        records it had released in the call are lost with it, and the seqs it had accepted are never confirmed, so
-        their resends are duplicates never acked and that source's acks stop for good. Only a restart (recovery
-        from Kafka, the clients resending what was not acked) serves it again: /healthz says so."""
+    def _core_call(self, runtime: ShardRuntime) -> Iterator[None]:
+        """Around a core call made for a connection. The core raising (a bug) leaves that shard's core unusable:
+        records it had released in the call are lost with it, and the seqs it had accepted are never confirmed.
+        The shard is given up and taken up again from what Kafka committed (its open transaction, with whatever
+        the broken call released, is aborted); its sources are moved on, reconnect and resend what was not
+        acknowledged. Counted (`task_failures`) and shown in /healthz (`last_shard_failure`)."""
         try:
             yield
+        except ShardLost:
+            raise
         except Exception as exc:
-            if CORE_FAILURE not in self._failed_tasks:
-                log.exception("the ingest core raised: /healthz is failing until the gateway restarts")
-                self._failed_tasks[CORE_FAILURE] = repr(exc)
-            self.core.task_failed()
+            log.exception("shard %d: the ingest core raised; the shard restarts from Kafka", runtime.shard)
+            self._own_counters.task_failures += 1
+            runtime.fail(f"the ingest core raised {exc!r}")
             raise
 
     def session_failed(self, error_code: str) -> None:
-        self.core.session_failed(error_code)
+        self._own_counters.count_error(error_code)
 
     def worker_failed(self, connection: ConnectionHandler, stage: WorkerStage, error: BaseException) -> None:
-        # One connection's failure is not the gateway's: /healthz stays "ok" unless a gateway task died too (the
-        # producer, typically, which is then what every connection's failure says).
+        if isinstance(error, ShardLost):
+            self._moved(connection)
+            return
+        # One connection's failure is not the gateway's: /healthz stays "ok" unless a gateway task died too.
         log.error("connection %d (source %s, peer %s) failed at stage %s, closing it: %r", connection.connection_id,
                   connection.source_id, connection.peer, stage, error, exc_info=error)
         self.worker_errors[stage] += 1
@@ -479,35 +619,37 @@ class Gateway:
             LocalProtocolError.code,
             f"the gateway failed processing this connection ({stage}): {type(error).__name__}", fatal=True)))
 
-    async def _ensure_streams(self, streams: tuple[str, ...]) -> None:
-        """Create the topics of streams not seen yet and recover what Kafka already holds of them."""
-        if all(self.core.knows_stream(s) for s in streams):
-            return
+    async def _ensure_stream_topics(self, streams: tuple[str, ...]) -> frozenset[str]:
+        """Create the topics of streams not seen yet, S partitions each; returns the streams created just now."""
+        if all(s in self._known_streams for s in streams):
+            return frozenset()
         async with self._stream_lock:
-            missing = [s for s in streams if not self.core.knows_stream(s)]
+            missing = [s for s in streams if s not in self._known_streams]
+            if not missing:
+                return frozenset()
             topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
-            loop = asyncio.get_running_loop()
-            created = set(await loop.run_in_executor(None, ensure_topics, self.config.kafka_client, topics))
-            for stream in missing:
-                if self.topics.events(stream) in created:
-                    # A topic created just now is empty: nothing to recover (and its leader may not be known yet).
-                    self.core.stream_created(stream)
-                    continue
-                started_s = loop.time()
-                progress = await loop.run_in_executor(
-                    None, recover_stream, self.config.kafka_client, self.topics.sources,
-                    self.topics.events(stream), stream)
-                log.info("recovered stream %s in %.2f s: %d sources, from offset %d", stream,
-                         loop.time() - started_s, len(progress.next_seq), progress.next_offset)
-                actions = self.core.stream_recovered(progress, self._clock_us())
-                self._deadline_changed.set()
-                await self._carry_out(actions)
+            created = set(await asyncio.get_running_loop().run_in_executor(
+                None, partial(ensure_partitions, self.config.kafka_client, topics, self.config.shards)))
+            self._known_streams.update(missing)
+            return frozenset(s for s in missing if self.topics.events(s) in created)
 
     # -- what the metrics server, /healthz and tests read -------------------------------------------------------
 
     @property
+    def shards(self) -> dict[int, ShardRuntime]:
+        return dict(self._shards)
+
+    @property
+    def core(self) -> IngestCore:
+        """The core of the one shard this gateway serves (single-shard deployments and tests)."""
+        if len(self._shards) != 1:
+            raise LookupError(f"gateway {self.gateway_id} serves {len(self._shards)} shards, not exactly one")
+        return next(iter(self._shards.values())).core
+
+    @property
     def counters(self) -> GatewayCounters:
-        return self.core.counters
+        return sum_counters([self._own_counters, self._retired_counters,
+                             *(runtime.core.counters for runtime in self._shards.values())])
 
     @property
     def pipeline(self) -> IngestPipeline:
@@ -515,7 +657,7 @@ class Gateway:
 
     @property
     def throttled_sources(self) -> frozenset[str]:
-        return self.core.throttled_sources
+        return frozenset().union(*(runtime.core.throttled_sources for runtime in self._shards.values()))
 
     @property
     def connection_count(self) -> int:
@@ -529,19 +671,31 @@ class Gateway:
         return {"worker_errors": ("stage", {stage: float(n) for stage, n in self.worker_errors.items()})}
 
     def extra_counters(self) -> dict[str, float]:
-        counters = self.core.pipeline.counters
-        return {f"pipeline_{name}": float(getattr(counters, name)) for name in counters.__dataclass_fields__}
+        totals: dict[str, float] = {}
+        for runtime in self._shards.values():
+            counters = runtime.core.pipeline.counters
+            for name in counters.__dataclass_fields__:
+                totals[f"pipeline_{name}"] = totals.get(f"pipeline_{name}", 0.0) + float(getattr(counters, name))
+        totals["shard_handovers"] = float(self.shard_handovers)
+        return totals
 
     def gauges(self) -> dict[str, float]:
-        return {"connections": float(len(self._connections)), "kafka_pending": float(self._publisher.pending()),
-                **self.core.delivery_latency_percentiles_us()}
+        latencies = sorted(us for runtime in self._shards.values() for us in runtime.core.delivery_latencies_us)
+        gauges = {"connections": float(len(self._connections)),
+                  "kafka_pending": float(sum(runtime.pending() for runtime in self._shards.values())),
+                  "shards_served": float(sum(1 for runtime in self._shards.values() if runtime.serving))}
+        if latencies:
+            gauges["kafka_delivery_p50_us"] = float(latencies[len(latencies) // 2])
+            gauges["kafka_delivery_p99_us"] = float(latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])
+        return gauges
 
     def per_source_gauges(self) -> dict[str, dict[str, float]]:
         gauges: dict[str, dict[str, float]] = {
             source_id: {"connections": float(len(handlers))}
             for source_id, handlers in self._connections_by_source.items()}
-        for source_id, held in self.core.pipeline.buffered().items():
-            gauges.setdefault(source_id, {})["buffered_events"] = float(held)
+        for runtime in self._shards.values():
+            for source_id, held in runtime.core.pipeline.buffered().items():
+                gauges.setdefault(source_id, {})["buffered_events"] = float(held)
         now_us = self._clock_us()
         for source_id, info in self.store.snapshot().items():
             gauges.setdefault(source_id, {}).update({
@@ -552,9 +706,25 @@ class Gateway:
     def health(self) -> dict[str, Any]:
         serving = self._server is not None and self._server.is_serving()
         status = "failing" if self._failed_tasks else "ok" if serving else "stopped"
-        return {"status": status, "connections": len(self._connections),
-                "kafka_pending": self._publisher.pending(), "last_delivery_us": self.core.last_delivery_us,
-                "last_kafka_error": self.core.last_kafka_error,
-                "throttled_sources": sorted(self.core.throttled_sources),
-                "kafka_backpressure": self.core.kafka_stalled(self._clock_us()),
+        now_us = self._clock_us()
+        runtimes = list(self._shards.values())
+        last_delivery = [r.core.last_delivery_us for r in runtimes if r.core.last_delivery_us is not None]
+        last_error = [r.core.last_kafka_error for r in runtimes if r.core.last_kafka_error is not None]
+        return {"status": status, "gateway_id": self.gateway_id, "cluster": self.config.cluster,
+                "shards": self.config.shards, "pid": os.getpid(),
+                "serving_shards": sorted(k for k, r in self._shards.items() if r.serving),
+                "starting_shards": sorted(self._starting), "shard_handovers": self.shard_handovers,
+                "last_shard_failure": self.last_shard_failure,
+                "connections": len(self._connections),
+                "kafka_pending": sum(r.pending() for r in runtimes),
+                "last_delivery_us": max(last_delivery) if last_delivery else None,
+                "last_kafka_error": last_error[-1] if last_error else None,
+                "throttled_sources": sorted(self.throttled_sources),
+                "kafka_backpressure": any(r.core.kafka_stalled(now_us) for r in runtimes),
                 "failed_tasks": dict(self._failed_tasks), "last_connection_failure": self._last_connection_failure}
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    # Waited for, not awaited: awaiting a task that already died re-raises its error, which _task_done has logged.
+    task.cancel()
+    await asyncio.wait([task])

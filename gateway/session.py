@@ -150,8 +150,8 @@ class GatewaySession:
             self._authenticator.check(hello.source_id, hello.token, now_us)
             self.source_id = hello.source_id
             self.streams = frozenset(hello.streams)
-            actions = [SourceRegistered(hello),
-                       SendBytes(encode_frame(messages.build_welcome(self._decoder.max_frame_bytes)))]
+            # The gateway answers: welcome, or a redirect to the owner of the source's shard.
+            actions = [SourceRegistered(hello)]
         elif kind == "events":
             batch = messages.parse_events(raw, self._max_events_per_batch, self.streams)
             assert self.source_id is not None

@@ -1,0 +1,457 @@
+"""One shard of the gateway cluster: its IngestCore, its Kafka producer and the tasks that carry the core's actions
+out. A deployment has S shards (contract.sharding.shard_of maps a source to one); the shard's owner writes
+partition k of every events, late and sources topic, with its own merge, punctuations, progress checkpoints and
+clock state, so everything a single gateway guarantees holds within a shard.
+
+Fencing (the Kafka Streams exactly-once model): every Kafka write of shard k goes through a transactional producer
+whose transactional.id is ``<prefix>.shard-<k>``. A new owner's ``init`` bumps the id's epoch: the previous owner
+(dead, paused past its session timeout, partitioned away) can no longer commit, and whatever it had not committed is
+aborted, invisible to every read_committed reader (recovery scans, Spark jobs, our tools). Sources are acknowledged
+only for what a commit made visible: delivery reports are held until the transaction that carried them commits.
+
+A failed commit cannot be undone in the core (its merge already released those records; its tracker already
+accepted those seqs): the runtime gives the shard up instead (``ShardHost.shard_failed``). The gateway closes the
+shard's connections with ``shard_moved`` and, if it still owns the shard, starts a new runtime that recovers from
+what Kafka committed; the sources resend what was not acknowledged and the new core drops what Kafka already has.
+
+Tasks, each with a done-callback that reports a failure to the host (which gives the shard up):
+  kafka-poll-<k>          serves delivery reports, then the core's poll (acks, buffer check, checkpoints)
+  kafka-produce-<k>       hands Produce actions to librdkafka in the order the core gave them (inside a transaction)
+  kafka-commit-<k>        commits the open transaction every commit interval, then releases the acks it earned
+  pipeline-deadlines-<k>  fires reorder gap timeouts and merge waits when the core says they are due
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from broker.client import KafkaClientConfig
+from broker.producer import KafkaPublisher, QueueFull
+from broker.transactions import ProducerFenced, TransactionAbortable, TransactionalPublisher, TransactionRetriable
+from contract.topics import TopicNames
+from contract.wire import messages
+from gateway.ingest import (
+    ConnectionId,
+    DeliveryRef,
+    IngestAction,
+    IngestConfig,
+    IngestCore,
+    PauseReading,
+    Produce,
+    ResumeReading,
+    SendFrame,
+    SendToSource,
+    WriteCheckpoint,
+)
+from gateway.recovery import recover_clocks, recover_stream
+from timesync.clocks import ClockUs, ReferenceMapping
+from timesync.store import SourceInfo, SourceInfoStore
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.002
+# librdkafka's queue is full: retry this often (each refusal also extends the core's stall grace).
+QUEUE_FULL_RETRY_S = 0.005
+# One init/commit/abort call: the transaction coordinator answers in milliseconds; a call this long means the
+# cluster is unreachable, and the shard is given up (its sources fail over or wait for it to come back).
+TRANSACTION_CALL_TIMEOUT_S = 30.0
+# A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
+COMMIT_ATTEMPTS = 5
+
+
+class ShardLost(Exception):
+    """The shard cannot go on: fenced by a newer owner, or a transaction failed. Carries the reason for logs."""
+
+
+class ShardHost(Protocol):
+    """What a shard asks of the gateway that runs it (the gateway owns the connections)."""
+
+    def send_to_source(self, source_id: str, data: bytes) -> None: ...
+
+    def send_frame(self, connection: ConnectionId, data: bytes) -> None: ...
+
+    def set_throttled(self, source_id: str, throttled: bool) -> None: ...
+
+    def shard_failed(self, shard: int, reason: str) -> None:
+        """The runtime stopped working (fenced, a failed transaction, a dead task): give the shard up."""
+
+
+@dataclass
+class ShardSettings:
+    shard: int
+    topics: TopicNames
+    kafka_client: KafkaClientConfig
+    producer_config: dict[str, Any]
+    ingest: IngestConfig
+    transactional: bool = True
+    commit_interval_s: float = 0.1
+
+
+@dataclass
+class _ProduceBatch:
+    """Produce actions of one core call, in order; `done` resolves once all of them are with librdkafka."""
+
+    actions: list[Produce | WriteCheckpoint]
+    done: asyncio.Future[None] | None
+
+
+class ShardRuntime:
+    def __init__(self, settings: ShardSettings, mapping: ReferenceMapping, store: SourceInfoStore,
+                 host: ShardHost, clock_us: ClockUs, owner_record: tuple[str, bytes, bytes] | None = None) -> None:
+        self.shard = settings.shard
+        self.settings = settings
+        self.topics = settings.topics
+        self.core = IngestCore(settings.topics, mapping, settings.ingest)
+        self.store = store
+        self._host = host
+        self._clock_us = clock_us
+        self._owner_record = owner_record
+        self._transactional = settings.transactional
+        client = settings.kafka_client
+        self._publisher: TransactionalPublisher | KafkaPublisher
+        if self._transactional:
+            self._publisher = TransactionalPublisher(client, f"{settings.topics.prefix}.shard-{settings.shard}",
+                                                     settings.producer_config)
+        else:
+            self._publisher = KafkaPublisher(client, settings.producer_config)
+        self.ready = asyncio.Event()
+        self.serving = False
+        self.closed = False
+        self._stream_lock = asyncio.Lock()
+        self._txn_lock = asyncio.Lock()
+        self._committing = False
+        self._in_transaction = False
+        self._produced_in_transaction = 0
+        # (delivery, error, offset) of the open transaction, applied to the core once it commits.
+        self._uncommitted: list[tuple[DeliveryRef, str | None, int | None]] = []
+        self._deadline_changed = asyncio.Event()
+        self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
+        self._unproduced_records = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._producer_task: asyncio.Task[None] | None = None
+        self.failure: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Fence the previous owner, recover the shard's clock state, then serve."""
+        loop = asyncio.get_running_loop()
+        if isinstance(self._publisher, TransactionalPublisher):
+            publisher = self._publisher
+            try:
+                await loop.run_in_executor(None, publisher.init, TRANSACTION_CALL_TIMEOUT_S)
+            except ProducerFenced as exc:
+                raise ShardLost(f"shard {self.shard}: fenced while taking it over: {exc}") from exc
+            publisher.begin()
+            self._in_transaction = True
+        recovered = await loop.run_in_executor(None, partial(
+            recover_clocks, self.settings.kafka_client, self.topics.sources, partition=self.shard))
+        for source_id, (estimate, last_sync_us) in recovered.items():
+            self.store.update(source_id, estimate, last_sync_us)
+        if recovered:
+            log.info("shard %d: recovered the clock state of %d sources", self.shard, len(recovered))
+        self._producer_task = self._start_task(self._produce_forever(), f"kafka-produce-{self.shard}")
+        self._start_task(self._poll_forever(), f"kafka-poll-{self.shard}")
+        self._start_task(self._fire_deadlines(), f"pipeline-deadlines-{self.shard}")
+        if self._transactional:
+            self._start_task(self._commit_forever(), f"kafka-commit-{self.shard}")
+        if self._owner_record is not None:
+            topic, key, value = self._owner_record
+            self._enqueue([WriteCheckpoint(topic, key, value)])
+        self.serving = True
+        self.ready.set()
+
+    async def stop(self, flush_timeout_s: float, graceful: bool = True) -> int:
+        """Stop serving. Graceful: publish and commit what the core already released (its acks are sent before the
+        gateway closes the connections), within ``flush_timeout_s``. Returns the records left unconfirmed."""
+        self.serving = False
+        self.ready.set()
+        remaining = 0
+        if graceful and self.failure is None:
+            for task in self._tasks:
+                if task is not self._producer_task and not task.get_name().startswith("kafka-commit"):
+                    await _cancel(task)
+            try:
+                self._enqueue(self.core.checkpoint_dirty_streams())
+                remaining = await self._drain(asyncio.get_running_loop().time() + flush_timeout_s)
+            except Exception:
+                log.exception("shard %d: could not flush at stop", self.shard)
+        for task in self._tasks:
+            await _cancel(task)
+        if self._in_transaction and isinstance(self._publisher, TransactionalPublisher):
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(None, self._publisher.abort, 5.0)
+        self._publisher.close()
+        self.closed = True
+        return remaining
+
+    async def _drain(self, deadline: float) -> int:
+        """Until the producer is idle and (transactional) a commit covered everything, or the deadline."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < deadline:
+            if not self._committing:
+                self._publisher.poll(0)
+            self._carry_out_now(self.core.due_acks())
+            producer_dead = self._producer_task is None or self._producer_task.done()
+            if self._unproduced_records == 0 or producer_dead:
+                if self._transactional:
+                    if self._produced_in_transaction:
+                        await self._commit()
+                    self._carry_out_now(self.core.due_acks())
+                    return self._unproduced_records
+                if self._publisher.pending() == 0:
+                    break
+            await asyncio.sleep(POLL_INTERVAL_S)
+        return self._publisher.pending() + self._unproduced_records
+
+    # -- tasks --------------------------------------------------------------------------------------------------
+
+    def _start_task(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coroutine, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            return
+        if isinstance(error, ShardLost):
+            log.warning("%s", error)
+        else:
+            log.error("shard %d: task %s died: %r", self.shard, task.get_name(), error, exc_info=error)
+            self.core.task_failed()
+        if task is self._producer_task:
+            while not self._produce_queue.empty():
+                _fail_batch(self._produce_queue.get_nowait(), error)
+        self.fail(f"{task.get_name()}: {error!r}")
+
+    def fail(self, reason: str) -> None:
+        if self.failure is not None:
+            return
+        self.failure = reason
+        self.serving = False
+        self._host.shard_failed(self.shard, reason)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            if not self._committing:
+                self._publisher.poll(0)
+            self._carry_out_now(self.core.poll(self._clock_us()), from_poll=True)
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def _produce_forever(self) -> None:
+        while True:
+            batch = await self._produce_queue.get()
+            try:
+                async with self._txn_lock:
+                    for action in batch.actions:
+                        await self._produce(action)
+                        self._unproduced_records -= 1
+            except BaseException as exc:
+                _fail_batch(batch, exc)
+                raise
+            if batch.done is not None and not batch.done.done():
+                batch.done.set_result(None)
+
+    async def _produce(self, action: Produce | WriteCheckpoint) -> None:
+        on_delivery = None
+        if isinstance(action, Produce) and action.delivery is not None:
+            on_delivery = partial(self._on_delivery, action.delivery)
+        while True:
+            try:
+                self._publisher.produce(action.topic, action.key, action.value, on_delivery, partition=self.shard)
+                self._produced_in_transaction += 1
+                return
+            except QueueFull:
+                if isinstance(action, WriteCheckpoint) and not self._transactional:
+                    return  # best effort: the next checkpoint, or the recovery scan, covers it
+                self.core.kafka_queue_full(self._clock_us())
+                await asyncio.sleep(QUEUE_FULL_RETRY_S)
+
+    def _on_delivery(self, delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
+        offset = message.offset() if error is None else None
+        if self._transactional:
+            self._uncommitted.append((delivery, None if error is None else str(error), offset))
+            return
+        self.core.on_delivered(delivery, None if error is None else str(error), offset, self._clock_us())
+
+    async def _commit_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.commit_interval_s)
+            if self._produced_in_transaction:
+                await self._commit()
+
+    async def _commit(self) -> None:
+        """Commit the open transaction, then hand its delivery reports to the core (the acks they earn go out at
+        once) and open the next transaction. Any failure gives the shard up (ShardLost)."""
+        publisher = self._publisher
+        assert isinstance(publisher, TransactionalPublisher)
+        loop = asyncio.get_running_loop()
+        async with self._txn_lock:
+            self._committing = True
+            try:
+                for attempt in range(COMMIT_ATTEMPTS):
+                    try:
+                        await loop.run_in_executor(None, publisher.commit, TRANSACTION_CALL_TIMEOUT_S)
+                        break
+                    except TransactionRetriable as exc:
+                        if attempt + 1 == COMMIT_ATTEMPTS:
+                            raise ShardLost(f"shard {self.shard}: commit kept failing: {exc}") from exc
+                    except ProducerFenced as exc:
+                        self._in_transaction = False
+                        raise ShardLost(f"shard {self.shard}: fenced by a newer owner: {exc}") from exc
+                    except TransactionAbortable as exc:
+                        with contextlib.suppress(Exception):
+                            await loop.run_in_executor(None, publisher.abort, TRANSACTION_CALL_TIMEOUT_S)
+                        self._in_transaction = False
+                        raise ShardLost(f"shard {self.shard}: transaction aborted: {exc}") from exc
+                    except KafkaException as exc:
+                        self._in_transaction = False
+                        raise ShardLost(f"shard {self.shard}: commit failed: {exc}") from exc
+            finally:
+                self._committing = False
+            publisher.poll(0)  # the reports commit_transaction flushed run here, on the loop's thread
+            deliveries, self._uncommitted = self._uncommitted, []
+            self._produced_in_transaction = 0
+            publisher.begin()
+        now_us = self._clock_us()
+        for delivery, error, offset in deliveries:
+            self.core.on_delivered(delivery, error, offset, now_us)
+        self._carry_out_now(self.core.due_acks())
+
+    async def _fire_deadlines(self) -> None:
+        while True:
+            self._deadline_changed.clear()
+            deadline_us = self.core.next_deadline_us()
+            if deadline_us is None:
+                await self._deadline_changed.wait()
+                continue
+            delay_s = (deadline_us - self._clock_us()) / 1e6
+            if delay_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay_s):
+                        await self._deadline_changed.wait()
+                continue
+            await self._carry_out(self.core.advance(self._clock_us()))
+
+    # -- carrying out the core's actions ------------------------------------------------------------------------
+
+    def _enqueue(self, actions: Sequence[Produce | WriteCheckpoint],
+                 done: asyncio.Future[None] | None = None) -> None:
+        self._produce_queue.put_nowait(_ProduceBatch(list(actions), done))
+        self._unproduced_records += len(actions)
+
+    async def _carry_out(self, actions: Sequence[IngestAction]) -> None:
+        """Everything but Kafka writes at once; Kafka writes in their order, after those of earlier calls. Returns
+        once they are with librdkafka, so that a caller waiting on a Kafka stall stops reading its socket."""
+        writes = self._carry_out_now(actions)
+        if not writes:
+            return
+        if self._producer_task is None or self._producer_task.done():
+            raise ShardLost(f"shard {self.shard}: its Kafka producer task is not running")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._enqueue(writes, done)
+        try:
+            await done
+        except Exception as exc:
+            # The producer task failed (and reports it): the shard is lost, not the caller's connection broken.
+            raise ShardLost(f"shard {self.shard}: its Kafka producer failed: {exc!r}") from exc
+
+    def _carry_out_now(self, actions: Sequence[IngestAction],
+                       from_poll: bool = False) -> list[Produce | WriteCheckpoint]:
+        writes: list[Produce | WriteCheckpoint] = []
+        for action in actions:
+            if isinstance(action, SendToSource):
+                self._host.send_to_source(action.source_id, action.data)
+            elif isinstance(action, SendFrame):
+                self._host.send_frame(action.connection, action.data)
+            elif isinstance(action, Produce | WriteCheckpoint):
+                writes.append(action)
+            elif isinstance(action, PauseReading | ResumeReading):
+                self._host.set_throttled(action.source_id, isinstance(action, PauseReading))
+            else:
+                raise TypeError(f"not an ingest action: {action!r}")
+        if from_poll and writes:
+            # Checkpoints from the poll: queued behind the records already released, never waited for.
+            self._enqueue(writes)
+            return []
+        return writes
+
+    # -- what the gateway forwards ------------------------------------------------------------------------------
+
+    async def register_source(self, source_id: str, streams: tuple[str, ...], created: frozenset[str]) -> None:
+        """``created``: streams whose topics the gateway created just now (empty: nothing to recover)."""
+        await self._ensure_streams(streams, created)
+        actions = self.core.source_registered(source_id, streams, self._clock_us())
+        self._deadline_changed.set()
+        await self._carry_out(actions)
+
+    async def receive_events(self, connection: ConnectionId, source_id: str,
+                             events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> None:
+        actions = self.core.events_received(connection, source_id, events, arrival_us)
+        self._deadline_changed.set()
+        await self._carry_out(actions)
+
+    async def receive_heartbeat(self, source_id: str, heartbeat: messages.Heartbeat) -> None:
+        actions = self.core.heartbeat_received(source_id, heartbeat, self._clock_us())
+        self._deadline_changed.set()
+        await self._carry_out(actions)
+
+    def clock_changed(self, info: SourceInfo, t_a_us: int) -> None:
+        writes = self._carry_out_now(self.core.clock_changed(info, t_a_us, self._clock_us()))
+        if writes:
+            self._enqueue(writes)
+
+    async def _ensure_streams(self, streams: tuple[str, ...], created: frozenset[str]) -> None:
+        """Recover what Kafka holds of this shard's partition of streams not seen yet (the gateway created their
+        topics)."""
+        if all(self.core.knows_stream(s) for s in streams):
+            return
+        async with self._stream_lock:
+            loop = asyncio.get_running_loop()
+            for stream in [s for s in streams if not self.core.knows_stream(s)]:
+                if stream in created:
+                    # A topic created just now is empty: nothing to recover (and its leader may not be known yet).
+                    self.core.stream_created(stream)
+                    continue
+                started_s = loop.time()
+                progress = await loop.run_in_executor(None, partial(
+                    recover_stream, self.settings.kafka_client, self.topics.sources, self.topics.events(stream),
+                    stream, partition=self.shard))
+                log.info("shard %d: recovered stream %s in %.2f s: %d sources, from offset %d", self.shard, stream,
+                         loop.time() - started_s, len(progress.next_seq), progress.next_offset)
+                actions = self.core.stream_recovered(progress, self._clock_us())
+                self._deadline_changed.set()
+                await self._carry_out(actions)
+
+    # -- what metrics read --------------------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        return self._publisher.pending() + self._unproduced_records
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    # Waited for, not awaited: awaiting a task that already died re-raises its error, which _task_done has reported.
+    task.cancel()
+    await asyncio.wait([task])
+
+
+def _fail_batch(batch: _ProduceBatch, error: BaseException) -> None:
+    if batch.done is None or batch.done.done():
+        return
+    if isinstance(error, Exception):
+        batch.done.set_exception(error)
+    else:
+        batch.done.cancel()
+
