@@ -304,7 +304,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + flush_timeout_s
         # What connections already read is still published: their workers finish first (one shared budget).
-        while graceful and loop.time() < deadline and not all(h.idle for h in self._connections.values()):
+        while graceful and loop.time() < deadline and not all(h.idle for h in self._connections.values()):  # noqa: ASYNC110 - no event says "every worker idle"
             await asyncio.sleep(STOP_POLL_INTERVAL_S)
         remaining = 0
         for shard, runtime in sorted(self._shards.items()):
