@@ -10,7 +10,7 @@ from contract.units import DurationError, parse_duration_us
 from spark_jobs import pattern as pattern_job
 from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
-from spark_jobs.session import create_spark_session, stop_spark
+from spark_jobs.session import SHUFFLE_PARTITIONS_ENV, create_spark_session, stop_spark
 
 spark_app = typer.Typer(no_args_is_help=True, help="PySpark Structured Streaming jobs over the ordered stream.")
 
@@ -24,6 +24,10 @@ Checkpoint = Annotated[str | None, typer.Option(help="Checkpoint directory (defa
 AvailableNow = Annotated[bool, typer.Option(help="Process what is in Kafka now, then stop.")]
 TaUs = Annotated[int | None, typer.Option(
     help="Thesis mode T_a in microseconds (default: max round trip over the stream's sources, read live).")]
+ShufflePartitions = Annotated[int | None, typer.Option(
+    min=1, envvar=SHUFFLE_PARTITIONS_ENV,
+    help="spark.sql.shuffle.partitions: tasks of the stateful operator (default: 2 in local mode, the spark-submit "
+         "conf or Spark's default on a cluster). Fixed in the checkpoint once the query first ran.")]
 
 
 def _duration_us(text: str, option: str) -> int:
@@ -42,6 +46,7 @@ def window_count_command(
     allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
+    shuffle_partitions: ShufflePartitions = None,
 ) -> None:
     """Count events per stream in tumbling event-time windows, exactly; corrections for late events."""
     lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")
@@ -50,7 +55,7 @@ def window_count_command(
         width_us=_duration_us(window, "--window"),
         allowed_lateness_us=lateness_us,
         checkpoint_dir=checkpoint, available_now=available_now)
-    spark = create_spark_session("skewless-window-count")
+    spark = create_spark_session("skewless-window-count", shuffle_partitions=shuffle_partitions)
     _run(spark, window_count.start(spark, options))
 
 
@@ -80,12 +85,13 @@ def three_window_command(
     allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
+    shuffle_partitions: ShufflePartitions = None,
 ) -> None:
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
     if mode not in ("per_event", "thesis"):
         raise typer.BadParameter("mode must be per_event or thesis", param_hint="--mode")
     lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
-    spark = create_spark_session("skewless-three-window")
+    spark = create_spark_session("skewless-three-window", shuffle_partitions=shuffle_partitions)
     query = three_window.start(spark, three_window.ThreeWindowOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()), width_us=width_ms * 1000,
         slide_us=None if slide_ms is None else slide_ms * 1000, value_field=value_field, emit_early=emit_early,
@@ -106,6 +112,7 @@ def pattern_command(
     allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
+    shuffle_partitions: ShufflePartitions = None,
 ) -> None:
     """Confirmed/Uncertain sequence patterns under clock uncertainty; results to skewless.results.pattern."""
     from cep.patterns import PatternSpec
@@ -115,7 +122,7 @@ def pattern_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--pattern") from exc
     lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
-    spark = create_spark_session("skewless-pattern")
+    spark = create_spark_session("skewless-pattern", shuffle_partitions=shuffle_partitions)
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=tuple(stream or ()), ta_us=ta_us,
         allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
@@ -140,6 +147,7 @@ def sequence_command(
     allowed_lateness: AllowedLateness = "1 hour",
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
+    shuffle_partitions: ShufflePartitions = None,
 ) -> None:
     """SASE sequence queries over the ordered stream; matches and compensations to skewless.results.sequence."""
     from cep.sase import SaseError, parse_query
@@ -151,7 +159,7 @@ def sequence_command(
     if mode not in ("conservative", "aggressive"):
         raise typer.BadParameter("mode must be conservative or aggressive", param_hint="--mode")
     lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
-    spark = create_spark_session("skewless-sequence")
+    spark = create_spark_session("skewless-sequence", shuffle_partitions=shuffle_partitions)
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=tuple(stream or ()),
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",

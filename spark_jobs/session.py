@@ -1,16 +1,41 @@
-"""SparkSession factory wired to Spark's own Kafka connector jars (fetched from Maven Central)."""
+"""SparkSession factory: a bare `skewless spark ...` runs local[2] with Spark's Kafka connector from our Maven cache;
+under `spark-submit` the launcher's master and conf are kept as given (docs/spark-jobs.md, "On a cluster")."""
 
 from __future__ import annotations
 
 import os
 import re
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from broker.jars import ensure_spark_jars
 
 _VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
+_SCALA_LIBRARY = re.compile(r"^scala-library-(\d+\.\d+)\.[\w.+-]*\.jar$")
+
+DEFAULT_LOCAL_MASTER = "local[2]"
+# Two cores here: Spark's default of 200 shuffle partitions would run 200 mostly empty stateful tasks a batch.
+DEFAULT_LOCAL_SHUFFLE_PARTITIONS = 2
+LOOPBACK = "127.0.0.1"
+# The connector artifact; its coordinate is completed with pyspark's Scala and Spark versions.
+KAFKA_CONNECTOR_ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10"
+
+MASTER_ENV = "SKEWLESS_SPARK_MASTER"
+PACKAGES_ENV = "SKEWLESS_SPARK_PACKAGES"
+SHUFFLE_PARTITIONS_ENV = "SKEWLESS_SPARK_SHUFFLE_PARTITIONS"
+DRIVER_MEMORY_ENV = "SKEWLESS_SPARK_DRIVER_MEMORY"
+# Set by a JVM that started this Python process (spark-submit of a .py file, the pyspark shell): the launcher's
+# conf then already holds spark.master and whatever the user passed with --conf.
+GATEWAY_PORT_ENV = "PYSPARK_GATEWAY_PORT"
+
+Connector = Literal["maven_cache", "packages", "launcher"]
+
+
+class SessionConfigError(ValueError):
+    """A session setting that cannot work (e.g. a non-positive shuffle partition count)."""
 
 
 def _artifact(jar_name: str) -> str:
@@ -24,35 +49,141 @@ def connector_jars(jars_dir: Path, pyspark_jars_dir: Path) -> list[Path]:
     return sorted(p for p in jars_dir.glob("*.jar") if _artifact(p.name) not in bundled)
 
 
+def kafka_connector_coordinate(spark_version: str, pyspark_jars_dir: Path) -> str:
+    """The `--packages` coordinate matching an installed pyspark, e.g.
+    ``org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0``: the connector must be built for the same Scala binary
+    version as the Spark it runs in (read from the bundled scala-library jar) and be the same Spark release."""
+    scala = sorted({m.group(1) for p in pyspark_jars_dir.glob("scala-library-*.jar")
+                    if (m := _SCALA_LIBRARY.match(p.name))})
+    if len(scala) != 1:
+        raise SessionConfigError(f"cannot tell pyspark's Scala version from {pyspark_jars_dir} (found {scala})")
+    return f"{KAFKA_CONNECTOR_ARTIFACT}_{scala[0]}:{spark_version}"
+
+
+def installed_kafka_connector_coordinate() -> str:
+    import pyspark
+
+    return kafka_connector_coordinate(pyspark.__version__, Path(pyspark.__file__).parent / "jars")
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What :func:`create_spark_session` sets, decided from the launcher's conf and the environment alone."""
+
+    master: str | None
+    """The master to set on the builder; None under spark-submit (its --master stands)."""
+    local: bool
+    """A local[...] master: driver and executors are this process's JVM, on loopback."""
+    conf: dict[str, str]
+    """Conf to set on the builder: only keys the launcher did not set."""
+    environ_defaults: dict[str, str]
+    """Environment variables to default before Spark starts (only for a local master)."""
+    connector: Connector
+    """Where the Kafka connector comes from: our Maven cache (spark.jars), Spark's Ivy (spark.jars.packages), or
+    whatever spark-submit was given (--packages / --jars / the cluster's own jars)."""
+
+
+def parse_shuffle_partitions(text: str | None, source: str) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise SessionConfigError(f"{source}: shuffle partitions must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise SessionConfigError(f"{source}: shuffle partitions must be a positive integer, got {value}")
+    return value
+
+
+def plan_session(launcher_conf: Mapping[str, str], environ: Mapping[str, str], *, master: str | None = None,
+                 shuffle_partitions: int | None = None, python: str = sys.executable) -> SessionPlan:
+    """Pure: which master and which conf.
+
+    * Under spark-submit (``spark.master`` in the launcher's conf) the launcher's master and every conf key it set
+      stand: a builder's ``.master()`` would silently beat ``spark-submit --master``. ``master`` and
+      SKEWLESS_SPARK_MASTER only choose the master of a bare run (default local[2]).
+    * Only a local master binds the driver to loopback (SPARK_LOCAL_IP, default 127.0.0.1) and runs the Python
+      workers in this interpreter; on a cluster the executors' Python is ``spark.pyspark.python`` (conf) and the
+      driver must be reachable from the workers, so neither is touched.
+    * Shuffle partitions (the stateful operator's task count, fixed in a checkpoint once the query first ran):
+      ``shuffle_partitions`` (the CLI's ``--shuffle-partitions``), else SKEWLESS_SPARK_SHUFFLE_PARTITIONS, else the
+      launcher's ``spark.sql.shuffle.partitions``, else 2 for a local master and Spark's own default on a cluster.
+    """
+    submitted = "spark.master" in launcher_conf
+    chosen_master = (launcher_conf["spark.master"] if submitted
+                     else master or environ.get(MASTER_ENV) or DEFAULT_LOCAL_MASTER)
+    local = chosen_master.startswith("local")
+    conf: dict[str, str] = {}
+    environ_defaults: dict[str, str] = {}
+
+    def default(key: str, value: str) -> None:
+        if key not in launcher_conf:
+            conf[key] = value
+
+    if local:
+        # Loopback only: a local job must not open driver ports on the machine's interfaces.
+        host = environ.get("SPARK_LOCAL_IP", LOOPBACK)
+        environ_defaults["SPARK_LOCAL_IP"] = host
+        # Python workers (pandas UDFs, stateful cores) must run in this interpreter: it has pandas, pyarrow and
+        # skewless. On a cluster this interpreter's path means nothing on the workers.
+        environ_defaults["PYSPARK_PYTHON"] = python
+        default("spark.driver.host", host)
+        default("spark.driver.bindAddress", host)
+        default("spark.ui.enabled", "false")
+    if not submitted:
+        # Too late under spark-submit: its JVM is already running with --driver-memory.
+        default("spark.driver.memory", environ.get(DRIVER_MEMORY_ENV, "1g"))
+    partitions = (shuffle_partitions
+                  or parse_shuffle_partitions(environ.get(SHUFFLE_PARTITIONS_ENV), SHUFFLE_PARTITIONS_ENV))
+    if partitions is not None:
+        conf["spark.sql.shuffle.partitions"] = str(partitions)  # asked for explicitly: wins over the launcher
+    elif local:
+        default("spark.sql.shuffle.partitions", str(DEFAULT_LOCAL_SHUFFLE_PARTITIONS))
+    # Semantics of the jobs, not of the deployment: results carry UTC times; a temporary checkpoint is ours.
+    default("spark.sql.session.timeZone", "UTC")
+    default("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+
+    connector: Connector
+    if submitted:
+        connector = "launcher"
+    elif environ.get(PACKAGES_ENV):
+        # Container images resolve the connector with Spark's own Ivy instead of a Maven-filled cache.
+        connector = "packages"
+        conf["spark.jars.packages"] = environ[PACKAGES_ENV]
+    else:
+        connector = "maven_cache"
+    return SessionPlan(None if submitted else chosen_master, local, conf, environ_defaults, connector)
+
+
+def launcher_conf() -> dict[str, str]:
+    """The conf of the JVM that started this process (spark-submit), or {} for a bare run: a bare run's JVM does
+    not exist yet and is started with the conf we decide on, so asking for it would start it too early."""
+    if GATEWAY_PORT_ENV not in os.environ:
+        return {}
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to the launcher's JVM (PYSPARK_GATEWAY_PORT), starts nothing
+    return {str(k): str(v) for k, v in SparkConf().getAll()}
+
+
 def create_spark_session(app_name: str = "skewless", master: str | None = None,
-                         extra_conf: dict[str, str] | None = None) -> Any:
-    """local[2] by default (SKEWLESS_SPARK_MASTER overrides); loopback only; UI off; small shuffles."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Python workers (pandas UDFs, stateful cores) must run in this interpreter: it has pandas, pyarrow and skewless.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+                         extra_conf: dict[str, str] | None = None,
+                         shuffle_partitions: int | None = None) -> Any:
+    """A bare run: local[2] (SKEWLESS_SPARK_MASTER overrides), loopback, UI off, 2 shuffle partitions, the
+    connector from our Maven cache. Under spark-submit: its master and conf, see :func:`plan_session`."""
+    plan = plan_session(launcher_conf(), os.environ, master=master, shuffle_partitions=shuffle_partitions)
+    for name, value in plan.environ_defaults.items():
+        os.environ.setdefault(name, value)
     import pyspark
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("SKEWLESS_SPARK_MASTER", "local[2]"))
-    packages = os.environ.get("SKEWLESS_SPARK_PACKAGES")
-    if packages:
-        # Container images resolve the connector with Spark's own Ivy instead of a Maven-filled cache.
-        builder = builder.config("spark.jars.packages", packages)
-    else:
+    builder = SparkSession.builder.appName(app_name)
+    if plan.master is not None:
+        builder = builder.master(plan.master)
+    if plan.connector == "maven_cache":
         jars = connector_jars(ensure_spark_jars(), Path(pyspark.__file__).parent / "jars")
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
-    builder = (
-        builder
-        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .config("spark.driver.memory", os.environ.get("SKEWLESS_SPARK_DRIVER_MEMORY", "1g"))
-    )
-    for key, value in (extra_conf or {}).items():
+    for key, value in {**plan.conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("SKEWLESS_SPARK_LOG_LEVEL", "WARN"))
@@ -61,7 +192,8 @@ def create_spark_session(app_name: str = "skewless", master: str | None = None,
 
 def stop_spark(session: Any) -> None:
     """Stop the session and its JVM: a stopped session's JVM keeps cached Kafka producers alive, which then log
-    connection errors once the broker is gone (and hold ~1 GB of memory)."""
+    connection errors once the broker is gone (and hold ~1 GB of memory). Under spark-submit the JVM is the
+    launcher's: it is left to exit on its own when this process does."""
     from pyspark import SparkContext
 
     session.stop()
@@ -69,9 +201,10 @@ def stop_spark(session: Any) -> None:
     if gateway is None:
         return
     process = getattr(gateway, "proc", None)
+    if process is None:
+        return
     gateway.shutdown()
-    if process is not None:
-        process.terminate()
-        process.wait(timeout=30)
+    process.terminate()
+    process.wait(timeout=30)
     SparkContext._gateway = None
     SparkContext._jvm = None
