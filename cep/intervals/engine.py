@@ -788,7 +788,8 @@ class IntervalEngine:
             self._gauge(1)
             self._negation_arrived(alias, entry, out)
             return
-        # An open negating interval ends: results it hit only while its end was unknown may be valid again.
+        # An open negating interval ends.  Its end was taken as +inf: results it hit through a lower bound on the
+        # end may be valid again, results it missed through an upper bound on the end may be hit now.
         entry.te = interval.end_ts_us
         entry.interval = interval
         entry.seq = self._seq
@@ -797,9 +798,10 @@ class IntervalEngine:
             self._gauge(-1)
         if self.config.mode == "aggressive":
             for p in self._pending.values():
-                if not p.emitted and not self._negated(p.binding):
-                    p.emitted = True
-                    self._output("add", p.binding, out, interval)
+                valid = not self._negated(p.binding)
+                if valid != p.emitted:
+                    p.emitted = valid
+                    self._output("add" if valid else "retract", p.binding, out, interval)
 
     # ------------------------------------------------------------------------------------------- snapshots --
     def export_state(self) -> dict[str, Any]:

@@ -202,7 +202,7 @@ class EndpointClosure:
 
 
 PHL_COUNTED = ("contains", "finished-by", "meets", "overlaps", "starts")
-"""The relations Patel et al.'s hierarchical form counts (IO3 section 3): ``R[c, f, m, o, s]``; before is not counted."""
+"""The relations counted by Patel et al.'s hierarchical form (IO3 section 3): ``R[c, f, m, o, s]``; not before."""
 
 
 def phl_counts(composite: Iterable[tuple[int, int]], nxt: tuple[int, int]) -> list[int]:
