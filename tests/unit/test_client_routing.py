@@ -1,0 +1,352 @@
+"""Routing in a gateway cluster (docs/wire-protocol.md, "Shards and routing"): the sans-IO router, then the SDK against
+fake gateways on loopback that speak the real wire protocol (contract.wire): redirects, shard errors, several
+addresses, time sync at the owner's announced port, and exactly the unacked seqs resent after a shard moves."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+from clients import Backoff, GatewayAddress, GatewayRerouted, SkewlessClient
+from clients.core import GatewayRouter
+from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE
+from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import (
+    EventBatch,
+    Hello,
+    build_ack,
+    build_error,
+    build_redirect,
+    build_resync,
+    build_welcome,
+    parse_events,
+    parse_hello,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+FAST = Backoff(initial_s=0.01, max_s=0.05)
+
+# -- the sans-IO router -------------------------------------------------------------------------------------------
+
+
+def test_a_round_dials_the_addresses_in_order_without_duplicates() -> None:
+    router = GatewayRouter([("a", 1), ("b", 2), ("a", 1), ("c", 3)])
+    assert router.addresses == (GatewayAddress("a", 1), GatewayAddress("b", 2), GatewayAddress("c", 3))
+    route = router.round()
+    dialed = []
+    while (target := route.next_target()) is not None:
+        dialed.append((target.host, target.port))
+        route.unreachable(target)
+    assert dialed == [("a", 1), ("b", 2), ("c", 3)]
+    assert router.owner is None
+
+
+def test_the_owner_is_dialed_first_and_not_twice_in_a_round() -> None:
+    router = GatewayRouter([("a", 1), ("b", 2)])
+    owner = router.welcomed(GatewayAddress("b", 2), timesync_port=7452)
+    assert owner == GatewayAddress("b", 2, 7452)
+    route = router.round()
+    assert route.next_target() == GatewayAddress("b", 2, 7452)
+    route.unreachable(GatewayAddress("b", 2))  # the owner died: forgotten, the list is next
+    assert router.owner is None
+    assert route.next_target() == GatewayAddress("a", 1)
+    assert route.next_target() is None  # b was dialed already this round
+
+
+def test_a_redirect_names_the_owner_for_the_whole_pool_and_is_dialed_next() -> None:
+    router = GatewayRouter([("a", 1)], max_redirects=2)
+    route = router.round()
+    assert route.next_target() == GatewayAddress("a", 1)
+    assert route.redirected(GatewayAddress("b", 2, 9000))
+    assert router.owner == GatewayAddress("b", 2, 9000)
+    assert route.next_target() == GatewayAddress("b", 2, 9000)
+    # Another connection's round dials the owner first.
+    assert router.round().next_target() == GatewayAddress("b", 2, 9000)
+    # The welcome's own time-sync port wins; without one, the redirect's is kept.
+    assert router.welcomed(GatewayAddress("b", 2, 9000), None) == GatewayAddress("b", 2, 9000)
+    assert router.welcomed(GatewayAddress("b", 2, 9000), 9001) == GatewayAddress("b", 2, 9001)
+
+
+def test_redirects_beyond_the_bound_end_the_round_and_forget_the_owner() -> None:
+    router = GatewayRouter([("a", 1)], max_redirects=2)
+    route = router.round()
+    route.next_target()
+    assert route.redirected(GatewayAddress("b", 2))
+    assert route.redirected(GatewayAddress("a", 1))
+    assert not route.redirected(GatewayAddress("b", 2))
+    assert router.owner is None
+    assert route.redirects == 3
+
+
+def test_forgetting_a_stale_gateway_keeps_a_newer_owner() -> None:
+    router = GatewayRouter([("a", 1)])
+    router.owner = GatewayAddress("c", 3)
+    router.forget(GatewayAddress("b", 2))
+    assert router.owner == GatewayAddress("c", 3)
+    router.forget(GatewayAddress("c", 3, 7452))  # same TCP endpoint, whatever time-sync port it carried
+    assert router.owner is None
+
+
+def test_router_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="at least one gateway"):
+        GatewayRouter([])
+    with pytest.raises(ValueError, match="max_redirects"):
+        GatewayRouter([("a", 1)], max_redirects=-1)
+
+
+# -- the SDK against a fake cluster ---------------------------------------------------------------------------------
+
+
+class Cluster:
+    """What the gateways share: the Kafka log of stream ``a`` of source ``s1`` (the seqs in it)."""
+
+    def __init__(self) -> None:
+        self.log: set[int] = set()
+
+    def acked_through(self) -> int:
+        seq = -1
+        while seq + 1 in self.log:
+            seq += 1
+        return seq
+
+
+class FakeClusterGateway:
+    """One gateway of a fake cluster, speaking the wire protocol through contract.wire's builders and parsers.
+
+    ``redirect_to`` set: it does not own the shard and answers every hello with a redirect there. Otherwise it
+    welcomes (with its ``timesync_port`` when set), writes events to the shared log, and acks cumulatively."""
+
+    def __init__(self, cluster: Cluster, gateway_id: str, *, timesync_port: int | None = None) -> None:
+        self.cluster = cluster
+        self.gateway_id = gateway_id
+        self.timesync_port = timesync_port
+        self.redirect_to: FakeClusterGateway | None = None
+        self.refuse_next: list[dict[str, Any]] = []  # error frames answering the next hellos, first one first
+        self.acking = True
+        self.hellos = 0
+        self.welcomed = 0
+        self.received: list[int] = []  # every seq that reached this gateway, in order, duplicates too
+        self.writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> FakeClusterGateway:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self.writers:
+            writer.transport.abort()
+        await self._server.wait_closed()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def address(self) -> GatewayAddress:
+        return GatewayAddress("127.0.0.1", self.port)
+
+    def move_shard_away(self, retry_after_ms: int) -> None:
+        """The shard was revoked from this gateway: ``shard_moved`` on every connection, then close them."""
+        frame = encode_frame(build_error(SHARD_MOVED, "shard 0 revoked", True, retry_after_ms=retry_after_ms))
+        for writer in self.writers:
+            writer.write(frame)
+            writer.close()
+        self.writers.clear()
+
+    def ack(self) -> None:
+        if self.acking:
+            frame = encode_frame(build_ack("a", self.cluster.acked_through()))
+            for writer in self.writers:
+                writer.write(frame)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        try:
+            while data := await reader.read(65536):
+                for raw in decoder.feed(data):
+                    if raw["type"] == "hello":
+                        if not self._answer_hello(parse_hello(raw), writer):
+                            return
+                    elif raw["type"] == "events":
+                        self._on_events(parse_events(raw, 10_000, frozenset({"a"})))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if writer in self.writers:
+                self.writers.remove(writer)
+
+    def _answer_hello(self, hello: Hello, writer: asyncio.StreamWriter) -> bool:
+        assert hello.source_id == "s1"
+        self.hellos += 1
+        if self.refuse_next:
+            writer.write(encode_frame(self.refuse_next.pop(0)))
+            writer.close()
+            return False
+        if self.redirect_to is not None:
+            owner = self.redirect_to
+            writer.write(encode_frame(build_redirect(0, owner.gateway_id, "127.0.0.1", owner.port,
+                                                     owner.timesync_port)))
+            writer.close()
+            return False
+        self.welcomed += 1
+        writer.write(encode_frame(build_welcome(1 << 20, gateway_id=self.gateway_id, shard=0,
+                                                timesync_port=self.timesync_port)))
+        self.writers.append(writer)
+        return True
+
+    def _on_events(self, batch: EventBatch) -> None:
+        for event in batch.events:
+            self.received.append(event.seq)
+            self.cluster.log.add(event.seq)  # a duplicate is dropped by the log: a set
+        self.ack()
+
+
+async def until(condition: Any, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached in time")
+
+
+def silent_udp_port() -> socket.socket:
+    """A bound UDP socket that never answers: a time sync sent there fails (so a passing sync went elsewhere)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+async def test_redirect_then_shard_moved_ends_on_the_new_owner_with_exactly_the_unacked_seqs_resent() -> None:
+    from timesync.server import ServerConfig, start_server
+
+    time_a = await start_server(ServerConfig(host="127.0.0.1", port=0, kernel_timestamps=False))
+    time_b = await start_server(ServerConfig(host="127.0.0.1", port=0, kernel_timestamps=False))
+    silent = silent_udp_port()
+    cluster = Cluster()
+    gw_a = await FakeClusterGateway(cluster, "gw-a", timesync_port=time_a.address[1]).start()
+    gw_b = await FakeClusterGateway(cluster, "gw-b", timesync_port=time_b.address[1]).start()
+    gw_a.redirect_to = gw_b  # B owns the shard; A knows it
+    client = SkewlessClient("127.0.0.1", gw_a.port, "s1", ["a"], pool_size=2, backoff=FAST, linger_s=0,
+                            heartbeat_interval_s=None, udp_port=silent.getsockname()[1], sync_timeout_s=0.05,
+                            resync_interval_s=None)
+    try:
+        await client.connect()
+        # The first connection was redirected; the second dialed the owner it learned directly.
+        assert (gw_a.hellos, gw_a.welcomed, gw_b.hellos, gw_b.welcomed) == (1, 0, 2, 2)
+        assert client.owner == GatewayAddress("127.0.0.1", gw_b.port, time_b.address[1])
+        assert client.connected_count == 2
+        # Time sync went to the port the redirect and the welcome named, not to the configured (silent) one.
+        assert time_b.store.get("s1") is not None
+        assert time_a.store.get("s1") is None
+        assert client.stats.syncs == 1
+
+        for i in range(5):
+            await client.send("a", i)
+        await client.flush(timeout_s=5)
+        assert client.acked_through("a") == 4
+        gw_b.acking = False  # Kafka slow at B: 5..9 reach B, no ack
+        for i in range(5, 10):
+            await client.send("a", i)
+        await client.send_pending()
+        await until(lambda: sorted(gw_b.received) == list(range(10)))
+
+        # Failover: B loses the shard to A. B says shard_moved and closes; A now owns and welcomes.
+        gw_a.redirect_to = None
+        gw_b.redirect_to = gw_a
+        gw_b.move_shard_away(retry_after_ms=50)
+        await client.flush(timeout_s=5)
+
+        assert gw_a.received == [5, 6, 7, 8, 9]  # exactly the unacked seqs, each once
+        assert client.acked_through("a") == 9
+        assert cluster.log == set(range(10))
+        assert client.owner == GatewayAddress("127.0.0.1", gw_a.port, time_a.address[1])
+        assert client.connected_count == 2
+        # Both connections went back through the list (A is its only address) and landed on A: no redirect needed.
+        assert gw_a.welcomed == 2
+        assert (client.stats.redirects, client.stats.shard_moves, client.stats.shard_unavailable) == (1, 2, 0)
+        assert client.stats.events_resent == 5
+        # The time sync followed the owner to A's announced port.
+        assert time_a.store.get("s1") is not None
+        assert client.stats.time_sync_moves == 1
+        assert client.stats.syncs == 2
+        # A resync request from the new owner runs a burst against the new owner's time-sync server.
+        before_a = time_a.stats.loop_timestamps
+        before_b = time_b.stats.loop_timestamps
+        for writer in gw_a.writers[:1]:
+            writer.write(encode_frame(build_resync("clock_step", "a", 9)))
+        await until(lambda: client.stats.syncs == 3)
+        assert time_a.stats.loop_timestamps > before_a
+        assert time_b.stats.loop_timestamps == before_b
+    finally:
+        await client.close()
+        await gw_a.stop()
+        await gw_b.stop()
+        await time_a.close()
+        await time_b.close()
+        silent.close()
+
+
+async def test_a_dead_first_address_is_skipped_and_the_next_one_serves() -> None:
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connection refused
+    gw = await FakeClusterGateway(Cluster(), "gw-1").start()
+    try:
+        client = SkewlessClient("127.0.0.1", dead.getsockname()[1], "s1", ["a"], gateways=[("127.0.0.1", gw.port)],
+                                backoff=FAST, linger_s=0)
+        async with client:
+            assert client.owner == gw.address
+            assert await client.send("a", "x") == 0
+        assert gw.received == [0]
+        # Every address refused: connect() fails at once, with the last address' error, as with one gateway.
+        with pytest.raises(OSError):
+            await SkewlessClient("127.0.0.1", dead.getsockname()[1], "s1", ["a"],
+                                 gateways=[("127.0.0.1", dead.getsockname()[1])]).connect()
+    finally:
+        await gw.stop()
+        dead.close()
+
+
+async def test_shard_unavailable_at_hello_waits_retry_after_ms_then_connects() -> None:
+    gw = await FakeClusterGateway(Cluster(), "gw-1").start()
+    gw.refuse_next = [build_error(SHARD_UNAVAILABLE, "shard 0 is recovering", True, retry_after_ms=200)]
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0)
+        async with client:
+            # FAST's own delay is at most 50 ms: the 200 ms came from the gateway.
+            assert loop.time() - started >= 0.2
+            assert client.stats.shard_unavailable == 1
+            await client.send("a", "x")
+        assert (gw.hellos, gw.welcomed, gw.received) == (2, 1, [0])
+    finally:
+        await gw.stop()
+
+
+async def test_redirects_that_do_not_settle_fail_connect_after_the_timeout() -> None:
+    cluster = Cluster()
+    gw_a = await FakeClusterGateway(cluster, "gw-a").start()
+    gw_b = await FakeClusterGateway(cluster, "gw-b").start()
+    gw_a.redirect_to, gw_b.redirect_to = gw_b, gw_a  # each thinks the other owns the shard
+    try:
+        client = SkewlessClient("127.0.0.1", gw_a.port, "s1", ["a"], backoff=FAST, max_redirects=3,
+                                connect_timeout_s=0.3)
+        with pytest.raises(GatewayRerouted) as caught:
+            await client.connect()
+        assert caught.value.code == "too_many_redirects"
+        # Each round from the list: A, B, A, B dialed (4 hellos), 4 redirects (the fourth is one too many).
+        assert client.stats.redirects % 4 == 0 and client.stats.redirects >= 8
+        assert gw_a.hellos + gw_b.hellos == client.stats.redirects
+        assert gw_a.hellos == gw_b.hellos
+        assert client.owner is None
+    finally:
+        await gw_a.stop()
+        await gw_b.stop()
