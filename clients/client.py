@@ -800,7 +800,12 @@ class SkewlessClient:
             except BaseException:
                 writer.close()
                 raise
-            self._go_live(slot, owner, reader, writer, decoder, reply, rest)
+            try:
+                self._go_live(slot, owner, reader, writer, decoder, reply, rest)
+            except BaseException:
+                # A frame that came with the welcome ended the session (a shard_moved, say): undo the slot.
+                await self._drop(slot)
+                raise
             return
         raise failure if failure is not None else ConnectionError("no gateway address left to dial")
 
