@@ -98,9 +98,9 @@ def ready_publisher(servers: str, topic: str, values: list[tuple[bytes, bytes, i
     """A producer past its start-up (metadata, connections, producer id): the transactional runs start their
     clocks after init() too."""
     publisher = KafkaPublisher(servers)
-    key, value, partition = values[0]
-    for p in range(PARTITIONS):
-        publisher.produce(topic, key, value, None, partition=p)
+    key, value, _partition = values[0]
+    for partition in range(PARTITIONS):
+        publisher.produce(topic, key, value, None, partition=partition)
     assert publisher.flush(30.0) == 0
     return publisher
 
