@@ -7,15 +7,17 @@ import contextlib
 import logging
 import resource
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gateway.config import build_config, load_settings
-from gateway.launch import GatewayAddresses, ready_lines
+from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
 from gateway.logs import configure_logging
-from gateway.server import Gateway, GatewayConfig
+from gateway.server import ClusterConfigError, Gateway, GatewayConfig
 
 
 def gateway(
@@ -39,6 +41,19 @@ def gateway(
         help="Shift the gateway's reference clock by this many microseconds (demos of a skewed reference).")] = None,
     max_future_s: Annotated[int | None, typer.Option(
         help="Quarantine events whose reference time is this far ahead of the gateway clock [60].")] = None,
+    shards: Annotated[int | None, typer.Option(
+        help="Shards of the deployment (S): fixed for its life; every stream's topics get S partitions [1].")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Name of the deployment; a second cluster on the same topic prefix is refused [skewless].")] = None,
+    gateway_id: Annotated[str | None, typer.Option(help="This gateway's id in logs and redirects [address+random].")
+                          ] = None,
+    advertised_host: Annotated[str | None, typer.Option(
+        help="Address sources are redirected to [--host, or the host name for a wildcard --host].")] = None,
+    instance_id: Annotated[str | None, typer.Option(
+        help="Kafka static membership id: a restart with the same id takes its shards back at once.")] = None,
+    workers: Annotated[int, typer.Option(
+        help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
+             "metrics ports).", min=1)] = 1,
     log_json: Annotated[bool, typer.Option(help="Log one JSON object per line (to stderr).")] = False,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "INFO",
 ) -> None:
@@ -53,9 +68,12 @@ def gateway(
         "max_frame_bytes": max_frame_bytes, "metrics_port": metrics_port, "metrics_host": metrics_host,
         "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
         "auth_hmac_secret": auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
-        "clock_offset_us": clock_offset_us, "max_future_s": max_future_s,
+        "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
+        "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
     })
     config = build_config(settings)
+    if workers > 1:
+        raise typer.Exit(run_workers(workers, config))
     _raise_fd_limit()
     try:
         import uvloop
@@ -64,7 +82,89 @@ def gateway(
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        runner.run(_serve(config))
+        try:
+            runner.run(_serve(config))
+        except ClusterConfigError as exc:
+            # A deployment mistake the operator must fix (shard count, cluster name): one line, no traceback.
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+
+# Flags every worker gets its own value of (the rest of the command line is passed on unchanged).
+_PER_WORKER_FLAGS = ("--workers", "--port", "--timesync-port", "--metrics-port", "--gateway-id", "--instance-id")
+
+
+def worker_arguments(argv: list[str], index: int, config: GatewayConfig) -> list[str]:
+    """The `skewless gateway` arguments of worker ``index``: ``argv`` (what follows `gateway`) without the
+    per-worker flags, then worker ``index``'s ports (base + index; 0 stays 0: any free port) and ids."""
+    passed: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _PER_WORKER_FLAGS:
+            skip_value = "=" not in arg
+            continue
+        passed.append(arg)
+
+    def port(base: int) -> str:
+        return str(base + index if base else 0)
+
+    passed += ["--port", port(config.port)]
+    if config.timesync is not None:
+        passed += ["--timesync-port", port(config.timesync.port)]
+    if config.metrics_port is not None:
+        passed += ["--metrics-port", port(config.metrics_port)]
+    if config.gateway_id:
+        passed += ["--gateway-id", f"{config.gateway_id}-{index}"]
+    if config.instance_id:
+        passed += ["--instance-id", f"{config.instance_id}-{index}"]
+    return passed
+
+
+def run_workers(count: int, config: GatewayConfig) -> int:
+    """`--workers N`: N gateway processes of one cluster on this host, each on its own ports (they find each other
+    through Kafka like gateways on different hosts: no second mechanism). Prints each worker's lines, then the
+    first worker's ready line; forwards SIGINT/SIGTERM; a worker that dies is started again (its shards move to the
+    others meanwhile)."""
+    log = logging.getLogger(__name__)
+    argv = sys.argv[sys.argv.index("gateway") + 1:] if "gateway" in sys.argv else sys.argv[1:]
+    processes = []
+    first: GatewayAddresses | None = None
+    for i in range(count):
+        process, addresses = spawn_gateway(worker_arguments(argv, i, config), stderr=None)
+        processes.append(process)
+        for line in ready_lines(addresses):
+            typer.echo(f"worker {i} {line}")
+        first = first or addresses
+    assert first is not None
+    for line in ready_lines(first):
+        typer.echo(line)
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping:
+        for i, process in enumerate(processes):
+            if process.poll() is not None and not stopping:
+                log.error("gateway worker %d exited with %s; starting it again", i, process.returncode)
+                try:
+                    processes[i], _ = spawn_gateway(worker_arguments(argv, i, config), stderr=None)
+                except GatewayLaunchError as exc:
+                    log.error("gateway worker %d did not come back: %s", i, exc)  # noqa: TRY400 - one line, retried
+        time.sleep(0.5)
+    for process in processes:
+        process.wait()
+    return 0
 
 
 def _raise_fd_limit() -> None:

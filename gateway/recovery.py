@@ -41,6 +41,10 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
             record = decode_record(value)
             if isinstance(record, EventRecord):
                 progress.observe(record.source_id, record.seq, offset)
+                # The merge released this event only once nothing earlier could follow (every other source was
+                # past it or timed out): the next owner's merge must not release anything earlier after it either,
+                # or the partition would leave reference order across a failover.
+                progress.promise(record.ref_ts_us)
             else:
                 if isinstance(record, PunctuationRecord):
                     progress.promise(record.watermark_us)

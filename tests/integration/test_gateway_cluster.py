@@ -1,0 +1,268 @@
+"""A gateway cluster on one real broker: gateway processes that share shards through Kafka's group membership.
+
+Every scenario checks the promises on what committed readers see: every (source, seq) exactly once, each source's
+events in seq order in the partition of its shard, reference order within each partition, and no event after a
+punctuation older than it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+
+from broker.client import KafkaClientConfig
+from broker.reader import scan_partition
+from clients import Backoff, SkewlessClient
+from contract.sharding import shard_of
+from contract.topics import TopicNames
+from gateway.launch import GatewayAddresses, spawn_gateway_async
+
+SHARDS = 6
+SOURCES = 20
+EVENTS_PER_SOURCE = 240
+SEND_INTERVAL_S = 0.01
+STREAM = "s"
+_LOGS: list[Any] = []
+
+
+@dataclass
+class GatewayProcess:
+    process: asyncio.subprocess.Process
+    addresses: GatewayAddresses
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.addresses.host, self.addresses.port
+
+
+async def start_gateway(kafka: Any, prefix: str, *extra: str) -> GatewayProcess:
+    args = ["--port", "0", "--bootstrap", kafka.bootstrap_servers, "--prefix", prefix, "--shards", str(SHARDS),
+            "--timesync-port", "0", "--metrics-port", "0", *extra]
+    log_path = os.environ.get("SKEWLESS_CLUSTER_TEST_LOGS")
+    # Debugging aid: each gateway's log to its own file.
+    log_file = open(f"{log_path}.{len(_LOGS)}", "ab") if log_path else None  # noqa: SIM115, ASYNC230
+    _LOGS.append(log_file)
+    process, addresses = await spawn_gateway_async(args, stderr=log_file or asyncio.subprocess.DEVNULL,
+                                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return GatewayProcess(process, addresses, args)
+
+
+async def stop_all(gateways: list[GatewayProcess]) -> None:
+    for gateway in gateways:
+        if gateway.process.returncode is None:
+            gateway.process.send_signal(signal.SIGTERM)
+    for gateway in gateways:
+        try:
+            async with asyncio.timeout(20):
+                await gateway.process.wait()
+        except TimeoutError:
+            gateway.process.kill()
+            await gateway.process.wait()
+
+
+async def health(gateway: GatewayProcess) -> dict[str, Any]:
+    reader, writer = await asyncio.open_connection(gateway.addresses.metrics_host, gateway.addresses.metrics_port)
+    writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+    response = await reader.read()
+    writer.close()
+    return dict(orjson.loads(response.split(b"\r\n\r\n", 1)[1]))
+
+
+async def wait_all_shards_served(gateways: list[GatewayProcess], timeout_s: float = 40.0) -> dict[int, str]:
+    """shard -> gateway_id once the live gateways serve every shard exactly once."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            owners: dict[int, str] = {}
+            duplicate = False
+            for gateway in gateways:
+                if gateway.process.returncode is not None:
+                    continue
+                state = await health(gateway)
+                for shard in state["serving_shards"]:
+                    duplicate |= shard in owners
+                    owners[shard] = state["gateway_id"]
+            if len(owners) == SHARDS and not duplicate:
+                return owners
+            await asyncio.sleep(0.2)
+
+
+def committed_partitions(servers: str, topic: str) -> dict[int, list[dict[str, Any]]]:
+    """Every committed record of every partition, in offset order."""
+    result: dict[int, list[dict[str, Any]]] = {}
+    for partition in range(SHARDS):
+        consumer = KafkaClientConfig.of(servers).consumer("cluster-test", {"isolation.level": "read_committed"})
+        try:
+            result[partition] = [orjson.loads(value) for _offset, _key, value in
+                                 scan_partition(consumer, topic, 0, 60.0, partition=partition)]
+        finally:
+            consumer.close()
+    return result
+
+
+def assert_exactly_once_in_order(servers: str, prefix: str, sources: list[str]) -> None:
+    topics = TopicNames(prefix)
+    partitions = committed_partitions(servers, topics.events(STREAM))
+    late = committed_partitions(servers, topics.late(STREAM))
+    seen: dict[str, list[int]] = {s: [] for s in sources}
+    for partition, records in partitions.items():
+        watermark_us = None
+        last_ref_us = None
+        for record in records:
+            if record["kind"] == "punctuation":
+                watermark_us = record["watermark_us"]
+                continue
+            assert shard_of(record["source_id"], SHARDS) == partition, record
+            seen[record["source_id"]].append(record["seq"])
+            ref_us = record["ref_ts_us"]
+            assert watermark_us is None or ref_us >= watermark_us, (partition, record, watermark_us)
+            assert last_ref_us is None or ref_us >= last_ref_us, (partition, record, last_ref_us)
+            last_ref_us = ref_us
+    late_events = [r for records in late.values() for r in records]
+    assert late_events == [], late_events[:5]
+    for source_id, seqs in seen.items():
+        assert seqs == list(range(EVENTS_PER_SOURCE)), (source_id, len(seqs), seqs[:10])
+
+
+async def run_sources(gateways: list[GatewayProcess], sources: list[str], *,
+                      during: Any = None) -> dict[str, SkewlessClient]:
+    """Each source sends its events at a steady pace over a pool of 2 connections; ``during`` runs meanwhile."""
+    addresses = [g.address for g in gateways]
+    clients: dict[str, SkewlessClient] = {}
+    for i, source_id in enumerate(sources):
+        first, *rest = addresses[i % len(addresses):] + addresses[:i % len(addresses)]
+        clients[source_id] = SkewlessClient(
+            first[0], first[1], source_id, [STREAM], gateways=rest, pool_size=2, heartbeat_interval_s=0.2,
+            backoff=Backoff(initial_s=0.05, max_s=0.5), connect_timeout_s=30.0, resync_interval_s=None)
+
+    async def feed(client: SkewlessClient) -> None:
+        await client.connect()
+        for seq in range(EVENTS_PER_SOURCE):
+            await client.send(STREAM, {"seq": seq})
+            await asyncio.sleep(SEND_INTERVAL_S)
+        await client.flush(90.0)
+
+    feeders = [asyncio.create_task(feed(c)) for c in clients.values()]
+    try:
+        if during is not None:
+            await during(clients)
+        await asyncio.gather(*feeders)
+    finally:
+        for task in feeders:
+            task.cancel()
+        for client in clients.values():
+            await client.close()
+    return clients
+
+
+@pytest.mark.timeout(300)
+async def test_sigkill_of_one_of_three_gateways_moves_its_shards_and_loses_or_duplicates_nothing(kafka, topic_prefix):
+    gateways = [await start_gateway(kafka, topic_prefix) for _ in range(3)]
+    sources = [f"sensor-{i:02d}" for i in range(SOURCES)]
+    measured: dict[str, float] = {}
+    try:
+        owners = await wait_all_shards_served(gateways)
+        victim = gateways[1]
+        victim_id = (await health(victim))["gateway_id"]
+        victim_shards = {k for k, owner in owners.items() if owner == victim_id}
+        assert victim_shards, owners
+
+        async def kill_mid_stream(clients: dict[str, SkewlessClient]) -> None:
+            await asyncio.sleep(EVENTS_PER_SOURCE * SEND_INTERVAL_S / 3)
+            moved = [c for s, c in clients.items() if shard_of(s, SHARDS) in victim_shards]
+            acked_before = {c.source_id: c.acked_through(STREAM) for c in moved}
+            killed_at = time.monotonic()
+            victim.process.send_signal(signal.SIGKILL)
+            await victim.process.wait()
+            # Failover time: the kill until every moved source was acked by its new owner.
+            async with asyncio.timeout(60):
+                while any(c.acked_through(STREAM) <= acked_before[c.source_id] for c in moved):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            measured["failover_s"] = time.monotonic() - killed_at
+
+        await run_sources(gateways, sources, during=kill_mid_stream)
+        survivors = [g for g in gateways if g is not victim]
+        after = await wait_all_shards_served(survivors)
+        assert set(after.values()) <= {(await health(g))["gateway_id"] for g in survivors}
+    finally:
+        await stop_all(gateways)
+    assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+    print(f"failover (SIGKILL -> every moved source acked by its new owner): {measured['failover_s']:.2f} s")
+    assert measured["failover_s"] < 30.0
+
+
+@pytest.mark.timeout(300)
+async def test_a_gateway_paused_past_its_session_timeout_is_fenced_and_its_sources_end_on_the_new_owner(
+        kafka, topic_prefix):
+    gateways = [await start_gateway(kafka, topic_prefix) for _ in range(2)]
+    sources = [f"zombie-src-{i:02d}" for i in range(SOURCES)]
+    try:
+        owners = await wait_all_shards_served(gateways)
+        zombie = gateways[0]
+        zombie_id = (await health(zombie))["gateway_id"]
+        assert zombie_id in owners.values()
+
+        async def pause_past_session_timeout(_clients: dict[str, SkewlessClient]) -> None:
+            await asyncio.sleep(EVENTS_PER_SOURCE * SEND_INTERVAL_S / 3)
+            zombie.process.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(9.0)  # session timeout 6 s: its shards move to the other gateway meanwhile
+            zombie.process.send_signal(signal.SIGCONT)
+
+        await run_sources(gateways, sources, during=pause_past_session_timeout)
+        await wait_all_shards_served(gateways)
+    finally:
+        await stop_all(gateways)
+    assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+
+
+@pytest.mark.timeout(300)
+async def test_rolling_restart_and_a_gateway_added_and_one_removed_under_load(kafka, topic_prefix):
+    gateways = [await start_gateway(kafka, topic_prefix) for _ in range(2)]
+    sources = [f"rolling-{i:02d}" for i in range(SOURCES)]
+    try:
+        await wait_all_shards_served(gateways)
+
+        async def roll(_clients: dict[str, SkewlessClient]) -> None:
+            await asyncio.sleep(0.5)
+            gateways.append(await start_gateway(kafka, topic_prefix))  # one added
+            for i in range(len(gateways)):  # every gateway restarted in turn (SIGTERM, then a new process)
+                old = gateways[i]
+                old.process.send_signal(signal.SIGTERM)
+                await old.process.wait()
+                gateways[i] = await start_gateway(kafka, topic_prefix)
+            removed = gateways.pop(0)  # and one removed
+            removed.process.send_signal(signal.SIGTERM)
+            await removed.process.wait()
+
+        await run_sources(gateways, sources, during=roll)
+        await wait_all_shards_served(gateways)
+    finally:
+        await stop_all(gateways)
+    assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+
+
+async def test_wrong_cluster_configurations_are_refused_with_one_clear_line(kafka, topic_prefix):
+    from gateway.launch import gateway_command
+
+    gateway = await start_gateway(kafka, topic_prefix)
+    try:
+        for extra, expected in ((["--shards", str(SHARDS + 2)], f"{SHARDS}"),
+                                (["--shards", str(SHARDS), "--cluster", "other"], "other")):
+            args = ["--port", "0", "--bootstrap", kafka.bootstrap_servers, "--prefix", topic_prefix, "--no-timesync",
+                    *extra]
+            process = await asyncio.create_subprocess_exec(*gateway_command(args), stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE)
+            _stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+            lines = [line for line in stderr.decode().splitlines() if line.startswith("error:")]
+            assert process.returncode == 2, stderr.decode()[-2000:]
+            assert len(lines) == 1 and expected in lines[0], stderr.decode()[-2000:]
+            assert "Traceback" not in stderr.decode()
+    finally:
+        await stop_all([gateway])
