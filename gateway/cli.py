@@ -51,6 +51,9 @@ def gateway(
         help="Address sources are redirected to [--host, or the host name for a wildcard --host].")] = None,
     instance_id: Annotated[str | None, typer.Option(
         help="Kafka static membership id: a restart with the same id takes its shards back at once.")] = None,
+    reference_clock_error: Annotated[str | None, typer.Option(
+        help="This host's clock error against common time, added to every event's uncertainty: a duration "
+             "('2 ms'), or 'chrony' to read chronyd's bound [0: gateways share one host's clock].")] = None,
     workers: Annotated[int, typer.Option(
         help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
              "metrics ports).", min=1)] = 1,
@@ -70,6 +73,7 @@ def gateway(
         "auth_hmac_secret": auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
         "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
         "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
+        "reference_clock_error": reference_clock_error,
     })
     config = build_config(settings)
     if workers > 1:

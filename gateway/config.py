@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from contract.units import DurationError, parse_duration_us
 from gateway.auth import SourceAuthenticator
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
@@ -29,7 +30,8 @@ _FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "rec
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
     "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
-    "upstream_ntp", "merge_wait_learned", "cluster", "gateway_id", "advertised_host", "instance_id", "transactions"}
+    "upstream_ntp", "merge_wait_learned", "cluster", "gateway_id", "advertised_host", "instance_id", "transactions",
+    "reference_clock_error"}
 
 
 class ConfigError(ValueError):
@@ -62,6 +64,8 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             setattr(config, name, settings[name])
     if config.shards < 1:
         raise ConfigError(f"shards must be >= 1, got {config.shards}")
+    if "reference_clock_error" in settings:
+        _reference_error(config, settings["reference_clock_error"])
     if "transactions" in settings:
         config.transactions = _truthy(settings["transactions"])
     for name, low_s in (("session_timeout_s", 1.0), ("commit_interval_s", 0.001)):
@@ -114,6 +118,17 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         context.load_cert_chain(cert, key)
         config.ssl_context = context
     return config
+
+
+def _reference_error(config: GatewayConfig, value: Any) -> None:
+    """`reference_clock_error`: "chrony" (the host's chronyd bound), or a duration ("2 ms"; 0 on one host)."""
+    if isinstance(value, str) and value.strip().lower() == "chrony":
+        config.reference_error_from_chrony = True
+        return
+    try:
+        config.reference_error_us = 0 if value in (0, "0") else parse_duration_us(str(value), require_unit=True)
+    except DurationError as exc:
+        raise ConfigError(f"reference_clock_error: {exc} (or \"chrony\")") from exc
 
 
 def _with_ordering_waits(pipeline: PipelineConfig, settings: Mapping[str, Any]) -> PipelineConfig:

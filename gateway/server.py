@@ -54,7 +54,15 @@ from gateway.metrics import MetricsServer, make_registry
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from reorder.pipeline import IngestPipeline, PipelineConfig
-from timesync.clocks import ClockUs, EstimateMapping, IdentityMapping, ReferenceMapping, system_time_us
+from timesync.clocks import (
+    ClockUs,
+    EstimateMapping,
+    IdentityMapping,
+    ReferenceErrorMapping,
+    ReferenceMapping,
+    system_time_us,
+)
+from timesync.refclock import ReferenceClockError, read_chrony_error_bound_us
 from timesync.server import ServerConfig, TimeSyncServer, start_server
 from timesync.store import SourceInfo, SourceInfoStore
 
@@ -80,6 +88,7 @@ JOIN_WAIT_EXTRA_S = 10.0
 SHARD_UNAVAILABLE_RETRY_MS = 500
 # After a runtime failed (fenced, aborted), a shard still assigned here is taken up again after this pause.
 SHARD_RESTART_BACKOFF_S = 0.5
+REFERENCE_ERROR_REFRESH_S = 16.0
 SHARD_MOVED = "shard_moved"
 SHARD_UNAVAILABLE = "shard_unavailable"
 
@@ -134,6 +143,10 @@ class GatewayConfig:
     transactions: bool = True
     # How often a shard commits its transaction; sources are acked at commits (docs/transactions-benchmark.md).
     commit_interval_s: float = 0.1
+    # This host's clock against common time, added to every event's uncertainty_us: 0 when every gateway shares
+    # one host's clock; a fixed bound; or chrony's own bound, re-read every REFERENCE_ERROR_REFRESH_S.
+    reference_error_us: int = 0
+    reference_error_from_chrony: bool = False
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -160,6 +173,10 @@ class Gateway:
         mapping = config.reference_clock
         if mapping is None:
             mapping = EstimateMapping(self.store.get) if config.timesync is not None else IdentityMapping()
+        self.reference_error_us = config.reference_error_us
+        self.reference_error_problem: str | None = None
+        if config.reference_error_us or config.reference_error_from_chrony:
+            mapping = ReferenceErrorMapping(mapping, lambda: self.reference_error_us)
         self._mapping = mapping
         self._ingest_config = IngestConfig(
             pipeline=config.pipeline, max_buffered_events=max(1, config.max_buffered_events // config.shards),
@@ -219,6 +236,12 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.config.reference_error_from_chrony:
+            try:
+                self.reference_error_us = await loop.run_in_executor(None, read_chrony_error_bound_us)
+            except ReferenceClockError as exc:
+                raise ClusterConfigError(f"reference_clock_error = chrony, but {exc}") from exc
+            self._start_task(self._follow_reference_error(), "reference-clock-error")
         await loop.run_in_executor(None, self._prepare_cluster)
         if self.config.timesync is not None:
             await self._start_timesync()
@@ -348,6 +371,21 @@ class Gateway:
         log.error("gateway task %s died: %r", task.get_name(), error, exc_info=error)
         self._own_counters.task_failures += 1
         self._failed_tasks[task.get_name()] = repr(error)
+
+    async def _follow_reference_error(self) -> None:
+        """chrony's bound moves with its measurements: re-read it; an unreadable one keeps the last (logged, and
+        shown in /healthz)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(REFERENCE_ERROR_REFRESH_S)
+            try:
+                self.reference_error_us = await loop.run_in_executor(None, read_chrony_error_bound_us)
+                self.reference_error_problem = None
+            except ReferenceClockError as exc:
+                if self.reference_error_problem is None:
+                    log.warning("keeping the last reference clock error bound (%d us): %s", self.reference_error_us,
+                                exc)
+                self.reference_error_problem = str(exc)
 
     async def _sweep_timeouts(self) -> None:
         while True:
@@ -721,6 +759,8 @@ class Gateway:
                 "last_kafka_error": last_error[-1] if last_error else None,
                 "throttled_sources": sorted(self.throttled_sources),
                 "kafka_backpressure": any(r.core.kafka_stalled(now_us) for r in runtimes),
+                "reference_clock_error_us": self.reference_error_us,
+                "reference_clock_problem": self.reference_error_problem,
                 "failed_tasks": dict(self._failed_tasks), "last_connection_failure": self._last_connection_failure}
 
 

@@ -217,3 +217,22 @@ class EstimateMapping:
     def rtt_us(self, source_id: str) -> int | None:
         est = self._lookup(source_id)
         return None if est is None else est.rtt_us
+
+
+class ReferenceErrorMapping:
+    """A mapping on a gateway whose own reference clock is off common time by up to ``reference_error_us()``:
+    gateways on different hosts stamp with different clocks, so each event's error bound grows by its gateway's
+    (its host's NTP discipline, e.g. chrony's bound; zero for gateways sharing one host's clock)."""
+
+    def __init__(self, inner: ReferenceMapping, reference_error_us: Callable[[], int]) -> None:
+        self._inner = inner
+        self._reference_error_us = reference_error_us
+
+    def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
+        ref_us, error_us = self._inner.to_reference(source_id, source_ts_us)
+        if error_us >= UNKNOWN_ERROR_BOUND_US:
+            return ref_us, error_us  # unknown stays unknown, not "unknown + 2 ms"
+        return ref_us, error_us + self._reference_error_us()
+
+    def rtt_us(self, source_id: str) -> int | None:
+        return self._inner.rtt_us(source_id)
