@@ -56,7 +56,9 @@ class SparkCluster:
 def _daemon_env() -> dict[str, str]:
     env = dict(os.environ)
     # Loopback only, and small daemons: the machine is shared with the broker and the jobs' own JVMs.
-    env.update(SPARK_LOCAL_IP=LOOPBACK, SPARK_DAEMON_MEMORY="256m", SPARK_HOME=str(pyspark_home()))
+    # The C1 compiler alone and one GC thread: daemons that live for one test module barely need more.
+    env.update(SPARK_LOCAL_IP=LOOPBACK, SPARK_DAEMON_MEMORY="256m", SPARK_HOME=str(pyspark_home()),
+               SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     return env
 
 

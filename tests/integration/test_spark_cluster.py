@@ -16,11 +16,13 @@ run-specific (no wall-clock time, no host, no Spark id), so records are compared
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MS = 1_000
 STREAM = "s"
 SUBMIT_TIMEOUT_S = 240.0
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 QUERY = "EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = e.id WITHIN 10 s"
 # Per partition, in offset order: ("e", ref ms, id, type, value, uncertainty ms) or ("p", promise ms).
 # id 1: SHELF (p0) -> EXIT (p1): a match. id 7: SHELF (p1) -> EXIT (p0): a match. id 2: its CHECKOUT (p1) lies
@@ -123,26 +126,47 @@ def results(bootstrap: str, prefix: str, job: str) -> list[tuple[str, bytes]]:
             for key, value in read_topic(bootstrap, TopicNames(prefix).results(job))]
 
 
-def submit(cluster: SparkCluster, work_dir: Path, name: str, job_args: list[str]) -> float:
-    """spark-submit the `.py` entry point to the cluster; returns how long it took (s)."""
+@dataclass
+class Submitted:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    started_s: float
+
+    def wait(self, cluster: SparkCluster) -> float:
+        """Wait for spark-submit to exit (it must succeed); returns how long it ran (s)."""
+        try:
+            returncode = self.process.wait(timeout=SUBMIT_TIMEOUT_S)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        assert returncode == 0, f"spark-submit {self.name} failed:\n{self.log.read_text()[-6000:]}\n{cluster.logs()}"
+        return time.monotonic() - self.started_s
+
+
+def submit(cluster: SparkCluster, work_dir: Path, name: str, job_args: list[str]) -> Submitted:
+    """Start spark-submit of the `.py` entry point to the cluster: each app takes one executor on each worker, so
+    both jobs run at once, each across the 2 workers."""
     jars = connector_jars(ensure_spark_jars(), pyspark_home() / "jars")
-    pyfiles = write_pyfiles_zip(work_dir / "skewless-pyfiles.zip")
+    pyfiles = write_pyfiles_zip(work_dir / f"{name}-pyfiles.zip")
     command = [
         str(pyspark_home() / "bin" / "spark-submit"), "--master", cluster.master_url,
         "--conf", f"spark.pyspark.python={sys.executable}",
-        "--conf", "spark.executor.memory=512m", "--conf", "spark.executor.cores=1", "--driver-memory", "512m",
+        "--conf", "spark.executor.memory=512m", "--conf", "spark.executor.cores=1", "--conf", "spark.cores.max=2",
+        "--driver-memory", "512m", "--conf", "spark.ui.enabled=false",
+        # Short-lived JVMs on 2 shared cores: the C1 compiler alone and one GC thread cost far less CPU to start.
+        "--driver-java-options", QUICK_JVM, "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
         "--jars", ",".join(str(j) for j in jars), "--py-files", str(pyfiles),
         str(Path(__file__).resolve().parents[2] / "spark_jobs" / "submit.py"), *job_args,
     ]
     log = work_dir / f"{name}.log"
-    started = time.monotonic()
     with log.open("wb") as out:
         # The driver on loopback is the launcher's choice here (the workers are on loopback), not the job's.
-        completed = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=SUBMIT_TIMEOUT_S,
-                                   env={**_clean_env(), "SPARK_LOCAL_IP": LOOPBACK}, check=False)
-    elapsed = time.monotonic() - started
-    assert completed.returncode == 0, f"spark-submit {name} failed:\n{log.read_text()[-6000:]}\n{cluster.logs()}"
-    return elapsed
+        # Own session: a timed-out submit is killed with its driver JVM and Python.
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**_clean_env(), "SPARK_LOCAL_IP": LOOPBACK})
+    return Submitted(name, process, log, time.monotonic())
 
 
 def _clean_env() -> dict[str, str]:
@@ -153,7 +177,8 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as started:
+    # 2 cores a worker (this machine has 2 in all): room for one executor of each of the two jobs on each worker.
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=2) as started:
         yield started
 
 
@@ -187,11 +212,19 @@ def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_
     local_three = results(bootstrap, topic_prefix, "three_window")
     local_sequence = results(bootstrap, topic_prefix, "sequence")
 
-    three_s = submit(cluster, tmp_path, "three-window", [
-        "three-window", *common_args(bootstrap, topic_prefix, tmp_path / "cluster-three"),
-        "--width-ms", "1000", "--max-shift-ms", "50"])
-    sequence_s = submit(cluster, tmp_path, "sequence", [
-        "sequence", "--query", QUERY, *common_args(bootstrap, topic_prefix, tmp_path / "cluster-sequence")])
+    submitted = [
+        submit(cluster, tmp_path, "three-window", [
+            "three-window", *common_args(bootstrap, topic_prefix, tmp_path / "cluster-three"),
+            "--width-ms", "1000", "--max-shift-ms", "50"]),
+        submit(cluster, tmp_path, "sequence", [
+            "sequence", "--query", QUERY, *common_args(bootstrap, topic_prefix, tmp_path / "cluster-sequence")])]
+    try:
+        three_s, sequence_s = (job.wait(cluster) for job in submitted)
+    finally:
+        for job in submitted:
+            if job.process.poll() is None:
+                os.killpg(job.process.pid, signal.SIGKILL)
+                job.process.wait()
     print(f"spark-submit on the cluster: three-window {three_s:.1f} s, sequence {sequence_s:.1f} s")
 
     # The cluster really ran them: both apps finished on the master, whose 2 workers are alive.
