@@ -118,7 +118,8 @@ class IntervalEngineCounters:
     buffered: int = 0
     peak_buffered: int = 0
     accumulated_buffered: int = 0
-    """Sum over arrivals of the entries buffered after the arrival (Li's "accumulated memory")."""
+    """Sum over interval arrivals of the entries buffered after the arrival (Li's "accumulated memory"; IBP
+    arrivals are not sampled, so that streams with and without IBPs are measured at the same points)."""
 
 
 @dataclass(slots=True)
@@ -424,6 +425,7 @@ class IntervalEngine:
                 self.counters.immediate_purged += 1
                 removed = True
         self._after(removed, out)
+        self.counters.accumulated_buffered += self.counters.buffered
         return out
 
     def on_begin(self, begin: IntervalBegin) -> list[IntervalOutput]:
@@ -502,8 +504,6 @@ class IntervalEngine:
         if self._pending:
             for key in [k for k, p in self._pending.items() if self._final(p.binding)]:
                 self._finalize(key, out)
-        c = self.counters
-        c.accumulated_buffered += c.buffered
 
     def _gauge(self, delta: int) -> None:
         c = self.counters
