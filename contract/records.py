@@ -174,13 +174,16 @@ class ClockRecord:
 
 @dataclass(slots=True)
 class ProgressRecord:
-    """The gateway's restart checkpoint of one stream: its events topic holds everything below ``next_offset``,
-    each source's seqs below ``next_seq[source]``, and punctuations up to ``watermark_us``."""
+    """The gateway's restart checkpoint of one stream (one shard's partition): its events topic holds everything
+    below ``next_offset``, each source's seqs below ``next_seq[source]``, and punctuations up to ``watermark_us``.
+    ``seen_us[source]`` is the release time of the source's newest event: a source silent for longer than the
+    gateway's source retention is dropped from the checkpoint (optional field; absent in older checkpoints)."""
 
     stream: str
     next_offset: int = 0
     next_seq: dict[str, int] = field(default_factory=dict)
     watermark_us: int | None = None
+    seen_us: dict[str, int] = field(default_factory=dict)
 
     @property
     def key(self) -> bytes:
@@ -189,7 +192,7 @@ class ProgressRecord:
     def to_json(self) -> bytes:
         # Version 1 progress records carry no "v"; kept so that checkpoints written before stay readable both ways.
         return orjson.dumps({"kind": PROGRESS, "stream": self.stream, "next_offset": self.next_offset,
-                             "next_seq": self.next_seq, "watermark_us": self.watermark_us})
+                             "next_seq": self.next_seq, "watermark_us": self.watermark_us, "seen_us": self.seen_us})
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ProgressRecord:
@@ -197,8 +200,11 @@ class ProgressRecord:
         if not isinstance(next_seq, dict):
             raise RecordError("progress record: 'next_seq' must be a map")
         watermark = raw.get("watermark_us")
+        seen = raw.get("seen_us") or {}
+        if not isinstance(seen, dict):
+            raise RecordError("progress record: 'seen_us' must be a map")
         return cls(_str(raw, "stream"), _int(raw, "next_offset"), {str(k): int(v) for k, v in next_seq.items()},
-                   None if watermark is None else int(watermark))
+                   None if watermark is None else int(watermark), {str(k): int(v) for k, v in seen.items()})
 
 
 def progress_key(stream: str) -> bytes:

@@ -26,7 +26,7 @@ _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "
 # Ordering waits, in seconds (TOML floats or env strings): how long a gap or a silent source is waited for before
 # the gateway gives up on it. A deployment that must ride out network partitions of N seconds sets them above N.
 _FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s",
-               "clock_step_hold_s", "session_timeout_s", "commit_interval_s"}
+               "clock_step_hold_s", "session_timeout_s", "commit_interval_s", "source_retention_s"}
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
     "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
@@ -64,6 +64,11 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             setattr(config, name, settings[name])
     if config.shards < 1:
         raise ConfigError(f"shards must be >= 1, got {config.shards}")
+    if "source_retention_s" in settings:
+        retention_s = float(settings["source_retention_s"])
+        if retention_s <= 0:
+            raise ConfigError(f"source_retention_s must be > 0, got {retention_s}")
+        config.source_retention_us = round(retention_s * 1_000_000)
     if "reference_clock_error" in settings:
         _reference_error(config, settings["reference_clock_error"])
     if "transactions" in settings:

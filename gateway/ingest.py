@@ -43,7 +43,9 @@ Rules:
    offset) and marks the stream dirty; a refused event (rule 8), and an events-topic confirmation, also move the
    next seq past the cumulative ack they reach: the source forgets refused seqs with the ack, so a restarted
    gateway must not wait out a gap for them. A punctuation promises its watermark (dirty too). ``poll`` writes one
-   checkpoint per dirty stream every ``checkpoint_interval_us``; ``checkpoint_dirty_streams`` at shutdown.
+   checkpoint per dirty stream every ``checkpoint_interval_us``; ``checkpoint_dirty_streams`` at shutdown. A source
+   whose newest event was released more than ``source_retention_us`` ago leaves the checkpoint (``sources_expired``),
+   so checkpoints stay bounded by the sources active within the retention.
 7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
    records on the sources topic.
@@ -112,6 +114,7 @@ PRESSURE_CHECK_INTERVAL_US = 20_000
 # are gone. Timing them out would push their in-order events to the late topic once Kafka is back.
 STALL_GRACE_US = 2_000_000
 DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
+SOURCE_RETENTION_US = 7 * 24 * 3600 * 1_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
 DELIVERY_LATENCY_SAMPLES = 4096
 # Rule 9. How long a source's events are held for its re-sync after a clock step: an SDK burst takes a few round
@@ -144,6 +147,10 @@ class IngestConfig:
     # Rule 9.
     clock_step_hold_us: int = CLOCK_STEP_HOLD_US
     clock_step_max_held: int = CLOCK_STEP_MAX_HELD
+    # A source whose newest event is older than this leaves the progress checkpoint (rule 6); its resends of
+    # events older than that are then taken as new. Must exceed how long a source may stay away with unacked
+    # events (its spool): a week by default.
+    source_retention_us: int = SOURCE_RETENTION_US
     clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
     clock_step_delay_margin_us: int = CLOCK_STEP_DELAY_MARGIN_US
 
@@ -233,6 +240,7 @@ class GatewayCounters:
     clock_steps: int = 0  # clock steps detected, each answered with a resync request (rule 9)
     clock_step_false_alarms: int = 0  # holds the re-sync showed were no step (a delayed event): released as they were
     clock_step_unresolved: int = 0  # events sent to the late topic because their source's step was not resolved
+    sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -315,10 +323,23 @@ class StreamProgress(ProgressRecord):
 
     __slots__ = ()
 
-    def observe(self, source_id: str, seq: int, offset: int) -> None:
+    def observe(self, source_id: str, seq: int, offset: int, released_us: int) -> None:
         if seq + 1 > self.next_seq.get(source_id, 0):
             self.next_seq[source_id] = seq + 1
         self.next_offset = max(self.next_offset, offset + 1)
+        if released_us > self.seen_us.get(source_id, 0):
+            self.seen_us[source_id] = released_us
+
+    def expire(self, now_us: int, retention_us: int) -> list[str]:
+        """Forget sources whose newest event is older than the retention (rule 6): the checkpoint stays bounded.
+        A source without a time (an older checkpoint) starts its retention now. Returns the forgotten ones."""
+        for source_id in self.next_seq:
+            self.seen_us.setdefault(source_id, now_us)
+        expired = [s for s, seen_us in self.seen_us.items() if seen_us < now_us - retention_us]
+        for source_id in expired:
+            self.next_seq.pop(source_id, None)
+            del self.seen_us[source_id]
+        return expired
 
     def consumed(self, source_id: str, acked_seq: int) -> bool:
         """The source was acked through ``acked_seq`` (published or refused): its next seq is past it. True if
@@ -482,7 +503,7 @@ class IngestCore:
             log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
             return
         if delivery.topic == "events" and offset is not None:
-            self._progress[stream].observe(source_id, seq, offset)
+            self._progress[stream].observe(source_id, seq, offset, delivery.released_us)
             self._dirty_streams.add(stream)
         self.counters.events_published += 1
         self.last_delivery_us = now_us
@@ -529,7 +550,7 @@ class IngestCore:
             self._next_checkpoint_us = now_us + self.config.checkpoint_interval_us
         elif now_us >= self._next_checkpoint_us:
             self._next_checkpoint_us = now_us + self.config.checkpoint_interval_us
-            actions += self.checkpoint_dirty_streams()
+            actions += self.checkpoint_dirty_streams(now_us)
         return actions
 
     def due_acks(self) -> list[SendToSource]:
@@ -540,8 +561,16 @@ class IngestCore:
         return [SendToSource(source_id, encode_frame(messages.build_ack(stream, acked)))
                 for (source_id, stream), acked in due.items()]
 
-    def checkpoint_dirty_streams(self) -> list[WriteCheckpoint]:
+    def checkpoint_dirty_streams(self, now_us: int | None = None) -> list[WriteCheckpoint]:
+        """One checkpoint per dirty stream; with ``now_us``, sources past the retention are dropped first."""
         dirty, self._dirty_streams = self._dirty_streams, set()
+        if now_us is not None:
+            for stream in dirty:
+                expired = self._progress[stream].expire(now_us, self.config.source_retention_us)
+                if expired:
+                    self.counters.sources_expired += len(expired)
+                    log.info("stream %s: %d sources silent past the retention left the checkpoint", stream,
+                             len(expired))
         return [WriteCheckpoint(self.topics.sources, progress.key, progress.to_json())
                 for progress in (self._progress[stream] for stream in sorted(dirty))]
 

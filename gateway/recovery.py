@@ -31,7 +31,7 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
                 checkpoint = decode_record(value)
                 if isinstance(checkpoint, ProgressRecord):
                     progress = StreamProgress(stream, checkpoint.next_offset, checkpoint.next_seq,
-                                              checkpoint.watermark_us)
+                                              checkpoint.watermark_us, checkpoint.seen_us)
     finally:
         consumer.close()
     consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
@@ -40,7 +40,7 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
                                                       partition=partition):
             record = decode_record(value)
             if isinstance(record, EventRecord):
-                progress.observe(record.source_id, record.seq, offset)
+                progress.observe(record.source_id, record.seq, offset, record.release_ts_us)
                 # The merge released this event only once nothing earlier could follow (every other source was
                 # past it or timed out): the next owner's merge must not release anything earlier after it either,
                 # or the partition would leave reference order across a failover.

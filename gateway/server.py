@@ -45,6 +45,7 @@ from gateway.connection import WORKER_STAGES, ConnectionHandler, WorkerStage
 from gateway.ingest import (
     CLOCK_STEP_HOLD_US,
     CLOCK_STEP_MAX_HELD,
+    SOURCE_RETENTION_US,
     ConnectionId,
     GatewayCounters,
     IngestConfig,
@@ -147,6 +148,8 @@ class GatewayConfig:
     # one host's clock; a fixed bound; or chrony's own bound, re-read every REFERENCE_ERROR_REFRESH_S.
     reference_error_us: int = 0
     reference_error_from_chrony: bool = False
+    # Sources silent for longer leave the progress checkpoints (gateway.ingest, rule 6).
+    source_retention_us: int = SOURCE_RETENTION_US
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -181,7 +184,8 @@ class Gateway:
         self._ingest_config = IngestConfig(
             pipeline=config.pipeline, max_buffered_events=max(1, config.max_buffered_events // config.shards),
             checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
-            clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held)
+            clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
+            source_retention_us=config.source_retention_us)
         self.gateway_id = config.gateway_id or ""
         self._server: asyncio.Server | None = None
         self._metrics: MetricsServer | None = None

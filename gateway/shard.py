@@ -180,7 +180,7 @@ class ShardRuntime:
                 if task is not self._producer_task and not task.get_name().startswith("kafka-commit"):
                     await _cancel(task)
             try:
-                self._enqueue(self.core.checkpoint_dirty_streams())
+                self._enqueue(self.core.checkpoint_dirty_streams(self._clock_us()))
                 remaining = await self._drain(asyncio.get_running_loop().time() + flush_timeout_s)
             except Exception:
                 log.exception("shard %d: could not flush at stop", self.shard)

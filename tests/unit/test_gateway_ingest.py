@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import orjson
 import pytest
 
 from contract.records import PUNCTUATION_KEY, EventRecord, ProgressRecord, PunctuationRecord
@@ -296,7 +297,7 @@ def test_checkpoints_carry_observed_offsets_and_promises_and_are_written_at_the_
     deliver(core, core.events_received(CONN, "a", events(range(3)), T0 + 100), T0 + 200, first_offset=40)
     core.poll(T0 + 999_999)  # acks only
     assert core.poll(T0 + 999_999) == []
-    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 10)
+    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 10, seen_us={"a": T0 + 100})
     assert core.poll(T0 + 1_000_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", checkpoint.to_json())]
     assert core.poll(T0 + 2_000_000) == []  # nothing changed: no stream is dirty
     assert core.checkpoint_dirty_streams() == []
@@ -653,3 +654,22 @@ def test_pushing_with_the_clock_step_checks_mapping_leaves_every_action_byte_ide
     assert (b30["ref_ts_us"], b30["uncertainty_us"], b30["rtt_us"]) == (
         T0 + 30 * TICK_US, resynced.error_bound_us(resynced.to_reference_us(T0 + 30 * TICK_US)), 900)
     assert b30["uncertainty_us"] > 450 > _estimate(0, T0).error_bound_us(T0 + 30 * TICK_US)
+
+
+def test_a_source_silent_past_the_retention_leaves_the_checkpoint():
+    retention_us = 60_000_000
+    core = make_core(source_retention_us=retention_us)
+    core.source_registered("old", ("s",), T0)
+    deliver(core, core.events_received(CONN, "old", events(range(2)), T0 + 100), T0 + 200)
+    (kept,) = core.checkpoint_dirty_streams(T0 + 100 + retention_us)  # exactly the retention: kept
+    assert ProgressRecord.from_dict(orjson.loads(kept.value)).next_seq == {"old": 2}
+    core._dirty_streams.add("s")  # as another source's punctuation would make it
+    (expired,) = core.checkpoint_dirty_streams(T0 + 101 + retention_us)
+    record = ProgressRecord.from_dict(orjson.loads(expired.value))
+    assert (record.next_seq, record.seen_us, core.counters.sources_expired) == ({}, {}, 1)
+
+
+def test_expiry_keeps_recent_sources_and_starts_the_clock_of_sources_from_older_checkpoints():
+    progress = StreamProgress("s", 10, {"recent": 5, "stale": 9, "legacy": 3}, None, {"recent": 900, "stale": 100})
+    assert progress.expire(1_000, 500) == ["stale"]
+    assert (progress.next_seq, progress.seen_us) == ({"recent": 5, "legacy": 3}, {"recent": 900, "legacy": 1_000})
