@@ -57,7 +57,8 @@ Rules:
    An event whose record still fails to encode (a gateway bug: parse-time validation should have refused it) is
    handled the same way, counted as ``encode_failures``, logged with its source, and answered with a non-fatal
    ``internal_error`` naming it: one bad record never loses the records released with it, kills the task that
-   released it, or stalls its source's acks.
+   released it, or stalls its source's acks. A record over ``max_record_bytes`` (Kafka would refuse it for good)
+   is refused the same way with ``invalid_payload``, counted as ``records_too_large``.
 9. Clock steps, caught at the first event after them (docs/architecture.md, "Clock steps"). Every source with a
    clock estimate (one ``clock_changed`` seen) is checked on each accepted event: with its current mapping
    ``(ref, err)``, the apparent delay ``arrival - ref`` is the network delay plus a mapping error within ``err``.
@@ -115,6 +116,8 @@ PRESSURE_CHECK_INTERVAL_US = 20_000
 STALL_GRACE_US = 2_000_000
 DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
 SOURCE_RETENTION_US = 7 * 24 * 3600 * 1_000_000
+# The broker's default message.max.bytes (1048588) less room for the record batch's own overhead.
+MAX_RECORD_BYTES = 1_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
 DELIVERY_LATENCY_SAMPLES = 4096
 # Rule 9. How long a source's events are held for its re-sync after a clock step: an SDK burst takes a few round
@@ -151,6 +154,9 @@ class IngestConfig:
     # events older than that are then taken as new. Must exceed how long a source may stay away with unacked
     # events (its spool): a week by default.
     source_retention_us: int = SOURCE_RETENTION_US
+    # Kafka refuses a record over the broker's message.max.bytes (1 MB by default) for good: such an event is
+    # refused at release, like an invalid payload (rule 8), instead of failing its shard's transaction forever.
+    max_record_bytes: int = MAX_RECORD_BYTES
     clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
     clock_step_delay_margin_us: int = CLOCK_STEP_DELAY_MARGIN_US
 
@@ -241,6 +247,7 @@ class GatewayCounters:
     clock_step_false_alarms: int = 0  # holds the re-sync showed were no step (a delayed event): released as they were
     clock_step_unresolved: int = 0  # events sent to the late topic because their source's step was not resolved
     sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
+    records_too_large: int = 0  # events refused because their record exceeds max_record_bytes (rule 8)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -724,6 +731,9 @@ class IngestCore:
                 except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
                     actions.append(self._encode_failed(record.source_id, record.stream, record.seq, exc))
                     continue
+                if len(value) > self.config.max_record_bytes:
+                    actions.append(self._too_large(record.source_id, record.stream, record.seq, len(value)))
+                    continue
                 delivery = DeliveryRef(record.source_id, record.stream, record.seq, output.topic,
                                        record.release_ts_us)
                 actions.append(Produce(topic, record.key, value, delivery))
@@ -747,6 +757,17 @@ class IngestCore:
         # (rule 6). A late-topic delivery alone leaves the events topic's progress as it was.
         if moves_progress and self._progress[stream].consumed(source_id, acked):
             self._dirty_streams.add(stream)
+
+    def _too_large(self, source_id: str, stream: str, seq: int, size: int) -> SendToSource:
+        """Kafka would refuse the record for good (the broker's message.max.bytes): refused here instead, with a
+        reason, so that it neither fails a transaction nor comes back with every resend (rule 8)."""
+        self.counters.records_too_large += 1
+        log.warning("refused %s/%s seq %d: its record is %d bytes, over %d", source_id, stream, seq, size,
+                    self.config.max_record_bytes)
+        self._settle_unpublished(source_id, stream, seq)
+        return SendToSource(source_id, encode_frame(messages.build_error(
+            InvalidPayload.code, f"the event's record is {size} bytes, over the Kafka record limit of "
+            f"{self.config.max_record_bytes}", False, stream, seq)))
 
     def _encode_failed(self, source_id: str, stream: str, seq: int, error: Exception) -> SendToSource:
         self.counters.encode_failures += 1

@@ -282,9 +282,14 @@ class ShardRuntime:
     def _on_delivery(self, delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
         offset = message.offset() if error is None else None
         if self._transactional:
+            # A failed one fails the commit, which gives the shard up.
             self._uncommitted.append((delivery, None if error is None else str(error), offset))
             return
         self.core.on_delivered(delivery, None if error is None else str(error), offset, self._clock_us())
+        if error is not None:
+            # librdkafka retried it until message.timeout.ms: the source would wait for its ack forever. The shard
+            # restarts from what Kafka has; its sources are told shard_moved, reconnect and resend.
+            self.fail(f"a Kafka delivery failed for good: {error}")
 
     async def _commit_forever(self) -> None:
         while True:

@@ -673,3 +673,17 @@ def test_expiry_keeps_recent_sources_and_starts_the_clock_of_sources_from_older_
     progress = StreamProgress("s", 10, {"recent": 5, "stale": 9, "legacy": 3}, None, {"recent": 900, "stale": 100})
     assert progress.expire(1_000, 500) == ["stale"]
     assert (progress.next_seq, progress.seen_us) == ({"recent": 5, "legacy": 3}, {"recent": 900, "legacy": 1_000})
+
+
+def test_a_record_kafka_would_refuse_for_good_is_refused_with_a_reason_and_acked_over():
+    core = make_core(max_record_bytes=400)
+    core.source_registered("a", ("s",), T0)
+    big = IncomingEvent("s", 0, T0 + 10, "x" * 400)
+    actions = core.events_received(CONN, "a", (big, IncomingEvent("s", 1, T0 + 20, "small")), T0 + 100)
+    refusals = [a for a in actions if isinstance(a, SendToSource)]
+    size = len(EventRecord("s", "a", 0, T0 + 10, T0 + 10, 0, T0 + 100, T0 + 100, payload="x" * 400).to_json())
+    assert refusals == [SendToSource("a", encode_frame(build_error(
+        "invalid_payload", f"the event's record is {size} bytes, over the Kafka record limit of 400", False, "s", 0)))]
+    assert seqs(actions) == [1] and core.counters.records_too_large == 1
+    deliver(core, actions, T0 + 200)
+    assert core.due_acks() == [SendToSource("a", ack("s", 1))]  # the ack moves over the refused seq
