@@ -63,6 +63,9 @@ QUEUE_FULL_RETRY_S = 0.005
 # One init/commit/abort call: the transaction coordinator answers in milliseconds; a call this long means the
 # cluster is unreachable, and the shard is given up (its sources fail over or wait for it to come back).
 TRANSACTION_CALL_TIMEOUT_S = 30.0
+# Records released by the core and not yet with librdkafka: up to this many, a connection goes on reading; past it,
+# it waits for the producer (Kafka's back-pressure reaches the sources as TCP back-pressure).
+MAX_UNPRODUCED_RECORDS = 20_000
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
 
@@ -365,6 +368,11 @@ class ShardRuntime:
             return
         if self._producer_task is None or self._producer_task.done():
             raise ShardLost(f"shard {self.shard}: its Kafka producer task is not running")
+        if self._unproduced_records + len(writes) <= MAX_UNPRODUCED_RECORDS:
+            # Not waited for: a commit holds the producer for its round trip, and a connection waiting through it
+            # would stop reading its source, which the merge would then time out (its events late, not slow).
+            self._enqueue(writes)
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._enqueue(writes, done)
         try:
