@@ -15,7 +15,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-GROUPS = [("process", "Process faults"), ("network", "Network faults"), ("clock", "Clock faults"),
+GROUPS = [("process", "Process faults"), ("cluster", "Gateway cluster faults"), ("network", "Network faults"), ("clock", "Clock faults"),
           ("hostile", "Hostile input"), ("load", "Load")]
 
 FIXES = [

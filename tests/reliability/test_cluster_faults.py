@@ -23,6 +23,7 @@ from clients import Backoff, SkewlessClient
 from contract.sharding import shard_of
 from contract.topics import TopicNames
 from gateway.launch import GatewayAddresses, spawn_gateway_async
+from tests.reliability.harness import record_outcome
 
 SHARDS = 6
 SOURCES = 20
@@ -107,7 +108,7 @@ def committed_partitions(servers: str, topic: str) -> dict[int, list[dict[str, A
     return result
 
 
-def assert_exactly_once_in_order(servers: str, prefix: str, sources: list[str]) -> None:
+def assert_exactly_once_in_order(servers: str, prefix: str, sources: list[str]) -> dict[str, int]:
     topics = TopicNames(prefix)
     partitions = committed_partitions(servers, topics.events(STREAM))
     late = committed_partitions(servers, topics.late(STREAM))
@@ -129,6 +130,8 @@ def assert_exactly_once_in_order(servers: str, prefix: str, sources: list[str]) 
     assert late_events == [], late_events[:5]
     for source_id, seqs in seen.items():
         assert seqs == list(range(EVENTS_PER_SOURCE)), (source_id, len(seqs), seqs[:10])
+    return {"events": sum(len(s) for s in seen.values()), "lost": 0, "duplicated": 0, "late": len(late_events),
+            "punctuations": sum(1 for records in partitions.values() for r in records if r["kind"] == "punctuation")}
 
 
 async def run_sources(gateways: list[GatewayProcess], sources: list[str], *,
@@ -193,9 +196,16 @@ async def test_sigkill_of_one_of_three_gateways_moves_its_shards_and_loses_or_du
         assert set(after.values()) <= {(await health(g))["gateway_id"] for g in survivors}
     finally:
         await stop_all(gateways)
-    assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
-    print(f"failover (SIGKILL -> every moved source acked by its new owner): {measured['failover_s']:.2f} s")
+    summary = assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
     assert measured["failover_s"] < 30.0
+    record_outcome(
+        "Gateway cluster: SIGKILL of 1 of 3 gateways", group="cluster",
+        injected=f"3 gateway processes, {SHARDS} shards, {SOURCES} SDK sources with pools of 2; the owner of "
+                 f"{len(victim_shards)} shards SIGKILLed a third of the way through",
+        checked="every seq once per source, in seq order, in its shard's partition; reference order and "
+                "punctuations exact per partition; nothing late; failover = kill until every moved source was "
+                "acked by its new owner",
+        outcome={**summary, "moved_shards": len(victim_shards), "failover_s": round(measured["failover_s"], 2)})
 
 
 @pytest.mark.timeout(300)
@@ -217,9 +227,20 @@ async def test_a_gateway_paused_past_its_session_timeout_is_fenced_and_its_sourc
 
         await run_sources(gateways, sources, during=pause_past_session_timeout)
         await wait_all_shards_served(gateways)
+        woken = await health(zombie)
+        # It woke up believing it owned its shards: its transactions were fenced, and it gave them up.
+        assert woken["shard_handovers"] >= 1, woken
     finally:
         await stop_all(gateways)
-    assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+    summary = assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+    record_outcome(
+        "Gateway cluster: zombie paused past its session timeout", group="cluster",
+        injected=f"2 gateway processes, {SHARDS} shards, {SOURCES} SDK sources; one gateway SIGSTOPped for 9 s "
+                 "(session timeout 6 s) mid-stream, then SIGCONT",
+        checked="what committed readers see: every seq once, in order, in its shard's partition, reference order; "
+                "the woken gateway gave its shards up (fenced), its sources ended on the new owner",
+        outcome={**summary, "zombie_shard_handovers": woken["shard_handovers"],
+                 "zombie_last_shard_failure": woken["last_shard_failure"]})
 
 
 @pytest.mark.timeout(300)
@@ -245,7 +266,13 @@ async def test_rolling_restart_and_a_gateway_added_and_one_removed_under_load(ka
         await wait_all_shards_served(gateways)
     finally:
         await stop_all(gateways)
-    assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+    summary = assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources)
+    record_outcome(
+        "Gateway cluster: rolling restart, one added, one removed", group="cluster",
+        injected=f"{SOURCES} SDK sources on 2 gateways; a third added, then each of the 3 restarted in turn "
+                 "(SIGTERM, new process), then one removed, all under load",
+        checked="every seq once, in order, in its shard's partition; reference order; nothing late",
+        outcome=summary)
 
 
 async def test_wrong_cluster_configurations_are_refused_with_one_clear_line(kafka, topic_prefix):
