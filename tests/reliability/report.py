@@ -15,8 +15,8 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-GROUPS = [("process", "Process faults"), ("cluster", "Gateway cluster faults"), ("network", "Network faults"), ("clock", "Clock faults"),
-          ("hostile", "Hostile input"), ("load", "Load")]
+GROUPS = [("process", "Process faults"), ("cluster", "Gateway cluster faults"), ("network", "Network faults"),
+          ("clock", "Clock faults"), ("hostile", "Hostile input"), ("load", "Load")]
 
 FIXES = [
     ("gateway/server.py", "A 5 s (and 30 s) Kafka stall sent 750 in-order events of one source to the late topic: "
