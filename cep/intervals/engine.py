@@ -331,7 +331,7 @@ class IntervalEngine:
         return out
 
     def _join_order(self, first: str) -> list[str]:
-        """Bind the most constrained element next (indexed ones first): the DFS order along the virtual edges."""
+        """The naive evaluator's fixed nested-loop order: the most constrained element next."""
         order = [first]
         rest = [a for a in self.query.positives if a != first]
         while rest:
@@ -617,7 +617,20 @@ class IntervalEngine:
     # -- join -------------------------------------------------------------------------------------------------
     def _join(self, alias: str, entry: _Entry, in_order: bool, out: list[IntervalOutput]) -> None:
         self.counters.joins += 1
-        order = self._join_orders[alias]
+        if self._naive:
+            order = self._join_orders[alias]
+        else:
+            # The DFS order is chosen per join: an element with an empty buffer ends it at once, and among the
+            # elements restricted by those already bound the one with the fewest entries goes next (fail fast).
+            rest = [a for a in self.query.positives if a != alias]
+            if any(not self._buffers[a].entries for a in rest):
+                return
+            order = [alias]
+            while rest:
+                nxt = min(rest, key=lambda a: (not any(self._checks[(a, b)] for b in order),
+                                               len(self._buffers[a].entries)))
+                order.append(nxt)
+                rest.remove(nxt)
         binding: dict[str, _Entry] = {alias: entry}
         assert entry.te is not None
         self._extend(order, 1, binding, entry.ts, entry.te, in_order, out)
