@@ -26,7 +26,8 @@ _INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "
 # Ordering waits, in seconds (TOML floats or env strings): how long a gap or a silent source is waited for before
 # the gateway gives up on it. A deployment that must ride out network partitions of N seconds sets them above N.
 _FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s",
-               "clock_step_hold_s", "session_timeout_s", "commit_interval_s", "source_retention_s"}
+               "clock_step_hold_s", "session_timeout_s", "commit_interval_s", "source_retention_s",
+               "idle_punctuation_lag_s"}
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
     "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
     "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
@@ -64,6 +65,10 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             setattr(config, name, settings[name])
     if config.shards < 1:
         raise ConfigError(f"shards must be >= 1, got {config.shards}")
+    if "idle_punctuation_lag_s" in settings:
+        lag_s = float(settings["idle_punctuation_lag_s"])
+        # 0 (or less) turns rule 10 off: a deployment whose every shard always has live sources of every stream.
+        config.idle_punctuation_lag_s = lag_s if lag_s > 0 else None
     if "source_retention_s" in settings:
         retention_s = float(settings["source_retention_s"])
         if retention_s <= 0:

@@ -83,6 +83,12 @@ Rules:
    reorderer then skips their seqs as a gap.
    The check's mapping is the one the event is pushed with (``IngestPipeline.push(mapped=...)``): the pipeline and
    the merger do not map an event again in the same call, so the check costs one mapping, not one more.
+10. Idle punctuation: the Spark jobs advance a stream to the minimum over its events topic's partitions of their
+   latest punctuations, so a shard with no source of a stream would hold the whole stream back forever.
+   ``punctuate_idle`` (the shell calls it every second for every stream of the deployment) punctuates a stream that
+   no source of the shard has joined at ``now - idle_lag_us`` when its watermark trails that. A source that joins
+   the shard later with events older than that finds them late (``after_punctuation``), as any source behind a
+   promised watermark does. Streams with sources are left to the merge: their quiet periods are its business.
 """
 
 from __future__ import annotations
@@ -248,6 +254,7 @@ class GatewayCounters:
     clock_step_unresolved: int = 0  # events sent to the late topic because their source's step was not resolved
     sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
     records_too_large: int = 0  # events refused because their record exceeds max_record_bytes (rule 8)
+    idle_punctuations: int = 0  # punctuations of streams the shard holds nothing of (rule 10)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -409,6 +416,23 @@ class IngestCore:
             outputs += self.pipeline.expect(source_id, stream, now_us)
         self.counters.recovered_sources += len(progress.next_seq)
         return self._publish(outputs)
+
+    def punctuate_idle(self, stream: str, now_us: int, idle_lag_us: int) -> list[IngestAction]:
+        """Rule 10: a stream no source of this shard ever joined, whose watermark trails ``now_us`` by more than
+        ``idle_lag_us``, is punctuated at ``now_us - idle_lag_us`` (the merge's floor moves with it)."""
+        if stream not in self._progress or self.pipeline.has_sources(stream):
+            return []
+        watermark_us = now_us - idle_lag_us
+        current_us = self.pipeline.watermark_us(stream)
+        promised_us = self._progress[stream].watermark_us
+        if max(current_us or watermark_us - 1, promised_us or watermark_us - 1) >= watermark_us:
+            return []
+        self.pipeline.restore_watermark(stream, watermark_us)
+        self._progress[stream].promise(watermark_us)
+        self._dirty_streams.add(stream)
+        self.counters.idle_punctuations += 1
+        value = PunctuationRecord(stream, watermark_us, now_us).to_json()
+        return [Produce(self.topics.events(stream), PUNCTUATION_KEY, value, None)]
 
     def stream_progress(self, stream: str) -> StreamProgress | None:
         return self._progress.get(stream)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from broker.client import KafkaClientConfig
 from broker.cluster import ClusterConfigError, OwnerDirectory, claim_cluster, ensure_control_topic, ensure_partitions
 from broker.membership import GroupMembership, SharesAssigned, SharesLost, SharesRevoked
@@ -90,6 +92,8 @@ SHARD_UNAVAILABLE_RETRY_MS = 500
 # After a runtime failed (fenced, aborted), a shard still assigned here is taken up again after this pause.
 SHARD_RESTART_BACKOFF_S = 0.5
 REFERENCE_ERROR_REFRESH_S = 16.0
+IDLE_PUNCTUATION_INTERVAL_S = 1.0
+STREAM_DISCOVERY_INTERVAL_S = 10.0
 SHARD_MOVED = "shard_moved"
 SHARD_UNAVAILABLE = "shard_unavailable"
 
@@ -148,6 +152,9 @@ class GatewayConfig:
     # one host's clock; a fixed bound; or chrony's own bound, re-read every REFERENCE_ERROR_REFRESH_S.
     reference_error_us: int = 0
     reference_error_from_chrony: bool = False
+    # A stream a shard holds nothing of is punctuated this far behind the reference clock (gateway.ingest, rule
+    # 10), so a quiet shard does not hold the stream's Spark watermark back; None: never.
+    idle_punctuation_lag_s: float | None = 5.0
     # Sources silent for longer leave the progress checkpoints (gateway.ingest, rule 6).
     source_retention_us: int = SOURCE_RETENTION_US
 
@@ -259,6 +266,8 @@ class Gateway:
             client, self.topics.gateway_group, self.topics.cluster, instance_id=self.config.instance_id,
             session_timeout_ms=round(self.config.session_timeout_s * 1000))
         self._start_task(self._follow_membership(), "cluster-membership")
+        if self.config.idle_punctuation_lag_s is not None:
+            self._start_task(self._punctuate_idle_shards(), "idle-punctuation")
         self._start_task(self._sweep_timeouts(), "session-timeouts")
         if self.config.metrics_port is not None:
             self._metrics = MetricsServer(make_registry(self, self.labeled_counters), self.health)
@@ -390,6 +399,35 @@ class Gateway:
                     log.warning("keeping the last reference clock error bound (%d us): %s", self.reference_error_us,
                                 exc)
                 self.reference_error_problem = str(exc)
+
+    async def _punctuate_idle_shards(self) -> None:
+        """Every second, every owned shard punctuates the deployment's streams it holds nothing of (rule 10). The
+        streams are the events topics under the prefix (listed every STREAM_DISCOVERY_INTERVAL_S) plus those
+        sources named here."""
+        assert self.config.idle_punctuation_lag_s is not None
+        lag_us = round(self.config.idle_punctuation_lag_s * 1_000_000)
+        loop = asyncio.get_running_loop()
+        discovered: set[str] = set()
+        next_discovery_s = 0.0
+        while True:
+            await asyncio.sleep(IDLE_PUNCTUATION_INTERVAL_S)
+            if loop.time() >= next_discovery_s:
+                next_discovery_s = loop.time() + STREAM_DISCOVERY_INTERVAL_S
+                try:
+                    discovered = await loop.run_in_executor(None, self._list_streams)
+                except KafkaException as exc:
+                    log.warning("could not list the deployment's streams: %s", exc)
+            streams = discovered | self._known_streams
+            if not streams:
+                continue
+            for runtime in list(self._shards.values()):
+                with contextlib.suppress(ShardLost):  # its failure path gives it up
+                    await runtime.punctuate_idle(streams, lag_us)
+
+    def _list_streams(self) -> set[str]:
+        prefix = f"{self.topics.prefix}.events."
+        topics = self.config.kafka_client.admin().list_topics(timeout=10).topics
+        return {name.removeprefix(prefix) for name in topics if name.startswith(prefix)}
 
     async def _sweep_timeouts(self) -> None:
         while True:

@@ -448,6 +448,18 @@ class ShardRuntime:
                 self._deadline_changed.set()
                 await self._carry_out(actions)
 
+    async def punctuate_idle(self, streams: set[str], idle_lag_us: int) -> None:
+        """Rule 10 for every stream of the deployment (recovering the ones this shard has not seen yet)."""
+        if not self.serving:
+            return
+        await self._ensure_streams(tuple(sorted(streams)), frozenset())
+        now_us = self._clock_us()
+        actions: list[IngestAction] = []
+        for stream in sorted(streams):
+            actions += self.core.punctuate_idle(stream, now_us, idle_lag_us)
+        if actions:
+            await self._carry_out(actions)
+
     # -- what metrics read --------------------------------------------------------------------------------------
 
     def pending(self) -> int:

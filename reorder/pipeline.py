@@ -234,6 +234,11 @@ class IngestPipeline:
                 held[source_id] = held.get(source_id, 0) + queued
         return held
 
+    def has_sources(self, stream: str) -> bool:
+        """Whether any source ever joined the stream here (registered, recovered, or sent to it)."""
+        pipeline = self._streams.get(stream)
+        return pipeline is not None and bool(pipeline.reorderers or pipeline.merger.sources())
+
     def watermark_us(self, stream: str) -> int | None:
         pipeline = self._streams.get(stream)
         return None if pipeline is None else pipeline.merger.watermark_us

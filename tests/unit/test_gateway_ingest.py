@@ -687,3 +687,27 @@ def test_a_record_kafka_would_refuse_for_good_is_refused_with_a_reason_and_acked
     assert seqs(actions) == [1] and core.counters.records_too_large == 1
     deliver(core, actions, T0 + 200)
     assert core.due_acks() == [SendToSource("a", ack("s", 1))]  # the ack moves over the refused seq
+
+
+def test_a_stream_the_shard_holds_nothing_of_is_punctuated_behind_the_clock_and_its_merge_floor_moves():
+    lag_us = 5_000_000
+    core = make_core()
+    now_us = T0 + 60_000_000
+    assert core.punctuate_idle("s", now_us, lag_us) == [
+        Produce(EVENTS, PUNCTUATION_KEY, PunctuationRecord("s", now_us - lag_us, now_us).to_json(), None)]
+    assert core.punctuate_idle("s", now_us + 10, lag_us) == [
+        Produce(EVENTS, PUNCTUATION_KEY, PunctuationRecord("s", now_us + 10 - lag_us, now_us + 10).to_json(), None)]
+    assert core.counters.idle_punctuations == 2
+    # The promise is kept: a quiet source resuming with an event older than it finds it late.
+    core.source_registered("a", ("s",), now_us + 20)
+    actions = core.events_received(CONN, "a", (IncomingEvent("s", 0, now_us - lag_us, 0),), now_us + 30)
+    (late,) = [a for a in actions if isinstance(a, Produce) and a.topic == TOPICS.late("s")]
+    assert orjson.loads(late.value)["late_reason"] == "after_punctuation"
+    assert core.punctuate_idle("unknown", now_us, lag_us) == []  # only streams the shard has recovered
+
+
+def test_a_stream_with_sources_is_left_to_the_merge_even_when_they_are_quiet():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    assert core.pipeline.has_sources("s")
+    assert core.punctuate_idle("s", T0 + 60_000_000, 5_000_000) == []
