@@ -140,7 +140,9 @@ class GatewayConfig:
     # The address clients are redirected to; default: `host`, or this machine's name when `host` is a wildcard.
     advertised_host: str | None = None
     # Kafka static group membership (group.instance.id): a gateway restarted with the same id takes its shards back
-    # at once instead of after the session timeout; None: dynamic membership (a clean stop hands shards on at once).
+    # at once instead of after the session timeout (but a clean stop hands them on only after it, too). None: the
+    # gateway's advertised host:port when its port is fixed, else dynamic membership (a clean stop hands shards on
+    # at once).
     instance_id: str | None = None
     # How long the group coordinator waits for a silent gateway before moving its shards (failover time).
     session_timeout_s: float = 6.0
@@ -194,6 +196,7 @@ class Gateway:
             clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
             source_retention_us=config.source_retention_us)
         self.gateway_id = config.gateway_id or ""
+        self.instance_id: str | None = None
         self._server: asyncio.Server | None = None
         self._metrics: MetricsServer | None = None
         self._membership: GroupMembership | None = None
@@ -262,8 +265,12 @@ class Gateway:
             self.gateway_id = f"{self.advertised_host}:{self.port}/{uuid.uuid4().hex[:8]}"
         client = self.config.kafka_client
         self._directory = OwnerDirectory(client, self.topics.cluster, self.config.shards)
+        # A gateway on a fixed address is a static member by default: restarted (crash, upgrade) on the same address
+        # it takes its shards back at once instead of after the session timeout. On port 0 it has no stable identity.
+        self.instance_id = self.config.instance_id or (
+            f"{self.advertised_host}:{self.port}" if self.config.port else None)
         self._membership = GroupMembership(
-            client, self.topics.gateway_group, self.topics.cluster, instance_id=self.config.instance_id,
+            client, self.topics.gateway_group, self.topics.cluster, instance_id=self.instance_id,
             session_timeout_ms=round(self.config.session_timeout_s * 1000))
         self._start_task(self._follow_membership(), "cluster-membership")
         if self.config.idle_punctuation_lag_s is not None:
@@ -790,7 +797,8 @@ class Gateway:
         runtimes = list(self._shards.values())
         last_delivery = [r.core.last_delivery_us for r in runtimes if r.core.last_delivery_us is not None]
         last_error = [r.core.last_kafka_error for r in runtimes if r.core.last_kafka_error is not None]
-        return {"status": status, "gateway_id": self.gateway_id, "cluster": self.config.cluster,
+        return {"status": status, "gateway_id": self.gateway_id, "instance_id": self.instance_id,
+                "cluster": self.config.cluster,
                 "shards": self.config.shards, "pid": os.getpid(),
                 "serving_shards": sorted(k for k, r in self._shards.items() if r.serving),
                 "starting_shards": sorted(self._starting), "shard_handovers": self.shard_handovers,
