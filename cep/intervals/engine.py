@@ -46,6 +46,7 @@ Results and modes:
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -154,13 +155,15 @@ class _Entry:
 class _Buffer:
     """One element's entries, sorted on its index endpoint (``ts`` or ``te``); equal keys keep arrival order."""
 
-    __slots__ = ("endpoint", "entries", "indexed", "vals")
+    __slots__ = ("endpoint", "entries", "indexed", "min_ts", "vals")
 
     def __init__(self, endpoint: str, indexed: bool) -> None:
         self.endpoint = endpoint
         self.indexed = indexed
         self.vals: list[int] = []
         self.entries: list[_Entry] = []
+        self.min_ts: float = _INF
+        """The smallest start buffered (the window purge skips a buffer whose oldest start is still in)."""
 
     def _val(self, e: _Entry) -> int:
         v = e.ts if self.endpoint == "ts" else e.te
@@ -172,6 +175,7 @@ class _Buffer:
         i = bisect.bisect_right(self.vals, v)
         self.vals.insert(i, v)
         self.entries.insert(i, e)
+        self.min_ts = min(self.min_ts, e.ts)
 
     def remove(self, e: _Entry) -> bool:
         v = self._val(e)
@@ -180,6 +184,8 @@ class _Buffer:
             if self.entries[i] is e:
                 del self.vals[i]
                 del self.entries[i]
+                if e.ts == self.min_ts:
+                    self.min_ts = min((x.ts for x in self.entries), default=_INF)
                 return True
             i += 1
         return False
@@ -293,6 +299,8 @@ class IntervalEngine:
         """(alias, uid) -> ts of IBPs dropped early: their interval is dropped on arrival."""
         self._seen_complete: dict[str, int] = {}
         """uid -> ts of intervals already arrived: their late IBP is ignored."""
+        self._expiry: list[tuple[int, str, str]] = []
+        """Heap of (ts, alias or "", uid) over both maps above: purged in ts order, not by rescanning them."""
         self._pending: dict[tuple[str, ...], _Pending] = {}
         self._purged = False
 
@@ -381,6 +389,7 @@ class IntervalEngine:
         q = self.query
         uid = interval.event_id if interval.event_id is not None else f"#{self._seq}"
         self._seen_complete[uid] = interval.start_ts_us
+        heapq.heappush(self._expiry, (interval.start_ts_us, "", uid))
         aliases = q.aliases_of_type(interval.event_type)
         if not aliases:
             self.counters.ignored += 1
@@ -395,6 +404,7 @@ class IntervalEngine:
                 if entry is not None:
                     self._buffers[alias].remove(entry)
                     self._gauge(-1)
+                    removed = True
                 self.counters.ignored += 1
                 continue
             if (alias, uid) in self._dropped_begins:
@@ -411,8 +421,8 @@ class IntervalEngine:
                 if alias in opened:
                     self._buffers[alias].remove(entry)
                     self._gauge(-1)
+                    removed = True  # only a buffer that changed can leave other entries without a partner
                 self.counters.dropped_on_arrival += 1
-                removed = True
                 continue
             if alias not in opened:
                 self._buffers[alias].insert(entry)
@@ -451,8 +461,8 @@ class IntervalEngine:
                 entry = self._new_entry(uid, begin.start_ts_us, None, begin.attrs, None)
                 if self._no_partner(alias, entry):
                     self._dropped_begins[(alias, uid)] = begin.start_ts_us
+                    heapq.heappush(self._expiry, (begin.start_ts_us, alias, uid))
                     self.counters.begins_dropped += 1
-                    removed = True
                     continue
                 self._buffers[alias].insert(entry)
                 self._gauge(1)
@@ -583,6 +593,7 @@ class IntervalEngine:
                 if not per:
                     del self._open[e.uid]
             self._dropped_begins[(alias, e.uid)] = e.ts
+            heapq.heappush(self._expiry, (e.ts, alias, e.uid))
 
     def _purge(self) -> None:
         """Window purge: ``x.ts + W + K < CLOCK`` (IO3's K-ISlack purge, Li's Algorithm 9 with t -> ts).
@@ -592,7 +603,7 @@ class IntervalEngine:
         assert self._clock is not None
         bound = self._clock - self._k - self._w  # purge x iff x.ts < bound
         for alias, buf in self._buffers.items():
-            if not buf.entries:
+            if buf.min_ts >= bound:
                 continue
             if buf.endpoint == "ts":
                 j = bisect.bisect_left(buf.vals, bound)
@@ -611,8 +622,13 @@ class IntervalEngine:
             self._gauge(len(keep) - len(lst))
             self.counters.window_purged += len(lst) - len(keep)
             self._neg[alias] = keep
-        self._dropped_begins = {k: ts for k, ts in self._dropped_begins.items() if ts >= bound}
-        self._seen_complete = {k: ts for k, ts in self._seen_complete.items() if ts >= bound}
+        expiry = self._expiry
+        while expiry and expiry[0][0] < bound:
+            _ts, alias, uid = heapq.heappop(expiry)
+            if alias:
+                self._dropped_begins.pop((alias, uid), None)
+            else:
+                self._seen_complete.pop(uid, None)
 
     # -- join -------------------------------------------------------------------------------------------------
     def _join(self, alias: str, entry: _Entry, in_order: bool, out: list[IntervalOutput]) -> None:
@@ -844,7 +860,7 @@ class IntervalEngine:
         self._open = {}
         for a, entries in state["buffers"].items():
             buf = self._buffers[a]
-            buf.vals, buf.entries = [], []
+            buf.vals, buf.entries, buf.min_ts = [], [], _INF
             for d in entries:
                 e = _Entry.from_dict(d)
                 buf.insert(e)
@@ -857,6 +873,9 @@ class IntervalEngine:
                     self._open.setdefault(e.uid, {})[a] = e
         self._dropped_begins = {(str(a), str(u)): int(ts) for a, u, ts in state["dropped_begins"]}
         self._seen_complete = {str(k): int(v) for k, v in state["seen_complete"].items()}
+        self._expiry = [(ts, a, u) for (a, u), ts in self._dropped_begins.items()]
+        self._expiry += [(ts, "", u) for u, ts in self._seen_complete.items()]
+        heapq.heapify(self._expiry)
         self._pending = {}
         for p in state["pending"]:
             binding = {a: _Entry.from_dict(d) for a, d in p["binding"].items()}
