@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from broker.admin import ensure_topics
+from broker.cluster import ClusterConfigError, ensure_partitions
 from broker.jars import ensure_kafka_jars, ensure_spark_jars
 from broker.launcher import KafkaBroker
 from contract.topics import TopicNames
@@ -51,10 +52,15 @@ def kafka_topics(
     streams: Annotated[list[str], typer.Argument(help="Stream names whose events/late topics to create.")],
     bootstrap: Annotated[str, typer.Option(help="Bootstrap servers.")] = "127.0.0.1:9092",
     prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
+    shards: Annotated[int, typer.Option(help="The deployment's shard count: one partition per shard.", min=1)] = 1,
 ) -> None:
-    """Create the events and late topics of the given streams (one partition each: see the record contract)."""
+    """Create the events and late topics of the given streams, one partition per shard (docs/cluster.md)."""
     names = TopicNames(prefix)
-    ensure_topics(bootstrap, [t for s in streams for t in (names.events(s), names.late(s))])
+    try:
+        ensure_partitions(bootstrap, [t for s in streams for t in (names.events(s), names.late(s))], shards)
+    except ClusterConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def setup() -> None:
