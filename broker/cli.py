@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from broker.admin import ensure_topics
 from broker.cluster import ClusterConfigError, ensure_partitions
 from broker.jars import ensure_kafka_jars, ensure_spark_jars
 from broker.launcher import KafkaBroker
@@ -22,11 +21,10 @@ WorkDir = Annotated[Path | None, typer.Option("--dir", help="Broker state/data d
 def kafka_start(
     work_dir: WorkDir = None,
     port: Annotated[int | None, typer.Option(help="Client port on 127.0.0.1 (default: a free one).")] = None,
-    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
 ) -> None:
-    """Format storage, start the broker in the background, wait until it answers, create the base topics."""
+    """Format storage, start the broker in the background and wait until it answers. The gateways create their
+    topics (with one partition per shard) when they start."""
     state = KafkaBroker(work_dir, port=port).start()
-    ensure_topics(state.bootstrap_servers, [TopicNames(prefix).sources], config={"cleanup.policy": "compact"})
     typer.echo(state.bootstrap_servers)
 
 
