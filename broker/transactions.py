@@ -9,12 +9,12 @@ records, so a paused gateway that wakes up after losing its shard cannot make an
 Threading. The transaction calls (``init``, ``commit``, ``abort``) block on broker round trips: run them in an
 executor thread. What may overlap:
 
-- ``produce()`` and ``poll()`` may run on the caller's thread while ``begin()``-ed transaction is open; both are
-  thread-safe in librdkafka.
-- **Never ``produce()`` while ``commit()`` or ``abort()`` runs** (confluent-kafka: messages produced during
-  commit_transaction belong to no transaction; librdkafka refuses them with a state error or, worse, they race the
-  end marker). Stop producing, call ``commit()``, and produce again only after it returned and ``begin()`` opened
-  the next transaction. ``poll()`` may keep running during ``commit()``.
+- ``produce()`` and ``poll()`` may run on the caller's thread while a transaction is open and no transaction
+  call runs; both are thread-safe in librdkafka.
+- **Never ``produce()`` while ``commit()`` or ``abort()`` runs**: librdkafka's transactional API allows no
+  produce between the start of commit_transaction/abort_transaction and the next begin_transaction (such a
+  record would belong to no transaction). Stop producing, call ``commit()``, and produce again only after it
+  returned and ``begin()`` opened the next transaction. ``poll()`` may keep running during ``commit()``.
 - Two transaction calls must not overlap each other.
 
 Delivery callbacks always run on the thread that calls ``poll()``: commit_transaction flushes the queue itself and
