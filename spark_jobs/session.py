@@ -60,10 +60,21 @@ def kafka_connector_coordinate(spark_version: str, pyspark_jars_dir: Path) -> st
     return f"{KAFKA_CONNECTOR_ARTIFACT}_{scala[0]}:{spark_version}"
 
 
+def pyspark_jars_dir() -> Path:
+    """The jars of the Spark this pyspark drives: $SPARK_HOME/jars (set by spark-submit, whose drivers import
+    pyspark from python/lib/pyspark.zip), else the pip-installed pyspark's own jars directory."""
+    import pyspark
+
+    here = Path(pyspark.__file__).resolve().parent
+    candidates = [Path(os.environ["SPARK_HOME"]) / "jars"] if os.environ.get("SPARK_HOME") else []
+    candidates += [parent / "jars" for parent in (here, *here.parents)]
+    return next((c for c in candidates if any(c.glob("scala-library-*.jar"))), here / "jars")
+
+
 def installed_kafka_connector_coordinate() -> str:
     import pyspark
 
-    return kafka_connector_coordinate(pyspark.__version__, Path(pyspark.__file__).parent / "jars")
+    return kafka_connector_coordinate(pyspark.__version__, pyspark_jars_dir())
 
 
 @dataclass(frozen=True)
@@ -174,14 +185,13 @@ def create_spark_session(app_name: str = "skewless", master: str | None = None,
     plan = plan_session(launcher_conf(), os.environ, master=master, shuffle_partitions=shuffle_partitions)
     for name, value in plan.environ_defaults.items():
         os.environ.setdefault(name, value)
-    import pyspark
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     if plan.master is not None:
         builder = builder.master(plan.master)
     if plan.connector == "maven_cache":
-        jars = connector_jars(ensure_spark_jars(), Path(pyspark.__file__).parent / "jars")
+        jars = connector_jars(ensure_spark_jars(), pyspark_jars_dir())
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     for key, value in {**plan.conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
