@@ -45,7 +45,7 @@ PARTITIONS = 2
 INTERVALS_MS = (10, 50, 100, 200, 1000)
 # Records per pacing tick: sleeping per record would cost more than the 200 us between records at 5,000/s.
 TICK_S = 0.001
-SETTLE_S = 1.0
+SETTLE_S = 0.5
 
 
 def make_values(count: int = 1000) -> list[tuple[bytes, bytes, int]]:
@@ -203,110 +203,145 @@ def transactional_run(servers: str, topic: str, values: list[tuple[bytes, bytes,
         publisher.close()
 
 
-def write_report(results: list[ModeResult], rate: float, saturated_s: float, paced_s: float, rounds: int,
-                 load: tuple[float, float]) -> None:
+def pooled(rounds: list[list[ModeResult]]) -> list[ModeResult]:
+    """Every round's samples together; throughput is the median over rounds."""
+    merged = []
+    for i, first in enumerate(rounds[0]):
+        mode = ModeResult(first.name, first.interval_ms)
+        mode.durable_per_s = statistics.median(r[i].durable_per_s for r in rounds)
+        for r in rounds:
+            mode.latency_ms += r[i].latency_ms
+            mode.commit_ms += r[i].commit_ms
+            mode.saturated_commit_ms += r[i].saturated_commit_ms
+        merged.append(mode)
+    return merged
+
+
+def table(results: list[ModeResult]) -> str:
+    header = ("| mode | records/s (saturated) | ratio to idempotent | latency p50 ms | latency p99 ms | "
+              "commit p50 ms (paced) | commit p99 ms (paced) | commit p50 ms (saturated) | "
+              "commit p99 ms (saturated) |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for result in results:
+        row = result.row(results[0].durable_per_s)
+        commits = ("n/a | n/a | n/a | n/a" if result.interval_ms is None else
+                   f"{row['commit_p50']:.1f} | {row['commit_p99']:.1f} | {row['sat_commit_p50']:.1f} | "
+                   f"{row['sat_commit_p99']:.1f}")
+        lines.append(f"| {row['mode']} | {row['events_per_s']:,.0f} | {row['ratio']:.2f} | {row['lat_p50']:.1f} | "
+                     f"{row['lat_p99']:.1f} | {commits} |")
+    return header + "\n".join(lines)
+
+
+def write_report(rounds: list[list[ModeResult]], loads: list[float], rate: float, saturated_s: float,
+                 paced_s: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    baseline = results[0].durable_per_s
-    rows = [r.row(baseline) for r in results]
+    results = pooled(rounds)
+    rows = [r.row(results[0].durable_per_s) for r in results]
     DOCS.mkdir(exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     labels = [r.name.replace("transactional, commit every ", "txn ") for r in results]
     ax1.bar(labels, [row["events_per_s"] / 1000 for row in rows])
-    ax1.set_ylabel("k records/s made durable (one producer thread)")
+    ax1.set_ylabel("k records/s made durable")
+    ax1.set_title("saturated, one producer thread")
     ax1.tick_params(axis="x", rotation=30)
     xs = range(len(rows))
     ax2.bar([x - 0.2 for x in xs], [row["lat_p50"] for row in rows], width=0.4, label="p50")
     ax2.bar([x + 0.2 for x in xs], [row["lat_p99"] for row in rows], width=0.4, label="p99")
     ax2.set_xticks(list(xs), labels, rotation=30)
     ax2.set_yscale("log")
-    ax2.set_ylabel(f"ms from produce() to acked/committed at {rate:,.0f}/s")
+    ax2.set_ylabel("ms, produce() to acked / committed")
+    ax2.set_title(f"added latency at {rate:,.0f} records/s")
     ax2.legend()
     fig.tight_layout()
     fig.savefig(DOCS / "transactions-benchmark.png", dpi=100)
-    table = "\n".join(
-        f"| {row['mode']} | {row['events_per_s']:,.0f} | {row['ratio']:.2f} | {row['lat_p50']:.1f} | "
-        f"{row['lat_p99']:.1f} | " + (
-            "n/a | n/a | n/a | n/a |" if results[i].interval_ms is None else
-            f"{row['commit_p50']:.1f} | {row['commit_p99']:.1f} | {row['sat_commit_p50']:.1f} | "
-            f"{row['sat_commit_p99']:.1f} |")
-        for i, row in enumerate(rows))
     (DOCS / "transactions-benchmark.md").write_text(f"""# Kafka transactions against the idempotent producer \
 (benchmarks/kafka_transactions.py)
 
-{table_header()}
-{table}
+All {len(rounds)} rounds pooled (throughput: median over rounds; latency and commit percentiles: over every
+sample):
+
+{table(results)}
+
+Saturated throughput per round (records/s, modes in the order above), to show the spread on a shared machine:
+
+{spread(rounds)}
 
 ![throughput and added latency](transactions-benchmark.png)
 
-{analysis(results, rows)}
-
+{analysis(results)}
 ## How it was measured
 
-One run, one local KRaft broker (broker/launcher.py, single node, replication factor 1) on the same 2-core machine
-as the producer, one Python producer thread, the gateway's producer settings (`PRODUCER_DEFAULTS`: `acks=all`,
-idempotence, `linger.ms=2`, lz4, batches up to 10,000). Every mode writes the same records: ~250 B JSON event
-values (contract EventRecord with a small payload), key = one of {SOURCES} source ids, one topic with
-{PARTITIONS} partitions (partition = source mod 2), so each transaction spans both partitions as a shard's
-events + late topics would.
+One run, one local KRaft broker (broker/launcher.py, single node, replication factor 1) on the same 2-core
+machine as the producer, one Python producer thread, the gateway's producer settings (`PRODUCER_DEFAULTS`:
+`acks=all`, idempotence, `linger.ms=2`, lz4, batches up to 10,000). Every mode writes the same records: ~250 B
+JSON event values (contract EventRecord with a small payload), key = one of {SOURCES} source ids, one topic with
+{PARTITIONS} partitions (partition = source mod 2), so each transaction spans two partitions as a shard's events
+and late topics would. The modes take turns within each of {len(rounds)} rounds, so a load change on the shared
+machine hits every mode alike.
 
 - **records/s**: {saturated_s:.0f} s of producing as fast as the thread can, then flush (idempotent) or a final
-  commit; records made durable per second of wall time; the median of {rounds} rounds, the modes taking turns
-  within each round. The transactional loop commits in the producing thread
+  commit; records made durable per second of wall time. The transactional loop commits in the producing thread
   (production stops during `commit_transaction`, as it must: confluent-kafka forbids produce() while a commit
-  runs). The idempotent producer serves a delivery callback per record (the gateway acks from them); the
+  runs). The idempotent producer runs a delivery callback per record (the gateway acks from them); the
   transactional producer needs none (a failed delivery fails the commit), which is part of what is compared.
-- **latency**: {rounds} x {paced_s:.0f} s at a steady {rate:,.0f} records/s; per record, the time from `produce()` to the
-  moment a source could be acked for it: its delivery report (idempotent) or the return of the `commit()` whose
-  transaction holds it (transactional). It includes the wait for the commit interval (on average half of it).
-- **commit**: duration of `commit_transaction` (it flushes, then ends the transaction on both partitions and
-  the coordinator), in the paced phase and in the saturated phase.
+- **latency**: {paced_s:.0f} s per round at a steady {rate:,.0f} records/s; per record, the time from
+  `produce()` to the moment a source could be acked for it: its delivery report (idempotent) or the return of
+  the `commit()` whose transaction holds it (transactional), so it includes the wait for the commit interval.
+- **commit**: duration of `commit_transaction` (it flushes, then ends the transaction on both partitions and at
+  the coordinator), in the paced and in the saturated phase.
 
-The machine was shared while it ran (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end,
-on 2 cores): absolute figures, the p99 columns most, are noisier than on an idle machine; the modes took turns on the
-same broker in one run, so the comparison holds better than the absolute values. The broker shares the producer's cores; on a real cluster commits cost a round trip to the
-transaction coordinator and to each partition leader (replicated), so expect commit durations of a few ms more.
+The machine was shared with other test suites while this ran (1-minute load average per round:
+{", ".join(f"{load:.1f}" for load in loads)}, on 2 cores): absolute figures, the p99 columns most, are noisier
+than on an idle machine, and the comparison between modes holds better than the absolute values. The broker
+shares the producer's cores; on a real cluster a commit also waits for replication of the markers and the
+transaction log (acks=all), a few ms more per commit.
 """)
 
 
 DEFAULT_INTERVAL_MS = 100
 
 
-def analysis(results: list[ModeResult], rows: list[dict[str, Any]]) -> str:
-    by_interval = {r.interval_ms: row for r, row in zip(results, rows, strict=True)}
-    idempotent, chosen, fastest = by_interval[None], by_interval[DEFAULT_INTERVAL_MS], by_interval[INTERVALS_MS[0]]
+def spread(rounds: list[list[ModeResult]]) -> str:
+    lines = ["| round | " + " | ".join(m.name.replace("transactional, commit every ", "txn ") for m in rounds[0]) + " |",
+             "|---" * (len(rounds[0]) + 1) + "|"]
+    for number, modes in enumerate(rounds):
+        lines.append(f"| {number} | " + " | ".join(f"{m.durable_per_s:,.0f}" for m in modes) + " |")
+    return "\n".join(lines)
+
+
+def analysis(results: list[ModeResult]) -> str:
+    rows = {r.interval_ms: r.row(results[0].durable_per_s) for r in results}
+    chosen, idempotent, fastest = rows[DEFAULT_INTERVAL_MS], rows[None], rows[INTERVALS_MS[0]]
     return f"""## Which default, and why
 
-**Transactions are not optional in a cluster**: they are the fencing: an
-idempotent producer cannot stop a paused gateway that lost its shard from appending to it (issue 13, "Fencing"). What the numbers
-choose is the commit interval, and the default is **{DEFAULT_INTERVAL_MS} ms** (Kafka Streams' exactly-once
-`commit.interval.ms` default too):
+Transactions are not optional in a cluster: they are the fencing (issue 13, "Fencing"). An idempotent producer
+cannot stop a paused gateway that lost its shard from appending to it; a transactional id per shard can. What
+the numbers choose is the commit interval, and they support **{DEFAULT_INTERVAL_MS} ms** (also Kafka Streams'
+exactly-once `commit.interval.ms`):
 
-- Throughput is not what transactions cost. One producer thread makes {chosen['events_per_s']:,.0f} records/s
-  durable committing every {DEFAULT_INTERVAL_MS} ms against {idempotent['events_per_s']:,.0f}/s for the
-  idempotent producer (x{chosen['ratio']:.2f}): the transactional producer needs no per-record delivery callback
-  (a failed record fails the commit), while the idempotent one must run one per record to ack. Only very short
-  intervals lose: at {INTERVALS_MS[0]} ms a commit (p50 {fastest['sat_commit_p50']:.1f} ms under load) takes
-  about as long as the interval, and production is paused during it.
-- Latency is what transactions cost: a source can be acked only when the commit that holds its event returned,
-  so the added latency is about half the interval plus a commit on average, one interval plus a slow commit at
-  p99: {chosen['lat_p50']:.0f} / {chosen['lat_p99']:.0f} ms (p50 / p99) at {DEFAULT_INTERVAL_MS} ms against
+- Throughput is not what transactions cost here. Committing every {DEFAULT_INTERVAL_MS} ms, one producer thread
+  made {chosen['events_per_s']:,.0f} records/s durable against {idempotent['events_per_s']:,.0f}/s for the
+  idempotent producer (x{chosen['ratio']:.2f}): the transactional producer needs no per-record delivery
+  callback, the idempotent one runs one per record to ack. Both are far above the ~24k records/s one gateway
+  process handles. Short intervals pay in commit time, during which production stands still: under saturation a
+  commit took {fastest['sat_commit_p50']:.1f} ms at p50 with {INTERVALS_MS[0]} ms intervals
+  ({fastest['sat_commit_p50'] / INTERVALS_MS[0]:.0%} of the interval), {chosen['sat_commit_p50']:.1f} ms
+  ({chosen['sat_commit_p50'] / DEFAULT_INTERVAL_MS:.0%}) with {DEFAULT_INTERVAL_MS} ms.
+- Latency is what transactions cost: a source can be acked only once the commit holding its event returned, so
+  the added latency is about half an interval plus a commit at p50 and a whole interval plus a slow commit at
+  p99. At {DEFAULT_INTERVAL_MS} ms: {chosen['lat_p50']:.0f} / {chosen['lat_p99']:.0f} ms (p50 / p99), against
   {idempotent['lat_p50']:.1f} / {idempotent['lat_p99']:.1f} ms for the idempotent producer's delivery reports.
-  {DEFAULT_INTERVAL_MS} ms keeps acks well inside the SDK's send window and Spark's micro-batch cadence, and
-  commit p99 ({chosen['commit_p99']:.0f} ms paced) {"stays below" if chosen['commit_p99'] < DEFAULT_INTERVAL_MS
-  else "reaches"} the interval; shorter intervals buy little latency (commit time dominates) and cost CPU per record, longer ones
-  add latency linearly for throughput this machine does not need (the gateway process tops out near 24k/s).
-- Configurable: a deployment that needs lower ack latency can lower it to 20-50 ms and pay the commit overhead.
+- Why not shorter: the commit is a fixed cost per interval (above), every commit writes a marker to every
+  partition of the shard and records to the transaction log, so the broker's transaction work grows as shards x
+  commits per second (10 per shard per second at {DEFAULT_INTERVAL_MS} ms, {1000 // INTERVALS_MS[0]} at
+  {INTERVALS_MS[0]} ms), and the latency saved is bounded by the commit's own p99. Why not longer: latency grows
+  linearly with the interval and throughput has nothing left to gain below the gateway's own limit.
+- A deployment that needs faster acks can set 20-50 ms and pay the commit overhead; the table says how much.
 """
-
-
-def table_header() -> str:
-    return ("| mode | records/s (saturated) | ratio to idempotent | latency p50 ms | latency p99 ms | "
-            "commit p50 ms (paced) | commit p99 ms (paced) | commit p50 ms (saturated) | "
-            "commit p99 ms (saturated) |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
@@ -316,7 +351,6 @@ def main() -> None:
     parser.add_argument("--paced-s", type=float, default=2.0)
     parser.add_argument("--rate", type=float, default=5000.0)
     args = parser.parse_args()
-    load_at_start = os.getloadavg()[0]
     values = make_values()
     assert 200 <= sum(len(v) for _k, v, _p in values) / len(values) <= 300, "records must stay ~250 B"
     print(f"settings: {PRODUCER_DEFAULTS}", flush=True)
@@ -330,43 +364,39 @@ def main() -> None:
             # Warm-up: topic leaders, the transaction coordinator's state log, JIT of the broker's hot paths.
             transactional_run(servers, topic, values, 2.0, 100, None)
             idempotent_saturated(servers, topic, values, 2.0)
-
-            results = [ModeResult("idempotent", None)] + [
-                ModeResult(f"transactional, commit every {ms} ms", ms) for ms in INTERVALS_MS]
-            rates: dict[str, list[float]] = {r.name: [] for r in results}
-            # Modes take turns, round after round: a load change on the shared machine hits every mode alike
-            # instead of whichever mode happened to run at that moment. Throughput = median over rounds.
+            rounds: list[list[ModeResult]] = []
+            loads: list[float] = []
             for round_number in range(args.rounds):
-                for mode in results:
+                modes = [ModeResult("idempotent", None)] + [
+                    ModeResult(f"transactional, commit every {ms} ms", ms) for ms in INTERVALS_MS]
+                round_loads = []
+                for mode in modes:
                     if mode.interval_ms is None:
-                        rates[mode.name].append(idempotent_saturated(servers, topic, values, args.saturated_s))
+                        mode.durable_per_s = idempotent_saturated(servers, topic, values, args.saturated_s)
                     else:
-                        rate, _, commits = transactional_run(servers, topic, values, args.saturated_s,
-                                                             mode.interval_ms, None)
-                        rates[mode.name].append(rate)
-                        mode.saturated_commit_ms += commits
+                        mode.durable_per_s, _, mode.saturated_commit_ms = transactional_run(
+                            servers, topic, values, args.saturated_s, mode.interval_ms, None)
                     # The broker writes back what the saturated phase left; the paced phase must not pay for it.
                     time.sleep(SETTLE_S)
                     if mode.interval_ms is None:
-                        latencies = idempotent_paced(servers, topic, values, args.paced_s, args.rate)
+                        mode.latency_ms = idempotent_paced(servers, topic, values, args.paced_s, args.rate)
                     else:
-                        _, latencies, commits = transactional_run(servers, topic, values, args.paced_s,
-                                                                  mode.interval_ms, args.rate)
-                        mode.commit_ms += commits
-                    mode.latency_ms += latencies
-                    print(f"round {round_number}: {mode.name}: {rates[mode.name][-1]:,.0f}/s, paced latency "
-                          f"p50/p99 {percentile(latencies, 0.5):.1f}/{percentile(latencies, 0.99):.1f} ms, "
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)
-            for mode in results:
-                mode.durable_per_s = statistics.median(rates[mode.name])
-                print(f"{mode.name}: records/s per round {[round(r) for r in rates[mode.name]]}", flush=True)
+                        _, mode.latency_ms, mode.commit_ms = transactional_run(
+                            servers, topic, values, args.paced_s, mode.interval_ms, args.rate)
+                    round_loads.append(os.getloadavg()[0])
+                    print(f"round {round_number}: {mode.name}: {mode.durable_per_s:,.0f}/s, paced latency p50/p99 "
+                          f"{percentile(mode.latency_ms, 0.5):.1f}/{percentile(mode.latency_ms, 0.99):.1f} ms, "
+                          f"load {round_loads[-1]:.1f}", flush=True)
+                rounds.append(modes)
+                loads.append(statistics.mean(round_loads))
+            results = pooled(rounds)
             for result in results:
                 row = result.row(results[0].durable_per_s)
                 print(f"{result.name:<40} {row['events_per_s']:>10,.0f}/s x{row['ratio']:.2f}  "
                       f"latency p50/p99 {row['lat_p50']:.1f}/{row['lat_p99']:.1f} ms  "
                       f"commit p50/p99 {row['commit_p50']:.1f}/{row['commit_p99']:.1f} ms  "
                       f"(saturated {row['sat_commit_p50']:.1f}/{row['sat_commit_p99']:.1f})", flush=True)
-            write_report(results, args.rate, args.saturated_s, args.paced_s, args.rounds, (load_at_start, os.getloadavg()[0]))
+            write_report(rounds, loads, args.rate, args.saturated_s, args.paced_s)
         finally:
             broker.stop()
 
