@@ -19,17 +19,23 @@ from .events import (
     item_time_us,
     result_key,
 )
+from .metrics import Accuracy, Compensation, LatencyStats, accuracy, compensation, latency, net_results
+from .pairing import EndpointPairer
 from .parser import parse_iseq
+from .points import PointToIntervalOperator, ThresholdLevels
 from .query import AttrRef, Constraint, Element, IntervalQuery, Predicate, allen_constraints
 from .reference import reference_keys, reference_matches
 from .relations import ALLEN_RELATIONS, EndpointClosure, EndpointRef, allen_relations, holds
 
 __all__ = [
     "ALLEN_RELATIONS",
+    "Accuracy",
     "AttrRef",
+    "Compensation",
     "Constraint",
     "Element",
     "EndpointClosure",
+    "EndpointPairer",
     "EndpointRef",
     "IndexingProfile",
     "Interval",
@@ -41,13 +47,20 @@ __all__ = [
     "IntervalOutput",
     "IntervalQuery",
     "IntervalSyntaxError",
+    "LatencyStats",
     "Mode",
     "OutputKind",
+    "PointToIntervalOperator",
     "Predicate",
+    "ThresholdLevels",
+    "accuracy",
     "allen_constraints",
     "allen_relations",
+    "compensation",
     "holds",
     "item_time_us",
+    "latency",
+    "net_results",
     "parse_iseq",
     "reference_keys",
     "reference_matches",

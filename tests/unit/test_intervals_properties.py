@@ -40,6 +40,9 @@ QUERIES = [
     ("EVENT ISEQ[a.te <= d.ts AND d.te <= c.ts AND a.te < c.ts](A a, !D d, C c; 20)", frozenset("AD")),
     # non-strict restrictions and equal endpoints (ties)
     ("EVENT ISEQ[a.te <= b.te AND b.ts = c.ts](A a, B b, C c; 20)", frozenset("BC")),
+    # predicates on a negated element (cross and constant) and a constant predicate on a positive
+    ("EVENT ISEQ[a.te < c.ts AND a.te < d.te AND d.ts < c.ts](A a, !D d, C c; 30) WHERE d.x = a.x AND c.x = 1",
+     frozenset("D")),
     # a repeated type and a cross predicate
     ("EVENT ISEQ[a1.te < a2.ts AND a2.te <= b.te](A a1, A a2, B b; 25) WHERE a1.x = b.x", frozenset("AB")),
 ]
