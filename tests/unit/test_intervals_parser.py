@@ -55,3 +55,13 @@ def test_config_validation() -> None:
         IntervalEngineConfig(k_slack_us=-1)
     with pytest.raises(IntervalError):
         IntervalEngineConfig(indexing="rtree")  # type: ignore[arg-type]
+
+
+def test_strict_config_raises_on_a_too_late_item() -> None:
+    from cep.intervals import Interval
+
+    engine = IntervalEngine(parse_iseq("EVENT ISEQ[A.te < B.ts](A, B; 10)"),
+                            IntervalEngineConfig(k_slack_us=1, strict=True))
+    engine.on_item(Interval("B", 8, 9, event_id="b"))
+    with pytest.raises(IntervalError, match="behind CLOCK"):
+        engine.on_item(Interval("A", 1, 7, event_id="a"))
