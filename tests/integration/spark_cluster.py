@@ -36,7 +36,12 @@ class SparkCluster:
     """spark://127.0.0.1:<port>, for spark-submit --master."""
     webui_port: int
     log_dir: Path
+    worker_dirs: list[Path] = field(default_factory=list)
+    """Each worker's --work-dir: one directory per application that ran an executor there."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def apps_on_worker(self, index: int) -> set[str]:
+        return {p.name for p in self.worker_dirs[index].glob("app-*")}
 
     def state(self) -> dict[str, Any]:
         """The master's own view (the JSON behind its web UI): workers, running and completed applications."""
@@ -96,10 +101,11 @@ def standalone_cluster(work_dir: Path, workers: int = 2, cores: int = 1, memory:
         _start(cluster, "master", ["org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
                                    "--port", str(master_port), "--webui-port", str(webui_port)])
         for index in range(workers):
+            cluster.worker_dirs.append(work_dir / f"worker-{index}")
             _start(cluster, f"worker-{index}", [
                 "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--cores", str(cores),
                 "--memory", memory, "--host", LOOPBACK, "--webui-port", str(free_tcp_port(LOOPBACK)),
-                "--work-dir", str(work_dir / f"worker-{index}")])
+                "--work-dir", str(cluster.worker_dirs[index])])
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             exited = [p.args for p in cluster.processes if p.poll() is not None]
