@@ -203,6 +203,7 @@ class Gateway:
         self._directory: OwnerDirectory | None = None
         self._owners: dict[int, OwnerRecord] = {}
         self._shards: dict[int, ShardRuntime] = {}
+        self._latest: dict[int, ShardRuntime] = {}  # the last runtime of each shard served here, for tests' reads
         self._starting: dict[int, asyncio.Task[None]] = {}
         self._restart_after: dict[int, float] = {}
         self._stopping_shards: set[asyncio.Task[None]] = set()
@@ -489,6 +490,7 @@ class Gateway:
             await runtime.stop(REVOKE_FLUSH_TIMEOUT_S)
             return
         self._shards[shard] = runtime
+        self._latest[shard] = runtime
         self._shards_changed.set()
         log.info("gateway %s serves shard %d (took %.2f s)", self.gateway_id, shard, time.monotonic() - started_s)
 
@@ -728,10 +730,12 @@ class Gateway:
 
     @property
     def core(self) -> IngestCore:
-        """The core of the one shard this gateway serves (single-shard deployments and tests)."""
-        if len(self._shards) != 1:
-            raise LookupError(f"gateway {self.gateway_id} serves {len(self._shards)} shards, not exactly one")
-        return next(iter(self._shards.values())).core
+        """The core of the one shard this gateway serves, or last served (single-shard deployments and tests)."""
+        if len(self._shards) == 1:
+            return next(iter(self._shards.values())).core
+        if not self._shards and len(self._latest) == 1:
+            return next(iter(self._latest.values())).core
+        raise LookupError(f"gateway {self.gateway_id} serves {len(self._shards)} shards, not exactly one")
 
     @property
     def counters(self) -> GatewayCounters:

@@ -64,8 +64,9 @@ QUEUE_FULL_RETRY_S = 0.005
 # cluster is unreachable, and the shard is given up (its sources fail over or wait for it to come back).
 TRANSACTION_CALL_TIMEOUT_S = 30.0
 # Records released by the core and not yet with librdkafka: up to this many, a connection goes on reading; past it,
-# it waits for the producer (Kafka's back-pressure reaches the sources as TCP back-pressure).
-MAX_UNPRODUCED_RECORDS = 20_000
+# it waits for the producer (Kafka's back-pressure reaches the sources as TCP back-pressure). A commit holds the
+# producer for ~10-50 ms: at a shard's ~25k events/s that is ~1,200 records.
+MAX_UNPRODUCED_RECORDS = 4_096
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
 

@@ -234,14 +234,10 @@ def read_contract_records(spark: Any, bootstrap_servers: str, topics: Sequence[s
     with no Spark watermark (see the module docstring)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.contract import event_schema
+    from spark_jobs.contract import event_schema, read_kafka
 
-    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
-              .option("startingOffsets", starting_offsets).option("failOnDataLoss", "false")
-              .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)))
-    reader = (reader.option("subscribePattern", topics) if isinstance(topics, str)
-              else reader.option("subscribe", ",".join(topics)))
-    raw = reader.load()
+    # Committed records only: a fenced gateway's aborted transaction is not part of the stream.
+    raw = read_kafka(spark, bootstrap_servers, topics, starting_offsets, max_offsets_per_trigger)
     return raw.select(
         F.from_json(F.col("value").cast("string"), event_schema(), {"mode": "PERMISSIVE"}).alias("e"),
         F.col("topic"), F.col("partition"), F.col("offset"),

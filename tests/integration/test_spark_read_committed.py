@@ -60,9 +60,6 @@ def test_the_jobs_kafka_options_read_committed_records_only_across_marker_gaps(k
                                                                           strict=True))
 
 
-@pytest.mark.xfail(strict=True, reason="spark_jobs/stateful.py read_contract_records still builds its own reader "
-                                       "without kafka.isolation.level=read_committed (to switch to "
-                                       "spark_jobs.contract.read_kafka)")
 def test_the_jobs_reader_hands_the_cores_committed_events_only(kafka, spark, topic_prefix, tmp_path):
     topics = TopicNames(topic_prefix)
     topic = topics.events("s")
