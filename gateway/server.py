@@ -353,7 +353,9 @@ class Gateway:
         remaining = 0
         for shard, runtime in sorted(self._shards.items()):
             try:
-                remaining += await runtime.stop(max(0.0, deadline - loop.time()), graceful=graceful)
+                # Even when the connections were dropped (graceful=False), what the core released is committed:
+                # the clients, who never saw those acks, resend it to the next owner, which must recognise it.
+                remaining += await runtime.stop(max(0.0, deadline - loop.time()))
             except Exception:
                 log.exception("shard %d: stop failed", shard)
             self._retire(runtime)
