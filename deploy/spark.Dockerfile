@@ -14,8 +14,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     SKEWLESS_SUBMIT=/opt/skewless/lib/python3.11/site-packages/spark_jobs/submit.py \
     SKEWLESS_SPARK_PACKAGES=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 \
     SPARK_WORKER_DIR=/var/lib/skewless/spark-work
-# The volumes' mount points are made here, owned by the uid everything runs as: a fresh named volume takes it.
-RUN apt-get update \
+# The JRE's postinst links man pages into /usr/share/man/man1, which slim images leave out. The volumes' mount points
+# are made here, owned by the uid everything runs as: a fresh named volume takes that ownership.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.* \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 skewless \
