@@ -454,13 +454,15 @@ class Gateway:
         loop = asyncio.get_running_loop()
         while True:
             for change in membership.poll():
-                if isinstance(change, SharesRevoked | SharesLost):
+                if isinstance(change, SharesRevoked):
                     for shard in sorted(change.partitions):
-                        self._give_up(shard, f"{type(change).__name__} by the group coordinator",
-                                      graceful=isinstance(change, SharesRevoked))
+                        self._give_up(shard, "revoked by the group coordinator", graceful=True)
+                elif isinstance(change, SharesLost):
+                    self._lost(change.partitions)
                 elif isinstance(change, SharesAssigned):
                     log.info("gateway %s: assigned shards %s", self.gateway_id, sorted(change.partitions))
             self._owners = directory.poll()
+            self._give_up_shards_owned_elsewhere(membership.owned())
             now_s = loop.time()
             for shard in sorted(membership.owned()):
                 if shard in self._shards or shard in self._starting:
@@ -469,6 +471,28 @@ class Gateway:
                     continue
                 self._starting[shard] = asyncio.create_task(self._take(shard), name=f"take-shard-{shard}")
             await asyncio.sleep(MEMBERSHIP_POLL_INTERVAL_S)
+
+    def _lost(self, shards: frozenset[int]) -> None:
+        """The consumer lost contact with the group coordinator for a session timeout (Kafka unreachable, or this
+        process paused). With transactions the shards are kept: if another gateway took them over, it fenced this
+        one, and the next commit says so; if Kafka was only away, nothing moved and the sources were never cut off.
+        Without fencing, a lost shard must be given up at once."""
+        if self.config.transactions:
+            log.warning("gateway %s: group membership lost for shards %s; serving them until fenced or reassigned",
+                        self.gateway_id, sorted(shards))
+            return
+        for shard in sorted(shards):
+            self._give_up(shard, "group membership lost (no fencing without transactions)", graceful=False)
+
+    def _give_up_shards_owned_elsewhere(self, owned: frozenset[int]) -> None:
+        """A shard kept after a lost membership, now assigned elsewhere: its new owner's record is newer than this
+        runtime. An idle runtime would learn of its fencing only at its next commit."""
+        for shard, runtime in list(self._shards.items()):
+            if shard in owned:
+                continue
+            owner = self._owners.get(shard)
+            if owner is not None and owner.gateway_id != self.gateway_id and owner.since_us > runtime.started_us:
+                self._give_up(shard, f"now owned by {owner.gateway_id}", graceful=False)
 
     async def _take(self, shard: int) -> None:
         runtime = ShardRuntime(

@@ -142,6 +142,7 @@ class ShardRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._producer_task: asyncio.Task[None] | None = None
         self.failure: str | None = None
+        self.started_us = clock_us()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 

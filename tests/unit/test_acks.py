@@ -54,13 +54,16 @@ def test_stream_progress_round_trip():
     from gateway.ingest import StreamProgress
 
     progress = StreamProgress("s")
-    progress.observe("x", 4, offset=17)
-    progress.observe("x", 2, offset=18)
-    progress.observe("y", 0, offset=19)
-    assert progress == StreamProgress("s", 20, {"x": 5, "y": 1})
+    progress.observe("x", 4, offset=17, released_us=100)
+    progress.observe("x", 2, offset=18, released_us=90)
+    progress.observe("y", 0, offset=19, released_us=120)
+    assert progress == StreamProgress("s", 20, {"x": 5, "y": 1}, None, {"x": 100, "y": 120})
     assert progress.to_json() == (b'{"kind":"progress","stream":"s","next_offset":20,"next_seq":{"x":5,"y":1},'
-                                  b'"watermark_us":null}')
-    assert decode_record(progress.to_json()) == ProgressRecord("s", 20, {"x": 5, "y": 1})
+                                  b'"watermark_us":null,"seen_us":{"x":100,"y":120}}')
+    assert decode_record(progress.to_json()) == ProgressRecord("s", 20, {"x": 5, "y": 1}, None, {"x": 100, "y": 120})
+    # A checkpoint written before seen_us existed still reads.
+    assert decode_record(b'{"kind":"progress","stream":"s","next_offset":3,"next_seq":{"x":1},"watermark_us":null}'
+                         ) == ProgressRecord("s", 3, {"x": 1})
 
 
 def test_stream_progress_keeps_the_highest_promised_watermark():
