@@ -18,6 +18,7 @@ import pytest
 
 from clients import Backoff, SkewlessClient
 from gateway.server import Gateway, GatewayConfig
+from gateway.shard import MAX_UNPRODUCED_RECORDS
 from tests.reliability.harness import (
     REPO,
     GatewayProcess,
@@ -151,7 +152,8 @@ async def test_kafka_stopped_mid_stream_backpressures_clients_and_loses_nothing(
         assert all(c.unacked_count == max_unacked for c in clients)
         assert {c.source_id: c.acked_through("s") for c in clients} == acked_before
         assert all(c.stats.connection_losses == 0 for c in clients)
-        assert max(pending) <= queue_limit
+        # librdkafka's bounded queue plus the shard's own bounded producer queue (gateway.shard)
+        assert max(pending) <= queue_limit + MAX_UNPRODUCED_RECORDS
         assert stalled_flags[-1] is True  # the gateway knows Kafka is holding it back (and so times out no source)
         os.kill(kafka.pid, signal.SIGCONT)
         stopped = False
