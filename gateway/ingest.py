@@ -45,7 +45,9 @@ Rules:
    gateway must not wait out a gap for them. A punctuation promises its watermark (dirty too). ``poll`` writes one
    checkpoint per dirty stream every ``checkpoint_interval_us``; ``checkpoint_dirty_streams`` at shutdown. A source
    whose newest event was released more than ``source_retention_us`` ago leaves the checkpoint (``sources_expired``),
-   so checkpoints stay bounded by the sources active within the retention.
+   so checkpoints stay bounded by the sources active within the retention. A source enters its streams'
+   checkpoints at its hello (next seq 0), written within ``REGISTRATION_CHECKPOINT_DELAY_US``: a shard's next owner
+   (or a restarted gateway) waits for it like for every source it recovers.
 7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
    records on the sources topic.
@@ -122,6 +124,8 @@ PRESSURE_CHECK_INTERVAL_US = 20_000
 STALL_GRACE_US = 2_000_000
 DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
 SOURCE_RETENTION_US = 7 * 24 * 3600 * 1_000_000
+# A new source is in a checkpoint this soon after its hello (rule 6), so a shard's next owner waits for it.
+REGISTRATION_CHECKPOINT_DELAY_US = 100_000
 # The broker's default message.max.bytes (1048588) less room for the record batch's own overhead.
 MAX_RECORD_BYTES = 1_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
@@ -466,6 +470,16 @@ class IngestCore:
 
     def source_registered(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[IngestAction]:
         self._streams_of[source_id] = tuple(dict.fromkeys((*self._streams_of.get(source_id, ()), *streams)))
+        for stream in streams:
+            progress = self._progress.get(stream)
+            if progress is not None and source_id not in progress.next_seq:
+                # In the checkpoint before its first event is: a shard's next owner then waits for it like for any
+                # source it recovers, instead of letting the others' events run the watermark past its resends.
+                progress.next_seq[source_id] = 0
+                self._dirty_streams.add(stream)
+                due_us = now_us + REGISTRATION_CHECKPOINT_DELAY_US
+                if self._next_checkpoint_us is None or due_us < self._next_checkpoint_us:
+                    self._next_checkpoint_us = due_us  # soon, not at the next interval: one for a burst of hellos
         actions = self._publish(self.pipeline.register(source_id, streams, now_us))
         if source_id in self._throttled:
             actions.append(PauseReading(source_id))

@@ -84,10 +84,10 @@ def test_punctuation_record_bytes_and_watermark_promise():
     actions = core.events_received(CONN, "a", events(range(1)), T0 + 100)
     punctuation = PunctuationRecord("s", T0 + 10, T0 + 100)
     assert actions[1] == Produce(EVENTS, PUNCTUATION_KEY, punctuation.to_json(), None)
-    assert core.stream_progress("s") == StreamProgress("s", 0, {}, T0 + 10)
+    assert core.stream_progress("s") == StreamProgress("s", 0, {"a": 0}, T0 + 10)
     # The promise alone makes the stream dirty: a restart must keep it even if no event was confirmed since.
     assert core.checkpoint_dirty_streams() == [
-        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {}, T0 + 10).to_json())]
+        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json())]
 
 
 # -- rule 1: dedup and re-ack -------------------------------------------------------------------------------------
@@ -168,8 +168,8 @@ def test_a_refused_delivery_is_counted_not_acked_and_its_resend_is_published_aga
     assert core.last_delivery_us is None
     assert list(core.delivery_latencies_us) == [200]
     assert core.poll(T0 + 300) == []
-    assert core.checkpoint_dirty_streams() == [  # the punctuation's promise only: no offset observed
-        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {}, T0 + 10).to_json())]
+    assert core.checkpoint_dirty_streams() == [  # the promise and the registered source: no offset
+        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json())]
     # The client resends it (no ack came): accepted, not a duplicate.
     resent = core.events_received(CONN, "a", events(range(1)), T0 + 400)
     assert seqs(resent) == [0]
@@ -293,13 +293,18 @@ def test_checkpoints_carry_observed_offsets_and_promises_and_are_written_at_the_
     core = make_core(checkpoint_interval_us=1_000_000)
     core.stream_created("quiet")
     core.source_registered("a", ("s",), T0)
-    assert core.poll(T0) == []  # starts the interval
+    # A new source is checkpointed soon after its hello (next seq 0), then the interval starts.
+    registered = ProgressRecord("s", next_offset=0, next_seq={"a": 0}, seen_us={"a": T0 + 100_000})
+    assert core.poll(T0 + 99_999) == []
+    assert core.poll(T0 + 100_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", registered.to_json())]
     deliver(core, core.events_received(CONN, "a", events(range(3)), T0 + 100), T0 + 200, first_offset=40)
     core.poll(T0 + 999_999)  # acks only
-    assert core.poll(T0 + 999_999) == []
-    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 10, seen_us={"a": T0 + 100})
-    assert core.poll(T0 + 1_000_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", checkpoint.to_json())]
-    assert core.poll(T0 + 2_000_000) == []  # nothing changed: no stream is dirty
+    assert core.poll(T0 + 1_099_999) == []
+    # seen_us: its retention started at the registration checkpoint, later than its first events' release
+    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 10,
+                                seen_us={"a": T0 + 100_000})
+    assert core.poll(T0 + 1_100_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", checkpoint.to_json())]
+    assert core.poll(T0 + 2_100_000) == []  # nothing changed: no stream is dirty
     assert core.checkpoint_dirty_streams() == []
 
 
@@ -310,7 +315,7 @@ def test_late_topic_deliveries_do_not_move_the_events_topic_progress():
     core.tracker.accept("a", "s", 0)  # as events_received does before the pipeline routes it to the late topic
     core.on_delivered(DeliveryRef("a", "s", 0, "late", T0), None, 5, T0 + 100)
     assert core.poll(T0 + 100) == [SendToSource("a", ack("s", 0))]
-    assert core.stream_progress("s") == StreamProgress("s")
+    assert core.stream_progress("s") == StreamProgress("s", 0, {"a": 0})  # registered, nothing on the events topic
     assert core.checkpoint_dirty_streams() == []
 
 
