@@ -12,9 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.cimpl import NewTopic
 
-from broker.admin import COMPACTED
+from broker.admin import COMPACTED, ensure_topics
 from broker.client import KafkaClientConfig, Servers
 from broker.reader import scan_partition
 from contract.records import ClusterRecord, OwnerRecord, RecordError, decode_record
@@ -52,17 +51,7 @@ def ensure_partitions(servers: Servers, topics: Iterable[str], partitions: int,
     missing = [t for t in wanted if t not in described]
     if not missing:
         return []
-    futures = admin.create_topics(
-        [NewTopic(t, num_partitions=partitions, replication_factor=1, config=dict(config or {})) for t in missing],
-        operation_timeout=timeout_s, request_timeout=timeout_s)
-    created = []
-    for topic, future in futures.items():
-        try:
-            future.result(timeout=timeout_s)
-            created.append(topic)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(f"creating topic {topic} failed: {exc}") from exc
+    created = ensure_topics(servers, missing, partitions=partitions, config=config, timeout_s=timeout_s)
     # A concurrent creator may have won the race with another count.
     lost_race = sorted(set(missing) - set(created))
     if lost_race:

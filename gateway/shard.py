@@ -67,6 +67,12 @@ TRANSACTION_CALL_TIMEOUT_S = 30.0
 # it waits for the producer (Kafka's back-pressure reaches the sources as TCP back-pressure). A commit holds the
 # producer for ~10-50 ms: at a shard's ~25k events/s that is ~1,200 records.
 MAX_UNPRODUCED_RECORDS = 4_096
+# A commit still running after this long counts as a Kafka stall (gateway.ingest rule 5).
+COMMIT_STALL_US = 250_000
+# A Kafka outage shorter than this leaves a shard's open transaction alive (librdkafka's and Kafka Streams' default
+# is shorter): the commit goes through once Kafka is back and no source is cut off. The price: a gateway that dies
+# with nobody taking its shard over holds committed readers of its partitions back this long.
+TRANSACTION_TIMEOUT_MS = 60_000
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
 
@@ -122,8 +128,9 @@ class ShardRuntime:
         client = settings.kafka_client
         self._publisher: TransactionalPublisher | KafkaPublisher
         if self._transactional:
-            self._publisher = TransactionalPublisher(client, f"{settings.topics.prefix}.shard-{settings.shard}",
-                                                     settings.producer_config)
+            self._publisher = TransactionalPublisher(
+                client, f"{settings.topics.prefix}.shard-{settings.shard}",
+                {"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **settings.producer_config})
         else:
             self._publisher = KafkaPublisher(client, settings.producer_config)
         self.ready = asyncio.Event()
@@ -132,6 +139,7 @@ class ShardRuntime:
         self._stream_lock = asyncio.Lock()
         self._txn_lock = asyncio.Lock()
         self._committing = False
+        self._commit_started_us = 0
         self._in_transaction = False
         self._produced_in_transaction = 0
         # (delivery, error, offset) of the open transaction, applied to the core once it commits.
@@ -252,6 +260,10 @@ class ShardRuntime:
         while True:
             if not self._committing:
                 self._publisher.poll(0)
+            elif self._clock_us() - self._commit_started_us > COMMIT_STALL_US:
+                # A commit this slow is Kafka holding the shard back (rule 5): the sources the merge waits for are
+                # silent because the producer cannot take their records, not because they are gone.
+                self.core.kafka_queue_full(self._clock_us())
             self._carry_out_now(self.core.poll(self._clock_us()), from_poll=True)
             await asyncio.sleep(POLL_INTERVAL_S)
 
@@ -310,6 +322,7 @@ class ShardRuntime:
         loop = asyncio.get_running_loop()
         async with self._txn_lock:
             self._committing = True
+            self._commit_started_us = self._clock_us()
             try:
                 for attempt in range(COMMIT_ATTEMPTS):
                     try:
