@@ -67,9 +67,14 @@ from gateway.launch import GatewayAddresses, spawn_gateway_async
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 STREAM = "bench"
-# Same frame shape and in-flight bound as benchmarks/gateway_throughput.py, so the two tables compare.
+# Same frame shape as benchmarks/gateway_throughput.py. Its in-flight bound (20,000 unacked events per source,
+# more than a source sends there) makes every source dump its events at once; behind 4 shard runtimes in one
+# process the last-read source of each shard then stays unread past the merge's 2 s wait, and its events go to the
+# late topic (measured: 16 % of them). 2,000 with a heartbeat when blocked is flow control as the SDK does it.
 BATCH_EVENTS = 500
-WINDOW_EVENTS = 20_000
+WINDOW_EVENTS = 2_000
+# A saturated run that has not finished by then is stuck (the gateway would close idle sources after 120 s).
+RUN_TIMEOUT_S = 90.0
 EVENT_STEP_US = 10
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A hello answered with shard_unavailable (a rebalance still settling) is retried after this pause.
@@ -244,6 +249,8 @@ class AckTracker:
         self.acked = -1
         self.sent_at: dict[int, float] = {}
         self.changed = asyncio.Event()
+        self.closed = False
+        self.last_other: object = None
         self._latencies_ms = ack_latencies_ms
         self._task = asyncio.create_task(self._read())
 
@@ -257,29 +264,46 @@ class AckTracker:
                     for last in [s for s in self.sent_at if s <= self.acked]:
                         self._latencies_ms.append((now - self.sent_at.pop(last)) * 1e3)
                     self.changed.set()
+                else:
+                    self.last_other = message
+        # This generator does not resend (the SDK does): a gateway that closed the connection (e.g. shard_moved
+        # after its shard's producer failed) ends the run with the reason instead of a hang.
+        self.closed = True
+        self.changed.set()
+
+    async def wait_acked(self, seq: int) -> None:
+        while self.acked < seq:
+            if self.closed:
+                raise ConnectionError(f"gateway closed the connection at ack {self.acked} (waiting for {seq}); "
+                                      f"last message: {self.last_other}")
+            self.changed.clear()
+            await self.changed.wait()
 
     def send(self, last_seq: int, frame: bytes) -> None:
         self.sent_at[last_seq] = time.perf_counter()
         self.writer.write(frame)
 
-    async def wait_acked(self, seq: int) -> None:
-        while self.acked < seq:
-            self.changed.clear()
-            await self.changed.wait()
 
     def close(self) -> None:
         self._task.cancel()
         self.writer.close()
 
 
-async def saturated_source(connection: Connection, frames: list[tuple[int, bytes]], final_ts_us: int,
-                           ack_latencies_ms: list[float]) -> None:
+async def saturated_source(connection: Connection, frames: list[tuple[int, bytes]], base_us: int, final_ts_us: int,
+                           window_events: int, ack_latencies_ms: list[float]) -> None:
     tracker = AckTracker(connection, ack_latencies_ms)
+    sent_through = -1
     for last_seq, frame in frames:
-        while last_seq - tracker.acked > WINDOW_EVENTS:
-            tracker.changed.clear()
-            await tracker.changed.wait()
+        if tracker.acked < last_seq - window_events:
+            # Blocked on the window: say so with a heartbeat (nothing older than the next event will come), as the
+            # SDK does when idle. Without it every source of a shard stops at the same event time, the merge cannot
+            # release those last events (it needs something newer from every source), their acks never come, and
+            # the run stalls until the merge gives up on the sources (their events then go to the late topic).
+            tracker.writer.write(encode_frame(build_heartbeat(base_us + (sent_through + 1) * EVENT_STEP_US,
+                                                              {STREAM: sent_through + 1})))
+            await tracker.wait_acked(last_seq - window_events)
         tracker.send(last_seq, frame)
+        sent_through = last_seq
         await tracker.writer.drain()
     final_seq = frames[-1][0]
     # Heartbeat: this source is done, nothing older will come, so its shard's merge need not wait for it.
@@ -327,6 +351,7 @@ class LoadResult:
     added_us: list[int]
     ack_ms: list[float]
     events_per_gateway: list[int]
+    late_events: int
     # Paced runs: the seconds the sources sent for (the rate they offered is events / this); None: saturated.
     paced_s: float | None = None
 
@@ -377,30 +402,35 @@ async def gateway_load(bootstrap: str, broker_pid: int, gateways: int, shards: i
         loadgen_cpu_s = time.process_time() - loadgen_cpu0
     finally:
         await cluster.stop()
-    topic = TopicNames(prefix).events(STREAM)
+    topics = TopicNames(prefix)
     loop = asyncio.get_running_loop()
-    records = await loop.run_in_executor(None, read_topic, bootstrap, topic, 120.0)
+    records = await loop.run_in_executor(None, read_topic, bootstrap, topics.events(STREAM), 120.0)
     added = []
     for _key, value in records:
         record = orjson.loads(value)
         if record.get("kind") == EVENT:
             added.append(record["release_ts_us"] - record["arrival_ts_us"])
-    assert len(added) == events, (label, len(added), events)
+    # Acked events the merge could not place in order (it gave up waiting for a silent source) are in the late
+    # topic: acknowledged and in Kafka too, counted apart.
+    late = len(await loop.run_in_executor(None, read_topic, bootstrap, topics.late(STREAM), 120.0))
+    assert len(added) + late == events, (label, len(added), late, events)
     per_source = events // len(source_ids)
     events_per_gateway = [served_by.count(i) * per_source for i in range(gateways)]
     return LoadResult(label, gateways, events, seconds, gateway_cpu_s, broker_cpu_s, loadgen_cpu_s, added, ack_ms,
-                      events_per_gateway), topic
+                      events_per_gateway, late), topics.events(STREAM)
 
 
-def saturated_load(per_source: int) -> LoadRun:
-    # Frames are built before the clock starts (every source sends the same bytes: its id is in its hello), so the
-    # load generator's CPU stays out of the measured time, as in gateway_throughput.py.
-    base_us = time.time_ns() // 1000
-    frames = frames_for(per_source, base_us)
-    final_ts_us = base_us + per_source * EVENT_STEP_US + 1_000_000
-
+def saturated_load(per_source: int, window_events: int) -> LoadRun:
     async def run(connections: list[Connection], ack_ms: list[float]) -> int:
-        await asyncio.gather(*(saturated_source(c, frames, final_ts_us, ack_ms) for c in connections))
+        # Event times start now, after the cluster settled: frames stamped before it (seconds in the past) would
+        # find the shard's watermark already past them and go to the late topic. Built once for every source
+        # (its id is in its hello, not in its events), ~40 ms inside the measured time.
+        base_us = time.time_ns() // 1000
+        frames = frames_for(per_source, base_us)
+        final_ts_us = base_us + per_source * EVENT_STEP_US + 1_000_000
+        async with asyncio.timeout(RUN_TIMEOUT_S):
+            await asyncio.gather(*(saturated_source(c, frames, base_us, final_ts_us, window_events, ack_ms)
+                                   for c in connections))
         return per_source * len(connections)
     return run
 
@@ -598,17 +628,18 @@ def tables(saturated: list[LoadResult], paced: list[LoadResult], plain: Producer
             f"{percentile(r.added_us, 0.99) / 1e3:.1f} | {percentile(r.ack_ms, 0.5):.0f} | "
             f"{percentile(r.ack_ms, 0.99):.0f} | {r.cores_busy(r.gateway_cpu_s):.2f} | "
             f"{r.cores_busy(r.broker_cpu_s):.2f} | {r.cores_busy(r.loadgen_cpu_s):.2f} | "
-            f"{r.us_per_event(r.gateway_cpu_s):.1f} | {r.us_per_event(r.broker_cpu_s):.1f} | {split} |")
+            f"{r.us_per_event(r.gateway_cpu_s):.1f} | {r.us_per_event(r.broker_cpu_s):.1f} | {split} | "
+            f"{r.late_events:,} |")
     rows.append(
         f"| plain producer | {plain.events_per_s:,.0f} | {plain.events_per_s / one.events_per_s:.2f}x | 1.00 | - | "
         f"{percentile(plain.delivery_ms, 0.5):.0f} | {percentile(plain.delivery_ms, 0.99):.0f} | "
         f"{plain.producer_cpu_s / plain.seconds:.2f} | {plain.broker_cpu_s / plain.seconds:.2f} | - | "
-        f"{plain.producer_cpu_s * 1e6 / plain.events:.1f} | {plain.broker_cpu_s * 1e6 / plain.events:.1f} | - |")
+        f"{plain.producer_cpu_s * 1e6 / plain.events:.1f} | {plain.broker_cpu_s * 1e6 / plain.events:.1f} | - | - |")
     paced_rows = [
         f"| {r.gateways} | {r.events_per_s:,.0f} | {percentile(r.added_us, 0.5) / 1e3:.2f} | "
         f"{percentile(r.added_us, 0.99) / 1e3:.2f} | {max(r.added_us) / 1e3:.2f} | {percentile(r.ack_ms, 0.5):.0f} | "
         f"{percentile(r.ack_ms, 0.99):.0f} | {r.cores_busy(r.gateway_cpu_s):.2f} | "
-        f"{r.cores_busy(r.broker_cpu_s):.2f} |" for r in paced]
+        f"{r.cores_busy(r.broker_cpu_s):.2f} | {r.late_events} |" for r in paced]
     failover_rows = [
         f"| {f.session_timeout_s:.0f} | {f.moved_shards} | {f.moved_sources} | {f.assigned_s:.2f} | "
         f"{f.served_s:.2f} | {statistics.median(f.first_ack_s):.2f} | {max(f.first_ack_s):.2f} | {f.events:,} | "
@@ -616,11 +647,11 @@ def tables(saturated: list[LoadResult], paced: list[LoadResult], plain: Producer
     return "\n".join([
         "| writer | events/s | vs 1 gateway | of plain producer | added p99 (ms) | ack p50 (ms) | ack p99 (ms) | "
         "gateway cores | broker cores | load-gen cores | gateway CPU us/event | broker CPU us/event | "
-        "events per gateway |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "events per gateway | late (diverted) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         "| gateways | events/s | added p50 (ms) | added p99 (ms) | added max (ms) | ack p50 (ms) | ack p99 (ms) | "
-        "gateway cores | broker cores |",
-        "|---|---|---|---|---|---|---|---|---|", *paced_rows, "",
+        "gateway cores | broker cores | late |",
+        "|---|---|---|---|---|---|---|---|---|---|", *paced_rows, "",
         "| session timeout (s) | moved shards | moved sources | kill -> shards assigned (s) | "
         "kill -> shards served (s) | kill -> first ack p50 (s) | max (s) | events | lost | duplicated | "
         "out of order |",
@@ -679,12 +710,13 @@ async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log
     loop = asyncio.get_running_loop()
     for gateways in (1, 2):
         result, topic = await gateway_load(bootstrap, broker_pid, gateways, args.shards, source_ids, log_dir,
-                                           saturated_load(per_source), "sat")
+                                           saturated_load(per_source, args.window), "sat")
         print(f"saturated {gateways} gateway(s): {result.events_per_s:,.0f} events/s, added p99 "
               f"{percentile(result.added_us, 0.99) / 1e3:.1f} ms, ack p50/p99 {percentile(result.ack_ms, 0.5):.0f}/"
               f"{percentile(result.ack_ms, 0.99):.0f} ms, cores gateway/broker/loadgen "
               f"{result.cores_busy(result.gateway_cpu_s):.2f}/{result.cores_busy(result.broker_cpu_s):.2f}/"
-              f"{result.cores_busy(result.loadgen_cpu_s):.2f}, events per gateway {result.events_per_gateway}",
+              f"{result.cores_busy(result.loadgen_cpu_s):.2f}, events per gateway {result.events_per_gateway}, "
+              f"late {result.late_events}",
               flush=True)
         saturated.append(result)
         if gateways == 1:
@@ -720,6 +752,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000, help="events per saturated run, all sources")
     parser.add_argument("--sources", type=int, default=20)
+    parser.add_argument("--window", type=int, default=WINDOW_EVENTS, help="unacked events per source, saturated")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--paced-rate", type=float, default=10_000.0, help="events/s of the paced runs, all sources")
     parser.add_argument("--paced-s", type=float, default=5.0)
