@@ -5,7 +5,8 @@ with the same --shards (default 4, so 2 gateways serve 2 shards each), transacti
 commits every 100 ms and acks sources at commits), time sync off. All in one run, side by side:
 
 1. Saturated: 20 in-order raw-frame sources (the load generator of benchmarks/gateway_throughput.py, which
-   follows the hello's redirect to the shard's owner) push a fixed number of events as fast as they are acked.
+   follows the hello's redirect to the shard's owner) push a fixed number of events as fast as they are acked,
+   at most --window unacked per source (a heartbeat when blocked, as the SDK sends when idle).
    Measured: events/s from first send to last ack, ack latency per batch, added latency (`release_ts_us -
    arrival_ts_us` of every event record read back from Kafka, read_committed), and the CPU of every process
    (gateways, broker, load generator) from /proc, to show what the cores were spent on.
@@ -18,8 +19,8 @@ commits every 100 ms and acks sources at commits), time sync off. All in one run
    kill), and when the survivor got (starting_shards) and served (serving_shards) the moved shards, from its
    /healthz. Once per session timeout (default: 6 s, the gateway's default, and 10 s).
 
-Writes docs/cluster-benchmark.md's measured tables (printed; the prose around them is written by hand) and
-docs/cluster-benchmark.png.
+Prints the measured tables of docs/cluster-benchmark.md (the prose around them is written by hand from the run)
+and writes docs/cluster-benchmark.png.
 
 Run: .venv/bin/python benchmarks/gateway_cluster.py [--events 200000] [--shards 4] [--session-timeouts 6 10]
 """
