@@ -84,20 +84,22 @@ async def health(gateway: GatewayProcess) -> dict[str, Any]:
     return dict(orjson.loads(response.split(b"\r\n\r\n", 1)[1]))
 
 
-async def wait_all_shards_served(gateways: list[GatewayProcess], timeout_s: float = 40.0) -> dict[int, str]:
-    """shard -> gateway_id once the live gateways serve every shard exactly once."""
+async def wait_all_shards_served(gateways: list[GatewayProcess], timeout_s: float = 60.0) -> dict[int, str]:
+    """shard -> gateway_id once the live gateways serve every shard exactly once and each serves some: the group's
+    assignment has settled (a gateway that just joined gets its shards in a second rebalance, seconds later)."""
     async with asyncio.timeout(timeout_s):
         while True:
             owners: dict[int, str] = {}
-            duplicate = False
+            duplicate = idle = False
             for gateway in gateways:
                 if gateway.process.returncode is not None:
                     continue
                 state = await health(gateway)
+                idle |= not state["serving_shards"]
                 for shard in state["serving_shards"]:
                     duplicate |= shard in owners
                     owners[shard] = state["gateway_id"]
-            if len(owners) == SHARDS and not duplicate:
+            if len(owners) == SHARDS and not duplicate and not idle:
                 return owners
             await asyncio.sleep(0.2)
 
