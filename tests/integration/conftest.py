@@ -1,10 +1,9 @@
-"""Real processes for integration tests: one Kafka broker and one SparkSession per test session."""
+"""Real processes for integration tests: one Kafka broker per test session (the SparkSession: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -20,17 +19,6 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerState]:
         yield state
     finally:
         broker.stop()
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from spark_jobs.session import create_spark_session, stop_spark
-
-    session = create_spark_session("skewless-tests")
-    try:
-        yield session
-    finally:
-        stop_spark(session)
 
 
 @pytest.fixture

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.integration.conftest import kafka, spark, topic_prefix
+from tests.integration.conftest import kafka, topic_prefix
 
-__all__ = ["kafka", "spark", "topic_prefix"]
+__all__ = ["kafka", "topic_prefix"]
