@@ -40,7 +40,7 @@ from contract.records import OwnerRecord
 from contract.sharding import shard_of
 from contract.topics import TopicNames
 from contract.wire import messages
-from contract.wire.errors import LocalProtocolError
+from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE, LocalProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from gateway.auth import SourceAuthenticator
 from gateway.connection import WORKER_STAGES, ConnectionHandler, WorkerStage
@@ -94,8 +94,6 @@ SHARD_RESTART_BACKOFF_S = 0.5
 REFERENCE_ERROR_REFRESH_S = 16.0
 IDLE_PUNCTUATION_INTERVAL_S = 1.0
 STREAM_DISCOVERY_INTERVAL_S = 10.0
-SHARD_MOVED = "shard_moved"
-SHARD_UNAVAILABLE = "shard_unavailable"
 
 
 @dataclass
@@ -552,19 +550,17 @@ class Gateway:
             log.exception("shard %d: stop failed", runtime.shard)
         finally:
             self._retire(runtime)
-            self._move_sources_of(runtime.shard, "this gateway no longer serves the source's shard")
+            self._move_sources_of(runtime.shard)
 
     def _retire(self, runtime: ShardRuntime) -> None:
         self._retired_counters = sum_counters([self._retired_counters, runtime.core.counters])
 
-    def _move_sources_of(self, shard: int, reason: str) -> None:
-        frame = encode_frame(messages.build_error(SHARD_MOVED, reason, fatal=True))
+    def _move_sources_of(self, shard: int) -> None:
         for source_id, handlers in list(self._connections_by_source.items()):
             if shard_of(source_id, self.config.shards) != shard or self._serving(source_id) is not None:
                 continue
             for handler in list(handlers):
-                handler.send_bytes(frame)
-                handler.close()
+                self._moved(handler)
 
     # -- what shard runtimes ask (gateway.shard.ShardHost) ------------------------------------------------------
 

@@ -264,7 +264,7 @@ class ShardRuntime:
                 # A commit this slow is Kafka holding the shard back (rule 5): the sources the merge waits for are
                 # silent because the producer cannot take their records, not because they are gone.
                 self.core.kafka_queue_full(self._clock_us())
-            self._carry_out_now(self.core.poll(self._clock_us()), from_poll=True)
+            self._carry_out_now(self.core.poll(self._clock_us()), queue_writes=True)
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def _produce_forever(self) -> None:
@@ -397,7 +397,9 @@ class ShardRuntime:
             raise ShardLost(f"shard {self.shard}: its Kafka producer failed: {exc!r}") from exc
 
     def _carry_out_now(self, actions: Sequence[IngestAction],
-                       from_poll: bool = False) -> list[Produce | WriteCheckpoint]:
+                       queue_writes: bool = False) -> list[Produce | WriteCheckpoint]:
+        """Everything but Kafka writes at once; the writes are returned, or with ``queue_writes`` queued behind the
+        records already released and not waited for (checkpoints, clock state, the poll's releases)."""
         writes: list[Produce | WriteCheckpoint] = []
         for action in actions:
             if isinstance(action, SendToSource):
@@ -410,8 +412,7 @@ class ShardRuntime:
                 self._host.set_throttled(action.source_id, isinstance(action, PauseReading))
             else:
                 raise TypeError(f"not an ingest action: {action!r}")
-        if from_poll and writes:
-            # Checkpoints from the poll: queued behind the records already released, never waited for.
+        if queue_writes and writes:
             self._enqueue(writes)
             return []
         return writes
@@ -437,9 +438,7 @@ class ShardRuntime:
         await self._carry_out(actions)
 
     def clock_changed(self, info: SourceInfo, t_a_us: int) -> None:
-        writes = self._carry_out_now(self.core.clock_changed(info, t_a_us, self._clock_us()))
-        if writes:
-            self._enqueue(writes)
+        self._carry_out_now(self.core.clock_changed(info, t_a_us, self._clock_us()), queue_writes=True)
 
     async def _ensure_streams(self, streams: tuple[str, ...], created: frozenset[str]) -> None:
         """Recover what Kafka holds of this shard's partition of streams not seen yet (the gateway created their
