@@ -1,40 +1,60 @@
 """Client SDK for Skewless event sources (docs/sdk.md).
 
 * :class:`SkewlessClient` — async; :func:`connect` is Sample Code 4.1 (``connect(host, tcp_port, udp_port,
-  source_id, sync_attempts, streams=...)``);
+  source_id, sync_attempts, streams=...)``); options are typed (:class:`ClientOptions`, :class:`ConnectOptions`);
 * :class:`SyncSkewlessClient` / :func:`connect_sync` — the same behind a background event-loop thread;
+* :class:`SkewlessError` — the base of every error the SDK raises;
 * :class:`SimulatedClock` — a source clock with an offset and a skew, for demos and tests;
 * :func:`hmac_token` — the hello's HMAC credentials.
 """
 
 from clients.auth import hmac_token
 from clients.client import (
-    ClientClosed,
+    ClientOptions,
     ClientStats,
-    GatewayFailed,
-    GatewayRejected,
-    GatewayRerouted,
+    ConnectOptions,
     RefusedEvent,
     SkewlessClient,
     connect,
 )
-from clients.core import Backoff, EventTooLarge, GatewayAddress
+from clients.core import Backoff, GatewayAddress
+from clients.errors import (
+    ClientClosed,
+    EventRefused,
+    EventTooLarge,
+    FlushTimeout,
+    GatewayFailed,
+    GatewayRejected,
+    GatewayRerouted,
+    GatewayUnreachable,
+    SkewlessError,
+    SpoolError,
+    TimeSyncError,
+)
 from clients.sync import SyncSkewlessClient, connect_sync
 from timesync.clocks import SimulatedClock
 
 __all__ = [
     "Backoff",
     "ClientClosed",
+    "ClientOptions",
     "ClientStats",
+    "ConnectOptions",
+    "EventRefused",
     "EventTooLarge",
+    "FlushTimeout",
     "GatewayAddress",
     "GatewayFailed",
     "GatewayRejected",
     "GatewayRerouted",
+    "GatewayUnreachable",
     "RefusedEvent",
     "SimulatedClock",
     "SkewlessClient",
+    "SkewlessError",
+    "SpoolError",
     "SyncSkewlessClient",
+    "TimeSyncError",
     "connect",
     "connect_sync",
     "hmac_token",

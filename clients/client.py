@@ -13,18 +13,19 @@ import logging
 import os
 import ssl as ssl_module
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 import msgpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
 from clients.core import (
+    DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_REDIRECTS,
     Backoff,
-    EventTooLarge,
+    DeliveryWatch,
     GatewayAddress,
     GatewayRouter,
     IdleTimer,
@@ -35,6 +36,17 @@ from clients.core import (
     encode_batches,
     heartbeat_next_seq,
     payload_fits,
+)
+from clients.errors import (
+    ClientClosed,
+    EventRefused,
+    EventTooLarge,
+    FlushTimeout,
+    GatewayFailed,
+    GatewayRejected,
+    GatewayRerouted,
+    GatewayUnreachable,
+    TimeSyncError,
 )
 from clients.spool import DEFAULT_SPOOL_MAX_BYTES, FileSpool
 from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
@@ -51,12 +63,14 @@ from contract.wire.messages import (
     build_hello,
     parse_gateway_message,
 )
-from timesync.client import DEFAULT_COUNT, PeriodicSync, TimeSyncError
+from timesync.client import DEFAULT_COUNT, PeriodicSync
+from timesync.client import TimeSyncError as _AnyTimeSyncError
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
 
-__all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientStats", "GatewayFailed", "GatewayRejected",
-           "GatewayRerouted", "RefusedEvent", "SkewlessClient", "connect"]
+__all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "ClientOptions", "ClientStats",
+           "ConnectOptions", "GatewayFailed", "GatewayRejected", "GatewayRerouted", "RefusedEvent", "SkewlessClient",
+           "connect"]
 
 log = logging.getLogger(__name__)
 
@@ -104,36 +118,6 @@ def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
         raise ConnectionError("the connection closed before the write")
 
 
-class GatewayRejected(Exception):
-    """The gateway sent a fatal error frame (refused hello, bad credentials, a protocol error)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-class GatewayFailed(ConnectionError):
-    """The gateway closed the connection with a fatal error that is not the source's fault (RETRYABLE_ERROR_CODES):
-    handled as a lost connection, re-opened with backoff."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-class GatewayRerouted(GatewayFailed):
-    """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
-    the gateway (``ROUTING_ERROR_CODES``), a redirect after the welcome, or redirects that did not settle
-    (``too_many_redirects``). Handled as a lost connection, except that the gateway is no longer taken for the
-    owner and the next attempt waits at least ``retry_after_ms`` and starts from the address list."""
-
-    def __init__(self, code: str, message: str, retry_after_ms: int | None = None,
-                 gateway: GatewayAddress | None = None) -> None:
-        super().__init__(code, message)
-        self.retry_after_ms = retry_after_ms
-        self.gateway = gateway
-
-
 @dataclass(frozen=True, slots=True)
 class RefusedEvent:
     """An event the gateway refused on its own (``invalid_payload``: its payload cannot travel in a JSON record).
@@ -143,10 +127,6 @@ class RefusedEvent:
     seq: int
     code: str
     message: str
-
-
-class ClientClosed(RuntimeError):
-    """``send()`` after ``close()``."""
 
 
 @dataclass
@@ -201,7 +181,7 @@ class SkewlessClient:
     """One event source, async. ``send()`` stamps an event with the source clock and the next seq of its stream.
 
     Lifecycle: ``await connect()`` (the first TCP connection finds the gateway that owns this source, then the clock
-    syncs with that gateway's time-sync server when ``udp_port`` is set, then the rest of the ``pool_size``
+    syncs with that gateway's time-sync server, at the port its welcome announces, then the rest of the ``pool_size``
     connections open) … ``await send(...)`` … ``await flush()`` … ``await close()``; or ``async with
     SkewlessClient(...)`` (flushes on a clean exit). ``send()`` works before ``connect()`` too: events queue until
     a connection is up.
@@ -218,8 +198,10 @@ class SkewlessClient:
     Parameters (keyword-only after ``streams``):
         gateways: more gateway addresses ``(host, port)`` of the same cluster, tried after ``host:port``.
         max_redirects: redirects followed in a row before backing off and starting again from the list.
-        udp_port: the gateway's time-sync UDP port; None for a gateway without time sync (no sync at all). A gateway
-            that announces its own time-sync port (in its welcome, or a redirect naming it) is synced on that one.
+        time_sync: sync the source clock with the owner gateway's time-sync server (default on); False never syncs.
+        udp_port: the time-sync UDP port to use when the gateway announces none (its welcome, or a redirect naming
+            it, carries ``timesync_port`` whenever it runs a time-sync server, and that port wins). None: only the
+            announced port; a gateway that announces none and no ``udp_port`` means no time server to sync with.
         sync_attempts: requests per sync burst (the thesis' 10).
         resync_interval_s: seconds between background re-syncs; None syncs only once, at ``connect()``.
         sync_timeout_s: how long one sync request waits for its reply.
@@ -232,7 +214,10 @@ class SkewlessClient:
         batch_events: events per frame at most (frames are also kept under the gateway's ``max_frame_bytes``).
         linger_s: how long a partial batch waits for more events before it is written.
         max_unacked: bound on events kept for resend; ``send()`` blocks at the bound.
-        heartbeat_interval_s: idle time after which a connection sends a heartbeat; None disables heartbeats.
+        heartbeat_interval_s: idle time of the whole source (no connection of the pool wrote) after which one
+            connection sends a heartbeat; None disables heartbeats (and keepalives).
+        keepalive_interval_s: idle time after which any one pool connection writes a heartbeat anyway, below the
+            gateway's idle timeout (120 s).
         backoff: reconnect policy (each pool connection gets its own copy); ``max_attempts`` bounds retries.
         connect_timeout_s: bound on one TCP connect + handshake (the gateway creates missing topics before it
             answers the hello, which can take seconds on a busy broker).
@@ -242,7 +227,7 @@ class SkewlessClient:
 
     def __init__(self, host: str, port: int, source_id: str, streams: Sequence[str], *,
                  gateways: Sequence[tuple[str, int]] = (), max_redirects: int = DEFAULT_MAX_REDIRECTS,
-                 udp_port: int | None = None, sync_attempts: int = DEFAULT_COUNT,
+                 time_sync: bool = True, udp_port: int | None = None, sync_attempts: int = DEFAULT_COUNT,
                  resync_interval_s: float | None = DEFAULT_RESYNC_INTERVAL_S, sync_timeout_s: float = 0.5,
                  timesync_key: bytes | None = None,
                  clock_us: ClockUs = system_time_us,
@@ -251,6 +236,7 @@ class SkewlessClient:
                  pool_size: int = 1, batch_events: int = DEFAULT_BATCH_EVENTS, linger_s: float = DEFAULT_LINGER_S,
                  max_unacked: int = DEFAULT_MAX_UNACKED,
                  heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
+                 keepalive_interval_s: float = DEFAULT_KEEPALIVE_S,
                  backoff: Backoff | None = None, connect_timeout_s: float = 60.0,
                  spool_path: str | os.PathLike[str] | None = None, spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
                  spool_fsync: bool = False) -> None:
@@ -266,6 +252,7 @@ class SkewlessClient:
         self.port = port
         self.gateways = [(str(h), int(p)) for h, p in gateways]
         self._router = GatewayRouter([(host, port), *self.gateways], max_redirects)
+        self.time_sync = time_sync
         self.udp_port = udp_port
         self.source_id = source_id
         self.streams = list(dict.fromkeys(streams))
@@ -287,6 +274,8 @@ class SkewlessClient:
         # Refused seqs not acked yet, so that the refusal of a resend (the connection dropped before the ack) is
         # not counted twice; pruned by the acks.
         self._refused_unacked: set[tuple[str, int]] = set()
+        # Delivery futures of the events sent with send_tracked(); empty (and free) when it is never used.
+        self._deliveries: DeliveryWatch[asyncio.Future[int]] = DeliveryWatch()
         self._hmac_secret = hmac_secret is not None
         self._token: TokenProvider | None
         if hmac_secret is not None:
@@ -316,7 +305,7 @@ class SkewlessClient:
         self.stats.recovered_from_spool = len(recovered)
 
         self._scheduler = PoolScheduler(pool_size)
-        self._idle = IdleTimer(pool_size, heartbeat_interval_s)
+        self._idle = IdleTimer(pool_size, heartbeat_interval_s, keepalive_interval_s)
         base_backoff = backoff if backoff is not None else Backoff()
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._acked_streams: set[str] = set()
@@ -336,6 +325,7 @@ class SkewlessClient:
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         # (highest source_ts_us sent, clock_us() when it was sent): what heartbeats extrapolate from.
         self._ts_anchor: tuple[int, int] | None = None
+        self._warned_no_time_server = False
 
     # -- properties ------------------------------------------------------------------------------------------------
 
@@ -419,12 +409,14 @@ class SkewlessClient:
         return self._wake, self._progress, self._room
 
     async def connect(self) -> None:
-        """Find the owning gateway, sync the clock with it (when ``udp_port`` is set), open the pool, start the
-        background tasks.
+        """Find the owning gateway, sync the clock with it (unless ``time_sync=False`` or it has no time-sync
+        server), open the pool, start the background tasks.
 
         Raises ``TimeSyncError`` if the first sync burst got no usable reply, ``GatewayRejected`` if the gateway
-        refused the hello, ``OSError``/``TimeoutError`` if no gateway address could be reached, ``GatewayRerouted``
-        if the shard stayed unserved (or redirects did not settle) for ``connect_timeout_s``.
+        refused the hello (or broke the protocol), ``GatewayRerouted`` if the shard stayed unserved (or redirects did
+        not settle) for ``connect_timeout_s`` (all ``SkewlessError``); the last dial's ``OSError`` (a
+        ``ConnectionRefusedError``, ``TimeoutError``, ``ssl.SSLError``...) as the OS raised it if no gateway address
+        could be reached.
         """
         if self._closed:
             raise ClientClosed("client is closed")
@@ -432,13 +424,17 @@ class SkewlessClient:
             return
         self._events()
         try:
-            if self.udp_port is not None and self._hmac_secret:
+            if self.time_sync and self.udp_port is not None and self._hmac_secret:
                 # An HMAC token is stamped with the synced clock, so this source syncs before its first hello (with
                 # the first gateway of the list that answers: any gateway's clock makes a fresh token), then again
                 # with the owner once it knows it.
                 await self._presync(self.udp_port)
             for slot in self._slots:
                 await self._open_at_connect(slot)
+        except RemoteProtocolError as exc:
+            # The gateway's own frames broke the protocol (a malformed or oversized frame in the handshake).
+            await self._teardown()
+            raise GatewayRejected(exc.code, str(exc)) from exc
         except BaseException:
             await self._teardown()
             raise
@@ -459,10 +455,13 @@ class SkewlessClient:
         sync = PeriodicSync(host, udp_port, self.source_id, for_time_sync(self.clock_us), count=self.sync_attempts,
                             interval_s=interval if interval is not None else 1.0, timeout_s=self.sync_timeout_s,
                             key=self.timesync_key, on_estimate=on_estimate)
-        if interval is None:
-            await sync.sync_now()
-        else:
-            await sync.start()
+        try:
+            if interval is None:
+                await sync.sync_now()
+            else:
+                await sync.start()
+        except _AnyTimeSyncError as exc:
+            raise _sdk_time_sync_error(exc, host, udp_port) from exc
         self._sync = sync
 
     async def _presync(self, udp_port: int) -> None:
@@ -471,7 +470,7 @@ class SkewlessClient:
             try:
                 await self._start_sync(address.host, udp_port)
                 return
-            except (TimeSyncError, OSError) as exc:
+            except (_AnyTimeSyncError, OSError) as exc:
                 log.info("%s: no time sync at %s:%d: %s", self.source_id, address.host, udp_port, exc)
                 failure = exc
         assert failure is not None
@@ -479,19 +478,25 @@ class SkewlessClient:
 
     def _time_endpoint(self, owner: GatewayAddress | None = None) -> tuple[str, int] | None:
         """Where this source syncs its clock: the owner's announced time-sync port, else the configured ``udp_port``
-        on the owner's host (the first address while no owner is known); None without ``udp_port``."""
-        if self.udp_port is None:
+        on the owner's host (the first address while no owner is known); None when time sync is off or neither is
+        known."""
+        if not self.time_sync:
             return None
         owner = owner if owner is not None else self._router.owner
         if owner is None:
-            return self.host, self.udp_port
-        return owner.host, owner.timesync_port if owner.timesync_port is not None else self.udp_port
+            return None if self.udp_port is None else (self.host, self.udp_port)
+        port = owner.timesync_port if owner.timesync_port is not None else self.udp_port
+        return None if port is None else (owner.host, port)
 
     async def _follow_owner_time(self, owner: GatewayAddress) -> None:
         """Sync with the owner's time-sync server before anything is sent to it: the first burst (raising, so that
         ``connect()`` fails as it always did), or a move of the existing sync when the owner changed."""
         target = self._time_endpoint(owner)
         if target is None:
+            if self.time_sync and self._sync is None and not self._warned_no_time_server:
+                self._warned_no_time_server = True
+                log.info("%s: %s:%d announces no time-sync server and no udp_port is set: events go unsynced",
+                         self.source_id, owner.host, owner.port)
             return
         async with self._time_lock:
             sync = self._sync
@@ -509,22 +514,27 @@ class SkewlessClient:
             sync.exchange.estimator.reset()
             try:
                 await sync.sync_now()
-            except (TimeSyncError, OSError) as exc:
+            except (_AnyTimeSyncError, OSError) as exc:
                 # Not fatal: the periodic re-sync (and any resync request) tries the new server again.
                 log.warning("%s: time sync with the new owner %s:%d failed: %s", self.source_id, *target, exc)
 
     async def sync_now(self) -> ClockEstimate:
-        """Run one sync burst now (requires ``udp_port``), with the owner's time-sync server when known."""
+        """Run one sync burst now with the owner's time-sync server (raises ``TimeSyncError`` when it gets no usable
+        reply, or when no server is known: ``time_sync=False``, or no announced port and no ``udp_port``)."""
         if self._sync is None:
             target = self._time_endpoint()
             if target is None:
-                raise RuntimeError("no udp_port: this client does not sync")
+                raise TimeSyncError("no time-sync server: time_sync is off, or the gateway announced none and no "
+                                    "udp_port is set")
             await self._start_sync(*target)
             assert self._sync is not None
             estimate = self._sync.estimate
             assert estimate is not None
             return estimate
-        return await self._sync.sync_now()
+        try:
+            return await self._sync.sync_now()
+        except _AnyTimeSyncError as exc:
+            raise _sdk_time_sync_error(exc, self._sync.host, self._sync.port) from exc
 
     async def close(self) -> None:
         """Say ``bye`` on every live connection and stop. Unacknowledged events stay in the spool, if any."""
@@ -546,8 +556,17 @@ class SkewlessClient:
                     if _write(slot.writer, encode_frame(build_bye())):
                         await slot.writer.drain()
         await self._teardown()
+        self._settle_deliveries(ClientClosed("the client closed with this event unacknowledged"))
         if self._room is not None:
             self._room.set()
+
+    def _settle_deliveries(self, exc: BaseException) -> None:
+        """Fail every delivery future still waiting: no ack will come for them from this client."""
+        for future in self._deliveries.drain():
+            if not future.done():
+                future.set_exception(exc)
+                # Retrieved here so that a future the application dropped does not log "exception never retrieved".
+                future.exception()
 
     async def _teardown(self) -> None:
         if self._resync_task is not None:
@@ -572,6 +591,7 @@ class SkewlessClient:
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:
             self._error = exc
+        self._settle_deliveries(exc)
         for event in (self._wake, self._progress, self._room):
             if event is not None:
                 event.set()
@@ -626,6 +646,21 @@ class SkewlessClient:
         self._wake_sender()
         return seq
 
+    async def send_tracked(self, stream: str, payload: Any, source_ts_us: int | None = None, *,
+                           seq: int | None = None) -> asyncio.Future[int]:
+        """``send()``, and a future of this event's delivery: it resolves to the seq when a cumulative ack covers it
+        (Kafka has it), fails with ``EventRefused`` if the gateway refuses it (``invalid_payload``), with
+        ``ClientClosed`` if the client closes with it unacknowledged, or with the client's fatal error.
+
+        The future exists only for events sent this way, until their ack: ``send()`` pays nothing for it, and at
+        most ``max_unacked`` futures are ever pending.
+        """
+        sent_seq = await self.send(stream, payload, source_ts_us, seq=seq)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        # send() returned without yielding after queueing the event, so its ack cannot have been handled yet.
+        self._deliveries.watch(stream, sent_seq, future)
+        return future
+
     def _wake_sender(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -649,15 +684,15 @@ class SkewlessClient:
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until the gateway acknowledged every event sent so far (reconnecting as needed).
 
-        Raises ``TimeoutError`` after ``timeout_s``, or the client's fatal error. Before ``connect()`` it raises
-        ``RuntimeError`` when events are pending, since nothing could deliver them.
+        Raises ``FlushTimeout`` (a ``TimeoutError``) after ``timeout_s``, or the client's fatal error. Before
+        ``connect()`` it raises ``RuntimeError`` when events are pending, since nothing could deliver them.
         """
         _wake, progress, _room = self._events()
         if not self._connected and len(self._store):
             raise RuntimeError("flush() before connect(): nothing can deliver the queued events")
         self._flush_now = True
         try:
-            async with asyncio.timeout(timeout_s):
+            async with _flush_deadline(timeout_s, self):
                 while len(self._store):
                     if self._error is not None:
                         raise self._error
@@ -807,7 +842,10 @@ class SkewlessClient:
                 await self._drop(slot)
                 raise
             return
-        raise failure if failure is not None else ConnectionError("no gateway address left to dial")
+        if failure is not None:
+            # The OS's own error (refused, timed out, a TLS certificate refused) names the cause best.
+            raise failure
+        raise GatewayUnreachable(f"no gateway address left to dial of {self._describe_addresses()}")
 
     async def _handshake(self, slot: _Slot, target: GatewayAddress) -> tuple[
             asyncio.StreamReader, asyncio.StreamWriter, FrameDecoder, Welcome | Redirect, list[dict[str, Any]]]:
@@ -908,7 +946,7 @@ class SkewlessClient:
                     return
             delay = slot.backoff.next_delay()
             if delay is None:
-                self._fail(ConnectionError(f"gateway {self._describe_addresses()} unreachable after "
+                self._fail(GatewayUnreachable(f"gateway {self._describe_addresses()} unreachable after "
                                            f"{slot.backoff.attempts} reconnect attempts"))
                 return
             delay, slot.retry_after_s = max(delay, slot.retry_after_s), 0.0
@@ -921,7 +959,7 @@ class SkewlessClient:
             except GatewayRerouted as exc:
                 self._rerouted(slot, exc)
                 continue
-            except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, TimeSyncError) as exc:
+            except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, _AnyTimeSyncError) as exc:
                 log.info("%s conn%d reconnect failed: %r", self.source_id, slot.index, exc)
                 continue
             slot.backoff.reset()
@@ -950,6 +988,10 @@ class SkewlessClient:
             stream, seq = message.stream, message.seq
             released = self._store.ack(stream, seq)
             self._acked_streams.add(stream)
+            if len(self._deliveries):
+                for acked_seq, future in self._deliveries.acked(stream, seq):
+                    if not future.done():
+                        future.set_result(acked_seq)
             if self._refused_unacked:
                 self._refused_unacked = {r for r in self._refused_unacked if r[0] != stream or r[1] > seq}
             if released:
@@ -993,6 +1035,9 @@ class SkewlessClient:
                 or key in self._refused_unacked):
             return  # a resend's refusal: counted the first time
         self._refused_unacked.add(key)
+        future = self._deliveries.refused(refused.stream, refused.seq)
+        if future is not None and not future.done():
+            future.set_exception(EventRefused(refused.stream, refused.seq, refused.code, refused.message))
         self.stats.events_refused += 1
         self.refused.append(refused)
         log.warning("%s: the gateway refused %s seq %d (%s): %s", self.source_id, refused.stream, refused.seq,
@@ -1004,7 +1049,7 @@ class SkewlessClient:
         (clients.core.ResyncGate decides when), beside the periodic ones; sending goes on meanwhile."""
         self.stats.resyncs_requested += 1
         if self._sync is None or self._closed:
-            return  # no time sync (no udp_port): the gateway has no estimate of this clock to renew
+            return  # no time sync: the gateway has no estimate of this clock to renew
         log.warning("%s: the gateway asks for a re-sync (%s at %s seq %s)", self.source_id, request.reason,
                     request.stream, request.seq)
         delay_s = self._resync_gate.request(asyncio.get_running_loop().time())
@@ -1020,11 +1065,24 @@ class SkewlessClient:
             self._resync_gate.started(loop.time())
             try:
                 await self._sync.sync_now()
-            except (TimeSyncError, OSError) as exc:
+            except (_AnyTimeSyncError, OSError) as exc:
                 # Not fatal: the gateway sends its held events to the late topic when its hold runs out, and the
                 # periodic re-sync tries again.
                 log.warning("%s: the re-sync the gateway asked for failed: %s", self.source_id, exc)
             delay_s = self._resync_gate.finished(loop.time())
+
+
+@contextlib.asynccontextmanager
+async def _flush_deadline(timeout_s: float, client: SkewlessClient) -> AsyncIterator[None]:
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError as exc:
+        raise FlushTimeout(f"{client.unacked_count} events still unacknowledged after {timeout_s} s") from exc
+
+
+def _sdk_time_sync_error(exc: _AnyTimeSyncError, host: str, udp_port: int) -> TimeSyncError:
+    return exc if isinstance(exc, TimeSyncError) else TimeSyncError(f"time sync with {host}:{udp_port}: {exc}")
 
 
 async def _close_time_sync(sync: PeriodicSync) -> None:
@@ -1051,12 +1109,50 @@ async def _read_first_frames(reader: asyncio.StreamReader, decoder: FrameDecoder
             return messages
 
 
+class ConnectOptions(TypedDict, total=False):
+    """``SkewlessClient``'s keyword options but ``udp_port`` and ``sync_attempts`` (``connect()`` takes those
+    positionally, as Sample Code 4.1 does): ``**options: Unpack[ConnectOptions]`` lets mypy check every name and
+    type, so a misspelled ``pool_sise=2`` is an error. A test keeps this in step with ``SkewlessClient.__init__``."""
+
+    gateways: Sequence[tuple[str, int]]
+    max_redirects: int
+    time_sync: bool
+    resync_interval_s: float | None
+    sync_timeout_s: float
+    timesync_key: bytes | None
+    clock_us: ClockUs
+    token: str | TokenProvider | None
+    hmac_secret: bytes | None
+    ssl: ssl_module.SSLContext | None
+    server_hostname: str | None
+    pool_size: int
+    batch_events: int
+    linger_s: float
+    max_unacked: int
+    heartbeat_interval_s: float | None
+    keepalive_interval_s: float
+    backoff: Backoff | None
+    connect_timeout_s: float
+    spool_path: str | os.PathLike[str] | None
+    spool_max_bytes: int
+    spool_fsync: bool
+
+
+class ClientOptions(ConnectOptions, total=False):
+    """Every keyword option of ``SkewlessClient`` (``SyncSkewlessClient`` takes them as ``**options``)."""
+
+    udp_port: int | None
+    sync_attempts: int
+
+
 async def connect(host: str, tcp_port: int, udp_port: int | None, source_id: str,
-                  sync_attempts: int = DEFAULT_COUNT, *, streams: Sequence[str], **options: Any) -> SkewlessClient:
+                  sync_attempts: int = DEFAULT_COUNT, *, streams: Sequence[str],
+                  **options: Unpack[ConnectOptions]) -> SkewlessClient:
     """Sample Code 4.1: ``await connect("10.100.1.138", 9892, 7452, "Sensor1", 10, streams=["temps"])``.
 
-    Syncs the source clock with ``sync_attempts`` requests against ``udp_port`` (None: no time sync), opens the
-    connection pool and returns the connected client; ``options`` are ``SkewlessClient``'s keyword arguments.
+    Syncs the source clock with ``sync_attempts`` requests against the gateway's announced time-sync port, else
+    ``udp_port`` (``time_sync=False``: no sync), opens the connection pool and returns the connected client;
+    ``options`` are ``SkewlessClient``'s keyword arguments (``ConnectOptions``).
     """
     client = SkewlessClient(host, tcp_port, source_id, streams, udp_port=udp_port, sync_attempts=sync_attempts,
                             **options)

@@ -11,13 +11,16 @@ import random
 from collections import deque
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from clients.errors import EventTooLarge
 from contract.wire.frames import encode_frame
 from contract.wire.messages import MAX_SEQ, build_event, build_events
 
 __all__ = [
+    "DEFAULT_KEEPALIVE_S",
     "Backoff",
+    "DeliveryWatch",
     "EventTooLarge",
     "GatewayAddress",
     "GatewayRouter",
@@ -32,13 +35,11 @@ __all__ = [
     "encode_batches",
 ]
 
+T = TypeVar("T")
+
 
 class StoreFull(Exception):
     """``max_unacked`` events are outstanding; the shell waits for acks (``send()`` blocks)."""
-
-
-class EventTooLarge(ValueError):
-    """One event alone does not fit in a frame the gateway accepts."""
 
 
 @dataclass(slots=True)
@@ -344,29 +345,114 @@ class PoolScheduler:
         return None
 
 
-class IdleTimer:
-    """Heartbeats: a connection that wrote nothing for ``interval_s`` is due one (times are loop seconds)."""
+# A pool connection that carried nothing else writes a heartbeat at least this often, so the gateway's idle timeout
+# (gateway/session.py: 120 s of silence) never closes it; a quarter of it leaves room for a busy event loop.
+DEFAULT_KEEPALIVE_S = 30.0
 
-    def __init__(self, size: int, interval_s: float | None) -> None:
+
+class IdleTimer:
+    """Heartbeats of one source's pool (times are loop seconds).
+
+    The merge needs one liveness signal per *source* every ``interval_s``, not one per connection: when no
+    connection of the pool wrote anything (events or a heartbeat) for ``interval_s``, one heartbeat is due, on the
+    live connection that has been silent longest, so the duty rotates over the pool. A connection that wrote nothing
+    for ``keepalive_s`` is due one too, whatever the rest of the pool did: with the rotation that happens only when
+    ``pool size x interval_s`` exceeds ``keepalive_s`` (or while events keep the source-level timer fresh but skip
+    that connection), and it keeps the gateway's idle timeout from closing the connection.
+    """
+
+    def __init__(self, size: int, interval_s: float | None, keepalive_s: float = DEFAULT_KEEPALIVE_S) -> None:
         if interval_s is not None and interval_s <= 0:
             raise ValueError("heartbeat interval must be > 0 (or None to disable)")
+        if keepalive_s <= 0:
+            raise ValueError("keepalive interval must be > 0")
         self.interval_s = interval_s
+        self.keepalive_s = keepalive_s
         self._last_write = [0.0] * size
+        self._last_signal = 0.0
 
     def wrote(self, slot: int, now_s: float) -> None:
         self._last_write[slot] = now_s
+        self._last_signal = max(self._last_signal, now_s)
 
     def due(self, live: Iterable[int], now_s: float) -> list[int]:
+        """The live connections that should write a heartbeat now, in slot order."""
         if self.interval_s is None:
             return []
-        return [s for s in live if now_s - self._last_write[s] >= self.interval_s]
+        live = list(live)
+        if not live:
+            return []
+        last = self._last_write
+        due = {s for s in live if now_s - last[s] >= self.keepalive_s}
+        if now_s - self._last_signal >= self.interval_s:
+            due.add(min(live, key=lambda s: (last[s], s)))
+        return sorted(due)
 
     def next_due_in(self, live: Iterable[int], now_s: float) -> float | None:
-        """Seconds until the next live connection is due (0 if one is due now), None if none can be."""
+        """Seconds until a heartbeat is due (0 if one is due now), None if none can be."""
         if self.interval_s is None:
             return None
-        waits = [self._last_write[s] + self.interval_s - now_s for s in live]
-        return max(0.0, min(waits)) if waits else None
+        live = list(live)
+        if not live:
+            return None
+        oldest = min(self._last_write[s] for s in live)
+        wait = min(self._last_signal + self.interval_s, oldest + self.keepalive_s) - now_s
+        return max(0.0, wait)
+
+
+class DeliveryWatch(Generic[T]):
+    """Per-event delivery handles (the shell's futures), settled by what settles the event in ``UnackedStore``.
+
+    Only events the application asked to track are here, and each one is also unacknowledged in the store, so this
+    is bounded by ``max_unacked``; when nothing is tracked, an ack costs one emptiness check. ``acked`` hands back
+    the handles a cumulative ack covers, ``refused`` the handle of one refused event, ``drain`` every handle left
+    (the client closes or fails).
+    """
+
+    def __init__(self) -> None:
+        self._handles: dict[str, dict[int, T]] = {}
+        # Per stream, a min-heap of watched seqs; seqs already settled by a refusal are skipped when popped.
+        self._heaps: dict[str, list[int]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def watch(self, stream: str, seq: int, handle: T) -> None:
+        handles = self._handles.setdefault(stream, {})
+        if seq in handles:
+            raise ValueError(f"stream {stream!r} seq {seq} is already watched")
+        handles[seq] = handle
+        heapq.heappush(self._heaps.setdefault(stream, []), seq)
+        self._count += 1
+
+    def acked(self, stream: str, seq: int) -> list[tuple[int, T]]:
+        """(seq, handle) of every watched seq <= ``seq`` of the stream, lowest first; they are forgotten."""
+        heap = self._heaps.get(stream)
+        if not heap or heap[0] > seq:
+            return []
+        handles = self._handles[stream]
+        out: list[tuple[int, T]] = []
+        while heap and heap[0] <= seq:
+            watched = heapq.heappop(heap)
+            handle = handles.pop(watched, None)
+            if handle is not None:
+                out.append((watched, handle))
+        self._count -= len(out)
+        return out
+
+    def refused(self, stream: str, seq: int) -> T | None:
+        handle = self._handles.get(stream, {}).pop(seq, None)
+        if handle is not None:
+            self._count -= 1
+        return handle
+
+    def drain(self) -> list[T]:
+        out = [h for handles in self._handles.values() for _seq, h in sorted(handles.items())]
+        self._handles.clear()
+        self._heaps.clear()
+        self._count = 0
+        return out
 
 
 class ResyncGate:

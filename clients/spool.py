@@ -32,6 +32,8 @@ from typing import Any, BinaryIO
 
 import msgpack
 
+from clients.errors import SpoolError
+
 __all__ = ["DEFAULT_SPOOL_MAX_BYTES", "FileSpool", "SpoolError", "SpoolState"]
 
 _RECORD = struct.Struct(">II")
@@ -42,10 +44,6 @@ DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 _COMPACT_MIN_DEAD_BYTES = 1024 * 1024
 # A record longer than this is corruption, not an event (the gateway's frame limit is 1 MiB by default).
 _MAX_RECORD_BYTES = 64 * 1024 * 1024
-
-
-class SpoolError(Exception):
-    """The spool file belongs to another source or is not a spool."""
 
 
 @dataclass

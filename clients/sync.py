@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future as ConcurrentFuture
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
-from clients.client import ClientStats, SkewlessClient
+from clients.client import ClientOptions, ClientStats, ConnectOptions, SkewlessClient
 from timesync.client import DEFAULT_COUNT
 from timesync.clocks import ClockUs
 from timesync.estimator import ClockEstimate
@@ -29,7 +30,8 @@ class SyncSkewlessClient:
     ``send()`` costs a thread hop per event (tens of µs); ``send_many()`` sends a list in one hop.
     """
 
-    def __init__(self, host: str, port: int, source_id: str, streams: Sequence[str], **options: Any) -> None:
+    def __init__(self, host: str, port: int, source_id: str, streams: Sequence[str],
+                 **options: Unpack[ClientOptions]) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"skewless-{source_id}", daemon=True)
         self._thread.start()
@@ -82,6 +84,17 @@ class SyncSkewlessClient:
         """Blocking ``send``: returns the seq; blocks while ``max_unacked`` events are outstanding."""
         return self._run(self._client.send(stream, payload, source_ts_us, seq=seq))
 
+    def send_tracked(self, stream: str, payload: Any, source_ts_us: int | None = None, *,
+                     seq: int | None = None) -> ConcurrentFuture[int]:
+        """Blocking ``send_tracked``: returns a ``concurrent.futures.Future`` of the event's delivery (its seq once
+        acked; ``EventRefused``, ``ClientClosed`` or the client's fatal error otherwise)."""
+
+        async def submit() -> ConcurrentFuture[int]:
+            future = await self._client.send_tracked(stream, payload, source_ts_us, seq=seq)
+            return _concurrent(future)
+
+        return self._run(submit())
+
     def send_many(self, stream: str, payloads: Sequence[Any]) -> list[int]:
         """Send several events of one stream, stamped now, in one thread hop; returns their seqs."""
 
@@ -120,8 +133,24 @@ class SyncSkewlessClient:
             self.close()
 
 
+def _concurrent(future: asyncio.Future[T]) -> ConcurrentFuture[T]:
+    """A thread-safe view of a loop future, settled from the loop's own thread when it is."""
+    out: ConcurrentFuture[T] = ConcurrentFuture()
+
+    def copy(done: asyncio.Future[T]) -> None:
+        if done.cancelled():
+            out.cancel()
+        elif (exc := done.exception()) is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(done.result())
+
+    future.add_done_callback(copy)
+    return out
+
+
 def connect_sync(host: str, tcp_port: int, udp_port: int | None, source_id: str, sync_attempts: int = DEFAULT_COUNT,
-                 *, streams: Sequence[str], **options: Any) -> SyncSkewlessClient:
+                 *, streams: Sequence[str], **options: Unpack[ConnectOptions]) -> SyncSkewlessClient:
     """Blocking Sample Code 4.1: ``connect_sync("10.100.1.138", 9892, 7452, "Sensor1", 10, streams=["temps"])``."""
     client = SyncSkewlessClient(host, tcp_port, source_id, streams, udp_port=udp_port, sync_attempts=sync_attempts,
                                 **options)

@@ -232,18 +232,54 @@ def test_backoff_gives_up_after_max_attempts_and_copies_are_independent():
         Backoff(jitter=1.5)
 
 
-def test_idle_timer_marks_idle_connections_due():
-    timer = IdleTimer(2, 1.0)
+def test_idle_timer_is_due_once_per_source_on_the_longest_silent_connection():
+    timer = IdleTimer(3, 1.0, keepalive_s=30.0)
     timer.wrote(0, 10.0)
     timer.wrote(1, 10.5)
-    assert timer.due([0, 1], 10.9) == []
-    assert timer.next_due_in([0, 1], 10.9) == pytest.approx(0.1)
-    assert timer.due([0, 1], 11.0) == [0]
-    assert timer.due([1], 11.0) == []
-    assert timer.next_due_in([], 11.0) is None
+    timer.wrote(2, 10.2)
+    # The source wrote at 10.5: nothing is due before 11.5, whichever connection wrote.
+    assert timer.due([0, 1, 2], 11.4) == []
+    assert timer.next_due_in([0, 1, 2], 11.4) == pytest.approx(0.1)
+    # One heartbeat for the source, on the connection silent longest (0), not one per idle connection.
+    assert timer.due([0, 1, 2], 11.5) == [0]
+    timer.wrote(0, 11.5)
+    assert timer.due([0, 1, 2], 12.0) == []
+    # The duty rotates: 2 is silent longest now, then 1, then 0 again.
+    assert timer.due([0, 1, 2], 12.5) == [2]
+    timer.wrote(2, 12.5)
+    assert timer.due([0, 1, 2], 13.5) == [1]
+    timer.wrote(1, 13.5)
+    assert timer.due([0, 1, 2], 14.5) == [0]
+    # Only live connections count.
+    assert timer.due([1, 2], 14.5) == [2]
+    assert timer.next_due_in([], 14.5) is None
     disabled = IdleTimer(1, None)
     assert disabled.due([0], 1e9) == []
     assert disabled.next_due_in([0], 0.0) is None
+
+
+def test_idle_timer_keeps_every_connection_alive_below_the_gateway_idle_timeout():
+    # Events keep the source-level timer fresh while going out on connection 0 only: connection 1 still writes a
+    # keepalive once it has been silent for keepalive_s.
+    timer = IdleTimer(2, 1.0, keepalive_s=30.0)
+    timer.wrote(0, 0.0)
+    timer.wrote(1, 0.0)
+    for t in range(1, 30):
+        timer.wrote(0, float(t))
+        assert timer.due([0, 1], t + 0.5) == []
+    assert timer.next_due_in([0, 1], 29.5) == pytest.approx(0.5)
+    assert timer.due([0, 1], 30.0) == [1]
+    # A pool larger than keepalive_s / interval_s: the rotation alone would leave a connection silent too long.
+    big = IdleTimer(4, 1.0, keepalive_s=2.5)
+    for slot in range(4):
+        big.wrote(slot, 0.0)
+    assert big.due(range(4), 1.0) == [0]
+    big.wrote(0, 1.0)
+    assert big.due(range(4), 2.0) == [1]
+    big.wrote(1, 2.0)
+    assert big.due(range(4), 2.5) == [2, 3]
+    with pytest.raises(ValueError):
+        IdleTimer(1, 1.0, keepalive_s=0)
 
 
 # -- auth and clocks ---------------------------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""Every error the SDK raises on its own account derives from :class:`SkewlessError`.
+
+Each class also keeps the builtin base it had before the hierarchy existed (``ConnectionError``, ``ValueError``,
+``RuntimeError``, ``TimeoutError``, the time-sync module's ``TimeSyncError``), so an ``except`` written against those
+still catches it. Errors of the network itself at ``connect()`` (``OSError``, ``ssl.SSLError``, ``TimeoutError``
+from the last address dialed) pass through as the OS raised them. Invalid arguments (an undeclared stream,
+``batch_events=0``, an integer beyond msgpack's 64 bits) stay plain ``ValueError``/``OverflowError``: they are
+mistakes in the calling code, not conditions to handle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from timesync.client import TimeSyncError as _BaseTimeSyncError
+
+if TYPE_CHECKING:
+    from clients.core import GatewayAddress
+
+__all__ = [
+    "ClientClosed",
+    "EventRefused",
+    "EventTooLarge",
+    "FlushTimeout",
+    "GatewayFailed",
+    "GatewayRejected",
+    "GatewayRerouted",
+    "GatewayUnreachable",
+    "SkewlessError",
+    "SpoolError",
+    "TimeSyncError",
+]
+
+
+class SkewlessError(Exception):
+    """Base of every error the SDK raises."""
+
+
+class GatewayRejected(SkewlessError):
+    """The gateway sent a fatal error frame (refused hello, bad credentials, a protocol error), or answered with
+    something that is not the protocol (``code`` names what). The same hello or frames would be refused again."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class GatewayFailed(SkewlessError, ConnectionError):
+    """The gateway closed the connection with a fatal error that is not the source's fault (``internal_error``,
+    ``timeout``): handled as a lost connection, re-opened with backoff."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class GatewayRerouted(GatewayFailed):
+    """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
+    the gateway, a redirect after the welcome, or redirects that did not settle (``too_many_redirects``). Handled as
+    a lost connection, except that the gateway is no longer taken for the owner and the next attempt waits at least
+    ``retry_after_ms`` and starts from the address list."""
+
+    def __init__(self, code: str, message: str, retry_after_ms: int | None = None,
+                 gateway: GatewayAddress | None = None) -> None:
+        super().__init__(code, message)
+        self.retry_after_ms = retry_after_ms
+        self.gateway = gateway
+
+
+class GatewayUnreachable(SkewlessError, ConnectionError):
+    """A pool connection used up ``backoff.max_attempts`` without reaching a gateway: the client fails with it.
+    (``connect()`` itself raises the last dial's ``OSError`` as the OS raised it: refused, timed out, a TLS
+    certificate refused.)"""
+
+
+class TimeSyncError(SkewlessError, _BaseTimeSyncError):
+    """A sync burst the SDK needed got no usable reply (the first one, at ``connect()``, or ``sync_now()``).
+    Also a ``timesync.client.TimeSyncError``."""
+
+
+class SpoolError(SkewlessError):
+    """The spool file belongs to another source or is not a spool."""
+
+
+class EventTooLarge(SkewlessError, ValueError):
+    """One event alone does not fit in a frame the gateway accepts."""
+
+
+class EventRefused(SkewlessError):
+    """The gateway refused this event on its own (``invalid_payload``): it is not in Kafka and is never resent.
+    A delivery future of that event fails with it."""
+
+    def __init__(self, stream: str, seq: int, code: str, message: str) -> None:
+        super().__init__(f"{stream} seq {seq} refused: {code}: {message}")
+        self.stream = stream
+        self.seq = seq
+        self.code = code
+
+
+class ClientClosed(SkewlessError, RuntimeError):
+    """``send()`` after ``close()``, or a delivery future of an event still unacknowledged when the client closed."""
+
+
+class FlushTimeout(SkewlessError, TimeoutError):
+    """``flush(timeout_s)`` ran out of time with events still unacknowledged."""
