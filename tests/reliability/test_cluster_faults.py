@@ -25,6 +25,7 @@ from contract.sharding import shard_of
 from contract.topics import TopicNames
 from gateway.launch import GatewayAddresses, spawn_gateway_async
 from tests.reliability.harness import record_outcome
+from timesync.clocks import system_time_us
 
 SHARDS = 6
 SOURCES = 20
@@ -186,27 +187,49 @@ def spark_window_counts_equal_the_fault_free_counts(servers: str, spark: Any, pr
     return len(expected)
 
 
+class StampClock:
+    """The clock of a source that stamps its events itself: it reads the stamp of the event being sent (real time
+    before the first and once the last was sent, when no stamp can fall behind what a heartbeat says)."""
+
+    def __init__(self) -> None:
+        self.now_us: int | None = None
+        self.done = False
+
+    def __call__(self) -> int:
+        real_us = time.time_ns() // 1_000
+        if self.now_us is None:
+            return real_us
+        return max(self.now_us, real_us) if self.done else self.now_us
+
+
 async def run_sources(gateways: list[GatewayProcess], sources: list[str], *, during: Any = None,
                       deterministic_ts: bool = False) -> int | None:
     """Each source connects (all before any sends, so every merge waits for all of its sources), then sends its events
     at a steady pace over a pool of 2 connections; ``during`` runs meanwhile. With ``deterministic_ts`` the event
     times are base + 10 ms x seq + source index, base just ahead of now (so they track real time), and the base is
-    returned: the results can then be computed exactly."""
+    returned: the results can then be computed exactly. Each such source also runs on that synthetic clock
+    (:class:`StampClock`): the SDK's heartbeats extrapolate the newest stamp with the source clock, so stamps that
+    advance 10 ms per event while real time advanced more between two sends would make a heartbeat promise a time
+    the next stamp is behind (docs/sdk.md, "Time sync, clocks, heartbeats"), and that event would rightly be late."""
     addresses = [g.address for g in gateways]
     clients: dict[str, SkewlessClient] = {}
+    clocks = [StampClock() for _ in sources]
     for i, source_id in enumerate(sources):
         first, *rest = addresses[i % len(addresses):] + addresses[:i % len(addresses)]
         clients[source_id] = SkewlessClient(
             first[0], first[1], source_id, [STREAM], gateways=rest, pool_size=2, heartbeat_interval_s=0.2,
-            backoff=Backoff(initial_s=0.05, max_s=0.5), connect_timeout_s=30.0, resync_interval_s=None)
+            backoff=Backoff(initial_s=0.05, max_s=0.5), connect_timeout_s=30.0, resync_interval_s=None,
+            clock_us=clocks[i] if deterministic_ts else system_time_us)
     await asyncio.gather(*(c.connect() for c in clients.values()))
     base_ts_us = (time.time_ns() // 1_000 + 500_000) if deterministic_ts else None
 
     async def feed(index: int, client: SkewlessClient) -> None:
         for seq in range(EVENTS_PER_SOURCE):
             source_ts_us = None if base_ts_us is None else base_ts_us + seq * 10_000 + index
+            clocks[index].now_us = source_ts_us
             await client.send(STREAM, {"seq": seq}, source_ts_us)
             await asyncio.sleep(SEND_INTERVAL_S)
+        clocks[index].done = True
         await client.flush(90.0)
 
     feeders = [asyncio.create_task(feed(i, c)) for i, c in enumerate(clients.values())]
@@ -256,10 +279,7 @@ async def test_sigkill_of_one_of_three_gateways_moves_its_shards_and_loses_or_du
         assert set(after.values()) <= {(await health(g))["gateway_id"] for g in survivors}
     finally:
         await stop_all(gateways)
-    # Not strict: in about one run in several, a moved source's events after the failover reach the new owner's
-    # merge behind its promise and go late (after_punctuation), counted here; docs/cluster.md, "Known limits".
-    # The late records still count in Spark's windows (revisions), which the comparison below checks.
-    summary = assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources, strict=False)
+    summary = assert_exactly_once_in_order(kafka.bootstrap_servers, topic_prefix, sources, strict=True)
     assert measured["failover_s"] < 30.0
     windows = spark_window_counts_equal_the_fault_free_counts(kafka.bootstrap_servers, spark, topic_prefix, sources,
                                                              base_ts_us)
