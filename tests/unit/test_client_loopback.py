@@ -37,8 +37,10 @@ class FakeGateway:
     """Speaks the wire protocol: welcome, cumulative acks to every connection of a source, dedup, error frames."""
 
     def __init__(self, *, acking: bool = True, max_frame_bytes: int = 1 << 20, token: str | None = None,
-                 hmac_secret: bytes | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 hmac_secret: bytes | None = None, ssl_context: ssl.SSLContext | None = None,
+                 timesync_port: int | None = None) -> None:
         self.acking = acking
+        self.timesync_port = timesync_port
         self.max_frame_bytes = max_frame_bytes
         self.token = token
         self.hmac_secret = hmac_secret
@@ -137,8 +139,10 @@ class FakeGateway:
                             return
                         source_id = message["source_id"]
                         self.writers[source_id].append(writer)
-                        writer.write(encode_frame({"type": "welcome", "version": 1,
-                                                   "max_frame_bytes": self.max_frame_bytes}))
+                        welcome = {"type": "welcome", "version": 1, "max_frame_bytes": self.max_frame_bytes}
+                        if self.timesync_port is not None:
+                            welcome["timesync_port"] = self.timesync_port
+                        writer.write(encode_frame(welcome))
                     elif kind == "events":
                         assert source_id is not None
                         for event in message["events"]:
@@ -151,6 +155,11 @@ class FakeGateway:
                                 # Like the real gateway: a duplicate below the ack is re-acked to its sender.
                                 writer.write(encode_frame({"type": "ack", "stream": event["stream"],
                                                            "seq": self.acked[key]}))
+                            if event.get("payload") == "refuse me":
+                                # Like the real gateway's invalid_payload: refused alone, acked with the others.
+                                writer.write(encode_frame({"type": "error", "code": "invalid_payload",
+                                                           "message": "not JSON", "fatal": False,
+                                                           "stream": event["stream"], "seq": event["seq"]}))
                             if event.get("payload") == "poison":
                                 writer.write(encode_frame({"type": "error", "code": "invalid_message",
                                                            "message": "poison", "fatal": True}))
