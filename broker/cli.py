@@ -1,30 +1,160 @@
-"""`skewless setup` and `skewless kafka start|stop|status|topics`."""
+"""`skewless setup` and `skewless kafka start|stop|status|topics`, and what every Kafka-facing command shares:
+the Kafka client configuration (``--bootstrap``/``SKEWLESS_BOOTSTRAP``, the ``[kafka]`` table of a ``--config``
+file, repeatable ``--kafka-property KEY=VALUE``), a bounded reachability probe, and one-line errors."""
 
 from __future__ import annotations
 
+import logging
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from confluent_kafka import KafkaException
 
+from broker.admin import TopicConfigError
+from broker.client import KafkaClientConfig
 from broker.cluster import ClusterConfigError, ensure_partitions
-from broker.jars import ensure_kafka_jars, ensure_spark_jars
+from broker.jars import JarFetchError, ensure_kafka_jars, ensure_spark_jars
 from broker.launcher import KafkaBroker
-from contract.topics import TopicNames
+from contract.topics import InvalidStreamName, TopicNames, validate_stream_name
 
-kafka_app = typer.Typer(no_args_is_help=True, help="Run a local single-node Apache Kafka broker (KRaft).")
+__all__ = ["BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "CommandError", "kafka_client_config", "parse_kafka_properties",
+           "probe_kafka", "read_kafka_table", "register", "validate_streams"]
 
-WorkDir = Annotated[Path | None, typer.Option("--dir", help="Broker state/data directory (default: cache/kafka).")]
+BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_KAFKA_PORT = 9092
+# How long a command waits for Kafka's metadata before it reports the broker unreachable (one line, not
+# librdkafka's retry log).
+KAFKA_PROBE_TIMEOUT_S = 10.0
+
+
+class CommandError(typer.TyperException):
+    """A failure the user can fix: `skewless` prints ``error: <message>`` and exits with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+kafka_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Run a local single-node Apache Kafka broker (KRaft); create topics.")
+
+WorkDir = Annotated[Path | None, typer.Option("--dir", help="Broker state/data directory (default: .cache/kafka).")]
+Bootstrap = Annotated[str, typer.Option(help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}).",
+                                        envvar=BOOTSTRAP_ENV, show_envvar=False)]
+KafkaConfigFile = Annotated[Path | None, typer.Option(
+    "--config", help="TOML file whose [kafka] table holds librdkafka properties shared by every Kafka client "
+                     "(security.protocol, sasl.*, ssl.*, client.id, ...).")]
+KafkaProperties = Annotated[list[str] | None, typer.Option(
+    "--kafka-property", metavar="KEY=VALUE",
+    help="A librdkafka property for every Kafka client, e.g. security.protocol=SASL_SSL (repeatable; wins over "
+         "the [kafka] table).")]
+
+
+def read_kafka_table(path: Path) -> dict[str, Any]:
+    """The [kafka] table of a config file (other tables belong to other commands and are not read here)."""
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except FileNotFoundError:
+        raise CommandError(f"config file {path} does not exist (--config)", 2) from None
+    except IsADirectoryError:
+        raise CommandError(f"config file {path} is a directory (--config wants a TOML file)", 2) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CommandError(f"{path}: malformed TOML: {exc}", 2) from None
+    table = document.get("kafka", {})
+    if not isinstance(table, dict):
+        raise CommandError(f"{path}: kafka must be a table ([kafka])", 2)
+    for key, value in table.items():
+        if isinstance(value, dict | list):
+            raise CommandError(f"{path} [kafka] {key}: a librdkafka property takes a string, number or boolean "
+                               f"(quote dotted names: \"sasl.mechanism\" = \"PLAIN\")", 2)
+    return dict(table)
+
+
+def parse_kafka_properties(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings as librdkafka properties (librdkafka parses the values: "true", "5000")."""
+    properties: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE (e.g. security.protocol=SASL_SSL)",
+                                     param_hint="'--kafka-property'")
+        properties[key.strip()] = value
+    return properties
+
+
+def kafka_client_config(bootstrap: str, config_file: Path | None = None,
+                        properties: Sequence[str] | None = None,
+                        base: Mapping[str, Any] | None = None) -> KafkaClientConfig:
+    """The one Kafka client configuration of a command: ``base``, then the file's [kafka] table, then
+    ``--kafka-property`` (later wins)."""
+    settings: dict[str, Any] = dict(base or {})
+    if config_file is not None:
+        settings.update(read_kafka_table(config_file))
+    settings.update(parse_kafka_properties(properties or ()))
+    return KafkaClientConfig(bootstrap, settings)
+
+
+def _quiet_logger() -> logging.Logger:
+    # The probe's own retries would print a librdkafka line per attempt; its verdict is the one line we print.
+    logger = logging.getLogger("skewless.kafka_probe")
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    return logger
+
+
+def probe_kafka(client: KafkaClientConfig, timeout_s: float = KAFKA_PROBE_TIMEOUT_S) -> int:
+    """Ask the cluster for its metadata (bounded wait); returns the broker count. An unreachable cluster or a bad
+    property raises CommandError with one line saying where and what to check."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient(client.properties(overrides={"logger": _quiet_logger(), "error_cb": lambda _e: None}))
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise CommandError(f"bad Kafka client property: {_kafka_reason(exc)} (check the [kafka] table and "
+                           f"--kafka-property)", 2) from None
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise CommandError(
+            f"Kafka at {client.bootstrap_servers} did not answer within {timeout_s:g} s ({_kafka_reason(exc)}); "
+            f"check --bootstrap / {BOOTSTRAP_ENV} and the [kafka] security properties, and that the broker runs "
+            f"(`skewless kafka status` for a local one)") from None
+    return len(metadata.brokers)
+
+
+def _kafka_reason(exc: Exception) -> str:
+    first = exc.args[0] if exc.args else exc
+    return str(first.str() if hasattr(first, "str") else first)
+
+
+def validate_streams(streams: Iterable[str], option: str) -> list[str]:
+    checked = []
+    for stream in streams:
+        try:
+            checked.append(validate_stream_name(stream))
+        except InvalidStreamName as exc:
+            raise typer.BadParameter(str(exc), param_hint=option) from None
+    return checked
 
 
 @kafka_app.command("start")
 def kafka_start(
     work_dir: WorkDir = None,
-    port: Annotated[int | None, typer.Option(help="Client port on 127.0.0.1 (default: a free one).")] = None,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Client port on 127.0.0.1; 0 = any free port.")]
+    = DEFAULT_KAFKA_PORT,
 ) -> None:
-    """Format storage, start the broker in the background and wait until it answers. The gateways create their
-    topics (with one partition per shard) when they start."""
-    state = KafkaBroker(work_dir, port=port).start()
+    """Format storage, start the broker in the background and wait until it answers; prints its bootstrap address.
+    The gateways create their topics (one partition per shard) when they start."""
+    try:
+        state = KafkaBroker(work_dir, port=port or None).start()
+    except JarFetchError as exc:
+        raise CommandError(_first_line(exc)) from None
     typer.echo(state.bootstrap_servers)
 
 
@@ -48,23 +178,43 @@ def kafka_status(work_dir: WorkDir = None) -> None:
 @kafka_app.command("topics")
 def kafka_topics(
     streams: Annotated[list[str], typer.Argument(help="Stream names whose events/late topics to create.")],
-    bootstrap: Annotated[str, typer.Option(help="Bootstrap servers.")] = "127.0.0.1:9092",
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
-    shards: Annotated[int, typer.Option(help="The deployment's shard count: one partition per shard.", min=1)] = 1,
+    partitions: Annotated[int, typer.Option(
+        "--partitions", "--shards", min=1,
+        help="Partitions of each topic = the deployment's shard count (docs/cluster.md).")] = 1,
+    replication_factor: Annotated[int | None, typer.Option(
+        min=1, help="Replicas of each topic (default: min(3, brokers in the cluster)).")] = None,
+    config_file: KafkaConfigFile = None,
+    kafka_property: KafkaProperties = None,
 ) -> None:
     """Create the events and late topics of the given streams, one partition per shard (docs/cluster.md)."""
     names = TopicNames(prefix)
+    checked = validate_streams(streams, "'STREAMS...'")
+    client = kafka_client_config(bootstrap, config_file, kafka_property)
+    probe_kafka(client)
     try:
-        ensure_partitions(bootstrap, [t for s in streams for t in (names.events(s), names.late(s))], shards)
-    except ClusterConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        ensure_partitions(client, [t for s in checked for t in (names.events(s), names.late(s))], partitions,
+                          replication_factor=replication_factor)
+    except (ClusterConfigError, TopicConfigError) as exc:
+        raise CommandError(str(exc), 2) from None
+
+
+def _first_line(exc: Exception) -> str:
+    """A multi-line failure (mvn's output) as one line: its headline and the last line of detail."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1:
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0] if lines else type(exc).__name__
 
 
 def setup() -> None:
     """Fetch the Kafka broker and Spark Kafka-connector jars from Maven Central (idempotent)."""
-    typer.echo(f"kafka jars: {ensure_kafka_jars()}")
-    typer.echo(f"spark connector jars: {ensure_spark_jars()}")
+    try:
+        typer.echo(f"kafka jars: {ensure_kafka_jars()}")
+        typer.echo(f"spark connector jars: {ensure_spark_jars()}")
+    except JarFetchError as exc:
+        raise CommandError(_first_line(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -10,37 +10,47 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
-from gateway.config import build_config, load_settings
+from broker.cli import CommandError, KafkaProperties, parse_kafka_properties, probe_kafka
+from gateway.config import BOOTSTRAP_ENV, HMAC_SECRET_ENV, ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
 from gateway.logs import configure_logging
 from gateway.server import ClusterConfigError, Gateway, GatewayConfig
 
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
 
 def gateway(
-    config_file: Annotated[Path | None, typer.Option("--config", help="TOML file with a [gateway] table.")] = None,
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", help="TOML file with a [gateway] table (settings: docs/architecture.md) and a [kafka] table of "
+                         "librdkafka properties shared by every Kafka client.")] = None,
     host: Annotated[str | None, typer.Option(help="TCP listen address [127.0.0.1].")] = None,
     port: Annotated[int | None, typer.Option(help="TCP listen port, 0 = any free port [7700].")] = None,
-    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers [127.0.0.1:9092].",
-                                                  envvar="SKEWLESS_BOOTSTRAP")] = None,
+    bootstrap: Annotated[str | None, typer.Option(
+        help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}) [127.0.0.1:9092].")] = None,
+    kafka_property: KafkaProperties = None,
+    replication_factor: Annotated[int | None, typer.Option(
+        help="Replicas of every topic the gateway creates [min(3, brokers in the cluster)].")] = None,
     prefix: Annotated[str | None, typer.Option(help="Topic prefix [skewless].")] = None,
     max_frame_bytes: Annotated[int | None, typer.Option(help="Largest accepted frame body [1 MiB].")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics and /healthz on this port.")] = None,
     metrics_host: Annotated[str | None, typer.Option(help="Address of the metrics endpoint [127.0.0.1].")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate: enables TLS.")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
-    auth_hmac_secret: Annotated[str | None, typer.Option(help="Require HMAC tokens made with this secret.",
-                                                         envvar="SKEWLESS_GATEWAY_AUTH_HMAC_SECRET")] = None,
+    hmac_secret: Annotated[str | None, typer.Option(
+        help=f"Require HMAC tokens made with this secret (env {HMAC_SECRET_ENV}).")] = None,
     timesync: Annotated[bool | None, typer.Option(
         "--timesync/--no-timesync", help="Run the NTP-format time-sync server and map source clocks [on].")] = None,
     timesync_port: Annotated[int | None, typer.Option(help="UDP port of the time-sync server [7452].")] = None,
-    clock_offset_us: Annotated[int | None, typer.Option(
-        help="Shift the gateway's reference clock by this many microseconds (demos of a skewed reference).")] = None,
-    max_future_s: Annotated[int | None, typer.Option(
-        help="Quarantine events whose reference time is this far ahead of the gateway clock [60].")] = None,
+    clock_offset_us: Annotated[str | None, typer.Option(
+        metavar="DURATION", help="Shift the gateway's reference clock by this much, e.g. 250ms or -1.5s; a bare "
+                                 "number is microseconds (demos of a skewed reference).")] = None,
+    max_future_s: Annotated[str | None, typer.Option(
+        metavar="DURATION", help="Quarantine events whose reference time is this far ahead of the gateway clock; "
+                                 "a bare number is seconds [60s].")] = None,
     shards: Annotated[int | None, typer.Option(
         help="Shards of the deployment (S): fixed for its life; every stream's topics get S partitions [1].")] = None,
     cluster: Annotated[str | None, typer.Option(
@@ -53,31 +63,40 @@ def gateway(
         help="Kafka static membership id: a restart with the same id takes its shards back at once.")] = None,
     reference_clock_error: Annotated[str | None, typer.Option(
         help="This host's clock error against common time, added to every event's uncertainty: a duration "
-             "('2 ms'), or 'chrony' to read chronyd's bound [0: gateways share one host's clock].")] = None,
+             "(2ms), or 'chrony' to read chronyd's bound [0: gateways share one host's clock].")] = None,
     workers: Annotated[int, typer.Option(
         help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
              "metrics ports).", min=1)] = 1,
     log_json: Annotated[bool, typer.Option(help="Log one JSON object per line (to stderr).")] = False,
-    log_level: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = "INFO",
 ) -> None:
     """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready (after
     the time-sync and metrics addresses, if any).
 
-    Settings come from --config (TOML, table [gateway]), then SKEWLESS_GATEWAY_* environment variables, then flags.
+    Settings come from --config (TOML: the [gateway] and [kafka] tables), then SKEWLESS_GATEWAY_<SETTING>
+    environment variables (and SKEWLESS_BOOTSTRAP, SKEWLESS_HMAC_SECRET), then flags. Durations take a unit
+    (250ms, 5s, 2m, 1h); a bare number is in the unit the setting's name ends with.
     """
-    configure_logging(log_level, json_format=log_json)
-    settings = load_settings(config_file, overrides={
-        "host": host, "port": port, "bootstrap_servers": bootstrap, "topic_prefix": prefix,
-        "max_frame_bytes": max_frame_bytes, "metrics_port": metrics_port, "metrics_host": metrics_host,
-        "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
-        "auth_hmac_secret": auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
-        "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
-        "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
-        "reference_clock_error": reference_clock_error,
-    })
-    config = build_config(settings)
+    configure_logging(log_level.upper(), json_format=log_json)
+    try:
+        settings = load_settings(config_file, overrides={
+            "host": host, "port": port, "bootstrap": bootstrap, "topic_prefix": prefix,
+            "kafka": parse_kafka_properties(kafka_property) if kafka_property else None,
+            "replication_factor": replication_factor, "max_frame_bytes": max_frame_bytes,
+            "metrics_port": metrics_port, "metrics_host": metrics_host,
+            "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
+            "hmac_secret": hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
+            "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
+            "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
+            "reference_clock_error": reference_clock_error,
+        })
+        config = build_config(settings)
+    except ConfigError as exc:
+        raise CommandError(str(exc), 2) from None
     if workers > 1:
         raise typer.Exit(run_workers(workers, config))
+    # Before any listener or producer: an unreachable Kafka is one line after a bounded wait.
+    probe_kafka(config.kafka_client)
     _raise_fd_limit()
     try:
         import uvloop
@@ -90,8 +109,7 @@ def gateway(
             runner.run(_serve(config))
         except ClusterConfigError as exc:
             # A deployment mistake the operator must fix (shard count, cluster name): one line, no traceback.
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise CommandError(str(exc), 2) from None
 
 
 # Flags every worker gets its own value of (the rest of the command line is passed on unchanged).

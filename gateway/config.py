@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import ssl
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,49 +21,169 @@ from timesync.server import DEFAULT_PORT as DEFAULT_SYNC_PORT
 from timesync.server import ServerConfig
 
 ENV_PREFIX = "SKEWLESS_GATEWAY_"
-_INT_KEYS = {"port", "max_frame_bytes", "metrics_port", "handshake_timeout_s", "idle_timeout_s",
-             "partial_frame_timeout_s", "timesync_port", "clock_offset_us", "max_future_s", "clock_step_max_held",
-             "shards"}
-# Ordering waits, in seconds (TOML floats or env strings): how long a gap or a silent source is waited for before
-# the gateway gives up on it. A deployment that must ride out network partitions of N seconds sets them above N.
-_FLOAT_KEYS = {"gap_timeout_min_s", "gap_timeout_max_s", "merge_timeout_s", "reconnect_grace_s", "join_grace_s",
-               "clock_step_hold_s", "session_timeout_s", "commit_interval_s", "source_retention_s",
-               "idle_punctuation_lag_s"}
-KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | {
-    "host", "bootstrap_servers", "topic_prefix", "metrics_host", "tls_cert", "tls_key", "auth_tokens",
-    "auth_hmac_secret", "allowed_sources", "kafka", "producer", "timesync", "timesync_host", "sync_keys",
-    "upstream_ntp", "merge_wait_learned", "cluster", "gateway_id", "advertised_host", "instance_id", "transactions",
-    "reference_clock_error"}
+# The names every command shares (one name per concept): the same variables configure `skewless kafka topics`,
+# `skewless spark ...` and `skewless source replay`.
+BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
+HMAC_SECRET_ENV = "SKEWLESS_HMAC_SECRET"
+# Tables a config file may hold: the gateway's settings and the librdkafka properties every Kafka client shares.
+TABLES = ("gateway", "kafka")
+
+# The type of every setting; durations ("_s" keys) are numbers of seconds or strings with a unit ("250ms", "2m").
+_PORT, _POSITIVE, _STR, _BOOL, _TABLE, _LIST, _SECONDS, _MICROS = (
+    "port", "positive int", "str", "bool", "table", "list", "seconds", "micros")
+SCHEMA: dict[str, str] = {
+    "host": _STR, "port": _PORT, "bootstrap": _STR, "topic_prefix": _STR, "max_frame_bytes": _POSITIVE,
+    "metrics_host": _STR, "metrics_port": _PORT, "tls_cert": _STR, "tls_key": _STR, "auth_tokens": _TABLE,
+    "hmac_secret": _STR, "allowed_sources": _LIST, "kafka": _TABLE, "producer": _TABLE, "timesync": _BOOL,
+    "timesync_host": _STR, "timesync_port": _PORT, "sync_keys": _TABLE, "upstream_ntp": _LIST,
+    "merge_wait_learned": _BOOL, "cluster": _STR, "gateway_id": _STR, "advertised_host": _STR, "instance_id": _STR,
+    "transactions": _BOOL, "reference_clock_error": _STR, "clock_offset_us": _MICROS, "max_future_s": _SECONDS,
+    "clock_step_max_held": _POSITIVE, "shards": _POSITIVE, "replication_factor": _POSITIVE,
+    "handshake_timeout_s": _SECONDS, "idle_timeout_s": _SECONDS, "partial_frame_timeout_s": _SECONDS,
+    # Ordering waits: how long a gap or a silent source is waited for before the gateway gives up on it. A
+    # deployment that must ride out network partitions of N seconds sets them above N.
+    "gap_timeout_min_s": _SECONDS, "gap_timeout_max_s": _SECONDS, "merge_timeout_s": _SECONDS,
+    "reconnect_grace_s": _SECONDS, "join_grace_s": _SECONDS, "clock_step_hold_s": _SECONDS,
+    "session_timeout_s": _SECONDS, "commit_interval_s": _SECONDS, "source_retention_s": _SECONDS,
+    "idle_punctuation_lag_s": _SECONDS,
+}
+KNOWN_KEYS = frozenset(SCHEMA)
+# Earlier spellings, still read (one release) so existing files and deployments keep working.
+DEPRECATED_ALIASES = {"bootstrap_servers": "bootstrap", "auth_hmac_secret": "hmac_secret"}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
 class ConfigError(ValueError):
     pass
 
 
+def _suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def coerce(key: str, value: Any, where: str) -> Any:
+    """``value`` as setting ``key`` holds it (ports and counts checked; durations in seconds, or µs for ``_us``);
+    ConfigError names ``where`` it came from (a file and table, an environment variable, a flag)."""
+    kind = SCHEMA[key]
+    text = value.strip() if isinstance(value, str) else None
+    if kind in (_PORT, _POSITIVE):
+        if isinstance(value, bool) or not isinstance(value, int):
+            try:
+                value = int(text) if text is not None else int("not an int")
+            except ValueError:
+                raise ConfigError(f"{where}: {key} must be an integer, got {value!r}") from None
+        if kind == _PORT and not 0 <= value <= 65535:
+            raise ConfigError(f"{where}: {key} must be a port in 0..65535 (0 = any free port), got {value}")
+        if kind == _POSITIVE and value < 1:
+            raise ConfigError(f"{where}: {key} must be >= 1, got {value}")
+        return value
+    if kind in (_SECONDS, _MICROS):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ConfigError(f"{where}: {key} must be a duration (a number, or e.g. \"250ms\", \"5s\", \"2m\")")
+        bare = "s" if kind == _SECONDS else "us"
+        try:
+            us = parse_duration_us(str(value), bare_unit=bare, allow_negative=True)
+        except DurationError as exc:
+            raise ConfigError(f"{where}: {key}: {exc}") from None
+        return us / 1_000_000 if kind == _SECONDS else us
+    if kind == _BOOL:
+        if isinstance(value, bool):
+            return value
+        if text is not None and text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+        raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+    if kind == _TABLE:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {key} must be a table ([gateway.{key}] in the file)")
+        return dict(value)
+    if kind == _LIST:
+        if text is not None:
+            return [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        raise ConfigError(f"{where}: {key} must be a list of strings or a comma-separated string")
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The tables of a config file: [gateway] and [kafka] (anything else is a misspelling, refused)."""
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist (--config)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory (--config wants a TOML file)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    for name, value in document.items():
+        if name not in TABLES or not isinstance(value, dict):
+            raise ConfigError(f"{path}: unknown table [{name}]; {_suggest(name, TABLES)}"
+                              f"a config file holds {', '.join(f'[{t}]' for t in TABLES)}")
+    return document
+
+
+def kafka_table(document: Mapping[str, Any], path: Path | str) -> dict[str, Any]:
+    """The [kafka] table: librdkafka properties (security.protocol, sasl.*, ssl.*, client.id, ...), scalars."""
+    table = dict(document.get("kafka", {}))
+    for key, value in table.items():
+        if isinstance(value, dict | list):
+            raise ConfigError(f"{path} [kafka] {key}: a librdkafka property takes a string, number or boolean "
+                              f"(quote dotted names: \"sasl.mechanism\" = \"PLAIN\")")
+    return table
+
+
 def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None,
                   overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Settings from the file's [gateway] table (and [kafka]), then the environment, then flags (later wins);
+    every value checked against :data:`SCHEMA` with the place it came from in the error."""
     settings: dict[str, Any] = {}
+
+    def put(name: str, value: Any, where: str) -> None:
+        key = DEPRECATED_ALIASES.get(name, name)
+        if key not in SCHEMA:
+            raise ConfigError(f"{where}: unknown gateway setting {name!r}; {_suggest(name, SCHEMA)}"
+                              f"known: {', '.join(sorted(SCHEMA))}")
+        value = coerce(key, value, where)
+        if key == "kafka":  # flags and the [kafka] table add properties; they do not replace the others
+            value = {**settings.get("kafka", {}), **value}
+        settings[key] = value
+
     if config_file is not None:
-        with config_file.open("rb") as handle:
-            settings.update(tomllib.load(handle).get("gateway", {}))
-    for key, value in (os.environ if env is None else env).items():
-        if key.startswith(ENV_PREFIX):
-            name = key[len(ENV_PREFIX):].lower()
-            settings[name] = int(value) if name in _INT_KEYS else float(value) if name in _FLOAT_KEYS else value
-    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    unknown = set(settings) - KNOWN_KEYS
-    if unknown:
-        raise ConfigError(f"unknown gateway settings: {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
+        document = read_config_file(config_file)
+        if document.get("kafka"):
+            put("kafka", kafka_table(document, config_file), f"{config_file} [kafka]")
+        for name, value in document.get("gateway", {}).items():
+            put(name, value, f"{config_file} [gateway] {name}")
+    environ = os.environ if env is None else env
+    for variable, value in sorted(environ.items()):
+        if variable.startswith(ENV_PREFIX):
+            put(variable[len(ENV_PREFIX):].lower(), value, variable)
+    for variable, key in ((BOOTSTRAP_ENV, "bootstrap"), (HMAC_SECRET_ENV, "hmac_secret")):
+        if variable in environ:
+            put(key, environ[variable], variable)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            put(name, value, f"--{name.replace('_', '-')}")
     return settings
 
 
 def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
     config = GatewayConfig()
-    for name in ("host", "port", "bootstrap_servers", "topic_prefix", "max_frame_bytes", "metrics_host",
+    for name in ("host", "port", "topic_prefix", "max_frame_bytes", "metrics_host",
                  "metrics_port", "clock_step_max_held", "shards", "cluster", "gateway_id", "advertised_host",
                  "instance_id"):
         if name in settings:
             setattr(config, name, settings[name])
+    bootstrap = settings.get("bootstrap", settings.get("bootstrap_servers"))
+    if bootstrap is not None:
+        config.bootstrap_servers = bootstrap
+    # None: broker.admin's default, min(3, brokers in the cluster).
+    # GatewayConfig.replication_factor (the kafka helper's field) reaches broker.admin's topic creation.
+    setattr(config, "replication_factor", settings.get("replication_factor"))  # noqa: B010
     if config.shards < 1:
         raise ConfigError(f"shards must be >= 1, got {config.shards}")
     if "idle_punctuation_lag_s" in settings:
@@ -93,7 +214,7 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         raise ConfigError(f"clock_step_max_held must be >= 1, got {config.clock_step_max_held}")
     config.kafka_settings = dict(settings.get("kafka", {}))
     config.producer_config = dict(settings.get("producer", {}))
-    secret = settings.get("auth_hmac_secret")
+    secret = settings.get("hmac_secret", settings.get("auth_hmac_secret"))
     allowed = settings.get("allowed_sources")
     if isinstance(allowed, str):
         allowed = [s for s in allowed.split(",") if s]
@@ -118,14 +239,17 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             clock_offset_us=settings.get("clock_offset_us", 0), responder=ResponderConfig(keys=keys),
             upstream_servers=tuple(upstream))
     if "max_future_s" in settings:
-        config.pipeline = replace(config.pipeline, max_future_us=int(settings["max_future_s"]) * 1_000_000)
+        config.pipeline = replace(config.pipeline, max_future_us=round(float(settings["max_future_s"]) * 1_000_000))
     config.pipeline = _with_ordering_waits(config.pipeline, settings)
     cert, key = settings.get("tls_cert"), settings.get("tls_key")
     if (cert is None) != (key is None):
         raise ConfigError("tls_cert and tls_key go together")
     if cert is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(cert, key)
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"tls_cert/tls_key: cannot load {cert} with {key}: {exc}") from None
         config.ssl_context = context
     return config
 

@@ -1,10 +1,54 @@
-"""The `skewless` command line: one typer app, each package contributes its own subcommands."""
+"""The `skewless` command line: one typer app, each package contributes its own subcommands.
+
+Every error ends the command with one line on stderr, ``error: what (where): how to fix``, and a non-zero exit
+code (2: a bad command line or configuration, 1: a failure while running); ``--debug`` (anywhere on the command
+line) shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, NoReturn
+
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="Skewless: clock-aware, order-restoring ingestion for event streams.")
+# rich_markup_mode=None: help text is plain text, so "[gateway]" and "[default: 1]" survive (Rich markup ate them);
+# the sub-apps inherit it from this root. pretty_exceptions_enable=False: main() reports errors itself.
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+                  add_completion=False,
+                  help="Skewless: clock-aware, order-restoring ingestion for event streams.")
+
+DEBUG_ENV = "SKEWLESS_DEBUG"
+USAGE_EXIT = 2
+FAILURE_EXIT = 1
+
+
+def package_version() -> str:
+    try:
+        return version("skewless")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"skewless {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[bool, typer.Option(
+        "--debug", help=f"Show the traceback of an error (also anywhere on the command line, or {DEBUG_ENV}=1).")]
+    = False,
+    show_version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", callback=_show_version, is_eager=True)] = False,
+) -> None:
+    """Skewless: clock-aware, order-restoring ingestion for event streams."""
 
 
 def _register_subcommands() -> None:
@@ -14,7 +58,8 @@ def _register_subcommands() -> None:
 
     broker_cli.register(app)
     app.command("demo")(demo)
-    for module_name in ("reorder.eval.cli", "timesync.cli", "gateway.cli", "spark_jobs.cli", "skewless.cli_source"):
+    for module_name in ("reorder.eval.cli", "skewless.cli_timesync", "gateway.cli", "spark_jobs.cli",
+                        "skewless.cli_source"):
         try:
             module = __import__(module_name, fromlist=["register"])
         except ModuleNotFoundError as exc:
@@ -24,6 +69,68 @@ def _register_subcommands() -> None:
         module.register(app)
 
 
-def main() -> None:
-    _register_subcommands()
-    app()
+def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """``--debug`` is global: taken out wherever it stands (before a ``--``)."""
+    args = list(argv)
+    end = args.index("--") if "--" in args else len(args)
+    debug = "--debug" in args[:end]
+    if debug:
+        args = [a for a in args[:end] if a != "--debug"] + args[end:]
+    return args, debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def _strip_validator_noise(message: str) -> str:
+    # typer's validators prefix "Value error, " to the message of a parser's ValueError.
+    return message.replace("Value error, ", "")
+
+
+def describe(exc: BaseException) -> tuple[str, int]:
+    """One line for an error that escaped a command, and the exit code."""
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, typer.TyperException) and ctx is not None:  # a usage error (typer's UsageError has a ctx)
+        return (f"{ctx.command_path}: {_strip_validator_noise(exc.format_message())} "
+                f"(see '{ctx.command_path} --help')", exc.exit_code)
+    if isinstance(exc, typer.TyperException):
+        return _strip_validator_noise(exc.format_message()), exc.exit_code
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return f"malformed TOML: {exc} (fix the file's syntax)", USAGE_EXIT
+    if isinstance(exc, FileNotFoundError):
+        return f"no such file: {exc.filename} (check the path)", USAGE_EXIT
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}", USAGE_EXIT
+    if isinstance(exc, ModuleNotFoundError) and exc.name in _EXTRA_OF_MODULE:
+        extra = _EXTRA_OF_MODULE[exc.name]
+        return (f"this command needs {exc.name}, which is not installed: pip install 'skewless[{extra}]'",
+                FAILURE_EXIT)
+    # A class we did not foresee: still one line, with its type so it can be searched for.
+    return f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", FAILURE_EXIT
+
+
+_EXTRA_OF_MODULE = {"confluent_kafka": "gateway", "prometheus_client": "gateway", "sortedcontainers": "gateway",
+                    "orjson": "gateway", "pyspark": "spark", "pandas": "spark", "pyarrow": "spark"}
+
+
+def fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args, debug = _split_debug(sys.argv[1:] if argv is None else argv)
+    try:
+        _register_subcommands()
+        result = typer.main.get_command(app).main(args, prog_name="skewless", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `skewless kafka` alone: the help text, as click shows it
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(USAGE_EXIT)
+        if debug:
+            raise
+        fail(*describe(exc))
+    # standalone_mode=False hands back what the command returned; an int is its exit code (typer.Exit handled).
+    sys.exit(result if isinstance(result, int) else 0)

@@ -16,14 +16,18 @@ from typing import Annotated, Any
 
 import typer
 
+from broker.cli import CommandError
 from clients.client import SkewlessClient
 from clients.core import Backoff
+from contract.topics import InvalidStreamName, validate_stream_name
+from contract.units import duration_parser
 from reorder.eval.traces import TraceEvent, read_trace
 from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
 __all__ = ["PlannedSend", "ReplayOptions", "ReplaySummary", "plan_replay", "register", "replay_trace"]
 
-source_app = typer.Typer(no_args_is_help=True, help="Run event sources through the SDK (trace replay).")
+source_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="Run event sources through the SDK (trace replay).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +126,7 @@ class ReplaySummary:
 
 
 async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, options: ReplayOptions, *,
-                       udp_port: int | None = None, sync_attempts: int = 10, pool_size: int = 1,
+                       timesync_port: int | None = None, sync_attempts: int = 10, pool_size: int = 1,
                        batch_events: int = 50, linger_s: float = 0.002, token: str | None = None,
                        hmac_secret: bytes | None = None, flush_timeout_s: float = 60.0,
                        progress: bool = False) -> ReplaySummary:
@@ -135,7 +139,7 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
     for p in plan:
         if p.stream not in streams.setdefault(p.source_id, []):
             streams[p.source_id].append(p.stream)
-    clients = {source_id: SkewlessClient(host, port, source_id, source_streams, udp_port=udp_port,
+    clients = {source_id: SkewlessClient(host, port, source_id, source_streams, udp_port=timesync_port,
                                          sync_attempts=sync_attempts, clock_us=clocks[source_id],
                                          pool_size=pool_size, batch_events=batch_events, linger_s=linger_s,
                                          token=token, hmac_secret=hmac_secret, backoff=Backoff(max_s=2.0))
@@ -191,54 +195,84 @@ class _ProgressBar:
             self._progress.__exit__(None, None, None)
 
 
+_US = duration_parser("us")
+
+
 @source_app.command("replay")
 def replay(
     trace: Annotated[Path, typer.Argument(help="JSON Lines trace (docs/traces.md): source_id, stream, seq, "
                                                "true_ts_us, source_ts_us, arrival_ts_us, optional payload.",
                                           exists=True, dir_okay=False)],
     host: Annotated[str, typer.Option(help="Gateway host.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Gateway TCP port.")] = 7700,
-    udp_port: Annotated[int | None, typer.Option(help="Time-sync UDP port; omit for a gateway without time "
-                                                      "sync.")] = None,
-    sync_attempts: Annotated[int, typer.Option(help="Requests per time-sync burst.")] = 10,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway TCP port.")] = 7700,
+    timesync_port: Annotated[int | None, typer.Option(
+        min=1, max=65535, help="The gateway's time-sync UDP port; omit for a gateway without time sync.")] = None,
+    sync_attempts: Annotated[int, typer.Option(min=1, help="Requests per time-sync burst.")] = 10,
     speed: Annotated[float, typer.Option(help="Replay speed factor: 2 plays the trace twice as fast (its "
                                               "timeline is compressed, timestamps included).")] = 1.0,
     source: Annotated[list[str] | None, typer.Option("--source", help="Replay only this source (repeatable).")]
     = None,
-    limit: Annotated[int | None, typer.Option(help="Replay at most this many events (first by arrival).")] = None,
-    offset_us: Annotated[int, typer.Option(help="Clock offset injected into every source (µs; positive = the "
-                                                "source clock is ahead).")] = 0,
-    offset_spread_us: Annotated[int, typer.Option(help="Plus a per-source uniform offset in ±this (µs).")] = 0,
+    limit: Annotated[int | None, typer.Option(min=0, help="Replay at most this many events (first by arrival).")
+                     ] = None,
+    offset_us: Annotated[int, typer.Option(
+        metavar="DURATION", parser=duration_parser("us", allow_negative=True), show_default="0",
+        help="Clock offset injected into every source, e.g. 250ms or -1.5s (positive = the source clock is "
+             "ahead); a bare number is microseconds.")] = 0,
+    offset_spread_us: Annotated[int, typer.Option(
+        metavar="DURATION", parser=_US, show_default="0",
+        help="Plus a per-source uniform offset in ±this; a bare number is microseconds.")] = 0,
     skew_ppm: Annotated[float, typer.Option(help="Clock skew injected into every source (ppm).")] = 0.0,
     skew_spread_ppm: Annotated[float, typer.Option(help="Plus a per-source uniform skew in ±this (ppm).")] = 0.0,
-    jitter_us: Annotated[int, typer.Option(help="Extra send delay per event, uniform in [0, this] µs (reorders "
-                                                "close events).")] = 0,
-    pool: Annotated[int, typer.Option(help="TCP connections per source; batches interleave round-robin.")] = 1,
-    batch_events: Annotated[int, typer.Option(help="Events per frame at most.")] = 50,
-    linger_ms: Annotated[float, typer.Option(help="How long a partial batch waits for more events.")] = 2.0,
+    jitter_us: Annotated[int, typer.Option(
+        metavar="DURATION", parser=_US, show_default="0",
+        help="Extra send delay per event, uniform in [0, this] (reorders close events); a bare number is "
+             "microseconds.")] = 0,
+    pool: Annotated[int, typer.Option(min=1, help="TCP connections per source; batches interleave round-robin.")
+                    ] = 1,
+    batch_events: Annotated[int, typer.Option(min=1, help="Events per frame at most.")] = 50,
+    linger_us: Annotated[int, typer.Option(
+        "--linger-ms", metavar="DURATION", parser=duration_parser("ms"), show_default="2",
+        help="How long a partial batch waits for more events; a bare number is milliseconds.")] = 2_000,
     keep_seqs: Annotated[bool, typer.Option(help="Send the trace's seqs (the gateway sees its disorder); "
                                                  "--no-keep-seqs lets the SDK number events in send order.")]
     = True,
-    token: Annotated[str | None, typer.Option(help="Static token for the hello.", envvar="SKEWLESS_TOKEN")] = None,
-    hmac_secret: Annotated[str | None, typer.Option(help="Sign HMAC tokens with this secret.",
-                                                    envvar="SKEWLESS_HMAC_SECRET")] = None,
+    token: Annotated[str | None, typer.Option(help="Static token for the hello (env SKEWLESS_TOKEN).",
+                                              envvar="SKEWLESS_TOKEN", show_envvar=False)] = None,
+    hmac_secret: Annotated[str | None, typer.Option(help="Sign HMAC tokens with this secret (env "
+                                                         "SKEWLESS_HMAC_SECRET).",
+                                                    envvar="SKEWLESS_HMAC_SECRET", show_envvar=False)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the per-source spreads and the jitter.")] = 0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Replay a trace as live sources (one SDK client per source_id) in arrival order, paced in real time.
 
-    Each source gets a simulated clock (offset, skew) and syncs it against --udp-port when given.
+    Each source gets a simulated clock (offset, skew) and syncs it against --timesync-port when given.
 
     Events keep the trace's disorder, plus jitter and pool interleaving; a summary follows the last ack.
     """
-    events = read_trace(trace)
+    if speed <= 0:
+        raise typer.BadParameter(f"{speed} must be > 0 (2 plays the trace twice as fast)", param_hint="'--speed'")
+    try:
+        events = read_trace(trace)
+    except ValueError as exc:  # orjson's decode error is a ValueError too
+        raise typer.BadParameter(f"{trace} is not a JSON Lines trace: {exc} (docs/traces.md)",
+                                 param_hint="'TRACE'") from None
+    for event in events:
+        try:
+            validate_stream_name(event.stream)
+        except InvalidStreamName as exc:
+            raise typer.BadParameter(f"{trace}: {exc}", param_hint="'TRACE'") from None
     options = ReplayOptions(speed=speed, offset_us=offset_us, offset_spread_us=offset_spread_us, skew_ppm=skew_ppm,
                             skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us, keep_seqs=keep_seqs,
                             sources=tuple(source or ()), limit=limit, seed=seed)
-    summary = asyncio.run(replay_trace(
-        events, host, port, options, udp_port=udp_port, sync_attempts=sync_attempts, pool_size=pool,
-        batch_events=batch_events, linger_s=linger_ms / 1e3, token=token,
-        hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress))
+    try:
+        summary = asyncio.run(replay_trace(
+            events, host, port, options, timesync_port=timesync_port, sync_attempts=sync_attempts, pool_size=pool,
+            batch_events=batch_events, linger_s=linger_us / 1e6, token=token,
+            hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress))
+    except OSError as exc:
+        raise CommandError(f"cannot reach the gateway at {host}:{port} ({exc.strerror or exc}); start it with "
+                           f"`skewless gateway`, or pass its --host and --port") from None
     typer.echo(summary.line())
 
 

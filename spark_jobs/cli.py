@@ -2,60 +2,107 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import typer
 
-from contract.units import DurationError, parse_duration_us
+from broker.cli import (
+    BOOTSTRAP_ENV,
+    DEFAULT_BOOTSTRAP,
+    KafkaConfigFile,
+    KafkaProperties,
+    kafka_client_config,
+    parse_kafka_properties,
+    probe_kafka,
+    validate_streams,
+)
+from contract.units import duration_parser
 from spark_jobs import pattern as pattern_job
 from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
 from spark_jobs.session import SHUFFLE_PARTITIONS_ENV, create_spark_session, stop_spark
 
-spark_app = typer.Typer(no_args_is_help=True, help="PySpark Structured Streaming jobs over the ordered stream.")
+# rich_markup_mode=None and no pretty exceptions also under spark-submit (spark_jobs/submit.py runs this app alone).
+spark_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+                        help="PySpark Structured Streaming jobs over the ordered stream.")
 
+_UNIT_REQUIRED = duration_parser(None)
+_MS = duration_parser("ms")
 
-Bootstrap = Annotated[str, typer.Option(help="Kafka bootstrap servers.", envvar="SKEWLESS_BOOTSTRAP")]
+Bootstrap = Annotated[str, typer.Option(help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}).", envvar=BOOTSTRAP_ENV,
+                                        show_envvar=False)]
+SparkKafkaProperties = Annotated[list[str] | None, typer.Option(
+    "--spark-kafka-property", metavar="KEY=VALUE",
+    help="A property of Spark's Kafka source and sink (Kafka's Java client: sasl.jaas.config, "
+         "ssl.truststore.location, ...), repeatable. --kafka-property and [kafka] are librdkafka's (the job's own "
+         "clients); their security.protocol and sasl.mechanism reach Spark's client too.")]
 Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
 Streams = Annotated[list[str] | None, typer.Option("--stream", help="Stream(s) to read (default: every stream).")]
-AllowedLateness = Annotated[str, typer.Option(
+AllowedLateness = Annotated[int, typer.Option(
+    "--allowed-lateness", metavar="DURATION", parser=_UNIT_REQUIRED, show_default="1h",
     help="How long (reference time) released results stay correctable by late events; later ones are too_late.")]
 Checkpoint = Annotated[str | None, typer.Option(help="Checkpoint directory (default: a fresh temporary one).")]
 AvailableNow = Annotated[bool, typer.Option(help="Process what is in Kafka now, then stop.")]
 TaUs = Annotated[int | None, typer.Option(
-    help="Thesis mode T_a in microseconds (default: max round trip over the stream's sources, read live).")]
+    metavar="DURATION", parser=duration_parser("us"),
+    help="Thesis mode T_a, e.g. 20ms; a bare number is microseconds (default: max round trip over the stream's "
+         "sources, read live).")]
 ShufflePartitions = Annotated[int | None, typer.Option(
     min=1, envvar=SHUFFLE_PARTITIONS_ENV,
     help="spark.sql.shuffle.partitions: tasks of the stateful operator (default: 2 in local mode, the spark-submit "
          "conf or Spark's default on a cluster). Fixed in the checkpoint once the query first ran.")]
 
 
-def _duration_us(text: str, option: str) -> int:
-    try:
-        return parse_duration_us(text, require_unit=True)
-    except DurationError as exc:
-        raise typer.BadParameter(str(exc), param_hint=option) from exc
+ONE_HOUR_US = 3_600_000_000
+# Properties both Kafka clients name alike (spark_jobs.contract reads the same pair).
+_SHARED_PROPERTIES = ("security.protocol", "sasl.mechanism")
+
+
+def _kafka_session_conf(bootstrap: str, config_file: Path | None, kafka_property: list[str] | None,
+                        spark_kafka_property: list[str] | None) -> dict[str, str]:
+    """Check Kafka is reachable with these settings (one line if not, before Spark starts), then return the
+    session conf that carries them to the job: spark.skewless.librdkafka.* for the job's own confluent-kafka
+    clients, spark.skewless.kafka.* for Spark's Kafka source and sink (spark_jobs.contract)."""
+    from spark_jobs.contract import kafka_conf
+
+    client = kafka_client_config(bootstrap, config_file, kafka_property)
+    probe_kafka(client)
+    java = {k: str(v) for k, v in client.settings.items() if k in _SHARED_PROPERTIES}
+    java.update(parse_kafka_properties(spark_kafka_property or ()))
+    return kafka_conf(java, dict(client.settings))
+
+
+def _session(name: str, shuffle_partitions: int | None, conf: dict[str, str]) -> Any:
+    return create_spark_session(name, shuffle_partitions=shuffle_partitions, extra_conf=conf)
+
+
+def _streams(stream: list[str] | None) -> tuple[str, ...]:
+    return tuple(validate_streams(stream or (), "'--stream'"))
 
 
 @spark_app.command("window-count")
 def window_count_command(
-    bootstrap: Bootstrap = "127.0.0.1:9092",
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: Prefix = "skewless",
     stream: Streams = None,
-    window: Annotated[str, typer.Option(help="Tumbling window length, e.g. \"1 s\" or \"500 ms\".")] = "1 s",
-    allowed_lateness: AllowedLateness = "1 hour",
+    window_us: Annotated[int, typer.Option(
+        "--window", metavar="DURATION", parser=_UNIT_REQUIRED, show_default="1s",
+        help="Tumbling window length, e.g. 1s or 500ms.")] = 1_000_000,
+    allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
+    config_file: KafkaConfigFile = None,
+    kafka_property: KafkaProperties = None,
+    spark_kafka_property: SparkKafkaProperties = None,
 ) -> None:
     """Count events per stream in tumbling event-time windows, exactly; corrections for late events."""
-    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")
     options = window_count.WindowCountOptions(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()),
-        width_us=_duration_us(window, "--window"),
-        allowed_lateness_us=lateness_us,
-        checkpoint_dir=checkpoint, available_now=available_now)
-    spark = create_spark_session("skewless-window-count", shuffle_partitions=shuffle_partitions)
+        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=_streams(stream), width_us=window_us,
+        allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint, available_now=available_now)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    spark = _session("skewless-window-count", shuffle_partitions, conf)
     _run(spark, window_count.start(spark, options))
 
 
@@ -69,34 +116,41 @@ def _run(spark: object, query: object) -> None:
 
 @spark_app.command("three-window")
 def three_window_command(
-    bootstrap: Bootstrap = "127.0.0.1:9092",
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: Prefix = "skewless",
     stream: Streams = None,
-    width_ms: Annotated[int, typer.Option(help="Window length w in milliseconds.")] = 1000,
-    slide_ms: Annotated[int | None, typer.Option(help="Slide in milliseconds: sliding windows (default: tumbling).")]
-    = None,
+    width_us: Annotated[int, typer.Option(
+        "--width-ms", metavar="DURATION", parser=_MS, show_default="1000",
+        help="Window length w, e.g. 1s; a bare number is milliseconds.")] = 1_000_000,
+    slide_us: Annotated[int | None, typer.Option(
+        "--slide-ms", metavar="DURATION", parser=_MS,
+        help="Slide: sliding windows (default: tumbling); a bare number is milliseconds.")] = None,
     value_field: Annotated[str, typer.Option(help="Payload field aggregated (count/sum/avg/min/max).")] = "value",
     emit_early: Annotated[bool, typer.Option(
         help="Release each window type when it closes instead of all three at t + T_a/2 + w (Query 4.4).")] = False,
-    mode: Annotated[str, typer.Option(
+    mode: Annotated[Literal["per_event", "thesis"], typer.Option(
         help="per_event: shift by each event's uncertainty_us; thesis: shift by T_a/2.")] = "per_event",
     ta_us: TaUs = None,
-    max_shift_ms: Annotated[int, typer.Option(help="per_event mode: the largest shift HIGH windows wait for.")] = 50,
-    allowed_lateness: AllowedLateness = "1 hour",
+    max_shift_us: Annotated[int, typer.Option(
+        "--max-shift-ms", metavar="DURATION", parser=_MS, show_default="50",
+        help="per_event mode: the largest shift HIGH windows wait for; a bare number is milliseconds.")] = 50_000,
+    allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
+    config_file: KafkaConfigFile = None,
+    kafka_property: KafkaProperties = None,
+    spark_kafka_property: SparkKafkaProperties = None,
 ) -> None:
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
-    if mode not in ("per_event", "thesis"):
-        raise typer.BadParameter("mode must be per_event or thesis", param_hint="--mode")
-    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
-    spark = create_spark_session("skewless-three-window", shuffle_partitions=shuffle_partitions)
+    streams = _streams(stream)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    spark = _session("skewless-three-window", shuffle_partitions, conf)
     query = three_window.start(spark, three_window.ThreeWindowOptions(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=tuple(stream or ()), width_us=width_ms * 1000,
-        slide_us=None if slide_ms is None else slide_ms * 1000, value_field=value_field, emit_early=emit_early,
-        shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us, max_shift_us=max_shift_ms * 1000,
-        allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
+        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=streams, width_us=width_us,
+        slide_us=slide_us, value_field=value_field, emit_early=emit_early,
+        shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us, max_shift_us=max_shift_us,
+        allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, query)
 
@@ -105,14 +159,17 @@ def three_window_command(
 def pattern_command(
     pattern: Annotated[str, typer.Option(help="e.g. \"SEQ(kick: kind == 'kick', goal: kind == 'goal') "
                                               "PARTITION BY team WITHIN 2 s\" (docs/cep.md).")],
-    bootstrap: Bootstrap = "127.0.0.1:9092",
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: Prefix = "skewless",
     stream: Streams = None,
     ta_us: TaUs = None,
-    allowed_lateness: AllowedLateness = "1 hour",
+    allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
+    config_file: KafkaConfigFile = None,
+    kafka_property: KafkaProperties = None,
+    spark_kafka_property: SparkKafkaProperties = None,
 ) -> None:
     """Confirmed/Uncertain sequence patterns under clock uncertainty; results to skewless.results.pattern."""
     from cep.patterns import PatternSpec
@@ -120,12 +177,13 @@ def pattern_command(
     try:
         PatternSpec.parse(pattern)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--pattern") from exc
-    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
-    spark = create_spark_session("skewless-pattern", shuffle_partitions=shuffle_partitions)
+        raise typer.BadParameter(str(exc), param_hint="'--pattern'") from None
+    streams = _streams(stream)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    spark = _session("skewless-pattern", shuffle_partitions, conf)
     query = pattern_job.start(spark, pattern_job.PatternOptions(
-        bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=tuple(stream or ()), ta_us=ta_us,
-        allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
+        bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=streams, ta_us=ta_us,
+        allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, query)
 
@@ -134,20 +192,24 @@ def pattern_command(
 def sequence_command(
     query: Annotated[str, typer.Option(help="e.g. \"EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id "
                                             "AND c.id = e.id WITHIN 1 hour\" (docs/sase.md).")],
-    bootstrap: Bootstrap = "127.0.0.1:9092",
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: Prefix = "skewless",
     stream: Streams = None,
     type_field: Annotated[str, typer.Option(help="Payload field holding the event type.")] = "type",
-    mode: Annotated[str, typer.Option(
+    mode: Annotated[Literal["conservative", "aggressive"], typer.Option(
         help="conservative: emit a match once no late event can invalidate it; aggressive: emit at once, then "
              "retract/add compensations.")] = "conservative",
-    k_slack_ms: Annotated[int | None, typer.Option(
-        help="K-slack bound on disorder (default: none, the gateway's punctuations drive purge and release).")]
-    = None,
-    allowed_lateness: AllowedLateness = "1 hour",
+    k_slack_us: Annotated[int | None, typer.Option(
+        "--k-slack-ms", metavar="DURATION", parser=_MS,
+        help="K-slack bound on disorder; a bare number is milliseconds (default: none, the gateway's punctuations "
+             "drive purge and release).")] = None,
+    allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
+    config_file: KafkaConfigFile = None,
+    kafka_property: KafkaProperties = None,
+    spark_kafka_property: SparkKafkaProperties = None,
 ) -> None:
     """SASE sequence queries over the ordered stream; matches and compensations to skewless.results.sequence."""
     from cep.sase import SaseError, parse_query
@@ -155,16 +217,14 @@ def sequence_command(
     try:
         parse_query(query)
     except SaseError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--query") from exc
-    if mode not in ("conservative", "aggressive"):
-        raise typer.BadParameter("mode must be conservative or aggressive", param_hint="--mode")
-    lateness_us = _duration_us(allowed_lateness, "--allowed-lateness")  # before Spark starts
-    spark = create_spark_session("skewless-sequence", shuffle_partitions=shuffle_partitions)
+        raise typer.BadParameter(str(exc), param_hint="'--query'") from None
+    streams = _streams(stream)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    spark = _session("skewless-sequence", shuffle_partitions, conf)
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
-        bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=tuple(stream or ()),
+        bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
-        k_slack_us=None if k_slack_ms is None else k_slack_ms * 1000,
-        allowed_lateness_us=lateness_us, checkpoint_dir=checkpoint,
+        k_slack_us=k_slack_us, allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, started)
 

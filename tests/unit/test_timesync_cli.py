@@ -8,7 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from timesync.cli import load_keys, register
+from skewless.cli_timesync import register
+from timesync.cli import load_keys
 
 
 def _app() -> typer.Typer:

@@ -1,0 +1,93 @@
+"""`skewless timesync`: run the time-sync server alone."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from contract.units import duration_parser
+from timesync.cli import load_keys, run_server, run_with_uvloop
+from timesync.estimator import DEFAULT_BURST_SIZE
+from timesync.responder import ResponderConfig
+from timesync.server import DEFAULT_PORT, ServerConfig
+
+__all__ = ["register"]
+
+
+def _ref_id(text: str) -> bytes:
+    """1 to 4 ASCII characters (NTP's reference id field is 4 bytes): refused, not truncated."""
+    if not 1 <= len(text) <= 4 or not text.isascii():
+        raise typer.BadParameter(f"{text!r} must be 1 to 4 ASCII characters (e.g. XSKW, GPS)",
+                                 param_hint="'--ref-id'")
+    return text.encode("ascii").ljust(4, b"\x00")
+
+
+_SECONDS = duration_parser("s")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("timesync")
+    def timesync_command(
+        host: Annotated[str, typer.Option(help="Address to bind ('::' for dual stack).")] = "0.0.0.0",
+        port: Annotated[int, typer.Option(min=0, max=65535, help="UDP port (123 needs root; 0 = any free port).")
+                        ] = DEFAULT_PORT,
+        clock_offset_us: Annotated[int, typer.Option(
+            metavar="DURATION", parser=duration_parser("us", allow_negative=True), show_default="0",
+            help="Shift the reference clock by this much, e.g. 250ms or -1.5s; a bare number is microseconds "
+                 "(demos).")] = 0,
+        clock_skew_ppm: Annotated[
+            float, typer.Option(help="Let the reference clock run this many ppm fast (demos, benchmarks).")
+        ] = 0.0,
+        stratum: Annotated[int, typer.Option(min=1, max=15, help="Stratum advertised in replies.")] = 1,
+        ref_id: Annotated[str, typer.Option(help="Reference id, 1 to 4 ASCII characters.")] = "XSKW",
+        burst_size: Annotated[int, typer.Option(min=1, help="Most samples per sync burst.")] = DEFAULT_BURST_SIZE,
+        rate_limit: Annotated[
+            float, typer.Option(min=0, help="Requests per second per address (0 disables).")
+        ] = 64.0,
+        rate_burst: Annotated[int, typer.Option(min=1, help="Rate-limit burst size.")] = 128,
+        keys_file: Annotated[
+            Path | None, typer.Option(help="'source_id = hexkey' lines; enables HMAC source authentication.",
+                                      exists=True, dir_okay=False)
+        ] = None,
+        upstream: Annotated[
+            list[str] | None, typer.Option(help="Discipline the reference clock against this NTP server.")
+        ] = None,
+        upstream_interval_us: Annotated[int, typer.Option(
+            "--upstream-interval-s", metavar="DURATION", parser=_SECONDS, show_default="64s",
+            help="Upstream poll interval; a bare number is seconds.")] = 64_000_000,
+        kernel_timestamps: Annotated[
+            bool, typer.Option(help="Use SO_TIMESTAMPNS receive timestamps for T2.")
+        ] = True,
+        stats_interval_us: Annotated[int, typer.Option(
+            "--stats-interval-s", metavar="DURATION", parser=_SECONDS, show_default="0",
+            help="Print JSON stats this often (0: at exit); a bare number is seconds.")] = 0,
+        duration_us: Annotated[int, typer.Option(
+            "--duration-s", metavar="DURATION", parser=_SECONDS, show_default="0",
+            help="Stop after this long (0: run forever); a bare number is seconds.")] = 0,
+    ) -> None:
+        """Run the NTP-compatible time-sync server on its own (the gateway command runs it too)."""
+        ref_bytes = _ref_id(ref_id)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        config = ServerConfig(
+            host=host,
+            port=port,
+            clock_offset_us=clock_offset_us,
+            clock_skew_ppm=clock_skew_ppm,
+            kernel_timestamps=kernel_timestamps,
+            burst_size=burst_size,
+            responder=ResponderConfig(
+                stratum=stratum,
+                ref_id=ref_bytes,
+                rate_limit_per_s=rate_limit,
+                rate_limit_burst=rate_burst,
+                keys=load_keys(keys_file) if keys_file is not None else {},
+            ),
+            upstream_servers=tuple(upstream or ()),
+            upstream_interval_s=upstream_interval_us / 1e6,
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            run_with_uvloop(run_server(config, stats_interval_us / 1e6, duration_us / 1e6))
