@@ -250,7 +250,10 @@ class GatewayCollector(Collector):
     # -- per source and per stream -------------------------------------------------------------------------------
 
     def _per_source(self) -> Iterator[Metric]:
-        per_source = self._source.per_source_gauges()
+        # The gateway leaves out what is zero (a source holding no events, one known only by its clock state); a
+        # series that comes and goes reads as missing data, so every known source gets both.
+        per_source = {source_id: {**dict.fromkeys(SOURCE_GAUGES, 0.0), **values}
+                      for source_id, values in self._source.per_source_gauges().items()}
         sources = GaugeMetricFamily("skewless_gateway_sources",
                                     "Sources the gateway knows (connected or with a clock estimate)")
         sources.add_metric([], float(len(per_source)))
