@@ -40,6 +40,43 @@ OTHER = "_other"
 ERROR_CODE_COUNTERS = {"frames_too_large": "frame_too_large", "malformed_frames": "malformed_frame",
                        "timeouts": "timeout", "auth_failures": "auth", "protocol_errors": "other"}
 
+# HELP text of the counters (GatewayCounters, PipelineCounters as pipeline_*, the shell's extra ones).
+COUNTER_HELP = {
+    "connections_opened": "TCP connections from sources accepted",
+    "connections_closed": "TCP connections from sources closed, for any reason",
+    "events_received": "Events received in events frames, before duplicate detection",
+    "events_published": "Events Kafka acknowledged (events and late topics)",
+    "duplicates": "Events dropped because their sequence number was already received (client resends)",
+    "delivery_failures": "Kafka delivery reports with an error (the event is not acknowledged to its source)",
+    "heartbeats": "Heartbeat frames received",
+    "recovered_sources": "Sources whose progress was read back from Kafka (restart or shard takeover)",
+    "global_pauses": "Times the reorder buffers held too many events and the sources holding events were paused",
+    "kafka_stalls": "Episodes of Kafka refusing produces (its local queue full)",
+    "task_failures": "Gateway tasks that died with an unexpected error",
+    "invalid_payloads": "Events refused because their payload is not JSON-representable",
+    "encode_failures": "Records that failed to encode after validation (a gateway bug)",
+    "clock_steps": "Source clock steps detected, each answered with a resync request",
+    "clock_step_false_alarms": "Clock-step holds the resync showed were no step (released as they were)",
+    "clock_step_unresolved": "Events sent to the late topic because their source's clock step was not resolved",
+    "sources_expired": "Sources dropped from checkpoints after the source retention",
+    "records_too_large": "Events refused because their record exceeds max_record_bytes",
+    "idle_punctuations": "Punctuations of streams the shard holds nothing of",
+    "pipeline_released": "Events released in order by the reorderers",
+    "pipeline_late": "Events behind the watermark, sent to the late topic",
+    "pipeline_quarantined": "Future-dated events (beyond max_future), sent to the late topic",
+    "pipeline_gaps": "Sequence gaps the reorderers gave up waiting for",
+    "pipeline_gap_events_skipped": "Events (sequence numbers) missing in the gaps skipped",
+    "pipeline_source_timeouts": "Times the merge stopped waiting for a silent source",
+    "pipeline_punctuations": "Punctuations (watermark records) written to the events topics",
+    "shard_handovers": "Shards this gateway gave up (rebalance, lost ownership, failure)",
+    "worker_errors": "Connections that failed in a gateway stage, by stage",
+}
+GAUGE_HELP = {
+    "connections": "Open TCP connections from sources",
+    "kafka_pending": "Records produced and not yet acknowledged by Kafka, plus those waiting to be produced",
+    "shards_served": "Shards this gateway serves now",
+}
+
 # Per-source clock estimate -> (family, help, divisor to base units, how OTHER aggregates the sources left out).
 TIMESYNC_GAUGES = {
     "offset_us": ("skewless_timesync_offset_seconds",
@@ -171,17 +208,17 @@ class GatewayCollector(Collector):
             if f.name in ERROR_CODE_COUNTERS:
                 errors.add_metric([ERROR_CODE_COUNTERS[f.name]], float(value))
                 continue
-            counter = CounterMetricFamily(f"skewless_gateway_{f.name}", f"Gateway counter {f.name}")
+            counter = CounterMetricFamily(f"skewless_gateway_{f.name}", COUNTER_HELP.get(f.name, f.name))
             counter.add_metric([], float(value))
             yield counter
         yield errors
         for name, value in self._source.extra_counters().items():
-            counter = CounterMetricFamily(f"skewless_gateway_{name}", f"Gateway counter {name}")
+            counter = CounterMetricFamily(f"skewless_gateway_{name}", COUNTER_HELP.get(name, name))
             counter.add_metric([], value)
             yield counter
         if self._labeled_counters is not None:
             for name, (label, values) in self._labeled_counters().items():
-                counter = CounterMetricFamily(f"skewless_gateway_{name}", f"Gateway counter {name} by {label}",
+                counter = CounterMetricFamily(f"skewless_gateway_{name}", COUNTER_HELP.get(name, f"{name} by {label}"),
                                               labels=[label])
                 for label_value, value in values.items():
                     counter.add_metric([label_value], value)
@@ -192,7 +229,7 @@ class GatewayCollector(Collector):
             if _is_percentile(name):
                 continue
             family_name, scale = _seconds_name(name)
-            gauge = GaugeMetricFamily(f"skewless_gateway_{family_name}", f"Gateway gauge {family_name}")
+            gauge = GaugeMetricFamily(f"skewless_gateway_{family_name}", GAUGE_HELP.get(name, family_name))
             gauge.add_metric([], value / scale)
             yield gauge
         health = self._source.health()

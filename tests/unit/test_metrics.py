@@ -346,3 +346,12 @@ def test_json_log_lines():
     record.created = 1_800_000_000.25
     assert orjson.loads(JsonFormatter().format(record)) == {
         "ts_us": 1_800_000_000_250_000, "level": "warning", "logger": "gateway.server", "message": "closing conn-7"}
+
+
+def test_operations_doc_lists_every_family():
+    doc = (DASHBOARD.parents[1] / "docs" / "operations.md").read_text()
+    gateway = FullGateway()
+    registry = make_registry(gateway, gateway.labeled_counters)
+    for family in registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}" in doc, name
