@@ -35,8 +35,10 @@ def _shard_count_error(recorded: int, configured: int) -> ClusterConfigError:
 
 
 def ensure_partitions(servers: Servers, topics: Iterable[str], partitions: int,
-                      config: dict[str, str] | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create the missing topics with ``partitions`` partitions; an existing topic with another count raises
+                      config: dict[str, str] | None = None, timeout_s: float = 30.0, *,
+                      replication_factor: int | None = None) -> list[str]:
+    """Create the missing topics with ``partitions`` partitions and ``replication_factor`` replicas (None: the
+    default of broker.admin, ``min(3, brokers)``); an existing topic with another partition count raises
     ClusterConfigError (naming it and both counts). Returns the created topics."""
     admin = KafkaClientConfig.of(servers).admin()
     wanted = sorted(set(topics))
@@ -51,24 +53,28 @@ def ensure_partitions(servers: Servers, topics: Iterable[str], partitions: int,
     missing = [t for t in wanted if t not in described]
     if not missing:
         return []
-    created = ensure_topics(servers, missing, partitions=partitions, config=config, timeout_s=timeout_s)
+    created = ensure_topics(servers, missing, partitions=partitions, config=config, timeout_s=timeout_s,
+                            replication_factor=replication_factor)
     # A concurrent creator may have won the race with another count.
     lost_race = sorted(set(missing) - set(created))
     if lost_race:
-        ensure_partitions(servers, lost_race, partitions, config, timeout_s)
+        ensure_partitions(servers, lost_race, partitions, config, timeout_s, replication_factor=replication_factor)
     return sorted(created)
 
 
-def ensure_control_topic(servers: Servers, topic: str, shards: int, timeout_s: float = 30.0) -> bool:
-    """Create the compacted control topic with one partition per shard; True if this call created it. An
-    existing control topic with another partition count raises ClusterConfigError."""
+def ensure_control_topic(servers: Servers, topic: str, shards: int, timeout_s: float = 30.0, *,
+                         replication_factor: int | None = None) -> bool:
+    """Create the compacted control topic with one partition per shard (``replication_factor`` as in
+    :func:`ensure_partitions`); True if this call created it. An existing control topic with another partition
+    count raises ClusterConfigError."""
     admin = KafkaClientConfig.of(servers).admin()
     existing = admin.list_topics(timeout=timeout_s).topics.get(topic)
     if existing is not None and existing.partitions:
         if len(existing.partitions) != shards:
             raise _shard_count_error(len(existing.partitions), shards)
         return False
-    return bool(ensure_partitions(servers, [topic], shards, dict(COMPACTED), timeout_s))
+    return bool(ensure_partitions(servers, [topic], shards, dict(COMPACTED), timeout_s,
+                                  replication_factor=replication_factor))
 
 
 def _cluster_records(servers: Servers, topic: str, timeout_s: float) -> list[ClusterRecord]:

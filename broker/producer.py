@@ -7,7 +7,7 @@ on a foreign thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -17,6 +17,13 @@ from broker.client import KafkaClientConfig, Servers
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
+# Kafka record headers: (name, value) pairs in order, names may repeat.
+Headers = Sequence[tuple[str, bytes]]
+
+
+def kafka_headers(headers: Headers | None) -> list[tuple[str, str | bytes | None]] | None:
+    """confluent-kafka's own type for headers (a list; its element type is wider than ours)."""
+    return None if headers is None else list(headers)
 
 class QueueFull(Exception):
     """librdkafka's local queue is full: the shell must stop reading sockets until poll() drains it."""
@@ -32,13 +39,16 @@ class KafkaPublisher:
         return self._producer
 
     def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None,
-                partition: int | None = None) -> None:
-        """``partition`` None leaves the choice to the partitioner (hash of the key)."""
+                partition: int | None = None, *, timestamp_ms: int = 0, headers: Headers | None = None) -> None:
+        """``partition`` None leaves the choice to the partitioner (hash of the key); ``timestamp_ms`` 0: the
+        record's CreateTime is the produce time."""
         try:
             if partition is None:
-                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery)
+                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery,
+                                       timestamp=timestamp_ms, headers=kafka_headers(headers))
             else:
-                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery, partition=partition)
+                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery, partition=partition,
+                                       timestamp=timestamp_ms, headers=kafka_headers(headers))
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
 

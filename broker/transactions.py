@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from broker.client import KafkaClientConfig, Servers
-from broker.producer import DeliveryCallback, QueueFull
+from broker.producer import DeliveryCallback, Headers, QueueFull, kafka_headers
 
 __all__ = ["TRANSACTION_DEFAULTS", "ProducerFenced", "TransactionAbortable", "TransactionRetriable",
            "TransactionalPublisher", "classify"]
@@ -112,12 +112,13 @@ class TransactionalPublisher:
         self._call(lambda p: p.begin_transaction())
 
     def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None,
-                partition: int) -> None:
+                partition: int, *, timestamp_ms: int = 0, headers: Headers | None = None) -> None:
         """Queue one record for ``partition`` of ``topic`` in the open transaction; raises QueueFull when
-        librdkafka's local queue is full (poll, then retry)."""
+        librdkafka's local queue is full (poll, then retry). ``timestamp_ms`` 0: CreateTime is the produce time."""
         callback = None if on_delivery is None else self._deferred(on_delivery)
         try:
-            self._client().produce(topic, value=value, key=key, partition=partition, on_delivery=callback)
+            self._client().produce(topic, value=value, key=key, partition=partition, on_delivery=callback,
+                                   timestamp=timestamp_ms, headers=kafka_headers(headers))
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
         except KafkaException as exc:

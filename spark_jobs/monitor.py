@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from contract.records import RESULT_DROPPED_BY_WATERMARK, result_key, result_value
+
+if TYPE_CHECKING:
+    from broker.client import Servers
 
 logger = logging.getLogger("skewless.spark")
 
@@ -44,7 +47,7 @@ class WatermarkDropReport:
 class _Watched:
     """One watched query: its report and where its records go."""
 
-    def __init__(self, job: str, bootstrap_servers: str, output_topic: str) -> None:
+    def __init__(self, job: str, bootstrap_servers: Servers, output_topic: str) -> None:
         self.report = WatermarkDropReport(job)
         self.bootstrap_servers = bootstrap_servers
         self.output_topic = output_topic
@@ -69,9 +72,11 @@ class _Watched:
 _SESSION_ATTRIBUTE = "_skewless_watched_queries"
 
 
-def watch_watermark_drops(spark: Any, query: Any, *, job: str, bootstrap_servers: str,
+def watch_watermark_drops(spark: Any, query: Any, *, job: str, bootstrap_servers: Servers,
                           output_topic: str) -> WatermarkDropReport:
     """Report ``query``'s watermark drops (log, counter, result record) for as long as it runs.
+    ``bootstrap_servers``: the address, or the whole client configuration (spark_jobs.contract.kafka_client_config:
+    the job's ``spark.skewless.librdkafka.*`` settings, security included).
 
     One listener per session serves every watched query: each listener costs a Python callback per progress of
     every query of the session."""

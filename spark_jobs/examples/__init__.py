@@ -1,0 +1,1 @@
+"""Example jobs for Spark users (docs/consume.md): real files, run by the tests."""

@@ -1,0 +1,98 @@
+"""spark_jobs.contract without Spark: Kafka options from the conf, source options, the stream watermark; and the
+pure part of docs/consume.md's job (spark_jobs/examples/consume_ordered.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.contract import (
+    StreamWatermark,
+    kafka_conf,
+    kafka_options_from_conf,
+    kafka_source_options,
+    librdkafka_settings_from_conf,
+    replication_factor_from_conf,
+)
+from spark_jobs.examples.consume_ordered import WindowCounts
+
+CONF = {
+    "spark.skewless.kafka.security.protocol": "SASL_SSL",
+    "spark.skewless.kafka.sasl.mechanism": "PLAIN",
+    "spark.skewless.kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required;",
+    "spark.skewless.librdkafka.sasl.username": "u",
+    "spark.skewless.librdkafka.sasl.mechanism": "SCRAM-SHA-512",
+    "spark.skewless.failOnDataLoss": "false",
+    "spark.master": "local[2]",
+}
+
+
+def test_java_properties_become_kafka_options_of_sources_and_sinks() -> None:
+    assert kafka_options_from_conf(CONF) == {
+        "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required;"}
+
+
+def test_librdkafka_settings_take_the_shared_properties_and_their_own() -> None:
+    assert librdkafka_settings_from_conf(CONF) == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u"}
+
+
+def test_kafka_conf_is_the_inverse() -> None:
+    conf = kafka_conf({"security.protocol": "SSL"},
+                      {"ssl.ca.location": "/ca.pem", "enable.ssl.certificate.verification": True})
+    assert conf == {"spark.skewless.kafka.security.protocol": "SSL",
+                    "spark.skewless.librdkafka.ssl.ca.location": "/ca.pem",
+                    "spark.skewless.librdkafka.enable.ssl.certificate.verification": "true"}
+    assert kafka_options_from_conf(conf) == {"kafka.security.protocol": "SSL"}
+    assert librdkafka_settings_from_conf(conf) == {"security.protocol": "SSL", "ssl.ca.location": "/ca.pem",
+                                                   "enable.ssl.certificate.verification": "true"}
+
+
+def test_source_options_read_committed_and_fail_on_data_loss_unless_asked_otherwise() -> None:
+    options = kafka_source_options("k:9092", ["a", "b"], "earliest", None, kafka={"kafka.security.protocol": "SSL"})
+    assert options == {"kafka.bootstrap.servers": "k:9092", "startingOffsets": "earliest", "failOnDataLoss": "true",
+                       "kafka.isolation.level": "read_committed", "subscribe": "a,b",
+                       "kafka.security.protocol": "SSL"}
+    relaxed = kafka_source_options("k:9092", "p\\.events\\..*", "latest", 10, fail_on_data_loss=False,
+                                   options={"kafka.isolation.level": "read_uncommitted", "minPartitions": "4"})
+    assert relaxed["failOnDataLoss"] == "false" and relaxed["subscribePattern"] == "p\\.events\\..*"
+    assert relaxed["maxOffsetsPerTrigger"] == "10" and relaxed["minPartitions"] == "4"
+    assert relaxed["kafka.isolation.level"] == "read_uncommitted", "the caller's options win"
+
+
+def test_the_watermark_is_the_minimum_over_partitions_once_all_have_punctuated() -> None:
+    watermark = StreamWatermark(3)
+    watermark.observe_rows([{"partition": 0, "watermark_us": 50}, {"partition": 2, "watermark_us": 20}])
+    assert watermark.watermark_us is None, "partition 1 has promised nothing yet"
+    watermark.observe(1, 30)
+    assert watermark.watermark_us == 20
+    watermark.observe(2, 10)  # a batch read again: never backwards
+    assert watermark.watermark_us == 20
+    watermark.observe(2, 90)
+    assert watermark.watermark_us == 30
+    with pytest.raises(ValueError, match="partition 3 of a topic with 3 partitions"):
+        watermark.observe(3, 0)
+
+
+def test_windows_close_at_the_watermark_and_survive_a_restart() -> None:
+    counts = WindowCounts(1000, StreamWatermark(2))
+    counts.add(0, 2)
+    counts.add(1000, 1)
+    counts.add(0, 1)
+    counts.watermark.observe(0, 2500)
+    assert counts.close() == []
+    counts.watermark.observe(1, 1000)
+    assert counts.close() == [(0, 3)]
+    counts.batch_id = 7
+    restored = WindowCounts.from_json(counts.to_json())
+    assert restored == counts
+    restored.watermark.observe(1, 2000)
+    assert restored.close() == [(1000, 1)]
+    assert restored.counts == {}
+
+
+def test_the_replication_factor_of_a_jobs_topics_comes_from_the_conf() -> None:
+    assert replication_factor_from_conf(CONF) is None
+    assert replication_factor_from_conf({"spark.skewless.replicationFactor": "3"}) == 3
+    with pytest.raises(ValueError, match="must be a whole number, got 'three'"):
+        replication_factor_from_conf({"spark.skewless.replicationFactor": "three"})
