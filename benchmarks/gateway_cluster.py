@@ -34,6 +34,7 @@ import os
 import platform
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -65,6 +66,9 @@ from contract.wire.messages import (
     parse_gateway_message,
 )
 from gateway.launch import GatewayAddresses, spawn_gateway_async
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
+from benchmarks.plotstyle import axis_labels, pyplot, save
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 STREAM = "bench"
@@ -661,18 +665,14 @@ def tables(saturated: list[LoadResult], paced: list[LoadResult], plain: Producer
 
 def plot(saturated: list[LoadResult], paced: list[LoadResult], plain: ProducerResult,
          failovers: list[FailoverResult]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
+    plt = pyplot()
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5))
     labels = [f"{r.gateways} gateway{'s' if r.gateways > 1 else ''}" for r in saturated] + ["plain producer"]
     rates = [r.events_per_s / 1000 for r in saturated] + [plain.events_per_s / 1000]
     ax1.bar(labels, rates, color=["tab:blue"] * len(saturated) + ["tab:gray"])
     for x, rate in enumerate(rates):
         ax1.text(x, rate, f"{rate:.1f}k", ha="center", va="bottom")
-    ax1.set_ylabel("k events/s acknowledged")
+    axis_labels(ax1, ("configuration", None), ("events acknowledged", "k events/s"))
     ax1.set_title("saturated, 20 sources (2 cores, broker included)")
     width = 0.35
     xs = range(len(paced))
@@ -681,7 +681,7 @@ def plot(saturated: list[LoadResult], paced: list[LoadResult], plain: ProducerRe
     ax2.bar([x + width / 2 for x in xs], [percentile(r.ack_ms, 0.99) for r in paced], width,
             label="ack p99 (sent -> ack)")
     ax2.set_xticks(list(xs), [f"{r.gateways} gateway{'s' if r.gateways > 1 else ''}" for r in paced])
-    ax2.set_ylabel("ms")
+    axis_labels(ax2, ("configuration", None), ("99th percentile", "ms"))
     ax2.set_title(f"steady {paced[0].events_per_s / 1000:.0f}k events/s, 20 sources")
     ax2.legend()
     for i, f in enumerate(failovers):
@@ -693,11 +693,10 @@ def plot(saturated: list[LoadResult], paced: list[LoadResult], plain: ProducerRe
         ax3.axvline(f.session_timeout_s, color="gray", linestyle=":", ymin=i / len(failovers),
                     ymax=(i + 1) / len(failovers))
     ax3.set_yticks(range(len(failovers)), [f"session {f.session_timeout_s:.0f} s" for f in failovers])
-    ax3.set_xlabel("s after SIGKILL")
+    axis_labels(ax3, ("time after SIGKILL", "s"), ("Kafka session timeout", None))
     ax3.set_title("failover (dotted: session timeout)")
     ax3.legend(loc="lower right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(DOCS / "cluster-benchmark.png", dpi=100)
+    save(fig, DOCS / "cluster-benchmark.png")
 
 
 # -------------------------------------------------------------------------------------------------------- main

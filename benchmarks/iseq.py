@@ -47,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.plotstyle import axis_labels, pyplot, save  # noqa: E402
 from cep.intervals import (  # noqa: E402
     Interval,
     IntervalBegin,
@@ -220,33 +221,27 @@ def li_rows(label: str, points: list[tuple[str, dict[str, Run]]]) -> list[str]:
     return rows
 
 
-def plot_li(path: Path, title: str, xlabel: str, points: list[tuple[str, dict[str, Run]]]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_li(path: Path, title: str, xlabel: tuple[str, str | None], points: list[tuple[str, dict[str, Run]]],
+            ) -> None:
+    plt = pyplot()
     xs = [p[0] for p in points]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for a, style in (("ais", "o-"), ("ibp", "s-")):
         ax1.plot(xs, [ratio(r[a].accumulated, r["naive"].accumulated) for _, r in points], style, label=a)
         ax2.plot(xs, [ratio(r[a].cpu_s, r["naive"].cpu_s) for _, r in points], style, label=a)
-    for ax, what in ((ax1, "accumulated memory / naive"), (ax2, "CPU time / naive")):
+    for ax, what in ((ax1, "accumulated memory"), (ax2, "CPU time")):
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(what)
-        ax.grid(alpha=0.3)
+        axis_labels(ax, xlabel, (what, "ratio to naive"))
         ax.legend()
         ax.tick_params(axis="x", rotation=45)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_io3(path: Path, points: list[Io3Point]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    axes = axes.ravel()
     for mode, style in (("aggressive", "o-"), ("conservative", "s-")):
         pts = [p for p in points if p.mode == mode]
         xs = [100 * p.share for p in pts]
@@ -255,15 +250,11 @@ def plot_io3(path: Path, points: list[Io3Point]) -> None:
         axes[1].plot(xs, [p.compensation_rate for p in pts], style, label=label)
         axes[2].plot(xs, [p.precision for p in pts], style, label=label)
         axes[3].plot(xs, [p.cpu_s for p in pts], style, label=label)
-    for ax, what in zip(axes, ("average latency (ms of stream time)", "rate of compensation (NoC / NoR)",
-                               "accuracy (precision at emission)", "CPU time (s)"), strict=True):
-        ax.set_xlabel("out-of-order items (%)")
-        ax.set_ylabel(what)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    for ax, what in zip(axes, (("average latency", "ms of stream time"), ("rate of compensation", "NoC / NoR"),
+                               ("accuracy: precision at emission", "fraction"), ("CPU time", "s")), strict=True):
+        axis_labels(ax, ("out-of-order items", "%"), what)
+    axes[0].legend()
+    save(fig, path)
 
 
 def main() -> None:
@@ -326,12 +317,13 @@ def main() -> None:
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     plot_li(out_dir / "iseq-profiles.png", f"Indexing profile (length {base_len}, W/10, {base_density}/window)",
-            "indexing profile", prof_points)
-    plot_li(out_dir / "iseq-query-length.png", "Query length (50t-50s)", "query length", len_points)
+            ("indexing profile", "% time / % sequence predicates"), prof_points)
+    plot_li(out_dir / "iseq-query-length.png", "Query length (50t-50s)", ("query length", "predicates"),
+            len_points)
     plot_li(out_dir / "iseq-interval-length.png", f"Average interval length (50t-50s, length {base_len})",
-            "average interval length", ilen_points)
+            ("average interval length", "fraction of the window W"), ilen_points)
     plot_li(out_dir / "iseq-density.png", f"Event density (50t-50s, W/20, length {base_len})",
-            "events per window", dens_points)
+            ("event density", "events per window"), dens_points)
     plot_io3(out_dir / "iseq-io3.png", io3_points)
 
     sections.append(f"## Indexing profile (Li Figs. 5.4/5.5; length {base_len}, avg interval W/10, "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -38,6 +39,9 @@ from broker.launcher import KafkaBroker
 from broker.producer import KafkaPublisher, QueueFull
 from broker.transactions import TransactionalPublisher
 from contract.records import EventRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
+from benchmarks.plotstyle import axis_labels, pyplot, save
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SOURCES = 100
@@ -234,30 +238,27 @@ def table(results: list[ModeResult]) -> str:
 
 def write_report(rounds: list[list[ModeResult]], loads: list[float], rate: float, saturated_s: float,
                  paced_s: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     results = pooled(rounds)
     rows = [r.row(results[0].durable_per_s) for r in results]
     DOCS.mkdir(exist_ok=True)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
     labels = [r.name.replace("transactional, commit every ", "txn ") for r in results]
     ax1.bar(labels, [row["events_per_s"] / 1000 for row in rows])
-    ax1.set_ylabel("k records/s made durable")
+    axis_labels(ax1, ("producer mode", None), ("records made durable", "k records/s"))
     ax1.set_title("saturated, one producer thread")
     ax1.tick_params(axis="x", rotation=30)
+    for tick in ax1.get_xticklabels():
+        tick.set_horizontalalignment("right")
     xs = range(len(rows))
     ax2.bar([x - 0.2 for x in xs], [row["lat_p50"] for row in rows], width=0.4, label="p50")
     ax2.bar([x + 0.2 for x in xs], [row["lat_p99"] for row in rows], width=0.4, label="p99")
-    ax2.set_xticks(list(xs), labels, rotation=30)
+    ax2.set_xticks(list(xs), labels, rotation=30, ha="right")
     ax2.set_yscale("log")
-    ax2.set_ylabel("ms, produce() to acked / committed")
+    axis_labels(ax2, ("producer mode", None), ("produce() to acked or committed", "ms"))
     ax2.set_title(f"added latency at {rate:,.0f} records/s")
     ax2.legend()
-    fig.tight_layout()
-    fig.savefig(DOCS / "transactions-benchmark.png", dpi=100)
+    save(fig, DOCS / "transactions-benchmark.png")
     (DOCS / "transactions-benchmark.md").write_text(f"""# Kafka transactions against the idempotent producer \
 (benchmarks/kafka_transactions.py)
 

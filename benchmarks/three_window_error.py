@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ import numpy as np
 
 from cep.three_window import FinalResult, ShiftMode, ThreeWindowAggregator
 from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
+from benchmarks.plotstyle import axis_labels, pyplot, save
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -210,22 +214,18 @@ def main() -> None:
 
 
 def plot(all_runs: dict[str, list[SeedResult]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     x = np.arange(1, WINDOWS + 1)
     first = next(iter(all_runs.values()))[0]
     ax1.axhline(0, color="grey", lw=0.8)
     ax1.plot(x, np.array(first.single) - first.truth, "o-", label="single window (Query 5.6)")
     ax1.plot(x, np.array(first.thesis) - first.truth, "s-", label="LOW/MIDDLE/HIGH mean, s = T_a/2 (Query 5.7)")
     ax1.plot(x, np.array(first.per_event) - first.truth, "^-", label="LOW/MIDDLE/HIGH mean, per-event s")
-    ax1.set_xlabel("time batch window (thesis scenario, seed 0)")
-    ax1.set_ylabel("window average - true average (um/s)")
+    axis_labels(ax1, ("time batch window, thesis scenario, seed 0", "window number"),
+                ("window average - true average", "µm/s"))
     ax1.set_title("Fig. 5.14 analogue")
-    ax1.legend(fontsize=7)
+    ax1.legend()
     names = list(all_runs)
     width = 0.25
     for j, (key, label) in enumerate(
@@ -233,12 +233,11 @@ def plot(all_runs: dict[str, list[SeedResult]]) -> None:
     ):
         vals = [summarize(all_runs[n])[key] for n in names]
         ax2.bar(np.arange(len(names)) + (j - 1) * width, vals, width, label=label)
-    ax2.set_xticks(np.arange(len(names)), names, fontsize=8)
-    ax2.set_ylabel("mean |error| over all windows (um/s)")
-    ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(DOCS / "cep-three-window.png", dpi=110)
-    plt.close(fig)
+    ax2.set_xticks(np.arange(len(names)), [n.replace(" (", "\n(") for n in names])
+    axis_labels(ax2, ("scenario", None), ("mean |error| over all windows", "µm/s"))
+    ax2.set_title("all seeds")
+    ax2.legend()
+    save(fig, DOCS / "cep-three-window.png")
 
 
 def write_doc(

@@ -43,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.plotstyle import axis_labels, pyplot, save  # noqa: E402
 from timesync.client import sync_burst  # noqa: E402
 from timesync.clocks import SimulatedClock, for_time_sync  # noqa: E402
 from timesync.codec import NtpPacket, encode_packet, unix_us_to_ntp  # noqa: E402
@@ -544,13 +545,9 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def plots(results: list[dict[str, Any]]) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = []
-    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.8 * len(results)), sharex=True, squeeze=False)
     axes = axes[:, 0]
     for ax, r in zip(axes, results, strict=True):
         ax.plot([e["el"] for e in r["evals"]], [e["err"] for e in r["evals"]], lw=0.8, label="timesync error")
@@ -560,17 +557,14 @@ def plots(results: list[dict[str, Any]]) -> list[str]:
             ax.plot([c["el"] for c in r["chrony"]], [c["err"] for c in r["chrony"]], lw=0.8, label="chronyd error")
         lim = max([abs(e["err"]) for e in r["evals"][4:]] + [abs(c["err"]) for c in r["chrony"][10:]] + [10.0])
         ax.set_ylim(-3 * lim, 3 * lim)
-        ax.set_title(r["title"], fontsize=9)
-        ax.set_ylabel("us")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="upper right")
-    axes[-1].set_xlabel("seconds since start")
-    fig.tight_layout()
-    fig.savefig(DOCS / "timesync-offset-error.png", dpi=110)
-    plt.close(fig)
+        ax.set_title(r["title"])
+        axis_labels(ax, None, ("offset error", "µs"))
+    axes[0].legend(loc="upper right")
+    axis_labels(axes[-1], ("time since start", "s"), ("offset error", "µs"))
+    save(fig, DOCS / "timesync-offset-error.png")
     names.append("timesync-offset-error.png")
 
-    fig, ax = plt.subplots(figsize=(9, 3.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for r in results:
         xs = [e["el"] for e in r["evals"] if e["bursts"] >= 3]
         ys = [abs(e["skew"] - e["skew_true"]) for e in r["evals"] if e["bursts"] >= 3]
@@ -581,13 +575,9 @@ def plots(results: list[dict[str, Any]]) -> list[str]:
                     lw=0.7, ls="--", label=f"chronyd: {r['key']}")
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_yscale("log")
-    ax.set_xlabel("seconds since start")
-    ax.set_ylabel("|skew error| ppm")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(DOCS / "timesync-skew.png", dpi=110)
-    plt.close(fig)
+    axis_labels(ax, ("time since start", "s"), ("|skew error|", "ppm"))
+    ax.legend(ncol=2, fontsize=7.5)
+    save(fig, DOCS / "timesync-skew.png")
     names.append("timesync-skew.png")
     return names
 

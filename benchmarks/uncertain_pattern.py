@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from cep.patterns import Confidence, PatternSpec, UncertainPatternMatcher
 from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
+from benchmarks.plotstyle import axis_labels, pyplot, save
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -182,33 +186,25 @@ def main() -> None:
 
 
 def plot(rows: list[Row]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     delayed = rows[2:]
     x = [CASES[i + 2][2] / 1000 for i in range(len(delayed))]  # type: ignore[operator]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     ax1.semilogx(x, [100 * r.plain_rate for r in delayed], "o-", label="plain pattern")
     ax1.semilogx(x, [100 * r.aware_rate for r in delayed], "s-", label="uncertainty-aware (Confirmed or Uncertain)")
     ax1.semilogx(x, [100 * r.confirmed_rate for r in delayed], "^--", label="uncertainty-aware, Confirmed only")
-    ax1.set_xlabel("transport delay (ms), 1 s drift")
-    ax1.set_ylabel("goals detected (%)")
+    axis_labels(ax1, ("transport delay, 1 s drift", "ms"), ("goals detected", "%"))
     ax1.set_title("goal present (true gap +44 ms)")
     ax1.set_ylim(-5, 105)
-    ax1.legend(fontsize=7)
+    ax1.legend()
     ax2.semilogx(x, [100 * r.neg_plain for r in delayed], "o-", label="plain pattern (false positive)")
     ax2.semilogx(x, [100 * r.neg_uncertain for r in delayed], "s-", label="uncertainty-aware: Uncertain")
     ax2.semilogx(x, [100 * r.neg_confirmed for r in delayed], "^--", label="uncertainty-aware: Confirmed")
-    ax2.set_xlabel("transport delay (ms), 1 s drift")
-    ax2.set_ylabel("reported (%)")
+    axis_labels(ax2, ("transport delay, 1 s drift", "ms"), ("goals reported", "%"))
     ax2.set_title("no goal (true gap -44 ms)")
     ax2.set_ylim(-5, 105)
-    ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(DOCS / "cep-uncertain-pattern.png", dpi=110)
-    plt.close(fig)
+    ax2.legend()
+    save(fig, DOCS / "cep-uncertain-pattern.png")
 
 
 def write_doc(rows: list[Row], trials: int) -> None:
