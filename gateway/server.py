@@ -157,6 +157,8 @@ class GatewayConfig:
     idle_punctuation_lag_s: float | None = 5.0
     # Sources silent for longer leave the progress checkpoints (gateway.ingest, rule 6).
     source_retention_us: int = SOURCE_RETENTION_US
+    # Replicas of every topic the gateway creates; None: broker.admin's default, min(3, brokers).
+    replication_factor: int | None = None
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -306,9 +308,11 @@ class Gateway:
     def _prepare_cluster(self) -> None:
         """The control topic with S partitions, this deployment's claim on the prefix, the sources topic."""
         client = self.config.kafka_client
-        ensure_control_topic(client, self.topics.cluster, self.config.shards)
+        ensure_control_topic(client, self.topics.cluster, self.config.shards,
+                             replication_factor=self.config.replication_factor)
         claim_cluster(client, self.topics.cluster, self.config.cluster, self.config.shards, self._clock_us())
-        ensure_partitions(client, [self.topics.sources], self.config.shards, config={"cleanup.policy": "compact"})
+        ensure_partitions(client, [self.topics.sources], self.config.shards, config={"cleanup.policy": "compact"},
+                          replication_factor=self.config.replication_factor)
 
     async def _start_timesync(self) -> None:
         assert self.config.timesync is not None
@@ -740,7 +744,8 @@ class Gateway:
                 return frozenset()
             topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
             created = set(await asyncio.get_running_loop().run_in_executor(
-                None, partial(ensure_partitions, self.config.kafka_client, topics, self.config.shards)))
+                None, partial(ensure_partitions, self.config.kafka_client, topics, self.config.shards,
+                              replication_factor=self.config.replication_factor)))
             self._known_streams.update(missing)
             return frozenset(s for s in missing if self.topics.events(s) in created)
 
