@@ -51,8 +51,14 @@ def _global_options(
     """Skewless: clock-aware, order-restoring ingestion for event streams."""
 
 
+_registered: list[bool] = []
+
+
 def _register_subcommands() -> None:
     # Each package owns its commands; importing them here keeps `skewless --help` one place.
+    if _registered:  # main() may run more than once in a process (tests)
+        return
+    _registered.append(True)
     from broker import cli as broker_cli
     from skewless.demo import demo
 

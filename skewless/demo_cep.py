@@ -72,7 +72,8 @@ def check_pattern(bootstrap: str, records: list[dict[str, Any]]) -> bool:
     matcher = UncertainPatternMatcher(PatternSpec.parse(PATTERN))
     expected: list[tuple[Any, ...]] = []
     for r in sorted(records, key=lambda r: r["ref_ts_us"]):
-        for m in matcher.on_event(r["ref_ts_us"], r["uncertainty_us"], r["payload"], event_ref(r, r["payload"])):
+        ref = event_ref(r["source_id"], r["seq"], r["ref_ts_us"], r["uncertainty_us"], r["payload"])
+        for m in matcher.on_event(r["ref_ts_us"], r["uncertainty_us"], r["payload"], ref):
             expected.append((str(m.confidence), tuple((e["source_id"], e["seq"]) for e in m.events)))
     got = [(r["confidence"], tuple((e["source_id"], e["seq"]) for e in r["events"]))
            for r in _results(bootstrap, "pattern") if r["record"] == "match"]
