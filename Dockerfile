@@ -1,7 +1,7 @@
 # Gateway image: the asyncio gateway (uvloop) and time-sync server; Kafka and Spark run in their own images.
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY contract ./contract
 COPY broker ./broker
 COPY skewless ./skewless
@@ -11,7 +11,8 @@ COPY reorder ./reorder
 COPY clients ./clients
 COPY spark_jobs ./spark_jobs
 COPY cep ./cep
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The gateway extra at the versions the project is tested with (pyproject.toml holds ranges, constraints.txt pins).
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[gateway]"
 
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,7 +20,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 skewless \
     && useradd --system --uid 10001 --gid skewless --home-dir /home/skewless --create-home skewless
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless==0.1.0" \
+RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless[gateway]==0.1.0" \
     && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/skewless

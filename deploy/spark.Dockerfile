@@ -25,7 +25,7 @@ RUN mkdir -p /usr/share/man/man1 \
     && mkdir -p /var/lib/skewless/checkpoints /var/lib/skewless/spark-work \
     && chown -R 10001:10001 /var/lib/skewless
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY contract ./contract
 COPY broker ./broker
 COPY skewless ./skewless
@@ -37,7 +37,7 @@ COPY spark_jobs ./spark_jobs
 COPY cep ./cep
 RUN python -m venv /opt/skewless \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels . \
-    && pip install --no-cache-dir --find-links=/tmp/wheels "skewless[spark]==0.1.0" \
+    && pip install --no-cache-dir --find-links=/tmp/wheels -c constraints.txt "skewless[spark]==0.1.0" \
     && rm -rf /tmp/wheels \
     && test -x "$SPARK_HOME/bin/spark-class" && test -f "$SKEWLESS_SUBMIT"
 USER 10001:10001

@@ -286,12 +286,31 @@ def test_jobs_are_submitted_to_the_master(services: dict[str, dict[str, Any]]) -
         assert params["shuffle_partitions"] is not None, f"{name}: Spark's default of 200 tasks on one worker"
 
 
+def pinned_version(package: str) -> str:
+    """The exact version of ``package`` the project is tested with: constraints.txt, else an exact pyproject pin."""
+    constraints = ROOT / "constraints.txt"
+    lines = constraints.read_text().splitlines() if constraints.exists() else [
+        p for ps in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"].values()
+        for p in ps]
+    return next(line.split("==")[1].split(";")[0].strip() for line in lines
+                if line.lower().startswith(f"{package}=="))
+
+
 def test_the_kafka_connector_matches_the_images_pyspark() -> None:
-    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["spark"]
-    pyspark_pin = next(p.split("==")[1] for p in pins if p.startswith("pyspark=="))
-    assert installed_kafka_connector_coordinate().endswith(f":{pyspark_pin}")
+    assert installed_kafka_connector_coordinate().endswith(f":{pinned_version('pyspark')}")
     assert dockerfile_env(SPARK_DOCKERFILE)["SKEWLESS_SPARK_PACKAGES"] == installed_kafka_connector_coordinate()
-    assert '"skewless[spark]==' in run_commands(SPARK_DOCKERFILE), "the image installs pyproject's spark pins"
+    runs = run_commands(SPARK_DOCKERFILE)
+    assert '"skewless[spark]==' in runs, "the image installs the spark extra"
+    if (ROOT / "constraints.txt").exists():
+        assert "-c constraints.txt" in runs, "at the versions the project is tested with"
+
+
+def test_the_gateway_image_installs_the_gateway_extra_at_the_tested_versions() -> None:
+    """The base install is the SDK alone: the gateway's Kafka, metrics and CLI dependencies come with the extra."""
+    build = "\n".join(args for keyword, args in dockerfile_instructions(GATEWAY_DOCKERFILE) if keyword == "RUN")
+    assert '".[gateway]"' in build and '"skewless[gateway]==' in run_commands(GATEWAY_DOCKERFILE)
+    if (ROOT / "constraints.txt").exists():
+        assert "-c constraints.txt" in build
 
 
 def test_the_worker_has_a_core_for_every_job(services: dict[str, dict[str, Any]]) -> None:
@@ -351,12 +370,52 @@ def test_both_images_copy_every_package() -> None:
     packages = {pattern.rstrip("*") for pattern in include}
     for dockerfile in (GATEWAY_DOCKERFILE, SPARK_DOCKERFILE):
         copied = dockerfile_copied(dockerfile)
-        assert packages | {"pyproject.toml", "README.md"} <= copied, (dockerfile.name, packages - copied)
+        pins = {"constraints.txt"} if (ROOT / "constraints.txt").exists() else set()
+        wanted = packages | {"pyproject.toml", "README.md"} | pins
+        assert wanted <= copied, (dockerfile.name, wanted - copied)
 
 
 def test_dockerignore_keeps_the_build_context_small_but_complete() -> None:
     patterns = {line.strip().rstrip("/") for line in DOCKERIGNORE.read_text().splitlines()
                 if line.strip() and not line.startswith("#")}
-    assert {".venv", ".cache", ".git", "artifacts", "**/__pycache__"} <= patterns
+    assert {".venv", ".cache", ".git", "artifacts", "**/__pycache__", "docs", ".env"} <= patterns
     for dockerfile in (GATEWAY_DOCKERFILE, SPARK_DOCKERFILE):
         assert not dockerfile_copied(dockerfile) & patterns, f"{dockerfile.name} copies an ignored path"
+
+
+# -- users, healthchecks, volumes: what issue 15 found missing -----------------------------------------------------
+
+ROOT_USERS = {"0", "root", "0:0", "root:root"}
+
+
+def test_no_service_runs_as_root(services: dict[str, dict[str, Any]]) -> None:
+    """Built images end with USER 10001 (the checkpoint volume's owner); a compose `user:` may only repeat it. The
+    Kafka image runs as its own unprivileged appuser, which owns its data directory: no override."""
+    images = {"../Dockerfile": GATEWAY_DOCKERFILE, "../deploy/spark.Dockerfile": SPARK_DOCKERFILE}
+    for name, service in services.items():
+        override = str(service.get("user", ""))
+        assert override not in ROOT_USERS, f"{name} runs as root"
+        dockerfile = built_from(service)
+        if dockerfile:
+            assert image_user(images[dockerfile]) == "10001", name
+            assert override in ("", "10001", "10001:10001"), f"{name}: user {override} cannot write the volumes"
+        else:
+            assert service["image"].startswith("apache/kafka:") and override == "", name
+
+
+def test_every_long_running_service_has_a_healthcheck_on_its_own_port(services: dict[str, dict[str, Any]]) -> None:
+    """Kafka, the gateways and the Spark daemons are what others wait for (depends_on: service_healthy)."""
+    daemons = {name for name, s in services.items() if s.get("command", ["-"])[0] != "spark-submit"}
+    assert daemons == {"kafka", "spark-master", "spark-worker", *gateways(services)}
+    for name in daemons:
+        test = " ".join(services[name]["healthcheck"]["test"])
+        assert "127.0.0.1:" in test or "localhost:" in test, f"{name}: a healthcheck must ask the container itself"
+    kafka_test = " ".join(services["kafka"]["healthcheck"]["test"])
+    assert "localhost:9092" in kafka_test, "Kafka's healthcheck asks the listener the gateways use"
+
+
+def test_state_lives_in_named_volumes(services: dict[str, dict[str, Any]]) -> None:
+    """Recreating a container keeps Kafka's log and the jobs' checkpoints."""
+    assert mounts(services["kafka"]) == {services["kafka"]["environment"]["KAFKA_LOG_DIRS"]: "kafka-data"}
+    for name in ("spark-worker", *spark_submit_jobs(services)):
+        assert mounts(services[name]) == {"/var/lib/skewless/checkpoints": "spark-checkpoints"}, name
