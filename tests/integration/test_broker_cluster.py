@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Message
+from confluent_kafka.admin import ConfigResource, ResourceType
 
+from broker.admin import TopicConfigError
 from broker.client import KafkaClientConfig
 from broker.cluster import (
     ClusterConfigError,
@@ -396,6 +398,30 @@ def test_stream_topics_with_another_partition_count_are_refused(kafka: BrokerSta
     assert str(refused.value) == (
         f"topic {names.events('s')} has 2 partitions, the deployment has 3 shards: changing S on a live deployment "
         "moves sources between shards; configure shards=2, or use another topic prefix")
+
+
+def topic_replication(servers: str, topic: str) -> tuple[list[int], str]:
+    """(replica count of each partition, min.insync.replicas) as the broker describes the topic."""
+    admin = KafkaClientConfig(servers).admin()
+    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    described = admin.describe_configs([resource])[resource].result(timeout=10)
+    return [len(partitions[p].replicas) for p in sorted(partitions)], described["min.insync.replicas"].value
+
+
+def test_replication_follows_the_broker_count_unless_configured(kafka: BrokerState, names: TopicNames) -> None:
+    servers = KafkaClientConfig(kafka.bootstrap_servers, {"client.id": "skewless-rf-test"})
+    assert ensure_control_topic(servers, names.cluster, 2) is True
+    assert ensure_partitions(servers, [names.events("s")], 2, replication_factor=1) == [names.events("s")]
+    # One broker: one replica each, and an acks=all write needs that one.
+    assert topic_replication(kafka.bootstrap_servers, names.cluster) == ([1, 1], "1")
+    assert topic_replication(kafka.bootstrap_servers, names.events("s")) == ([1, 1], "1")
+    with pytest.raises(TopicConfigError) as refused:
+        ensure_partitions(servers, [names.late("s")], 2, replication_factor=2)
+    assert str(refused.value) == (
+        "replication factor 2 needs 2 brokers, the cluster has 1: configure a replication factor of at most 1, "
+        "or leave it unset (default min(3, brokers))")
+    assert names.late("s") not in KafkaClientConfig(kafka.bootstrap_servers).admin().list_topics(timeout=10).topics
 
 
 def test_the_owner_directory_shows_the_latest_committed_owner(kafka: BrokerState, names: TopicNames) -> None:
