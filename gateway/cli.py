@@ -93,10 +93,10 @@ def gateway(
         config = build_config(settings)
     except ConfigError as exc:
         raise CommandError(str(exc), 2) from None
+    # Before any listener, producer or worker: an unreachable Kafka is one line after a bounded wait.
+    probe_kafka(config.kafka_client)
     if workers > 1:
         raise typer.Exit(run_workers(workers, config))
-    # Before any listener or producer: an unreachable Kafka is one line after a bounded wait.
-    probe_kafka(config.kafka_client)
     _raise_fd_limit()
     try:
         import uvloop

@@ -37,6 +37,8 @@ SparkKafkaProperties = Annotated[list[str] | None, typer.Option(
     help="A property of Spark's Kafka source and sink (Kafka's Java client: sasl.jaas.config, "
          "ssl.truststore.location, ...), repeatable. --kafka-property and [kafka] are librdkafka's (the job's own "
          "clients); their security.protocol and sasl.mechanism reach Spark's client too.")]
+ReplicationFactor = Annotated[int | None, typer.Option(
+    min=1, help="Replicas of the results topic the job creates (default: min(3, brokers in the cluster)).")]
 Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
 Streams = Annotated[list[str] | None, typer.Option("--stream", help="Stream(s) to read (default: every stream).")]
 AllowedLateness = Annotated[int, typer.Option(
@@ -60,17 +62,20 @@ _SHARED_PROPERTIES = ("security.protocol", "sasl.mechanism")
 
 
 def _kafka_session_conf(bootstrap: str, config_file: Path | None, kafka_property: list[str] | None,
-                        spark_kafka_property: list[str] | None) -> dict[str, str]:
+                        spark_kafka_property: list[str] | None, replication_factor: int | None) -> dict[str, str]:
     """Check Kafka is reachable with these settings (one line if not, before Spark starts), then return the
     session conf that carries them to the job: spark.skewless.librdkafka.* for the job's own confluent-kafka
     clients, spark.skewless.kafka.* for Spark's Kafka source and sink (spark_jobs.contract)."""
-    from spark_jobs.contract import kafka_conf
+    from spark_jobs.contract import REPLICATION_FACTOR_CONF, kafka_conf
 
     client = kafka_client_config(bootstrap, config_file, kafka_property)
     probe_kafka(client)
     java = {k: str(v) for k, v in client.settings.items() if k in _SHARED_PROPERTIES}
     java.update(parse_kafka_properties(spark_kafka_property or ()))
-    return kafka_conf(java, dict(client.settings))
+    conf = kafka_conf(java, dict(client.settings))
+    if replication_factor is not None:
+        conf[REPLICATION_FACTOR_CONF] = str(replication_factor)
+    return conf
 
 
 def _session(name: str, shuffle_partitions: int | None, conf: dict[str, str]) -> Any:
@@ -96,12 +101,14 @@ def window_count_command(
     config_file: KafkaConfigFile = None,
     kafka_property: KafkaProperties = None,
     spark_kafka_property: SparkKafkaProperties = None,
+    replication_factor: ReplicationFactor = None,
 ) -> None:
     """Count events per stream in tumbling event-time windows, exactly; corrections for late events."""
     options = window_count.WindowCountOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=_streams(stream), width_us=window_us,
         allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint, available_now=available_now)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
+                               replication_factor)
     spark = _session("skewless-window-count", shuffle_partitions, conf)
     _run(spark, window_count.start(spark, options))
 
@@ -141,10 +148,12 @@ def three_window_command(
     config_file: KafkaConfigFile = None,
     kafka_property: KafkaProperties = None,
     spark_kafka_property: SparkKafkaProperties = None,
+    replication_factor: ReplicationFactor = None,
 ) -> None:
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
     streams = _streams(stream)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
+                               replication_factor)
     spark = _session("skewless-three-window", shuffle_partitions, conf)
     query = three_window.start(spark, three_window.ThreeWindowOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=streams, width_us=width_us,
@@ -170,6 +179,7 @@ def pattern_command(
     config_file: KafkaConfigFile = None,
     kafka_property: KafkaProperties = None,
     spark_kafka_property: SparkKafkaProperties = None,
+    replication_factor: ReplicationFactor = None,
 ) -> None:
     """Confirmed/Uncertain sequence patterns under clock uncertainty; results to skewless.results.pattern."""
     from cep.patterns import PatternSpec
@@ -179,7 +189,8 @@ def pattern_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--pattern'") from None
     streams = _streams(stream)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
+                               replication_factor)
     spark = _session("skewless-pattern", shuffle_partitions, conf)
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=streams, ta_us=ta_us,
@@ -210,6 +221,7 @@ def sequence_command(
     config_file: KafkaConfigFile = None,
     kafka_property: KafkaProperties = None,
     spark_kafka_property: SparkKafkaProperties = None,
+    replication_factor: ReplicationFactor = None,
 ) -> None:
     """SASE sequence queries over the ordered stream; matches and compensations to skewless.results.sequence."""
     from cep.sase import SaseError, parse_query
@@ -219,7 +231,8 @@ def sequence_command(
     except SaseError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--query'") from None
     streams = _streams(stream)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property)
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
+                               replication_factor)
     spark = _session("skewless-sequence", shuffle_partitions, conf)
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
