@@ -44,7 +44,6 @@ from clients.errors import (
     FlushTimeout,
     GatewayFailed,
     GatewayRejected,
-    GatewayRerouted,
     GatewayUnreachable,
     TimeSyncError,
 )
@@ -116,6 +115,19 @@ def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
 def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
     if not _write(writer, data):
         raise ConnectionError("the connection closed before the write")
+
+
+class GatewayRerouted(GatewayFailed):
+    """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
+    the gateway, a redirect after the welcome, or redirects that did not settle (``too_many_redirects``). Handled as
+    a lost connection, except that the gateway is no longer taken for the owner and the next attempt waits at least
+    ``retry_after_ms`` and starts from the address list."""
+
+    def __init__(self, code: str, message: str, retry_after_ms: int | None = None,
+                 gateway: GatewayAddress | None = None) -> None:
+        super().__init__(code, message)
+        self.retry_after_ms = retry_after_ms
+        self.gateway = gateway
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Every error the SDK raises on its own account derives from :class:`SkewlessError`.
+"""Every error the SDK raises on its own account derives from :class:`SkewlessError` (``GatewayRerouted``, which
+names a ``clients.core.GatewayAddress``, lives in ``clients.client``).
 
 Each class also keeps the builtin base it had before the hierarchy existed (``ConnectionError``, ``ValueError``,
 ``RuntimeError``, ``TimeoutError``, the time-sync module's ``TimeSyncError``), so an ``except`` written against those
@@ -10,12 +11,7 @@ mistakes in the calling code, not conditions to handle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from timesync.client import TimeSyncError as _BaseTimeSyncError
-
-if TYPE_CHECKING:
-    from clients.core import GatewayAddress
 
 __all__ = [
     "ClientClosed",
@@ -24,7 +20,6 @@ __all__ = [
     "FlushTimeout",
     "GatewayFailed",
     "GatewayRejected",
-    "GatewayRerouted",
     "GatewayUnreachable",
     "SkewlessError",
     "SpoolError",
@@ -52,19 +47,6 @@ class GatewayFailed(SkewlessError, ConnectionError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
-
-
-class GatewayRerouted(GatewayFailed):
-    """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
-    the gateway, a redirect after the welcome, or redirects that did not settle (``too_many_redirects``). Handled as
-    a lost connection, except that the gateway is no longer taken for the owner and the next attempt waits at least
-    ``retry_after_ms`` and starts from the address list."""
-
-    def __init__(self, code: str, message: str, retry_after_ms: int | None = None,
-                 gateway: GatewayAddress | None = None) -> None:
-        super().__init__(code, message)
-        self.retry_after_ms = retry_after_ms
-        self.gateway = gateway
 
 
 class GatewayUnreachable(SkewlessError, ConnectionError):

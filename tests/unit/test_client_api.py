@@ -211,18 +211,22 @@ async def test_a_gateway_without_time_sync_still_serves_a_default_client():
 
 
 async def test_one_heartbeat_per_source_rotates_over_the_pool():
-    async with FakeGateway() as gw, SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], pool_size=4,
-                                                   heartbeat_interval_s=0.05) as client:
+    async with FakeGateway() as gw:
+        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], pool_size=4, heartbeat_interval_s=0.05)
+        await client.connect()
         await client.send("a", 1)
         await client.flush()
-        await until(lambda: client.stats.heartbeats_sent >= 8)
-        beats = [n for n, m in gw.frames if m["type"] == "heartbeat"]
-        # One per interval for the source, each on the connection silent longest: all four take turns.
-        assert set(beats[:8]) == {1, 2, 3, 4}
-        assert all(beats[i] != beats[i + 1] for i in range(7))
         started = time.monotonic()
-        first = client.stats.heartbeats_sent
-        await asyncio.sleep(0.5)
+        await until(lambda: client.stats.heartbeats_sent >= 12)
+        await client.close()
         elapsed = time.monotonic() - started
-        # Per-connection heartbeats would be 4 per interval; one per source is at most one per interval.
-        assert client.stats.heartbeats_sent - first <= elapsed / 0.05 + 1
+        # Every frame the client wrote has arrived once each connection's bye has.
+        await until(lambda: sum(m["type"] == "bye" for _, m in gw.frames) == 4)
+    beats = [n for n, m in gw.frames if m["type"] == "heartbeat"]
+    assert len(beats) == client.stats.heartbeats_sent
+    # One heartbeat per interval for the source, each on the connection silent longest: the four take turns.
+    per_connection = [beats.count(n) for n in sorted(set(beats))]
+    assert len(per_connection) == 4 and max(per_connection) - min(per_connection) <= 1, per_connection
+    # A heartbeat is due only an interval after the source's last write: never more than one per interval
+    # (per-connection heartbeats would be four).
+    assert len(beats) <= elapsed / 0.05 + 1
