@@ -171,20 +171,29 @@ def start(spark: SparkSession, options: ConsumeOptions) -> StreamingQuery:
     return writer.start()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="consume_ordered.py", description=__doc__.split("\n\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="consume_ordered.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
     parser.add_argument("--prefix", default="skewless", help="topic prefix of the deployment")
     parser.add_argument("--stream", required=True, help="the stream to read")
     parser.add_argument("--window-ms", type=int, default=1000, help="window width in milliseconds")
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (driver-local or mounted)")
     parser.add_argument("--available-now", action="store_true", help="read what is there, then stop")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def options_from(argv: list[str] | None = None) -> ConsumeOptions:
+    args = argument_parser().parse_args(argv)
+    return ConsumeOptions(args.bootstrap, args.prefix, args.stream, args.window_ms * 1000, args.checkpoint,
+                          available_now=args.available_now)
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = options_from(argv)
     from spark_jobs.session import create_spark_session
 
     spark: Any = create_spark_session(JOB)
-    query = start(spark, ConsumeOptions(args.bootstrap, args.prefix, args.stream, args.window_ms * 1000,
-                                        args.checkpoint, available_now=args.available_now))
+    query = start(spark, options)
     query.awaitTermination()
 
 

@@ -3,6 +3,9 @@ pure part of docs/consume.md's job (spark_jobs/examples/consume_ordered.py)."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
 from spark_jobs.contract import (
@@ -13,7 +16,10 @@ from spark_jobs.contract import (
     librdkafka_settings_from_conf,
     replication_factor_from_conf,
 )
-from spark_jobs.examples.consume_ordered import WindowCounts
+from spark_jobs.examples.consume_ordered import ConsumeOptions, WindowCounts, options_from
+from spark_jobs.session import installed_kafka_connector_coordinate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONF = {
     "spark.skewless.kafka.security.protocol": "SASL_SSL",
@@ -96,3 +102,17 @@ def test_the_replication_factor_of_a_jobs_topics_comes_from_the_conf() -> None:
     assert replication_factor_from_conf({"spark.skewless.replicationFactor": "3"}) == 3
     with pytest.raises(ValueError, match="must be a whole number, got 'three'"):
         replication_factor_from_conf({"spark.skewless.replicationFactor": "three"})
+
+
+def test_the_spark_submit_line_of_docs_consume_md_runs_the_example_with_its_options() -> None:
+    text = (ROOT / "docs" / "consume.md").read_text()
+    block = text[text.index("    spark-submit \\"):].split("\n\n")[0]
+    argv = shlex.split(block.replace("\\\n", " "))
+    script = next(i for i, arg in enumerate(argv) if arg.endswith(".py"))
+    assert (ROOT / argv[script]).exists()
+    submit = dict(zip(argv[1:script:2], argv[2:script:2], strict=True))
+    assert submit["--packages"] == installed_kafka_connector_coordinate()
+    confs = [value for flag, value in zip(argv[1:script:2], argv[2:script:2], strict=True) if flag == "--conf"]
+    assert confs and all(c.startswith(("spark.skewless.kafka.", "spark.skewless.librdkafka.")) for c in confs)
+    assert options_from(argv[script + 1:]) == ConsumeOptions("kafka:9093", "skewless", "orders", 1_000_000,
+                                                             "/shared/checkpoints/consume_ordered")
