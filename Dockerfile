@@ -24,8 +24,8 @@ RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless[gateway
     && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/skewless
-# 7700/tcp events from sources; 7452/udp NTP-format time sync; 9100/tcp /metrics and /healthz (--metrics-port).
+# 7700/tcp events from sources; 7452/udp NTP-format time sync; 7780/tcp /metrics and /healthz (--metrics-port).
 # A cluster member (compose) gets its own ports through the flags.
-EXPOSE 7700/tcp 7452/udp 9100/tcp
+EXPOSE 7700/tcp 7452/udp 7780/tcp
 ENTRYPOINT ["skewless"]
-CMD ["gateway", "--host", "0.0.0.0", "--port", "7700", "--timesync-port", "7452", "--bootstrap", "kafka:9092", "--metrics-host", "0.0.0.0", "--metrics-port", "9100"]
+CMD ["gateway", "--host", "0.0.0.0", "--port", "7700", "--timesync-port", "7452", "--bootstrap", "kafka:9092", "--metrics-host", "0.0.0.0", "--metrics-port", "7780"]

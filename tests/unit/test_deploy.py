@@ -386,11 +386,13 @@ def test_dockerignore_keeps_the_build_context_small_but_complete() -> None:
 # -- users, healthchecks, volumes: what issue 15 found missing -----------------------------------------------------
 
 ROOT_USERS = {"0", "root", "0:0", "root:root"}
+# Images that run unprivileged by their own USER (appuser, nobody, grafana's 472) and own their data directories.
+PULLED_IMAGES = {"apache/kafka", "prom/prometheus", "grafana/grafana"}
 
 
 def test_no_service_runs_as_root(services: dict[str, dict[str, Any]]) -> None:
     """Built images end with USER 10001 (the checkpoint volume's owner); a compose `user:` may only repeat it. The
-    Kafka image runs as its own unprivileged appuser, which owns its data directory: no override."""
+    pulled images run as their own unprivileged users, which own their data directories: no override."""
     images = {"../Dockerfile": GATEWAY_DOCKERFILE, "../deploy/spark.Dockerfile": SPARK_DOCKERFILE}
     for name, service in services.items():
         override = str(service.get("user", ""))
@@ -400,13 +402,13 @@ def test_no_service_runs_as_root(services: dict[str, dict[str, Any]]) -> None:
             assert image_user(images[dockerfile]) == "10001", name
             assert override in ("", "10001", "10001:10001"), f"{name}: user {override} cannot write the volumes"
         else:
-            assert service["image"].startswith("apache/kafka:") and override == "", name
+            assert service["image"].split(":")[0] in PULLED_IMAGES and override == "", name
 
 
 def test_every_long_running_service_has_a_healthcheck_on_its_own_port(services: dict[str, dict[str, Any]]) -> None:
     """Kafka, the gateways and the Spark daemons are what others wait for (depends_on: service_healthy)."""
     daemons = {name for name, s in services.items() if s.get("command", ["-"])[0] != "spark-submit"}
-    assert daemons == {"kafka", "spark-master", "spark-worker", *gateways(services)}
+    assert daemons == {"kafka", "spark-master", "spark-worker", "prometheus", "grafana", *gateways(services)}
     for name in daemons:
         test = " ".join(services[name]["healthcheck"]["test"])
         assert "127.0.0.1:" in test or "localhost:" in test, f"{name}: a healthcheck must ask the container itself"
@@ -419,3 +421,20 @@ def test_state_lives_in_named_volumes(services: dict[str, dict[str, Any]]) -> No
     assert mounts(services["kafka"]) == {services["kafka"]["environment"]["KAFKA_LOG_DIRS"]: "kafka-data"}
     for name in ("spark-worker", *spark_submit_jobs(services)):
         assert mounts(services[name]) == {"/var/lib/skewless/checkpoints": "spark-checkpoints"}, name
+
+
+def test_prometheus_scrapes_every_gateways_metrics_port(services: dict[str, dict[str, Any]]) -> None:
+    prometheus = services["prometheus"]
+    config_file = next(source for source, target in
+                       ((str(v).split(":")[0], str(v).split(":")[1]) for v in prometheus["volumes"])
+                       if target == "/etc/prometheus/prometheus.yml")
+    scrape = yaml.safe_load((COMPOSE.parent / config_file).read_text())
+    targets = {t for job in scrape["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{name}:{p['metrics_port']}" for name, p in gateway_params(services).items()}
+
+
+def test_grafana_mounts_exist_in_the_checkout(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("prometheus", "grafana"):
+        for source in mounts(services[name]).values():
+            if source.startswith("."):
+                assert (COMPOSE.parent / source).exists(), f"{name} mounts a missing {source}"
