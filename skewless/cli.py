@@ -7,6 +7,7 @@ line) shows the traceback instead.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import tomllib
@@ -103,7 +104,11 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, FileNotFoundError):
         return f"no such file: {exc.filename} (check the path)", USAGE_EXIT
     if isinstance(exc, PermissionError):
-        return f"permission denied: {exc.filename}", USAGE_EXIT
+        where = f": {exc.filename}" if exc.filename else " (ports below 1024 need root)"
+        return f"permission denied{where}", USAGE_EXIT
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return ("address already in use: another process listens on that port; pick another port, or 0 for any "
+                "free one", USAGE_EXIT)
     if isinstance(exc, ModuleNotFoundError) and exc.name in _EXTRA_OF_MODULE:
         extra = _EXTRA_OF_MODULE[exc.name]
         return (f"this command needs {exc.name}, which is not installed: pip install 'skewless[{extra}]'",

@@ -299,3 +299,13 @@ def test_every_command_and_option_in_the_readme_exists(capsys):
             assert code == 0, f"README: `skewless {' '.join(argv)}` does not exist"
             for option in (w.strip("[]").split("=")[0] for w in words if w.strip("[").startswith("--")):
                 assert option in out, f"README: `skewless {' '.join(argv)}` has no {option}"
+
+
+def test_a_port_in_use(capsys):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        code, _, err = run(capsys, "timesync", "--host", "127.0.0.1", "--port", str(port), "--duration-s", "1")
+    assert code == 2
+    assert one_error_line(err) == ("error: address already in use: another process listens on that port; pick "
+                                   "another port, or 0 for any free one")
