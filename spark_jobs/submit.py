@@ -3,9 +3,12 @@
     spark-submit --master spark://host:7077 \\
         --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 \\
         --conf spark.pyspark.python=/opt/skewless/bin/python \\
+        --conf spark.skewless.kafka.security.protocol=SASL_SSL \\
         spark_jobs/submit.py three-window --bootstrap kafka:9092 --checkpoint /shared/ckpt/three_window
 
-spark-submit's master and conf stand (spark_jobs/session.py); docs/spark-jobs.md, "On a cluster".
+spark-submit's master and conf stand (spark_jobs/session.py); docs/spark-jobs.md, "On a cluster". Kafka settings
+travel as ``spark.skewless.kafka.<property>`` (Spark's Kafka source and sink) and
+``spark.skewless.librdkafka.<property>`` (the jobs' own confluent-kafka clients): docs/consume.md.
 """
 
 from __future__ import annotations
