@@ -42,6 +42,8 @@ def gateway(
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
     hmac_secret: Annotated[str | None, typer.Option(
         help=f"Require HMAC tokens made with this secret (env {HMAC_SECRET_ENV}).")] = None,
+    auth_hmac_secret: Annotated[str | None, typer.Option(hidden=True, help="Deprecated spelling of --hmac-secret.")
+                                ] = None,
     timesync: Annotated[bool | None, typer.Option(
         "--timesync/--no-timesync", help="Run the NTP-format time-sync server and map source clocks [on].")] = None,
     timesync_port: Annotated[int | None, typer.Option(help="UDP port of the time-sync server [7452].")] = None,
@@ -85,7 +87,7 @@ def gateway(
             "replication_factor": replication_factor, "max_frame_bytes": max_frame_bytes,
             "metrics_port": metrics_port, "metrics_host": metrics_host,
             "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
-            "hmac_secret": hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
+            "hmac_secret": hmac_secret or auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
             "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
             "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
             "reference_clock_error": reference_clock_error,

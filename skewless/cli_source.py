@@ -207,6 +207,8 @@ def replay(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway TCP port.")] = 7700,
     timesync_port: Annotated[int | None, typer.Option(
         min=1, max=65535, help="The gateway's time-sync UDP port; omit for a gateway without time sync.")] = None,
+    udp_port: Annotated[int | None, typer.Option(hidden=True, help="Deprecated spelling of --timesync-port.")]
+    = None,
     sync_attempts: Annotated[int, typer.Option(min=1, help="Requests per time-sync burst.")] = 10,
     speed: Annotated[float, typer.Option(help="Replay speed factor: 2 plays the trace twice as fast (its "
                                               "timeline is compressed, timestamps included).")] = 1.0,
@@ -250,6 +252,7 @@ def replay(
 
     Events keep the trace's disorder, plus jitter and pool interleaving; a summary follows the last ack.
     """
+    timesync_port = timesync_port if timesync_port is not None else udp_port
     if speed <= 0:
         raise typer.BadParameter(f"{speed} must be > 0 (2 plays the trace twice as fast)", param_hint="'--speed'")
     try:

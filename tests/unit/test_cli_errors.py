@@ -309,3 +309,17 @@ def test_a_port_in_use(capsys):
     assert code == 2
     assert one_error_line(err) == ("error: address already in use: another process listens on that port; pick "
                                    "another port, or 0 for any free one")
+
+
+def test_the_old_spellings_are_hidden_aliases(capsys, tmp_path):
+    code, out, _ = run(capsys, "source", "replay", "--help")
+    assert code == 0 and "--udp-port" not in out and "--timesync-port" in out
+    code, out, _ = run(capsys, "gateway", "--help")
+    assert code == 0 and "--auth-hmac-secret" not in out and "--hmac-secret" in out
+    # still accepted: the replay gets as far as dialling the (closed) gateway port
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"source_id":"a","stream":"s","seq":0,"true_ts_us":1,"source_ts_us":1,"arrival_ts_us":1}\n')
+    code, _, err = run(capsys, "source", "replay", str(path), "--port", str(closed_port()), "--udp-port", "7452",
+                       "--no-progress")
+    assert code == 1
+    assert "cannot reach the gateway" in one_error_line(err)
