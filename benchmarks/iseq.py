@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/iseq.py            # a few minutes on 2 cores
     .venv/bin/python benchmarks/iseq.py --quick    # smaller streams, smoke test
+    .venv/bin/python benchmarks/iseq.py --plot-from-doc   # only re-draw the PNGs from docs/iseq-benchmark.md
 
 Li 2010 5.5 (in-order input, K = 0): three approaches on the same stream, reported as ratios against the naive one
 (CPU time by ``time.process_time``, best of ``--repeat``; memory as Li's *accumulated memory*: the number of
@@ -37,6 +38,7 @@ import gc
 import os
 import platform
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -221,14 +223,22 @@ def li_rows(label: str, points: list[tuple[str, dict[str, Run]]]) -> list[str]:
     return rows
 
 
-def plot_li(path: Path, title: str, xlabel: tuple[str, str | None], points: list[tuple[str, dict[str, Run]]],
-            ) -> None:
+# One Li sweep as plotted: x label -> approach ("ais", "ibp") -> (memory, CPU) as ratios to naive.
+LiRatios = list[tuple[str, dict[str, tuple[float, float]]]]
+
+
+def li_ratios(points: list[tuple[str, dict[str, Run]]]) -> LiRatios:
+    return [(x, {a: (ratio(r[a].accumulated, r["naive"].accumulated), ratio(r[a].cpu_s, r["naive"].cpu_s))
+                 for a in ("ais", "ibp")}) for x, r in points]
+
+
+def plot_li(path: Path, title: str, xlabel: tuple[str, str | None], points: LiRatios) -> None:
     plt = pyplot()
     xs = [p[0] for p in points]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for a, style in (("ais", "o-"), ("ibp", "s-")):
-        ax1.plot(xs, [ratio(r[a].accumulated, r["naive"].accumulated) for _, r in points], style, label=a)
-        ax2.plot(xs, [ratio(r[a].cpu_s, r["naive"].cpu_s) for _, r in points], style, label=a)
+        ax1.plot(xs, [r[a][0] for _, r in points], style, label=a)
+        ax2.plot(xs, [r[a][1] for _, r in points], style, label=a)
     for ax, what in ((ax1, "accumulated memory"), (ax2, "CPU time")):
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         axis_labels(ax, xlabel, (what, "ratio to naive"))
@@ -257,13 +267,52 @@ def plot_io3(path: Path, points: list[Io3Point]) -> None:
     save(fig, path)
 
 
+def plot_all(out_dir: Path, base_len: int, base_density: int, sweeps: list[LiRatios], io3: list[Io3Point]) -> None:
+    profiles, lengths, interval_lengths, densities = sweeps
+    plot_li(out_dir / "iseq-profiles.png", f"Indexing profile (length {base_len}, W/10, {base_density}/window)",
+            ("indexing profile Xt-Ys", "% end / % start endpoints on the chain"), profiles)
+    plot_li(out_dir / "iseq-query-length.png", "Query length (50t-50s)", ("query length", "chain elements"),
+            lengths)
+    plot_li(out_dir / "iseq-interval-length.png", f"Average interval length (50t-50s, length {base_len})",
+            ("average interval length", "fraction of the window W"), interval_lengths)
+    plot_li(out_dir / "iseq-density.png", f"Event density (50t-50s, W/20, length {base_len})",
+            ("event density", "events per window"), densities)
+    plot_io3(out_dir / "iseq-io3.png", io3)
+
+
+def plot_from_doc(out_dir: Path) -> None:
+    """Re-draw the PNGs from the tables of out_dir/iseq-benchmark.md (a style change needs no re-run, and the
+    figures keep matching the tables and docs/intervals.md)."""
+    text = (out_dir / "iseq-benchmark.md").read_text()
+    sections = text.split("\n## ")[1:]
+    found = re.search(r"length (\d+), avg interval W/10, (\d+) events/window", sections[0])
+    if found is None:
+        raise SystemExit("iseq-benchmark.md: no base length and density in its first section")
+
+    def rows(section: str) -> list[list[str]]:
+        lines = [line for line in section.splitlines() if line.startswith("| ")]
+        return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+
+    sweeps = [[(r[0], {"ais": (float(r[1]), float(r[5])), "ibp": (float(r[2]), float(r[6]))}) for r in rows(s)]
+              for s in sections[:4]]
+    io3 = [Io3Point(share=float(r[0].rstrip("%")) / 100, mode=r[1], latency_ms=float(r[2]),
+                    compensation_rate=float(r[4]), retractions=int(r[3].split(" / ")[0]),
+                    positives=int(r[3].split(" / ")[1]), precision=float(r[5]), exact=r[6] == "True",
+                    cpu_s=float(r[7])) for r in rows(sections[4])]
+    plot_all(out_dir, int(found[1]), int(found[2]), sweeps, io3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
+    ap.add_argument("--plot-from-doc", action="store_true", help="only re-draw the PNGs from OUT/iseq-benchmark.md")
     args = ap.parse_args()
+    if args.plot_from_doc:
+        plot_from_doc(args.out)
+        return
     quick = args.quick
     repeat = 1 if quick else args.repeat
     n_events = 1500 if quick else 3000
@@ -316,15 +365,8 @@ def main() -> None:
 
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot_li(out_dir / "iseq-profiles.png", f"Indexing profile (length {base_len}, W/10, {base_density}/window)",
-            ("indexing profile", "% time / % sequence predicates"), prof_points)
-    plot_li(out_dir / "iseq-query-length.png", "Query length (50t-50s)", ("query length", "predicates"),
-            len_points)
-    plot_li(out_dir / "iseq-interval-length.png", f"Average interval length (50t-50s, length {base_len})",
-            ("average interval length", "fraction of the window W"), ilen_points)
-    plot_li(out_dir / "iseq-density.png", f"Event density (50t-50s, W/20, length {base_len})",
-            ("event density", "events per window"), dens_points)
-    plot_io3(out_dir / "iseq-io3.png", io3_points)
+    plot_all(out_dir, base_len, base_density,
+             [li_ratios(p) for p in (prof_points, len_points, ilen_points, dens_points)], io3_points)
 
     sections.append(f"## Indexing profile (Li Figs. 5.4/5.5; length {base_len}, avg interval W/10, "
                     f"{base_density} events/window)\n\n![profiles](iseq-profiles.png)\n")
