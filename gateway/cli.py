@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 import typer
 
+from broker.admin import TopicConfigError
 from broker.cli import CommandError, KafkaProperties, parse_kafka_properties, probe_kafka
 from gateway.config import BOOTSTRAP_ENV, HMAC_SECRET_ENV, ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
@@ -109,8 +110,9 @@ def gateway(
     with runner:
         try:
             runner.run(_serve(config))
-        except ClusterConfigError as exc:
-            # A deployment mistake the operator must fix (shard count, cluster name): one line, no traceback.
+        except (ClusterConfigError, TopicConfigError) as exc:
+            # A deployment mistake the operator must fix (shard count, cluster name, more replicas than brokers):
+            # one line, no traceback.
             raise CommandError(str(exc), 2) from None
 
 
