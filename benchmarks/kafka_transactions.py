@@ -16,12 +16,14 @@ Two phases per mode:
 Writes docs/transactions-benchmark.md and docs/transactions-benchmark.png.
 
 Run: .venv/bin/python benchmarks/kafka_transactions.py [--rounds 5] [--saturated-s 2] [--paced-s 2] [--rate 5000]
+     .venv/bin/python benchmarks/kafka_transactions.py --plot-from-doc   # only re-draw the PNG from the doc
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -236,14 +238,11 @@ def table(results: list[ModeResult]) -> str:
     return header + "\n".join(lines)
 
 
-def write_report(rounds: list[list[ModeResult]], loads: list[float], rate: float, saturated_s: float,
-                 paced_s: float) -> None:
+def plot(modes: list[str], rows: list[dict[str, Any]], rate: float) -> None:
+    """``rows``: per mode, ``events_per_s``, ``lat_p50`` and ``lat_p99`` (ms) as in ModeResult.row."""
     plt = pyplot()
-    results = pooled(rounds)
-    rows = [r.row(results[0].durable_per_s) for r in results]
-    DOCS.mkdir(exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
-    labels = [r.name.replace("transactional, commit every ", "txn ") for r in results]
+    labels = [name.replace("transactional, commit every ", "txn ") for name in modes]
     ax1.bar(labels, [row["events_per_s"] / 1000 for row in rows])
     axis_labels(ax1, ("producer mode", None), ("records made durable", "k records/s"))
     ax1.set_title("saturated, one producer thread")
@@ -259,6 +258,27 @@ def write_report(rounds: list[list[ModeResult]], loads: list[float], rate: float
     ax2.set_title(f"added latency at {rate:,.0f} records/s")
     ax2.legend()
     save(fig, DOCS / "transactions-benchmark.png")
+
+
+def plot_from_doc() -> None:
+    """Re-draw the PNG from docs/transactions-benchmark.md's first table and paced rate (no broker, no re-run)."""
+    text = (DOCS / "transactions-benchmark.md").read_text()
+    lines = [line for line in text.split("\n\n| round |")[0].splitlines() if line.startswith("| ")][1:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    found = re.search(r"at a steady ([\d,]+) records/s", text)
+    if not cells or found is None:
+        raise SystemExit("docs/transactions-benchmark.md: no results table or paced rate")
+    rows = [{"events_per_s": float(c[1].replace(",", "")), "lat_p50": float(c[3]), "lat_p99": float(c[4])}
+            for c in cells]
+    plot([c[0] for c in cells], rows, float(found[1].replace(",", "")))
+
+
+def write_report(rounds: list[list[ModeResult]], loads: list[float], rate: float, saturated_s: float,
+                 paced_s: float) -> None:
+    results = pooled(rounds)
+    rows = [r.row(results[0].durable_per_s) for r in results]
+    DOCS.mkdir(exist_ok=True)
+    plot([r.name for r in results], rows, rate)
     (DOCS / "transactions-benchmark.md").write_text(f"""# Kafka transactions against the idempotent producer \
 (benchmarks/kafka_transactions.py)
 
@@ -351,7 +371,12 @@ def main() -> None:
     parser.add_argument("--saturated-s", type=float, default=2.0)
     parser.add_argument("--paced-s", type=float, default=2.0)
     parser.add_argument("--rate", type=float, default=5000.0)
+    parser.add_argument("--plot-from-doc", action="store_true",
+                        help="only re-draw docs/transactions-benchmark.png from docs/transactions-benchmark.md")
     args = parser.parse_args()
+    if args.plot_from_doc:
+        plot_from_doc()
+        return
     values = make_values()
     assert 200 <= sum(len(v) for _k, v, _p in values) / len(values) <= 300, "records must stay ~250 B"
     print(f"settings: {PRODUCER_DEFAULTS}", flush=True)
