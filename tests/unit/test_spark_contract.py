@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from spark_jobs.contract import (
     kafka_options_from_conf,
     kafka_source_options,
     librdkafka_settings_from_conf,
+    read_kafka,
     replication_factor_from_conf,
 )
 from spark_jobs.examples.consume_ordered import ConsumeOptions, WindowCounts, options_from
@@ -116,3 +119,44 @@ def test_the_spark_submit_line_of_docs_consume_md_runs_the_example_with_its_opti
     assert confs and all(c.startswith(("spark.skewless.kafka.", "spark.skewless.librdkafka.")) for c in confs)
     assert options_from(argv[script + 1:]) == ConsumeOptions("kafka:9093", "skewless", "orders", 1_000_000,
                                                              "/shared/checkpoints/consume_ordered")
+
+
+class FakeReader:
+    """spark.readStream as far as read_kafka uses it: records the format and the options it was given."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, str] = {}
+
+    def format(self, name: str) -> FakeReader:
+        self.given["format"] = name
+        return self
+
+    def options(self, **options: str) -> FakeReader:
+        self.given.update(options)
+        return self
+
+    def load(self) -> dict[str, str]:
+        return self.given
+
+
+class FakeSpark:
+    def __init__(self, conf: dict[str, str]) -> None:
+        self.conf = SimpleNamespace(getAll=conf)
+
+    @property
+    def readStream(self) -> FakeReader:
+        return FakeReader()
+
+
+def test_read_kafka_takes_the_sessions_kafka_options_and_data_loss_policy() -> None:
+    spark: Any = FakeSpark(CONF)
+    got = read_kafka(spark, "k:9092", ["p.events.s"])
+    assert got["format"] == "kafka" and got["subscribe"] == "p.events.s"
+    assert got["kafka.security.protocol"] == "SASL_SSL" and "kafka.sasl.username" not in got
+    assert got["failOnDataLoss"] == "false", "the conf's spark.skewless.failOnDataLoss"
+    assert read_kafka(spark, "k:9092", ["t"], fail_on_data_loss=True)["failOnDataLoss"] == "true"
+    unset: Any = FakeSpark({})
+    assert read_kafka(unset, "k:9092", ["t"])["failOnDataLoss"] == "true"
+    wrong: Any = FakeSpark({"spark.skewless.failOnDataLoss": "maybe"})
+    with pytest.raises(ValueError, match=r"spark\.skewless\.failOnDataLoss must be true or false, got 'maybe'"):
+        read_kafka(wrong, "k:9092", ["t"])
