@@ -23,6 +23,7 @@ Prints the measured tables of docs/cluster-benchmark.md (the prose around them i
 and writes docs/cluster-benchmark.png.
 
 Run: .venv/bin/python benchmarks/gateway_cluster.py [--events 200000] [--shards 4] [--session-timeouts 6 10]
+     .venv/bin/python benchmarks/gateway_cluster.py --plot-from-doc   # only re-draw the PNG from the doc
 """
 
 from __future__ import annotations
@@ -665,37 +666,69 @@ def tables(saturated: list[LoadResult], paced: list[LoadResult], plain: Producer
 
 def plot(saturated: list[LoadResult], paced: list[LoadResult], plain: ProducerResult,
          failovers: list[FailoverResult]) -> None:
+    def label(r: LoadResult) -> str:
+        return f"{r.gateways} gateway{'s' if r.gateways > 1 else ''}"
+
+    draw([(label(r), r.events_per_s) for r in saturated] + [("plain producer", plain.events_per_s)],
+         [(label(r), percentile(r.added_us, 0.99) / 1e3, percentile(r.ack_ms, 0.99)) for r in paced],
+         paced[0].events_per_s,
+         [(f.session_timeout_s, f.assigned_s, f.served_s, max(f.first_ack_s)) for f in failovers])
+
+
+def plot_from_doc() -> None:
+    """Re-draw the PNG from docs/cluster-benchmark.md's three tables (no broker, no re-run)."""
+    text = (DOCS / "cluster-benchmark.md").read_text()
+    tables: list[list[list[str]]] = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line.startswith("| ")]  # header and rows, not |---|
+        if len(lines) > 1:
+            tables.append([[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]])
+    if len(tables) != 3:
+        raise SystemExit(f"docs/cluster-benchmark.md: {len(tables)} tables, expected 3")
+    saturated, paced, failovers = tables
+
+    def number(cell: str) -> float:
+        return float(cell.replace(",", ""))
+
+    draw([(row[0], number(row[1])) for row in saturated],
+         [(f"{row[0]} gateway{'s' if row[0] != '1' else ''}", number(row[3]), number(row[6])) for row in paced],
+         number(paced[0][1]),
+         [(number(row[0]), number(row[3]), number(row[4]), number(row[6])) for row in failovers])
+
+
+def draw(throughput: list[tuple[str, float]], paced: list[tuple[str, float, float]], paced_rate: float,
+         failovers: list[tuple[float, float, float, float]]) -> None:
+    """throughput: (writer, events/s), the plain producer last; paced: (gateways, added p99 ms, ack p99 ms);
+    failovers: (session timeout, kill -> assigned, kill -> served, kill -> last source's first ack), seconds."""
     plt = pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5))
-    labels = [f"{r.gateways} gateway{'s' if r.gateways > 1 else ''}" for r in saturated] + ["plain producer"]
-    rates = [r.events_per_s / 1000 for r in saturated] + [plain.events_per_s / 1000]
-    ax1.bar(labels, rates, color=["tab:blue"] * len(saturated) + ["tab:gray"])
+    labels = [writer for writer, _ in throughput]
+    rates = [events_per_s / 1000 for _, events_per_s in throughput]
+    ax1.bar(labels, rates, color=["tab:blue"] * (len(throughput) - 1) + ["tab:gray"])
     for x, rate in enumerate(rates):
         ax1.text(x, rate, f"{rate:.1f}k", ha="center", va="bottom")
     axis_labels(ax1, ("configuration", None), ("events acknowledged", "k events/s"))
     ax1.set_title("saturated, 20 sources (2 cores, broker included)")
     width = 0.35
     xs = range(len(paced))
-    ax2.bar([x - width / 2 for x in xs], [percentile(r.added_us, 0.99) / 1e3 for r in paced], width,
+    ax2.bar([x - width / 2 for x in xs], [added for _, added, _ in paced], width,
             label="added p99 (release - arrival)")
-    ax2.bar([x + width / 2 for x in xs], [percentile(r.ack_ms, 0.99) for r in paced], width,
-            label="ack p99 (sent -> ack)")
-    ax2.set_xticks(list(xs), [f"{r.gateways} gateway{'s' if r.gateways > 1 else ''}" for r in paced])
+    ax2.bar([x + width / 2 for x in xs], [ack for _, _, ack in paced], width, label="ack p99 (sent -> ack)")
+    ax2.set_xticks(list(xs), [gateways for gateways, _, _ in paced])
     axis_labels(ax2, ("configuration", None), ("99th percentile", "ms"))
-    ax2.set_title(f"steady {paced[0].events_per_s / 1000:.0f}k events/s, 20 sources")
+    ax2.set_title(f"steady {paced_rate / 1000:.0f}k events/s, 20 sources")
     ax2.legend()
-    for i, f in enumerate(failovers):
-        ax3.barh(i, f.assigned_s, color="tab:red", label="kill -> shards assigned" if i == 0 else None)
-        ax3.barh(i, f.served_s - f.assigned_s, left=f.assigned_s, color="tab:orange",
+    for i, (timeout_s, assigned_s, served_s, first_ack_s) in enumerate(failovers):
+        ax3.barh(i, assigned_s, color="tab:red", label="kill -> shards assigned" if i == 0 else None)
+        ax3.barh(i, served_s - assigned_s, left=assigned_s, color="tab:orange",
                  label="recovery" if i == 0 else None)
-        ax3.barh(i, max(f.first_ack_s) - f.served_s, left=f.served_s, color="tab:green",
+        ax3.barh(i, first_ack_s - served_s, left=served_s, color="tab:green",
                  label="served -> last source's first ack" if i == 0 else None)
-        ax3.axvline(f.session_timeout_s, color="gray", linestyle=":", ymin=i / len(failovers),
-                    ymax=(i + 1) / len(failovers))
-    ax3.set_yticks(range(len(failovers)), [f"session {f.session_timeout_s:.0f} s" for f in failovers])
+        ax3.axvline(timeout_s, color="gray", linestyle=":", ymin=i / len(failovers), ymax=(i + 1) / len(failovers))
+    ax3.set_yticks(range(len(failovers)), [f"session {timeout_s:.0f} s" for timeout_s, *_ in failovers])
     axis_labels(ax3, ("time after SIGKILL", "s"), ("Kafka session timeout", None))
     ax3.set_title("failover (dotted: session timeout)")
-    ax3.legend(loc="lower right", fontsize="small")
+    ax3.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     save(fig, DOCS / "cluster-benchmark.png")
 
 
@@ -758,7 +791,12 @@ def main() -> None:
     parser.add_argument("--paced-s", type=float, default=5.0)
     parser.add_argument("--session-timeouts", type=float, nargs="+", default=[6.0, 10.0])
     parser.add_argument("--log-dir", type=Path, help="keep the gateways' logs here [a temporary directory]")
+    parser.add_argument("--plot-from-doc", action="store_true",
+                        help="only re-draw docs/cluster-benchmark.png from docs/cluster-benchmark.md")
     args = parser.parse_args()
+    if args.plot_from_doc:
+        plot_from_doc()
+        return
     conditions = run_conditions()
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
