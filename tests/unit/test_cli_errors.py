@@ -323,3 +323,13 @@ def test_the_old_spellings_are_hidden_aliases(capsys, tmp_path):
                        "--no-progress")
     assert code == 1
     assert "cannot reach the gateway" in one_error_line(err)
+
+
+def test_the_sdk_only_install_names_the_extra_the_command_needs():
+    # As after `pip install skewless` (no typer): the console script's entry point says what to install.
+    code = "import sys; sys.modules['typer'] = None; import skewless; skewless.main()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
+                            cwd=ROOT)
+    assert result.returncode == 1
+    assert result.stderr == ("error: the skewless command needs typer, which is not installed: pip install "
+                             "'skewless[gateway]'\n")
