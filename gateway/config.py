@@ -29,15 +29,16 @@ HMAC_SECRET_ENV = "SKEWLESS_HMAC_SECRET"
 TABLES = ("gateway", "kafka")
 
 # The type of every setting; durations ("_s" keys) are numbers of seconds or strings with a unit ("250ms", "2m").
-_PORT, _POSITIVE, _STR, _BOOL, _TABLE, _LIST, _SECONDS, _MICROS = (
-    "port", "positive int", "str", "bool", "table", "list", "seconds", "micros")
+_PORT, _POSITIVE, _STR, _BOOL, _TABLE, _LIST, _SECONDS, _MICROS, _DURATION_TEXT = (
+    "port", "positive int", "str", "bool", "table", "list", "seconds", "micros", "duration text")
 SCHEMA: dict[str, str] = {
     "host": _STR, "port": _PORT, "bootstrap": _STR, "topic_prefix": _STR, "max_frame_bytes": _POSITIVE,
     "metrics_host": _STR, "metrics_port": _PORT, "tls_cert": _STR, "tls_key": _STR, "auth_tokens": _TABLE,
     "hmac_secret": _STR, "allowed_sources": _LIST, "kafka": _TABLE, "producer": _TABLE, "timesync": _BOOL,
     "timesync_host": _STR, "timesync_port": _PORT, "sync_keys": _TABLE, "upstream_ntp": _LIST,
     "merge_wait_learned": _BOOL, "cluster": _STR, "gateway_id": _STR, "advertised_host": _STR, "instance_id": _STR,
-    "transactions": _BOOL, "reference_clock_error": _STR, "clock_offset_us": _MICROS, "max_future_s": _SECONDS,
+    "transactions": _BOOL, "reference_clock_error": _DURATION_TEXT, "clock_offset_us": _MICROS,
+    "max_future_s": _SECONDS,
     "clock_step_max_held": _POSITIVE, "shards": _POSITIVE, "replication_factor": _POSITIVE,
     "handshake_timeout_s": _SECONDS, "idle_timeout_s": _SECONDS, "partial_frame_timeout_s": _SECONDS,
     # Ordering waits: how long a gap or a silent source is waited for before the gateway gives up on it. A
@@ -103,6 +104,8 @@ def coerce(key: str, value: Any, where: str) -> Any:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
         raise ConfigError(f"{where}: {key} must be a list of strings or a comma-separated string")
+    if kind == _DURATION_TEXT and value == 0 and not isinstance(value, bool):
+        return value  # reference_clock_error = 0: checked in build_config with its "chrony" alternative
     if not isinstance(value, str):
         raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
     return value
