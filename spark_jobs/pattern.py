@@ -20,7 +20,7 @@ import orjson
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
 from contract.records import RESULT_MATCH, RESULT_REJECTED, RESULT_TOO_LATE, result_key, result_value
-from spark_jobs.stateful import decode_payload, start_core_job
+from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
 
 JOB_NAME = "pattern"
 
@@ -39,10 +39,11 @@ class PatternOptions:
     console: bool = True
 
 
-def event_ref(row: Mapping[str, Any], payload: Mapping[str, Any]) -> dict[str, Any]:
+def event_ref(source_id: Any, seq: Any, ref_ts_us: int, uncertainty_us: int | None,
+              payload: Mapping[str, Any]) -> dict[str, Any]:
     """What a match record carries of each event: enough to find it in Kafka and to check the decision."""
-    return {"source_id": row.get("source_id"), "seq": row.get("seq"), "ref_ts_us": row.get("ref_ts_us"),
-            "uncertainty_us": row.get("uncertainty_us"), "payload": dict(payload)}
+    return {"source_id": source_id, "seq": seq, "ref_ts_us": ref_ts_us, "uncertainty_us": uncertainty_us,
+            "payload": dict(payload)}
 
 
 def partition_text(value: Any) -> str:
@@ -75,31 +76,46 @@ class PatternStreamCore:
     def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
         outputs: list[tuple[str, dict[str, Any]]] = []
         for row in rows:
-            try:
-                payload = decode_payload(row.get("payload"))
-            except ValueError as exc:
-                key = result_key(self.stream, RESULT_REJECTED, row.get("source_id"), row.get("seq"))
-                outputs.append((key, result_value(JOB_NAME, RESULT_REJECTED, self.stream,
-                                                  source_id=row.get("source_id"), seq=row.get("seq"),
-                                                  reason="bad_payload", detail=str(exc))))
-                continue
-            part = partition_text(self.spec.partition_key(payload))
-            matcher = self.matchers.get(part)
-            if matcher is None:
-                matcher = self.matchers[part] = UncertainPatternMatcher(
-                    self.spec, ta_us=self.ta_us, allowed_lateness_us=self.allowed_lateness_us)
-                if self.watermark_us is not None:
-                    matcher.on_watermark(self.watermark_us)
-            matches = matcher.on_event(int(row["ref_ts_us"]), int(row.get("uncertainty_us") or 0), payload,
-                                       event_ref(row, payload))
-            if matcher.last_lateness == "too_late":
-                key = result_key(self.stream, RESULT_TOO_LATE, row.get("source_id"), row.get("seq"))
-                outputs.append((key, result_value(
-                    JOB_NAME, RESULT_TOO_LATE, self.stream, partition=part, source_id=row.get("source_id"),
-                    seq=row.get("seq"), ref_ts_us=row.get("ref_ts_us"), reason="beyond_allowed_lateness",
-                    detail=f"older than the watermark {self.watermark_us} minus the allowed lateness")))
-            outputs.extend(self._record(part, m) for m in matches)
+            self._on_event(row.get("payload"), int(row["ref_ts_us"]), row.get("uncertainty_us"), row.get("source_id"),
+                           row.get("seq"), outputs)
         return outputs
+
+    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+        """The batch's events as columns (the shell's columnar path): no row dict per event."""
+        outputs: list[tuple[str, dict[str, Any]]] = []
+        on_event = self._on_event
+        for payload, ts, uncertainty, source_id, seq in zip(
+                batch.column("payload"), batch.column("ref_ts_us"), batch.column("uncertainty_us"),
+                batch.column("source_id"), batch.column("seq"), strict=True):
+            on_event(payload, ts, uncertainty, source_id, seq, outputs)
+        return outputs
+
+    def _on_event(self, payload_text: str | None, ts_us: int, uncertainty_us: int | None, source_id: Any, seq: Any,
+                  outputs: list[tuple[str, dict[str, Any]]]) -> None:
+        """One event (its contract columns as they came); matches, too-late and rejected records to ``outputs``."""
+        try:
+            payload = decode_payload(payload_text)
+        except ValueError as exc:
+            key = result_key(self.stream, RESULT_REJECTED, source_id, seq)
+            outputs.append((key, result_value(JOB_NAME, RESULT_REJECTED, self.stream, source_id=source_id, seq=seq,
+                                              reason="bad_payload", detail=str(exc))))
+            return
+        part = partition_text(self.spec.partition_key(payload))
+        matcher = self.matchers.get(part)
+        if matcher is None:
+            matcher = self.matchers[part] = UncertainPatternMatcher(
+                self.spec, ta_us=self.ta_us, allowed_lateness_us=self.allowed_lateness_us)
+            if self.watermark_us is not None:
+                matcher.on_watermark(self.watermark_us)
+        ref = event_ref(source_id, seq, ts_us, uncertainty_us, payload)
+        matches = matcher.on_event(ts_us, int(uncertainty_us or 0), payload, ref)
+        if matcher.last_lateness == "too_late":
+            key = result_key(self.stream, RESULT_TOO_LATE, source_id, seq)
+            outputs.append((key, result_value(
+                JOB_NAME, RESULT_TOO_LATE, self.stream, partition=part, source_id=source_id,
+                seq=seq, ref_ts_us=ts_us, reason="beyond_allowed_lateness",
+                detail=f"older than the watermark {self.watermark_us} minus the allowed lateness")))
+        outputs.extend(self._record(part, m) for m in matches)
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
         self.watermark_us = watermark_us if self.watermark_us is None else max(self.watermark_us, watermark_us)

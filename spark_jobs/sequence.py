@@ -32,7 +32,7 @@ from contract.records import (
     result_value,
 )
 from spark_jobs.pattern import partition_text
-from spark_jobs.stateful import decode_payload, start_core_job
+from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
 
 JOB_NAME = "sequence"
 
@@ -70,32 +70,46 @@ class SequenceStreamCore:
 
     def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
         outputs: list[tuple[str, dict[str, Any]]] = []
-        counters = self.engine.counters
         for row in rows:
-            try:
-                payload = decode_payload(row.get("payload"))
-            except ValueError as exc:
-                outputs.append(self._side(RESULT_REJECTED, row, "bad_payload", str(exc)))
-                continue
-            event_type = payload.get(self.type_field)
-            if not isinstance(event_type, str):
-                outputs.append(self._side(RESULT_REJECTED, row, "no_event_type",
-                                          f"payload field {self.type_field!r} is not a string"))
-                continue
-            event = SaseEvent(event_type, int(row["ref_ts_us"]), payload, f"{row.get('source_id')}:{row.get('seq')}")
-            rejected = counters.rejected
-            produced = self.engine.on_event(event)
-            if counters.rejected > rejected:
-                outputs.append(self._side(RESULT_REJECTED, row, "engine_rejected",
-                                          "see the engine's rejection counters"))
-            for output in produced:
-                if output.kind == "too_late":  # only ever about the event just fed: report it from its row
-                    outputs.append(self._side(
-                        RESULT_TOO_LATE, row, output.reason or "too_late",
-                        f"ts {event.ts} < low watermark {self.engine.low_watermark} minus the allowed lateness"))
-                else:
-                    outputs.append(self._record(output))
+            self._on_event(row.get("payload"), int(row["ref_ts_us"]), row.get("source_id"), row.get("seq"), outputs)
         return outputs
+
+    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+        """The batch's events as columns (the shell's columnar path): no row dict per event."""
+        outputs: list[tuple[str, dict[str, Any]]] = []
+        on_event = self._on_event
+        for payload, ts, source_id, seq in zip(batch.column("payload"), batch.column("ref_ts_us"),
+                                               batch.column("source_id"), batch.column("seq"), strict=True):
+            on_event(payload, ts, source_id, seq, outputs)
+        return outputs
+
+    def _on_event(self, payload_text: str | None, ts_us: int, source_id: Any, seq: Any,
+                  outputs: list[tuple[str, dict[str, Any]]]) -> None:
+        """One event (its contract columns as they came); the engine's records to ``outputs``."""
+        try:
+            payload = decode_payload(payload_text)
+        except ValueError as exc:
+            outputs.append(self._side(RESULT_REJECTED, source_id, seq, ts_us, "bad_payload", str(exc)))
+            return
+        event_type = payload.get(self.type_field)
+        if not isinstance(event_type, str):
+            outputs.append(self._side(RESULT_REJECTED, source_id, seq, ts_us, "no_event_type",
+                                      f"payload field {self.type_field!r} is not a string"))
+            return
+        event = SaseEvent(event_type, ts_us, payload, f"{source_id}:{seq}")
+        counters = self.engine.counters
+        rejected = counters.rejected
+        produced = self.engine.on_event(event)
+        if counters.rejected > rejected:
+            outputs.append(self._side(RESULT_REJECTED, source_id, seq, ts_us, "engine_rejected",
+                                      "see the engine's rejection counters"))
+        for output in produced:
+            if output.kind == "too_late":  # only ever about the event just fed: report it from its row
+                outputs.append(self._side(
+                    RESULT_TOO_LATE, source_id, seq, ts_us, output.reason or "too_late",
+                    f"ts {event.ts} < low watermark {self.engine.low_watermark} minus the allowed lateness"))
+            else:
+                outputs.append(self._record(output))
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
         return [self._record(o) for o in self.engine.on_punctuation(watermark_us)]
@@ -120,10 +134,11 @@ class SequenceStreamCore:
         record = RECORD_OF_OUTPUT[output.kind]
         return key, result_value(JOB_NAME, record, self.stream, partition=part, **output.to_dict())
 
-    def _side(self, record: str, row: Mapping[str, Any], reason: str, detail: str) -> tuple[str, dict[str, Any]]:
-        key = result_key(self.stream, record, row.get("source_id"), row.get("seq"))
-        return key, result_value(JOB_NAME, record, self.stream, source_id=row.get("source_id"), seq=row.get("seq"),
-                                 ref_ts_us=row.get("ref_ts_us"), reason=reason, detail=detail)
+    def _side(self, record: str, source_id: Any, seq: Any, ref_ts_us: int, reason: str,
+              detail: str) -> tuple[str, dict[str, Any]]:
+        key = result_key(self.stream, record, source_id, seq)
+        return key, result_value(JOB_NAME, record, self.stream, source_id=source_id, seq=seq, ref_ts_us=ref_ts_us,
+                                 reason=reason, detail=detail)
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:

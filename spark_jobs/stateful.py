@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,61 +128,151 @@ def _int_or_none(value: Any) -> int | None:
     return int(value)
 
 
-def row_order(event: Mapping[str, Any]) -> tuple[int, str, int, int]:
-    """A normalized event's place: reference time, then the gateway's release order (topic, partition, offset),
-    deterministic on replay."""
-    return (event["ref_ts_us"], event.get("topic") or "", event.get("partition") or 0, event.get("offset") or 0)
-
-
-def release_order(row: Mapping[str, Any]) -> tuple[str, int, int]:
-    return (str(row.get("topic") or ""), _int_or_none(row.get("partition")) or 0,
-            _int_or_none(row.get("offset")) or 0)
-
-
+# Integer contract columns: a batch mixing events and punctuations reaches pandas with them as floats, and a result
+# record must carry ``"seq": 3``, not ``3.0``.
 _INT_COLUMNS = ("seq", "ref_ts_us", "uncertainty_us", "watermark_us", "rtt_us", "partition", "offset")
-
-
-def normalized_event(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The row with its integer columns as ints (or None): a batch mixing events and punctuations reaches pandas
-    with float columns, and a result record must carry ``"seq": 3``, not ``3.0``."""
-    event = dict(row)
-    for name in _INT_COLUMNS:
-        if name in event:
-            event[name] = _int_or_none(event[name])
-    return event
 
 
 def run_stream_batch(progress: StreamProgress, core: StreamCore, rows: Sequence[Mapping[str, Any]],
                      *, job: str, stream: str) -> list[Output]:
-    """One micro-batch of one stream: T_a, events in reference-time order, then the stream's promise."""
+    """One micro-batch of one stream given as rows (tests, small inputs): see :func:`run_stream_columns`."""
+    return run_stream_columns(progress, core, columns_of_rows(rows), job=job, stream=stream)
+
+
+def columns_of_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Rows as columns (every key any row has; a row without it holds None), integer columns normalized."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    columns = {name: [row.get(name) for row in rows] for name in names}
+    for name in _INT_COLUMNS:
+        if name in columns:
+            columns[name] = [_int_or_none(v) for v in columns[name]]
+    return columns
+
+
+def columns_of_frames(frames: Iterable[Any]) -> dict[str, list[Any]]:
+    """Spark's pandas chunks of one group as Python columns: one C-level ``tolist`` per column instead of a dict
+    per row (``DataFrame.to_dict("records")`` was most of the shell's time per event). An integer column that
+    Arrow turned into floats (it has nulls: events and punctuations mixed) becomes ints and None again."""
+    import pandas as pd
+
+    chunks = list(frames)
+    frame = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+    columns: dict[str, list[Any]] = {}
+    for name in frame.columns:
+        series = frame[name]
+        values = series.tolist()
+        if name in _INT_COLUMNS and series.dtype.kind not in "iu":
+            values = [_int_or_none(v) for v in values]
+        columns[str(name)] = values
+    return columns
+
+
+class EventBatch:
+    """The events of one micro-batch of one stream in reference-time order (ties: topic, partition, offset), as
+    columns: a core reads only the columns it needs (:meth:`column`), or rows if it has no columnar path."""
+
+    def __init__(self, columns: Mapping[str, list[Any]], order: Sequence[int]) -> None:
+        self._columns = columns
+        self._order = order
+        self._cache: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._columns)
+
+    def column(self, name: str) -> list[Any]:
+        """The column in event order (all None if the batch does not have it)."""
+        cached = self._cache.get(name)
+        if cached is None:
+            source = self._columns.get(name)
+            cached = [None] * len(self._order) if source is None else [source[i] for i in self._order]
+            self._cache[name] = cached
+        return cached
+
+    def row(self, index: int) -> dict[str, Any]:
+        """Event ``index`` (in event order) as a row: for the rare per-event record (too late, rejected)."""
+        at = self._order[index]
+        return {name: values[at] for name, values in self._columns.items()}
+
+    def rows(self) -> list[dict[str, Any]]:
+        names = self.names
+        return [dict(zip(names, values, strict=True)) for values in zip(*(self.column(n) for n in names),
+                                                                         strict=True)] if names else []
+
+
+class ColumnarCore(StreamCore, Protocol):
+    """A core that takes a micro-batch's events as columns (:class:`EventBatch`) instead of rows."""
+
+    def on_events(self, batch: EventBatch) -> list[Output]: ...
+
+
+def _sorted_indices(indices: Sequence[int], *keys: list[Any]) -> list[int]:
+    """``indices`` ordered by the key columns (first key first); ties keep their order (as ``sorted`` does)."""
+    import numpy as np
+
+    if len(indices) < 2:
+        return list(indices)
+    picked = np.asarray(indices, dtype=np.int64)
+    arrays = []
+    for key in keys:
+        values = [key[i] for i in indices]
+        if values and isinstance(next((v for v in values if v is not None), 0), str):
+            # Strings (topic names; None sorts as ""): their rank among the batch's few distinct names.
+            rank = {name: r for r, name in enumerate(sorted({v or "" for v in values}))}
+            arrays.append(np.fromiter((rank[v or ""] for v in values), dtype=np.int64, count=len(values)))
+        else:
+            arrays.append(np.fromiter((v or 0 for v in values), dtype=np.int64, count=len(values)))
+    # lexsort is stable and sorts by its last key first.
+    ordered: list[int] = picked[np.lexsort(arrays[::-1])].tolist()
+    return ordered
+
+
+def run_stream_columns(progress: StreamProgress, core: StreamCore, columns: Mapping[str, list[Any]],
+                       *, job: str, stream: str) -> list[Output]:
+    """One micro-batch of one stream: T_a, events in reference-time order, then the stream's promise.
+
+    ``columns`` holds the batch's rows as columns (integer columns as ints or None). Punctuations and rejected
+    rows are taken in release order (topic, partition, offset); the events go to the core in reference-time order
+    (ties: release order) through ``on_events`` if it has one, else as rows."""
     outputs: list[Output] = []
-    events: list[dict[str, Any]] = []
-    ta_before = progress.ta_us
-    for row in sorted(rows, key=release_order):
-        kind = row.get("kind")
-        if kind == PUNCTUATION:
-            watermark = _int_or_none(row.get("watermark_us"))
-            partition = _int_or_none(row.get("partition"))
-            if progress.events_topic and row.get("topic") != progress.events_topic:
-                outputs.append(rejected_record(job, stream, row, "misplaced_punctuation",
-                                               f"promises count only on {progress.events_topic}"))
-            elif watermark is not None and partition is not None:
-                progress.observe_punctuation(partition, watermark)
-            continue
-        if kind != EVENT or _int_or_none(row.get("ref_ts_us")) is None:
+    kinds = columns.get("kind") or []
+    refs = columns.get("ref_ts_us") or [None] * len(kinds)
+    topics, partitions, offsets = (columns.get(c) or [None] * len(kinds) for c in ("topic", "partition", "offset"))
+    events = [i for i, (kind, ref) in enumerate(zip(kinds, refs, strict=True)) if kind == EVENT and ref is not None]
+    if len(events) < len(kinds):
+        is_event = set(events)
+        others = _sorted_indices([i for i in range(len(kinds)) if i not in is_event], topics, partitions, offsets)
+        names = list(columns)
+        for i in others:
+            row = {name: columns[name][i] for name in names}
+            if row.get("kind") == PUNCTUATION:
+                watermark, partition = row.get("watermark_us"), row.get("partition")
+                if progress.events_topic and row.get("topic") != progress.events_topic:
+                    outputs.append(rejected_record(job, stream, row, "misplaced_punctuation",
+                                                   f"promises count only on {progress.events_topic}"))
+                elif watermark is not None and partition is not None:
+                    progress.observe_punctuation(partition, watermark)
+                continue
             outputs.append(rejected_record(job, stream, row, "not_an_event",
-                                           f"kind {kind!r} with ref_ts_us {row.get('ref_ts_us')!r}"))
-            continue
-        event = normalized_event(row)
-        rtt = event.get("rtt_us")
-        if rtt is not None and event.get("source_id") is not None:
-            progress.rtt_us[str(event["source_id"])] = rtt
-        events.append(event)
+                                           f"kind {row.get('kind')!r} with ref_ts_us {row.get('ref_ts_us')!r}"))
+    ta_before = progress.ta_us
+    rtts, sources = columns.get("rtt_us"), columns.get("source_id")
+    if rtts is not None and sources is not None:
+        with_rtt = [i for i in events if rtts[i] is not None and sources[i] is not None]
+        # The latest round trip per source in release order wins.
+        for i in _sorted_indices(with_rtt, topics, partitions, offsets):
+            progress.rtt_us[str(sources[i])] = rtts[i]
     if progress.ta_us != ta_before:
         core.set_ta_us(progress.ta_us)
-    events.sort(key=row_order)
     if events:
-        outputs.extend(core.on_rows(events))
+        batch = EventBatch(columns, _sorted_indices(events, refs, topics, partitions, offsets))
+        on_events = getattr(core, "on_events", None)
+        outputs.extend(on_events(batch) if on_events is not None else core.on_rows(batch.rows()))
     watermark = progress.watermark_us
     if watermark is not None:
         outputs.extend(core.on_watermark(watermark))
@@ -195,21 +287,69 @@ def rejected_record(job: str, stream: str, row: Mapping[str, Any], reason: str, 
         source_id=row.get("source_id"), seq=_int_or_none(row.get("seq")), reason=reason, detail=detail)
 
 
+class LiveCores:
+    """Cores kept alive in a Python worker from one micro-batch to the next, so the next batch of the same stream
+    need not restore its core from the state blob (restoring was about half of the state cost of the pattern and
+    sequence jobs, whose blobs hold every partition key of a stream: docs/spark-benchmark.md).
+
+    Exact by construction: a kept core is used only if the blob Spark hands the next batch is byte for byte the blob
+    that core was snapshotted to (its state is then what restoring that blob would give); a replayed batch, a
+    retried task or another worker gets an older or no blob and restores as before. An entry is taken out while a
+    batch runs, so a batch that fails half way leaves nothing behind."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str, str], tuple[bytes, StreamProgress, StreamCore]] = OrderedDict()
+
+    def take(self, owner: str, stream: str, blob: bytes | None) -> tuple[StreamProgress, StreamCore] | None:
+        """The live progress and core whose state is ``blob``, or None (restore from the blob)."""
+        entry = self._entries.pop((owner, stream), None)
+        if entry is None or blob is None or entry[0] != blob:
+            return None
+        return entry[1], entry[2]
+
+    def keep(self, owner: str, stream: str, blob: bytes, progress: StreamProgress, core: StreamCore) -> None:
+        self._entries[(owner, stream)] = (blob, progress, core)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+
+# Per Python worker process: Spark reuses its Python workers across tasks (spark.python.worker.reuse, default on).
+_LIVE_CORES = LiveCores()
+
+
+def worker_live_cores() -> LiveCores:
+    """This process's kept cores. A module-level function: Spark's pickler ships it by reference, so every task in
+    a reused worker reaches the same object (a global named in the shipped closure would travel as a fresh copy)."""
+    return _LIVE_CORES
+
+
 def make_stream_function(job: str, factory: CoreFactory,
-                         partitions_of: Callable[[str], tuple[str, int]]) -> Callable[..., Any]:
+                         partitions_of: Callable[[str], tuple[str, int]],
+                         live_cores: LiveCores | None = None) -> Callable[..., Any]:
     """The function for ``applyInPandasWithState(..., outputMode="append", timeoutConf=NoTimeout)``."""
+    # Made on the driver, the same in every task of this query: a kept core is only ever reused by its own query
+    # (the factory's options are not in the blob).
+    owner = uuid.uuid4().hex
 
     def apply(key: tuple[Any, ...], frames: Any, state: Any) -> Any:
         import pandas as pd
 
         stream = str(key[0])
-        rows = [row for frame in frames for row in frame.to_dict("records")]
+        columns = columns_of_frames(frames)
         if stream == UNPARSED_GROUP:
-            outputs = [rejected_record(job, stream, row, "not_a_record", "not a contract record (no stream)")
-                       for row in rows]
+            names = list(columns)
+            outputs = [rejected_record(job, stream, dict(zip(names, values, strict=True)), "not_a_record",
+                                       "not a contract record (no stream)")
+                       for values in zip(*columns.values(), strict=True)]
         else:
-            if state.exists:
-                progress, core_blob = StreamProgress.from_blob(bytes(state.get[0]))
+            cores = worker_live_cores() if live_cores is None else live_cores
+            blob = bytes(state.get[0]) if state.exists else None
+            live = cores.take(owner, stream, blob)
+            if live is not None:
+                progress, core = live
+            elif blob is not None:
+                progress, core_blob = StreamProgress.from_blob(blob)
                 core = factory(stream, core_blob)
             else:
                 progress = StreamProgress(0)
@@ -218,8 +358,10 @@ def make_stream_function(job: str, factory: CoreFactory,
                 # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
                 with contextlib.suppress(LookupError):
                     progress.events_topic, progress.partitions = partitions_of(stream)
-            outputs = run_stream_batch(progress, core, rows, job=job, stream=stream)
-            state.update((progress.to_blob(core.snapshot()),))
+            outputs = run_stream_columns(progress, core, columns, job=job, stream=stream)
+            blob = progress.to_blob(core.snapshot())
+            state.update((blob,))
+            cores.keep(owner, stream, blob, progress, core)
         if outputs:
             yield pd.DataFrame({"key": [k for k, _ in outputs],
                                 "value": [orjson.dumps(v).decode() for _, v in outputs]})

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
 from contract.records import RESULT_FINAL, RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import INPUT_COLUMNS, decode_payload, start_core_job
+from spark_jobs.stateful import INPUT_COLUMNS, EventBatch, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
 
@@ -75,6 +75,23 @@ class ThreeWindowCore:
         for row in rows:
             late = self.aggregator.add(int(row["ref_ts_us"]), self._value(row), int(row.get("uncertainty_us") or 0))
             outputs.extend(self._too_late_record(item, row) for item in late)
+        return outputs
+
+    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+        """The batch's events as columns: one ``add`` per event, no row dict (the shell's columnar path)."""
+        outputs: list[tuple[str, dict[str, Any]]] = []
+        if "value" in batch.names:
+            values = [None if raw is None or raw != raw else float(raw)  # noqa: PLR0124 - NaN: no numeric value
+                      for raw in batch.column("value")]
+        else:
+            values = [self._value({"payload": payload}) for payload in batch.column("payload")]
+        add = self.aggregator.add
+        for i, (ts, value, uncertainty) in enumerate(zip(batch.column("ref_ts_us"), values,
+                                                         batch.column("uncertainty_us"), strict=True)):
+            late = add(ts, value, uncertainty or 0)
+            if late:
+                row = batch.row(i)
+                outputs.extend(self._too_late_record(item, row) for item in late)
         return outputs
 
     def _value(self, row: Mapping[str, Any]) -> float | None:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
-from cep.window_count import TumblingWindowCounter, WindowCount
+from cep.window_count import TooLate, TumblingWindowCounter, WindowCount
 from contract.records import RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import start_core_job
+from spark_jobs.stateful import EventBatch, start_core_job
 
 JOB_NAME = "window_count"
 
@@ -48,13 +48,21 @@ class WindowCountCore:
         for row in rows:
             too_late = self.counter.add(int(row["ref_ts_us"]))
             if too_late is not None:
-                key = result_key(self.stream, RESULT_TOO_LATE, too_late.window_start_us, row.get("source_id"),
-                                 row.get("seq"))
-                outputs.append((key, result_value(
-                    JOB_NAME, RESULT_TOO_LATE, self.stream, source_id=row.get("source_id"), seq=row.get("seq"),
-                    ref_ts_us=row.get("ref_ts_us"), window_start_us=too_late.window_start_us,
-                    reason=too_late.reason, gateway_late_reason=row.get("late_reason"))))
+                outputs.append(self._too_late_record(too_late, row))
         return outputs
+
+    def _too_late_record(self, too_late: TooLate, row: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        key = result_key(self.stream, RESULT_TOO_LATE, too_late.window_start_us, row.get("source_id"), row.get("seq"))
+        return key, result_value(
+            JOB_NAME, RESULT_TOO_LATE, self.stream, source_id=row.get("source_id"), seq=row.get("seq"),
+            ref_ts_us=row.get("ref_ts_us"), window_start_us=too_late.window_start_us,
+            reason=too_late.reason, gateway_late_reason=row.get("late_reason"))
+
+    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+        """The batch's events as columns (the shell's columnar path): only their times, no row dict."""
+        add = self.counter.add
+        late = [(i, too_late) for i, ts in enumerate(batch.column("ref_ts_us")) if (too_late := add(ts)) is not None]
+        return [self._too_late_record(too_late, batch.row(i)) for i, too_late in late]
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
         return [self._record(w) for w in self.counter.advance(watermark_us)]

@@ -148,3 +148,90 @@ def test_conservative_sequence_job_says_what_it_did_with_each_late_event() -> No
     too_late = core.on_rows([sase_row(5, 100, "A")])
     assert [(v["record"], k, v["reason"]) for k, v in too_late] == [
         ("too_late", "st|too_late|r|5", "beyond_allowed_lateness")]
+
+
+def mixed_stream_batches() -> list[list[dict[str, Any]]]:
+    """Three micro-batches of one stream as the shell sees them: events out of release order, a bad payload, a
+    payload without the type field, a punctuation per batch, and late events (one still correctable, one past the
+    allowed lateness)."""
+    def ev(seq: int, ts_ms: int, kind: str, pid: int, payload: Any = None, unc: int | None = 300) -> dict[str, Any]:
+        body = payload if payload is not None else orjson.dumps({"type": kind, "k": kind, "id": pid,
+                                                                 "value": seq % 7}).decode()
+        return {"kind": "event", "stream": "s", "source_id": f"src{seq % 3}", "seq": seq,
+                "ref_ts_us": BASE + ts_ms * 1_000, "uncertainty_us": unc, "payload": body,
+                "topic": "p.events.s", "partition": 0, "offset": seq}
+
+    def punct(ms: int, offset: int) -> dict[str, Any]:
+        return {"kind": "punctuation", "stream": "s", "watermark_us": BASE + ms * 1_000, "topic": "p.events.s",
+                "partition": 0, "offset": offset}
+
+    first = [ev(i, 10 * i + (5 if i % 4 == 0 else 0), "ABC"[i % 3], i % 2) for i in range(40)]
+    first = first[::2] + first[1::2] + [ev(40, 405, "A", 0, payload="[1]"), ev(41, 407, "A", 0, payload="{}"),
+                                        ev(42, 409, "B", 1, unc=None), punct(300, 43)]
+    second = [ev(44 + i, 420 + 10 * i, "ABC"[i % 3], i % 2) for i in range(30)] + [punct(2_600, 80)]
+    late = [{**ev(81, 250, "B", 0), "topic": "p.late.s"}, {**ev(82, 1, "A", 1), "topic": "p.late.s"},
+            {**ev(83, 2_500, "C", 0), "topic": "p.late.s"}, punct(3_000, 84)]
+    return [first, second, late]
+
+
+def run_both_paths(make: Any) -> tuple[list[Any], list[Any]]:
+    """The same batches through the columnar path (on_events) and through the rows path (on_rows)."""
+    from spark_jobs.stateful import StreamProgress, run_stream_batch
+
+    class RowsOnly:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def on_rows(self, rows: Any) -> Any:
+            return self.inner.on_rows(rows)
+
+        def on_watermark(self, watermark_us: int) -> Any:
+            return self.inner.on_watermark(watermark_us)
+
+        def set_ta_us(self, ta_us: int) -> None:
+            self.inner.set_ta_us(ta_us)
+
+        def snapshot(self) -> bytes:
+            return bytes(self.inner.snapshot())
+
+    columnar, by_rows = make(), RowsOnly(make())
+    assert hasattr(columnar, "on_events")
+    out_columns, out_rows = [], []
+    progress_c, progress_r = StreamProgress(1, "p.events.s"), StreamProgress(1, "p.events.s")
+    for batch in mixed_stream_batches():
+        out_columns += run_stream_batch(progress_c, columnar, batch, job="j", stream="s")
+        out_rows += run_stream_batch(progress_r, by_rows, batch, job="j", stream="s")
+    assert columnar.snapshot() == by_rows.snapshot()
+    return out_columns, out_rows
+
+
+def test_the_columnar_path_gives_the_rows_path_records_for_every_job() -> None:
+    from cep.patterns import PatternSpec
+    from cep.sase import EngineConfig, parse_query
+    from spark_jobs.pattern import PatternStreamCore
+    from spark_jobs.sequence import SequenceStreamCore
+    from spark_jobs.window_count import WindowCountCore, WindowCountOptions
+
+    spec = PatternSpec.parse("SEQ(a: k == 'A', b: k == 'B') PARTITION BY id WITHIN 30 ms MODE per_event "
+                             "MAX_UNCERTAINTY 1 ms")
+    query = parse_query("EVENT SEQ(A a, B b, C c) WHERE a.id = b.id AND b.id = c.id WITHIN 100 ms")
+    lateness = 2_000_000
+    makers = {
+        "three_window": lambda: ThreeWindowCore("s", ThreeWindowOptions(
+            bootstrap_servers="", width_us=100_000, max_shift_us=1_000, allowed_lateness_us=lateness), 0, None),
+        "window_count": lambda: WindowCountCore("s", WindowCountOptions(
+            bootstrap_servers="", width_us=100_000, allowed_lateness_us=lateness), None),
+        "pattern": lambda: PatternStreamCore("s", spec, 0, False, lateness, None),
+        "sequence": lambda: SequenceStreamCore("s", query, EngineConfig(
+            mode="conservative", allowed_lateness_us=lateness), "type", None),
+    }
+    records: dict[str, set[str]] = {}
+    for job, make in makers.items():
+        by_columns, by_rows = run_both_paths(make)
+        assert by_columns == by_rows, job
+        records[job] = {v["record"] for _k, v in by_columns}
+    # The trace reaches the interesting branches: releases, corrections or late matches, too-late, rejected.
+    assert {"window", "final", "too_late"} <= records["three_window"]
+    assert {"window", "too_late"} <= records["window_count"]
+    assert {"match", "rejected", "too_late"} <= records["pattern"]
+    assert {"match", "rejected", "too_late"} <= records["sequence"]

@@ -3,6 +3,7 @@
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -187,3 +188,104 @@ def test_while_the_partition_count_is_unknown_nothing_is_promised() -> None:
     progress.partitions = 2  # the topic was found: two partitions, one of which has punctuated
     run(progress, core, [punctuation(300, 0, partition=1)])
     assert core.watermarks == [300]
+
+
+class FakeGroupState:
+    """Spark's GroupState as the state function uses it."""
+
+    def __init__(self, blob: bytes | None = None) -> None:
+        self.exists = blob is not None
+        self.get = (blob,) if blob is not None else None
+
+    def update(self, value: tuple[bytes]) -> None:
+        self.exists, self.get = True, value
+
+
+def window_count_function(live_cores: Any) -> tuple[Any, list[bytes | None]]:
+    from spark_jobs.stateful import EventBatch, make_stream_function
+    from spark_jobs.window_count import WindowCountCore, WindowCountOptions
+
+    built: list[bytes | None] = []  # the blob of every core the factory had to build (None: a new stream)
+
+    class FailingOnSeq99(WindowCountCore):
+        def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+            outputs = super().on_events(batch)  # counted first: a failure after the core changed
+            if 99 in batch.column("seq"):
+                raise RuntimeError("the task dies half way")
+            return outputs
+
+    def factory(stream: str, blob: bytes | None) -> WindowCountCore:
+        built.append(blob)
+        return FailingOnSeq99(stream, WindowCountOptions(bootstrap_servers="", width_us=100), blob)
+
+    return make_stream_function("window_count", factory, lambda _s: ("p.events.s", 1), live_cores), built
+
+
+def frame(rows: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+BATCHES = [[event(0, 10, 0), event(1, 150, 1), punctuation(120, 2)],
+           [event(2, 160, 3), event(3, 260, 4), punctuation(300, 5)],
+           [event(4, 310, 6), punctuation(500, 7)]]
+
+
+def run_function(function: Any, state: FakeGroupState, rows: list[dict[str, Any]]) -> list[str]:
+    return [v for out in function(("s",), iter([frame(rows)]), state) for v in out["value"]]
+
+
+def test_a_kept_core_is_reused_only_for_the_blob_it_was_snapshotted_to() -> None:
+    from spark_jobs.stateful import LiveCores
+
+    kept, built = window_count_function(LiveCores())
+    restored, _ = window_count_function(LiveCores(capacity=0))  # keeps nothing: restores every batch
+    state, state_restored = FakeGroupState(), FakeGroupState()
+    blobs = []
+    for rows in BATCHES:
+        assert run_function(kept, state, rows) == run_function(restored, state_restored, rows)
+        blobs.append(state.get[0] if state.get else None)
+    assert state.get == state_restored.get
+    assert built == [None]  # one core for the stream, kept from batch to batch
+    # A replay (Spark hands the blob of batch 0 again, e.g. after a failed batch): restored from it, same records.
+    replay = FakeGroupState(blobs[0])
+    assert run_function(kept, replay, BATCHES[1]) == run_function(restored, FakeGroupState(blobs[0]), BATCHES[1])
+    assert built == [None, _core_blob(blobs[0])]
+
+
+def _core_blob(blob: bytes | None) -> bytes:
+    from spark_jobs.stateful import StreamProgress
+
+    assert blob is not None
+    return StreamProgress.from_blob(blob)[1]
+
+
+def test_a_batch_that_fails_half_way_leaves_no_kept_core() -> None:
+    from spark_jobs.stateful import LiveCores
+
+    cores = LiveCores()
+    function, built = window_count_function(cores)
+    state = FakeGroupState()
+    run_function(function, state, BATCHES[0])
+    good = state.get
+    with pytest.raises(RuntimeError):
+        run_function(function, state, [event(99, 200, 9)])
+    retry = FakeGroupState(good[0] if good else None)
+    # Spark retries with the last committed blob: restored from it, not the core the failed attempt changed.
+    again = run_function(function, retry, BATCHES[1])
+    assert len(built) == 2
+    fresh, _ = window_count_function(LiveCores(capacity=0))
+    assert again == run_function(fresh, FakeGroupState(good[0] if good else None), BATCHES[1])
+
+
+def test_live_cores_keep_a_bounded_number_of_streams() -> None:
+    from spark_jobs.stateful import LiveCores
+
+    cores, core = LiveCores(capacity=2), RecordingCore()
+    for stream in ("a", "b", "c"):
+        cores.keep("q", stream, stream.encode(), StreamProgress(1), core)
+    assert cores.take("q", "a", b"a") is None  # the oldest went
+    assert cores.take("q", "c", b"c") is not None
+    assert cores.take("q", "c", b"c") is None  # taken out while in use
+    assert cores.take("other query", "b", b"b") is None
