@@ -274,7 +274,10 @@ class GatewayCollector(Collector):
         live: dict[int, tuple[Any, int]] = {}
         new_samples: list[int] = []
         for core in cores:
-            samples = list(core.delivery_latencies_us)
+            window = getattr(core, "delivery_latencies_us", None)
+            if window is None:
+                continue
+            samples = list(window)
             delivered = core.counters.events_published + core.counters.delivery_failures
             _, seen = self._sampled_cores.get(id(core), (core, 0))
             fresh = min(max(0, delivered - seen), len(samples))

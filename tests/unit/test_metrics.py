@@ -215,6 +215,19 @@ def test_delivery_latency_sampled_from_the_cores_until_they_keep_a_histogram():
     assert counts() == ([3, 5, 6], 6)
 
 
+def test_delivery_latency_from_the_cores_histograms_when_they_keep_one():
+    cores = [FakeCore(), FakeCore()]
+    for core, latencies_us in zip(cores, ([50, 700], [3_000_000]), strict=True):
+        core.delivery_latency = Histogram(DELIVERY_LATENCY_BUCKETS_US)
+        core.delivery_latency.observe_all_us(latencies_us)
+        core.deliver(1)  # a sample in the old window too: not counted twice
+    lines = exposition(ShardedGateway(*cores))
+    assert 'skewless_gateway_kafka_delivery_latency_seconds_bucket{le="0.0001"} 1.0' in lines
+    assert 'skewless_gateway_kafka_delivery_latency_seconds_bucket{le="2.5"} 2.0' in lines
+    assert "skewless_gateway_kafka_delivery_latency_seconds_count 3.0" in lines
+    assert "skewless_gateway_kafka_delivery_latency_seconds_sum 3.00075" in lines
+
+
 def test_streams_from_the_cores_with_a_sticky_label_limit():
     core = FakeCore()
     for stream, offset, sources in (("b", 5, 1), ("a", 10, 2)):
@@ -355,3 +368,19 @@ def test_operations_doc_lists_every_family():
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"`{name}" in doc, name
+
+
+def test_stream_published_counts_from_the_cores_when_they_keep_them():
+    class CountingCore(FakeCore):
+        def streams(self) -> tuple[str, ...]:
+            return ("a",)
+
+    cores = [CountingCore(), CountingCore()]
+    for core, published in zip(cores, (3, 4), strict=True):
+        core._progress["a"] = StreamProgress("a")
+        core._progress["hidden"] = StreamProgress("hidden")  # not in streams(): not read
+        core.published_by_stream = {"a": published}
+    lines = exposition(ShardedGateway(*cores))
+    assert samples(lines, "skewless_stream_events_published_total") == [
+        'skewless_stream_events_published_total{stream="a"} 7.0']
+    assert samples(lines, "skewless_stream_records_total") == ['skewless_stream_records_total{stream="a"} 0.0']
