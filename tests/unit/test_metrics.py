@@ -384,3 +384,20 @@ def test_stream_published_counts_from_the_cores_when_they_keep_them():
     assert samples(lines, "skewless_stream_events_published_total") == [
         'skewless_stream_events_published_total{stream="a"} 7.0']
     assert samples(lines, "skewless_stream_records_total") == ['skewless_stream_records_total{stream="a"} 0.0']
+
+
+def test_suggested_alerts_parse_and_name_exported_metrics():
+    import yaml
+
+    doc = (DASHBOARD.parents[1] / "docs" / "operations.md").read_text()
+    block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    rules = [rule for group in yaml.safe_load(block)["groups"] for rule in group["rules"]]
+    assert len(rules) >= 8
+    gateway = FullGateway()
+    text = generate_latest(make_registry(gateway, gateway.labeled_counters)).decode()
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    for rule in rules:
+        assert rule["alert"].startswith("Skewless") and rule["annotations"]["summary"], rule
+        named = set(re.findall(r"\b((?:skewless|process|python)_[a-z0-9_]+)", rule["expr"]))
+        assert named, rule["alert"]
+        assert named - exported == set(), rule["alert"]
