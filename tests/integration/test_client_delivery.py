@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from broker.reader import read_stream
-from clients import Backoff, SkewlessClient
+from clients import Backoff, EventRefused, SkewlessClient
 from contract.topics import TopicNames
+from gateway.config import GatewayConfig
 from gateway.server import Gateway
 from reorder.eval.traces import PROFILES, TraceSpec, generate
 from skewless.cli_source import ReplayOptions, replay_trace
@@ -189,3 +190,31 @@ async def test_replay_whose_first_arrival_is_not_seq_0_loses_nothing(gateway: Ga
     records = delivered(kafka.bootstrap_servers, topic_prefix, "sensors")
     for source in ("s0", "s1", "s2"):
         assert sorted(seqs_of(records, source)) == list(range(200))
+
+
+async def test_delivery_futures_resolve_when_kafka_has_the_event_and_fail_for_a_refused_one(
+        kafka, topic_prefix):
+    # A gateway with its time-sync server: a default client (no udp_port) syncs at the port the welcome announces.
+    from timesync.server import ServerConfig
+
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
+                                    timesync=ServerConfig(host="127.0.0.1", port=0)))
+    await gateway.start()
+    try:
+        client = SkewlessClient("127.0.0.1", gateway.port, "tracked", ["s"], batch_events=10)
+        await connected(client)
+        assert client.owner is not None and client.owner.timesync_port == gateway.timesync_port
+        assert client.stats.syncs == 1 and client.clock_estimate is not None
+        futures = [await client.send_tracked("s", {"blob": b"\x00"} if i == 7 else {"i": i},
+                                             source_ts_us=BASE_TS_US + i * 1_000) for i in range(30)]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        refused = outcomes.pop(7)
+        assert isinstance(refused, EventRefused) and (refused.seq, refused.code) == (7, "invalid_payload")
+        assert outcomes == [i for i in range(30) if i != 7]
+        # Resolved means acknowledged: Kafka has every one of them, once.
+        assert client.acked_through("s") == 29 and client.unacked_count == 0
+        await client.close()
+    finally:
+        await gateway.stop()
+    records = delivered(kafka.bootstrap_servers, topic_prefix, "s")
+    assert seqs_of(records, "tracked") == [i for i in range(30) if i != 7]
