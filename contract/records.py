@@ -25,6 +25,14 @@ OWNER = "owner"
 CLUSTER_KEY = b"cluster"
 OWNER_KEY = b"owner"
 
+# Kafka record headers on every record the gateway writes (docs/record-contract.md, "Record headers"): a reader
+# can route or filter by kind and source without parsing the JSON value. Values are UTF-8 bytes.
+HEADER_KIND = "kind"  # EVENT, PUNCTUATION, LATE, PROGRESS, CLOCK or OWNER
+HEADER_SOURCE_ID = "source_id"  # event records (events and late topics) only
+HEADER_CONTRACT_VERSION = "contract_version"  # str(CONTRACT_VERSION)
+# The header "kind" of an event record on a late topic (its JSON "kind" is EVENT, with "late": true).
+LATE = "late"
+
 PUNCTUATION_KEY = b"__punctuation__"
 PROGRESS_KEY_PREFIX = "progress|"
 

@@ -46,6 +46,11 @@ class DeliveryTracker:
     def confirmed(self, source_id: str, stream: str, seq: int) -> int | None:
         """Kafka confirmed one event; returns the new cumulative ack if it advanced, else None."""
         progress = self._progress[(source_id, stream)]
+        if seq == progress.acked_through + 1 and not progress.confirmed_above:
+            # In order, nothing confirmed above it (the usual case): the ack moves by one.
+            progress.acked_through = seq
+            progress.accepted_above.discard(seq)
+            return seq
         progress.confirmed_above.add(seq)
         start = progress.acked_through
         while progress.acked_through + 1 in progress.confirmed_above:

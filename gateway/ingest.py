@@ -12,10 +12,12 @@ Actions out (the shell carries them out; ``Produce`` actions in the order given,
     SendFrame(connection, data)        write to that connection (a re-ack to the connection that sent a duplicate)
     SendToSource(source_id, data)      write to ONE live connection of the source (acks: cumulative per stream,
                                        applied pool-wide by the SDK; a resync request, rule 9)
-    Produce(topic, key, value, delivery)
+    Produce(topic, key, value, delivery, timestamp_ms, headers)
                                        hand to Kafka, waiting while its queue is full (report kafka_queue_full);
                                        the delivery report goes back to on_delivered(delivery, ...) unless None
-    WriteCheckpoint(topic, key, value) best effort: skipped, not waited for, when Kafka's queue is full (the next
+                                       (or, for a transaction's records, on_committed once it committed)
+    WriteCheckpoint(topic, key, value, headers)
+                                       best effort: skipped, not waited for, when Kafka's queue is full (the next
                                        checkpoint, or the recovery scan, covers a lost one)
     PauseReading(source_id)            stop reading every connection of the source (including later ones)
     ResumeReading(source_id)           read them again
@@ -50,7 +52,9 @@ Rules:
    (or a restarted gateway) waits for it like for every source it recovers.
 7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
-   records on the sources topic.
+   records on the sources topic. Every record carries the headers of docs/record-contract.md (kind, the source id
+   of an event record, the contract version); an event record's Kafka timestamp (CreateTime) is its reference
+   time, a punctuation's its watermark, in milliseconds.
 8. Refused payloads: an event whose payload the record contract cannot carry arrives with a RejectedPayload
    (contract.wire.messages.payload_problem). It is counted (``invalid_payloads``) and answered at once with a
    non-fatal ``invalid_payload`` error frame naming its stream and seq; it still goes through dedup and the ordering
@@ -97,17 +101,31 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NewType
 
-from contract.records import PUNCTUATION_KEY, ProgressRecord, PunctuationRecord
+from contract.records import (
+    CLOCK,
+    CONTRACT_VERSION,
+    EVENT,
+    HEADER_CONTRACT_VERSION,
+    HEADER_KIND,
+    HEADER_SOURCE_ID,
+    LATE,
+    PROGRESS,
+    PUNCTUATION,
+    PUNCTUATION_KEY,
+    ProgressRecord,
+    PunctuationRecord,
+)
 from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
 from gateway.acks import DeliveryTracker
 from gateway.clock_state import clock_state_record
-from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
+from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishPunctuation, PublishRecord
 from timesync.clocks import ReferenceMapping
 from timesync.store import SourceInfo
 
@@ -147,6 +165,17 @@ CLOCK_STEP_DELAY_WINDOW = 64
 RESYNC_REASON = "clock_step"
 UNRESOLVED_REASON = "clock_step_unresolved"
 RECENT_CLOCK_STEPS = 256
+# Rule 7's record headers, built once: an event record's are cached per source (a few hundred bytes per source).
+_VERSION_HEADER = (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode())
+PUNCTUATION_HEADERS: Headers = ((HEADER_KIND, PUNCTUATION.encode()), _VERSION_HEADER)
+PROGRESS_HEADERS: Headers = ((HEADER_KIND, PROGRESS.encode()), _VERSION_HEADER)
+CLOCK_HEADERS: Headers = ((HEADER_KIND, CLOCK.encode()), _VERSION_HEADER)
+
+
+def event_headers(source_id: str, topic: Literal["events", "late"]) -> Headers:
+    """The headers of an event record of ``source_id`` on the events or the late topic."""
+    return ((HEADER_KIND, (EVENT if topic == "events" else LATE).encode()), (HEADER_SOURCE_ID, source_id.encode()),
+            _VERSION_HEADER)
 
 
 @dataclass(frozen=True)
@@ -174,7 +203,9 @@ class IngestConfig:
 # -- actions ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one DeliveryRef and one Produce are built per event, and a frozen dataclass pays object.__setattr__
+# per field (contract.records.EventRecord says the same). Nothing changes them after they are built.
+@dataclass(slots=True)
 class DeliveryRef:
     """What a produced event's delivery report is about; the shell hands it back to ``on_delivered``."""
 
@@ -200,12 +231,19 @@ class SendToSource:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+Headers = tuple[tuple[str, bytes], ...]
+
+
+@dataclass(slots=True)  # built per event: not frozen, see DeliveryRef
 class Produce:
     topic: str
     key: bytes
     value: bytes
     delivery: DeliveryRef | None  # None: no report wanted
+    # The Kafka record's CreateTime in milliseconds (an event's reference time, a punctuation's watermark; 0: the
+    # produce time) and its headers (contract.records HEADER_*), shared between records, never changed.
+    timestamp_ms: int = 0
+    headers: Headers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +253,7 @@ class WriteCheckpoint:
     topic: str
     key: bytes
     value: bytes
+    headers: Headers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,11 +381,17 @@ class StreamProgress(ProgressRecord):
     __slots__ = ()
 
     def observe(self, source_id: str, seq: int, offset: int, released_us: int) -> None:
+        self.observe_seq(source_id, seq, released_us)
+        self.observe_offset(offset)
+
+    def observe_seq(self, source_id: str, seq: int, released_us: int) -> None:
         if seq + 1 > self.next_seq.get(source_id, 0):
             self.next_seq[source_id] = seq + 1
-        self.next_offset = max(self.next_offset, offset + 1)
         if released_us > self.seen_us.get(source_id, 0):
             self.seen_us[source_id] = released_us
+
+    def observe_offset(self, offset: int) -> None:
+        self.next_offset = max(self.next_offset, offset + 1)
 
     def expire(self, now_us: int, retention_us: int) -> list[str]:
         """Forget sources whose newest event is older than the retention (rule 6): the checkpoint stays bounded.
@@ -395,6 +440,8 @@ class IngestCore:
         self._holding: set[str] = set()
         self.clock_steps: deque[ClockStepDetected] = deque(maxlen=RECENT_CLOCK_STEPS)
         self.clock_step_holds: deque[ClockStepHold] = deque(maxlen=RECENT_CLOCK_STEPS)
+        self._topic_names: dict[tuple[str, str], str] = {}
+        self._event_headers: dict[tuple[str, str], Headers] = {}
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -436,7 +483,8 @@ class IngestCore:
         self._dirty_streams.add(stream)
         self.counters.idle_punctuations += 1
         value = PunctuationRecord(stream, watermark_us, now_us).to_json()
-        return [Produce(self.topics.events(stream), PUNCTUATION_KEY, value, None)]
+        return [Produce(self.topics.events(stream), PUNCTUATION_KEY, value, None, watermark_us // 1000,
+                        PUNCTUATION_HEADERS)]
 
     def stream_progress(self, stream: str) -> StreamProgress | None:
         return self._progress.get(stream)
@@ -452,7 +500,7 @@ class IngestCore:
             self._check_resolved(info, watch)
         else:
             watch.unresolved = False  # a new estimate: check its events again
-        return [WriteCheckpoint(self.topics.sources, record.key, record.to_json())]
+        return [WriteCheckpoint(self.topics.sources, record.key, record.to_json(), CLOCK_HEADERS)]
 
     # -- connections and sources --------------------------------------------------------------------------------
 
@@ -491,26 +539,46 @@ class IngestCore:
         actions: list[IngestAction] = self._release_resolved(arrival_us) if self._holding else []
         outputs: list[PipelineOutput] = []
         watch = self._watches.get(source_id) if self._watches else None
+        accepted: list[messages.IncomingEvent] = []
+        mappings: list[tuple[int, int]] = []
+        accept = self.tracker.accept
+        counters = self.counters
+        counters.events_received += len(events)
         for event in events:
-            self.counters.events_received += 1
             if type(event.payload) is messages.RejectedPayload:
-                self.counters.invalid_payloads += 1
+                counters.invalid_payloads += 1
                 log.warning("refused %s/%s seq %d: %s", source_id, event.stream, event.seq, event.payload.reason)
                 actions.append(SendFrame(connection, encode_frame(messages.build_error(
                     InvalidPayload.code, event.payload.reason, False, event.stream, event.seq))))
-            if not self.tracker.accept(source_id, event.stream, event.seq):
-                self.counters.duplicates += 1
+            if not accept(source_id, event.stream, event.seq):
+                counters.duplicates += 1
                 acked = self.tracker.acked_through(source_id, event.stream)
                 if acked is not None and acked >= event.seq:
                     actions.append(SendFrame(connection, encode_frame(messages.build_ack(event.stream, acked))))
                 continue
             if watch is None:
-                outputs += self.pipeline.push(source_id, event, arrival_us)
+                accepted.append(event)
                 continue
+            if watch.hold_until_us is None and not watch.unresolved:
+                # Rule 9's check on a calm source: its mapping goes with the event into the pipeline.
+                calm = self._mapping.to_reference(source_id, event.source_ts_us)
+                delay_us = arrival_us - calm[0]
+                if self._step_us(watch, delay_us, calm[1]) is None:
+                    watch.learn(delay_us)
+                    accepted.append(event)
+                    mappings.append(calm)
+                    continue
+            # A hold, an unresolved step, or a step just shown: what came before goes first, then rule 9 in full
+            # (which maps the event again, to the same result: nothing changed the estimate in between).
+            if accepted:
+                outputs += self.pipeline.push_many(source_id, accepted, arrival_us, mappings)
+                accepted, mappings = [], []
             mapped = self._held_back(source_id, watch, event, arrival_us, actions, outputs)
             if mapped is not None:
-                # Rule 9 just mapped it: the pipeline reuses that mapping rather than computing it twice more.
                 outputs += self.pipeline.push(source_id, event, arrival_us, mapped=mapped)
+        if accepted:
+            # The frame's accepted events go through the pipeline together; rule 9's mappings go with them.
+            outputs += self.pipeline.push_many(source_id, accepted, arrival_us, mappings if watch is not None else None)
         actions += self._publish(outputs)
         return actions
 
@@ -555,6 +623,44 @@ class IngestCore:
         acked = self.tracker.confirmed(source_id, stream, seq)
         if acked is not None:
             self._ack_moved(source_id, stream, acked, delivery.topic == "events")
+
+    def on_committed(self, deliveries: Sequence[DeliveryRef], offsets: Mapping[str, int], now_us: int) -> None:
+        """A Kafka transaction committed: every record of ``deliveries`` is in Kafka (a commit succeeds only once
+        each record of its transaction was delivered), and ``offsets`` gives, per stream, the highest offset the
+        transaction's records got in that stream's events topic partition (at least the highest of ``deliveries``'
+        events-topic records: recovery scans from the checkpoint's next offset on). Rules 2 and 6 as
+        ``on_delivered`` applies them to each record, in one call instead of one per record."""
+        if not deliveries and not offsets:
+            return
+        latencies = self.delivery_latencies_us
+        confirmed = self.tracker.confirmed
+        progress = self._progress
+        moved: dict[tuple[str, str], int] = {}
+        consumed: dict[tuple[str, str], int] = {}
+        for delivery in deliveries:
+            latencies.append(now_us - delivery.released_us)
+            source_id, stream, seq = delivery.source_id, delivery.stream, delivery.seq
+            on_events = delivery.topic == "events"
+            if on_events:
+                progress[stream].observe_seq(source_id, seq, delivery.released_us)
+            acked = confirmed(source_id, stream, seq)
+            if acked is not None:
+                # Cumulative acks only grow: the last one per (source, stream) is what rule 2 sends and rule 6 keeps.
+                moved[(source_id, stream)] = acked
+                if on_events:
+                    consumed[(source_id, stream)] = acked
+        for stream, offset in offsets.items():
+            progress[stream].observe_offset(offset)
+            self._dirty_streams.add(stream)
+        self._dirty_streams.update(d.stream for d in deliveries if d.topic == "events")
+        self.counters.events_published += len(deliveries)
+        if deliveries:
+            self.last_delivery_us = now_us
+        for (source_id, stream), acked in moved.items():
+            self._ack_moved(source_id, stream, acked, False)
+        for (source_id, stream), acked in consumed.items():
+            if progress[stream].consumed(source_id, acked):
+                self._dirty_streams.add(stream)
 
     # -- timers -------------------------------------------------------------------------------------------------
 
@@ -616,7 +722,7 @@ class IngestCore:
                     self.counters.sources_expired += len(expired)
                     log.info("stream %s: %d sources silent past the retention left the checkpoint", stream,
                              len(expired))
-        return [WriteCheckpoint(self.topics.sources, progress.key, progress.to_json())
+        return [WriteCheckpoint(self.topics.sources, progress.key, progress.to_json(), PROGRESS_HEADERS)
                 for progress in (self._progress[stream] for stream in sorted(dirty))]
 
     # -- queries ------------------------------------------------------------------------------------------------
@@ -756,11 +862,16 @@ class IngestCore:
 
     def _publish(self, outputs: list[PipelineOutput]) -> list[IngestAction]:
         actions: list[IngestAction] = []
+        topics = self._topic_names
+        headers_of = self._event_headers
+        max_record_bytes = self.config.max_record_bytes
         for output in outputs:
-            if isinstance(output, PublishRecord):
+            if type(output) is PublishRecord:
                 record = output.record
-                topic = (self.topics.events(record.stream) if output.topic == "events"
-                         else self.topics.late(record.stream))
+                kind = output.topic
+                topic = topics.get((record.stream, kind))
+                if topic is None:
+                    topic = self._topic(record.stream, kind)
                 if type(record.payload) is messages.RejectedPayload:
                     self._settle_unpublished(record.source_id, record.stream, record.seq)
                     continue
@@ -769,18 +880,29 @@ class IngestCore:
                 except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
                     actions.append(self._encode_failed(record.source_id, record.stream, record.seq, exc))
                     continue
-                if len(value) > self.config.max_record_bytes:
+                if len(value) > max_record_bytes:
                     actions.append(self._too_large(record.source_id, record.stream, record.seq, len(value)))
                     continue
-                delivery = DeliveryRef(record.source_id, record.stream, record.seq, output.topic,
-                                       record.release_ts_us)
-                actions.append(Produce(topic, record.key, value, delivery))
+                source_id = record.source_id
+                headers = headers_of.get((source_id, kind))
+                if headers is None:
+                    headers = headers_of[(source_id, kind)] = event_headers(source_id, kind)
+                delivery = DeliveryRef(source_id, record.stream, record.seq, kind, record.release_ts_us)
+                actions.append(Produce(topic, record.key, value, delivery, record.ref_ts_us // 1000, headers))
             else:
+                assert isinstance(output, PublishPunctuation)
                 self._progress[output.stream].promise(output.watermark_us)
                 self._dirty_streams.add(output.stream)
                 value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
-                actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None))
+                actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None,
+                                       output.watermark_us // 1000, PUNCTUATION_HEADERS))
         return actions
+
+    def _topic(self, stream: str, kind: Literal["events", "late"]) -> str:
+        """The topic name (validated once per stream: ``TopicNames`` checks the stream name on every call)."""
+        topic = self.topics.events(stream) if kind == "events" else self.topics.late(stream)
+        self._topic_names[(stream, kind)] = topic
+        return topic
 
     def _settle_unpublished(self, source_id: str, stream: str, seq: int) -> None:
         """An accepted event that will never be produced (rule 8): settled as if Kafka had confirmed it, or the

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from broker.client import KafkaClientConfig
 from broker.producer import KafkaPublisher, QueueFull
 from broker.transactions import ProducerFenced, TransactionAbortable, TransactionalPublisher, TransactionRetriable
+from contract.records import CONTRACT_VERSION, HEADER_CONTRACT_VERSION, HEADER_KIND, OWNER
 from contract.topics import TopicNames
 from contract.wire import messages
 from gateway.ingest import (
@@ -73,6 +74,7 @@ COMMIT_STALL_US = 250_000
 # is shorter): the commit goes through once Kafka is back and no source is cut off. The price: a gateway that dies
 # with nobody taking its shard over holds committed readers of its partitions back this long.
 TRANSACTION_TIMEOUT_MS = 60_000
+OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode()))
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
 
@@ -142,8 +144,12 @@ class ShardRuntime:
         self._commit_started_us = 0
         self._in_transaction = False
         self._produced_in_transaction = 0
-        # (delivery, error, offset) of the open transaction, applied to the core once it commits.
-        self._uncommitted: list[tuple[DeliveryRef, str | None, int | None]] = []
+        # The event records of the open transaction, confirmed to the core once it commits (a commit succeeds only
+        # when every record of its transaction was delivered), and per stream the highest events-topic offset
+        # they got. Only the last event record of each produce batch (per stream) asks for a delivery report, for
+        # that offset: one Python callback per batch, not per record.
+        self._uncommitted: list[DeliveryRef] = []
+        self._uncommitted_offsets: dict[str, int] = {}
         self._deadline_changed = asyncio.Event()
         self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
         self._unproduced_records = 0
@@ -178,7 +184,7 @@ class ShardRuntime:
             self._start_task(self._commit_forever(), f"kafka-commit-{self.shard}")
         if self._owner_record is not None:
             topic, key, value = self._owner_record
-            self._enqueue([WriteCheckpoint(topic, key, value)])
+            self._enqueue([WriteCheckpoint(topic, key, value, OWNER_HEADERS)])
         self.serving = True
         self.ready.set()
 
@@ -272,36 +278,86 @@ class ShardRuntime:
             batch = await self._produce_queue.get()
             try:
                 async with self._txn_lock:
-                    for action in batch.actions:
-                        await self._produce(action)
-                        self._unproduced_records -= 1
+                    actions = batch.actions
+                    marks = self._offset_marks(actions) if self._transactional else {}
+                    index = 0
+                    while index < len(actions):
+                        index = self._produce_from(actions, index, marks)
+                        if index == len(actions):
+                            break
+                        # librdkafka's queue is full.
+                        if isinstance(actions[index], WriteCheckpoint) and not self._transactional:
+                            index += 1  # best effort: the next checkpoint, or the recovery scan, covers it
+                            self._unproduced_records -= 1
+                            continue
+                        self.core.kafka_queue_full(self._clock_us())
+                        await asyncio.sleep(QUEUE_FULL_RETRY_S)
             except BaseException as exc:
                 _fail_batch(batch, exc)
                 raise
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
 
-    async def _produce(self, action: Produce | WriteCheckpoint) -> None:
-        on_delivery = None
-        if isinstance(action, Produce) and action.delivery is not None:
-            on_delivery = partial(self._on_delivery, action.delivery)
-        while True:
-            try:
-                self._publisher.produce(action.topic, action.key, action.value, on_delivery, partition=self.shard)
-                self._produced_in_transaction += 1
-                return
-            except QueueFull:
-                if isinstance(action, WriteCheckpoint) and not self._transactional:
-                    return  # best effort: the next checkpoint, or the recovery scan, covers it
-                self.core.kafka_queue_full(self._clock_us())
-                await asyncio.sleep(QUEUE_FULL_RETRY_S)
+    @staticmethod
+    def _offset_marks(actions: list[Produce | WriteCheckpoint]) -> dict[int, str]:
+        """The index of the last event record of each stream's events topic in a batch: its delivery report gives
+        the offset the progress checkpoint needs (the records before it in the partition got lower ones)."""
+        marks: dict[int, str] = {}
+        streams: set[str] = set()
+        for index in range(len(actions) - 1, -1, -1):
+            action = actions[index]
+            if type(action) is Produce and action.delivery is not None and action.delivery.topic == "events":
+                stream = action.delivery.stream
+                if stream not in streams:
+                    streams.add(stream)
+                    marks[index] = stream
+        return marks
+
+    def _produce_from(self, actions: list[Produce | WriteCheckpoint], start: int, marks: dict[int, str]) -> int:
+        """Hand ``actions[start:]`` to librdkafka, in order; returns the index of the first one its full queue
+        refused, or ``len(actions)``."""
+        publisher = self._publisher
+        shard = self.shard
+        transactional = self._transactional
+        uncommitted = self._uncommitted
+        index = start
+        try:
+            for index in range(start, len(actions)):
+                action = actions[index]
+                if type(action) is Produce:
+                    delivery = action.delivery
+                    on_delivery: Callable[[KafkaError | None, Message], None] | None = None
+                    if delivery is not None:
+                        if not transactional:
+                            on_delivery = partial(self._on_delivery, delivery)
+                        elif index in marks:
+                            on_delivery = partial(self._on_offset, marks[index])
+                    publisher.produce(action.topic, action.key, action.value, on_delivery, partition=shard,
+                                      timestamp_ms=action.timestamp_ms, headers=action.headers)
+                    if delivery is not None and transactional:
+                        uncommitted.append(delivery)
+                else:
+                    publisher.produce(action.topic, action.key, action.value, None, partition=shard,
+                                      headers=action.headers)
+        except QueueFull:
+            self._produced_in_transaction += index - start
+            self._unproduced_records -= index - start
+            return index
+        produced = len(actions) - start
+        self._produced_in_transaction += produced
+        self._unproduced_records -= produced
+        return len(actions)
+
+    def _on_offset(self, stream: str, error: KafkaError | None, message: Message) -> None:
+        # A failed record fails the commit, which gives the shard up: only a delivered one has an offset to keep.
+        if error is None:
+            offset = message.offset()
+            if offset is not None and offset > self._uncommitted_offsets.get(stream, -1):
+                self._uncommitted_offsets[stream] = offset
 
     def _on_delivery(self, delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
+        """Without transactions: Kafka's report for one event record."""
         offset = message.offset() if error is None else None
-        if self._transactional:
-            # A failed one fails the commit, which gives the shard up.
-            self._uncommitted.append((delivery, None if error is None else str(error), offset))
-            return
         self.core.on_delivered(delivery, None if error is None else str(error), offset, self._clock_us())
         if error is not None:
             # librdkafka retried it until message.timeout.ms: the source would wait for its ack forever. The shard
@@ -346,11 +402,10 @@ class ShardRuntime:
                 self._committing = False
             publisher.poll(0)  # the reports commit_transaction flushed run here, on the loop's thread
             deliveries, self._uncommitted = self._uncommitted, []
+            offsets, self._uncommitted_offsets = self._uncommitted_offsets, {}
             self._produced_in_transaction = 0
             publisher.begin()
-        now_us = self._clock_us()
-        for delivery, error, offset in deliveries:
-            self.core.on_delivered(delivery, error, offset, now_us)
+        self.core.on_committed(deliveries, offsets, self._clock_us())
         self._carry_out_now(self.core.due_acks())
 
     async def _fire_deadlines(self) -> None:
@@ -402,7 +457,9 @@ class ShardRuntime:
         records already released and not waited for (checkpoints, clock state, the poll's releases)."""
         writes: list[Produce | WriteCheckpoint] = []
         for action in actions:
-            if isinstance(action, SendToSource):
+            if type(action) is Produce:  # most actions, by far
+                writes.append(action)
+            elif isinstance(action, SendToSource):
                 self._host.send_to_source(action.source_id, action.data)
             elif isinstance(action, SendFrame):
                 self._host.send_frame(action.connection, action.data)

@@ -221,6 +221,54 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
+    def push_run(self, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
+                 now_us: int) -> list[MergeOutput]:
+        """Events of one source released by its reorderer in one call, in seq order, each with its arrival and its
+        mapping ``clock.to_reference(...)`` made in this call: ``push`` for each of them, but the merge is drained
+        once per stretch of them that is not late, not once per event.
+
+        The releases and what is late are the ones ``push`` gives one by one (the queue is FIFO, the heads a heap by
+        reference time), in the same order: only the drains between two events of the stretch are saved, and with
+        them the waits they would start on this very source between two of its own events (a zero-length silence
+        each, which taught the learned wait nothing). A punctuation comes after the stretch's releases instead of
+        among them, with the watermark they leave."""
+        src = self._source(source_id)
+        self._revive(source_id, src, now_us)
+        out: list[MergeOutput] = []
+        watermark_mode = self.config.mode == "watermark"
+        queue = src.queue
+        limit = self.config.max_queued_per_source
+        start = len(queue)
+        for event, arrival_us, (ref, err) in run:
+            src.error_us = err
+            if watermark_mode and ref < self._emitted_watermark:
+                if len(queue) > start:
+                    self._end_stretch(source_id, src, start, now_us, out)
+                    start = len(queue)
+                self.counters.late += 1
+                out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
+                continue
+            if src.last_seq is None or event.seq > src.last_seq:
+                src.last_seq = event.seq
+            src.frontier = max(src.frontier, ref)
+            queue.append((ref, event, arrival_us))
+            if len(queue) > limit and self._blocker is not None:
+                self._time_out(self._blocker, now_us, out)
+        if len(queue) > start:
+            self._end_stretch(source_id, src, start, now_us, out)
+        else:
+            self._drain(now_us, out)
+        return out
+
+    def _end_stretch(self, source_id: str, src: _Source, start: int, now_us: int, out: list[MergeOutput]) -> None:
+        """``push_run``: the source's queue grew from ``start`` events: account for them, then drain once."""
+        self._apply_pending_beat(source_id, src)
+        self._queued += len(src.queue) - start
+        self.counters.peak_queued = max(self.counters.peak_queued, self._queued)
+        if start == 0:
+            heapq.heappush(self._heads, (src.queue[0][0], source_id))
+        self._drain(now_us, out)
+
     def restore_watermark(self, watermark_us: int) -> None:
         """After a restart: a watermark already promised downstream stays promised (it never goes backwards)."""
         self._emitted_watermark = max(self._emitted_watermark, watermark_us)
@@ -375,16 +423,18 @@ class MultiSourceMerger:
                             bsrc.waited_since = now_us
                 break
             self._blocker = None
-            heapq.heappop(heads)
             src = sources[sid]
-            _, event, arrival_us = src.queue.popleft()
+            queue = src.queue
+            _, event, arrival_us = queue.popleft()
             self._queued -= 1
             self.counters.merged += 1
             out.append(Merged(event, arrival_us, now_us, ref))
-            if src.queue:
-                heapq.heappush(heads, (src.queue[0][0], sid))
-            elif not src.timed_out:
-                heapq.heappush(self._empty, (src.frontier, sid))
+            if queue:
+                heapq.heapreplace(heads, (queue[0][0], sid))  # one sift instead of a pop and a push
+            else:
+                heapq.heappop(heads)
+                if not src.timed_out:
+                    heapq.heappush(self._empty, (src.frontier, sid))
         if len(self._empty) > 4 * len(sources) + 64:
             # stale entries normally surface and are dropped quickly; this bounds the worst case
             self._empty = [(s.frontier, k) for k, s in sources.items() if not s.queue and not s.timed_out]

@@ -182,6 +182,68 @@ class IngestPipeline:
         self._track(pipeline, source_id)
         return out
 
+    def push_many(self, source_id: str, events: list[IncomingEvent], arrival_us: int,
+                  mappings: list[tuple[int, int]] | None = None) -> list[PipelineOutput]:
+        """``push`` for each event of one frame, in order, with the same outputs but for where a punctuation falls;
+        ``mappings``: each event's ``mapped`` (as ``push`` takes it), or None to map them here.
+
+        The in-order fast path: an event that is its reorderer's next seq with nothing buffered is released by it at
+        once (``SequenceReorderer.take_in_order``), mapped, and collected with the source's other such events of
+        the frame into one ``MultiSourceMerger.push_run``: one drain of the merge per run, not one per event. Any
+        other event (a gap, a late one, a future-dated one) first hands the run collected so far to the merger,
+        then takes ``push``'s own path, so outputs keep the order ``push`` gives them."""
+        out: list[PipelineOutput] = []
+        clock = self.clock
+        max_future_us = self.config.max_future_us
+        pipeline: _StreamPipeline | None = None
+        reorderer: SequenceReorderer | None = None
+        run: list[tuple[SourceEvent, int, tuple[int, int]]] = []
+        touched: list[_StreamPipeline] = []
+        for index, event in enumerate(events):
+            if pipeline is None or event.stream != pipeline.stream:
+                if run:
+                    assert pipeline is not None
+                    self._push_run(pipeline, source_id, run, arrival_us, out)
+                    run = []
+                pipeline = self._stream(event.stream)
+                if pipeline.expected_until:
+                    pipeline.expected_until.pop(source_id, None)  # it spoke: its own adaptive waits apply from now on
+                reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, event.stream), 0))
+                if pipeline not in touched:
+                    touched.append(pipeline)
+            assert reorderer is not None
+            given = mappings[index] if mappings is not None else None
+            if reorderer.take_in_order(event.seq, arrival_us):
+                mapped = given if given is not None else clock.to_reference(source_id, event.source_ts_us)
+                source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+                if mapped[0] - arrival_us <= max_future_us:
+                    run.append((source_event, arrival_us, mapped))
+                    continue
+                if run:
+                    self._push_run(pipeline, source_id, run, arrival_us, out)
+                    run = []
+                self._to_merger(pipeline, Released(source_event, arrival_us, arrival_us), arrival_us, out,
+                                mapped=mapped)
+                continue
+            if run:
+                self._push_run(pipeline, source_id, run, arrival_us, out)
+                run = []
+            source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+            self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
+                                  source_event if given is not None else None, given)
+        if run:
+            assert pipeline is not None
+            self._push_run(pipeline, source_id, run, arrival_us, out)
+        for touched_pipeline in touched:
+            self._track(touched_pipeline, source_id)
+        return out
+
+    def _push_run(self, pipeline: _StreamPipeline, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
+                  now_us: int, out: list[PipelineOutput]) -> None:
+        merged = pipeline.merger.push_run(source_id, run, now_us)
+        errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
+        self._records(merged, out, None, None, None, errors)
+
     def heartbeat(self, source_id: str, next_seq: dict[str, int], source_ts_us: int,
                   now_us: int) -> list[PipelineOutput]:
         out: list[PipelineOutput] = []
@@ -305,25 +367,42 @@ class IngestPipeline:
                        out: list[PipelineOutput], passed: Late | None = None, pushed: SourceEvent | None = None,
                        mapped: tuple[int, int] | None = None) -> None:
         """``pushed``, ``mapped``: the event just pushed into the merger and its mapping, made in this call."""
+        self._records(outputs, out, passed, pushed, mapped, None)
+
+    def _records(self, outputs: list[Merged | Punctuation | SourceTimedOut | Late], out: list[PipelineOutput],
+                 passed: Late | None, pushed: SourceEvent | None, mapped: tuple[int, int] | None,
+                 run_errors: dict[int, int] | None) -> None:
+        """The merge's outputs as records; ``run_errors``: the error bounds of the mappings of a run pushed in this
+        call (``push_many``), by ``id`` of its events."""
+        clock = self.clock
+        counters = self.counters
+        rtts: dict[str, int | None] = {}
         for item in outputs:
             if isinstance(item, Merged):
-                self.counters.released += 1
+                counters.released += 1
                 event = item.event
                 # The record's uncertainty is the release's mapping (the estimate may have changed while the event
-                # waited in the merge); for the event just pushed, that is the mapping it was pushed with.
-                error_us = (mapped[1] if mapped is not None and event is pushed
-                            else self.clock.to_reference(event.source_id, event.source_ts_us)[1])
+                # waited in the merge); for an event pushed in this call, that is the mapping it was pushed with.
+                if mapped is not None and event is pushed:
+                    error_us = mapped[1]
+                else:
+                    run_error = run_errors.get(id(event)) if run_errors is not None else None
+                    error_us = (run_error if run_error is not None
+                                else clock.to_reference(event.source_id, event.source_ts_us)[1])
+                source_id = event.source_id
+                if source_id in rtts:
+                    rtt_us = rtts[source_id]
+                else:
+                    rtt_us = rtts[source_id] = clock.rtt_us(source_id)
                 record = EventRecord(
-                    stream=event.stream, source_id=event.source_id, seq=event.seq,
-                    source_ts_us=event.source_ts_us, ref_ts_us=item.ref_ts_us, uncertainty_us=error_us,
-                    arrival_ts_us=item.arrival_us, release_ts_us=item.release_us, payload=event.payload,
-                    rtt_us=self.clock.rtt_us(event.source_id))
+                    event.stream, source_id, event.seq, event.source_ts_us, item.ref_ts_us, error_us,
+                    item.arrival_us, item.release_us, False, event.payload, None, rtt_us)
                 if passed is not None and passed.event is event:  # drop_late=False: released although late
                     record = replace(record, late=True, late_reason=passed.reason,
                                      extra={"lateness_us": passed.lateness_us})
                 out.append(PublishRecord(record, "events"))
             elif isinstance(item, Punctuation):
-                self.counters.punctuations += 1
+                counters.punctuations += 1
                 out.append(PublishPunctuation(item.stream, item.watermark_us, item.at_us))
             elif isinstance(item, SourceTimedOut):
                 self.counters.source_timeouts += 1

@@ -229,6 +229,23 @@ class SequenceReorderer:
             return self._buffer_early(event, now_us)
         return self._late(event, now_us)
 
+    def take_in_order(self, seq: int, now_us: int) -> bool:
+        """``push``'s in-order fast path without its output: True when ``seq`` is the expected seq and nothing is
+        buffered, with the event released exactly as ``push`` would release it (``Released(event, now_us, now_us)``,
+        which the caller builds if it needs it); False, and nothing changed, otherwise (call ``push``)."""
+        if seq != self._expected or self._buffer:
+            return False
+        last = self._last_in_order_us
+        if last is not None:
+            self.inter_arrival.update(now_us - last)
+        self._last_in_order_us = now_us
+        self._expected = seq + 1
+        self._max_seen = seq
+        counters = self.counters
+        counters.in_order += 1
+        counters.released += 1
+        return True
+
     def advance(self, now_us: int) -> list[ReorderOutput]:
         """Fire every timeout due at or before ``now_us``; outputs carry the deadline as their time."""
         out: list[ReorderOutput] = []

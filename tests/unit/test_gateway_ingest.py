@@ -13,6 +13,8 @@ from contract.wire.frames import encode_frame
 from contract.wire.messages import Heartbeat, IncomingEvent, RejectedPayload, build_ack, build_error
 from gateway.clock_state import clock_state_record
 from gateway.ingest import (
+    PROGRESS_HEADERS,
+    PUNCTUATION_HEADERS,
     ConnectionId,
     DeliveryRef,
     IngestAction,
@@ -75,7 +77,9 @@ def test_a_released_event_is_produced_as_its_event_record_with_a_delivery_ref():
     (first, *_rest) = core.events_received(CONN, "a", (IncomingEvent("s", 0, T0 + 10, {"i": 0}),), T0 + 100)
     record = EventRecord(stream="s", source_id="a", seq=0, source_ts_us=T0 + 10, ref_ts_us=T0 + 10,
                          uncertainty_us=0, arrival_ts_us=T0 + 100, release_ts_us=T0 + 100, payload={"i": 0})
-    assert first == Produce(EVENTS, b"a", record.to_json(), DeliveryRef("a", "s", 0, "events", T0 + 100))
+    # Issue 15 item 2: the Kafka timestamp is the reference time in ms; the headers name kind, source, contract.
+    assert first == Produce(EVENTS, b"a", record.to_json(), DeliveryRef("a", "s", 0, "events", T0 + 100),
+                            (T0 + 10) // 1000, (("kind", b"event"), ("source_id", b"a"), ("contract_version", b"1")))
 
 
 def test_punctuation_record_bytes_and_watermark_promise():
@@ -83,11 +87,14 @@ def test_punctuation_record_bytes_and_watermark_promise():
     core.source_registered("a", ("s",), T0)
     actions = core.events_received(CONN, "a", events(range(1)), T0 + 100)
     punctuation = PunctuationRecord("s", T0 + 10, T0 + 100)
-    assert actions[1] == Produce(EVENTS, PUNCTUATION_KEY, punctuation.to_json(), None)
+    # A punctuation's Kafka timestamp is its watermark (ms).
+    assert actions[1] == Produce(EVENTS, PUNCTUATION_KEY, punctuation.to_json(), None, (T0 + 10) // 1000,
+                                 (("kind", b"punctuation"), ("contract_version", b"1")))
     assert core.stream_progress("s") == StreamProgress("s", 0, {"a": 0}, T0 + 10)
     # The promise alone makes the stream dirty: a restart must keep it even if no event was confirmed since.
     assert core.checkpoint_dirty_streams() == [
-        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json())]
+        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json(),
+                        (("kind", b"progress"), ("contract_version", b"1")))]
 
 
 # -- rule 1: dedup and re-ack -------------------------------------------------------------------------------------
@@ -169,7 +176,8 @@ def test_a_refused_delivery_is_counted_not_acked_and_its_resend_is_published_aga
     assert list(core.delivery_latencies_us) == [200]
     assert core.poll(T0 + 300) == []
     assert core.checkpoint_dirty_streams() == [  # the promise and the registered source: no offset
-        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json())]
+        WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json(),
+                        PROGRESS_HEADERS)]
     # The client resends it (no ack came): accepted, not a duplicate.
     resent = core.events_received(CONN, "a", events(range(1)), T0 + 400)
     assert seqs(resent) == [0]
@@ -296,14 +304,17 @@ def test_checkpoints_carry_observed_offsets_and_promises_and_are_written_at_the_
     # A new source is checkpointed soon after its hello (next seq 0), then the interval starts.
     registered = ProgressRecord("s", next_offset=0, next_seq={"a": 0}, seen_us={"a": T0 + 100_000})
     assert core.poll(T0 + 99_999) == []
-    assert core.poll(T0 + 100_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", registered.to_json())]
+    assert core.poll(T0 + 100_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", registered.to_json(),
+                                                       PROGRESS_HEADERS)]
     deliver(core, core.events_received(CONN, "a", events(range(3)), T0 + 100), T0 + 200, first_offset=40)
     core.poll(T0 + 999_999)  # acks only
     assert core.poll(T0 + 1_099_999) == []
-    # seen_us: its retention started at the registration checkpoint, later than its first events' release
-    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 10,
+    # seen_us: its retention started at the registration checkpoint, later than its first events' release. The
+    # frame's three events leave the merge in one run: its punctuation follows them, at the last one's time.
+    checkpoint = ProgressRecord("s", next_offset=43, next_seq={"a": 3}, watermark_us=T0 + 30,
                                 seen_us={"a": T0 + 100_000})
-    assert core.poll(T0 + 1_100_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", checkpoint.to_json())]
+    assert core.poll(T0 + 1_100_000) == [WriteCheckpoint(TOPICS.sources, b"progress|s", checkpoint.to_json(),
+                                                         PROGRESS_HEADERS)]
     assert core.poll(T0 + 2_100_000) == []  # nothing changed: no stream is dirty
     assert core.checkpoint_dirty_streams() == []
 
@@ -336,7 +347,7 @@ def test_a_clock_change_is_written_to_the_sources_topic_best_effort():
     info = SourceInfo("a", ClockEstimate(offset_us=-250, skew_ppm=1.5, rtt_us=80, sync_ref_us=T0, sample_count=8), T0)
     record = clock_state_record(info, T0 + 1_000, 90)
     assert core.clock_changed(info, 90, T0 + 1_000) == [
-        WriteCheckpoint(TOPICS.sources, b"a", record.to_json())]  # keyed by source id
+        WriteCheckpoint(TOPICS.sources, b"a", record.to_json(), (("kind", b"clock"), ("contract_version", b"1")))]
     assert record.offset_us == -250
 
 
@@ -699,9 +710,11 @@ def test_a_stream_the_shard_holds_nothing_of_is_punctuated_behind_the_clock_and_
     core = make_core()
     now_us = T0 + 60_000_000
     assert core.punctuate_idle("s", now_us, lag_us) == [
-        Produce(EVENTS, PUNCTUATION_KEY, PunctuationRecord("s", now_us - lag_us, now_us).to_json(), None)]
+        Produce(EVENTS, PUNCTUATION_KEY, PunctuationRecord("s", now_us - lag_us, now_us).to_json(), None,
+                (now_us - lag_us) // 1000, PUNCTUATION_HEADERS)]
     assert core.punctuate_idle("s", now_us + 10, lag_us) == [
-        Produce(EVENTS, PUNCTUATION_KEY, PunctuationRecord("s", now_us + 10 - lag_us, now_us + 10).to_json(), None)]
+        Produce(EVENTS, PUNCTUATION_KEY, PunctuationRecord("s", now_us + 10 - lag_us, now_us + 10).to_json(), None,
+                (now_us + 10 - lag_us) // 1000, PUNCTUATION_HEADERS)]
     assert core.counters.idle_punctuations == 2
     # The promise is kept: a quiet source resuming with an event older than it finds it late.
     core.source_registered("a", ("s",), now_us + 20)
@@ -716,3 +729,31 @@ def test_a_stream_with_sources_is_left_to_the_merge_even_when_they_are_quiet():
     core.source_registered("a", ("s",), T0)
     assert core.pipeline.has_sources("s")
     assert core.punctuate_idle("s", T0 + 60_000_000, 5_000_000) == []
+
+
+def test_a_committed_transaction_confirms_its_records_as_their_delivery_reports_one_by_one_would():
+    def run(batched):
+        core = make_core(checkpoint_interval_us=1_000_000)
+        for source_id in ("a", "b"):
+            core.source_registered(source_id, ("s",), T0)
+        core.poll(T0)
+        actions = core.events_received(CONN, "a", events(range(4)), T0 + 100)
+        actions += core.events_received(CONN, "b", events(range(3)), T0 + 101)
+        refs = produced(actions)
+        (late,) = produced(core.events_received(CONN, "b", (IncomingEvent("s", 3, 5, None),), T0 + 102))
+        refs.append(late)  # behind the punctuation: to the late topic, its delivery moves the ack, not the progress
+        if batched:
+            core.on_committed(refs, {"s": 42 + len(refs) - 2}, T0 + 300)  # the last event record's offset
+        else:
+            for offset, ref in enumerate(refs, start=42):
+                core.on_delivered(ref, None, offset if ref.topic == "events" else 7, T0 + 300)
+        return core, core.poll(T0 + 1_000_000), core.checkpoint_dirty_streams(T0 + 1_000_000)
+
+    one_by_one, batched = run(False), run(True)
+    assert batched[1:] == one_by_one[1:]
+    # a's seq 3 waits in the merge for b; b's late seq 3 moves its ack, not its progress (rule 6).
+    assert batched[1][:2] == [SendToSource("a", ack("s", 2)), SendToSource("b", ack("s", 3))]
+    progress = ProgressRecord.from_dict(orjson.loads(batched[1][2].value))
+    assert (progress.next_offset, progress.next_seq) == (48, {"a": 3, "b": 3})
+    assert (batched[0].counters, list(batched[0].delivery_latencies_us)) == (
+        one_by_one[0].counters, list(one_by_one[0].delivery_latencies_us))

@@ -1,6 +1,8 @@
 """The ordering pipeline (the gateway's, and the replay's) in virtual time: reorder per source, merge by reference
 time, side outputs."""
 
+from dataclasses import replace
+
 from contract.wire.messages import IncomingEvent
 from reorder.merger import MergerConfig
 from reorder.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord
@@ -307,3 +309,66 @@ def test_a_carried_mapping_gives_byte_identical_records_and_maps_each_event_at_m
     # the merge waited for, are released by their own push: their records take its mapping. One rtt each on both.
     assert (fast.mapped, slow.mapped) == (2 * 15 + 1 - 5, 4 * 15)
     assert fast.rtts == slow.rtts == 15
+
+
+def _frames_workload():
+    """Frames of three sources over two streams: in-order runs, a gap closed by the next frame, a duplicate, a
+    future-dated event, an event behind the punctuation, and a source whose clock runs 40 us behind the others."""
+    def frame(stream, seqs, base_us, step_us=10):
+        return [IncomingEvent(stream, q, base_us + q * step_us, {"q": q}) for q in seqs]
+
+    frames = []
+    for tick in range(6):
+        now_us = 1_000_000 + tick * 1_000
+        frames.append(("a", frame("s", range(tick * 5, tick * 5 + 5), 1_000_000), now_us))
+        frames.append(("b", frame("s", range(tick * 4, tick * 4 + 4), 999_960, 12), now_us + 1))
+        frames.append(("c", frame("t", range(tick * 3, tick * 3 + 3), 1_000_000), now_us + 2))
+    frames.append(("a", frame("s", [32, 30, 31, 31], 1_000_000), 1_010_000))  # a gap, its closing, a duplicate
+    frames.append(("b", [IncomingEvent("s", 24, 999_000_000_000, None), *frame("s", [25], 999_960, 12)], 1_010_001))
+    frames.append(("c", [*frame("t", [18, 19], 1_000_000), IncomingEvent("t", 20, 500, None)], 1_010_002))  # late
+    return frames
+
+
+def _run_frames(many):
+    pipeline = IngestPipeline(IdentityMapping(), PipelineConfig(max_future_us=1_000_000))
+    out = []
+    for source_id in ("a", "b"):
+        out += pipeline.register(source_id, ("s",), 1_000_000)
+    out += pipeline.register("c", ("t",), 1_000_000)
+    for source_id, frame, arrival_us in _frames_workload():
+        if many:
+            out += pipeline.push_many(source_id, frame, arrival_us)
+        else:
+            for event in frame:
+                out += pipeline.push(source_id, event, arrival_us)
+    out += pipeline.advance(10_000_000)
+    return pipeline, out
+
+
+def test_pushing_a_frame_at_once_releases_the_same_records_in_the_same_order_as_pushing_each_event():
+    one_by_one, single = _run_frames(many=False)
+    at_once, many = _run_frames(many=True)
+    def published(outputs):
+        # How far behind the punctuation a late event was depends on where the punctuation fell: compared apart.
+        return [(o.topic, replace(o.record, extra={}) if o.record.late_reason == "after_punctuation" else o.record)
+                for o in outputs if isinstance(o, PublishRecord)]
+
+    as_records = published(single)
+    assert published(many) == as_records
+    lateness = [o.record.extra["lateness_us"] for outputs in (single, many) for o in outputs
+                if isinstance(o, PublishRecord) and o.record.late_reason == "after_punctuation"]
+    assert lateness == [999_680, 999_690]  # behind the watermark of c's seq 18, of c's seq 19
+    late = [(r.source_id, r.seq, r.late_reason) for topic, r in as_records if topic == "late"]
+    assert late == [("a", 31, "duplicate"), ("b", 24, "future_dated"), ("c", 20, "after_punctuation")]
+    assert len([1 for topic, _r in as_records if topic == "events"]) == 33 + 25 + 20  # a: 0-32; b: 0-25 but 24; c: 0-19
+    assert (at_once.counters, at_once.buffered()) == (one_by_one.counters.__class__(
+        **{**vars(one_by_one.counters), "punctuations": at_once.counters.punctuations}), one_by_one.buffered())
+    # Punctuations may fall later (after a frame's run, not among it), never breaking their promise.
+    for outputs in (single, many):
+        watermark = {"s": -1, "t": -1}
+        for output in outputs:
+            if isinstance(output, PublishPunctuation):
+                assert output.watermark_us > watermark[output.stream]
+                watermark[output.stream] = output.watermark_us
+            elif output.topic == "events":
+                assert output.record.ref_ts_us >= watermark[output.record.stream]
