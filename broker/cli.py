@@ -4,6 +4,7 @@ file, repeatable ``--kafka-property KEY=VALUE``), a bounded reachability probe, 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,6 +25,8 @@ __all__ = ["BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "CommandError", "kafka_client_c
            "probe_kafka", "read_kafka_table", "register", "validate_streams"]
 
 BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
+# The tables of the one config file every command may read (gateway/config.py reads [gateway] too).
+CONFIG_TABLES = ("gateway", "kafka")
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_KAFKA_PORT = 9092
 # How long a command waits for Kafka's metadata before it reports the broker unreachable (one line, not
@@ -65,6 +68,12 @@ def read_kafka_table(path: Path) -> dict[str, Any]:
         raise CommandError(f"config file {path} is a directory (--config wants a TOML file)", 2) from None
     except tomllib.TOMLDecodeError as exc:
         raise CommandError(f"{path}: malformed TOML: {exc}", 2) from None
+    for name in document:
+        if name not in CONFIG_TABLES:
+            close = difflib.get_close_matches(name, CONFIG_TABLES, n=1)
+            hint = f"did you mean [{close[0]}]? " if close else ""
+            raise CommandError(f"{path}: unknown table [{name}]; {hint}a config file holds "
+                               f"{', '.join(f'[{t}]' for t in CONFIG_TABLES)}", 2)
     table = document.get("kafka", {})
     if not isinstance(table, dict):
         raise CommandError(f"{path}: kafka must be a table ([kafka])", 2)

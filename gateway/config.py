@@ -124,8 +124,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: malformed TOML: {exc}") from None
     for name, value in document.items():
         if name not in TABLES or not isinstance(value, dict):
-            raise ConfigError(f"{path}: unknown table [{name}]; {_suggest(name, TABLES)}"
-                              f"a config file holds {', '.join(f'[{t}]' for t in TABLES)}")
+            close = difflib.get_close_matches(name, TABLES, n=1)
+            hint = f"did you mean [{close[0]}]? " if close else ""
+            raise ConfigError(f"{path}: unknown table [{name}]; {hint}a config file holds "
+                              f"{', '.join(f'[{t}]' for t in TABLES)}")
     return document
 
 

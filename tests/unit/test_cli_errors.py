@@ -78,7 +78,7 @@ def test_a_misspelled_table(capsys, tmp_path):
     path.write_text("[gatway]\nport = 7000\n")
     code, _, err = run(capsys, "gateway", "--config", str(path))
     assert code == 2
-    assert one_error_line(err) == (f"error: {path}: unknown table [gatway]; did you mean 'gateway'? a config file "
+    assert one_error_line(err) == (f"error: {path}: unknown table [gatway]; did you mean [gateway]? a config file "
                                    f"holds [gateway], [kafka]")
 
 
@@ -333,3 +333,12 @@ def test_the_sdk_only_install_names_the_extra_the_command_needs():
     assert result.returncode == 1
     assert result.stderr == ("error: the skewless command needs typer, which is not installed: pip install "
                              "'skewless[gateway]'\n")
+
+
+def test_a_misspelled_kafka_table_in_a_spark_or_topics_config(capsys, tmp_path):
+    path = tmp_path / "skewless.toml"
+    path.write_text('[kafak]\n"security.protocol" = "SSL"\n')
+    code, _, err = run(capsys, "kafka", "topics", "s", "--config", str(path))
+    assert code == 2
+    assert one_error_line(err) == (f"error: {path}: unknown table [kafak]; did you mean [kafka]? a config file holds "
+                                   f"[gateway], [kafka]")

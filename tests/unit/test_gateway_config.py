@@ -63,7 +63,7 @@ def test_bootstrap_and_kafka_properties_from_file_env_and_flags(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("text", "env", "message"), [
-    ("[gatway]\nport = 1\n", {}, r"gw.toml: unknown table \[gatway\]; did you mean 'gateway'\?"),
+    ("[gatway]\nport = 1\n", {}, r"gw.toml: unknown table \[gatway\]; did you mean \[gateway\]\?"),
     ("[gateway]\nport = 99999\n", {}, r"gw.toml \[gateway\] port: port must be a port in 0..65535"),
     ("[gateway]\nport = \"x\"\n", {}, r"gw.toml \[gateway\] port: port must be an integer, got 'x'"),
     ("", {"SKEWLESS_GATEWAY_PORT": "abc"}, r"^SKEWLESS_GATEWAY_PORT: port must be an integer, got 'abc'$"),
