@@ -798,14 +798,10 @@ class Gateway:
         return totals
 
     def gauges(self) -> dict[str, float]:
-        latencies = sorted(us for runtime in self._shards.values() for us in runtime.core.delivery_latencies_us)
-        gauges = {"connections": float(len(self._connections)),
-                  "kafka_pending": float(sum(runtime.pending() for runtime in self._shards.values())),
-                  "shards_served": float(sum(1 for runtime in self._shards.values() if runtime.serving))}
-        if latencies:
-            gauges["kafka_delivery_p50_us"] = float(latencies[len(latencies) // 2])
-            gauges["kafka_delivery_p99_us"] = float(latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])
-        return gauges
+        # Delivery latency is a Histogram the collector reads from the shards' cores (gateway.metrics).
+        return {"connections": float(len(self._connections)),
+                "kafka_pending": float(sum(runtime.pending() for runtime in self._shards.values())),
+                "shards_served": float(sum(1 for runtime in self._shards.values() if runtime.serving))}
 
     def per_source_gauges(self) -> dict[str, dict[str, float]]:
         gauges: dict[str, dict[str, float]] = {
