@@ -128,13 +128,13 @@ def test_the_pyfiles_zip_holds_every_package_the_jobs_import(tmp_path: Path) -> 
     assert write_pyfiles_zip(tmp_path / "again.zip").read_bytes() == written.read_bytes()
 
 
-def test_every_kafka_read_of_the_jobs_is_read_committed_and_survives_offset_gaps() -> None:
+def test_every_kafka_read_of_the_jobs_is_read_committed_and_stops_on_lost_data() -> None:
     from spark_jobs.contract import kafka_source_options
 
     options = kafka_source_options("b:9092", "p\\.(events|late)\\.(s)", "earliest", 1_000)
     assert options == {"kafka.bootstrap.servers": "b:9092", "startingOffsets": "earliest",
                        "maxOffsetsPerTrigger": "1000", "kafka.isolation.level": "read_committed",
-                       "failOnDataLoss": "false", "subscribePattern": "p\\.(events|late)\\.(s)"}
+                       "failOnDataLoss": "true", "subscribePattern": "p\\.(events|late)\\.(s)"}
     assert kafka_source_options("b:9092", ["t1", "t2"], "latest", 5)["subscribe"] == "t1,t2"
 
 
