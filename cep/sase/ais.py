@@ -35,12 +35,12 @@ class Instance:
 
     __slots__ = ("event", "rip", "seq", "ts")
 
-    def __init__(self, event: SaseEvent, seq: int) -> None:
+    def __init__(self, event: SaseEvent, seq: int, rip: Instance | None = None) -> None:
         self.event = event
         self.ts = event.ts
         self.seq = seq
         """Arrival number of the event in the engine (identity for snapshots and results)."""
-        self.rip: Instance | None = None
+        self.rip = rip
 
     def __repr__(self) -> str:
         rip = f"{self.rip.event.event_type}{self.rip.ts}" if self.rip is not None else "-"
@@ -88,8 +88,11 @@ class ActiveInstanceStacks:
         return self.ais_clock is None or ts >= self.ais_clock
 
     def oldest_ts(self) -> int | None:
-        bottoms = [s.ts[0] for s in self.stacks if s.ts]
-        return min(bottoms) if bottoms else None
+        oldest: int | None = None
+        for st in self.stacks:
+            if st.ts and (oldest is None or st.ts[0] < oldest):
+                oldest = st.ts[0]
+        return oldest
 
     def instances(self, pos: int) -> list[Instance]:
         return self.stacks[pos].items
@@ -117,6 +120,31 @@ class ActiveInstanceStacks:
         st.ts.insert(k, inst.ts)
         if pos + 1 < self.length:
             self._repair_next(pos + 1, inst)
+
+    def append_all(self, positions: Sequence[int], event: SaseEvent, seq: int) -> Instance:
+        """Append semantics for an in-order event at every position of ``positions`` (ascending; the caller has
+        checked ts >= AIS-CLOCK and sets AIS-CLOCK): :meth:`insert` with ``append=True`` per position.  Returns
+        the instance at the last of them."""
+        ts = event.ts
+        stacks = self.stacks
+        inst = None
+        for p in positions:
+            rip = None
+            if p:
+                prev = stacks[p - 1]
+                if prev.ts:
+                    if prev.ts[-1] < ts:
+                        rip = prev.items[-1]
+                    else:
+                        k = bisect_left(prev.ts, ts)
+                        if k:
+                            rip = prev.items[k - 1]
+            inst = Instance(event, seq, rip)
+            st = stacks[p]
+            st.items.append(inst)
+            st.ts.append(ts)
+        assert inst is not None, "append_all needs at least one position"
+        return inst
 
     def _repair_next(self, pos: int, inst: Instance) -> None:
         """Reset RIP(e') to ``inst`` for every e' of the next stack with RIP(e').ts <= inst.ts < e'.ts.
@@ -193,44 +221,70 @@ class ActiveInstanceStacks:
         left(trigger - 1)
         return out
 
+    def construct_last(self, inst: Instance, prune: bool = True) -> list[tuple[SaseEvent, ...]]:
+        """:meth:`construct` for an in-order trigger at the last position of a query without cross predicates
+        (the AIS-CLOCK case of every in-order event of the last type): the same sequences, as event tuples.
+
+        Only the leftward RIP search remains (nothing right of the last stack), no predicate is evaluated and
+        the window test reduces to the first element: e1.ts > trigger.ts - W, which ``prune`` applies while
+        searching (AIS partition) and the unpruned search applies to finished sequences, counting them as
+        candidates like :meth:`construct`."""
+        m = self.length
+        out: list[tuple[SaseEvent, ...]] = []
+        if m == 1:
+            self.candidates += 1
+            if self.window > 0:
+                out.append((inst.event,))
+            return out
+        rip = inst.rip
+        if rip is None:
+            return out
+        chosen: list[SaseEvent] = [inst.event] * m
+        if not prune:
+            self.candidates += _left_of(self.stacks, m - 2, rip, inst.ts - self.window, prune, chosen, out)
+            return out
+        # With the partition every sequence built is within the window: the search runs top down from each
+        # RIP and stops at the first instance too old (Li's divider), which visits the tree in exactly the
+        # reverse order of the bottom-up search, so one reverse restores :meth:`construct`'s order.
+        _left_of_pruned(self.stacks, m - 2, rip, inst.ts - self.window, chosen, out)
+        out.reverse()
+        self.candidates += len(out)
+        return out
+
     # ---------------------------------------------------------------- purge (PSSC)
 
     def purge_before(self, bound_ts: int) -> list[Instance]:
         """Remove every instance with ``ts < bound_ts`` (the engine passes bound_ts = L - W: Algorithm 3's
         e.ts + W + K < CLOCK with L = CLOCK - K, or a punctuation).
 
-        Lazy purge along RIP chains (Li 2010, Optimization 4.4): the last stack is checked first; the RIP of
-        its newest purged instance marks a prefix of the previous stack that is purgeable without looking at
-        timestamps, because RIP(e).ts < e.ts.  The stacks are then checked above that prefix as well, so that
-        instances no later instance points at (e.g. A events without any D yet) are purged too and memory stays
-        bounded.  Returned instances are in purge order."""
+        Stacks are sorted by timestamp (sort semantics), so each stack's purgeable part is the prefix one binary
+        search finds; this subsumes the lazy purge along RIP chains of Li 2010 (Optimization 4.4), which marks a
+        purgeable prefix of the previous stack without looking at timestamps, and also purges instances no
+        later instance points at (e.g. A events without any D yet), so memory stays bounded.  Stacks are purged
+        last first; returned instances are in purge order."""
         purged: list[Instance] = []
-        hint: Instance | None = None
+        stacks = self.stacks
         for j in range(self.length - 1, -1, -1):
-            st = self.stacks[j]
-            cut = bisect_right(st.ts, hint.ts) if hint is not None and hint.ts < bound_ts else 0
-            n = len(st.ts)
-            while cut < n and st.ts[cut] < bound_ts:
-                cut += 1
-            if cut:
-                hint = st.items[cut - 1].rip
-                purged.extend(st.items[:cut])
-                del st.items[:cut]
-                del st.ts[:cut]
-                if j + 1 < self.length:
-                    self._drop_dangling_rips(j + 1, bound_ts)
-            else:
-                hint = None
-        return purged
-
-    def _drop_dangling_rips(self, pos: int, bound_ts: int) -> None:
-        """Clear RIPs that point at purged instances (they must not keep purged events alive)."""
-        for e2 in self.stacks[pos].items:
-            if e2.rip is None:
+            st = stacks[j]
+            ts = st.ts
+            if not ts or ts[0] >= bound_ts:
                 continue
-            if e2.rip.ts >= bound_ts:
-                break
-            e2.rip = None
+            cut = bisect_left(ts, bound_ts)
+            items = st.items
+            purged += items[:cut]
+            del items[:cut]
+            del ts[:cut]
+            if j + 1 < self.length:
+                # RIPs into the purged prefix must not keep purged events alive; RIPs are non-decreasing
+                # bottom to top, so they are the bottom run of the next stack.
+                for e2 in stacks[j + 1].items:
+                    rip = e2.rip
+                    if rip is None:
+                        continue
+                    if rip.ts >= bound_ts:
+                        break
+                    e2.rip = None
+        return purged
 
     def outdated(self, pos: int, clock: int) -> int:
         """Li's divider: the number of instances at the bottom of stack ``pos`` with ts + W < CLOCK
@@ -274,3 +328,91 @@ class ActiveInstanceStacks:
                 current[seq] = inst
             previous = current
         return ais
+
+
+def _left_of(
+    stacks: list[_Stack], j: int, rip: Instance, low: int, prune: bool, chosen: list[SaseEvent],
+    out: list[tuple[SaseEvent, ...]],
+) -> int:
+    """Bind positions j..0 of a sequence whose position j + 1 has RIP ``rip`` (bottom of stack j up to the RIP),
+    appending the sequences whose first element is newer than ``low`` to ``out``; returns the sequences built
+    before that window filter.  Position 0 is bound in the loop of position 1 (no call per leaf)."""
+    st = stacks[j]
+    ts = st.ts
+    hi = bisect_right(ts, rip.ts)
+    lo = bisect_right(ts, low, 0, hi)
+    items = st.items
+    if j == 0:
+        for k in range(lo, hi):
+            chosen[0] = items[k].event
+            out.append(tuple(chosen))
+        return hi if not prune else hi - lo
+    built = 0
+    if j == 1:
+        first = stacks[0]
+        first_ts = first.ts
+        first_items = first.items
+        for k in range(0 if not prune else lo, hi):
+            x = items[k]
+            r = x.rip
+            if r is None:
+                continue
+            chosen[1] = x.event
+            hi0 = bisect_right(first_ts, r.ts)
+            lo0 = bisect_right(first_ts, low, 0, hi0)
+            for k0 in range(lo0, hi0):
+                chosen[0] = first_items[k0].event
+                out.append(tuple(chosen))
+            built += hi0 if not prune else hi0 - lo0
+        return built
+    for k in range(0 if not prune else lo, hi):
+        x = items[k]
+        r = x.rip
+        if r is not None:
+            chosen[j] = x.event
+            built += _left_of(stacks, j - 1, r, low, prune, chosen, out)
+    return built
+
+
+def _left_of_pruned(
+    stacks: list[_Stack], j: int, rip: Instance, low: int, chosen: list[SaseEvent], out: list[tuple[SaseEvent, ...]]
+) -> None:
+    """:func:`_left_of` with the AIS partition, top down: from the RIP down to the first instance with ts <= low
+    (``out`` receives the sequences in reverse order)."""
+    items = stacks[j].items
+    top = bisect_right(stacks[j].ts, rip.ts) - 1
+    if j == 1:
+        first = stacks[0]
+        first_ts = first.ts
+        first_items = first.items
+        for k in range(top, -1, -1):
+            x = items[k]
+            if x.ts <= low:
+                return
+            r = x.rip
+            if r is None:
+                continue
+            chosen[1] = x.event
+            for k0 in range(bisect_right(first_ts, r.ts) - 1, -1, -1):
+                y = first_items[k0]
+                if y.ts <= low:
+                    break
+                chosen[0] = y.event
+                out.append(tuple(chosen))
+        return
+    if j == 0:
+        for k in range(top, -1, -1):
+            x = items[k]
+            if x.ts <= low:
+                return
+            chosen[0] = x.event
+            out.append(tuple(chosen))
+        return
+    for k in range(top, -1, -1):
+        x = items[k]
+        if x.ts <= low:
+            return
+        r = x.rip
+        if r is not None:
+            chosen[j] = x.event
+            _left_of_pruned(stacks, j - 1, r, low, chosen, out)

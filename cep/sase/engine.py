@@ -27,6 +27,7 @@ Everything the engine decides follows from L:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -36,7 +37,7 @@ import msgpack
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 
 from .ais import ActiveInstanceStacks, Instance
-from .events import SaseError, SaseEvent, SaseInputError, SaseOutput
+from .events import SaseError, SaseEvent, SaseInputError, SaseOutput, match_output
 from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
 from .query import Query
 
@@ -45,6 +46,7 @@ __all__ = ["TOO_LATE_REASON", "EngineConfig", "EngineCounters", "SequenceEngine"
 Mode = Literal["conservative", "aggressive"]
 SNAPSHOT_VERSION = 2
 TOO_LATE_REASON = "beyond_allowed_lateness"
+_NEVER = 2**63
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +142,19 @@ class _Partition:
         """Timestamp of this partition's live entry in the purge heap (its oldest state when registered)."""
 
     def oldest_ts(self) -> int | None:
-        cands = [t for t in (self.ais.oldest_ts(), *(b.oldest_ts() for b in self.neg)) if t is not None]
-        return min(cands) if cands else None
+        oldest = self.ais.oldest_ts()
+        for buf in self.neg:
+            if buf.ts and (oldest is None or buf.ts[0] < oldest):
+                oldest = buf.ts[0]
+        return oldest
 
     def newest_ts(self) -> int:
         """Largest timestamp stored in the partition (its AIS-CLOCK or newest negation event)."""
-        cands = [b.ts[-1] for b in self.neg if b.ts]
-        if self.ais.ais_clock is not None:
-            cands.append(self.ais.ais_clock)
-        return max(cands, default=-(2**63))
+        newest = self.ais.ais_clock if self.ais.ais_clock is not None else -(2**63)
+        for buf in self.neg:
+            if buf.ts and buf.ts[-1] > newest:
+                newest = buf.ts[-1]
+        return newest
 
     def empty(self) -> bool:
         return not self.held and not self.released and self.oldest_ts() is None
@@ -203,6 +209,9 @@ class SequenceEngine:
         self._release_heap: list[tuple[int, int, Hashable]] = []
         self._forget_heap: list[tuple[int, int, Hashable]] = []
         """(final_at, match_id, key) of released matches: forgotten once final_at <= L - A."""
+        self._due_low: int = _NEVER
+        """A low watermark below which nothing in the three heaps is due (lowered on every push, exact after
+        :meth:`_on_time`): one comparison per CLOCK update instead of three heap checks."""
         self._lateness = self.config.allowed_lateness_us
         self._aggressive = self.config.mode == "aggressive"
         self._low: int | None = None
@@ -222,6 +231,22 @@ class SequenceEngine:
                 neg,
                 any(query.negations[k].constant_predicates for k in neg),
             )
+        # In-order fast path (AIS-CLOCK's append semantics): per event type without constant predicates or
+        # negation role, (positions, the position if it is the only one else -1, partition attribute, ends at
+        # the last position?).
+        last = query.length - 1
+        self._fast: dict[str, tuple[tuple[int, ...], int, str | None, bool]] = {}
+        if self.config.ais_clock:
+            for etype, (pos, pos_filtered, neg, _) in self._routes.items():
+                if pos and not pos_filtered and not neg:
+                    self._fast[etype] = (pos, pos[0] if len(pos) == 1 else -1, query.partition_attributes.get(etype),
+                                         pos[-1] == last)
+        # Construction straight to output events: no cross predicate to check, no negation filter to apply.
+        self._plain_matches = not query.negations and not any(query.checks[last])
+        self._prune = self.config.ais_partition
+        self._record_purges = self.config.record_purges
+        # A purge is due once the oldest registered state is below L - A - W - purge_lag.
+        self._purge_due_us = self._purge_lag + self._lateness + query.window
 
     # ---------------------------------------------------------------- time
 
@@ -284,11 +309,89 @@ class SequenceEngine:
             problem = self._check(event)
             if problem is not None:
                 return self._reject(*problem)
-        q = self.query
         c = self.counters
         c.events += 1
         ts = event.ts
         low = self._low
+        clock = self._clock
+        fast = self._fast.get(event.event_type)
+        if fast is None or clock is None or ts < clock or (low is not None and ts < low):
+            return self._general(event, ts, low, clock)
+        # In-order fast path: an on-time event (ts >= CLOCK >= every AIS-CLOCK, not behind L) of a type that
+        # only binds positive positions without constant predicates.  The same steps as the general path (CLOCK
+        # update, due release and purge, partition, registration, append semantics, construction at the last
+        # position) without the checks that cannot apply to it, inline because it runs for nearly every event.
+        outs: list[SaseOutput]
+        if ts > clock:
+            self._clock = ts
+            if self._punctuation is None:
+                low = self._low = None if self._k is None else ts - self._k
+            else:
+                self._update_low()
+                low = self._low
+            outs = self._on_time() if low is not None and low >= self._due_low else []
+        else:
+            outs = []
+        positions, single, attr, at_last = fast
+        key: Hashable = event.attrs[attr] if attr is not None else None
+        part = self._partitions.get(key)
+        if part is None:
+            part = self._partitions[key] = _Partition(self.query)
+            c.partitions += 1
+        seq = self._seq
+        self._seq = seq + 1
+        registered = part.registered_ts
+        if registered is None or ts < registered:
+            self._register(part, key, ts)
+        ais = part.ais
+        ais.ais_clock = ts
+        stacks = ais.stacks
+        if single >= 0:
+            # One position (every type of a query without repeated types): no loop.
+            rip = None
+            if single:
+                prev = stacks[single - 1]
+                prev_ts = prev.ts
+                if prev_ts:
+                    if prev_ts[-1] < ts:
+                        rip = prev.items[-1]
+                    else:
+                        k = bisect_left(prev_ts, ts)
+                        if k:
+                            rip = prev.items[k - 1]
+            inst = Instance(event, seq, rip)
+            st = stacks[single]
+            st.items.append(inst)
+            st.ts.append(ts)
+            c.instances += 1
+        else:
+            inst = ais.append_all(positions, event, seq)
+            c.instances += len(positions)
+        if not at_last:
+            return outs
+        before = ais.candidates
+        if self._plain_matches:
+            found = ais.construct_last(inst, self._prune)
+            if found:
+                n = len(found)
+                c.matches_constructed += n
+                c.emitted += n
+                outs += [match_output(events, ts) for events in found]
+            c.candidates += ais.candidates - before
+            return outs
+        matches = ais.construct(positions[-1], inst, prune=self._prune)
+        c.candidates += ais.candidates - before
+        for match in matches:
+            out = self._accept(part, key, match, False, False)
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def _general(self, event: SaseEvent, ts: int, low: int | None, clock: int | None) -> list[SaseOutput]:
+        """Every event the in-order fast path does not take: out of order, behind the watermark, the first
+        event, or of a type with constant predicates or a negation role."""
+        q = self.query
+        c = self.counters
         behind = False
         if low is not None and ts < low:
             if ts < low - self._lateness:
@@ -297,7 +400,6 @@ class SequenceEngine:
             behind = True
             c.behind_watermark += 1
         outs: list[SaseOutput] = []
-        clock = self._clock
         late = clock is not None and ts < clock
         if late:
             c.late_events += 1
@@ -307,7 +409,8 @@ class SequenceEngine:
                 self._low = None if self._k is None else ts - self._k
             else:
                 self._update_low()
-            outs.extend(self._on_time())
+            if self._low is not None and self._low >= self._due_low:
+                outs.extend(self._on_time())
         attrs = event.attrs
         route = self._routes.get(event.event_type)
         if route is None:
@@ -417,6 +520,7 @@ class SequenceEngine:
         if low is None or final_at > low:
             part.held[mid] = held
             heapq.heappush(self._release_heap, (final_at, mid, key))
+            self._due_low = min(self._due_low, final_at)
             c.held += 1
             if not self._aggressive:
                 return None
@@ -426,6 +530,8 @@ class SequenceEngine:
 
     def _emit(self, kind: Literal["match", "add", "late_match"], events: tuple[SaseEvent, ...]) -> SaseOutput:
         self.counters.emitted += 1
+        if kind == "match":
+            return match_output(events, self._now())
         if kind == "late_match":
             self.counters.late_matches += 1
         return SaseOutput(kind, events, self._now())
@@ -435,6 +541,7 @@ class SequenceEngine:
         if held.final_at > low - self._lateness:
             part.released[held.match_id] = held
             heapq.heappush(self._forget_heap, (held.final_at, held.match_id, key))
+            self._due_low = min(self._due_low, held.final_at + self._lateness)
             self.counters.released_retained += 1
 
     def _negate(self, part: _Partition, k: int, event: SaseEvent) -> list[SaseOutput]:
@@ -475,6 +582,7 @@ class SequenceEngine:
             part.registered_ts = ts
             self._heap_tiebreak += 1
             heapq.heappush(self._purge_heap, (ts, self._heap_tiebreak, key))
+            self._due_low = min(self._due_low, ts + self._purge_due_us + 1)
 
     def _on_time(self) -> list[SaseOutput]:
         """CLOCK or punctuation moved: release final held matches, then purge (PSSC / PNG)."""
@@ -485,13 +593,9 @@ class SequenceEngine:
         release_heap, purge_heap, forget_heap = self._release_heap, self._purge_heap, self._forget_heap
         late_low = low - self._lateness
         bound = late_low - self.query.window
-        if (not release_heap or release_heap[0][0] > low) and (
-            not purge_heap or purge_heap[0][0] + self._purge_lag >= bound
-        ) and (not forget_heap or forget_heap[0][0] > late_low):
-            return outs  # nothing due: the common case on every CLOCK update
         c = self.counters
-        while self._release_heap and self._release_heap[0][0] <= low:
-            _, mid, key = heapq.heappop(self._release_heap)
+        while release_heap and release_heap[0][0] <= low:
+            _, mid, key = heapq.heappop(release_heap)
             part = self._partitions.get(key)
             held = part.held.pop(mid, None) if part is not None else None
             if held is None or part is None:
@@ -502,35 +606,47 @@ class SequenceEngine:
             self._retain(part, key, held, low)
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
-        while self._forget_heap and self._forget_heap[0][0] <= late_low:
-            _, mid, key = heapq.heappop(self._forget_heap)
+        while forget_heap and forget_heap[0][0] <= late_low:
+            _, mid, key = heapq.heappop(forget_heap)
             part = self._partitions.get(key)
             if part is None or part.released.pop(mid, None) is None:
                 continue  # already withdrawn by a late negation event
             c.released_retained -= 1
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
-        while self._purge_heap and self._purge_heap[0][0] + self._purge_lag < bound:
-            ts, _, key = heapq.heappop(self._purge_heap)
+        lag = self._purge_lag
+        while purge_heap and purge_heap[0][0] + lag < bound:
+            ts, _, key = heapq.heappop(purge_heap)
             part = self._partitions.get(key)
             if part is None or part.registered_ts != ts:
                 continue
-            if not part.held and not part.released and not self.config.record_purges and part.newest_ts() < bound:
+            ais_clock = part.ais.ais_clock
+            if (not part.held and not part.released and not self._record_purges
+                    and (ais_clock is None or ais_clock < bound) and part.newest_ts() < bound):
                 # The whole partition expired (the usual end of a key's life): drop it in one step.
                 n_inst, n_neg = len(part.ais), sum(len(b) for b in part.neg)
-                self.counters.purged_instances += n_inst
-                self.counters.instances -= n_inst
-                self.counters.purged_negation_events += n_neg
-                self.counters.negation_events -= n_neg
+                c.purged_instances += n_inst
+                c.instances -= n_inst
+                c.purged_negation_events += n_neg
+                c.negation_events -= n_neg
                 del self._partitions[key]
                 continue
             self._purge(part, bound)
-            oldest = part.oldest_ts()
+            oldest = part.oldest_ts() if part.neg else part.ais.oldest_ts()
             part.registered_ts = None
             if oldest is not None:
                 self._register(part, key, oldest)
             elif not part.held and not part.released:
                 del self._partitions[key]
+        # Exact again: the lowest watermark at which one of the heaps has something due.
+        due = _NEVER
+        if release_heap:
+            due = release_heap[0][0]
+        if purge_heap:
+            due = min(due, purge_heap[0][0] + self._purge_due_us + 1)
+        if forget_heap:
+            due = min(due, forget_heap[0][0] + self._lateness)
+        self._due_low = due
         return outs
 
     def _purge(self, part: _Partition, bound: int) -> None:
@@ -542,9 +658,10 @@ class SequenceEngine:
         if self.config.record_purges:
             now = self._now()
             self.purge_log.extend((now, i.event.event_type, i.ts) for i in purged)
-        n = sum(b.purge_before(bound) for b in part.neg)
-        c.purged_negation_events += n
-        c.negation_events -= n
+        if part.neg:
+            n = sum(b.purge_before(bound) for b in part.neg)
+            c.purged_negation_events += n
+            c.negation_events -= n
 
     # ---------------------------------------------------------------- bad input
 
@@ -675,6 +792,8 @@ class SequenceEngine:
             registered_ts, part.registered_ts = part.registered_ts, None
             if registered_ts is not None:
                 engine._register(part, key, registered_ts)
+        due = engine.next_timer_us()
+        engine._due_low = _NEVER if due is None else due
         return engine
 
 

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError"]
+__all__ = [
+    "OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError", "match_output",
+]
 
 OutputKind = Literal["match", "retract", "add", "late_match", "invalidated", "too_late"]
 """What an output record means downstream.
@@ -104,3 +106,22 @@ class SaseOutput:
     def key(self) -> tuple[tuple[str, int, str | None], ...]:
         """A hashable identity of the matched sequence (type, ts, event_id per element)."""
         return tuple((e.event_type, e.ts, e.event_id) for e in self.events)
+
+
+_new_object = object.__new__
+_set_kind, _set_events, _set_emitted_at, _set_cause, _set_reason = (
+    SaseOutput.__dict__[name].__set__ for name in ("kind", "events", "emitted_at", "cause", "reason")
+)
+
+
+def match_output(events: tuple[SaseEvent, ...], emitted_at: int) -> SaseOutput:
+    """``SaseOutput("match", events, emitted_at)``, the same object, for the engine's hot path: it fills the slots
+    directly instead of through the frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field),
+    which costs about half of it."""
+    out: SaseOutput = _new_object(SaseOutput)
+    _set_kind(out, "match")
+    _set_events(out, events)
+    _set_emitted_at(out, emitted_at)
+    _set_cause(out, None)
+    _set_reason(out, None)
+    return out
