@@ -37,7 +37,10 @@ def gateway(
         help="Replicas of every topic the gateway creates [min(3, brokers in the cluster)].")] = None,
     prefix: Annotated[str | None, typer.Option(help="Topic prefix [skewless].")] = None,
     max_frame_bytes: Annotated[int | None, typer.Option(help="Largest accepted frame body [1 MiB].")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics and /healthz on this port.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Serve /metrics and /healthz on this port, 0 = any free port [7780].")] = None,
+    metrics: Annotated[bool | None, typer.Option(
+        "--metrics/--no-metrics", help="Serve /metrics and /healthz (docs/operations.md) [on].")] = None,
     metrics_host: Annotated[str | None, typer.Option(help="Address of the metrics endpoint [127.0.0.1].")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate: enables TLS.")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
@@ -86,7 +89,7 @@ def gateway(
             "host": host, "port": port, "bootstrap": bootstrap, "topic_prefix": prefix,
             "kafka": parse_kafka_properties(kafka_property) if kafka_property else None,
             "replication_factor": replication_factor, "max_frame_bytes": max_frame_bytes,
-            "metrics_port": metrics_port, "metrics_host": metrics_host,
+            "metrics_port": metrics_port, "metrics": metrics, "metrics_host": metrics_host,
             "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
             "hmac_secret": hmac_secret or auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
             "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,

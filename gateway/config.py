@@ -27,13 +27,16 @@ BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
 HMAC_SECRET_ENV = "SKEWLESS_HMAC_SECRET"
 # Tables a config file may hold: the gateway's settings and the librdkafka properties every Kafka client shares.
 TABLES = ("gateway", "kafka")
+# /metrics and /healthz: outside Prometheus' own 9090-9094 and the exporters' 9100+ (docs/operations.md).
+DEFAULT_METRICS_PORT = 7780
 
 # The type of every setting; durations ("_s" keys) are numbers of seconds or strings with a unit ("250ms", "2m").
 _PORT, _POSITIVE, _STR, _BOOL, _TABLE, _LIST, _SECONDS, _MICROS, _DURATION_TEXT = (
     "port", "positive int", "str", "bool", "table", "list", "seconds", "micros", "duration text")
 SCHEMA: dict[str, str] = {
     "host": _STR, "port": _PORT, "bootstrap": _STR, "topic_prefix": _STR, "max_frame_bytes": _POSITIVE,
-    "metrics_host": _STR, "metrics_port": _PORT, "tls_cert": _STR, "tls_key": _STR, "auth_tokens": _TABLE,
+    "metrics_host": _STR, "metrics_port": _PORT, "metrics": _BOOL, "tls_cert": _STR, "tls_key": _STR,
+    "auth_tokens": _TABLE,
     "hmac_secret": _STR, "allowed_sources": _LIST, "kafka": _TABLE, "producer": _TABLE, "timesync": _BOOL,
     "timesync_host": _STR, "timesync_port": _PORT, "sync_keys": _TABLE, "upstream_ntp": _LIST,
     "merge_wait_learned": _BOOL, "cluster": _STR, "gateway_id": _STR, "advertised_host": _STR, "instance_id": _STR,
@@ -178,11 +181,14 @@ def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None
 
 def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
     config = GatewayConfig()
+    config.metrics_port = DEFAULT_METRICS_PORT
     for name in ("host", "port", "topic_prefix", "max_frame_bytes", "metrics_host",
                  "metrics_port", "clock_step_max_held", "shards", "cluster", "gateway_id", "advertised_host",
                  "instance_id"):
         if name in settings:
             setattr(config, name, settings[name])
+    if not _truthy(settings.get("metrics", True)):  # metrics = false (--no-metrics): no endpoint at all
+        config.metrics_port = None
     bootstrap = settings.get("bootstrap", settings.get("bootstrap_servers"))
     if bootstrap is not None:
         config.bootstrap_servers = bootstrap

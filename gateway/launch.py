@@ -87,8 +87,12 @@ class ReadyLineParser:
 
 
 def gateway_command(args: Sequence[str], *, wrapper: Sequence[str] = (), python: str = sys.executable) -> list[str]:
-    """`python -m skewless gateway ARGS`, optionally run through `wrapper` (e.g. `ip netns exec NAME`)."""
-    return [*wrapper, python, "-m", "skewless", "gateway", *args]
+    """`python -m skewless gateway ARGS`, optionally run through `wrapper` (e.g. `ip netns exec NAME`).
+
+    Gateways started by programs (the demo, tests, benchmarks) run several to a host: unless ``args`` choose a
+    metrics port (or ``--no-metrics``), each serves its metrics on a free port instead of the default 7780."""
+    chosen = any(a.split("=", 1)[0] in ("--metrics-port", "--no-metrics", "--metrics") for a in args)
+    return [*wrapper, python, "-m", "skewless", "gateway", *args, *(() if chosen else ("--metrics-port", "0"))]
 
 
 def spawn_gateway(args: Sequence[str], *, wrapper: Sequence[str] = (), env: Mapping[str, str] | None = None,

@@ -133,3 +133,11 @@ def test_the_learned_merge_wait_is_on_unless_switched_off_by_file_or_env(tmp_pat
     for raw, learned in (("false", False), ("0", False), ("off", False), ("true", True), ("1", True)):
         settings = load_settings(None, env={"SKEWLESS_GATEWAY_MERGE_WAIT_LEARNED": raw})
         assert build_config(settings).pipeline.merger.learn_wait is learned
+
+
+def test_metrics_are_served_on_7780_unless_moved_or_switched_off():
+    assert build_config({}).metrics_port == 7780
+    assert build_config(load_settings(None, env={}, overrides={"metrics_port": 0})).metrics_port == 0
+    assert build_config(load_settings(None, env={"SKEWLESS_GATEWAY_METRICS": "false"})).metrics_port is None
+    assert build_config(load_settings(None, env={}, overrides={"metrics": False, "metrics_port": 9})).metrics_port \
+        is None

@@ -38,7 +38,15 @@ def test_the_ready_line_comes_last():
 
 def test_the_command_runs_the_skewless_cli_through_an_optional_wrapper():
     assert gateway_command(["--port", "0"], wrapper=["ip", "netns", "exec", "lab"], python="py") == [
-        "ip", "netns", "exec", "lab", "py", "-m", "skewless", "gateway", "--port", "0"]
+        "ip", "netns", "exec", "lab", "py", "-m", "skewless", "gateway", "--port", "0", "--metrics-port", "0"]
+
+
+def test_a_spawned_gateway_serves_metrics_on_a_free_port_unless_told_otherwise():
+    # Several gateways of the demo, tests and benchmarks share a host: the default metrics port 7780 would clash.
+    assert gateway_command([], python="py")[-2:] == ["--metrics-port", "0"]
+    assert gateway_command(["--metrics-port", "7781"], python="py")[-2:] == ["--metrics-port", "7781"]
+    assert gateway_command(["--metrics-port=7781"], python="py")[-1] == "--metrics-port=7781"
+    assert gateway_command(["--no-metrics"], python="py")[-1] == "--no-metrics"
 
 
 def fake_gateway(code: str) -> list[str]:
