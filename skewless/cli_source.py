@@ -126,7 +126,8 @@ class ReplaySummary:
 
 
 async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, options: ReplayOptions, *,
-                       timesync_port: int | None = None, sync_attempts: int = 10, pool_size: int = 1,
+                       timesync_port: int | None = None, time_sync: bool = True, sync_attempts: int = 10,
+                       pool_size: int = 1,
                        batch_events: int = 50, linger_s: float = 0.002, token: str | None = None,
                        hmac_secret: bytes | None = None, flush_timeout_s: float = 60.0,
                        progress: bool = False) -> ReplaySummary:
@@ -139,7 +140,8 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
     for p in plan:
         if p.stream not in streams.setdefault(p.source_id, []):
             streams[p.source_id].append(p.stream)
-    clients = {source_id: SkewlessClient(host, port, source_id, source_streams, udp_port=timesync_port,
+    clients = {source_id: SkewlessClient(host, port, source_id, source_streams, time_sync=time_sync,
+                                         udp_port=timesync_port,
                                          sync_attempts=sync_attempts, clock_us=clocks[source_id],
                                          pool_size=pool_size, batch_events=batch_events, linger_s=linger_s,
                                          token=token, hmac_secret=hmac_secret, backoff=Backoff(max_s=2.0))
@@ -206,7 +208,11 @@ def replay(
     host: Annotated[str, typer.Option(help="Gateway host.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway TCP port.")] = 7700,
     timesync_port: Annotated[int | None, typer.Option(
-        min=1, max=65535, help="The gateway's time-sync UDP port; omit for a gateway without time sync.")] = None,
+        min=1, max=65535, help="Time-sync UDP port if the gateway announces none (it announces its own in "
+                               "welcome).")] = None,
+    timesync: Annotated[bool, typer.Option(
+        "--timesync/--no-timesync", help="Sync each source's clock with the gateway (--no-timesync: never).")]
+    = True,
     udp_port: Annotated[int | None, typer.Option(hidden=True, help="Deprecated spelling of --timesync-port.")]
     = None,
     sync_attempts: Annotated[int, typer.Option(min=1, help="Requests per time-sync burst.")] = 10,
@@ -248,7 +254,8 @@ def replay(
 ) -> None:
     """Replay a trace as live sources (one SDK client per source_id) in arrival order, paced in real time.
 
-    Each source gets a simulated clock (offset, skew) and syncs it against --timesync-port when given.
+    Each source gets a simulated clock (offset, skew) and syncs it with the gateway (at the time-sync port the
+    gateway announces, else --timesync-port) unless --no-timesync.
 
     Events keep the trace's disorder, plus jitter and pool interleaving; a summary follows the last ack.
     """
@@ -270,7 +277,8 @@ def replay(
                             sources=tuple(source or ()), limit=limit, seed=seed)
     try:
         summary = asyncio.run(replay_trace(
-            events, host, port, options, timesync_port=timesync_port, sync_attempts=sync_attempts, pool_size=pool,
+            events, host, port, options, timesync_port=timesync_port, time_sync=timesync,
+            sync_attempts=sync_attempts, pool_size=pool,
             batch_events=batch_events, linger_s=linger_us / 1e6, token=token,
             hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress))
     except OSError as exc:
