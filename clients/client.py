@@ -1050,6 +1050,7 @@ class SkewlessClient:
         future = self._deliveries.refused(refused.stream, refused.seq)
         if future is not None and not future.done():
             future.set_exception(EventRefused(refused.stream, refused.seq, refused.code, refused.message))
+            future.exception()  # retrieved: the refusal is logged below, a dropped future need not log it again
         self.stats.events_refused += 1
         self.refused.append(refused)
         log.warning("%s: the gateway refused %s seq %d (%s): %s", self.source_id, refused.stream, refused.seq,
