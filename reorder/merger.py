@@ -105,6 +105,7 @@ class _Source:
     __slots__ = (
         "error_us",
         "frontier",
+        "heard_us",
         "last_seq",
         "pending_beat",
         "queue",
@@ -122,6 +123,8 @@ class _Source:
         self.pending_beat: tuple[int, int] | None = None  # (seq, ref_ts_us) not yet covered
         self.timed_out = False
         self.wait_deadline: int | None = None
+        # when the source last spoke (an event, a heartbeat, its registration): a wait counts its silence from here
+        self.heard_us: int | None = None
         # when the merge started waiting for this source (None: not waiting), and how long its silences lasted
         self.waited_since: int | None = None
         self.silences = silences
@@ -335,6 +338,7 @@ class MultiSourceMerger:
         return src
 
     def _revive(self, source_id: str, src: _Source, now_us: int) -> None:
+        src.heard_us = now_us
         if src.waited_since is not None:
             # the silence the merge waited through ends here, whether or not the wait had given up
             if src.silences is not None:
@@ -418,7 +422,14 @@ class MultiSourceMerger:
                             # a source that never delivered has shown no silences: the given wait (a join or
                             # reconnect grace) alone says how long it may take to speak
                             wait = max(wait, self._learned_wait_us(bsrc.silences))
-                        bsrc.wait_deadline = now_us + wait
+                        # The wait starts when the head began to wait or the source last spoke, whichever is later,
+                        # not when the source became the blocker: sources silent since before the head arrived (gone
+                        # without a word) then share one wait, instead of N waits in a row each starting as the
+                        # previous one gave up.
+                        start_us = sources[sid].queue[0][2]
+                        if bsrc.heard_us is not None and bsrc.heard_us > start_us:
+                            start_us = bsrc.heard_us
+                        bsrc.wait_deadline = min(start_us, now_us) + wait
                         if bsrc.waited_since is None:
                             bsrc.waited_since = now_us
                 break

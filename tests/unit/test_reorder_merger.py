@@ -35,7 +35,28 @@ def test_releases_smallest_reference_time_using_each_sources_offset() -> None:
     assert merged(out) == [("S3", 0, 1100)]
     out = m.push(ev("S3", 1, 1900), 5, 5)  # ref 1400 -> S1 (1200); then S1 is empty: wait for it
     assert merged(out) == [("S1", 0, 1200)]
-    assert m.next_deadline_us() == 5 + 10_000
+    # the head (S2's 1300) has waited since it arrived at 4, and S1 has been silent longer: the wait counts from 4
+    assert m.next_deadline_us() == 4 + 10_000
+
+
+def test_sources_gone_silent_together_cost_the_merge_one_wait_not_one_each() -> None:
+    """Twenty sources speak once and go (no bye reaches the merge); a new source's event then waits for them. The wait
+    counts from when the event began to wait (they were silent since before it), so all twenty are given up at its
+    deadline, not one after another 20 waits later."""
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=1_000_000, learn_wait=False))
+    gone = [f"gone-{i:02d}" for i in range(20)]
+    for source_id in gone:
+        m.register(source_id, 0)
+    out = []
+    for source_id in gone:
+        out += m.push(ev(source_id, 0, 100), 10, 10)
+    assert merged(out) == [(source_id, 0, 100) for source_id in gone]
+    m.register("new", 5_000_000)
+    assert merged(m.push(ev("new", 0, 5_000_000), 5_000_000, 5_000_000)) == []
+    assert m.next_deadline_us() == 5_000_000 + 1_000_000
+    out = m.advance(6_000_000)
+    assert sorted(o.source_id for o in out if isinstance(o, SourceTimedOut)) == gone
+    assert merged(out) == [("new", 0, 5_000_000)]
 
 
 def test_thesis_waits_for_an_empty_source_then_flags_it_timed_out_until_its_next_event() -> None:
