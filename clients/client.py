@@ -28,6 +28,7 @@ from clients.core import (
     DeliveryWatch,
     GatewayAddress,
     GatewayRouter,
+    HeartbeatPromise,
     IdleTimer,
     PoolScheduler,
     ResyncGate,
@@ -335,8 +336,8 @@ class SkewlessClient:
         self._connected = False
         self._closed = False
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
-        # (highest source_ts_us sent, clock_us() when it was sent): what heartbeats extrapolate from.
-        self._ts_anchor: tuple[int, int] | None = None
+        # What heartbeats may claim, from the stamps sent so far and their send lags.
+        self._promise = HeartbeatPromise()
         self._warned_no_time_server = False
 
     # -- properties ------------------------------------------------------------------------------------------------
@@ -383,16 +384,13 @@ class SkewlessClient:
     def heartbeat_ts_us(self) -> int | None:
         """The source time a heartbeat carries, None before the first event (then no heartbeat is sent).
 
-        The gateway's merge takes a heartbeat as a promise that no older event follows, so the SDK only claims
-        what it knows: the highest ``source_ts_us`` sent so far, advanced by the source clock time elapsed since
-        it was sent. With ``clock_us()`` stamps that is simply ``clock_us()`` now; with the application's own
-        ``source_ts_us`` values it is their latest one carried forward at the clock's rate (an application whose
-        timestamps run slower than ``clock_us()`` should pass its own clock as ``clock_us``).
+        The gateway's merge takes a heartbeat as a promise that no older event follows, so the SDK only claims what
+        the stamps so far imply (:class:`clients.core.HeartbeatPromise`): with ``clock_us()`` stamps that is simply
+        ``clock_us()`` now; with the application's own ``source_ts_us`` it is now less the largest recent delay between
+        an event's stamp and its ``send()``. An application whose stamps run slower than ``clock_us()`` should pass
+        the clock its stamps follow as ``clock_us``.
         """
-        anchor = self._ts_anchor
-        if anchor is None:
-            return None
-        return anchor[0] + max(0, self.clock_us() - anchor[1])
+        return self._promise.promise_us(self.clock_us())
 
     def reference_now_us(self) -> int:
         """The source's best idea of the reference clock now: its clock mapped through the latest sync estimate."""
@@ -641,17 +639,14 @@ class SkewlessClient:
             seq = self._seqs.next(stream)
         else:
             self._seqs.claim(stream, seq)
-        anchor = self._ts_anchor
         if source_ts_us is None:
             ts_us = self.clock_us()
-            if anchor is None or ts_us >= anchor[0]:
-                self._ts_anchor = (ts_us, ts_us)
+            self._promise.sent(ts_us, ts_us)
         else:
             ts_us = source_ts_us
             if not 0 <= ts_us <= MAX_SEQ:
                 raise ValueError(f"source_ts_us {ts_us} is outside [0, 2**63)")
-            if anchor is None or ts_us >= anchor[0]:
-                self._ts_anchor = (ts_us, self.clock_us())
+            self._promise.sent(ts_us, self.clock_us())
         self._store.add(stream, seq, ts_us, payload)
         if self._spool is not None:
             self._spool.append_event(stream, seq, ts_us, payload)

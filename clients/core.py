@@ -24,6 +24,7 @@ __all__ = [
     "EventTooLarge",
     "GatewayAddress",
     "GatewayRouter",
+    "HeartbeatPromise",
     "IdleTimer",
     "PendingEvent",
     "PoolScheduler",
@@ -226,6 +227,39 @@ def heartbeat_next_seq(seqs: SeqAssigner, store: UnackedStore) -> dict[str, int]
     written, so the gateway is never told an event is behind it while it sits in this client's queue."""
     floor = store.unsent_floor()
     return {s: min(seqs.peek(s), floor.get(s, MAX_SEQ)) for s in seqs.streams}
+
+
+# Send lags remembered for heartbeats: enough to cover a burst's jitter, few enough to scan at each heartbeat.
+HEARTBEAT_LAG_WINDOW = 64
+
+
+class HeartbeatPromise:
+    """The source time a heartbeat may claim: no later event of this source will be stamped before it.
+
+    The gateway's merge takes that as a promise (its frontier), so it may only say what the stamps so far imply.
+    Each sent event has a *send lag*, ``clock_us()`` at ``send()`` minus its stamp: zero for events stamped by the
+    SDK, the application's own delay (sensor reading to ``send()``) for stamps it passes. An event sent now is stamped
+    no earlier than now minus its lag, so the promise is ``now - the largest lag of the last HEARTBEAT_LAG_WINDOW
+    events``, and never below the newest stamp (stamps follow seq). Taking the largest recent lag rather than the
+    newest one's keeps a jittery reading-to-send delay from making a heartbeat promise more than the next event
+    keeps. Stamps that drift slower than ``clock_us()`` still break it: such an application passes the clock its
+    stamps follow as ``clock_us``.
+    """
+
+    def __init__(self, window: int = HEARTBEAT_LAG_WINDOW) -> None:
+        self._newest_ts_us: int | None = None
+        self._lags_us: deque[int] = deque(maxlen=window)
+
+    def sent(self, ts_us: int, clock_now_us: int) -> None:
+        if self._newest_ts_us is None or ts_us > self._newest_ts_us:
+            self._newest_ts_us = ts_us
+        self._lags_us.append(clock_now_us - ts_us)
+
+    def promise_us(self, clock_now_us: int) -> int | None:
+        """None before the first event: then no heartbeat is sent."""
+        if self._newest_ts_us is None:
+            return None
+        return max(self._newest_ts_us, clock_now_us - max(self._lags_us))
 
 
 # Frame overhead on top of the events themselves: the map header, "type": "events", the array header.

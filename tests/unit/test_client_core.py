@@ -10,6 +10,7 @@ from clients.auth import hmac_provider, hmac_token, parse_hmac_token
 from clients.core import (
     Backoff,
     EventTooLarge,
+    HeartbeatPromise,
     IdleTimer,
     PendingEvent,
     PoolScheduler,
@@ -373,3 +374,43 @@ def test_requests_more_than_the_interval_apart_each_start_a_burst_at_once():
         gate.started(now_s)
         assert gate.finished(now_s + 0.05) is None
     assert gate.request(14.5) == pytest.approx(0.5)  # too soon after the last one: deferred, never dropped
+
+
+def test_a_heartbeat_promises_now_less_the_largest_recent_send_lag_never_below_the_newest_stamp() -> None:
+    promise = HeartbeatPromise(window=3)
+    assert promise.promise_us(1_000) is None
+    promise.sent(1_000, 1_000)  # stamped by the SDK: lag 0
+    assert promise.promise_us(1_500) == 1_500
+    # the application's own stamps, sent 2 ms then 5 ms then 1 ms after their reading
+    promise.sent(10_000, 12_000)
+    promise.sent(20_000, 25_000)
+    promise.sent(30_000, 31_000)
+    # a heartbeat at 40,000: the next reading could be as old as 40,000 - 5,000 (the largest recent lag), and the
+    # newest lag alone (1 ms) would have promised 39,000
+    assert promise.promise_us(40_000) == 35_000
+    # right after a send the promise never falls below the newest stamp
+    assert promise.promise_us(31_000) == 30_000
+    # the 5 ms lag leaves the window of 3 after three more sends
+    for ts_us in (41_000, 42_000, 43_000):
+        promise.sent(ts_us, ts_us + 1_000)
+    assert promise.promise_us(50_000) == 49_000
+
+
+def test_with_a_jittery_reading_to_send_delay_no_event_is_stamped_behind_a_heartbeat_sent_before_it() -> None:
+    """Readings every 10 ms, each sent 4, 0, 1 or 3 ms after it; a heartbeat may go out at any instant before the next
+    send. Every event's stamp must be at or after every heartbeat sent before it. The newest stamp carried forward
+    by the clock (the promise before HeartbeatPromise) breaks that whenever a send lags more than the previous one."""
+    lags_us = (4_000, 0, 1_000, 3_000)
+    promise = HeartbeatPromise()
+    broken_by_newest_lag = 0
+    for n in range(400):
+        reading_us = 1_000_000 + n * 10_000
+        send_us = reading_us + lags_us[n % 4]
+        promise.sent(reading_us, send_us)
+        next_reading_us = reading_us + 10_000
+        next_send_us = next_reading_us + lags_us[(n + 1) % 4]
+        for heartbeat_us in range(send_us, next_send_us, 100):
+            promised = promise.promise_us(heartbeat_us)
+            assert promised is not None and promised <= next_reading_us, (n, heartbeat_us, promised)
+            broken_by_newest_lag += reading_us + (heartbeat_us - send_us) > next_reading_us
+    assert broken_by_newest_lag > 0
