@@ -4,8 +4,11 @@ Stages, each timed over the same 200k in-order events from 20 sources, batches o
   decode   GatewaySession.receive_data (frame split + msgpack + validation)
   ingest   IngestCore.events_received: dedup (DeliveryTracker), the ordering pipeline (SequenceReorderer,
            ReferenceMapping, MultiSourceMerger) and record encoding (contract.records, orjson), as the gateway runs it
-  produce  confluent-kafka Producer.produce into a local queue (no broker reachable: measures the client call)
-Prints microseconds per event per stage; the sum is the floor of the gateway's CPU cost per event.
+  produce  confluent-kafka Producer.produce into a local queue (no broker reachable: measures the client call), with
+           the record's timestamp and headers as the shard passes them
+Prints microseconds per event per stage; the sum is the floor of the gateway's CPU cost per event. Times are this
+process's CPU time (time.process_time), not wall time: on the shared machine, waiting for a core is not the
+gateway's cost. ``--print-only`` writes nothing (to compare another checkout: PYTHONPATH=<tree>).
 
 ``--ingest-only`` times the ingest stage alone on pre-decoded events, twice: with unsynced sources
 (IdentityMapping, as the stage table) and with synced ones (an EstimateMapping over a SourceInfoStore, as the
@@ -16,7 +19,10 @@ the median of ``--repeats`` runs and writes nothing: quick enough to compare two
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -56,7 +62,7 @@ def stage_costs() -> tuple[dict[str, float], int]:
                          "linger.ms": 1000, "log_level": 0})
     spent = dict.fromkeys(("decode", "ingest", "produce"), 0.0)
     count = 0
-    clock = time.perf_counter
+    clock = time.process_time
     for batch_index in range(PER_SOURCE // BATCH):
         for s in range(SOURCES):
             t0 = clock()
@@ -68,7 +74,10 @@ def stage_costs() -> tuple[dict[str, float], int]:
                         if isinstance(a, Produce)]
             t3 = clock()
             for action in produced:
-                producer.produce("bench", value=action.value, key=action.key)
+                headers = getattr(action, "headers", None)
+                producer.produce("bench", value=action.value, key=action.key,
+                                 timestamp=getattr(action, "timestamp_ms", 0),
+                                 headers=None if headers is None else list(headers))
             t4 = clock()
             spent["decode"] += t1 - t0
             spent["ingest"] += t3 - t2
@@ -102,7 +111,7 @@ def ingest_cost(synced: bool, per_source: int = PER_SOURCE) -> float:
                         for i in range(0, per_source, BATCH)])
     spent = 0.0
     count = 0
-    clock = time.perf_counter
+    clock = time.process_time
     for batch_index in range(per_source // BATCH):
         arrival_us = base_us + (batch_index + 1) * BATCH * 10 + 1_000
         for s in range(SOURCES):
@@ -127,33 +136,80 @@ def write_profile() -> None:
     (DOCS / "gateway-profile.txt").write_text(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
-def main() -> None:
-    spent, count = stage_costs()
-    total = sum(spent.values())
-    lines = []
-    for stage, seconds in spent.items():
-        lines.append(f"| {stage} | {seconds * 1e6 / count:.2f} | {seconds / total:.1%} |")
-        print(f"{stage:>8}: {seconds * 1e6 / count:6.2f} us/event  ({seconds / total:5.1%})")
-    print(f"   total: {total * 1e6 / count:6.2f} us/event  -> at most {count / total:,.0f} events/s per core")
+def stages_of(tree: Path) -> dict[str, float]:
+    """The stage table (us/event) of another checkout's gateway: this script run with its modules first."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    output = subprocess.run([sys.executable, __file__, "--print-only"], env=env, cwd=tree, check=True,
+                            capture_output=True, text=True).stdout
+    return {line.split(":")[0].strip(): float(line.split(":")[1].split()[0]) for line in output.splitlines()
+            if ":" in line}
+
+
+def main(before: Path | None, rounds: int) -> None:
+    """``rounds`` alternating runs of this tree and ``before`` (if given); the table shows medians."""
+    mine: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for _ in range(rounds):
+        spent, count = stage_costs()
+        mine.append({stage: seconds * 1e6 / count for stage, seconds in spent.items()}
+                    | {"total": sum(spent.values()) * 1e6 / count})
+        if before is not None:
+            theirs.append(stages_of(before))
+    stages = ["decode", "ingest", "produce", "total"]
+    now = {stage: statistics.median(run[stage] for run in mine) for stage in stages}
+    was = {stage: statistics.median(run[stage] for run in theirs) for stage in stages} if theirs else {}
+    for stage in stages:
+        print(f"{stage:>8}: {now[stage]:6.2f} us/event" + (f"  (before: {was[stage]:6.2f})" if was else ""))
+    if was:
+        header = "| stage | before (us/event) | this tree (us/event) | this / before |\n|---|---|---|---|"
+        rows = "\n".join(f"| {stage} | {was[stage]:.2f} | {now[stage]:.2f} | {now[stage] / was[stage]:.2f} |"
+                         for stage in stages)
+    else:
+        header = "| stage | us/event | share |\n|---|---|---|"
+        rows = "\n".join(f"| {stage} | {now[stage]:.2f} | {now[stage] / now['total']:.1%} |" for stage in stages)
     DOCS.mkdir(exist_ok=True)
     (DOCS / "gateway-hotpath.md").write_text(f"""# Gateway CPU per event, stage by stage (benchmarks/gateway_hotpath.py)
 
 {SOURCES} sources x {PER_SOURCE:,} in-order events, batches of {BATCH}, no sockets and no broker: the floor of the
-gateway's CPU cost per event. One run on the shared 2-core machine.
+gateway's CPU cost per event, in CPU time of the benchmark process (time.process_time: on the shared 2-core machine,
+at load 15-25 while this ran, waiting for a core is not the gateway's cost). Medians of {rounds} alternating runs
+of this tree and {"the checkout before (" + str(before) + ")" if before is not None else "nothing else"}.
 
-| stage | us/event | share |
-|---|---|---|
-{chr(10).join(lines)}
-| **total** | **{total * 1e6 / count:.2f}** | at most {count / total:,.0f} events/s per core |
+{header}
+{rows}
+| events/s per core (this tree) | {1e6 / now["total"]:,.0f} | | |
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation)
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
   ReferenceMapping, MultiSourceMerger, then EventRecord encoding with orjson), the call the gateway makes per batch
-- produce: confluent-kafka `Producer.produce` into librdkafka's queue
+- produce: confluent-kafka `Producer.produce` into librdkafka's queue; this tree passes each record's timestamp and
+  headers (issue 15 item 2), the tree before passed neither: the produce row's difference is what they cost
 
-The pyinstrument call tree of the same workload is in gateway-profile.txt.
-""")
+The pyinstrument call tree of this tree's workload is in gateway-profile.txt; the end-to-end profile of a gateway
+process under load (py-spy, with sockets, Kafka and its transactions) is in gateway-profile-e2e.txt and
+docs/gateway-benchmark.md reads it.
+{CHANGES}""")
     write_profile()
+
+
+# What changed in the ingest stage, kept with the code that measures it.
+CHANGES = """
+## What the ingest stage does per frame now (issue 14)
+
+- `IngestCore.events_received` dedups the frame, then hands its accepted events to `IngestPipeline.push_many`
+  together (with rule 9's mappings for a synced source): an event that is its reorderer's next seq with nothing
+  buffered is released by `SequenceReorderer.take_in_order` (a few attribute updates), and a frame's run of such
+  events enters the merge in one `MultiSourceMerger.push_run`, drained once instead of once per event. The records
+  are the same, in the same order (tests/unit/test_reorder_pipeline.py compares both paths); a punctuation now
+  follows a run instead of falling inside it, with the watermark the run leaves.
+- Topic names are cached per stream (the name check was ~5 % of the ingest stage), DeliveryRef and Produce are
+  plain slotted dataclasses (a frozen one pays object.__setattr__ per field), the merge's drain replaces the head
+  it released in one heap operation.
+- Not in this stage but in the gateway process: with transactions (the default), the shard asks librdkafka for one
+  delivery report per produce batch and stream (the offset for the progress checkpoint) instead of one Python
+  callback per record, and confirms the transaction's records to the core in one `IngestCore.on_committed` call
+  once it committed (a commit succeeds only when every record of it was delivered).
+"""
 
 
 def ingest_only(repeats: int, per_source: int) -> None:
@@ -168,8 +224,16 @@ if __name__ == "__main__":
     parser.add_argument("--ingest-only", action="store_true", help="time the ingest stage alone; writes nothing")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--per-source", type=int, default=PER_SOURCE, help="events per source (multiple of 500)")
+    parser.add_argument("--print-only", action="store_true", help="print the stage table, write nothing")
+    parser.add_argument("--before", type=Path, help="also measure this checkout's gateway (e.g. the commit before)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per tree (medians are reported)")
     args = parser.parse_args()
     if args.ingest_only:
         ingest_only(args.repeats, args.per_source)
+    elif args.print_only:
+        spent, count = stage_costs()
+        for stage, seconds in spent.items():
+            print(f"{stage:>8}: {seconds * 1e6 / count:6.2f} us/event")
+        print(f"   total: {sum(spent.values()) * 1e6 / count:6.2f} us/event")
     else:
-        main()
+        main(args.before, args.rounds)
