@@ -33,14 +33,17 @@ Checks = tuple[tuple[tuple[tuple[CompiledPredicate, int, int], ...], ...], ...]
 class Instance:
     """An active instance: an event in one stack, with its RIP pointer."""
 
-    __slots__ = ("event", "rip", "seq", "ts")
+    __slots__ = ("event", "n", "rip", "seq", "ts")
 
-    def __init__(self, event: SaseEvent, seq: int, rip: Instance | None = None) -> None:
+    def __init__(self, event: SaseEvent, seq: int, rip: Instance | None = None, n: int = -1) -> None:
         self.event = event
         self.ts = event.ts
         self.seq = seq
         """Arrival number of the event in the engine (identity for snapshots and results)."""
         self.rip = rip
+        self.n = n
+        """Ordinal in its stack: its index is ``n - stack.base`` (the stack sets it on insertion), so a RIP
+        gives the position of its target without a search, like the in-order engine's RIP index."""
 
     def __repr__(self) -> str:
         rip = f"{self.rip.event.event_type}{self.rip.ts}" if self.rip is not None else "-"
@@ -50,11 +53,13 @@ class Instance:
 class _Stack:
     """Instances in timestamp order, bottom (oldest) first, with a parallel list of timestamps for bisect."""
 
-    __slots__ = ("items", "ts")
+    __slots__ = ("base", "items", "ts")
 
     def __init__(self) -> None:
         self.items: list[Instance] = []
         self.ts: list[int] = []
+        self.base = 0
+        """Instances ever purged from the bottom: ``items[i].n == base + i``."""
 
 
 class ActiveInstanceStacks:
@@ -112,12 +117,16 @@ class ActiveInstanceStacks:
         if self.ais_clock is None or inst.ts > self.ais_clock:
             self.ais_clock = inst.ts
         if append:
+            inst.n = st.base + len(st.items)
             st.items.append(inst)
             st.ts.append(inst.ts)
             return
         k = bisect_right(st.ts, inst.ts)
+        inst.n = st.base + k
         st.items.insert(k, inst)
         st.ts.insert(k, inst.ts)
+        for above in st.items[k + 1:]:
+            above.n += 1
         if pos + 1 < self.length:
             self._repair_next(pos + 1, inst)
 
@@ -139,8 +148,8 @@ class ActiveInstanceStacks:
                         k = bisect_left(prev.ts, ts)
                         if k:
                             rip = prev.items[k - 1]
-            inst = Instance(event, seq, rip)
             st = stacks[p]
+            inst = Instance(event, seq, rip, st.base + len(st.items))
             st.items.append(inst)
             st.ts.append(ts)
         assert inst is not None, "append_all needs at least one position"
@@ -241,7 +250,7 @@ class ActiveInstanceStacks:
             return out
         chosen: list[SaseEvent] = [inst.event] * m
         if not prune:
-            self.candidates += _left_of(self.stacks, m - 2, rip, inst.ts - self.window, prune, chosen, out)
+            self.candidates += _left_of(self.stacks, m - 2, rip, inst.ts - self.window, chosen, out)
             return out
         # With the partition every sequence built is within the window: the search runs top down from each
         # RIP and stops at the first instance too old (Li's divider), which visits the tree in exactly the
@@ -274,6 +283,7 @@ class ActiveInstanceStacks:
             purged += items[:cut]
             del items[:cut]
             del ts[:cut]
+            st.base += cut
             if j + 1 < self.length:
                 # RIPs into the purged prefix must not keep purged events alive; RIPs are non-decreasing
                 # bottom to top, so they are the bottom run of the next stack.
@@ -321,7 +331,7 @@ class ActiveInstanceStacks:
         for st, items in zip(ais.stacks, stacks, strict=True):
             current: dict[int, Instance] = {}
             for seq, rip_seq in items:
-                inst = Instance(events[seq], seq)
+                inst = Instance(events[seq], seq, n=len(st.items))
                 inst.rip = previous.get(rip_seq) if rip_seq is not None else None
                 st.items.append(inst)
                 st.ts.append(inst.ts)
@@ -331,46 +341,30 @@ class ActiveInstanceStacks:
 
 
 def _left_of(
-    stacks: list[_Stack], j: int, rip: Instance, low: int, prune: bool, chosen: list[SaseEvent],
-    out: list[tuple[SaseEvent, ...]],
+    stacks: list[_Stack], j: int, rip: Instance, low: int, chosen: list[SaseEvent], out: list[tuple[SaseEvent, ...]],
 ) -> int:
-    """Bind positions j..0 of a sequence whose position j + 1 has RIP ``rip`` (bottom of stack j up to the RIP),
-    appending the sequences whose first element is newer than ``low`` to ``out``; returns the sequences built
-    before that window filter.  Position 0 is bound in the loop of position 1 (no call per leaf)."""
+    """Without the AIS partition: bind positions j..0 of a sequence whose position j + 1 has RIP ``rip`` (every
+    instance from the bottom of stack j up to the RIP), then apply the window to each finished sequence (the WD
+    operator: first element newer than ``low``), appending those within it to ``out``; returns the sequences
+    built before that filter."""
     st = stacks[j]
-    ts = st.ts
-    hi = bisect_right(ts, rip.ts)
-    lo = bisect_right(ts, low, 0, hi)
     items = st.items
-    if j == 0:
-        for k in range(lo, hi):
-            chosen[0] = items[k].event
-            out.append(tuple(chosen))
-        return hi if not prune else hi - lo
+    hi = bisect_right(st.ts, rip.ts)
     built = 0
-    if j == 1:
-        first = stacks[0]
-        first_ts = first.ts
-        first_items = first.items
-        for k in range(0 if not prune else lo, hi):
+    if j == 0:
+        for k in range(hi):
+            built += 1
             x = items[k]
-            r = x.rip
-            if r is None:
-                continue
-            chosen[1] = x.event
-            hi0 = bisect_right(first_ts, r.ts)
-            lo0 = bisect_right(first_ts, low, 0, hi0)
-            for k0 in range(lo0, hi0):
-                chosen[0] = first_items[k0].event
+            if x.ts > low:
+                chosen[0] = x.event
                 out.append(tuple(chosen))
-            built += hi0 if not prune else hi0 - lo0
         return built
-    for k in range(0 if not prune else lo, hi):
+    for k in range(hi):
         x = items[k]
         r = x.rip
         if r is not None:
             chosen[j] = x.event
-            built += _left_of(stacks, j - 1, r, low, prune, chosen, out)
+            built += _left_of(stacks, j - 1, r, low, chosen, out)
     return built
 
 
@@ -379,11 +373,12 @@ def _left_of_pruned(
 ) -> None:
     """:func:`_left_of` with the AIS partition, top down: from the RIP down to the first instance with ts <= low
     (``out`` receives the sequences in reverse order)."""
-    items = stacks[j].items
-    top = bisect_right(stacks[j].ts, rip.ts) - 1
+    st = stacks[j]
+    items = st.items
+    top = rip.n - st.base
     if j == 1:
         first = stacks[0]
-        first_ts = first.ts
+        first_base = first.base
         first_items = first.items
         for k in range(top, -1, -1):
             x = items[k]
@@ -393,7 +388,7 @@ def _left_of_pruned(
             if r is None:
                 continue
             chosen[1] = x.event
-            for k0 in range(bisect_right(first_ts, r.ts) - 1, -1, -1):
+            for k0 in range(r.n - first_base, -1, -1):
                 y = first_items[k0]
                 if y.ts <= low:
                     break

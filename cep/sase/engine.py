@@ -209,6 +209,8 @@ class SequenceEngine:
         self._release_heap: list[tuple[int, int, Hashable]] = []
         self._forget_heap: list[tuple[int, int, Hashable]] = []
         """(final_at, match_id, key) of released matches: forgotten once final_at <= L - A."""
+        self._whole: _Partition | None = None
+        """The partition of key None (unpartitioned query) while it exists: the fast path skips the lookup."""
         self._due_low: int = _NEVER
         """A low watermark below which nothing in the three heaps is due (lowered on every push, exact after
         :meth:`_on_time`): one comparison per CLOCK update instead of three heap checks."""
@@ -333,11 +335,21 @@ class SequenceEngine:
         else:
             outs = []
         positions, single, attr, at_last = fast
-        key: Hashable = event.attrs[attr] if attr is not None else None
-        part = self._partitions.get(key)
-        if part is None:
-            part = self._partitions[key] = _Partition(self.query)
-            c.partitions += 1
+        key: Hashable = None
+        if attr is None:
+            part = self._whole
+            if part is None:
+                part = self._partitions.get(None)
+                if part is None:
+                    part = self._partitions[None] = _Partition(self.query)
+                    c.partitions += 1
+                self._whole = part
+        else:
+            key = event.attrs[attr]
+            part = self._partitions.get(key)
+            if part is None:
+                part = self._partitions[key] = _Partition(self.query)
+                c.partitions += 1
         seq = self._seq
         self._seq = seq + 1
         registered = part.registered_ts
@@ -359,8 +371,8 @@ class SequenceEngine:
                         k = bisect_left(prev_ts, ts)
                         if k:
                             rip = prev.items[k - 1]
-            inst = Instance(event, seq, rip)
             st = stacks[single]
+            inst = Instance(event, seq, rip, st.base + len(st.items))
             st.items.append(inst)
             st.ts.append(ts)
             c.instances += 1
@@ -606,6 +618,7 @@ class SequenceEngine:
             self._retain(part, key, held, low)
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
+                self._whole = None
         while forget_heap and forget_heap[0][0] <= late_low:
             _, mid, key = heapq.heappop(forget_heap)
             part = self._partitions.get(key)
@@ -614,6 +627,7 @@ class SequenceEngine:
             c.released_retained -= 1
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
+                self._whole = None
         lag = self._purge_lag
         while purge_heap and purge_heap[0][0] + lag < bound:
             ts, _, key = heapq.heappop(purge_heap)
@@ -630,6 +644,7 @@ class SequenceEngine:
                 c.purged_negation_events += n_neg
                 c.negation_events -= n_neg
                 del self._partitions[key]
+                self._whole = None
                 continue
             self._purge(part, bound)
             oldest = part.oldest_ts() if part.neg else part.ais.oldest_ts()
@@ -638,6 +653,7 @@ class SequenceEngine:
                 self._register(part, key, oldest)
             elif not part.held and not part.released:
                 del self._partitions[key]
+                self._whole = None
         # Exact again: the lowest watermark at which one of the heaps has something due.
         due = _NEVER
         if release_heap:

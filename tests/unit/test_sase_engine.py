@@ -410,3 +410,23 @@ def test_in_order_fast_path_outputs_and_counters_match_sort_semantics() -> None:
         runs.append(([(o.kind, o.key, o.emitted_at) for o in outs], stats))
     assert runs[0] == runs[1]
     assert len(runs[0][0]) > 20
+
+
+def test_stack_ordinals_follow_insertions_purges_and_restore() -> None:
+    """Every instance's ordinal is its index plus the stack's purged count, through sort-semantics insertions,
+    purges and a snapshot/restore (construction reads RIP positions from it)."""
+    rng = random.Random(5)
+    q = parse_query("EVENT SEQ(A a, B b, A c, C d) WITHIN 9")
+    eng = SequenceEngine(q, EngineConfig(k_slack_us=6, allowed_lateness_us=0, purge_lag=0))
+    purged_before = 0
+    for i in range(600):
+        feed(eng, SaseEvent(rng.choice("ABC"), max(0, i // 2 - rng.choice([0, 0, 1, 3])), {}, f"e{i}"))
+        if i == 300:
+            eng = SequenceEngine.restore(q, EngineConfig(k_slack_us=6, allowed_lateness_us=0, purge_lag=0),
+                                         eng.snapshot())
+        ais = eng.partition()
+        assert ais is not None
+        for st in ais.stacks:
+            assert [inst.n for inst in st.items] == list(range(st.base, st.base + len(st.items)))
+        purged_before = max(purged_before, eng.counters.purged_instances)
+    assert eng.counters.late_events > 100 and purged_before > 200
