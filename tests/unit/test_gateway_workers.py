@@ -17,6 +17,12 @@ def test_each_worker_gets_its_own_ports_and_ids_and_the_rest_unchanged() -> None
 
 
 def test_port_zero_stays_zero_and_absent_services_stay_absent() -> None:
+    config = build_config({"port": 0, "timesync": False, "metrics_port": 0})
+    assert worker_arguments(["--workers=2", "--no-timesync", "--port", "0", "--metrics-port", "0"], 1, config) == [
+        "--no-timesync", "--port", "0", "--metrics-port", "0"]
+
+
+def test_the_default_metrics_port_is_shared_out_like_the_others() -> None:
     config = build_config({"port": 0, "timesync": False})
     assert worker_arguments(["--workers=2", "--no-timesync", "--port", "0"], 1, config) == [
-        "--no-timesync", "--port", "0"]
+        "--no-timesync", "--port", "0", "--metrics-port", "7781"]
