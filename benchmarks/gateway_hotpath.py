@@ -145,7 +145,7 @@ def stages_of(tree: Path) -> dict[str, float]:
             if ":" in line}
 
 
-def main(before: Path | None, rounds: int) -> None:
+def main(before: Path | None, rounds: int, before_label: str | None = None) -> None:
     """``rounds`` alternating runs of this tree and ``before`` (if given); the table shows medians."""
     mine: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
@@ -173,7 +173,7 @@ def main(before: Path | None, rounds: int) -> None:
 {SOURCES} sources x {PER_SOURCE:,} in-order events, batches of {BATCH}, no sockets and no broker: the floor of the
 gateway's CPU cost per event, in CPU time of the benchmark process (time.process_time: on the shared 2-core machine,
 at load 15-25 while this ran, waiting for a core is not the gateway's cost). Medians of {rounds} alternating runs
-of this tree and {"the checkout before (" + str(before) + ")" if before is not None else "nothing else"}.
+of this tree and {f"the checkout before ({before_label or before})" if before is not None else "nothing else"}.
 
 {header}
 {rows}
@@ -226,6 +226,7 @@ if __name__ == "__main__":
     parser.add_argument("--per-source", type=int, default=PER_SOURCE, help="events per source (multiple of 500)")
     parser.add_argument("--print-only", action="store_true", help="print the stage table, write nothing")
     parser.add_argument("--before", type=Path, help="also measure this checkout's gateway (e.g. the commit before)")
+    parser.add_argument("--before-label", help="how the report names --before (e.g. its commit)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per tree (medians are reported)")
     args = parser.parse_args()
     if args.ingest_only:
@@ -236,4 +237,4 @@ if __name__ == "__main__":
             print(f"{stage:>8}: {seconds * 1e6 / count:6.2f} us/event")
         print(f"   total: {sum(spent.values()) * 1e6 / count:6.2f} us/event")
     else:
-        main(args.before, args.rounds)
+        main(args.before, args.rounds, args.before_label)
