@@ -3,10 +3,16 @@
 ``settings`` are librdkafka properties shared by every client (``security.protocol``, ``sasl.*``, ``ssl.*``,
 ``client.id``, ...), so a secured cluster is configured once and reaches the producer, the admin client that creates
 topics and the consumers that recover state and read topics alike. Role-specific properties come on top.
+
+Every client built here logs through the ``librdkafka`` Python logger (not raw lines on file descriptor 2), so its
+lines take the format the command chose (gateway/logs.py). confluent-kafka hands them over in ``poll()`` (a
+consumer's ``poll``/``consume``, a producer's ``poll``/``flush``): the long-lived clients are polled all the time;
+a short-lived admin client is not, its failures surface as exceptions and its log lines are dropped with it.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +21,9 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-__all__ = ["PRODUCER_DEFAULTS", "KafkaClientConfig", "Servers"]
+__all__ = ["LIBRDKAFKA_LOGGER", "PRODUCER_DEFAULTS", "KafkaClientConfig", "Servers", "librdkafka_logger"]
+
+LIBRDKAFKA_LOGGER = "librdkafka"
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     # Exactly-once per partition from the producer's side: acks=all + idempotence survive broker retries.
@@ -54,15 +62,21 @@ class KafkaClientConfig:
                 **(overrides or {})}
 
     def producer(self, overrides: Mapping[str, Any] | None = None, **callbacks: Any) -> Producer:
-        return Producer({**self.properties(PRODUCER_DEFAULTS, overrides), **callbacks})
+        return Producer({**self.properties(PRODUCER_DEFAULTS, overrides), "logger": librdkafka_logger(),
+                         **callbacks})
 
     def admin(self) -> AdminClient:
-        return AdminClient(self.properties())
+        properties: dict[str, Any] = {**self.properties(), "logger": librdkafka_logger()}
+        return AdminClient(properties)
 
     def consumer(self, group_prefix: str, overrides: Mapping[str, Any] | None = None) -> Consumer:
         """A consumer in a group of its own (``<group_prefix>-<uuid>``): it assigns partitions itself."""
-        return Consumer(self.properties({**_CONSUMER_DEFAULTS, "group.id": f"{group_prefix}-{uuid.uuid4()}"},
-                                        overrides))
+        return Consumer({**self.properties({**_CONSUMER_DEFAULTS, "group.id": f"{group_prefix}-{uuid.uuid4()}"},
+                                           overrides), "logger": librdkafka_logger()})
+
+
+def librdkafka_logger() -> logging.Logger:
+    return logging.getLogger(LIBRDKAFKA_LOGGER)
 
 
 Servers = str | KafkaClientConfig

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
@@ -18,10 +18,8 @@ from broker.admin import TopicConfigError
 from broker.cli import CommandError, KafkaProperties, parse_kafka_properties, probe_kafka
 from gateway.config import BOOTSTRAP_ENV, HMAC_SECRET_ENV, ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
-from gateway.logs import configure_logging
+from gateway.logs import LogLevel, child_env, configure_logging, current_log_format, current_log_level
 from gateway.server import ClusterConfigError, Gateway, GatewayConfig
-
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def gateway(
@@ -73,8 +71,10 @@ def gateway(
     workers: Annotated[int, typer.Option(
         help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
              "metrics ports).", min=1)] = 1,
-    log_json: Annotated[bool, typer.Option(help="Log one JSON object per line (to stderr).")] = False,
-    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = "INFO",
+    log_json: Annotated[bool | None, typer.Option(
+        "--log-json", help="Same as `skewless --log-format json gateway ...`.")] = None,
+    log_level: Annotated[LogLevel | None, typer.Option(
+        case_sensitive=False, help="Same as `skewless --log-level LEVEL gateway ...`.")] = None,
 ) -> None:
     """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready (after
     the time-sync and metrics addresses, if any).
@@ -83,7 +83,9 @@ def gateway(
     environment variables (and SKEWLESS_BOOTSTRAP, SKEWLESS_HMAC_SECRET), then flags. Durations take a unit
     (250ms, 5s, 2m, 1h); a bare number is in the unit the setting's name ends with.
     """
-    configure_logging(log_level.upper(), json_format=log_json)
+    if log_json is not None or log_level is not None:  # the older spellings of the root command's options
+        configure_logging((log_level or current_log_level()).upper(),
+                          json_format=log_json if log_json is not None else current_log_format() == "json")
     try:
         settings = load_settings(config_file, overrides={
             "host": host, "port": port, "bootstrap": bootstrap, "topic_prefix": prefix,
@@ -163,7 +165,7 @@ def run_workers(count: int, config: GatewayConfig) -> int:
     processes = []
     first: GatewayAddresses | None = None
     for i in range(count):
-        process, addresses = spawn_gateway(worker_arguments(argv, i, config), stderr=None)
+        process, addresses = spawn_gateway(worker_arguments(argv, i, config), env=child_env(), stderr=None)
         processes.append(process)
         for line in ready_lines(addresses):
             typer.echo(f"worker {i} {line}")
@@ -187,7 +189,8 @@ def run_workers(count: int, config: GatewayConfig) -> int:
             if process.poll() is not None and not stopping:
                 log.error("gateway worker %d exited with %s; starting it again", i, process.returncode)
                 try:
-                    processes[i], _ = spawn_gateway(worker_arguments(argv, i, config), stderr=None)
+                    processes[i], _ = spawn_gateway(worker_arguments(argv, i, config), env=child_env(),
+                                                    stderr=None)
                 except GatewayLaunchError as exc:
                     log.error("gateway worker %d did not come back: %s", i, exc)  # noqa: TRY400 - one line, retried
         time.sleep(0.5)

@@ -1,12 +1,28 @@
-"""Logging setup shared by the commands: human-readable text, or one JSON object per line for log pipelines."""
+"""Logging setup shared by the commands: human-readable text, or one JSON object per line for log pipelines.
+
+The root `skewless` command calls ``configure_logging`` before any subcommand runs (``--log-format``,
+``--log-level``, env SKEWLESS_LOG_FORMAT / SKEWLESS_LOG_LEVEL); librdkafka's lines arrive as records of the
+``librdkafka`` logger (broker/client.py), so they take the same format. Child processes a command starts (gateway
+workers, the demo's gateway) get the same settings through ``child_env``.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import orjson
+
+LOG_FORMAT_ENV = "SKEWLESS_LOG_FORMAT"
+LOG_LEVEL_ENV = "SKEWLESS_LOG_LEVEL"
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
+LOG_LEVELS: tuple[LogLevel, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,10 +38,64 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
-def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_format else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s"))
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record arrives, so a replaced stderr (pytest's capture, a
+    redirect) never leaves a handler on a closed stream."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:  # StreamHandler.setStream would assign it
+        pass
+
+
+_current: dict[str, str] = {}
+
+
+def configure_logging(level: str | None = None, json_format: bool = False) -> None:
+    """One handler on the root logger, on stderr (stdout stays for a command's output, e.g. the gateway's ready
+    line). ``level`` None is INFO, not chosen by the user (``level_chosen``). Calling it again replaces the previous
+    setup; handlers others added (pytest's caplog) stay."""
+    handler = _StderrHandler()
+    handler.setFormatter(JsonFormatter() if json_format else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _StderrHandler)] + [handler]
+    root.setLevel((level or "INFO").upper())
+    _current.clear()
+    _current[LOG_FORMAT_ENV] = "json" if json_format else "text"
+    if level is not None:
+        _current[LOG_LEVEL_ENV] = level.upper()
+
+
+def quiet_unless_chosen(logger_name: str, level: int = logging.WARNING) -> None:
+    """Drop ``logger_name``'s records below ``level`` from our handler, unless the user chose a log level (option
+    or env): a command's own summary may say what a library logs at INFO. Loggers themselves stay untouched."""
+    if LOG_LEVEL_ENV in _current:
+        return
+    prefix = logger_name + "."
+
+    def keep(record: logging.LogRecord) -> bool:
+        ours = record.name == logger_name or record.name.startswith(prefix)
+        return not ours or record.levelno >= level
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _StderrHandler):
+            handler.addFilter(keep)
+
+
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child `skewless` process: ``base`` (default: ours) plus the log settings in force."""
+    return {**(os.environ if base is None else base), **_current}
+
+
+def current_log_format() -> str:
+    return _current.get(LOG_FORMAT_ENV, "text")
+
+
+def current_log_level() -> str:
+    return _current.get(LOG_LEVEL_ENV, "INFO")

@@ -17,6 +17,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from gateway.logs import LOG_FORMAT_ENV, LOG_LEVEL_ENV, LogFormat, LogLevel, configure_logging
+
 # rich_markup_mode=None: help text is plain text, so "[gateway]" and "[default: 1]" survive (Rich markup ate them);
 # the sub-apps inherit it from this root. pretty_exceptions_enable=False: main() reports errors itself.
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -48,8 +50,15 @@ def _global_options(
     = False,
     show_version: Annotated[bool, typer.Option(
         "--version", help="Print the version and exit.", callback=_show_version, is_eager=True)] = False,
+    log_format: Annotated[LogFormat, typer.Option(
+        envvar=LOG_FORMAT_ENV, case_sensitive=False,
+        help="Log lines on stderr as text, or as one JSON object per line (librdkafka's included).")] = "text",
+    log_level: Annotated[LogLevel | None, typer.Option(
+        envvar=LOG_LEVEL_ENV, case_sensitive=False, help="Log level [INFO].")] = None,
 ) -> None:
     """Skewless: clock-aware, order-restoring ingestion for event streams."""
+    # Before any subcommand runs, so its log lines (and librdkafka's) have one format.
+    configure_logging(log_level, json_format=log_format.lower() == "json")
 
 
 _registered: list[bool] = []

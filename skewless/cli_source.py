@@ -21,6 +21,8 @@ from clients.client import SkewlessClient
 from clients.core import Backoff
 from contract.topics import InvalidStreamName, validate_stream_name
 from contract.units import duration_parser
+from gateway.logs import quiet_unless_chosen
+from reorder.eval.progress import progress_bar, progress_enabled
 from reorder.eval.traces import TraceEvent, read_trace
 from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
@@ -152,7 +154,7 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
     started = loop.time()
     wall_started = time.perf_counter()
     try:
-        with _ProgressBar(len(plan), enabled=progress) as advance:
+        with progress_bar("replay", len(plan), enabled=progress) as advance:
             for p in plan:
                 delay = started + p.at_s - loop.time()
                 if delay > 0.001:
@@ -170,31 +172,6 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
         acked=sum(c.stats.events_acked for c in clients.values()),
         reconnects=sum(c.stats.reconnects for c in clients.values()),
         resent=sum(c.stats.events_resent for c in clients.values()))
-
-
-class _ProgressBar:
-    """A rich progress bar (or nothing) yielding an ``advance()`` callable."""
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.total = total
-        self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
-
-    def __enter__(self) -> Any:
-        if not self.enabled:
-            return lambda: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._progress = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        self._progress.__enter__()
-        self._task = self._progress.add_task("replay", total=self.total)
-        progress, task = self._progress, self._task
-        return lambda: progress.advance(task)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(None, None, None)
 
 
 _US = duration_parser("us")
@@ -250,7 +227,8 @@ def replay(
                                                          "SKEWLESS_HMAC_SECRET).",
                                                     envvar="SKEWLESS_HMAC_SECRET", show_envvar=False)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the per-source spreads and the jitter.")] = 0,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    progress: Annotated[bool, typer.Option(
+        help="Show a progress bar on stderr (only when stderr is a terminal).")] = True,
 ) -> None:
     """Replay a trace as live sources (one SDK client per source_id) in arrival order, paced in real time.
 
@@ -259,6 +237,8 @@ def replay(
 
     Events keep the trace's disorder, plus jitter and pool interleaving; a summary follows the last ack.
     """
+    # The SDK logs every failed connect at INFO; the summary or the one error line say it for a replay.
+    quiet_unless_chosen("clients")
     timesync_port = timesync_port if timesync_port is not None else udp_port
     if speed <= 0:
         raise typer.BadParameter(f"{speed} must be > 0 (2 plays the trace twice as fast)", param_hint="'--speed'")
@@ -280,7 +260,7 @@ def replay(
             events, host, port, options, timesync_port=timesync_port, time_sync=timesync,
             sync_attempts=sync_attempts, pool_size=pool,
             batch_events=batch_events, linger_s=linger_us / 1e6, token=token,
-            hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress))
+            hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress_enabled(progress)))
     except OSError as exc:
         raise CommandError(f"cannot reach the gateway at {host}:{port} ({exc.strerror or exc}); start it with "
                            f"`skewless gateway`, or pass its --host and --port") from None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -71,7 +70,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the NTP-compatible time-sync server on its own (the gateway command runs it too)."""
         ref_bytes = _ref_id(ref_id)
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         config = ServerConfig(
             host=host,
             port=port,

@@ -119,21 +119,18 @@ def load_rows(out: Path) -> list[dict[str, Any]]:
 
 
 def plot_load(result: dict[str, Any], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from benchmarks.plotstyle import axis_labels, pyplot, save
+    plt = pyplot()
 
     samples = result["samples"]
     t = [s["t"] for s in samples]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
     axes[0].plot(t, [s["rss_kib"] / 1024 for s in samples], color="tab:blue")
-    axes[0].set_ylabel("gateway RSS (MiB)")
+    axis_labels(axes[0], None, ("gateway RSS", "MiB"))
     axes[1].plot(t, [s["fds"] for s in samples], color="tab:green")
-    axes[1].set_ylabel("gateway fds")
+    axis_labels(axes[1], None, ("gateway open file descriptors", "fds"))
     axes[2].plot(t, [s["healthz_ms"] or 0 for s in samples], color="tab:red", lw=0.8)
-    axes[2].set_ylabel("/healthz latency (ms)")
-    axes[2].set_xlabel("seconds since the gateway started")
+    axis_labels(axes[2], ("time since the gateway started", "s"), ("/healthz latency", "ms"))
     colors = {"connecting": "#fff3cd", "connected": "#e2f0d9", "load": "#dbe9f6", "draining": "#f8d7da",
               "drained": "#eeeeee"}
     for ax in axes:
@@ -143,13 +140,10 @@ def plot_load(result: dict[str, Any], png: Path) -> None:
                 if current in colors and start is not None:
                     ax.axvspan(start, s["t"], color=colors[current], zorder=0)
                 start, current = s["t"], s["phase"]
-        ax.grid(alpha=0.3)
     axes[0].set_title(f"{result['sources']:,} sources on {result['connections']:,} connections, "
                       f"{result['rate_per_source']:g} events/s each for {result['duration_s']:g} s "
-                      "(yellow: connecting, blue: sending, red: draining the backlog)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+                      "(yellow: connecting, blue: sending, red: draining the backlog)")
+    save(fig, png)
 
 
 def load_section(result: dict[str, Any]) -> list[str]:

@@ -342,3 +342,20 @@ def test_a_misspelled_kafka_table_in_a_spark_or_topics_config(capsys, tmp_path):
     assert code == 2
     assert one_error_line(err) == (f"error: {path}: unknown table [kafak]; did you mean [kafka]? a config file holds "
                                    f"[gateway], [kafka]")
+
+
+def test_a_root_log_level_outside_the_choices(capsys):
+    code, _, err = run(capsys, "--log-level", "VERBOSE", "traces", "profiles")
+    assert code == 2
+    assert one_error_line(err) == ("error: skewless: Invalid value for '--log-level' (env var: 'SKEWLESS_LOG_LEVEL'): "
+                                   "'VERBOSE' is not one of 'debug', 'info', 'warning', 'error', 'critical'. "
+                                   "(see 'skewless --help')")
+
+
+def test_the_root_help_lists_the_log_options(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "--log-format <text|json> Log lines on stderr as text, or as one JSON object per line" in flat
+    assert "--log-level <debug|info|warning|error|critical> Log level [INFO]." in flat
+    assert "SKEWLESS_LOG_FORMAT" in flat and "SKEWLESS_LOG_LEVEL" in flat
