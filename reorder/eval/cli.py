@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -11,10 +12,12 @@ import typer
 
 from contract import units
 from reorder.eval.kslack import AQKSlackConfig
+from reorder.eval.progress import progress_bar, progress_enabled, track
 from reorder.eval.replay import APPROACHES, Approach, ReplayOptions, replay
 from reorder.eval.traces import (
     MULTI_SOURCE_SPECS,
     PROFILES,
+    TraceEvent,
     TraceSpec,
     generate,
     read_trace,
@@ -30,6 +33,18 @@ def parse_duration_us(text: str) -> int:
         return units.parse_duration_us(text, allow_negative=True)
     except units.DurationError as exc:
         raise typer.BadParameter(str(exc)) from exc
+
+
+Progress = Annotated[bool, typer.Option(
+    "--progress/--no-progress", help="Show progress on stderr (only when stderr is a terminal).")]
+
+
+def _generate_and_write(out: Path, make: Callable[[], list[TraceEvent]], progress: bool) -> int:
+    enabled = progress_enabled(progress)
+    # The generator is pure and has no progress hook: a pulsing bar while it runs, then a real one while writing.
+    with progress_bar("generating", None, enabled=enabled):
+        events = make()
+    return write_trace(out, track(events, f"writing {out.name}", enabled=enabled))
 
 
 traces_app = typer.Typer(no_args_is_help=True, help="Generate and inspect replay traces (docs/traces.md).")
@@ -63,13 +78,15 @@ def generate_cmd(
         typer.Option(help=f"A multi-source trace of the benchmark, as it runs it: {', '.join(MULTI_SOURCE_SPECS)}; "
                           "only --seed applies."),
     ] = None,
+    progress: Progress = True,
 ) -> None:
     """Write a seeded DEBS-2013-like sensor trace with the chosen disorder."""
     if multi is not None:
         if multi not in MULTI_SOURCE_SPECS:
             choices = ", ".join(MULTI_SOURCE_SPECS)
             raise typer.BadParameter(f"unknown multi-source trace {multi!r}; choose from {choices}")
-        n = write_trace(out, generate(replace(MULTI_SOURCE_SPECS[multi], seed=seed)))
+        spec = replace(MULTI_SOURCE_SPECS[multi], seed=seed)
+        n = _generate_and_write(out, lambda: generate(spec), progress)
         typer.echo(f"wrote {n} events to {out}")
         return
     if profile not in PROFILES:
@@ -85,7 +102,7 @@ def generate_cmd(
         skew_ppm=skew_ppm,
         payload=payload,
     )
-    n = write_trace(out, generate(spec))
+    n = _generate_and_write(out, lambda: generate(spec), progress)
     typer.echo(f"wrote {n} events to {out}")
 
 
@@ -119,6 +136,7 @@ def replay_cmd(
     ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
     emit: Annotated[Path | None, typer.Option(help="Also write released events, in release order.")] = None,
+    progress: Progress = True,
 ) -> None:
     """Replay a trace in virtual time through one approach and print the thesis' metrics."""
     if approach not in APPROACHES:
@@ -139,11 +157,16 @@ def replay_cmd(
         aq=AQKSlackConfig(epsilon_thr=epsilon, delta=delta),
         emit=emit is not None,
     )
-    result = replay(read_trace(trace), opts)
+    enabled = progress_enabled(progress)
+    # read_trace and the virtual-time replay are single calls without a hook: pulsing bars, one per stage.
+    with progress_bar(f"reading {trace.name}", None, enabled=enabled):
+        events = read_trace(trace)
+    with progress_bar(f"replaying {len(events):,} events ({approach})", None, enabled=enabled):
+        result = replay(events, opts)
     if emit is not None:
         keys = ("source_id", "stream", "seq", "release_ts_us", "ref_ts_us")
         with emit.open("wb") as fh:
-            for row in result.emitted:
+            for row in track(result.emitted, f"writing {emit.name}", enabled=enabled):
                 fh.write(orjson.dumps(dict(zip(keys, row, strict=True))) + b"\n")
     if as_json:
         typer.echo(orjson.dumps(result.metrics, option=orjson.OPT_SORT_KEYS).decode())
