@@ -36,6 +36,7 @@ from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
 from benchmarks.plotstyle import axis_labels, pyplot, save
+from reorder.eval.progress import progress_bar, progress_enabled
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -175,9 +176,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=12, help="seeds per scenario")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     started = time.perf_counter()
-    all_runs = {name: [run_seed(s, transport) for s in range(args.seeds)] for name, transport in SCENARIOS.items()}
+    all_runs: dict[str, list[SeedResult]] = {}
+    with progress_bar("seeds", args.seeds * len(SCENARIOS),
+                      enabled=progress_enabled(not args.no_progress)) as advance:
+        for name, transport in SCENARIOS.items():
+            all_runs[name] = []
+            for s in range(args.seeds):
+                all_runs[name].append(run_seed(s, transport))
+                advance(description=f"{name} seeds")
     summaries = {name: summarize(runs) for name, runs in all_runs.items()}
     runs = next(iter(all_runs.values()))
     first = runs[0]

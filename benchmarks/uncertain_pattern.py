@@ -35,6 +35,7 @@ from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
 from benchmarks.plotstyle import axis_labels, pyplot, save
+from reorder.eval.progress import progress_enabled, track
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -162,9 +163,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=400, help="random trials per case (and as many negatives)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = [run_case(name, drift, delay, args.trials, args.seed) for name, drift, delay in CASES]
+    rows = [run_case(name, drift, delay, args.trials, args.seed)
+            for name, drift, delay in track(CASES, "cases", enabled=progress_enabled(not args.no_progress))]
     print(f"pattern e1 -> e2, true gap {GAP_US / 1000:.0f} ms; {args.trials} random trials per case")
     print(
         f"{'case':28} {'thesis':>12} | worst case: gap   T_a   plain  aware       | random: plain  aware "
