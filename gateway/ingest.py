@@ -888,7 +888,12 @@ class IngestCore:
                 if headers is None:
                     headers = headers_of[(source_id, kind)] = event_headers(source_id, kind)
                 delivery = DeliveryRef(source_id, record.stream, record.seq, kind, record.release_ts_us)
-                actions.append(Produce(topic, record.key, value, delivery, record.ref_ts_us // 1000, headers))
+                # A quarantined (future_dated) event's reference time is a runaway clock's: a broker with
+                # log.message.timestamp.after.max.ms set (1 h by default since Kafka 4.0) would refuse it and fail
+                # the shard's transaction. A late record is older than its release otherwise, so min() is its ref.
+                ref_ts_us = (record.ref_ts_us if kind == "events"
+                             else min(record.ref_ts_us, record.release_ts_us))
+                actions.append(Produce(topic, record.key, value, delivery, ref_ts_us // 1000, headers))
             else:
                 assert isinstance(output, PublishPunctuation)
                 self._progress[output.stream].promise(output.watermark_us)

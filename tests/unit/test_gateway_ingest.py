@@ -757,3 +757,15 @@ def test_a_committed_transaction_confirms_its_records_as_their_delivery_reports_
     assert (progress.next_offset, progress.next_seq) == (48, {"a": 3, "b": 3})
     assert (batched[0].counters, list(batched[0].delivery_latencies_us)) == (
         one_by_one[0].counters, list(one_by_one[0].delivery_latencies_us))
+
+
+def test_a_late_record_carries_its_reference_time_as_kafka_timestamp_unless_it_is_future_dated():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    core.events_received(CONN, "a", events(range(2)), T0 + 100)  # punctuated at T0 + 20
+    ahead = core.events_received(CONN, "a", (IncomingEvent("s", 2, T0 + 3_600_000_000, None),), T0 + 200)
+    behind = core.events_received(CONN, "a", (IncomingEvent("s", 3, T0 + 5, None),), T0 + 5_000)
+    late = [a for a in ahead + behind if isinstance(a, Produce) and a.topic == TOPICS.late("s")]
+    # A runaway clock's reference time would be refused by a broker bounding future timestamps: its release instead.
+    assert [(a.delivery.seq, a.timestamp_ms, a.headers[0]) for a in late if a.delivery is not None] == [
+        (2, (T0 + 200) // 1000, ("kind", b"late")), (3, (T0 + 5) // 1000, ("kind", b"late"))]
