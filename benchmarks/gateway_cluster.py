@@ -67,6 +67,7 @@ from contract.wire.messages import (
     parse_gateway_message,
 )
 from gateway.launch import GatewayAddresses, spawn_gateway_async
+from reorder.eval.progress import progress_bar, progress_enabled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
 from benchmarks.plotstyle import axis_labels, pyplot, save
@@ -735,7 +736,8 @@ def draw(throughput: list[tuple[str, float]], paced: list[tuple[str, float, floa
 # -------------------------------------------------------------------------------------------------------- main
 
 
-async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log_dir: Path) -> str:
+async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log_dir: Path,
+                  advance: Callable[..., None] = lambda *_a, **_k: None) -> str:
     source_ids = balanced_source_ids(args.sources, args.shards)
     per_source = args.events // args.sources
     saturated, paced = [], []
@@ -752,12 +754,14 @@ async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log
               f"late {result.late_events}",
               flush=True)
         saturated.append(result)
+        advance(description=f"saturated, {gateways} gateway(s)")
         if gateways == 1:
             plain = await loop.run_in_executor(None, plain_producer, bootstrap, broker_pid, topic, args.shards)
             print(f"plain producer: {plain.events_per_s:,.0f} events/s, delivery p50/p99 "
                   f"{percentile(plain.delivery_ms, 0.5):.0f}/{percentile(plain.delivery_ms, 0.99):.0f} ms, "
                   f"cores producer/broker {plain.producer_cpu_s / plain.seconds:.2f}/"
                   f"{plain.broker_cpu_s / plain.seconds:.2f}", flush=True)
+            advance(description="plain producer")
     for gateways in (1, 2):
         result, _ = await gateway_load(bootstrap, broker_pid, gateways, args.shards, source_ids, log_dir,
                                        paced_load(args.paced_rate / args.sources, args.paced_s, 0.005), "paced")
@@ -767,6 +771,7 @@ async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log
               f"{max(result.added_us) / 1e3:.2f} ms, ack p50/p99 {percentile(result.ack_ms, 0.5):.0f}/"
               f"{percentile(result.ack_ms, 0.99):.0f} ms", flush=True)
         paced.append(result)
+        advance(description=f"paced, {gateways} gateway(s)")
     failovers = []
     for session_timeout_s in args.session_timeouts:
         failover = await failover_run(bootstrap, args.shards, source_ids, session_timeout_s, log_dir)
@@ -776,6 +781,7 @@ async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log
               f"{failover.events} events, lost {failover.lost}, duplicated {failover.duplicated}, "
               f"out of order {failover.out_of_order}", flush=True)
         failovers.append(failover)
+        advance(description=f"failover, session timeout {session_timeout_s:g} s")
     assert plain is not None
     plot(saturated, paced, plain, failovers)
     return tables(saturated, paced, plain, failovers)
@@ -793,19 +799,23 @@ def main() -> None:
     parser.add_argument("--log-dir", type=Path, help="keep the gateways' logs here [a temporary directory]")
     parser.add_argument("--plot-from-doc", action="store_true",
                         help="only re-draw docs/cluster-benchmark.png from docs/cluster-benchmark.md")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.plot_from_doc:
         plot_from_doc()
         return
     conditions = run_conditions()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
+    # saturated x2, the plain producer, paced x2, one failover per session timeout
+    steps = 5 + len(args.session_timeouts)
+    bar = progress_bar("Kafka, then the runs", steps, enabled=progress_enabled(not args.no_progress))
+    with tempfile.TemporaryDirectory() as tmp, bar as advance:
         broker = KafkaBroker(Path(tmp) / "kafka")
         state = broker.start()
         try:
             log_dir = args.log_dir or Path(tmp)
             log_dir.mkdir(parents=True, exist_ok=True)
-            report = asyncio.run(run_all(state.bootstrap_servers, state.pid, args, log_dir))
+            report = asyncio.run(run_all(state.bootstrap_servers, state.pid, args, log_dir, advance))
         finally:
             broker.stop()
     load1_end, _, _ = os.getloadavg()

@@ -64,10 +64,12 @@ from cep.intervals import (  # noqa: E402
 from cep.intervals.engine import IndexingProfile  # noqa: E402
 from cep.intervals.events import Item  # noqa: E402
 from cep.intervals.metrics import accuracy, compensation, latency, net_results  # noqa: E402
+from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
 
 W_US = 30_000_000
 TYPES = [f"T{i:02d}" for i in range(20)]
 APPROACHES: list[IndexingProfile] = ["naive", "ais", "ibp"]
+IO3_SHARES = [0.0, 0.05, 0.15, 0.25, 0.35, 0.45]
 PROFILES = [100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 0]  # Table 5.2: X in Xt-Ys (share of end endpoints)
 
 
@@ -309,6 +311,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
     ap.add_argument("--plot-from-doc", action="store_true", help="only re-draw the PNGs from OUT/iseq-benchmark.md")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = ap.parse_args()
     if args.plot_from_doc:
         plot_from_doc(args.out)
@@ -320,48 +323,53 @@ def main() -> None:
     started = time.time()
     sections: list[str] = []
 
-    def log(msg: str) -> None:
-        print(f"[{time.time() - started:6.1f}s] {msg}", flush=True)
-
-    # Profile sweep (Figs. 5.4/5.5)
-    stream = li_stream(n_events, base_density, W_US / 10, args.seed)
-    prof_points = []
-    for t in PROFILES:
-        prof_points.append((f"{t}t-{100 - t}s", li_point(chain_query(base_len, t), stream, repeat)))
-        log(f"profile {t}t done")
-    # Query length (Figs. 5.6/5.7)
     lengths = [2, 4, 6, 8] if quick else [2, 4, 6, 8, 10, 12, 14, 16, 18]
-    len_points = []
-    for n in lengths:
-        len_points.append((str(n), li_point(chain_query(n, 50), stream, repeat)))
-        log(f"length {n} done")
-    # Interval length (Figs. 5.8/5.9)
     divisors = [100, 50, 20, 10, 5]
-    ilen_points = []
-    for d in divisors:
-        s = li_stream(n_events, base_density, W_US / d, args.seed + d)
-        ilen_points.append((f"W/{d}", li_point(chain_query(base_len, 50), s, repeat)))
-        log(f"interval length W/{d} done")
-    # Density (Figs. 5.10/5.11)
-    # Li sweeps 50..800 events/window; with uniform types a length-10 chain has ~1e6 results at 200/window, which
-    # a Python naive evaluator cannot enumerate in minutes: the sweep stops at 150 (20 windows of data each).
     densities = [25, 50, 100] if quick else [50, 75, 100, 125, 150]
-    dens_points = []
-    for dens in densities:
-        s = li_stream(20 * dens, dens, W_US / 20, args.seed + dens)
-        dens_points.append((str(dens), li_point(chain_query(base_len, 50), s, repeat)))
-        log(f"density {dens} done")
+    steps = len(PROFILES) + len(lengths) + len(divisors) + len(densities) + len(IO3_SHARES)
+    bar = progress_bar("iseq sweeps", steps, enabled=progress_enabled(not args.no_progress))
+    with bar as advance:
 
-    # IO3 out-of-order sweep (Figs. 5-8)
-    k_us = W_US // 2
-    io3_n = 800 if quick else 2500
-    io3_intervals = io3_stream(io3_n, args.seed)
-    oracle = reference_keys_fast(io3_intervals)
-    io3_points = []
-    for share in [0.0, 0.05, 0.15, 0.25, 0.35, 0.45]:
-        for mode in ("aggressive", "conservative"):
-            io3_points.append(io3_point(io3_intervals, oracle, share, mode, k_us, args.seed, repeat))
-        log(f"IO3 {share:.0%} done")
+        def log(msg: str) -> None:
+            print(f"[{time.time() - started:6.1f}s] {msg}", flush=True)
+            advance(description=msg)
+
+        # Profile sweep (Figs. 5.4/5.5)
+        stream = li_stream(n_events, base_density, W_US / 10, args.seed)
+        prof_points = []
+        for t in PROFILES:
+            prof_points.append((f"{t}t-{100 - t}s", li_point(chain_query(base_len, t), stream, repeat)))
+            log(f"profile {t}t done")
+        # Query length (Figs. 5.6/5.7)
+        len_points = []
+        for n in lengths:
+            len_points.append((str(n), li_point(chain_query(n, 50), stream, repeat)))
+            log(f"length {n} done")
+        # Interval length (Figs. 5.8/5.9)
+        ilen_points = []
+        for d in divisors:
+            s = li_stream(n_events, base_density, W_US / d, args.seed + d)
+            ilen_points.append((f"W/{d}", li_point(chain_query(base_len, 50), s, repeat)))
+            log(f"interval length W/{d} done")
+        # Density (Figs. 5.10/5.11)
+        # Li sweeps 50..800 events/window; with uniform types a length-10 chain has ~1e6 results at 200/window, which
+        # a Python naive evaluator cannot enumerate in minutes: the sweep stops at 150 (20 windows of data each).
+        dens_points = []
+        for dens in densities:
+            s = li_stream(20 * dens, dens, W_US / 20, args.seed + dens)
+            dens_points.append((str(dens), li_point(chain_query(base_len, 50), s, repeat)))
+            log(f"density {dens} done")
+
+        # IO3 out-of-order sweep (Figs. 5-8)
+        k_us = W_US // 2
+        io3_n = 800 if quick else 2500
+        io3_intervals = io3_stream(io3_n, args.seed)
+        oracle = reference_keys_fast(io3_intervals)
+        io3_points = []
+        for share in IO3_SHARES:
+            for mode in ("aggressive", "conservative"):
+                io3_points.append(io3_point(io3_intervals, oracle, share, mode, k_us, args.seed, repeat))
+            log(f"IO3 {share:.0%} done")
 
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)

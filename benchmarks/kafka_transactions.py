@@ -41,6 +41,7 @@ from broker.launcher import KafkaBroker
 from broker.producer import KafkaPublisher, QueueFull
 from broker.transactions import TransactionalPublisher
 from contract.records import EventRecord
+from reorder.eval.progress import progress_bar, progress_enabled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
 from benchmarks.plotstyle import axis_labels, pyplot, save
@@ -373,6 +374,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--plot-from-doc", action="store_true",
                         help="only re-draw docs/transactions-benchmark.png from docs/transactions-benchmark.md")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.plot_from_doc:
         plot_from_doc()
@@ -380,7 +382,9 @@ def main() -> None:
     values = make_values()
     assert 200 <= sum(len(v) for _k, v, _p in values) / len(values) <= 300, "records must stay ~250 B"
     print(f"settings: {PRODUCER_DEFAULTS}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    steps = args.rounds * (1 + len(INTERVALS_MS))
+    bar = progress_bar("Kafka, warm-up, then the modes", steps, enabled=progress_enabled(not args.no_progress))
+    with tempfile.TemporaryDirectory() as tmp, bar as advance:
         broker = KafkaBroker(Path(tmp) / "kafka")
         state = broker.start()
         try:
@@ -413,6 +417,7 @@ def main() -> None:
                     print(f"round {round_number}: {mode.name}: {mode.durable_per_s:,.0f}/s, paced latency p50/p99 "
                           f"{percentile(mode.latency_ms, 0.5):.1f}/{percentile(mode.latency_ms, 0.99):.1f} ms, "
                           f"load {round_loads[-1]:.1f}", flush=True)
+                    advance(description=f"round {round_number + 1}/{args.rounds}: {mode.name}")
                 rounds.append(modes)
                 loads.append(statistics.mean(round_loads))
             results = pooled(rounds)

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -24,19 +25,25 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from broker.launcher import KafkaBroker  # noqa: E402
+from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
 from tests.reliability.load import run_load  # noqa: E402
 from tests.reliability.report import render  # noqa: E402
 
 OUT = REPO / "artifacts" / "reliability"
 
 
-async def measure(args: argparse.Namespace) -> dict:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="skewless-load-") as tmp:
+        enabled = progress_enabled(not args.no_progress)
         broker = KafkaBroker(Path(tmp) / "kafka")
-        state = broker.start()
+        with progress_bar("starting Kafka", None, enabled=enabled):
+            state = broker.start()
         try:
-            return await run_load(state.bootstrap_servers, f"load{uuid.uuid4().hex[:6]}", Path(tmp) / "work",
-                                  args.sources, args.pool, args.rate, args.duration_s)
+            # run_load has no progress hook: a pulsing bar with the elapsed time (connect, load, drain).
+            with progress_bar(f"{args.sources:,} sources, {args.duration_s:g} s of load, then the drain", None,
+                              enabled=enabled):
+                return await run_load(state.bootstrap_servers, f"load{uuid.uuid4().hex[:6]}", Path(tmp) / "work",
+                                      args.sources, args.pool, args.rate, args.duration_s)
         finally:
             broker.stop()
 
@@ -47,6 +54,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=10)
     parser.add_argument("--rate", type=float, default=10.0, help="events/s per source")
     parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     result = asyncio.run(measure(args))
     OUT.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.plotstyle import axis_labels, pyplot, save  # noqa: E402
+from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
 from timesync.client import sync_burst  # noqa: E402
 from timesync.clocks import SimulatedClock, for_time_sync  # noqa: E402
 from timesync.codec import NtpPacket, encode_packet, unix_us_to_ntp  # noqa: E402
@@ -127,7 +128,7 @@ async def client(args: argparse.Namespace) -> None:
 
     def truth_offset(t_sys: int) -> float:
         # t_ref = t_source + offset  =>  offset = (sys + ref_truth) - (sys + src part)
-        return ref_truth_us(t_sys, origin) - (src_off + src_skew * 1e-6 * (t_sys - origin))
+        return float(ref_truth_us(t_sys, origin) - (src_off + src_skew * 1e-6 * (t_sys - origin)))
 
     out = sys.stdout
 
@@ -769,8 +770,16 @@ def main_bench(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tsbench-") as tmp:
         tmp_root = Path(tmp)
-        results = [run_scenario(sc, tmp_root) for sc in scenarios]
-        flood_res = throughput(tmp_root, 5.0 if not args.quick else 2.0)
+        with progress_bar("scenarios, then the flood", len(scenarios) + 1,
+                          enabled=progress_enabled(not args.no_progress)) as advance:
+            results = []
+            for sc in scenarios:
+                advance(0, description=sc.title)
+                results.append(run_scenario(sc, tmp_root))
+                advance()
+            advance(0, description="flood (throughput)")
+            flood_res = throughput(tmp_root, 5.0 if not args.quick else 2.0)
+            advance()
     wall_s = time.monotonic() - t0
     render(results, flood_res, wall_s)
     raw = ROOT / ".cache" / "timesync-benchmark-raw.json"
@@ -784,6 +793,7 @@ def main() -> None:
     b = p
     b.add_argument("--quick", action="store_true")
     b.add_argument("--only", default="", help="comma-separated scenario keys")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     b.add_argument("--render", action="store_true", help="re-render docs from .cache/timesync-benchmark-raw.json")
     s = sub.add_parser("serve")
     s.add_argument("--host", required=True)
