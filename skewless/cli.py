@@ -8,6 +8,7 @@ line) shows the traceback instead.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import tomllib
@@ -17,7 +18,15 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from gateway.logs import LOG_FORMAT_ENV, LOG_LEVEL_ENV, LogFormat, LogLevel, configure_logging
+from gateway.logs import (
+    LOG_FORMAT_ENV,
+    LOG_LEVEL_ENV,
+    JsonFormatter,
+    LogFormat,
+    LogLevel,
+    configure_logging,
+    current_log_format,
+)
 
 # rich_markup_mode=None: help text is plain text, so "[gateway]" and "[default: 1]" survive (Rich markup ate them);
 # the sub-apps inherit it from this root. pretty_exceptions_enable=False: main() reports errors itself.
@@ -131,7 +140,12 @@ _EXTRA_OF_MODULE = {"confluent_kafka": "gateway", "prometheus_client": "gateway"
 
 
 def fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    if current_log_format() == "json":
+        # Under --log-format json stderr is read as JSON lines: the error is one more record (whatever the level).
+        record = logging.LogRecord("skewless", logging.ERROR, __file__, 0, "error: %s", (message,), None)
+        typer.echo(JsonFormatter().format(record), err=True)
+    else:
+        typer.echo(f"error: {message}", err=True)
     sys.exit(code)
 
 

@@ -163,3 +163,14 @@ def test_a_drawn_progress_bar_goes_to_stderr(capsys: pytest.CaptureFixture[str])
     out, err = capsys.readouterr()
     assert out == ""
     assert "counting" in err
+
+
+def test_under_json_the_error_line_is_a_json_record_too(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--log-format", "json", "kafka", "topics", "s", "--kafka-property", "client.id")
+    assert code == 2
+    assert out == ""
+    entry = orjson.loads(err)  # exactly one JSON object
+    assert {k: entry[k] for k in ("level", "logger")} == {"level": "error", "logger": "skewless"}
+    assert entry["message"] == ("error: skewless kafka topics: Invalid value for '--kafka-property': 'client.id' is "
+                                "not KEY=VALUE (e.g. security.protocol=SASL_SSL) (see 'skewless kafka topics "
+                                "--help')")
