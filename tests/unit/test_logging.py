@@ -174,3 +174,24 @@ def test_under_json_the_error_line_is_a_json_record_too(capsys: pytest.CaptureFi
     assert entry["message"] == ("error: skewless kafka topics: Invalid value for '--kafka-property': 'client.id' is "
                                 "not KEY=VALUE (e.g. security.protocol=SASL_SSL) (see 'skewless kafka topics "
                                 "--help')")
+
+
+def test_gateway_workers_start_with_the_log_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import cli as gateway_cli
+    from gateway.config import build_config, load_settings
+
+    class Spawned(Exception):
+        pass
+
+    seen: list[dict[str, str]] = []
+
+    def spawn(_args: list[str], *, env: dict[str, str], **_kwargs: object) -> None:
+        seen.append(env)
+        raise Spawned
+
+    monkeypatch.setattr(gateway_cli, "spawn_gateway", spawn)
+    logs.configure_logging("warning", json_format=True)
+    with pytest.raises(Spawned):
+        gateway_cli.run_workers(2, build_config(load_settings(None, env={})))
+    assert {k: seen[0][k] for k in (logs.LOG_FORMAT_ENV, logs.LOG_LEVEL_ENV)} == {
+        logs.LOG_FORMAT_ENV: "json", logs.LOG_LEVEL_ENV: "WARNING"}
