@@ -26,6 +26,17 @@ def map_at_every_stage(monkeypatch: pytest.MonkeyPatch) -> None:
                      mapped: Any = None) -> Any:
         return merge_outputs(self, pipeline, outputs, out, passed)
 
+    pipeline_push_many, records = IngestPipeline.push_many, IngestPipeline._records
+
+    def pipeline_many_maps(self: Any, source_id: str, events: Any, arrival_us: int, mappings: Any = None) -> Any:
+        return pipeline_push_many(self, source_id, events, arrival_us)
+
+    def records_map(self: Any, outputs: Any, out: Any, passed: Any, pushed: Any, mapped: Any,
+                    run_errors: Any) -> Any:
+        return records(self, outputs, out, passed, None, None, None)
+
+    monkeypatch.setattr(IngestPipeline, "push_many", pipeline_many_maps)
+    monkeypatch.setattr(IngestPipeline, "_records", records_map)
     monkeypatch.setattr(MultiSourceMerger, "push", merger_maps)
     monkeypatch.setattr(IngestPipeline, "push", pipeline_maps)
     monkeypatch.setattr(IngestPipeline, "_merge_outputs", release_maps)

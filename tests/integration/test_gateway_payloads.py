@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 
@@ -327,14 +328,18 @@ async def test_a_core_that_raises_mid_batch_restarts_its_shard_and_nothing_is_lo
         real_push = gateway.core.pipeline.push
         failures = [RuntimeError("pipeline bug at seq 1")]
 
-        def push(source_id: str, event: object, arrival_us: int, **kwargs: object) -> object:
-            if getattr(event, "seq", None) == 1 and failures:
-                raise failures.pop()
-            return real_push(source_id, event, arrival_us, **kwargs)  # type: ignore[arg-type]
+        def push_many(source_id: str, events: list[Any], arrival_us: int, mappings: object = None) -> list[Any]:
+            out: list[Any] = []
+            for event in events:  # one by one, so seq 0 is released before seq 1 raises
+                if event.seq == 1 and failures:
+                    raise failures.pop()
+                out += real_push(source_id, event, arrival_us)
+            return out
 
         # Seq 0 was accepted and released, seq 1 accepted, then the core raised: that core cannot be trusted any
-        # more. Its shard restarts from what Kafka committed; the client resends what was not acknowledged.
-        monkeypatch.setattr(gateway.core.pipeline, "push", push)
+        # more. Its shard restarts from what Kafka committed; the client resends what was not acknowledged. (A
+        # frame's events reach the pipeline through push_many.)
+        monkeypatch.setattr(gateway.core.pipeline, "push_many", push_many)
         client = SkewlessClient("127.0.0.1", gateway.port, "mid", ["s"], heartbeat_interval_s=None,
                                 backoff=Backoff(initial_s=0.05, max_s=0.1))
         await client.connect()
