@@ -40,8 +40,10 @@ def progress_bar(description: str, total: int | None, *, enabled: bool) -> Itera
         TimeRemainingColumn,
     )
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn()]
+    # Without a total there is nothing to count or extrapolate: the pulsing bar and the elapsed time only.
+    counted = [MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()] if total is not None else [
+        TimeElapsedColumn()]
+    columns = [TextColumn("{task.description}"), BarColumn(), *counted]
     with Progress(*columns, console=Console(stderr=True)) as progress:
         task = progress.add_task(description, total=total)
 
