@@ -353,11 +353,13 @@ def _left_of(
     built = 0
     if j == 0:
         for k in range(hi):
-            built += 1
+            # Built, then filtered: every sequence is completed (Li's SSC output) before the window test (WD).
             x = items[k]
+            chosen[0] = x.event
+            sequence = tuple(chosen)
+            built += 1
             if x.ts > low:
-                chosen[0] = x.event
-                out.append(tuple(chosen))
+                out.append(sequence)
         return built
     for k in range(hi):
         x = items[k]

@@ -382,8 +382,10 @@ class SequenceEngine:
         if not at_last:
             return outs
         before = ais.candidates
-        if self._plain_matches:
-            found = ais.construct_last(inst, self._prune)
+        if self._plain_matches and self._prune:
+            # AIS partition: top down from each RIP to the divider, straight into event tuples.  Without the
+            # partition the general search builds every RIP-compatible sequence and then applies the window.
+            found = ais.construct_last(inst)
             if found:
                 n = len(found)
                 c.matches_constructed += n
