@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
 MAX_PENDING_ACTIONS = 64
+# How long a connection closed after an error frame still reads (and drops) what its peer sends: see close().
+ERROR_CLOSE_LINGER_S = 1.0
 
 # Where a connection failed (the `stage` label of skewless_gateway_worker_errors_total): the session decoding and
 # parsing bytes, one of the worker's actions, or the worker task itself outside any action.
@@ -128,10 +130,25 @@ class ConnectionHandler(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def close(self) -> None:
+    def close(self, *, after_error: bool = False) -> None:
+        """``after_error``: an error frame (or a redirect) was just written and the peer may still be writing.
+        Closing with its bytes unread makes the kernel reset the connection, and the reset can destroy the frame
+        before the peer reads it (seen with slow-loris peers on a loaded machine): so half-close instead (FIN after
+        the frame), keep reading and dropping what still comes, and close when the peer does or after
+        ERROR_CLOSE_LINGER_S. TLS transports cannot half-close: they close at once."""
         self._closing = True
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        can_write_eof = getattr(transport, "can_write_eof", None)
+        if after_error and can_write_eof is not None and can_write_eof():
+            transport.write_eof()
+            if self._paused or self._throttled:
+                self._paused = self._throttled = False
+                transport.resume_reading()
+            asyncio.get_running_loop().call_later(ERROR_CLOSE_LINGER_S, transport.close)
+            return
+        transport.close()
 
     def set_throttled(self, throttled: bool) -> None:
         """The gateway's buffer limit: stop (or resume) reading, whatever this connection's own backlog says."""
@@ -200,7 +217,7 @@ class ConnectionHandler(asyncio.Protocol):
         self._failed = True
         self._busy = False
         self._owner.worker_failed(self, stage, error)  # may still write a last frame: the close comes after it
-        self.close()
+        self.close(after_error=True)
 
     async def _apply(self, action: SessionAction, arrival_us: int) -> None:
         if isinstance(action, SourceRegistered):
@@ -218,7 +235,7 @@ class ConnectionHandler(asyncio.Protocol):
             if action.error_code is not None:
                 self._owner.session_failed(action.error_code)
                 log.warning("closing connection: %s", action.reason)
-            self.close()
+            self.close(after_error=action.error_code is not None)
 
 
 _STAGES: dict[type[SessionAction], WorkerStage] = {

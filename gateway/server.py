@@ -676,12 +676,12 @@ class Gateway:
                 SHARD_UNAVAILABLE, f"no gateway serves shard {shard} right now (failover in progress)", fatal=True,
                 retry_after_ms=SHARD_UNAVAILABLE_RETRY_MS)
         connection.send_bytes(encode_frame(frame))
-        connection.close()
+        connection.close(after_error=True)
 
     def _moved(self, connection: ConnectionHandler) -> None:
         connection.send_bytes(encode_frame(messages.build_error(
             SHARD_MOVED, "this gateway no longer serves the source's shard", fatal=True)))
-        connection.close()
+        connection.close(after_error=True)
 
     async def receive_events(self, connection: ConnectionHandler, received: EventsReceived, arrival_us: int) -> None:
         runtime = self._serving(received.source_id)

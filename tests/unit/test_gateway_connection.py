@@ -153,3 +153,46 @@ async def test_a_session_that_raises_is_answered_counted_and_closed_never_raised
     handler.data_received(b"more")  # a closing connection reads nothing more
     handler.check_timeouts(T0 + 2)
     assert len(owner.failures) == 1
+
+
+class HalfClosingTransport(FakeTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.eof_written = False
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+
+async def test_after_an_error_frame_the_connection_half_closes_reads_on_and_closes_after_the_linger(monkeypatch):
+    """A peer still writing when its connection closes would get a reset that can destroy the error frame: the frame
+    goes out, then a FIN; what the peer still sends is read and dropped; the socket closes after the linger."""
+    monkeypatch.setattr("gateway.connection.ERROR_CLOSE_LINGER_S", 0.05)
+    owner = FakeOwner()
+    handler = ConnectionHandler(owner, GatewaySession(now_us=T0), clock_us=lambda: T0 + 5)
+    transport = HalfClosingTransport()
+    handler.connection_made(transport)  # type: ignore[arg-type]
+    handler.set_throttled(True)
+    assert not transport.reading
+    handler.data_received(b"\x00\x00\x00\x02\xc1\xc1")  # not msgpack: malformed_frame
+    await settle()
+    assert owner.calls[-1] == ("session_failed", "malformed_frame")
+    assert len(transport.written) == 1 and b"malformed_frame" in transport.written[0]
+    assert transport.eof_written and transport.reading and not transport.closed
+    handler.data_received(encode_frame(build_hello("a", ["s"])))  # the peer goes on writing: dropped
+    await settle()
+    assert owner.calls == [("session_failed", "malformed_frame")]
+    await asyncio.sleep(0.1)
+    assert transport.closed
+
+
+async def test_a_plain_close_is_immediate_even_where_half_close_is_possible():
+    owner = FakeOwner()
+    handler = ConnectionHandler(owner, GatewaySession(now_us=T0), clock_us=lambda: T0 + 5)
+    transport = HalfClosingTransport()
+    handler.connection_made(transport)  # type: ignore[arg-type]
+    handler.close()
+    assert transport.closed and not transport.eof_written
