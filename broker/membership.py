@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from broker.client import KafkaClientConfig, Servers
+from broker.client import KafkaClientConfig, Servers, librdkafka_logger
 
 __all__ = ["GroupMembership", "MembershipChange", "SharesAssigned", "SharesLost", "SharesRevoked"]
 
@@ -84,7 +84,7 @@ class GroupMembership:
         if instance_id is not None:
             settings["group.instance.id"] = instance_id
         self._consumer: Consumer | None = Consumer(
-            KafkaClientConfig.of(servers).properties(settings, overrides))
+            {**KafkaClientConfig.of(servers).properties(settings, overrides), "logger": librdkafka_logger()})
         self._consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)
 
