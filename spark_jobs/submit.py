@@ -26,11 +26,36 @@ def _import_path() -> None:
     sys.path.append(str(here.parent))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The jobs' options as `skewless spark` takes them; an error is one line on stderr and a non-zero exit (2: the
+    command line, 1: the run), its traceback only with ``--debug``, as everywhere else."""
     _import_path()
+    import typer
+
     from spark_jobs.cli import spark_app
 
-    spark_app(prog_name="submit.py")
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        result = typer.main.get_command(spark_app).main(args, prog_name="submit.py", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.TyperException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # no command: the help text, as `skewless spark` shows it
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(2)
+        ctx = getattr(exc, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        print(f"error: {where}{exc.format_message()}{hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(result if isinstance(result, int) else 0)
 
 
 if __name__ == "__main__":

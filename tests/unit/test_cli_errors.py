@@ -359,3 +359,17 @@ def test_the_root_help_lists_the_log_options(capsys):
     assert "--log-format <text|json> Log lines on stderr as text, or as one JSON object per line" in flat
     assert "--log-level <debug|info|warning|error|critical> Log level [INFO]." in flat
     assert "SKEWLESS_LOG_FORMAT" in flat and "SKEWLESS_LOG_LEVEL" in flat
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["three-window", "--nope"],
+     "error: submit.py three-window: No such option: --nope (Possible options: --mode) "
+     "(see 'submit.py three-window --help')"),
+    (["bogus"], "error: submit.py: No such command 'bogus'. (see 'submit.py --help')"),
+])
+def test_the_spark_submit_entry_point_reports_a_usage_error_in_one_line(args: list[str], line: str) -> None:
+    result = subprocess.run([sys.executable, "spark_jobs/submit.py", *args], check=False, capture_output=True,
+                            text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == line
+    assert "Traceback" not in result.stderr
