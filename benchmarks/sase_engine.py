@@ -13,7 +13,8 @@ ratios (CPU time by ``time.process_time``, best of ``--repeat`` runs); nothing h
   (the SSC output the window filter would discard; Li's "intermediate buffer") and CPU time.  Paper: the
   ratio grows like ((K + W) / W) ** S.
 * Figure 9: in-order input (0 % disorder): the out-of-order engine (AIS-CLOCK + partition, K = 10) against an
-  append-only in-order SASE engine.  Paper: overhead 5.1 % - 24.6 %.
+  append-only in-order SASE engine, plus a pyinstrument tree of both.  Paper: overhead 5.1 % - 24.6 %;
+  target (issue 14): <= 25 %.
 * Throughput: events/s of one engine on one core for the shoplifting query (partitioned, negation) in both
   modes, and for SEQ(A..F).
 
@@ -33,6 +34,7 @@ import hashlib
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -107,13 +109,25 @@ def measured(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def best(fns: Sequence[Callable[[], dict[str, Any]]], repeat: int) -> list[dict[str, Any]]:
-    """Run the variants interleaved (a, b, a, b, ...) and keep each one's fastest run: on a shared machine the
-    load changes over time, and interleaving exposes both variants to the same load."""
+    """Run the variants interleaved (a, b, a, b, ...) and keep each one's fastest run, with every run's CPU time
+    in ``cpus`` (in run order) for :func:`paired`: on a shared machine the load changes over time, and
+    interleaving exposes both variants to the same load."""
     runs: list[list[dict[str, Any]]] = [[] for _ in fns]
     for _ in range(repeat):
         for i, fn in enumerate(fns):
             runs[i].append(measured(fn))
-    return [min(r, key=lambda x: x["cpu"]) for r in runs]
+    out = []
+    for r in runs:
+        fastest = dict(min(r, key=lambda x: x["cpu"]))
+        fastest["cpus"] = [x["cpu"] for x in r]
+        out.append(fastest)
+    return out
+
+
+def paired(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """CPU ratio a / b as the median over the repeats of the two runs made back to back: robust to load that
+    changes between repeats, which the ratio of two separate minima is not."""
+    return float(statistics.median(x / y for x, y in zip(a["cpus"], b["cpus"], strict=True)))
 
 
 def fig6(n: int, repeat: int, k: int = 10) -> list[dict[str, Any]]:
@@ -124,7 +138,7 @@ def fig6(n: int, repeat: int, k: int = 10) -> list[dict[str, Any]]:
                         partial(run_engine, events, EngineConfig(allowed_lateness_us=LI, k_slack_us=k, ais_clock=False))], repeat)
         assert on["digest"] == off["digest"], "AIS-CLOCK changed the results"
         share = on["stats"]["late_events"] / n
-        rows.append({"p": p, "share": share, "on": on["cpu"], "off": off["cpu"], "gain": 1 - on["cpu"] / off["cpu"],
+        rows.append({"p": p, "share": share, "on": on["cpu"], "off": off["cpu"], "gain": 1 - paired(on, off),
                      "results": on["results"], "digest": on["digest"]})
         print(f"fig6  delayed {p:4.0%}  out-of-order {share:6.1%}  AIS-CLOCK on {on['cpu']:.3f}s off {off['cpu']:.3f}s"
               f"  gain {rows[-1]['gain']:6.1%}  results {on['results']}")
@@ -144,7 +158,7 @@ def fig78(n: int, repeat: int, p: float = 0.5) -> list[dict[str, Any]]:
         c_on, c_off = on["stats"]["candidates"], off["stats"]["candidates"]
         rows.append({"k": k, "cand_on": c_on, "cand_off": c_off, "mem_gain": 1 - c_on / c_off,
                      "ratio": c_off / c_on, "model": ((k + W) / W) ** 6, "on": on["cpu"], "off": off["cpu"],
-                     "cpu_gain": 1 - on["cpu"] / off["cpu"], "results": on["results"]})
+                     "cpu_gain": 1 - paired(on, off), "results": on["results"]})
         r = rows[-1]
         print(f"fig7/8  K={k:3d}  sequences built: partition {c_on} / none {c_off} (x{r['ratio']:.1f}, "
               f"((K+W)/W)^6 = {r['model']:.1f})  CPU {on['cpu']:.3f}s / {off['cpu']:.3f}s gain {r['cpu_gain']:6.1%}")
@@ -157,18 +171,91 @@ def fig9(sizes: Sequence[int], repeat: int, k: int = 10) -> list[dict[str, Any]]
         events = stream(n, 0.0, 0, seed=3)
 
         def baseline(ev: list[SaseEvent] = events) -> dict[str, Any]:
+            # Timed like run_engine: the engine's on_event over the stream, results collected, the digest after.
             eng = InOrderSequenceEngine(list(TYPES), W)
+            found: list[tuple[SaseEvent, ...]] = []
+            on_event = eng.on_event
             t0 = time.process_time()
-            keys = [tuple(x.event_id or "" for x in m) for e in ev for m in eng.on_event(e)]
-            return {"cpu": time.process_time() - t0, "results": len(keys), "digest": digest(keys)}
+            for e in ev:
+                found.extend(on_event(e))
+            cpu = time.process_time() - t0
+            keys = [tuple(x.event_id or "" for x in m) for m in found]
+            return {"cpu": cpu, "results": len(keys), "digest": digest(keys)}
 
         base, ooo = best([baseline, partial(run_engine, events, EngineConfig(allowed_lateness_us=LI, k_slack_us=k))], repeat)
         assert base["digest"] == ooo["digest"], "in-order baseline and engine disagree on in-order input"
-        rows.append({"n": n, "base": base["cpu"], "ooo": ooo["cpu"], "overhead": ooo["cpu"] / base["cpu"] - 1,
+        rows.append({"n": n, "base": base["cpu"], "ooo": ooo["cpu"], "overhead": paired(ooo, base) - 1,
+                     "lo": min(a / b for a, b in zip(ooo["cpus"], base["cpus"], strict=True)) - 1,
+                     "hi": max(a / b for a, b in zip(ooo["cpus"], base["cpus"], strict=True)) - 1,
                      "results": base["results"]})
         print(f"fig9  n={n:6d}  in-order SASE {base['cpu']:.3f}s  out-of-order engine {ooo['cpu']:.3f}s  "
               f"overhead {rows[-1]['overhead']:6.1%}  results {base['results']}")
     return rows
+
+
+def profile_in_order(n: int, k: int = 10) -> dict[str, str]:
+    """pyinstrument trees of both engines' ``on_event`` on the Figure 9 workload (0 % disorder): where the time of
+    each goes, as a share of its own ``on_event`` total (frames >= 2 %, recursion folded into its first level)."""
+    from pyinstrument import Profiler
+    from pyinstrument.renderers import ConsoleRenderer
+
+    events = stream(n, 0.0, 0, seed=3)
+    trees: dict[str, str] = {}
+    engines: dict[str, Callable[[], Callable[[SaseEvent], Any]]] = {
+        "in-order SASE": lambda: InOrderSequenceEngine(list(TYPES), W).on_event,
+        "out-of-order engine": lambda: SequenceEngine(
+            QUERY, EngineConfig(allowed_lateness_us=LI, k_slack_us=k)).on_event,
+    }
+    for name, make in engines.items():
+        profiler = Profiler(interval=0.0002)
+        gc.collect()
+        gc.freeze()
+        try:
+            profiler.start()
+            for _ in range(3):
+                on_event = make()
+                for e in events:
+                    on_event(e)
+            profiler.stop()
+        finally:
+            gc.unfreeze()
+        session = profiler.last_session
+        raw = session.root_frame() if session is not None else None
+        # The renderer's processors merge the per-call frames into one tree (as its text output shows it).
+        root = ConsoleRenderer(show_all=True).preprocess(raw) if raw is not None else None
+
+        top = _find_frame(root, "on_event")
+        if top is None:
+            continue
+        lines: list[str] = []
+        _profile_lines(top, 0, top.time, lines)
+        trees[name] = "\n".join(lines)
+    return trees
+
+
+def _find_frame(frame: Any, function: str) -> Any:
+    """The first pyinstrument frame (depth first) of ``function``, or None."""
+    if frame is None or frame.function == function:
+        return frame
+    for child in frame.children:
+        hit = _find_frame(child, function)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _profile_lines(frame: Any, depth: int, total: float, lines: list[str]) -> None:
+    """One line per frame >= 2 % of ``total``, depth <= 4; a recursive call is folded into its caller's self time
+    (with whatever it calls)."""
+    label = f"{frame.class_name + '.' if frame.class_name else ''}{frame.function}"
+    recursive = [c for c in frame.children if c.function == frame.function]
+    others = [c for c in frame.children if c.function != frame.function and not c.is_synthetic]
+    self_time = frame.time - sum(c.time for c in others)
+    note = f"  (self {100 * self_time / total:.1f} %{', recursion included' if recursive else ''})"
+    lines.append(f"{'  ' * depth}{100 * frame.time / total:5.1f} %  {label}{note if frame.children else ''}")
+    for child in sorted(others, key=lambda c: -c.time):
+        if child.time >= 0.02 * total and depth < 4:
+            _profile_lines(child, depth + 1, total, lines)
 
 
 def shoplifting(n_books: int, seed: int = 4) -> tuple[list[SaseEvent], int]:
@@ -228,7 +315,7 @@ def plots(f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str
     ax.set_title("AIS-CLOCK (Li et al. Fig. 6 style)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(DOCS / "sase-ais-clock.png", dpi=110)
+    fig.savefig(DOCS / "sase-ais-clock.png", dpi=150)
     plt.close(fig)
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -246,7 +333,7 @@ def plots(f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str
     a2.set_title("AIS partition: CPU (Fig. 8 style)")
     a2.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(DOCS / "sase-ais-partition.png", dpi=110)
+    fig.savefig(DOCS / "sase-ais-partition.png", dpi=150)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -259,12 +346,12 @@ def plots(f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(DOCS / "sase-overhead.png", dpi=110)
+    fig.savefig(DOCS / "sase-overhead.png", dpi=150)
     plt.close(fig)
 
 
 def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str, Any]],
-           tp: list[dict[str, Any]], wall: float) -> str:
+           tp: list[dict[str, Any]], prof: dict[str, str], wall: float) -> str:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# SASE engine benchmark",
@@ -273,7 +360,8 @@ def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[st
         f"({os.cpu_count()} CPUs, shared machine, Python {platform.python_version()}, wall time {wall:.0f} s). "
         "CPU times are `time.process_time()`, best of "
         f"{args.repeat} runs; all comparisons run side by side in one process on the same stream and are "
-        "reported as ratios. The pre-generated input is hidden from the garbage collector during a measurement "
+        "reported as ratios: gains and overheads are the median over the repeats of the ratio of two runs made "
+        "back to back (robust to the load changing between repeats; the times shown are each variant's best). The pre-generated input is hidden from the garbage collector during a measurement "
         "(`gc.freeze()`, as a streaming job does not hold its input in memory); the engines' own objects are "
         "collected normally. Re-run with `.venv/bin/python benchmarks/sase_engine.py`.",
         "",
@@ -319,17 +407,56 @@ def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[st
         "",
         "## Overhead on in-order input (Figure 9 style)",
         "",
-        "0 % disorder. Baseline: `cep.sase.InOrderSequenceEngine`, append-only stacks, RIP as an index, basic "
-        "purge e.ts + W < CLOCK, no negation or predicate machinery. Engine: `SequenceEngine` with AIS-CLOCK and "
-        "partition, K = 10 (it keeps 10 more time units of state). Paper: 5.1 % - 24.6 %.",
+        "0 % disorder. Baseline: `cep.sase.InOrderSequenceEngine`, Li's in-order SASE: append-only stacks, RIP "
+        "as an index, construction only on the last type, basic purge e.ts + W < CLOCK on every CLOCK update, no "
+        "validation, negation or predicate machinery. Engine: `SequenceEngine` with AIS-CLOCK and partition, "
+        "K = 10 (it keeps 10 more time units of state), its own validation, counters, partition and purge "
+        "bookkeeping, and `SaseOutput` records instead of bare tuples. Both are timed the same way: `on_event` "
+        f"over the stream with the results collected (the engine also runs `end_of_stream`), "
+        f"{args.repeat_overhead} interleaved pairs; overhead = median of the paired ratios, with their range "
+        "(the spread the machine's load causes). Target (issue 14): <= 25 %. Paper: 5.1 % - 24.6 %.",
         "",
-        "| events | in-order SASE (s) | out-of-order engine (s) | overhead | results |",
-        "|---|---|---|---|---|",
+        "| events | in-order SASE (s) | out-of-order engine (s) | overhead | paired range | results |",
+        "|---|---|---|---|---|---|",
     ]
-    lines += [f"| {r['n']} | {r['base']:.3f} | {r['ooo']:.3f} | {r['overhead']:.1%} | {r['results']} |" for r in f9]
+    lines += [f"| {r['n']} | {r['base']:.3f} | {r['ooo']:.3f} | {r['overhead']:.1%} | {r['lo']:.0%} .. {r['hi']:.0%} | "
+              f"{r['results']} |" for r in f9]
     lines += [
         "",
         "![overhead](sase-overhead.png)",
+        "",
+        f"Where the time goes ({args.n} events, pyinstrument, share of each engine's own `on_event` time; frames "
+        ">= 2 %):",
+        "",
+        "```",
+    ]
+    for name, tree in prof.items():
+        lines += [f"{name}:", tree, ""]
+    lines[-1] = "```"
+    lines += [
+        "",
+        "Before issue 14 (commit 9772ba5), the same side-by-side measurement at 40000 events gave 159 % "
+        "(baseline 0.091 s, engine 0.234 s, ratio of the best of 9 each; the earlier report's 113 % - 123 % also timed the "
+        "baseline's result-key extraction, which made the baseline look slower). What changed: an in-order fast "
+        "path in `on_event` for events at or above CLOCK of a type without constant predicates or negation role "
+        "(append semantics inline, no sort-semantics branch, no per-event route filtering); construction for an "
+        "in-order last-type event searches only leftwards, top down from each RIP to Li's divider, straight "
+        "into event tuples (`ActiveInstanceStacks.construct_last`, no closures per call, no window test per "
+        "sequence), and finds a RIP's position from the instance's ordinal in its stack (the baseline's RIP "
+        "index) instead of a binary search; one precomputed watermark threshold decides whether release/purge "
+        "is due instead of three heap checks per CLOCK update; the partition of an unpartitioned query is "
+        "cached; the purge finds each stack's expired prefix by one binary search; `match` records are built "
+        "without the frozen dataclass's per-field `object.__setattr__`. The top-down search to the divider is the "
+        "AIS partition itself: without the partition, in-order construction keeps the general search (every "
+        "RIP-compatible sequence built, then the window applied to it), which is what Figures 7/8 compare. "
+        "Figures 6-8 are no worse for it: in one side-by-side run of the old and the new code (p = 50 %, "
+        "12000 events, best of 9, paired median), the partition's CPU gain was 15.0 % (K = 10) and 55.0 % "
+        "(K = 40) before, 24.9 % and 58.7 % after; AIS-CLOCK's gain (40000 events, K = 10, best of 5) was "
+        "25.5 / 14.8 / 28.1 / 34.0 % before and 29.5 / 38.4 / 38.1 / 52.4 % after at p = 90 / 70 / 50 / 30 %; "
+        "the shoplifting query (partitioned, negation; not on the fast path for CHECKOUT) ran 0.86x the old "
+        "CPU time. Run-to-run spread of this comparison with the new code: three full runs on 2026-11-23 gave "
+        "median overheads of 14.5 - 22.4 %, 6.4 - 23.1 % and 16.0 - 46.0 % over the five sizes (the 46 % is "
+        "one size in one run, whose best times differ by 25 %); the target is met typically, not with margin.",
         "",
         "## Throughput (one core)",
         "",
@@ -354,17 +481,26 @@ def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[st
         "It saves the binary searches, the RIP repair and the construction attempts at non-final positions of "
         "every in-order event. Where our gain at high disorder is above the paper's 8 %, the reason is that we "
         "time the whole engine, and construction at every position (which AIS-CLOCK skips for in-order events) "
-        "is part of it; Li's figure counts only insertion and RIP resetting.",
+        "is part of it; Li's figure counts only insertion and RIP resetting. The in-order fast path (issue 14) "
+        "also counts here: it exists only because AIS-CLOCK tells an in-order event apart, so with AIS-CLOCK "
+        "off every event takes the general path.",
         f"- AIS partition: sequences built without the partition grow x{f78[-1]['ratio']:.0f} at K = "
         f"{f78[-1]['k']} (the ((K + W) / W)^6 model says x{f78[-1]['model']:.0f}: the model assumes every "
         "RIP-compatible combination in the K-extended history exists, the random stream has fewer); with the "
         "partition the count stays flat, and the CPU gain follows once those sequences dominate the cost.",
-        f"- Overhead on in-order input: {min(r['overhead'] for r in f9):.0%} - {max(r['overhead'] for r in f9):.0%} "
-        "against the paper's 5.1 % - 24.6 %. Our baseline is a minimal append-only loop with no validation, "
-        "routing, partitioning, negation hooks or counters; in CPython that fixed per-event work costs about "
-        f"{1e6 * (f9[-1]['ooo'] - f9[-1]['base']) / f9[-1]['n']:.1f} us per event on top of the baseline's "
-        f"{1e6 * f9[-1]['base'] / f9[-1]['n']:.1f} us. It is a constant per event (the overhead does not grow "
-        "with the stream), unlike the paper's, which grew with the dataset size.",
+        f"- Overhead on in-order input: {min(r['overhead'] for r in f9):.1%} - {max(r['overhead'] for r in f9):.1%} "
+        f"({'within' if max(r['overhead'] for r in f9) <= 0.25 else 'NOT within'} the 25 % target at every size) "
+        "against the paper's 5.1 % - 24.6 %: "
+        f"at {f9[-1]['n']} events about {1e6 * f9[-1]['overhead'] * f9[-1]['base'] / f9[-1]['n']:.2f} us per event "
+        f"(median overhead times the baseline's best) on top of the baseline's "
+        f"{1e6 * f9[-1]['base'] / f9[-1]['n']:.2f} us. The profile above says where: construction costs both "
+        "about the same; the engine purges less often (lazily, every W / 4) but each purge also keeps the "
+        "purge heap, the RIP hygiene and the counters; the rest is the fixed per-event work the baseline does "
+        "not do (validation, counters, partition lookup and registration, `Instance` and `SaseOutput` objects). "
+        "It is a constant per event (the overhead does not grow with the stream), unlike the paper's, which "
+        "grew with the dataset size. Next lever, if more margin is needed: the fixed per-event work is now a "
+        "handful of attribute updates per event (validation, counters, registration), so the next step is a "
+        "compiled core for the fast path (e.g. mypyc on `ais.py` / the engine), not more Python.",
         "- Shoplifting is slower per event than SEQ(A..F) because every book is its own partition: each key's "
         "AIS, negation buffer and holding set are created, checked and purged during its short life, and "
         "these short-lived objects keep CPython's cyclic garbage collector busy (measured separately: about "
@@ -381,20 +517,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller streams (smoke test)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat-overhead", type=int, default=9,
+                    help="runs of the overhead comparison (its ratios are the smallest, so noise matters most)")
     args = ap.parse_args()
     if args.quick:
-        args.repeat = 1
+        args.repeat = args.repeat_overhead = 1
     args.n = 8_000 if args.quick else 40_000
     args.n_partition = 4_000 if args.quick else 12_000
     sizes = [5_000, 10_000] if args.quick else [20_000, 40_000, 60_000, 80_000, 100_000]
     t0 = time.monotonic()
     f6 = fig6(args.n, args.repeat)
     f78 = fig78(args.n_partition, args.repeat)
-    f9 = fig9(sizes, args.repeat)
+    f9 = fig9(sizes, args.repeat_overhead)
+    prof = profile_in_order(args.n)
     tp = throughput(5_000 if args.quick else 60_000, 10_000 if args.quick else 100_000)
     wall = time.monotonic() - t0
     plots(f6, f78, f9)
-    (DOCS / "sase-benchmark.md").write_text(report(args, f6, f78, f9, tp, wall))
+    (DOCS / "sase-benchmark.md").write_text(report(args, f6, f78, f9, tp, prof, wall))
     print(f"wrote {DOCS / 'sase-benchmark.md'} and docs/sase-*.png in {wall:.0f} s")
 
 
