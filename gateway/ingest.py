@@ -54,7 +54,8 @@ Rules:
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
    records on the sources topic. Every record carries the headers of docs/record-contract.md (kind, the source id
    of an event record, the contract version); an event record's Kafka timestamp (CreateTime) is its reference
-   time, a punctuation's its watermark, in milliseconds.
+   time, a punctuation's its watermark, in milliseconds, held within an hour before and a minute after its release
+   (``kafka_timestamp_ms``: retention counts from it, and brokers may refuse far-future timestamps).
 8. Refused payloads: an event whose payload the record contract cannot carry arrives with a RejectedPayload
    (contract.wire.messages.payload_problem). It is counted (``invalid_payloads``) and answered at once with a
    non-fatal ``invalid_payload`` error frame naming its stream and seq; it still goes through dedup and the ordering
@@ -165,6 +166,18 @@ CLOCK_STEP_DELAY_WINDOW = 64
 RESYNC_REASON = "clock_step"
 UNRESOLVED_REASON = "clock_step_unresolved"
 RECENT_CLOCK_STEPS = 256
+# Rule 7: a record's Kafka timestamp is its reference time (a punctuation's: its watermark), held within these
+# bounds of its release. Time-based retention counts from the timestamp: an event replayed from a long-held spool
+# (or a test's synthetic 1970 times) would be deleted at the broker's next retention check; and a broker bounding
+# future timestamps (log.message.timestamp.after.max.ms, 1 h by default since Kafka 4.0) would refuse a runaway
+# clock's record and fail the shard's transaction. Live events are well inside both bounds.
+KAFKA_TIMESTAMP_BEHIND_US = 3_600_000_000
+KAFKA_TIMESTAMP_AHEAD_US = 60_000_000
+
+
+def kafka_timestamp_ms(ref_us: int, release_us: int) -> int:
+    """Rule 7: the Kafka timestamp (ms) of a record with reference time ``ref_us`` released at ``release_us``."""
+    return max(release_us - KAFKA_TIMESTAMP_BEHIND_US, min(ref_us, release_us + KAFKA_TIMESTAMP_AHEAD_US)) // 1000
 # Rule 7's record headers, built once: an event record's are cached per source (a few hundred bytes per source).
 _VERSION_HEADER = (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode())
 PUNCTUATION_HEADERS: Headers = ((HEADER_KIND, PUNCTUATION.encode()), _VERSION_HEADER)
@@ -483,8 +496,8 @@ class IngestCore:
         self._dirty_streams.add(stream)
         self.counters.idle_punctuations += 1
         value = PunctuationRecord(stream, watermark_us, now_us).to_json()
-        return [Produce(self.topics.events(stream), PUNCTUATION_KEY, value, None, watermark_us // 1000,
-                        PUNCTUATION_HEADERS)]
+        return [Produce(self.topics.events(stream), PUNCTUATION_KEY, value, None,
+                        kafka_timestamp_ms(watermark_us, now_us), PUNCTUATION_HEADERS)]
 
     def stream_progress(self, stream: str) -> StreamProgress | None:
         return self._progress.get(stream)
@@ -888,19 +901,15 @@ class IngestCore:
                 if headers is None:
                     headers = headers_of[(source_id, kind)] = event_headers(source_id, kind)
                 delivery = DeliveryRef(source_id, record.stream, record.seq, kind, record.release_ts_us)
-                # A quarantined (future_dated) event's reference time is a runaway clock's: a broker with
-                # log.message.timestamp.after.max.ms set (1 h by default since Kafka 4.0) would refuse it and fail
-                # the shard's transaction. A late record is older than its release otherwise, so min() is its ref.
-                ref_ts_us = (record.ref_ts_us if kind == "events"
-                             else min(record.ref_ts_us, record.release_ts_us))
-                actions.append(Produce(topic, record.key, value, delivery, ref_ts_us // 1000, headers))
+                actions.append(Produce(topic, record.key, value, delivery,
+                                       kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us), headers))
             else:
                 assert isinstance(output, PublishPunctuation)
                 self._progress[output.stream].promise(output.watermark_us)
                 self._dirty_streams.add(output.stream)
                 value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
                 actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None,
-                                       output.watermark_us // 1000, PUNCTUATION_HEADERS))
+                                       kafka_timestamp_ms(output.watermark_us, output.at_us), PUNCTUATION_HEADERS))
         return actions
 
     def _topic(self, stream: str, kind: Literal["events", "late"]) -> str:

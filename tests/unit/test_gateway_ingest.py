@@ -759,13 +759,16 @@ def test_a_committed_transaction_confirms_its_records_as_their_delivery_reports_
         one_by_one[0].counters, list(one_by_one[0].delivery_latencies_us))
 
 
-def test_a_late_record_carries_its_reference_time_as_kafka_timestamp_unless_it_is_future_dated():
+def test_a_records_kafka_timestamp_is_its_reference_time_within_an_hour_before_and_a_minute_after_its_release():
     core = make_core()
     core.source_registered("a", ("s",), T0)
     core.events_received(CONN, "a", events(range(2)), T0 + 100)  # punctuated at T0 + 20
     ahead = core.events_received(CONN, "a", (IncomingEvent("s", 2, T0 + 3_600_000_000, None),), T0 + 200)
     behind = core.events_received(CONN, "a", (IncomingEvent("s", 3, T0 + 5, None),), T0 + 5_000)
-    late = [a for a in ahead + behind if isinstance(a, Produce) and a.topic == TOPICS.late("s")]
-    # A runaway clock's reference time would be refused by a broker bounding future timestamps: its release instead.
+    ancient = core.events_received(CONN, "a", (IncomingEvent("s", 4, 1_000, None),), T0 + 6_000)
+    late = [a for a in ahead + behind + ancient if isinstance(a, Produce) and a.topic == TOPICS.late("s")]
+    # A runaway clock's time would be refused by a broker bounding future timestamps, a 1970 one deleted by the next
+    # retention check: bounded by the release; a late event's own reference time otherwise.
     assert [(a.delivery.seq, a.timestamp_ms, a.headers[0]) for a in late if a.delivery is not None] == [
-        (2, (T0 + 200) // 1000, ("kind", b"late")), (3, (T0 + 5) // 1000, ("kind", b"late"))]
+        (2, (T0 + 200 + 60_000_000) // 1000, ("kind", b"late")), (3, (T0 + 5) // 1000, ("kind", b"late")),
+        (4, (T0 + 6_000 - 3_600_000_000) // 1000, ("kind", b"late"))]
