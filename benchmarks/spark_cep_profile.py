@@ -154,12 +154,18 @@ def write_profile_tree(jobs: tuple[str, ...] = PROFILED_JOBS) -> Path:
 
 
 def main() -> None:
+    import sys
+
+    phases = {}
     for job in PROFILED_JOBS:
-        spent = phase_costs(job)
+        spent = phases[job] = phase_costs(job)
         per = {k: spent[k] * 1e6 / spent["events"] for k in ("shell", "state", "core", "total")}
         print(f"{job:>13}: " + "  ".join(f"{k} {v:5.1f} us/event" for k, v in per.items())
               + f"  blob {spent['blob_bytes'] / 1e6:.1f} MB", flush=True)
     print(f"wrote {write_profile_tree()}")
+    if len(sys.argv) > 2 and sys.argv[1] == "--json":
+        # For benchmarks/spark_three_window.py --phases-json (the report without profiling again).
+        Path(sys.argv[2]).write_bytes(orjson.dumps(phases))
 
 
 if __name__ == "__main__":
