@@ -33,12 +33,15 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import orjson
 
 from contract.records import EVENT, PUNCTUATION, RESULT_REJECTED, result_key, result_value
+
+if TYPE_CHECKING:
+    from broker.client import Servers
 
 # Spark-side schemas: every job emits (key, value) JSON records, ready for the Kafka sink.
 OUTPUT_SCHEMA = "key string, value string"
@@ -418,7 +421,8 @@ class EventsTopicPartitions:
     """``stream -> (its events topic, that topic's partition count)``, looked up in Kafka once per stream and
     process (executors call it when a stream's state is created)."""
 
-    def __init__(self, bootstrap_servers: str, topic_prefix: str) -> None:
+    def __init__(self, bootstrap_servers: Servers, topic_prefix: str) -> None:
+        # A KafkaClientConfig (frozen, picklable) carries the job's Kafka settings to the executors.
         self.bootstrap_servers = bootstrap_servers
         self.topic_prefix = topic_prefix
         self._known: dict[str, tuple[str, int]] = {}
@@ -458,9 +462,11 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
     """Results to `skewless.results.<job>` (and the console); returns the started query."""
 
     def write_batch(batch: Any, batch_id: int) -> None:
+        from spark_jobs.contract import kafka_sink_options
+
+        sink = kafka_sink_options(batch.sparkSession, bootstrap_servers)
         if not console:
-            (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
-             .option("topic", output_topic).save())
+            batch.write.format("kafka").options(**sink).option("topic", output_topic).save()
             return
         # Two actions on one micro-batch would run the stateful operator twice: collect once, write what was seen.
         rows = batch.collect()
@@ -468,7 +474,7 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
             print(f"[{job} batch {batch_id}] {row['value']}", flush=True)
         if rows:
             (batch.sparkSession.createDataFrame(rows, OUTPUT_SCHEMA).write.format("kafka")
-             .option("kafka.bootstrap.servers", bootstrap_servers).option("topic", output_topic).save())
+             .options(**sink).option("topic", output_topic).save())
 
     writer = (results.writeStream.outputMode("append").foreachBatch(write_batch).queryName(job)
               .option("checkpointLocation", checkpoint_dir))
@@ -484,20 +490,22 @@ def start_core_job(spark: Any, job: str, options: CoreJobOptions, factory: CoreF
 
     from broker.admin import ensure_topics
     from contract.topics import TopicNames
+    from spark_jobs.contract import kafka_client_config, replication_factor
     from spark_jobs.monitor import watch_watermark_drops
 
     topics = TopicNames(options.topic_prefix)
     output_topic = topics.results(job)
-    ensure_topics(options.bootstrap_servers, [output_topic])
+    # The session's spark.skewless.librdkafka.* settings reach every client of the job (docs/consume.md).
+    client = kafka_client_config(spark, options.bootstrap_servers)
+    ensure_topics(client, [output_topic], replication_factor=replication_factor(spark))
     records = read_contract_records(spark, options.bootstrap_servers, job_topics(topics, options.streams))
-    partitions_of = EventsTopicPartitions(options.bootstrap_servers, options.topic_prefix)
+    partitions_of = EventsTopicPartitions(client, options.topic_prefix)
     results = apply_stream_cores(records, job, factory, partitions_of, **apply_options)
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"skewless-{job.replace('_', '-')}-")
     query = write_results(results, job=job, bootstrap_servers=options.bootstrap_servers, output_topic=output_topic,
                           checkpoint_dir=checkpoint, console=options.console, available_now=options.available_now,
                           processing_time=options.processing_time)
-    watch_watermark_drops(spark, query, job=job, bootstrap_servers=options.bootstrap_servers,
-                          output_topic=output_topic)
+    watch_watermark_drops(spark, query, job=job, bootstrap_servers=client, output_topic=output_topic)
     return query
 
 
