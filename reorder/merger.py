@@ -422,14 +422,15 @@ class MultiSourceMerger:
                             # a source that never delivered has shown no silences: the given wait (a join or
                             # reconnect grace) alone says how long it may take to speak
                             wait = max(wait, self._learned_wait_us(bsrc.silences))
-                        # The wait starts when the head began to wait or the source last spoke, whichever is later,
-                        # not when the source became the blocker: sources silent since before the head arrived (gone
-                        # without a word) then share one wait, instead of N waits in a row each starting as the
-                        # previous one gave up.
-                        start_us = sources[sid].queue[0][2]
-                        if bsrc.heard_us is not None and bsrc.heard_us > start_us:
-                            start_us = bsrc.heard_us
-                        bsrc.wait_deadline = min(start_us, now_us) + wait
+                        # A source already silent for longer than the whole wait it would get (gone without a word)
+                        # is given up at once: N such sources cost the merge one wait, not N waits in a row each
+                        # starting when the previous one gave up. Any other source gets the full wait from now, as
+                        # every source does in thesis mode (Eq. 3.11).
+                        if (bsrc.heard_us is not None and bsrc.heard_us + wait <= now_us
+                                and self.config.mode == "watermark"):
+                            bsrc.wait_deadline = now_us
+                        else:
+                            bsrc.wait_deadline = now_us + wait
                         if bsrc.waited_since is None:
                             bsrc.waited_since = now_us
                 break

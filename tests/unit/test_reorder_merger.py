@@ -35,14 +35,12 @@ def test_releases_smallest_reference_time_using_each_sources_offset() -> None:
     assert merged(out) == [("S3", 0, 1100)]
     out = m.push(ev("S3", 1, 1900), 5, 5)  # ref 1400 -> S1 (1200); then S1 is empty: wait for it
     assert merged(out) == [("S1", 0, 1200)]
-    # the head (S2's 1300) has waited since it arrived at 4, and S1 has been silent longer: the wait counts from 4
-    assert m.next_deadline_us() == 4 + 10_000
+    assert m.next_deadline_us() == 5 + 10_000
 
 
 def test_sources_gone_silent_together_cost_the_merge_one_wait_not_one_each() -> None:
-    """Twenty sources speak once and go (no bye reaches the merge); a new source's event then waits for them. The wait
-    counts from when the event began to wait (they were silent since before it), so all twenty are given up at its
-    deadline, not one after another 20 waits later."""
+    """Twenty sources speak once and go (no bye reaches the merge); a new source's event then waits for them. Silent
+    already for longer than their wait, they are all given up at once, not one after another 20 waits later."""
     m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=1_000_000, learn_wait=False))
     gone = [f"gone-{i:02d}" for i in range(20)]
     for source_id in gone:
@@ -53,10 +51,21 @@ def test_sources_gone_silent_together_cost_the_merge_one_wait_not_one_each() -> 
     assert merged(out) == [(source_id, 0, 100) for source_id in gone]
     m.register("new", 5_000_000)
     assert merged(m.push(ev("new", 0, 5_000_000), 5_000_000, 5_000_000)) == []
-    assert m.next_deadline_us() == 5_000_000 + 1_000_000
-    out = m.advance(6_000_000)
+    assert m.next_deadline_us() == 5_000_000
+    out = m.advance(5_000_000)
     assert sorted(o.source_id for o in out if isinstance(o, SourceTimedOut)) == gone
     assert merged(out) == [("new", 0, 5_000_000)]
+
+
+def test_a_source_silent_for_less_than_its_wait_still_gets_the_whole_wait_from_now() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=1_000_000, learn_wait=False))
+    m.register("quiet", 0)
+    m.register("busy", 0)
+    m.push(ev("quiet", 0, 100), 10, 10)
+    m.push(ev("busy", 0, 100), 10, 10)
+    # quiet last spoke at 10; at 600,000 (silent 0.6 s, less than its 1 s wait) busy's next event waits for it
+    assert merged(m.push(ev("busy", 1, 600_000), 600_000, 600_000)) == []
+    assert m.next_deadline_us() == 600_000 + 1_000_000
 
 
 def test_thesis_waits_for_an_empty_source_then_flags_it_timed_out_until_its_next_event() -> None:
@@ -313,9 +322,10 @@ def test_once_trusted_the_wait_is_twice_the_quantile_of_the_sources_silences() -
         m.heartbeat(source, -1, 0, 0)
     for k in range(1, 4):  # three silences of 30 us each
         assert len(merged(_silence(m, 1_000 * k, 30))) == 2
-    m.push(ev("a", 4_000, 4_000), 4_000, 4_000)
+    # b last spoke at 3,030; 20 us later a's next event waits for it
+    m.push(ev("a", 4_000, 3_050), 3_050, 3_050)
     # 30 us falls in the 5 % bucket whose upper edge is 31 us: the wait is 2 x 31, above the given 10 us
-    assert m.next_deadline_us() == 4_000 + 62
+    assert m.next_deadline_us() == 3_050 + 62
 
 
 def test_a_silence_that_outlasted_the_wait_still_teaches_it_when_the_source_comes_back() -> None:
@@ -340,8 +350,8 @@ def test_the_learned_wait_never_exceeds_its_cap_and_thesis_mode_ignores_it() -> 
         m.heartbeat(source, -1, 0, 0)
     for k in range(1, 4):
         _silence(m, 10_000 * k, 4_000)  # 2 x the 4 ms quantile is above the 5 ms cap
-    m.push(ev("a", 40_000, 40_000), 40_000, 40_000)
-    assert m.next_deadline_us() == 40_000 + 5_000
+    m.push(ev("a", 40_000, 36_000), 36_000, 36_000)  # b last spoke at 34,000
+    assert m.next_deadline_us() == 36_000 + 5_000
     thesis = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(
         mode="thesis", default_timeout_us=10, learn_wait=True, learned_wait_cap_us=5_000, min_wait_samples=0))
     for source in "ab":
@@ -356,7 +366,7 @@ def test_a_source_that_never_delivered_is_waited_for_its_given_wait_alone() -> N
     m = MultiSourceMerger("R1", IdentityMapping(), LEARN)
     m.register("a", 0)
     m.register("b", 0)
-    m.push(ev("a", 0, 100), 100, 100)
-    assert m.next_deadline_us() == 100 + 10
+    m.push(ev("a", 0, 100), 5, 5)
+    assert m.next_deadline_us() == 5 + 10
     out = m.advance(110)
     assert [type(o) for o in out] == [SourceTimedOut, Merged, Punctuation]

@@ -344,7 +344,7 @@ def test_cli_replays_the_issues_multi_source_trace_with_and_without_the_learned_
         counts[flag] = (metrics["merger_timeouts"], metrics["late_events"], metrics["gaps_skipped"])
     # docs/reorder-benchmark.md, multitail: no gap skipped and nothing diverted, with or without the learned wait. Each
     # reorderer's gap timeout now rests on 200 samples (DEFAULT_MIN_GAP_SAMPLES), which hold this trace's long delays,
-    # and the merge's wait includes it. Give-ups: a few uplink stalls outlast the wait, counted from when the waiting
-    # event arrived (not from when the stalled source became the one it waits for), and the end of the trace, when
-    # the sources fall silent; nothing is late for them.
-    assert counts == {"--fixed-merge-wait": (4, 0, 0), "--learn-merge-wait": (3, 0, 0)}
+    # and the merge's wait includes it. Give-ups: the end of the trace, when the sources fall silent, and a source
+    # or two whose uplink stall had already outlasted its wait when the merge came to need it (given up at once);
+    # nothing is late for them.
+    assert counts == {"--fixed-merge-wait": (3, 0, 0), "--learn-merge-wait": (2, 0, 0)}
