@@ -79,6 +79,8 @@ class ConnectionHandler(asyncio.Protocol):
         self._busy = False
         self._throttled = False
         self._failed = False
+        # Half-closed after an error frame (close(after_error=True)): nothing more can be written to it.
+        self._write_closed = False
 
     @property
     def source_id(self) -> str | None:
@@ -124,10 +126,13 @@ class ConnectionHandler(asyncio.Protocol):
 
     @property
     def writable(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        # A half-closed connection is still open for reading (is_closing() is False): an ack sent to it would be
+        # lost, and with it the last ack of a source that sends nothing more.
+        return self.transport is not None and not self.transport.is_closing() and not self._write_closed
 
     def send_bytes(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self.writable:
+            assert self.transport is not None
             self.transport.write(data)
 
     def close(self, *, after_error: bool = False) -> None:
@@ -143,6 +148,7 @@ class ConnectionHandler(asyncio.Protocol):
         can_write_eof = getattr(transport, "can_write_eof", None)
         if after_error and can_write_eof is not None and can_write_eof():
             transport.write_eof()
+            self._write_closed = True
             if self._paused or self._throttled:
                 self._paused = self._throttled = False
                 transport.resume_reading()

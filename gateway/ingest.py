@@ -717,6 +717,17 @@ class IngestCore:
             actions += self.checkpoint_dirty_streams(now_us)
         return actions
 
+    def current_acks(self, source_id: str) -> list[SendToSource]:
+        """The source's cumulative acks as they stand, one per stream: sent again when one of its connections closes
+        (the last ack may have gone to that connection, and a source that sends nothing more would wait for it
+        forever; a repeated cumulative ack changes nothing at the SDK)."""
+        acks = []
+        for stream in self._streams_of.get(source_id, ()):
+            acked = self.tracker.acked_through(source_id, stream)
+            if acked is not None and acked >= 0:
+                acks.append(SendToSource(source_id, encode_frame(messages.build_ack(stream, acked))))
+        return acks
+
     def due_acks(self) -> list[SendToSource]:
         """One cumulative ack per (source, stream), however many deliveries it covers."""
         if not self._acks_due:

@@ -626,6 +626,13 @@ class Gateway:
             handlers.discard(connection)
             if not handlers:
                 del self._connections_by_source[source_id]
+                return
+            # The source's latest acks may have gone to this connection unread: its other connections get them
+            # again (the SDK resends only what a lost connection carried, not events acked on it).
+            runtime = self._serving(source_id)
+            if runtime is not None:
+                for ack in runtime.core.current_acks(source_id):
+                    self.send_to_source(ack.source_id, ack.data)
 
     async def register_source(self, connection: ConnectionHandler, hello: messages.Hello) -> None:
         shard = shard_of(hello.source_id, self.config.shards)

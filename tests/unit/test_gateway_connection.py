@@ -182,6 +182,10 @@ async def test_after_an_error_frame_the_connection_half_closes_reads_on_and_clos
     assert owner.calls[-1] == ("session_failed", "malformed_frame")
     assert len(transport.written) == 1 and b"malformed_frame" in transport.written[0]
     assert transport.eof_written and transport.reading and not transport.closed
+    # write side shut: the gateway must not pick it for an ack (that ack would be lost)
+    assert not handler.writable
+    handler.send_bytes(b"ack")
+    assert len(transport.written) == 1
     handler.data_received(encode_frame(build_hello("a", ["s"])))  # the peer goes on writing: dropped
     await settle()
     assert owner.calls == [("session_failed", "malformed_frame")]

@@ -152,6 +152,19 @@ def test_acks_cover_only_contiguous_confirmed_seqs_and_are_coalesced_per_poll():
     assert core.poll(T0 + 500) == []
 
 
+def test_the_current_acks_of_a_source_are_its_cumulative_acks_per_stream_as_they_stand():
+    core = make_core()
+    assert core.current_acks("a") == []
+    core.source_registered("a", ("s", "u"), T0)
+    core.stream_created("u")
+    assert core.current_acks("a") == []  # nothing confirmed yet: no ack to repeat
+    deliver(core, core.events_received(CONN, "a", events(range(3)), T0 + 100), T0 + 200)
+    assert core.current_acks("a") == [SendToSource("a", ack("s", 2))]
+    core.poll(T0 + 300)
+    # the poll sent it once; it stays what a lost connection's replacement is sent again
+    assert core.current_acks("a") == [SendToSource("a", ack("s", 2))]
+
+
 def test_an_ack_never_covers_an_unconfirmed_seq_between_confirmed_ones():
     core = make_core()
     core.source_registered("a", ("s",), T0)
