@@ -180,10 +180,9 @@ def throughput(n: int) -> dict[str, float]:
 
 
 def plots(res: dict[str, JobResult]) -> list[str]:
-    import matplotlib
+    from benchmarks.plotstyle import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = []
     # Figure 5.7-like: average latency per second on Dataset 1
@@ -193,12 +192,10 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax.plot([t / 1e6 for t, _, _ in s], [max(v, 1e-4) for _, v, _ in s], label=APPROACH_LABEL[a])
     ax.set_yscale("log")
     ax.set_xlabel("arrival time (s)")
-    ax.set_ylabel("average latency per second (ms, log)")
+    ax.set_ylabel("average latency per second (ms, log scale)")
     ax.set_title("Dataset 1 profile: average latency over time (cf. thesis Figure 5.7)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(DOCS / "reorder-dataset1-latency.png", dpi=110)
-    plt.close(fig)
+    save(fig, DOCS / "reorder-dataset1-latency.png")
     names.append("reorder-dataset1-latency.png")
     # Figures 5.8 / 5.9: latency and out-of-order per dataset
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -210,15 +207,16 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax1.bar(xs, [max(float(res[d].results[a]["avg_latency_ms"]), 1e-3) for d in datasets], width,
                 label=APPROACH_LABEL[a])  # fmt: skip
         ax2.bar(xs, [max(int(res[d].results[a]["out_of_order_events"]), 0.5) for d in datasets], width)
-    for ax, title in ((ax1, "average latency (ms, log)"), (ax2, "out-of-order events (log)")):
+    for ax, title, ylabel in ((ax1, "average latency", "average latency (ms, log scale)"),
+                              (ax2, "out-of-order events", "out-of-order events (count, log scale)")):
         ax.set_yscale("log")
         ax.set_xticks(range(len(datasets)), datasets, fontsize=8)
         ax.set_title(title)
+        ax.set_xlabel("trace profile")
+        ax.set_ylabel(ylabel)
     ax1.legend(fontsize=7)
     fig.suptitle("Per profile (cf. thesis Figures 5.8 and 5.9)")
-    fig.tight_layout()
-    fig.savefig(DOCS / "reorder-datasets.png", dpi=110)
-    plt.close(fig)
+    save(fig, DOCS / "reorder-datasets.png")
     names.append("reorder-datasets.png")
     # Figures 5.10 / 5.11: sources
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -228,12 +226,10 @@ def plots(res: dict[str, JobResult]) -> list[str]:
                 label=APPROACH_LABEL[a])  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("number of sources")
-    ax.set_ylabel("average latency (ms, log)")
+    ax.set_ylabel("average latency (ms, log scale)")
     ax.set_title("Multiple sources, Dataset 3 profile (cf. thesis Figures 5.10, 5.11)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(DOCS / "reorder-sources.png", dpi=110)
-    plt.close(fig)
+    save(fig, DOCS / "reorder-sources.png")
     names.append("reorder-sources.png")
     # Figure 5.13: drift
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -242,13 +238,11 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax.plot(labels, [max(int(res[f"drift{d}"].results[mode]["out_of_order_events_ms"]), 0.5) for d in labels],
                 style, label=f"sequence, {'with' if mode == 'sync' else 'without'} time sync")  # fmt: skip
     ax.set_yscale("log")
-    ax.set_xlabel("clock offset of source s1 (plus 20 ppm skew)")
-    ax.set_ylabel("out-of-order events (ms resolution, log)")
+    ax.set_xlabel("clock offset of source s1, plus 20 ppm skew")
+    ax.set_ylabel("out-of-order events (count at ms resolution, log scale)")
     ax.set_title("Two sources with drift (cf. thesis Figure 5.13)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(DOCS / "reorder-drift.png", dpi=110)
-    plt.close(fig)
+    save(fig, DOCS / "reorder-drift.png")
     names.append("reorder-drift.png")
     # latency versus accuracy
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -268,14 +262,12 @@ def plots(res: dict[str, JobResult]) -> list[str]:
                     label=APPROACH_LABEL[k])  # fmt: skip
         ax.set_xscale("log")
         ax.set_ylim(max(-5.0, min(float(v["accuracy_pct"]) for v in r.values()) - 2), 101)
-        ax.set_xlabel("average latency (ms, log)")
+        ax.set_xlabel("average latency (ms, log scale)")
         ax.set_ylabel("accuracy (%)")
         ax.set_title(f"{prof} profile")
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("Latency versus accuracy: adaptive sequence mode vs the thesis' timeout")
-    fig.tight_layout()
-    fig.savefig(DOCS / "reorder-latency-accuracy.png", dpi=110)
-    plt.close(fig)
+    save(fig, DOCS / "reorder-latency-accuracy.png")
     names.append("reorder-latency-accuracy.png")
     # issue 12 item 7: sources whose uplink stalls, merge wait learned or not
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -290,14 +282,15 @@ def plots(res: dict[str, JobResult]) -> list[str]:
     ax1.set_ylim(70, 100.5)
     ax1.axhline(99.9, color="grey", lw=0.8, ls="--")
     ax2.axhline(1.25, color="grey", lw=0.8, ls="--")
-    for ax, title in ((ax1, "accuracy % (ms resolution, late counted)"), (ax2, "mean latency / oracle's")):
+    for ax, title, ylabel in ((ax1, "accuracy at ms resolution, late counted", "accuracy (%)"),
+                              (ax2, "mean latency over the oracle's", "latency ratio (x oracle)")):
         ax.set_xticks(range(len(keys)), keys, fontsize=8)
         ax.set_title(title)
-    fig.legend(loc="lower center", ncol=3, fontsize=7)
+        ax.set_xlabel("trace")
+        ax.set_ylabel(ylabel)
+    fig.legend(loc="outside lower center", ncol=3, fontsize=7)
     fig.suptitle("Sources whose uplink stalls: learned merge wait (issue 12 item 7)")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(DOCS / "reorder-multisource.png", dpi=110)
-    plt.close(fig)
+    save(fig, DOCS / "reorder-multisource.png")
     names.append("reorder-multisource.png")
     return names
 
