@@ -284,12 +284,20 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
-    def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int) -> list[MergeOutput]:
+    def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int, *,
+                  caught_up: bool = False) -> list[MergeOutput]:
         """Proof of life: the source had sent every event up to ``seq`` when its clock read ``source_ts_us``.
 
-        It also registers the source, so the merge waits for it from its first sync on.
+        It also registers the source, so the merge waits for it from its first sync on. ``caught_up``: the caller
+        knows every event up to ``seq`` has reached the merge, or never will through it (the ingest pipeline: the
+        source's reorderer is past ``seq``, and what it did not release was merged before a restart or a shard
+        handover). Without it the frontier waits until this merger has seen ``seq`` itself; a recovered source whose
+        events were all published by the previous owner sends none again, and its heartbeats would never count:
+        it would hold the merge for as long as it kept heartbeating (each one restarting the merge's wait).
         """
         src = self._source(source_id)
+        if caught_up and (src.last_seq is None or src.last_seq < seq):
+            src.last_seq = seq
         self.counters.heartbeats += 1
         ref, err = self.clock.to_reference(source_id, source_ts_us)
         src.error_us = err

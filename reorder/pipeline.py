@@ -254,8 +254,8 @@ class IngestPipeline:
             reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
             # Only a source whose every event up to next_seq - 1 has left its reorderer is proven caught up.
             if reorderer.expected_seq >= seq and reorderer.buffered == 0:
-                self._merge_outputs(pipeline, pipeline.merger.heartbeat(source_id, seq - 1, source_ts_us, now_us),
-                                    out)
+                self._merge_outputs(pipeline, pipeline.merger.heartbeat(source_id, seq - 1, source_ts_us, now_us,
+                                                                        caught_up=True), out)
                 self._track(pipeline, "")
         return out
 

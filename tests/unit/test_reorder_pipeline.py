@@ -121,6 +121,21 @@ def test_recovered_source_holds_the_merge_until_it_reconnects_or_the_grace_ends(
     assert pipe.counters.source_timeouts == 1
 
 
+def test_a_recovered_source_whose_events_were_all_published_before_is_not_waited_for_once_it_heartbeats():
+    """b's events up to seq 6 went out before the handover; it resends nothing (they were acked) and only heartbeats.
+    Its heartbeat says it has sent everything below 7, which its reorderer (resumed at 7) confirms: the merge takes
+    its clock as b's frontier at once. Before, the merger waited to see seq 6 itself, which never came, and each
+    heartbeat restarted its wait for b: the merge stood still for as long as b kept heartbeating."""
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe.resume_from("b", "s", 7)
+    pipe.expect("b", "s", T0)
+    pipe.register("a", ("s",), T0)
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 1)) == []
+    pipe.register("b", ("s",), T0 + 2)
+    assert records(pipe.heartbeat("b", {"s": 7}, T0 + 100, T0 + 3)) == [("a", 0, T0 + 5)]
+    assert pipe.counters.source_timeouts == 0
+
+
 def test_recovered_source_reconnecting_in_time_is_merged_in_order():
     pipe = IngestPipeline(IdentityMapping(), PipelineConfig(reconnect_grace_us=10_000))
     pipe.resume_from("b", "s", 7)
