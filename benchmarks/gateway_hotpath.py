@@ -34,6 +34,7 @@ from contract.wire.frames import encode_frame
 from contract.wire.messages import IncomingEvent, build_event, build_events, build_hello
 from gateway.ingest import ConnectionId, IngestCore, Produce
 from gateway.session import EventsReceived, GatewaySession
+from reorder.eval.progress import progress_bar, progress_enabled
 from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
 from timesync.estimator import ClockEstimate
 from timesync.store import SourceInfoStore
@@ -189,16 +190,28 @@ def stages_of(tree: Path) -> dict[str, float]:
             if ":" in line}
 
 
-def main(before: Path | None, rounds: int, before_label: str | None = None) -> None:
+JITTERS_US = (0, 500, 1_000, 2_000)  # arrival jitters of the paced table
+
+
+def main(before: Path | None, rounds: int, before_label: str | None = None, progress: bool = True) -> None:
     """``rounds`` alternating runs of this tree and ``before`` (if given); the table shows medians."""
     mine: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
-    for _ in range(rounds):
-        spent, count = stage_costs()
-        mine.append({stage: seconds * 1e6 / count for stage, seconds in spent.items()}
-                    | {"total": sum(spent.values()) * 1e6 / count})
-        if before is not None:
-            theirs.append(stages_of(before))
+    # one step per round, then one per paced jitter
+    bar = progress_bar("stage rounds", rounds + len(JITTERS_US), enabled=progress_enabled(progress))
+    with bar as advance:
+        for _ in range(rounds):
+            spent, count = stage_costs()
+            mine.append({stage: seconds * 1e6 / count for stage, seconds in spent.items()}
+                        | {"total": sum(spent.values()) * 1e6 / count})
+            if before is not None:
+                theirs.append(stages_of(before))
+            advance()
+        paced = []
+        for jitter_us in JITTERS_US:
+            advance(0, description=f"paced, jitter {jitter_us} us")
+            paced.append((jitter_us, paced_added_latency(jitter_us)))
+            advance()
     stages = ["decode", "ingest", "produce", "total"]
     now = {stage: statistics.median(run[stage] for run in mine) for stage in stages}
     was = {stage: statistics.median(run[stage] for run in theirs) for stage in stages} if theirs else {}
@@ -211,7 +224,6 @@ def main(before: Path | None, rounds: int, before_label: str | None = None) -> N
     else:
         header = "| stage | us/event | share |\n|---|---|---|"
         rows = "\n".join(f"| {stage} | {now[stage]:.2f} | {now[stage] / now['total']:.1%} |" for stage in stages)
-    paced = [(jitter_us, paced_added_latency(jitter_us)) for jitter_us in (0, 500, 1_000, 2_000)]
     paced_rows = "\n".join(f"| {jitter_us / 1000:.1f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} |"
                            for jitter_us, row in paced)
     DOCS.mkdir(exist_ok=True)
@@ -274,11 +286,16 @@ CHANGES = """
 """
 
 
-def ingest_only(repeats: int, per_source: int) -> None:
-    for synced in (False, True):
-        runs = sorted(ingest_cost(synced, per_source) * 1e6 for _ in range(repeats))
-        print(f"ingest, {'synced' if synced else 'unsynced'}: median {statistics.median(runs):6.2f} us/event "
-              f"(min {runs[0]:.2f}, max {runs[-1]:.2f}, {repeats} runs of {SOURCES * per_source:,} events)")
+def ingest_only(repeats: int, per_source: int, progress: bool = True) -> None:
+    with progress_bar("ingest runs", 2 * repeats, enabled=progress_enabled(progress)) as advance:
+        for synced in (False, True):
+            runs = []
+            for _ in range(repeats):
+                runs.append(ingest_cost(synced, per_source) * 1e6)
+                advance()
+            runs.sort()
+            print(f"ingest, {'synced' if synced else 'unsynced'}: median {statistics.median(runs):6.2f} us/event "
+                  f"(min {runs[0]:.2f}, max {runs[-1]:.2f}, {repeats} runs of {SOURCES * per_source:,} events)")
 
 
 if __name__ == "__main__":
@@ -290,13 +307,14 @@ if __name__ == "__main__":
     parser.add_argument("--before", type=Path, help="also measure this checkout's gateway (e.g. the commit before)")
     parser.add_argument("--before-label", help="how the report names --before (e.g. its commit)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per tree (medians are reported)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.ingest_only:
-        ingest_only(args.repeats, args.per_source)
+        ingest_only(args.repeats, args.per_source, not args.no_progress)
     elif args.print_only:
         spent, count = stage_costs()
         for stage, seconds in spent.items():
             print(f"{stage:>8}: {seconds * 1e6 / count:6.2f} us/event")
         print(f"   total: {sum(spent.values()) * 1e6 / count:6.2f} us/event")
     else:
-        main(args.before, args.rounds, args.before_label)
+        main(args.before, args.rounds, args.before_label, not args.no_progress)

@@ -36,6 +36,7 @@ from contract.records import CONTRACT_VERSION, EVENT
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import Ack, build_event, build_events, build_heartbeat, build_hello, parse_gateway_message
 from gateway.launch import spawn_gateway
+from reorder.eval.progress import progress_bar, progress_enabled
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BATCH = 500
@@ -563,6 +564,7 @@ def main() -> None:
                         help=f"rewrite the report from {RESULTS.name} (the last run's figures), run nothing")
     parser.add_argument("--before", type=Path, help="also run the gateway of this checkout (the commit before), "
                         "same sources, same broker, same run")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.report_from_saved:
         report_from_saved()
@@ -571,57 +573,66 @@ def main() -> None:
         broker = KafkaBroker(Path(tmp) / "kafka")
         state = broker.start()
         try:
-            results = []
             trees: list[Path | None] = [None] if args.before is None else [args.before, None]
-            for sources, tree in ((n, t) for n in args.sources for t in trees):
-                result = one_run(state.bootstrap_servers, sources, args.events,
-                                 py_spy=args.py_spy if sources == 20 and tree is None else None, tree=tree)
-                result.label = "before" if tree is not None else "this tree"
-                print(f"{result.label:>9} {sources:>4} sources: {result.events_per_s:>10,.0f} events/s  "
-                      f"cpu {result.cpu_us_per_event:.1f} us/event  "
-                      f"added p50/p99 {result.added_p50_us / 1000:.2f}/{result.added_p99_us / 1000:.2f} ms  "
-                      f"ack p50/p99 {result.ack_p50_ms:.1f}/{result.ack_p99_ms:.1f} ms  "
-                      f"rss/source {result.rss_growth_bytes / sources / 1024:.1f} KiB  late {result.late}", flush=True)
-                results.append(result)
-            if 20 in args.sources:
-                # The idempotent producer alone (transactions = false), this tree: what the transactions cost.
-                result = one_run(state.bootstrap_servers, 20, args.events, transactions=False)
-                result.label = "no transactions"
-                print(f"no transactions   20 sources: {result.events_per_s:>10,.0f} events/s  "
-                      f"cpu {result.cpu_us_per_event:.1f} us/event  late {result.late}", flush=True)
-                results.append(result)
-            source_run = next((r for r in results if r.sources == 20 and r.label == "this tree"), results[-1])
-            # As many records as the gateway runs carried (events the merge sent late are not on the events topic:
-            # the replay cycles through the others).
-            replay = [source_run.records[i % len(source_run.records)] for i in range(source_run.events)]
-            plain = []
-            for headers in (False, True):
-                row = plain_producer(state.bootstrap_servers, replay, headers)
-                print(f"plain producer, headers {headers}: {row.events_per_s:>10,.0f} events/s  "
-                      f"cpu {row.cpu_us_per_event:.2f} us/record", flush=True)
-                plain.append(row)
-            for result in results:
-                print(f"{result.label:>9} {result.sources:>4} sources: "
-                      f"{result.events_per_s / plain[0].events_per_s:.3f}x the plain producer", flush=True)
-            paced = []
-            for sources, rate in ((1, 5000.0), (20, 500.0)):
-                paced_row = paced_run(state.bootstrap_servers, sources, rate, 5.0, 0.005)
-                print(f"paced {sources:>3} sources x {rate:,.0f}/s: added p50/p99/max "
-                      f"{paced_row['p50_ms']:.2f}/{paced_row['p99_ms']:.2f}/{paced_row['max_ms']:.2f} ms, frame gap p50/p99 "
-                      f"{paced_row['gap_p50_ms']:.2f}/{paced_row['gap_p99_ms']:.2f} ms", flush=True)
-                paced.append(paced_row)
-            linger = []
-            if args.linger:
-                for ms in (0, 2, 20):
-                    result = one_run(state.bootstrap_servers, 20, args.events // 2, {"linger.ms": ms})
-                    print(f"linger.ms={ms:>3}: {result.events_per_s:>10,.0f} events/s  "
-                          f"cpu {result.cpu_us_per_event:.1f} us/event", flush=True)
-                    linger.append((ms, result))
-            save_results(results, plain, paced, linger)
-            if args.py_spy is not None and args.py_spy.exists() and not args.no_report:
-                (DOCS / "gateway-profile-e2e.txt").write_text(summarize_py_spy(args.py_spy))
-            if not args.no_report:
-                write_report(results, plain, paced, linger)
+            # one step per measured run: gateway runs, the no-transactions run, plain producers, paced runs, linger
+            steps = (len(args.sources) * len(trees) + (1 if 20 in args.sources else 0) + 2 + 2
+                     + (3 if args.linger else 0))
+            with progress_bar("gateway runs", steps, enabled=progress_enabled(not args.no_progress)) as advance:
+                results = []
+                for sources, tree in ((n, t) for n in args.sources for t in trees):
+                    result = one_run(state.bootstrap_servers, sources, args.events,
+                                     py_spy=args.py_spy if sources == 20 and tree is None else None, tree=tree)
+                    result.label = "before" if tree is not None else "this tree"
+                    print(f"{result.label:>9} {sources:>4} sources: {result.events_per_s:>10,.0f} events/s  "
+                          f"cpu {result.cpu_us_per_event:.1f} us/event  "
+                          f"added p50/p99 {result.added_p50_us / 1000:.2f}/{result.added_p99_us / 1000:.2f} ms  "
+                          f"ack p50/p99 {result.ack_p50_ms:.1f}/{result.ack_p99_ms:.1f} ms  "
+                          f"rss/source {result.rss_growth_bytes / sources / 1024:.1f} KiB  late {result.late}", flush=True)
+                    results.append(result)
+                    advance()
+                if 20 in args.sources:
+                    # The idempotent producer alone (transactions = false), this tree: what the transactions cost.
+                    result = one_run(state.bootstrap_servers, 20, args.events, transactions=False)
+                    result.label = "no transactions"
+                    print(f"no transactions   20 sources: {result.events_per_s:>10,.0f} events/s  "
+                          f"cpu {result.cpu_us_per_event:.1f} us/event  late {result.late}", flush=True)
+                    results.append(result)
+                    advance()
+                source_run = next((r for r in results if r.sources == 20 and r.label == "this tree"), results[-1])
+                # As many records as the gateway runs carried (events the merge sent late are not on the events topic:
+                # the replay cycles through the others).
+                replay = [source_run.records[i % len(source_run.records)] for i in range(source_run.events)]
+                plain = []
+                for headers in (False, True):
+                    row = plain_producer(state.bootstrap_servers, replay, headers)
+                    print(f"plain producer, headers {headers}: {row.events_per_s:>10,.0f} events/s  "
+                          f"cpu {row.cpu_us_per_event:.2f} us/record", flush=True)
+                    plain.append(row)
+                    advance()
+                for result in results:
+                    print(f"{result.label:>9} {result.sources:>4} sources: "
+                          f"{result.events_per_s / plain[0].events_per_s:.3f}x the plain producer", flush=True)
+                paced = []
+                for sources, rate in ((1, 5000.0), (20, 500.0)):
+                    paced_row = paced_run(state.bootstrap_servers, sources, rate, 5.0, 0.005)
+                    print(f"paced {sources:>3} sources x {rate:,.0f}/s: added p50/p99/max "
+                          f"{paced_row['p50_ms']:.2f}/{paced_row['p99_ms']:.2f}/{paced_row['max_ms']:.2f} ms, frame gap p50/p99 "
+                          f"{paced_row['gap_p50_ms']:.2f}/{paced_row['gap_p99_ms']:.2f} ms", flush=True)
+                    paced.append(paced_row)
+                    advance()
+                linger = []
+                if args.linger:
+                    for ms in (0, 2, 20):
+                        result = one_run(state.bootstrap_servers, 20, args.events // 2, {"linger.ms": ms})
+                        print(f"linger.ms={ms:>3}: {result.events_per_s:>10,.0f} events/s  "
+                              f"cpu {result.cpu_us_per_event:.1f} us/event", flush=True)
+                        linger.append((ms, result))
+                        advance()
+                save_results(results, plain, paced, linger)
+                if args.py_spy is not None and args.py_spy.exists() and not args.no_report:
+                    (DOCS / "gateway-profile-e2e.txt").write_text(summarize_py_spy(args.py_spy))
+                if not args.no_report:
+                    write_report(results, plain, paced, linger)
         finally:
             broker.stop()
 

@@ -21,6 +21,7 @@ from benchmarks.reorder_report import write_report
 from benchmarks.reorder_thesis import ALL, APPROACH_LABEL, DRIFTS, MULTI_SOURCE_RUNS, PROFILE_RUNS, SKEW_PPM
 from contract.wire.messages import IncomingEvent
 from reorder.eval.kslack import MPKSlack
+from reorder.eval.progress import progress_bar, progress_enabled
 from reorder.eval.replay import ReplayOptions, ReplayResult, replay
 from reorder.eval.traces import MULTI_SOURCE_SPECS, PROFILES, TraceSpec, generate
 from reorder.merger import MultiSourceMerger
@@ -310,6 +311,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1/10 of the trace sizes (smoke test)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/ (full run), /tmp (--quick)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = ap.parse_args()
     global DOCS  # noqa: PLW0603 - one switch for plots and report, set before anything is written
     DOCS = args.out_dir or (Path("/tmp/reorder-bench-quick") if args.quick else DOCS)
@@ -319,11 +321,19 @@ def main() -> None:
     jobs = build_jobs(scale)
     # biggest first so the two workers finish together
     jobs.sort(key=lambda j: -j.spec.events_per_source * j.spec.sources * len(j.runs))
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        res = {r.key: r for r in pool.map(run_job, jobs)}
-    replay_s = time.perf_counter() - t0
-    tput = throughput(300_000 if not args.quick else 50_000)
-    images = plots(res)
+    # one step per replay job (in submission order, as pool.map yields them), then throughput, then the plots
+    with progress_bar("replay jobs", len(jobs) + 2, enabled=progress_enabled(not args.no_progress)) as advance:
+        res = {}
+        with ProcessPoolExecutor(max_workers=args.workers) as pool:
+            for r in pool.map(run_job, jobs):
+                res[r.key] = r
+                advance(description=f"replay {r.key}")
+        replay_s = time.perf_counter() - t0
+        advance(0, description="throughput")
+        tput = throughput(300_000 if not args.quick else 50_000)
+        advance(description="plots")
+        images = plots(res)
+        advance()
     write_report(res, tput, images, replay_s, time.perf_counter() - t0, scale, cpu_name(), DOCS)
     print(f"done in {time.perf_counter() - t0:.0f} s; wrote {DOCS / 'reorder-benchmark.md'}")
 

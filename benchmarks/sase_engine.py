@@ -55,6 +55,7 @@ from cep.sase import (  # noqa: E402
     parse_query,
 )
 from cep.sase.engine import Mode  # noqa: E402
+from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
 
 DOCS = ROOT / "docs"
 TYPES = "ABCDEF"
@@ -519,6 +520,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--repeat-overhead", type=int, default=9,
                     help="runs of the overhead comparison (its ratios are the smallest, so noise matters most)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = ap.parse_args()
     if args.quick:
         args.repeat = args.repeat_overhead = 1
@@ -526,11 +528,18 @@ def main() -> None:
     args.n_partition = 4_000 if args.quick else 12_000
     sizes = [5_000, 10_000] if args.quick else [20_000, 40_000, 60_000, 80_000, 100_000]
     t0 = time.monotonic()
-    f6 = fig6(args.n, args.repeat)
-    f78 = fig78(args.n_partition, args.repeat)
-    f9 = fig9(sizes, args.repeat_overhead)
-    prof = profile_in_order(args.n)
-    tp = throughput(5_000 if args.quick else 60_000, 10_000 if args.quick else 100_000)
+    # one step per section
+    with progress_bar("fig6", 5, enabled=progress_enabled(not args.no_progress)) as advance:
+        f6 = fig6(args.n, args.repeat)
+        advance(description="fig7/8")
+        f78 = fig78(args.n_partition, args.repeat)
+        advance(description="fig9")
+        f9 = fig9(sizes, args.repeat_overhead)
+        advance(description="profile")
+        prof = profile_in_order(args.n)
+        advance(description="throughput")
+        tp = throughput(5_000 if args.quick else 60_000, 10_000 if args.quick else 100_000)
+        advance()
     wall = time.monotonic() - t0
     plots(f6, f78, f9)
     (DOCS / "sase-benchmark.md").write_text(report(args, f6, f78, f9, tp, prof, wall))

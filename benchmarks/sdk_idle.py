@@ -31,6 +31,7 @@ from broker.launcher import KafkaBroker
 from clients import FlushTimeout, SkewlessClient
 from clients.core import IdleTimer
 from gateway.launch import spawn_gateway
+from reorder.eval.progress import progress_bar, progress_enabled
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -216,15 +217,20 @@ async def baseline(gateway_pid: int, window_s: float) -> Row:
 
 
 async def run(args: argparse.Namespace, port: int, gateway_pid: int) -> list[Row]:
-    rows = [await baseline(gateway_pid, args.window_s)]
-    print(f"gateway with no source: CPU {rows[0].gateway_cpu_pct:.1f} %", flush=True)
-    for rule in ("per-connection", "per-source"):
-        row = await one_rule(rule, port, gateway_pid, args.sources, args.pool, args.settle_s, args.window_s)
-        print(f"{row.rule:>15}: {row.sources} sources x {args.pool}: {row.heartbeats_per_s:,.0f} heartbeats/s, "
-              f"gateway CPU {row.gateway_cpu_pct:.1f} %, SDK CPU {row.sdk_cpu_pct:.1f} %, {row.connected} up, "
-              f"{row.unacked} first events unacked after 60 s",
-              flush=True)
-        rows.append(row)
+    rules = ("per-connection", "per-source")
+    # one step per row: the baseline, then each rule
+    with progress_bar("baseline", 1 + len(rules), enabled=progress_enabled(not args.no_progress)) as advance:
+        rows = [await baseline(gateway_pid, args.window_s)]
+        print(f"gateway with no source: CPU {rows[0].gateway_cpu_pct:.1f} %", flush=True)
+        for rule in rules:
+            advance(description=rule)
+            row = await one_rule(rule, port, gateway_pid, args.sources, args.pool, args.settle_s, args.window_s)
+            print(f"{row.rule:>15}: {row.sources} sources x {args.pool}: {row.heartbeats_per_s:,.0f} heartbeats/s, "
+                  f"gateway CPU {row.gateway_cpu_pct:.1f} %, SDK CPU {row.sdk_cpu_pct:.1f} %, {row.connected} up, "
+                  f"{row.unacked} first events unacked after 60 s",
+                  flush=True)
+            rows.append(row)
+        advance()
     return rows
 
 
@@ -236,6 +242,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--note", default="", help="a sentence appended to the report's setup paragraph")
     parser.add_argument("--out", type=Path, default=DOCS / "sdk-idle.md")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.note:
         args.note = " " + args.note

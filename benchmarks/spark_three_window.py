@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from broker.launcher import KafkaBroker
 from contract.records import PUNCTUATION_KEY, RESULT_WINDOW, EventRecord, PunctuationRecord
 from contract.topics import TopicNames
 from gateway.launch import spawn_gateway
+from reorder.eval.progress import progress_bar, progress_enabled
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BASE_US = 1_700_000_000_000_000
@@ -195,7 +197,8 @@ def start_job(spark: Any, name: str, bootstrap: str, prefix: str, checkpoint: st
         checkpoint_dir=checkpoint, available_now=True, console=False))
 
 
-def throughput(spark: Any, bootstrap: str, events: int, rounds: int) -> dict[str, float]:
+def throughput(spark: Any, bootstrap: str, events: int, rounds: int,
+               advance: Callable[..., None] | None = None) -> dict[str, float]:
     """Every job on the same topics, ``rounds`` times, the order reversed every other round (the machine is shared:
     a neighbour's burst should not always hit the same row). Per job: its best round (least disturbed) and the
     per-round ratios to the native count of the same round."""
@@ -225,6 +228,8 @@ def throughput(spark: Any, bootstrap: str, events: int, rounds: int) -> dict[str
             print(f"round {r} {name}: {rows} rows in {seconds:.1f} s of batches (addBatch {add_batch_s:.1f} s, "
                   f"{wall:.1f} s wall, {cpu_s:.1f} CPU s): {rate:,.0f} events/s", flush=True)
             shutil.rmtree(checkpoint, ignore_errors=True)
+            if advance is not None:
+                advance(description=f"round {r} {name}")
     for name in JOBS:
         # CPU per event, best (lowest) round; its ratio: native's CPU per event over the job's.
         out[f"{name}_cpu_us_per_event"] = min(cpu_per_round[name]) * 1e6 / out[f"{name}_rows"]
@@ -523,6 +528,7 @@ def main() -> None:
     parser.add_argument("--before-json", type=Path, help="figures of the same benchmark on the code before")
     parser.add_argument("--report-from", type=Path, help="write the docs from these throughput figures (no Spark)")
     parser.add_argument("--phases-json", type=Path, help="the state function profile (spark_cep_profile.py --json)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.report_from is not None:
         report(orjson.loads(args.report_from.read_bytes()), None, args)
@@ -534,10 +540,16 @@ def main() -> None:
     state = broker.start()
     spark = create_spark_session("bench-three-window")
     lat: dict[str, float] | None = None
+    with_latency = args.throughput_json is None and not args.skip_latency
+    # one step per job per round, then one for the latency run
+    steps = args.rounds * len(JOBS) + (1 if with_latency else 0)
     try:
-        tp = throughput(spark, state.bootstrap_servers, args.events, args.rounds)
-        if args.throughput_json is None and not args.skip_latency:
-            lat = latency(spark, state.bootstrap_servers, sources=4, rate=200.0, seconds=args.latency_seconds)
+        with progress_bar("throughput", steps, enabled=progress_enabled(not args.no_progress)) as advance:
+            tp = throughput(spark, state.bootstrap_servers, args.events, args.rounds, advance)
+            if with_latency:
+                advance(0, description="latency")
+                lat = latency(spark, state.bootstrap_servers, sources=4, rate=200.0, seconds=args.latency_seconds)
+                advance()
     finally:
         stop_spark(spark)
         broker.stop()
