@@ -145,8 +145,7 @@ class ConnectionHandler(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        can_write_eof = getattr(transport, "can_write_eof", None)
-        if after_error and can_write_eof is not None and can_write_eof():
+        if after_error and transport.can_write_eof():
             transport.write_eof()
             self._write_closed = True
             if self._paused or self._throttled:

@@ -461,10 +461,12 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
                   console: bool, available_now: bool, processing_time: str) -> Any:
     """Results to `skewless.results.<job>` (and the console); returns the started query."""
 
-    def write_batch(batch: Any, batch_id: int) -> None:
-        from spark_jobs.contract import kafka_sink_options
+    from spark_jobs.contract import kafka_sink_options
 
-        sink = kafka_sink_options(batch.sparkSession, bootstrap_servers)
+    # Read from the session's conf once, not on every micro-batch (foreachBatch runs on the driver).
+    sink = kafka_sink_options(results.sparkSession, bootstrap_servers)
+
+    def write_batch(batch: Any, batch_id: int) -> None:
         if not console:
             batch.write.format("kafka").options(**sink).option("topic", output_topic).save()
             return
