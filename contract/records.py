@@ -12,7 +12,9 @@ from typing import Any
 
 import orjson
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
+"""2: event records carry an interval (``start_ts_us``, ``end_ts_us``, ``start_uncertainty_us``, ``source_start_ts_us``,
+and for an endpoint event ``interval_id`` + ``endpoint``); readers take version 1 records as point events."""
 
 # The "kind" of a record on the events, late and sources topics.
 EVENT = "event"
@@ -67,6 +69,13 @@ class EventRecord:
 
     ref_ts_us = source_ts_us + the source's estimated clock offset (and skew) at that time; uncertainty_us bounds
     |ref_ts_us - true time|. arrival_ts_us and release_ts_us are read from the gateway's reference clock.
+
+    An interval event (contract version 2) spans [start_ts_us, end_ts_us] on the reference clock; its end is
+    ref_ts_us (``end_ts_us`` is that field), start_uncertainty_us bounds |start_ts_us - true start|, and
+    source_start_ts_us is its start on the source's clock. A point event has start = end: the three start fields
+    left None mean exactly that (ref_ts_us, uncertainty_us, source_ts_us), and ``to_json`` writes those values
+    (the gateway and ``from_dict`` always fill them in).
+    interval_id and endpoint are set only on an endpoint event (IO3: one endpoint of an interval, paired by id).
     """
 
     stream: str
@@ -83,7 +92,16 @@ class EventRecord:
     rtt_us: int | None = None
     """The round trip of the clock estimate that mapped this event (its source's T_s): jobs take T_a, the maximum
     over a stream's sources, from the records themselves, so it follows re-syncs live and deterministically."""
+    start_ts_us: int | None = None
+    start_uncertainty_us: int | None = None
+    source_start_ts_us: int | None = None
+    interval_id: str | None = None
+    endpoint: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def end_ts_us(self) -> int:
+        return self.ref_ts_us
 
     def to_json(self) -> bytes:
         value: dict[str, Any] = {
@@ -99,7 +117,15 @@ class EventRecord:
             "release_ts_us": self.release_ts_us,
             "late": self.late,
             "payload": self.payload,
+            "start_ts_us": self.ref_ts_us if self.start_ts_us is None else self.start_ts_us,
+            "end_ts_us": self.ref_ts_us,
+            "start_uncertainty_us": (self.uncertainty_us if self.start_uncertainty_us is None
+                                     else self.start_uncertainty_us),
+            "source_start_ts_us": self.source_ts_us if self.source_start_ts_us is None else self.source_start_ts_us,
         }
+        if self.interval_id is not None:
+            value["interval_id"] = self.interval_id
+            value["endpoint"] = self.endpoint
         if self.late_reason is not None:
             value["late_reason"] = self.late_reason
         if self.rtt_us is not None:
@@ -113,14 +139,42 @@ class EventRecord:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EventRecord:
-        known = {"v", "kind", "stream", "source_id", "seq", "source_ts_us", "ref_ts_us", "uncertainty_us",
-                 "arrival_ts_us", "release_ts_us", "late", "payload", "late_reason", "rtt_us"}
+        """A version 2 record, or a version 1 one (a point event: its start fields default to its end's)."""
+        ref_ts_us = _int(raw, "ref_ts_us")
+        uncertainty_us = _int(raw, "uncertainty_us")
+        source_ts_us = _int(raw, "source_ts_us")
+        start_ts_us = _optional_int(raw, "start_ts_us")
+        start_ts_us = ref_ts_us if start_ts_us is None else start_ts_us
+        end_ts_us = _optional_int(raw, "end_ts_us")
+        if end_ts_us is not None and end_ts_us != ref_ts_us:
+            raise RecordError(f"event record: 'end_ts_us'={end_ts_us} differs from 'ref_ts_us'={ref_ts_us}")
+        if start_ts_us > ref_ts_us:
+            raise RecordError(f"event record: 'start_ts_us'={start_ts_us} after its end {ref_ts_us}")
+        start_uncertainty_us = _optional_int(raw, "start_uncertainty_us")
+        source_start_ts_us = _optional_int(raw, "source_start_ts_us")
+        interval_id = raw.get("interval_id")
+        endpoint = raw.get("endpoint")
+        if (interval_id is not None or endpoint is not None) and not (
+                isinstance(interval_id, str) and endpoint in ENDPOINTS):
+            raise RecordError(f"event record: an endpoint event needs a string 'interval_id' and an 'endpoint' in "
+                              f"{ENDPOINTS}, got {interval_id!r}, {endpoint!r}")
         return cls(stream=_str(raw, "stream"), source_id=_str(raw, "source_id"), seq=_int(raw, "seq"),
-                   source_ts_us=_int(raw, "source_ts_us"), ref_ts_us=_int(raw, "ref_ts_us"),
-                   uncertainty_us=_int(raw, "uncertainty_us"), arrival_ts_us=_int(raw, "arrival_ts_us"),
-                   release_ts_us=_int(raw, "release_ts_us"), late=bool(raw.get("late", False)),
-                   payload=raw.get("payload"), late_reason=raw.get("late_reason"),
-                   rtt_us=_optional_int(raw, "rtt_us"), extra={k: v for k, v in raw.items() if k not in known})
+                   source_ts_us=source_ts_us, ref_ts_us=ref_ts_us, uncertainty_us=uncertainty_us,
+                   arrival_ts_us=_int(raw, "arrival_ts_us"), release_ts_us=_int(raw, "release_ts_us"),
+                   late=bool(raw.get("late", False)), payload=raw.get("payload"), late_reason=raw.get("late_reason"),
+                   rtt_us=_optional_int(raw, "rtt_us"), start_ts_us=start_ts_us,
+                   start_uncertainty_us=uncertainty_us if start_uncertainty_us is None else start_uncertainty_us,
+                   source_start_ts_us=source_ts_us if source_start_ts_us is None else source_start_ts_us,
+                   interval_id=interval_id, endpoint=endpoint,
+                   extra={k: v for k, v in raw.items() if k not in _EVENT_FIELDS})
+
+
+_EVENT_FIELDS = frozenset({
+    "v", "kind", "stream", "source_id", "seq", "source_ts_us", "ref_ts_us", "uncertainty_us", "arrival_ts_us",
+    "release_ts_us", "late", "payload", "late_reason", "rtt_us", "start_ts_us", "end_ts_us", "start_uncertainty_us",
+    "source_start_ts_us", "interval_id", "endpoint"})
+# An endpoint event's "endpoint" (the wire's values: contract.wire.messages.ENDPOINTS).
+ENDPOINTS = ("start", "end")
 
 
 @dataclass(frozen=True, slots=True)

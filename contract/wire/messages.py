@@ -58,12 +58,42 @@ class RejectedPayload:
     reason: str
 
 
+# Interval events (docs/wire-protocol.md, "Interval events"): the optional keys of an event map.
+SOURCE_START_TS_US = "source_start_ts_us"
+INTERVAL_ID = "interval_id"
+ENDPOINT = "endpoint"
+ENDPOINT_START, ENDPOINT_END = "start", "end"
+ENDPOINTS = (ENDPOINT_START, ENDPOINT_END)
+MAX_INTERVAL_ID_CHARS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class AtomicInterval:
+    """Li 2010's atomic interval: sent once it ended; ``source_start_ts_us`` is its start on the source's clock and
+    the event's ``source_ts_us`` its end (``source_start_ts_us <= source_ts_us``)."""
+
+    source_start_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalEndpoint:
+    """IO3's model: one endpoint of interval ``interval_id`` (its start or its end), a point event at that time;
+    the two endpoints are paired by id downstream."""
+
+    interval_id: str
+    endpoint: str  # ENDPOINT_START or ENDPOINT_END
+
+
+EventInterval = AtomicInterval | IntervalEndpoint
+
+
 @dataclass(slots=True)  # built per event: not frozen, see contract.records.EventRecord
 class IncomingEvent:
     stream: str
     seq: int
     source_ts_us: int
     payload: Any  # a RejectedPayload when the payload is not JSON-representable
+    interval: EventInterval | None = None  # None: a point event
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +253,13 @@ def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
                 and 0 <= seq <= MAX_SEQ and 0 <= source_ts_us <= MAX_SEQ):
             payload = raw.get("payload")
             problem = payload_problem(payload)
-            return IncomingEvent(stream, seq, source_ts_us, payload if problem is None else RejectedPayload(problem))
+            # A point event is these three keys and at most a payload: its size and one lookup prove it has no
+            # interval key, so it pays no lookup for them. Any other map has its interval keys checked.
+            size = len(raw)
+            interval = (None if size == 3 or (size == 4 and "payload" in raw)
+                        else _interval(raw, source_ts_us))
+            return IncomingEvent(stream, seq, source_ts_us, payload if problem is None else RejectedPayload(problem),
+                                 interval)
     if not isinstance(raw, dict):
         if type(raw) is NonStringKeyMap:
             raise InvalidMessage("an event map has a non-string key")
@@ -236,12 +272,38 @@ def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
     # Refused per event, not per frame: the rest of the batch is fine, and a fatal error would make the SDK
     # reconnect and resend the same event forever.
     problem = payload_problem(payload)
+    source_ts_us = _int_field(raw, "source_ts_us", 0, MAX_SEQ)
     return IncomingEvent(
         stream=stream,
         seq=_int_field(raw, "seq", 0, MAX_SEQ),
-        source_ts_us=_int_field(raw, "source_ts_us", 0, MAX_SEQ),
+        source_ts_us=source_ts_us,
         payload=payload if problem is None else RejectedPayload(problem),
+        interval=_interval(raw, source_ts_us),
     )
+
+
+def _interval(raw: dict[str, Any], source_ts_us: int) -> EventInterval | None:
+    """The event's interval keys (absent and nil both mean absent), or None for a point event."""
+    start = _optional_int(raw, SOURCE_START_TS_US, 0, MAX_SEQ)
+    interval_id = raw.get(INTERVAL_ID)
+    endpoint = raw.get(ENDPOINT)
+    if interval_id is None and endpoint is None:
+        if start is None:
+            return None
+        if start > source_ts_us:
+            raise InvalidMessage(f"interval starts after it ends: {SOURCE_START_TS_US}={start} > "
+                                 f"source_ts_us={source_ts_us}")
+        return AtomicInterval(start)
+    if start is not None:
+        raise InvalidMessage(f"an event is an atomic interval ({SOURCE_START_TS_US!r}) or an endpoint "
+                             f"({INTERVAL_ID!r} + {ENDPOINT!r}), not both")
+    if interval_id is None or endpoint is None:
+        raise InvalidMessage(f"an interval endpoint needs both {INTERVAL_ID!r} and {ENDPOINT!r}")
+    interval_id = _str_field(raw, INTERVAL_ID, MAX_INTERVAL_ID_CHARS)
+    if type(endpoint) is not str or endpoint not in ENDPOINTS:
+        shown = _short(repr(endpoint)) if type(endpoint) is str else _describe_key(endpoint)
+        raise InvalidMessage(f"field {ENDPOINT!r} must be {ENDPOINT_START!r} or {ENDPOINT_END!r}, got {shown}")
+    return IntervalEndpoint(interval_id, endpoint)
 
 
 def parse_events(raw: dict[str, Any], max_events: int, declared: frozenset[str]) -> EventBatch:
@@ -272,9 +334,19 @@ def build_hello(source_id: str, streams: Sequence[str], token: str | None = None
     return hello
 
 
-def build_event(stream: str, seq: int, source_ts_us: int, payload: Any) -> dict[str, Any]:
-    """One element of an events message (not a message by itself)."""
-    return {"stream": stream, "seq": seq, "source_ts_us": source_ts_us, "payload": payload}
+def build_event(stream: str, seq: int, source_ts_us: int, payload: Any,
+                interval: EventInterval | None = None) -> dict[str, Any]:
+    """One element of an events message (not a message by itself); ``interval``: its interval keys, None for a
+    point event (whose map stays the four keys it always was)."""
+    event = {"stream": stream, "seq": seq, "source_ts_us": source_ts_us, "payload": payload}
+    if interval is not None:
+        if type(interval) is AtomicInterval:
+            event[SOURCE_START_TS_US] = interval.source_start_ts_us
+        else:
+            assert isinstance(interval, IntervalEndpoint)
+            event[INTERVAL_ID] = interval.interval_id
+            event[ENDPOINT] = interval.endpoint
+    return event
 
 
 def build_events(events: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from contract.topics import TopicNames
 
 def test_cluster_record_json_and_round_trip() -> None:
     record = ClusterRecord("prod-eu", 4, 1_700_000_000_000_000)
-    assert orjson.loads(record.to_json()) == {"v": 1, "kind": "cluster", "cluster": "prod-eu", "shards": 4,
+    assert orjson.loads(record.to_json()) == {"v": 2, "kind": "cluster", "cluster": "prod-eu", "shards": 4,
                                               "created_us": 1_700_000_000_000_000}
     assert record.key == b"cluster"
     decoded = decode_record(record.to_json())
@@ -19,7 +19,7 @@ def test_cluster_record_json_and_round_trip() -> None:
 
 def test_owner_record_json_and_round_trip() -> None:
     record = OwnerRecord(3, "gw-b", "10.0.0.7", 7300, 12300, 1_700_000_000_000_123)
-    assert orjson.loads(record.to_json()) == {"v": 1, "kind": "owner", "shard": 3, "gateway_id": "gw-b",
+    assert orjson.loads(record.to_json()) == {"v": 2, "kind": "owner", "shard": 3, "gateway_id": "gw-b",
                                               "host": "10.0.0.7", "port": 7300, "timesync_port": 12300,
                                               "since_us": 1_700_000_000_000_123}
     assert record.key == b"owner"

@@ -15,9 +15,11 @@ def test_record_json_has_every_contract_field():
     record = EventRecord("doors", "rfid-1", 3, 10, 12, 2, 20, 21, payload={"open": True})
     value = orjson.loads(record.to_json())
     assert set(value) >= CONTRACT_FIELDS
-    assert value == {"v": 1, "kind": "event", "stream": "doors", "source_id": "rfid-1", "seq": 3, "source_ts_us": 10,
+    # A record built without its start fields is a point event: start = end (tests/unit/test_interval_records.py).
+    assert value == {"v": 2, "kind": "event", "stream": "doors", "source_id": "rfid-1", "seq": 3, "source_ts_us": 10,
                      "ref_ts_us": 12, "uncertainty_us": 2, "arrival_ts_us": 20, "release_ts_us": 21,
-                     "late": False, "payload": {"open": True}}
+                     "late": False, "payload": {"open": True}, "start_ts_us": 12, "end_ts_us": 12,
+                     "start_uncertainty_us": 2, "source_start_ts_us": 10}
     assert record.key == b"rfid-1"
 
 
@@ -65,9 +67,10 @@ def test_every_gateway_record_kind_round_trips_byte_exact() -> None:
     )
 
     punctuation = PunctuationRecord("s", 100, 120)
-    assert punctuation.to_json() == b'{"v":1,"kind":"punctuation","stream":"s","watermark_us":100,"release_ts_us":120}'
+    assert punctuation.to_json() == b'{"v":2,"kind":"punctuation","stream":"s","watermark_us":100,"release_ts_us":120}'
     clock = ClockRecord("a", -5, 40, 1.5, 60, 7, 10, 40, 8, {"offset_us": -5, "skew_ppm": 1.5})
-    event = EventRecord("s", "a", 3, 10, 5, 60, 11, 12, payload={"x": 1})
+    event = EventRecord("s", "a", 3, 10, 5, 60, 11, 12, payload={"x": 1}, start_ts_us=5, start_uncertainty_us=60,
+                        source_start_ts_us=10)
     progress = ProgressRecord("s", 9, {"a": 4}, 100)
     for record in (punctuation, clock, event, progress):
         assert decode_record(record.to_json()) == record
