@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.records import EventRecord
-from contract.wire.messages import IncomingEvent
+from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint
 from reorder.merger import MergerConfig, MultiSourceMerger
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
 from reorder.sequence import SequenceConfig, SequenceReorderer
@@ -175,7 +175,8 @@ class IngestPipeline:
         if pipeline.expected_until:
             pipeline.expected_until.pop(source_id, None)  # it spoke: its own adaptive waits apply from now on
         reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, event.stream), 0))
-        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
+                                   event.interval)
         out: list[PipelineOutput] = []
         self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
                               source_event if mapped is not None else None, mapped)
@@ -215,7 +216,8 @@ class IngestPipeline:
             given = mappings[index] if mappings is not None else None
             if reorderer.take_in_order(event.seq, arrival_us):
                 mapped = given if given is not None else clock.to_reference(source_id, event.source_ts_us)
-                source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+                source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
+                                           event.interval)
                 if mapped[0] - arrival_us <= max_future_us:
                     run.append((source_event, arrival_us, mapped))
                     continue
@@ -228,7 +230,8 @@ class IngestPipeline:
             if run:
                 self._push_run(pipeline, source_id, run, arrival_us, out)
                 run = []
-            source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+            source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
+                                       event.interval)
             self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
                                   source_event if given is not None else None, given)
         if run:
@@ -396,7 +399,10 @@ class IngestPipeline:
                     rtt_us = rtts[source_id] = clock.rtt_us(source_id)
                 record = EventRecord(
                     event.stream, source_id, event.seq, event.source_ts_us, item.ref_ts_us, error_us,
-                    item.arrival_us, item.release_us, False, event.payload, None, rtt_us)
+                    item.arrival_us, item.release_us, False, event.payload, None, rtt_us, item.ref_ts_us, error_us,
+                    event.source_ts_us)
+                if event.interval is not None:
+                    self._add_interval(record, event)
                 if passed is not None and passed.event is event:  # drop_late=False: released although late
                     record = replace(record, late=True, late_reason=passed.reason,
                                      extra={"lateness_us": passed.lateness_us})
@@ -415,7 +421,8 @@ class IngestPipeline:
                     reason: str) -> PublishRecord:
         """A late-topic record for an event the caller diverts before it enters the pipeline (its lateness: how far
         its mapped time lies behind its arrival)."""
-        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload)
+        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
+                                   event.interval)
         return self._late_record(source_event, arrival_us, now_us, reason, None)
 
     def _late_record(self, event: SourceEvent, arrival_us: int, now_us: int, reason: str,
@@ -423,8 +430,33 @@ class IngestPipeline:
         ref_us, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
         if lateness_us is None:
             lateness_us = arrival_us - ref_us
-        return PublishRecord(EventRecord(
+        record = EventRecord(
             stream=event.stream, source_id=event.source_id, seq=event.seq, source_ts_us=event.source_ts_us,
             ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us,
             late=True, payload=event.payload, late_reason=reason, rtt_us=self.clock.rtt_us(event.source_id),
-            extra={"lateness_us": lateness_us}), "late")
+            start_ts_us=ref_us, start_uncertainty_us=error_us, source_start_ts_us=event.source_ts_us,
+            extra={"lateness_us": lateness_us})
+        if event.interval is not None:
+            self._add_interval(record, event)
+        return PublishRecord(record, "late")
+
+    def _add_interval(self, record: EventRecord, event: SourceEvent) -> None:
+        """An interval event's fields on its record, whose end (``ref_ts_us``, ``uncertainty_us``) is already set.
+
+        An atomic interval's start is mapped like its end, with the source's current estimate: ``start_ts_us`` is
+        the end minus the interval's length as that estimate maps it, which is exactly the start's own mapping when
+        the end was mapped with the same estimate (always, but for an event whose estimate changed while it waited
+        in the merge: then the start keeps its distance to the end the record is ordered by, never after it).
+        ``start_uncertainty_us`` is the start's own error bound. An endpoint event is a point event with its id."""
+        interval = event.interval
+        if isinstance(interval, AtomicInterval):
+            start = interval.source_start_ts_us
+            clock = self.clock
+            start_ref_us, start_error_us = clock.to_reference(event.source_id, start)
+            end_ref_us = clock.to_reference(event.source_id, event.source_ts_us)[0]
+            record.start_ts_us = record.ref_ts_us - (end_ref_us - start_ref_us)
+            record.start_uncertainty_us = start_error_us
+            record.source_start_ts_us = start
+        elif isinstance(interval, IntervalEndpoint):
+            record.interval_id = interval.interval_id
+            record.endpoint = interval.endpoint

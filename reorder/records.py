@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from contract.wire.messages import EventInterval
+
 __all__ = [
     "GapReason",
     "GapSkipped",
@@ -44,6 +46,8 @@ class SourceEvent(NamedTuple):
     seq: int
     source_ts_us: int
     payload: object = None
+    interval: EventInterval | None = None
+    """None for a point event; an interval event is ordered by its end, ``source_ts_us``."""
 
 
 class Released(NamedTuple):

@@ -79,7 +79,7 @@ def test_a_released_event_is_produced_as_its_event_record_with_a_delivery_ref():
                          uncertainty_us=0, arrival_ts_us=T0 + 100, release_ts_us=T0 + 100, payload={"i": 0})
     # Issue 15 item 2: the Kafka timestamp is the reference time in ms; the headers name kind, source, contract.
     assert first == Produce(EVENTS, b"a", record.to_json(), DeliveryRef("a", "s", 0, "events", T0 + 100),
-                            (T0 + 10) // 1000, (("kind", b"event"), ("source_id", b"a"), ("contract_version", b"1")))
+                            (T0 + 10) // 1000, (("kind", b"event"), ("source_id", b"a"), ("contract_version", b"2")))
 
 
 def test_punctuation_record_bytes_and_watermark_promise():
@@ -89,12 +89,12 @@ def test_punctuation_record_bytes_and_watermark_promise():
     punctuation = PunctuationRecord("s", T0 + 10, T0 + 100)
     # A punctuation's Kafka timestamp is its watermark (ms).
     assert actions[1] == Produce(EVENTS, PUNCTUATION_KEY, punctuation.to_json(), None, (T0 + 10) // 1000,
-                                 (("kind", b"punctuation"), ("contract_version", b"1")))
+                                 (("kind", b"punctuation"), ("contract_version", b"2")))
     assert core.stream_progress("s") == StreamProgress("s", 0, {"a": 0}, T0 + 10)
     # The promise alone makes the stream dirty: a restart must keep it even if no event was confirmed since.
     assert core.checkpoint_dirty_streams() == [
         WriteCheckpoint(TOPICS.sources, b"progress|s", ProgressRecord("s", 0, {"a": 0}, T0 + 10).to_json(),
-                        (("kind", b"progress"), ("contract_version", b"1")))]
+                        (("kind", b"progress"), ("contract_version", b"2")))]
 
 
 # -- rule 1: dedup and re-ack -------------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def test_a_clock_change_is_written_to_the_sources_topic_best_effort():
     info = SourceInfo("a", ClockEstimate(offset_us=-250, skew_ppm=1.5, rtt_us=80, sync_ref_us=T0, sample_count=8), T0)
     record = clock_state_record(info, T0 + 1_000, 90)
     assert core.clock_changed(info, 90, T0 + 1_000) == [
-        WriteCheckpoint(TOPICS.sources, b"a", record.to_json(), (("kind", b"clock"), ("contract_version", b"1")))]
+        WriteCheckpoint(TOPICS.sources, b"a", record.to_json(), (("kind", b"clock"), ("contract_version", b"2")))]
     assert record.offset_us == -250
 
 
