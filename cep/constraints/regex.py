@@ -1,0 +1,325 @@
+"""Constraint text: a regular expression over event types, parsed into a small AST.
+
+Grammar (Li 2010, §3.2: a constraint is a regular expression over the event types of a workflow)::
+
+    alternation := sequence ('|' sequence)*
+    sequence    := postfix+                      -- juxtaposition, symbols separated by whitespace or operators
+    postfix     := atom ('*' | '+' | '?')*
+    atom        := symbol | '(' alternation ')'
+    symbol      := TYPE ['[' cond (',' cond)* ']']   -- A, SHELF, A[id=3], A[id != 3, price >= 2.5]
+    cond        := ATTR OP literal               -- OP: = == != <> < <= > >=; literal: number, 'string', TRUE, FALSE
+
+Type names are identifiers (``[A-Za-z_][A-Za-z0-9_]*``, dashes inside allowed like cep.sase's types), so ``AB`` is one
+type named ``AB``: write ``A B`` for A followed by B.  A symbol with conditions stands for the events of that type
+whose attributes satisfy all of them (Ex. 3.8's alphabet refinement); a condition on a missing attribute, or one
+that cannot compare (``'x' < 3``), is false, as in cep.sase.
+
+Errors are :class:`ConstraintError` with the 0-based ``position`` of the problem in the text.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Alt",
+    "Cat",
+    "Cond",
+    "ConstraintError",
+    "Node",
+    "Opt",
+    "Plus",
+    "Star",
+    "Sym",
+    "parse_constraint",
+]
+
+Scalar = int | float | str | bool | None
+
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+class ConstraintError(ValueError):
+    """A constraint or pattern text that does not parse, or a query the checker cannot use.
+
+    ``position`` is the 0-based character offset of the problem (None when the problem is not in a text)."""
+
+    def __init__(self, message: str, text: str = "", position: int | None = None) -> None:
+        self.message = message
+        self.text = text
+        self.position = position
+        if position is None:
+            super().__init__(message)
+        else:
+            caret = " " * position + "^"
+            super().__init__(f"{message} at position {position}\n  {text}\n  {caret}")
+
+
+@dataclass(frozen=True, slots=True)
+class Cond:
+    """``attr op value`` on one event's attributes."""
+
+    attr: str
+    op: str
+    value: Scalar
+
+    def holds(self, attrs: Mapping[str, Any]) -> bool:
+        """False for a missing attribute or values that cannot be compared, never an exception (as cep.sase)."""
+        if self.attr not in attrs:
+            return False
+        try:
+            return bool(_OPS[self.op](attrs[self.attr], self.value))
+        except TypeError:
+            return False
+
+    def __str__(self) -> str:
+        return f"{self.attr}{self.op}{self.value!r}" if isinstance(self.value, str) else (
+            f"{self.attr}{self.op}{self.value}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Sym:
+    """A symbol: an event type, optionally refined by conditions on its attributes (all must hold)."""
+
+    event_type: str
+    conds: tuple[Cond, ...] = ()
+
+    def __str__(self) -> str:
+        if not self.conds:
+            return self.event_type
+        return f"{self.event_type}[{', '.join(str(c) for c in self.conds)}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Cat:
+    parts: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    options: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Star:
+    inner: Node
+
+
+@dataclass(frozen=True, slots=True)
+class Plus:
+    inner: Node
+
+
+@dataclass(frozen=True, slots=True)
+class Opt:
+    inner: Node
+
+
+Node = Sym | Cat | Alt | Star | Plus | Opt
+
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<number>-?\d+(?:\.\d+)?)
+  | (?P<string>'[^']*'|"[^"]*")
+  | (?P<badstring>['"])
+  | (?P<op><=|>=|!=|<>|==|=|<|>)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
+  | (?P<punct>[()|*+?\[\],!])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tok:
+    kind: str
+    text: str
+    pos: int
+
+
+def tokenize(text: str) -> list[Tok]:
+    toks: list[Tok] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise ConstraintError(f"unexpected character {text[pos]!r}", text, pos)
+        kind = m.lastgroup or ""
+        if kind == "badstring":
+            raise ConstraintError("unterminated string", text, pos)
+        if kind != "ws":
+            toks.append(Tok(kind, m.group(), pos))
+        pos = m.end()
+    toks.append(Tok("end", "", len(text)))
+    return toks
+
+
+class TokenStream:
+    """Shared by the constraint parser and the pattern parser (cep.constraints.pattern)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.toks = tokenize(text)
+        self.i = 0
+
+    @property
+    def tok(self) -> Tok:
+        return self.toks[self.i]
+
+    def next(self) -> Tok:
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def at(self, text: str) -> bool:
+        return self.tok.kind in ("punct", "op") and self.tok.text == text
+
+    def expect(self, text: str, what: str) -> Tok:
+        if not self.at(text):
+            raise self.error(f"expected {what}")
+        return self.next()
+
+    def error(self, message: str, tok: Tok | None = None) -> ConstraintError:
+        t = tok or self.tok
+        found = "end of text" if t.kind == "end" else repr(t.text)
+        return ConstraintError(f"{message}, found {found}", self.text, t.pos)
+
+    def symbol(self) -> Sym:
+        """``TYPE ['[' cond (',' cond)* ']']``."""
+        t = self.tok
+        if t.kind != "name":
+            raise self.error("expected an event type")
+        self.next()
+        conds: list[Cond] = []
+        if self.at("["):
+            self.next()
+            while True:
+                conds.append(self._cond())
+                if self.at(","):
+                    self.next()
+                    continue
+                self.expect("]", "',' or ']' after a condition")
+                break
+        return Sym(t.text, tuple(conds))
+
+    def _cond(self) -> Cond:
+        a = self.tok
+        if a.kind != "name" or a.text.upper() in ("TRUE", "FALSE"):
+            raise self.error("expected an attribute name")
+        self.next()
+        o = self.tok
+        if o.kind != "op":
+            raise self.error("expected a comparison (= != < <= > >=)")
+        self.next()
+        op = {"==": "=", "<>": "!="}.get(o.text, o.text)
+        v = self.tok
+        value: Scalar
+        if v.kind == "number":
+            value = float(v.text) if "." in v.text else int(v.text)
+        elif v.kind == "string":
+            value = v.text[1:-1]
+        elif v.kind == "name" and v.text.upper() in ("TRUE", "FALSE"):
+            value = v.text.upper() == "TRUE"
+        else:
+            raise self.error("expected a literal (number, 'string', TRUE, FALSE)")
+        self.next()
+        return Cond(a.text, op, value)
+
+
+class _Parser(TokenStream):
+    def parse(self) -> Node:
+        if self.tok.kind == "end":
+            raise ConstraintError("empty constraint: give a regular expression over event types", self.text, 0)
+        node = self._alternation()
+        if self.tok.kind != "end":
+            if self.at(")"):
+                raise self.error("unbalanced ')'")
+            raise self.error("expected an event type, '(', an operator or the end")
+        return node
+
+    def _alternation(self) -> Node:
+        options = [self._sequence()]
+        while self.at("|"):
+            self.next()
+            options.append(self._sequence())
+        return options[0] if len(options) == 1 else Alt(tuple(options))
+
+    def _sequence(self) -> Node:
+        parts: list[Node] = []
+        while self.tok.kind == "name" or self.at("("):
+            parts.append(self._postfix())
+        if not parts:
+            if self.at("*") or self.at("+") or self.at("?"):
+                raise self.error(f"'{self.tok.text}' needs something before it to repeat")
+            raise self.error("expected an event type or '('")
+        return parts[0] if len(parts) == 1 else Cat(tuple(parts))
+
+    def _postfix(self) -> Node:
+        node = self._atom()
+        while self.at("*") or self.at("+") or self.at("?"):
+            op = self.next().text
+            node = Star(node) if op == "*" else Plus(node) if op == "+" else Opt(node)
+        return node
+
+    def _atom(self) -> Node:
+        if self.at("("):
+            open_tok = self.next()
+            if self.at(")"):
+                raise self.error("empty parentheses")
+            node = self._alternation()
+            if not self.at(")"):
+                raise ConstraintError(
+                    f"'(' at position {open_tok.pos} is not closed, found "
+                    f"{'end of text' if self.tok.kind == 'end' else repr(self.tok.text)}",
+                    self.text,
+                    self.tok.pos,
+                )
+            self.next()
+            return node
+        return self.symbol()
+
+
+def parse_constraint(text: str) -> Node:
+    """Parse a constraint regular expression (see the module docstring for the grammar)."""
+    return _Parser(text).parse()
+
+
+def symbols_of(node: Node) -> list[Sym]:
+    """Every symbol occurrence, left to right."""
+    if isinstance(node, Sym):
+        return [node]
+    if isinstance(node, Cat):
+        return [s for p in node.parts for s in symbols_of(p)]
+    if isinstance(node, Alt):
+        return [s for p in node.options for s in symbols_of(p)]
+    return symbols_of(node.inner)
+
+
+def to_text(node: Node) -> str:
+    """Canonical text of an AST (round-trips through :func:`parse_constraint`)."""
+    if isinstance(node, Sym):
+        return str(node)
+    if isinstance(node, Cat):
+        return " ".join(_wrap(p, (Alt,)) for p in node.parts)
+    if isinstance(node, Alt):
+        return " | ".join(to_text(p) for p in node.options)
+    op = "*" if isinstance(node, Star) else "+" if isinstance(node, Plus) else "?"
+    return _wrap(node.inner, (Alt, Cat)) + op
+
+
+def _wrap(node: Node, kinds: tuple[type, ...]) -> str:
+    return f"({to_text(node)})" if isinstance(node, kinds) else to_text(node)
