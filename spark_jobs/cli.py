@@ -18,6 +18,7 @@ from broker.cli import (
     validate_streams,
 )
 from contract.units import duration_parser
+from spark_jobs import iseq as iseq_job
 from spark_jobs import pattern as pattern_job
 from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
@@ -240,6 +241,66 @@ def sequence_command(
         k_slack_us=k_slack_us, allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, started)
+
+
+@spark_app.command("iseq")
+def iseq_command(
+    query: Annotated[str, typer.Option(help="e.g. \"EVENT ISEQ[a.te < b.ts AND b.te < d.te AND d.ts < c.ts AND "
+                                            "b.te < c.ts](A a, B b, !D d, C c; 30 s)\" (docs/intervals.md).")],
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    prefix: Prefix = "skewless",
+    stream: Streams = None,
+    type_field: Annotated[str, typer.Option(help="Payload field holding the event type.")] = "type",
+    mode: Annotated[Literal["conservative", "aggressive"], typer.Option(
+        help="conservative: emit a result once no later interval can negate it; aggressive: emit at once, then "
+             "retract/add compensations.")] = "conservative",
+    k_slack_us: Annotated[int | None, typer.Option(
+        "--k-slack-ms", metavar="DURATION", parser=_MS,
+        help="K-ISlack: feed intervals at once, tolerating K of disorder; a bare number is milliseconds (default: "
+             "none, intervals wait for the gateway's punctuations and the engine runs in order, K = 0).")] = None,
+    indexing: Annotated[Literal["naive", "ais", "ibp"], typer.Option(
+        help="naive, ais (basic indexing, Li's Algorithm 11) or ibp (interval begin punctuation, Algorithm 13).")
+    ] = "ais",
+    punctuated_type: Annotated[list[str] | None, typer.Option(
+        "--punctuated-type", metavar="TYPE",
+        help="A type whose intervals always come as endpoints, start first (its begins are IBPs), repeatable.")
+    ] = None,
+    from_points: Annotated[str | None, typer.Option(
+        metavar="FIELD", help="Turn point events with this numeric payload field into level intervals (Li 5.4.2), "
+                              "one level sequence per source.")] = None,
+    levels: Annotated[str, typer.Option(
+        help="Levels for --from-points: names and bounds alternating, LOW,50,MEDIUM,100,HIGH reads "
+             "LOW <= 50 < MEDIUM <= 100 < HIGH.")] = "LOW,50,MEDIUM,100,HIGH",
+    checkpoint: Checkpoint = None,
+    available_now: AvailableNow = False,
+    shuffle_partitions: ShufflePartitions = None,
+    config_file: KafkaConfigFile = None,
+    kafka_property: KafkaProperties = None,
+    spark_kafka_property: SparkKafkaProperties = None,
+    replication_factor: ReplicationFactor = None,
+) -> None:
+    """ISEQ interval queries over the ordered stream; results and compensations to skewless.results.iseq."""
+    from cep.intervals import IntervalError
+
+    options = iseq_job.IseqOptions(
+        bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=_streams(stream),
+        type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
+        k_slack_us=k_slack_us, indexing="naive" if indexing == "naive" else "ibp" if indexing == "ibp" else "ais",
+        punctuated_types=tuple(punctuated_type or ()), from_points=from_points, levels=levels,
+        checkpoint_dir=checkpoint, available_now=available_now)
+    try:
+        iseq_job.parse_levels(levels)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--levels'") from None
+    try:
+        iseq_job.check_options(options)
+    except IntervalError as exc:
+        # A syntax error's message spans three lines (the text and a caret): the first says what and where.
+        raise typer.BadParameter(str(exc).splitlines()[0], param_hint="'--query'") from None
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
+                               replication_factor)
+    spark = _session("skewless-iseq", shuffle_partitions, conf)
+    _run(spark, iseq_job.start(spark, options))
 
 
 def register(app: typer.Typer) -> None:

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 from contract.records import EVENT, PUNCTUATION
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from broker.client import KafkaClientConfig
 
-__all__ = ["FAIL_ON_DATA_LOSS_CONF", "KAFKA_CONF_PREFIX", "KAFKA_SOURCE_OPTIONS", "LIBRDKAFKA_CONF_PREFIX",
-           "RECORD_COLUMNS", "REPLICATION_FACTOR_CONF", "StreamWatermark", "event_schema", "events",
-           "kafka_client_config", "kafka_conf", "kafka_options_from_conf", "kafka_sink_options",
-           "kafka_source_options", "librdkafka_settings_from_conf", "punctuations", "read_kafka",
+__all__ = ["FAIL_ON_DATA_LOSS_CONF", "INTERVAL_DEFAULTS", "KAFKA_CONF_PREFIX", "KAFKA_SOURCE_OPTIONS",
+           "LIBRDKAFKA_CONF_PREFIX", "RECORD_COLUMNS", "REPLICATION_FACTOR_CONF", "StreamWatermark", "event_schema",
+           "events", "interval_columns", "kafka_client_config", "kafka_conf", "kafka_options_from_conf",
+           "kafka_sink_options", "kafka_source_options", "librdkafka_settings_from_conf", "punctuations", "read_kafka",
            "read_ordered_stream", "record_schema", "replication_factor", "replication_factor_from_conf",
            "skewless_conf", "stream_partitions"]
 
@@ -77,7 +77,22 @@ RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rtt_us", "long"),
     # Payloads are free-form: kept as their JSON text for jobs to parse with their own schema.
     ("payload", "string"),
+    # Contract v2 (interval events): null in a v1 record; :func:`events` fills the v1 meaning in.
+    ("start_ts_us", "long"),
+    ("end_ts_us", "long"),
+    ("start_uncertainty_us", "long"),
+    ("source_start_ts_us", "long"),
+    ("interval_id", "string"),
+    ("endpoint", "string"),
 )
+# What a record without a v2 field means (v1, or a punctuation): the interval is the point [ref_ts_us, ref_ts_us].
+# ``interval_id`` and ``endpoint`` stay null: only endpoint events carry them.
+INTERVAL_DEFAULTS: dict[str, str] = {
+    "start_ts_us": "ref_ts_us",
+    "end_ts_us": "ref_ts_us",
+    "start_uncertainty_us": "uncertainty_us",
+    "source_start_ts_us": "source_ts_us",
+}
 # Kafka's columns kept next to the record's: where it was read (the punctuations' promise is per partition).
 _KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp")
 
@@ -226,11 +241,21 @@ def read_ordered_stream(spark: SparkSession, bootstrap_servers: str, prefix: str
     return parsed.select("record.*", *_KAFKA_COLUMNS)
 
 
-def events(records: DataFrame) -> DataFrame:
-    """The event rows of :func:`read_ordered_stream`'s records (every column)."""
+def interval_columns() -> dict[str, Column]:
+    """The v2 interval columns with the v1 meaning filled in (``coalesce``): ``start_ts_us`` and ``end_ts_us``
+    default to ``ref_ts_us``, ``start_uncertainty_us`` to ``uncertainty_us``, ``source_start_ts_us`` to
+    ``source_ts_us``; so a job reads v1 and v2 records alike."""
     from pyspark.sql import functions as F
 
-    return records.where(F.col("kind") == EVENT)
+    return {name: F.coalesce(F.col(name), F.col(default)) for name, default in INTERVAL_DEFAULTS.items()}
+
+
+def events(records: DataFrame) -> DataFrame:
+    """The event rows of :func:`read_ordered_stream`'s records (every column), v1 records read as v2 ones:
+    :func:`interval_columns` replaces the interval columns (a point event is ``[ref_ts_us, ref_ts_us]``)."""
+    from pyspark.sql import functions as F
+
+    return records.where(F.col("kind") == EVENT).withColumns(interval_columns())
 
 
 def punctuations(records: DataFrame) -> DataFrame:
