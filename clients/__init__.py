@@ -4,6 +4,9 @@
   source_id, sync_attempts, streams=...)``); options are typed (:class:`ClientOptions`, :class:`ConnectOptions`);
 * :class:`SyncSkewlessClient` / :func:`connect_sync` — the same behind a background event-loop thread;
 * :class:`SkewlessError` — the base of every error the SDK raises;
+* interval events (docs/wire-protocol.md, "Interval events"): ``send_interval`` (an interval sent once it ended),
+  ``send_interval_start`` / ``send_interval_end`` (each endpoint on its own, paired by id), each with a
+  ``*_tracked`` variant; :class:`InvalidInterval` for arguments the gateway would refuse;
 * :class:`SimulatedClock` — a source clock with an offset and a skew, for demos and tests;
 * :func:`hmac_token` — the hello's HMAC credentials.
 """
@@ -14,6 +17,7 @@ from clients.client import (
     ClientStats,
     ConnectOptions,
     GatewayRerouted,
+    InvalidInterval,
     RefusedEvent,
     SkewlessClient,
     connect,
@@ -48,6 +52,7 @@ __all__ = [
     "GatewayRejected",
     "GatewayRerouted",
     "GatewayUnreachable",
+    "InvalidInterval",
     "RefusedEvent",
     "SimulatedClock",
     "SkewlessClient",

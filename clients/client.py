@@ -46,15 +46,22 @@ from clients.errors import (
     GatewayFailed,
     GatewayRejected,
     GatewayUnreachable,
+    SkewlessError,
     TimeSyncError,
 )
 from clients.spool import DEFAULT_SPOOL_MAX_BYTES, FileSpool
 from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from contract.wire.messages import (
+    ENDPOINT_END,
+    ENDPOINT_START,
+    MAX_INTERVAL_ID_CHARS,
     MAX_SEQ,
     Ack,
+    AtomicInterval,
     ErrorReply,
+    EventInterval,
+    IntervalEndpoint,
     Redirect,
     ResyncRequest,
     Welcome,
@@ -69,8 +76,8 @@ from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import ClockEstimate
 
 __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "ClientOptions", "ClientStats",
-           "ConnectOptions", "GatewayFailed", "GatewayRejected", "GatewayRerouted", "RefusedEvent", "SkewlessClient",
-           "connect"]
+           "ConnectOptions", "GatewayFailed", "GatewayRejected", "GatewayRerouted", "InvalidInterval", "RefusedEvent",
+           "SkewlessClient", "connect"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +123,22 @@ def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
 def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
     if not _write(writer, data):
         raise ConnectionError("the connection closed before the write")
+
+
+class InvalidInterval(SkewlessError, ValueError):
+    """An interval event the SDK will not send: a start after its end, a time outside ``[0, 2**63)``, an interval id
+    that is not a string of 1..128 characters (the gateway would refuse the frame), or a client with a spool."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _endpoint(interval_id: object, endpoint: str) -> IntervalEndpoint:
+    if not isinstance(interval_id, str) or not 1 <= len(interval_id) <= MAX_INTERVAL_ID_CHARS:
+        raise InvalidInterval(f"interval_id must be a string of 1..{MAX_INTERVAL_ID_CHARS} characters, got "
+                              f"{interval_id!r:.60}")
+    return IntervalEndpoint(interval_id, endpoint)
 
 
 class GatewayRerouted(GatewayFailed):
@@ -614,6 +637,38 @@ class SkewlessClient:
         ``source_ts_us`` defaults to ``clock_us()`` now. ``seq`` is for replaying recorded traces (events with
         their original seqs, in any order); normally the client assigns the next seq of the stream.
         """
+        await self._wait_for_room()
+        return self._enqueue(stream, payload, source_ts_us, seq, None)
+
+    async def send_interval(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
+                            seq: int | None = None) -> int:
+        """Queue an interval event that lasted from ``start_ts_us`` to ``end_ts_us`` (source clock, integer µs,
+        ``start_ts_us <= end_ts_us``); returns its seq. Send it once it ended (Li 2010's atomic interval): the
+        gateway maps both endpoints to the reference clock, and the events topic orders it by its end
+        (docs/wire-protocol.md, "Interval events"). Raises :class:`InvalidInterval` for a start after the end or a
+        time outside ``[0, 2**63)``; otherwise like ``send()``."""
+        if not (_is_int(start_ts_us) and _is_int(end_ts_us) and 0 <= start_ts_us <= end_ts_us <= MAX_SEQ):
+            raise InvalidInterval(f"an interval needs integer times 0 <= start_ts_us <= end_ts_us < 2**63, got "
+                                  f"start_ts_us={start_ts_us!r}, end_ts_us={end_ts_us!r}")
+        await self._wait_for_room()
+        return self._enqueue(stream, payload, end_ts_us, seq, AtomicInterval(start_ts_us))
+
+    async def send_interval_start(self, stream: str, interval_id: str, payload: Any,
+                                  source_ts_us: int | None = None, *, seq: int | None = None) -> int:
+        """Queue the start of interval ``interval_id`` as an event of its own (IO3's model: each endpoint arrives on
+        its own, paired downstream by id); ``source_ts_us`` defaults to now. Returns its seq."""
+        interval = _endpoint(interval_id, ENDPOINT_START)
+        await self._wait_for_room()
+        return self._enqueue(stream, payload, source_ts_us, seq, interval)
+
+    async def send_interval_end(self, stream: str, interval_id: str, payload: Any,
+                                source_ts_us: int | None = None, *, seq: int | None = None) -> int:
+        """Queue the end of interval ``interval_id`` (see :meth:`send_interval_start`). Returns its seq."""
+        interval = _endpoint(interval_id, ENDPOINT_END)
+        await self._wait_for_room()
+        return self._enqueue(stream, payload, source_ts_us, seq, interval)
+
+    async def _wait_for_room(self) -> None:
         _wake, _progress, room = self._events()
         while True:
             if self._error is not None:
@@ -621,11 +676,18 @@ class SkewlessClient:
             if self._closed:
                 raise ClientClosed("client is closed")
             if self._store.has_room and (self._spool is None or self._spool.has_room):
-                break
+                return
             room.clear()
             await room.wait()
+
+    def _enqueue(self, stream: str, payload: Any, source_ts_us: int | None, seq: int | None,
+                 interval: EventInterval | None) -> int:
         if stream not in self._declared:
             raise ValueError(f"stream {stream!r} was not declared; declared: {self.streams}")
+        if interval is not None and self._spool is not None:
+            # The spool's event records carry no interval keys yet: a restart would resend this event as a point
+            # event, silently. Refused instead.
+            raise InvalidInterval("interval events cannot be spooled yet: use a client without spool_path")
         if isinstance(payload, int) and not isinstance(payload, bool):
             if not _MIN_MSGPACK_INT <= payload <= _MAX_MSGPACK_INT:
                 # What packb raises for a nested one. Queued, it would fail the sender task when framed, and with it
@@ -647,7 +709,7 @@ class SkewlessClient:
             if not 0 <= ts_us <= MAX_SEQ:
                 raise ValueError(f"source_ts_us {ts_us} is outside [0, 2**63)")
             self._promise.sent(ts_us, self.clock_us())
-        self._store.add(stream, seq, ts_us, payload)
+        self._store.add(stream, seq, ts_us, payload, interval)
         if self._spool is not None:
             self._spool.append_event(stream, seq, ts_us, payload)
         self._wake_sender()
@@ -662,9 +724,29 @@ class SkewlessClient:
         The future exists only for events sent this way, until their ack: ``send()`` pays nothing for it, and at
         most ``max_unacked`` futures are ever pending.
         """
-        sent_seq = await self.send(stream, payload, source_ts_us, seq=seq)
+        return self._track(stream, await self.send(stream, payload, source_ts_us, seq=seq))
+
+    async def send_interval_tracked(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
+                                    seq: int | None = None) -> asyncio.Future[int]:
+        """``send_interval()`` with a delivery future, as ``send_tracked()`` gives one."""
+        return self._track(stream, await self.send_interval(stream, payload, start_ts_us, end_ts_us, seq=seq))
+
+    async def send_interval_start_tracked(self, stream: str, interval_id: str, payload: Any,
+                                          source_ts_us: int | None = None, *,
+                                          seq: int | None = None) -> asyncio.Future[int]:
+        """``send_interval_start()`` with a delivery future, as ``send_tracked()`` gives one."""
+        return self._track(stream, await self.send_interval_start(stream, interval_id, payload, source_ts_us,
+                                                                  seq=seq))
+
+    async def send_interval_end_tracked(self, stream: str, interval_id: str, payload: Any,
+                                        source_ts_us: int | None = None, *,
+                                        seq: int | None = None) -> asyncio.Future[int]:
+        """``send_interval_end()`` with a delivery future, as ``send_tracked()`` gives one."""
+        return self._track(stream, await self.send_interval_end(stream, interval_id, payload, source_ts_us, seq=seq))
+
+    def _track(self, stream: str, sent_seq: int) -> asyncio.Future[int]:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        # send() returned without yielding after queueing the event, so its ack cannot have been handled yet.
+        # The send returned without yielding after queueing the event, so its ack cannot have been handled yet.
         self._deliveries.watch(stream, sent_seq, future)
         return future
 

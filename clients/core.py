@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from clients.errors import EventTooLarge
 from contract.wire.frames import encode_frame
-from contract.wire.messages import MAX_SEQ, build_event, build_events
+from contract.wire.messages import MAX_SEQ, EventInterval, build_event, build_events
 
 __all__ = [
     "DEFAULT_KEEPALIVE_S",
@@ -56,9 +56,11 @@ class PendingEvent:
     slot: int | None = None
     resend: bool = False
     """Queued again after a connection loss, or recovered from a spool: it may have reached the gateway."""
+    interval: EventInterval | None = None
+    """An interval event's keys (docs/wire-protocol.md, "Interval events"): every resend carries them again."""
 
     def to_wire(self) -> dict[str, Any]:
-        return build_event(self.stream, self.seq, self.source_ts_us, self.payload)
+        return build_event(self.stream, self.seq, self.source_ts_us, self.payload, self.interval)
 
 
 class SeqAssigner:
@@ -157,14 +159,15 @@ class UnackedStore:
         """Put a batch taken with ``take_batch`` back (nothing could carry it)."""
         self._outbox.extendleft(reversed(events))
 
-    def add(self, stream: str, seq: int, source_ts_us: int, payload: Any) -> PendingEvent:
+    def add(self, stream: str, seq: int, source_ts_us: int, payload: Any,
+            interval: EventInterval | None = None) -> PendingEvent:
         if self._count >= self.max_unacked:
             raise StoreFull(f"{self._count} events unacknowledged (max_unacked={self.max_unacked})")
         events = self._events[stream]
         if seq in events or seq <= self._acked_through[stream]:
             raise ValueError(f"stream {stream!r} seq {seq} was already sent")
         self._order += 1
-        event = PendingEvent(stream, seq, source_ts_us, payload, self._order)
+        event = PendingEvent(stream, seq, source_ts_us, payload, self._order, None, False, interval)
         events[seq] = event
         heapq.heappush(self._heaps[stream], seq)
         self._outbox.append(event)
