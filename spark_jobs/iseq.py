@@ -46,7 +46,15 @@ from cep.intervals import (
     ThresholdLevels,
     parse_iseq,
 )
-from contract.records import RESULT_ADD, RESULT_MATCH, RESULT_REJECTED, RESULT_RETRACT, RESULT_TOO_LATE, result_key
+from contract.records import (
+    ENDPOINTS,
+    RESULT_ADD,
+    RESULT_MATCH,
+    RESULT_REJECTED,
+    RESULT_RETRACT,
+    RESULT_TOO_LATE,
+    result_key,
+)
 from contract.records import result_value as contract_result_value
 from spark_jobs.stateful import INPUT_COLUMNS, EventBatch, decode_payload, start_core_job
 
@@ -62,8 +70,7 @@ REASON_BAD_ENDPOINT = "bad_endpoint"
 REASON_BAD_VALUE = "bad_value"
 REASON_BEHIND_CLOCK = "behind_clock"
 REASON_READING_OUT_OF_ORDER = "reading_out_of_order"
-ENDPOINT_START = "start"
-ENDPOINT_END = "end"
+ENDPOINT_START, ENDPOINT_END = ENDPOINTS
 _STATE_VERSION = 1
 
 Output = tuple[str, dict[str, Any]]
