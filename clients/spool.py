@@ -4,7 +4,10 @@ An append-only log of records, each ``length (4 bytes, big-endian) | crc32 (4 by
 
 * ``["H", 1, source_id]`` — header, first record of every file;
 * ``["S", {stream: next_seq}, {stream: acked_through}]`` — state after a compaction;
-* ``["E", stream, seq, source_ts_us, payload]`` — an event handed to ``send()``;
+* ``["E", stream, seq, source_ts_us, payload]`` — an event handed to ``send()``; an interval event (``send_interval``,
+  ``send_interval_start``/``_end``) has a sixth element, its interval keys as on the wire
+  (``{"source_start_ts_us": s}`` or ``{"interval_id": i, "endpoint": "start"|"end"}``), so a restarted client resends
+  it as the interval it was, never as a point event;
 * ``["A", stream, seq]`` — the gateway acknowledged everything of ``stream`` up to ``seq``.
 
 Opening a spool replays it: the next seq per stream, the acked-through per stream and every event not covered by
@@ -33,6 +36,15 @@ from typing import Any, BinaryIO
 import msgpack
 
 from clients.errors import SpoolError
+from contract.wire.messages import (
+    ENDPOINT,
+    ENDPOINTS,
+    INTERVAL_ID,
+    SOURCE_START_TS_US,
+    AtomicInterval,
+    EventInterval,
+    IntervalEndpoint,
+)
 
 __all__ = ["DEFAULT_SPOOL_MAX_BYTES", "FileSpool", "SpoolError", "SpoolState"]
 
@@ -54,6 +66,8 @@ class SpoolState:
     acked_through: dict[str, int] = field(default_factory=dict)
     events: list[tuple[str, int, int, Any]] = field(default_factory=list)
     """(stream, seq, source_ts_us, payload) of every unacked event, in the order they were spooled."""
+    intervals: dict[tuple[str, int], EventInterval] = field(default_factory=dict)
+    """(stream, seq) -> the interval keys of each unacked interval event among ``events`` (point events: absent)."""
     truncated_bytes: int = 0
     """Bytes of a torn or corrupt tail dropped while opening."""
 
@@ -108,6 +122,7 @@ class FileSpool:
     def _replay(self, data: bytes) -> tuple[SpoolState, int]:
         pos, first = 0, True
         events: dict[str, dict[int, tuple[int, Any, int]]] = {}  # stream -> seq -> (ts, payload, order)
+        intervals: dict[tuple[str, int], EventInterval] = {}
         order = 0
         while pos + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, pos)
@@ -130,7 +145,12 @@ class FileSpool:
             else:
                 kind = record[0]
                 if kind == "E":
-                    _, stream, seq, ts_us, payload = record
+                    stream, seq, ts_us, payload = record[1:5]
+                    interval = _interval_from(record)
+                    if interval is None:
+                        intervals.pop((stream, seq), None)
+                    else:
+                        intervals[(stream, seq)] = interval
                     order += 1
                     events.setdefault(stream, {})[seq] = (ts_us, payload, order)
                     self._next_seq[stream] = max(self._next_seq.get(stream, 0), seq + 1)
@@ -153,8 +173,9 @@ class FileSpool:
         self._live_bytes = sum(sum(sizes.values()) for sizes in self._live.values())
         flat = sorted(((stream, seq, ts, payload, o) for stream, pending in events.items()
                        for seq, (ts, payload, o) in pending.items()), key=lambda item: item[4])
-        return SpoolState(dict(self._next_seq), dict(self._acked),
-                          [(stream, seq, ts, payload) for stream, seq, ts, payload, _o in flat]), pos
+        live_events = [(stream, seq, ts, payload) for stream, seq, ts, payload, _o in flat]
+        live_intervals = {(e[0], e[1]): intervals[(e[0], e[1])] for e in live_events if (e[0], e[1]) in intervals}
+        return SpoolState(dict(self._next_seq), dict(self._acked), live_events, live_intervals), pos
 
     def _forget_through(self, stream: str, seq: int) -> None:
         self._acked[stream] = max(self._acked.get(stream, -1), seq)
@@ -178,8 +199,9 @@ class FileSpool:
     def has_room(self) -> bool:
         return self._live_bytes < self.max_bytes
 
-    def append_event(self, stream: str, seq: int, source_ts_us: int, payload: Any) -> None:
-        data = _record(["E", stream, seq, source_ts_us, payload])
+    def append_event(self, stream: str, seq: int, source_ts_us: int, payload: Any,
+                     interval: EventInterval | None = None) -> None:
+        data = _record(_event_body(stream, seq, source_ts_us, payload, interval))
         self._write(data)
         self._live.setdefault(stream, {})[seq] = len(data)
         self._live_bytes += len(data)
@@ -207,16 +229,20 @@ class FileSpool:
             if self.fsync:
                 os.fsync(self._fh.fileno())
 
-    def compact(self, live_events: Iterable[tuple[str, int, int, Any]] | None = None) -> None:
+    def compact(self, live_events: Iterable[tuple[str, int, int, Any]] | None = None,
+                intervals: dict[tuple[str, int], EventInterval] | None = None) -> None:
         """Rewrite the file as header + state + live events. Without ``live_events`` the live records are copied
-        from the current file."""
+        from the current file (with their interval keys); with them, ``intervals`` gives the interval keys of those
+        that are interval events."""
         self.flush()
         if live_events is None:
             live = {(s, q) for s, seqs in self._live.items() for q in seqs}
             # Re-reading is simpler than keeping payloads twice in memory; compaction is rare.
             events = [e for e in _read_events(self.path) if (e[0], e[1]) in live]
+            intervals = _read_intervals(self.path)
         else:
             events = list(live_events)
+        known = intervals or {}
         tmp = self.path.with_name(self.path.name + ".tmp")
         sizes: dict[str, dict[int, int]] = {}
         total = 0
@@ -226,7 +252,7 @@ class FileSpool:
                 fh.write(data)
                 total += len(data)
             for stream, seq, ts_us, payload in events:
-                data = _record(["E", stream, seq, ts_us, payload])
+                data = _record(_event_body(stream, seq, ts_us, payload, known.get((stream, seq))))
                 fh.write(data)
                 total += len(data)
                 sizes.setdefault(stream, {})[seq] = len(data)
@@ -248,17 +274,52 @@ class FileSpool:
             self._fh = None
 
 
-def _read_events(path: Path) -> list[tuple[str, int, int, Any]]:
+def _event_body(stream: str, seq: int, source_ts_us: int, payload: Any,
+                interval: EventInterval | None) -> list[Any]:
+    body: list[Any] = ["E", stream, seq, source_ts_us, payload]
+    if type(interval) is AtomicInterval:
+        body.append({SOURCE_START_TS_US: interval.source_start_ts_us})
+    elif type(interval) is IntervalEndpoint:
+        body.append({INTERVAL_ID: interval.interval_id, ENDPOINT: interval.endpoint})
+    return body
+
+
+def _interval_from(record: list[Any]) -> EventInterval | None:
+    """The interval keys of an ``E`` record, None for a point event. A spool this client wrote holds only valid
+    keys; anything else is corruption and fails loudly rather than resending a point event."""
+    if len(record) < 6:
+        return None
+    keys = record[5]
+    if isinstance(keys, dict) and type(keys.get(SOURCE_START_TS_US)) is int:
+        return AtomicInterval(keys[SOURCE_START_TS_US])
+    if (isinstance(keys, dict) and type(keys.get(INTERVAL_ID)) is str and keys.get(ENDPOINT) in ENDPOINTS):
+        return IntervalEndpoint(keys[INTERVAL_ID], keys[ENDPOINT])
+    raise SpoolError(f"spool event {record[1]!r}/{record[2]!r} has malformed interval keys {keys!r}")
+
+
+def _records(path: Path) -> list[list[Any]]:
     data = path.read_bytes()
     pos = 0
-    out: list[tuple[str, int, int, Any]] = []
+    out: list[list[Any]] = []
     while pos + _RECORD.size <= len(data):
         length, _crc = _RECORD.unpack_from(data, pos)
         end = pos + _RECORD.size + length
         if end > len(data):
             break
-        record = msgpack.unpackb(data[pos + _RECORD.size:end], raw=False, strict_map_key=False)
-        if record[0] == "E":
-            out.append((record[1], record[2], record[3], record[4]))
+        out.append(msgpack.unpackb(data[pos + _RECORD.size:end], raw=False, strict_map_key=False))
         pos = end
+    return out
+
+
+def _read_events(path: Path) -> list[tuple[str, int, int, Any]]:
+    return [(r[1], r[2], r[3], r[4]) for r in _records(path) if r[0] == "E"]
+
+
+def _read_intervals(path: Path) -> dict[tuple[str, int], EventInterval]:
+    out: dict[tuple[str, int], EventInterval] = {}
+    for record in _records(path):
+        if record[0] == "E":
+            interval = _interval_from(record)
+            if interval is not None:
+                out[(record[1], record[2])] = interval
     return out

@@ -116,3 +116,58 @@ def test_closed_spool_refuses_writes_and_fsync_mode_works(tmp_path):
     spool.close()
     with pytest.raises(ValueError, match="closed"):
         spool.append_event("a", 1, 0, None)
+
+
+def test_interval_events_survive_a_reopen_and_a_compaction_as_intervals(tmp_path, monkeypatch):
+    from contract.wire.messages import AtomicInterval, IntervalEndpoint
+
+    monkeypatch.setattr("clients.spool._COMPACT_MIN_DEAD_BYTES", 1_000)
+    path = tmp_path / "s.spool"
+    spool = FileSpool(path, "src")
+    for i in range(100):
+        spool.append_event("a", i, 1_000 + i, "p" * 20)
+    spool.append_event("a", 100, 2_000, {"k": 1}, AtomicInterval(1_500))
+    spool.append_event("a", 101, 2_100, None, IntervalEndpoint("door-7", "start"))
+    spool.append_event("a", 102, 2_200, None, IntervalEndpoint("door-7", "end"))
+    spool.append_event("a", 103, 2_300, "point")
+    spool.close()
+
+    state = FileSpool(path, "src").state
+    assert [e[1] for e in state.events] == list(range(104))
+    assert state.intervals == {("a", 100): AtomicInterval(1_500), ("a", 101): IntervalEndpoint("door-7", "start"),
+                               ("a", 102): IntervalEndpoint("door-7", "end")}
+
+    spool = FileSpool(path, "src")
+    spool.append_ack("a", 100)  # the atomic interval is acked; dead bytes outweigh live ones: compaction
+    assert spool.compactions == 1
+    spool.close()
+    state = FileSpool(path, "src").state
+    assert state.events == [("a", 101, 2_100, None), ("a", 102, 2_200, None), ("a", 103, 2_300, "point")]
+    assert state.intervals == {("a", 101): IntervalEndpoint("door-7", "start"),
+                               ("a", 102): IntervalEndpoint("door-7", "end")}
+
+
+def test_an_explicit_compaction_keeps_the_given_interval_keys(tmp_path):
+    from contract.wire.messages import AtomicInterval
+
+    path = tmp_path / "s.spool"
+    spool = FileSpool(path, "src")
+    spool.compact([("a", 0, 10, "x"), ("a", 1, 20, "y")], {("a", 1): AtomicInterval(15)})
+    spool.close()
+    state = FileSpool(path, "src").state
+    assert state.events == [("a", 0, 10, "x"), ("a", 1, 20, "y")]
+    assert state.intervals == {("a", 1): AtomicInterval(15)}
+
+
+def test_malformed_interval_keys_in_a_spool_fail_loudly(tmp_path):
+    import zlib
+
+    import msgpack
+
+    path = tmp_path / "s.spool"
+    FileSpool(path, "src").close()
+    body = msgpack.packb(["E", "a", 0, 10, "x", {"source_start_ts_us": "soon"}])
+    with path.open("ab") as fh:
+        fh.write(len(body).to_bytes(4, "big") + zlib.crc32(body).to_bytes(4, "big") + body)
+    with pytest.raises(SpoolError, match="malformed interval keys"):
+        FileSpool(path, "src")
