@@ -12,7 +12,7 @@ stream. What an event record is to the engine (docs/intervals.md, "Spark job"):
   source, turned into level intervals (LOW / MEDIUM / HIGH by thresholds) by cep.intervals.PointToIntervalOperator.
 
 The event type is the payload field named by ``type_field`` (a level interval's type is its level name), the
-attributes are the payload.
+attributes are the payload; events of types the query does not name are skipped.
 
 Time. The ordered topic is ordered by ``ref_ts_us``, an interval's end (its item time), per partition; across the
 partitions of a stream and across micro-batches it is not (a micro-batch reads each partition up to its own
@@ -183,6 +183,7 @@ class IseqStreamCore:
         self.value_field = options.from_points
         self.levels = parse_levels(options.levels) if options.from_points is not None else None
         self.engine = IntervalEngine(query, config)
+        self.types = query.event_types()
         from cep.intervals import EndpointPairer
 
         self.pairer = EndpointPairer()
@@ -283,6 +284,8 @@ class IseqStreamCore:
             outputs.append(self._side(RESULT_REJECTED, source, seq, ref_ts_us, REASON_NO_EVENT_TYPE,
                                       f"payload field {self.type_field!r} is not a string"))
             return
+        if what != "reading" and event_type not in self.types:
+            return  # the engine would ignore it: not worth its place in the state
         item = _Input(ref_ts_us, 0 if what == ENDPOINT_START else 1, self.arrivals, what, source, seq,
                       event_type if isinstance(event_type, str) else "", start_ts_us, payload,
                       None if interval_id is None else str(interval_id), value)

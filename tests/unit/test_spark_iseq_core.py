@@ -235,3 +235,10 @@ def test_the_cli_refuses_a_bad_query_before_spark_starts(args: list[str], messag
     result = CliRunner().invoke(cli.spark_app, ["iseq", *args])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
+
+
+def test_events_of_other_types_are_not_held() -> None:
+    the_core = core()
+    assert the_core.on_rows([event("s", 0, 10, "Z"), event("s", 1, 11, "Z", interval_id="z", endpoint="start"),
+                             event("s", 2, 12, "A")]) == []
+    assert [(i.source_id, i.seq) for i in the_core.held] == [("s", 2)]
