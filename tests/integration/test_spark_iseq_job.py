@@ -196,3 +196,46 @@ def test_a_late_negation_is_compensated_with_k_islack(kafka: Any, spark: Any, to
     conservative = results(bootstrap, topic_prefix)[len(aggressive):]
     assert [(r["record"], r["emitted_at_us"]) for r in conservative] == [("match", BASE_US + 100 * MS)]
     assert member_keys(conservative, "match") == expected
+
+
+def test_point_readings_become_level_intervals_across_a_restart(kafka: Any, spark: Any, topic_prefix: str,
+                                                                tmp_path: Path) -> None:
+    from cep.intervals import PointToIntervalOperator
+
+    bootstrap = kafka.bootstrap_servers
+    topic = TopicNames(topic_prefix).events(STREAM)
+    ensure_topics(bootstrap, [topic])
+    # A HIGH level right after a MEDIUM one, per source (Li 5.4.2's levels: LOW <= 50 < MEDIUM <= 100 < HIGH).
+    query = "EVENT ISEQ[m.te = h.ts](MEDIUM m, HIGH h; 20 s) WHERE m.source = h.source"
+    rng = random.Random(5)
+    readings = sorted((BASE_US + t * 500 * MS, source, rng.choice([30, 60, 90, 120, 150]))
+                      for source in ("t1", "t2") for t in range(40))
+    seqs: Counter[str] = Counter()
+    records: list[tuple[int, EventRecord]] = []
+    for at_us, source, value in readings:
+        records.append((at_us, EventRecord(STREAM, source, seqs[source], at_us, at_us, 0, at_us, at_us,
+                                           payload={"temp": value})))
+        seqs[source] += 1
+    # What the job should see: each source's level intervals (ids "<source>~<n>"), the reference over them.
+    intervals: list[Interval] = []
+    for source in ("t1", "t2"):
+        op = PointToIntervalOperator(source)
+        for at_us, s, value in readings:
+            if s == source:
+                intervals += [Interval(i.event_type, i.start_ts_us, i.end_ts_us, i.attrs,
+                                       f"{source}~{(i.event_id or '').rsplit(':', 1)[-1]}")
+                              for i in op.on_reading(at_us, value) if isinstance(i, Interval)]
+    expected = reference_keys(parse_iseq(query), intervals)
+    assert len(expected) >= 3
+
+    cut_us = BASE_US + 9_000 * MS
+    produce(bootstrap, topic, 0, [*(r for at, r in records if at < cut_us), punctuation(cut_us)])
+    checkpoint = str(tmp_path / "ckpt")
+    run_once(spark, bootstrap, topic_prefix, checkpoint, query, "conservative", from_points="temp")
+    first = results(bootstrap, topic_prefix)
+    # Before the cut: the results whose HIGH level ended (at the next level's first reading) before it.
+    assert member_keys(first, "match") == reference_keys(parse_iseq(query),
+                                                         [i for i in intervals if i.end_ts_us < cut_us])
+    produce(bootstrap, topic, 0, [*(r for at, r in records if at >= cut_us), punctuation(BASE_US + 60_000 * MS)])
+    run_once(spark, bootstrap, topic_prefix, checkpoint, query, "conservative", from_points="temp")
+    assert member_keys(results(bootstrap, topic_prefix), "match") == expected
