@@ -15,7 +15,7 @@ count into a logged, counted result record), and each stream's core advances wit
 offset order and a punctuation covers everything after it in its partition: once the rows of a micro-batch are
 in, no event below ``W`` can follow in any partition. One stream lagging another holds back only itself.
 
-Every job (window_count, three_window, pattern, sequence) is the same loop, run by Spark per stream and
+Every job (window_count, three_window, pattern, sequence, iseq) is the same loop, run by Spark per stream and
 micro-batch: restore the stream's progress and core from the group state, feed the core the batch's events (the
 events topic and the late topic, in reference-time order), advance it to ``W``, store both back. The cores know
 nothing of Spark; :func:`run_stream_batch` is the Spark-free heart, unit-tested without Spark.

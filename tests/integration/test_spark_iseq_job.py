@@ -239,3 +239,21 @@ def test_point_readings_become_level_intervals_across_a_restart(kafka: Any, spar
     produce(bootstrap, topic, 0, [*(r for at, r in records if at >= cut_us), punctuation(BASE_US + 60_000 * MS)])
     run_once(spark, bootstrap, topic_prefix, checkpoint, query, "conservative", from_points="temp")
     assert member_keys(results(bootstrap, topic_prefix), "match") == expected
+
+
+def test_the_contract_reader_takes_a_v1_record_as_a_v2_point(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    from spark_jobs.contract import events, record_schema
+
+    v2 = orjson.loads(EventRecord(STREAM, "a", 0, 90, 100, 5, 100, 100, start_ts_us=40, start_uncertainty_us=7,
+                                  source_start_ts_us=30, interval_id="x", endpoint="end").to_json())
+    v1 = {k: v for k, v in v2.items() if k not in ("start_ts_us", "end_ts_us", "start_uncertainty_us",
+                                                   "source_start_ts_us", "interval_id", "endpoint")}
+    v1["v"] = 1
+    raw = spark.createDataFrame([(orjson.dumps(v).decode(),) for v in (v2, v1)], "value string")
+    records = raw.select(F.from_json("value", record_schema()).alias("r")).select("r.*")
+    rows = [r.asDict() for r in events(records).orderBy(F.col("v").desc()).collect()]
+    names = ("v", "start_ts_us", "end_ts_us", "start_uncertainty_us", "source_start_ts_us", "interval_id", "endpoint")
+    assert [tuple(r[n] for n in names) for r in rows] == [(2, 40, 100, 7, 30, "x", "end"),
+                                                         (1, 100, 100, 5, 90, None, None)]
