@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 
 CONTRACT_VERSION = 2
-"""2: event records carry an interval (``start_ts_us``, ``end_ts_us``, ``start_uncertainty_us``, ``source_start_ts_us``,
-and for an endpoint event ``interval_id`` + ``endpoint``); readers take version 1 records as point events."""
+"""2: interval and endpoint event records carry ``start_ts_us``, ``end_ts_us``, ``start_uncertainty_us``,
+``source_start_ts_us`` (and ``interval_id`` + ``endpoint`` for an endpoint event); a record without them, a point
+event's or any version 1 record, means start = end."""
 
 # The "kind" of a record on the events, late and sources topics.
 EVENT = "event"
@@ -72,10 +73,11 @@ class EventRecord:
 
     An interval event (contract version 2) spans [start_ts_us, end_ts_us] on the reference clock; its end is
     ref_ts_us (``end_ts_us`` is that field), start_uncertainty_us bounds |start_ts_us - true start|, and
-    source_start_ts_us is its start on the source's clock. A point event has start = end: the three start fields
-    left None mean exactly that (ref_ts_us, uncertainty_us, source_ts_us), and ``to_json`` writes those values
-    (the gateway and ``from_dict`` always fill them in).
-    interval_id and endpoint are set only on an endpoint event (IO3: one endpoint of an interval, paired by id).
+    source_start_ts_us is its start on the source's clock. A point event has start = end: the start fields left
+    None mean exactly that (ref_ts_us, uncertainty_us, source_ts_us), and ``to_json`` then leaves the four interval
+    fields out of the JSON (readers apply those defaults to any record without them; ``from_dict`` fills them in).
+    interval_id and endpoint are set only on an endpoint event (IO3: one endpoint of an interval, paired by id),
+    whose start fields are its own time (start = end); they are written only with the start fields.
     """
 
     stream: str
@@ -117,15 +119,20 @@ class EventRecord:
             "release_ts_us": self.release_ts_us,
             "late": self.late,
             "payload": self.payload,
-            "start_ts_us": self.ref_ts_us if self.start_ts_us is None else self.start_ts_us,
-            "end_ts_us": self.ref_ts_us,
-            "start_uncertainty_us": (self.uncertainty_us if self.start_uncertainty_us is None
-                                     else self.start_uncertainty_us),
-            "source_start_ts_us": self.source_ts_us if self.source_start_ts_us is None else self.source_start_ts_us,
         }
-        if self.interval_id is not None:
-            value["interval_id"] = self.interval_id
-            value["endpoint"] = self.endpoint
+        start_ts_us = self.start_ts_us
+        if start_ts_us is not None:
+            # A point event's record leaves its start fields out (readers take absent as start = end): they would
+            # add half again to its bytes and its encoding time, on the gateway's per-event path.
+            value["start_ts_us"] = start_ts_us
+            value["end_ts_us"] = self.ref_ts_us
+            value["start_uncertainty_us"] = (self.uncertainty_us if self.start_uncertainty_us is None
+                                             else self.start_uncertainty_us)
+            value["source_start_ts_us"] = (self.source_ts_us if self.source_start_ts_us is None
+                                           else self.source_start_ts_us)
+            if self.interval_id is not None:
+                value["interval_id"] = self.interval_id
+                value["endpoint"] = self.endpoint
         if self.late_reason is not None:
             value["late_reason"] = self.late_reason
         if self.rtt_us is not None:

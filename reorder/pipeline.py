@@ -399,8 +399,7 @@ class IngestPipeline:
                     rtt_us = rtts[source_id] = clock.rtt_us(source_id)
                 record = EventRecord(
                     event.stream, source_id, event.seq, event.source_ts_us, item.ref_ts_us, error_us,
-                    item.arrival_us, item.release_us, False, event.payload, None, rtt_us, item.ref_ts_us, error_us,
-                    event.source_ts_us)
+                    item.arrival_us, item.release_us, False, event.payload, None, rtt_us)
                 if event.interval is not None:
                     self._add_interval(record, event)
                 if passed is not None and passed.event is event:  # drop_late=False: released although late
@@ -434,7 +433,6 @@ class IngestPipeline:
             stream=event.stream, source_id=event.source_id, seq=event.seq, source_ts_us=event.source_ts_us,
             ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us,
             late=True, payload=event.payload, late_reason=reason, rtt_us=self.clock.rtt_us(event.source_id),
-            start_ts_us=ref_us, start_uncertainty_us=error_us, source_start_ts_us=event.source_ts_us,
             extra={"lateness_us": lateness_us})
         if event.interval is not None:
             self._add_interval(record, event)
@@ -447,7 +445,8 @@ class IngestPipeline:
         the end minus the interval's length as that estimate maps it, which is exactly the start's own mapping when
         the end was mapped with the same estimate (always, but for an event whose estimate changed while it waited
         in the merge: then the start keeps its distance to the end the record is ordered by, never after it).
-        ``start_uncertainty_us`` is the start's own error bound. An endpoint event is a point event with its id."""
+        ``start_uncertainty_us`` is the start's own error bound. An endpoint event is a point event with its id,
+        its start fields its own time. A point event's record keeps them None (its JSON leaves them out)."""
         interval = event.interval
         if isinstance(interval, AtomicInterval):
             start = interval.source_start_ts_us
@@ -458,5 +457,8 @@ class IngestPipeline:
             record.start_uncertainty_us = start_error_us
             record.source_start_ts_us = start
         elif isinstance(interval, IntervalEndpoint):
+            record.start_ts_us = record.ref_ts_us
+            record.start_uncertainty_us = record.uncertainty_us
+            record.source_start_ts_us = event.source_ts_us
             record.interval_id = interval.interval_id
             record.endpoint = interval.endpoint

@@ -251,15 +251,18 @@ def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
         stream, seq, source_ts_us = raw.get("stream"), raw.get("seq"), raw.get("source_ts_us")
         if (type(seq) is int and type(source_ts_us) is int and type(stream) is str and stream in declared
                 and 0 <= seq <= MAX_SEQ and 0 <= source_ts_us <= MAX_SEQ):
-            payload = raw.get("payload")
+            payload = raw.get("payload", _ABSENT)
+            # A point event is these three keys and at most a payload: the map's size proves it has no interval
+            # key, so it pays no lookup for them. Any other map has its interval keys checked.
+            if payload is not _ABSENT and len(raw) == 4:
+                problem = payload_problem(payload)
+                return IncomingEvent(stream, seq, source_ts_us,
+                                     payload if problem is None else RejectedPayload(problem))
+            if payload is _ABSENT:
+                payload = None
             problem = payload_problem(payload)
-            # A point event is these three keys and at most a payload: its size and one lookup prove it has no
-            # interval key, so it pays no lookup for them. Any other map has its interval keys checked.
-            size = len(raw)
-            interval = (None if size == 3 or (size == 4 and "payload" in raw)
-                        else _interval(raw, source_ts_us))
             return IncomingEvent(stream, seq, source_ts_us, payload if problem is None else RejectedPayload(problem),
-                                 interval)
+                                 None if len(raw) == 3 else _interval(raw, source_ts_us))
     if not isinstance(raw, dict):
         if type(raw) is NonStringKeyMap:
             raise InvalidMessage("an event map has a non-string key")
@@ -280,6 +283,9 @@ def parse_event(raw: Any, declared: frozenset[str]) -> IncomingEvent:
         payload=payload if problem is None else RejectedPayload(problem),
         interval=_interval(raw, source_ts_us),
     )
+
+
+_ABSENT = object()  # a key's value when the key is missing (nil is a value)
 
 
 def _interval(raw: dict[str, Any], source_ts_us: int) -> EventInterval | None:

@@ -35,13 +35,15 @@ PLANS: dict[str, list[tuple[str, tuple[int, ...], str | None]]] = {
 
 def expected_record(source_id: str, seq: int, kind: str, times: tuple[int, ...], interval_id: str | None,
                     ) -> dict[str, Any]:
-    """The record's interval fields by the contract; the gateway runs without time sync, so reference time =
-    source time and every bound is 0."""
+    """The record by the contract; the gateway runs without time sync, so reference time = source time and every
+    bound is 0. A point event's record has no interval fields (start = end)."""
     end = times[-1]
     record: dict[str, Any] = {"v": 2, "kind": "event", "stream": "m", "source_id": source_id, "seq": seq,
                               "source_ts_us": end, "ref_ts_us": end, "uncertainty_us": 0, "late": False,
-                              "payload": {"n": seq, "kind": kind}, "start_ts_us": times[0], "end_ts_us": end,
-                              "start_uncertainty_us": 0, "source_start_ts_us": times[0]}
+                              "payload": {"n": seq, "kind": kind}}
+    if kind != "point":
+        record |= {"start_ts_us": times[0], "end_ts_us": end, "start_uncertainty_us": 0,
+                   "source_start_ts_us": times[0]}
     if interval_id is not None:
         record |= {"interval_id": interval_id, "endpoint": kind}
     return record

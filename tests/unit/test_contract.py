@@ -15,11 +15,10 @@ def test_record_json_has_every_contract_field():
     record = EventRecord("doors", "rfid-1", 3, 10, 12, 2, 20, 21, payload={"open": True})
     value = orjson.loads(record.to_json())
     assert set(value) >= CONTRACT_FIELDS
-    # A record built without its start fields is a point event: start = end (tests/unit/test_interval_records.py).
+    # A point event's record leaves the interval fields out (tests/unit/test_interval_records.py).
     assert value == {"v": 2, "kind": "event", "stream": "doors", "source_id": "rfid-1", "seq": 3, "source_ts_us": 10,
                      "ref_ts_us": 12, "uncertainty_us": 2, "arrival_ts_us": 20, "release_ts_us": 21,
-                     "late": False, "payload": {"open": True}, "start_ts_us": 12, "end_ts_us": 12,
-                     "start_uncertainty_us": 2, "source_start_ts_us": 10}
+                     "late": False, "payload": {"open": True}}
     assert record.key == b"rfid-1"
 
 

@@ -58,8 +58,9 @@ def test_in_order_frame_maps_both_endpoints_of_an_atomic_interval() -> None:
     ], ARRIVAL)
     records = [o.record for o in out if isinstance(o, PublishRecord)]
     assert [o.topic for o in out if isinstance(o, PublishRecord)] == ["events"] * 3
+    # A point event's record keeps its start fields None: its JSON leaves them out (start = end).
     assert [fields(r) for r in records] == [
-        (0, POINT_SRC, POINT_REF, POINT_ERR, POINT_REF, POINT_ERR, POINT_SRC, None, None, False, None),
+        (0, POINT_SRC, POINT_REF, POINT_ERR, None, None, None, None, None, False, None),
         (1, END_SRC, END_REF, END_ERR, START_REF, START_ERR, START_SRC, None, None, False, None),
         (2, END_SRC, END_REF, END_ERR, END_REF, END_ERR, END_SRC, "run-1", "end", False, None),
     ]
@@ -100,7 +101,7 @@ def test_merge_orders_intervals_by_their_end_across_sources() -> None:
     out += pipe.push("b", IncomingEvent("s", 0, POINT_REF, None), ARRIVAL + 1)
     out += pipe.heartbeat("b", {"s": 1}, END_REF + 1, ARRIVAL + 2)
     assert [(o.record.source_id, o.record.start_ts_us, o.record.ref_ts_us) for o in out
-            if isinstance(o, PublishRecord)] == [("b", POINT_REF, POINT_REF), ("a", START_REF, END_REF)]
+            if isinstance(o, PublishRecord)] == [("b", None, POINT_REF), ("a", START_REF, END_REF)]
 
 
 def test_gateway_publishes_interval_records_of_a_synced_source() -> None:
@@ -121,7 +122,7 @@ def test_gateway_publishes_interval_records_of_a_synced_source() -> None:
     assert [tuple(v.get(k) for k in keys) for v in values] == [
         (0, END_REF, END_ERR, START_REF, END_REF, START_ERR, START_SRC, None, None),
         (1, END_REF, END_ERR, END_REF, END_REF, END_ERR, END_SRC, "run-3", "end"),
-        (2, END_REF, END_ERR, END_REF, END_REF, END_ERR, END_SRC, None, None),
+        (2, END_REF, END_ERR, None, None, None, None, None, None),  # a point event: no interval fields
     ]
     assert {v["v"] for v in values} == {2}
-    assert "interval_id" not in values[0] and "endpoint" not in values[2]
+    assert "interval_id" not in values[0] and "endpoint" not in values[0]

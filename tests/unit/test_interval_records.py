@@ -36,11 +36,17 @@ def test_endpoint_record_json_and_round_trip() -> None:
     assert decode_record(record.to_json()) == record
 
 
-def test_point_record_without_start_fields_writes_start_equal_end() -> None:
-    value = orjson.loads(EventRecord("s", "a", 1, 10, 15, 4, 20, 21).to_json())
-    assert (value["start_ts_us"], value["end_ts_us"], value["start_uncertainty_us"], value["source_start_ts_us"]) == (
-        15, 15, 4, 10)
-    assert "interval_id" not in value and "endpoint" not in value
+def test_point_record_leaves_the_interval_fields_out_and_reads_back_with_start_equal_end() -> None:
+    record = EventRecord("s", "a", 1, 10, 15, 4, 20, 21)
+    assert record.to_json() == (b'{"v":2,"kind":"event","stream":"s","source_id":"a","seq":1,"source_ts_us":10,'
+                                b'"ref_ts_us":15,"uncertainty_us":4,"arrival_ts_us":20,"release_ts_us":21,'
+                                b'"late":false,"payload":null}')
+    decoded = decode_record(record.to_json())
+    assert isinstance(decoded, EventRecord)
+    assert (decoded.start_ts_us, decoded.end_ts_us, decoded.start_uncertainty_us, decoded.source_start_ts_us,
+            decoded.interval_id, decoded.endpoint) == (15, 15, 4, 10, None, None)
+    # Absent and written with their default values mean the same.
+    assert decode_record(decoded.to_json()) == decoded
 
 
 def test_late_interval_record_keeps_lateness_in_extra() -> None:
