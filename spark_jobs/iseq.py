@@ -70,6 +70,7 @@ REASON_BAD_ENDPOINT = "bad_endpoint"
 REASON_BAD_VALUE = "bad_value"
 REASON_BEHIND_CLOCK = "behind_clock"
 REASON_READING_OUT_OF_ORDER = "reading_out_of_order"
+REASON_UNPAIRED_END = "unpaired_end"
 ENDPOINT_START, ENDPOINT_END = ENDPOINTS
 _STATE_VERSION = 1
 
@@ -190,6 +191,8 @@ class IseqStreamCore:
         self.points: dict[str, PointToIntervalOperator] = {}
         self.held: list[_Input] = []
         self.arrivals = 0
+        self.open_ends: dict[str, tuple[str, int | None, int]] = {}
+        """Pair id -> (source_id, seq, ref_ts_us) of an end whose start has not come: reported once it cannot."""
         if blob is not None:
             self._restore(blob)
 
@@ -223,7 +226,24 @@ class IseqStreamCore:
             for item in due:
                 self._feed(item, outputs)
         outputs.extend(self._record(o) for o in self.engine.advance_clock(watermark_us))
+        self._expire_open_ends(outputs)
         return outputs
+
+    def _expire_open_ends(self, outputs: list[Output]) -> None:
+        """An end whose start has not come by the time the end is K behind the engine's clock: any start still to
+        come is earlier, so it would be too late. Reported (``unpaired_end``) and forgotten, not kept forever."""
+        clock = self.engine.clock_us
+        if clock is None or not self.open_ends:
+            return
+        horizon = clock - self.engine.config.k_slack_us
+        for pair_id, (source, seq, ref_ts_us) in sorted(self.open_ends.items(), key=lambda kv: kv[1][2]):
+            if ref_ts_us >= horizon:
+                break
+            del self.open_ends[pair_id]
+            self.pairer.discard(pair_id)
+            outputs.append(self._side(RESULT_REJECTED, source, seq, ref_ts_us, REASON_UNPAIRED_END,
+                                      f"no start of interval {pair_id!r} came before its end fell behind the "
+                                      f"engine's clock {clock} minus K: a start still to come would be too late"))
 
     def set_ta_us(self, ta_us: int) -> None:
         """Interval queries have no clock-uncertainty shift: T_a does not apply."""
@@ -232,7 +252,8 @@ class IseqStreamCore:
         packed: bytes = msgpack.packb({
             "v": _STATE_VERSION, "engine": self.engine.export_state(), "pairer": self.pairer.export_state(),
             "points": {s: op.export_state() for s, op in self.points.items()},
-            "held": [i.to_list() for i in self.held], "arrivals": self.arrivals}, use_bin_type=True)
+            "held": [i.to_list() for i in self.held], "arrivals": self.arrivals,
+            "open_ends": [[k, *v] for k, v in self.open_ends.items()]}, use_bin_type=True)
         return packed
 
     def _restore(self, blob: bytes) -> None:
@@ -247,6 +268,7 @@ class IseqStreamCore:
             self.points[source] = op
         self.held = [_Input.from_list(v) for v in state["held"]]
         self.arrivals = int(state["arrivals"])
+        self.open_ends = {str(k): (str(source), seq, int(ref)) for k, source, seq, ref in state["open_ends"]}
 
     # -- one event record --------------------------------------------------------------------------------------
     def _on_event(self, payload_text: str | None, ref: Any, start: Any, source_id: Any, seq: Any,
@@ -319,12 +341,15 @@ class IseqStreamCore:
         if item.what == "interval":
             return [Interval(item.event_type, item.start_ts_us, item.ref_ts_us, item.attrs,
                              f"{item.source_id}:{item.seq}")]
+        pair_id = f"{item.source_id}#{item.interval_id}"
         if item.what == ENDPOINT_START:
-            return self.pairer.start(item.event_type, f"{item.source_id}#{item.interval_id}", item.ref_ts_us,
-                                     item.attrs)
+            self.open_ends.pop(pair_id, None)
+            return self.pairer.start(item.event_type, pair_id, item.ref_ts_us, item.attrs)
         if item.what == ENDPOINT_END:
-            return self.pairer.end(item.event_type, f"{item.source_id}#{item.interval_id}", item.ref_ts_us,
-                                   item.attrs)
+            items = self.pairer.end(item.event_type, pair_id, item.ref_ts_us, item.attrs)
+            if not items:
+                self.open_ends[pair_id] = (item.source_id, item.seq, item.ref_ts_us)
+            return items
         op = self.points.get(item.source_id)
         if op is None:
             op = self.points[item.source_id] = PointToIntervalOperator(item.source_id, self.levels)

@@ -53,6 +53,13 @@ class EndpointPairer:
             return []
         return [self._complete(event_type, event_id, start.ts_us, end_ts_us, {**start.attrs, **attrs})]
 
+    def discard(self, event_id: str) -> bool:
+        """Forget the endpoint of ``event_id`` still waiting for its partner (the caller decided the pair can no
+        longer be used, e.g. an end whose start could only come too late); True if there was one."""
+        start = self._starts.pop(event_id, None)
+        end = self._ends.pop(event_id, None)
+        return start is not None or end is not None
+
     @staticmethod
     def _complete(event_type: str, event_id: str, ts: int, te: int, attrs: Mapping[str, Any]) -> Interval:
         return Interval(event_type, ts, te, attrs, event_id)

@@ -129,10 +129,12 @@ def test_inputs_wait_for_the_promise_so_a_slower_partition_is_not_too_late() -> 
 
 
 def test_a_snapshot_at_every_cut_changes_no_record() -> None:
-    rows = sorted(GAP_ROWS, key=lambda r: r["ref_ts_us"])
-    rows = [*rows[:3], punctuation(2000), *rows[3:], punctuation(20_000, offset=10_001)]
+    rows = sorted([*GAP_ROWS, event("s9", 0, 1200, "A", interval_id="lost", endpoint="end")],
+                  key=lambda r: r["ref_ts_us"])
+    rows = [*rows[:3], punctuation(1000), *rows[3:], punctuation(20_000, offset=10_001)]
     for mode in ("conservative", "aggressive"):
         whole = run([rows], mode=mode)
+        assert [v["reason"] for _k, v in whole if v["record"] == "rejected"] == ["unpaired_end"]
         for cut in range(len(rows) + 1):
             assert run([rows[:cut], rows[cut:]], restore_between=True, mode=mode) == whole, cut
 
@@ -242,3 +244,24 @@ def test_events_of_other_types_are_not_held() -> None:
     assert the_core.on_rows([event("s", 0, 10, "Z"), event("s", 1, 11, "Z", interval_id="z", endpoint="start"),
                              event("s", 2, 12, "A")]) == []
     assert [(i.source_id, i.seq) for i in the_core.held] == [("s", 2)]
+
+
+def test_an_end_whose_start_cannot_come_in_time_is_reported_and_forgotten() -> None:
+    from cep.intervals import EndpointPairer, IntervalBegin
+
+    pairer = EndpointPairer()
+    assert pairer.end("A", "x", 10) == [] and pairer.discard("x") and not pairer.discard("x")
+    assert pairer.start("A", "x", 5) == [IntervalBegin("A", 5, "x")] and pairer.open_count == 1
+    # Held until the promise (K = 0): the end at 10 ms is released at W = 20 ms with no start before it.
+    end = event("s", 0, 10, "A", interval_id="x", endpoint="end")
+    late_start = event("s", 1, 5, "A", interval_id="x", endpoint="start", topic="t.late.s")
+    outputs = run([[end, punctuation(20)], [late_start]])
+    assert [(k, v["reason"], v["ref_ts_us"]) for k, v in outputs] == [
+        ("s|rejected|s|0", "unpaired_end", BASE + 10 * MS), ("s|too_late|s|1", "behind_clock", BASE + 5 * MS)]
+    # K-ISlack, K = 5 ms: a start 4 ms late still pairs; an end left alone goes once it is K behind the clock.
+    k_rows = [event("s", 0, 10, "A", interval_id="x", endpoint="end"), event("s", 2, 12, "B", start_ms=12)]
+    outputs = run([[*k_rows, punctuation(12)], [event("s", 1, 8, "A", interval_id="x", endpoint="start"),
+                                                event("s", 3, 14, "A", interval_id="y", endpoint="end"),
+                                                punctuation(19)], [punctuation(20)]], k_slack_us=5 * MS)
+    assert [(k, v["record"], v.get("reason")) for k, v in outputs] == [
+        ("s|s#x|s:2", "match", None), ("s|rejected|s|3", "rejected", "unpaired_end")]
