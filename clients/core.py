@@ -145,11 +145,12 @@ class UnackedStore:
     def acked_through(self, stream: str) -> int:
         return self._acked_through[stream]
 
-    def add_recovered(self, stream: str, seq: int, source_ts_us: int, payload: Any) -> PendingEvent:
+    def add_recovered(self, stream: str, seq: int, source_ts_us: int, payload: Any,
+                      interval: EventInterval | None = None) -> PendingEvent:
         """An event recovered from a spool: queued like a new one (beyond the bound if need be), marked resend."""
         saved, self.max_unacked = self.max_unacked, max(self.max_unacked, self._count + 1)
         try:
-            event = self.add(stream, seq, source_ts_us, payload)
+            event = self.add(stream, seq, source_ts_us, payload, interval)
         finally:
             self.max_unacked = saved
         event.resend = True

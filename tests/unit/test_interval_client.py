@@ -93,3 +93,22 @@ async def test_a_spooling_client_refuses_interval_events(tmp_path: Any) -> None:
     assert client.next_seq("m") == 0
     assert await client.send("m", None, 3) == 0
     await client.close()
+
+
+def test_the_unacked_store_keeps_the_interval_through_a_requeue_and_a_recovery() -> None:
+    from clients.core import UnackedStore, encode_batches
+    from contract.wire.frames import FrameDecoder
+    from contract.wire.messages import AtomicInterval, IntervalEndpoint
+
+    store = UnackedStore(["m"], 10)
+    store.add("m", 0, 20, "a", AtomicInterval(5))
+    store.add_recovered("m", 1, 30, "b", IntervalEndpoint("x", "end"))
+    batch = store.take_batch(10)
+    store.mark_sent(batch, 0)
+    store.connection_lost(0)
+    again = store.take_batch(10)
+    ((_events, frame),) = encode_batches(again, 10, 1 << 20)
+    (message,) = FrameDecoder().feed(frame)
+    assert message["events"] == [
+        {"stream": "m", "seq": 0, "source_ts_us": 20, "payload": "a", "source_start_ts_us": 5},
+        {"stream": "m", "seq": 1, "source_ts_us": 30, "payload": "b", "interval_id": "x", "endpoint": "end"}]
