@@ -34,6 +34,7 @@ from typing import Any, Literal
 import msgpack
 
 from cep.intervals import (
+    EndpointPairer,
     IndexingProfile,
     Interval,
     IntervalBegin,
@@ -185,8 +186,6 @@ class IseqStreamCore:
         self.levels = parse_levels(options.levels) if options.from_points is not None else None
         self.engine = IntervalEngine(query, config)
         self.types = query.event_types()
-        from cep.intervals import EndpointPairer
-
         self.pairer = EndpointPairer()
         self.points: dict[str, PointToIntervalOperator] = {}
         self.held: list[_Input] = []
