@@ -126,8 +126,8 @@ def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
 
 
 class InvalidInterval(SkewlessError, ValueError):
-    """An interval event the SDK will not send: a start after its end, a time outside ``[0, 2**63)``, an interval id
-    that is not a string of 1..128 characters (the gateway would refuse the frame), or a client with a spool."""
+    """An interval event the SDK will not send: a start after its end, a time outside ``[0, 2**63)``, or an interval
+    id that is not a string of 1..128 characters (the gateway would refuse the frame)."""
 
 
 def _is_int(value: object) -> bool:
@@ -325,6 +325,7 @@ class SkewlessClient:
         start_seq: dict[str, int] = {}
         acked: dict[str, int] = {}
         recovered: list[tuple[str, int, int, Any]] = []
+        recovered_intervals: dict[tuple[str, int], EventInterval] = {}
         if spool_path is not None:
             self._spool = FileSpool(spool_path, source_id, max_bytes=spool_max_bytes, fsync=spool_fsync)
             state = self._spool.state
@@ -333,11 +334,12 @@ class SkewlessClient:
                 self._spool.close()
                 raise ValueError(f"spool {spool_path} holds streams {sorted(undeclared)} that are not declared")
             start_seq, acked, recovered = state.next_seq, state.acked_through, state.events
+            recovered_intervals = state.intervals
         self._seqs = SeqAssigner(self.streams, start_seq)
         # Recovered events may exceed max_unacked: they were accepted before the restart.
         self._store = UnackedStore(self.streams, max_unacked, acked)
         for stream, seq, ts_us, payload in recovered:
-            self._store.add_recovered(stream, seq, ts_us, payload)
+            self._store.add_recovered(stream, seq, ts_us, payload, recovered_intervals.get((stream, seq)))
         self.stats.recovered_from_spool = len(recovered)
 
         self._scheduler = PoolScheduler(pool_size)
@@ -684,10 +686,6 @@ class SkewlessClient:
                  interval: EventInterval | None) -> int:
         if stream not in self._declared:
             raise ValueError(f"stream {stream!r} was not declared; declared: {self.streams}")
-        if interval is not None and self._spool is not None:
-            # The spool's event records carry no interval keys yet: a restart would resend this event as a point
-            # event, silently. Refused instead.
-            raise InvalidInterval("interval events cannot be spooled yet: use a client without spool_path")
         if isinstance(payload, int) and not isinstance(payload, bool):
             if not _MIN_MSGPACK_INT <= payload <= _MAX_MSGPACK_INT:
                 # What packb raises for a nested one. Queued, it would fail the sender task when framed, and with it
@@ -711,7 +709,7 @@ class SkewlessClient:
             self._promise.sent(ts_us, self.clock_us())
         self._store.add(stream, seq, ts_us, payload, interval)
         if self._spool is not None:
-            self._spool.append_event(stream, seq, ts_us, payload)
+            self._spool.append_event(stream, seq, ts_us, payload, interval)
         self._wake_sender()
         return seq
 

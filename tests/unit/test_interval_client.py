@@ -86,13 +86,22 @@ async def test_an_endpoint_needs_an_id_of_1_to_128_chars(interval_id: Any) -> No
     assert isinstance(InvalidInterval("x"), ValueError)
 
 
-async def test_a_spooling_client_refuses_interval_events(tmp_path: Any) -> None:
-    client = SkewlessClient("127.0.0.1", 1, "s1", ["m"], time_sync=False, spool_path=tmp_path / "spool")
-    with pytest.raises(InvalidInterval, match="cannot be spooled"):
-        await client.send_interval("m", None, 1, 2)
-    assert client.next_seq("m") == 0
-    assert await client.send("m", None, 3) == 0
-    await client.close()
+async def test_a_spooled_interval_is_resent_as_an_interval_after_a_restart(tmp_path: Any) -> None:
+    spool = tmp_path / "spool"
+    first = SkewlessClient("127.0.0.1", 1, "s1", ["m"], time_sync=False, spool_path=spool)
+    await first.send_interval("m", "a", 1, 2)
+    await first.send_interval_end("m", "x", "b", 3)
+    await first.send("m", "c", 4)
+    await first.close()  # never connected: all three stay in the spool
+    async with FakeGateway() as gw:
+        async with SkewlessClient("127.0.0.1", gw.port, "s1", ["m"], time_sync=False, spool_path=spool) as client:
+            assert client.stats.recovered_from_spool == 3
+            await client.flush()
+        assert sent_events(gw) == [
+            {"stream": "m", "seq": 0, "source_ts_us": 2, "payload": "a", "source_start_ts_us": 1},
+            {"stream": "m", "seq": 1, "source_ts_us": 3, "payload": "b", "interval_id": "x", "endpoint": "end"},
+            {"stream": "m", "seq": 2, "source_ts_us": 4, "payload": "c"},
+        ]
 
 
 def test_the_unacked_store_keeps_the_interval_through_a_requeue_and_a_recovery() -> None:
