@@ -95,6 +95,55 @@ class SyncSkewlessClient:
 
         return self._run(submit())
 
+    def send_interval(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
+                      seq: int | None = None) -> int:
+        """Blocking ``send_interval``: an interval event sent once it ended; returns the seq."""
+        return self._run(self._client.send_interval(stream, payload, start_ts_us, end_ts_us, seq=seq))
+
+    def send_interval_start(self, stream: str, interval_id: str, payload: Any, source_ts_us: int | None = None, *,
+                            seq: int | None = None) -> int:
+        """Blocking ``send_interval_start``: the start endpoint of interval ``interval_id``; returns the seq."""
+        return self._run(self._client.send_interval_start(stream, interval_id, payload, source_ts_us, seq=seq))
+
+    def send_interval_end(self, stream: str, interval_id: str, payload: Any, source_ts_us: int | None = None, *,
+                          seq: int | None = None) -> int:
+        """Blocking ``send_interval_end``: the end endpoint of interval ``interval_id``; returns the seq."""
+        return self._run(self._client.send_interval_end(stream, interval_id, payload, source_ts_us, seq=seq))
+
+    def send_interval_tracked(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
+                              seq: int | None = None) -> ConcurrentFuture[int]:
+        """Blocking ``send_interval_tracked``: a ``concurrent.futures.Future`` of the interval's delivery."""
+
+        async def submit() -> ConcurrentFuture[int]:
+            future = await self._client.send_interval_tracked(stream, payload, start_ts_us, end_ts_us, seq=seq)
+            return _concurrent(future)
+
+        return self._run(submit())
+
+    def send_interval_start_tracked(self, stream: str, interval_id: str, payload: Any,
+                                    source_ts_us: int | None = None, *,
+                                    seq: int | None = None) -> ConcurrentFuture[int]:
+        """Blocking ``send_interval_start_tracked``: a future of the start endpoint's delivery."""
+
+        async def submit() -> ConcurrentFuture[int]:
+            future = await self._client.send_interval_start_tracked(stream, interval_id, payload, source_ts_us,
+                                                                    seq=seq)
+            return _concurrent(future)
+
+        return self._run(submit())
+
+    def send_interval_end_tracked(self, stream: str, interval_id: str, payload: Any,
+                                  source_ts_us: int | None = None, *,
+                                  seq: int | None = None) -> ConcurrentFuture[int]:
+        """Blocking ``send_interval_end_tracked``: a future of the end endpoint's delivery."""
+
+        async def submit() -> ConcurrentFuture[int]:
+            future = await self._client.send_interval_end_tracked(stream, interval_id, payload, source_ts_us,
+                                                                  seq=seq)
+            return _concurrent(future)
+
+        return self._run(submit())
+
     def send_many(self, stream: str, payloads: Sequence[Any]) -> list[int]:
         """Send several events of one stream, stamped now, in one thread hop; returns their seqs."""
 

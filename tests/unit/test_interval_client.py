@@ -121,3 +121,41 @@ def test_the_unacked_store_keeps_the_interval_through_a_requeue_and_a_recovery()
     assert message["events"] == [
         {"stream": "m", "seq": 0, "source_ts_us": 20, "payload": "a", "source_start_ts_us": 5},
         {"stream": "m", "seq": 1, "source_ts_us": 30, "payload": "b", "interval_id": "x", "endpoint": "end"}]
+
+
+def test_the_blocking_client_sends_intervals_and_endpoints_with_their_keys() -> None:
+    import asyncio
+    import threading
+
+    from clients import SyncSkewlessClient
+
+    loop = asyncio.new_event_loop()
+    gw = FakeGateway()
+    loop.run_until_complete(gw.__aenter__())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with SyncSkewlessClient("127.0.0.1", gw.port, "s1", ["a"]) as client:
+            assert client.send_interval("a", {"m": 1}, 100, 250) == 0
+            assert client.send_interval_start("a", "door", None, 300) == 1
+            assert client.send_interval_end("a", "door", None, 400) == 2
+            delivered = [client.send_interval_tracked("a", None, 500, 600),
+                         client.send_interval_start_tracked("a", "lid", None, 700),
+                         client.send_interval_end_tracked("a", "lid", None, 800)]
+            assert [f.result(5) for f in delivered] == [3, 4, 5]
+            with pytest.raises(InvalidInterval):
+                client.send_interval("a", None, 900, 800)
+            client.flush()
+    finally:
+        asyncio.run_coroutine_threadsafe(gw.__aexit__(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    assert [{k: v for k, v in e.items() if k != "payload"} for e in sent_events(gw)] == [
+        {"stream": "a", "seq": 0, "source_ts_us": 250, "source_start_ts_us": 100},
+        {"stream": "a", "seq": 1, "source_ts_us": 300, "interval_id": "door", "endpoint": "start"},
+        {"stream": "a", "seq": 2, "source_ts_us": 400, "interval_id": "door", "endpoint": "end"},
+        {"stream": "a", "seq": 3, "source_ts_us": 600, "source_start_ts_us": 500},
+        {"stream": "a", "seq": 4, "source_ts_us": 700, "interval_id": "lid", "endpoint": "start"},
+        {"stream": "a", "seq": 5, "source_ts_us": 800, "interval_id": "lid", "endpoint": "end"},
+    ]
