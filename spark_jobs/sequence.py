@@ -7,7 +7,8 @@ set for inputs that are not ordered upstream). Records on `skewless.results.sequ
 `<stream>|<partition value>|<event ids>` (one key per matched sequence): `record` = `match`, `retract` (-) or `add`
 (+) (aggressive mode's compensations), what the engine did with a late event (docs/sase.md), `too_late` (an event
 behind the watermark past what the engine can still act on) or `rejected` (an event the query cannot use), always
-with a reason.
+with a reason. With a constraint (`--constraint`, docs/constraints.md) also `monitor_terminated` (a trace that can
+no longer match: released, the rest of it ignored) and, with `--early-alerts`, `early_alert` (a match is certain).
 
 An event's type is the payload field named by `--type-field` (default `type`); its attributes are the payload.
 """
@@ -19,7 +20,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
-from cep.sase import EngineConfig, OutputKind, Query, SaseEvent, SaseOutput, SequenceEngine, parse_query
+from cep.sase import (
+    EngineConfig,
+    OutputKind,
+    Query,
+    SaseError,
+    SaseEvent,
+    SaseOutput,
+    SequenceEngine,
+    VerdictOutput,
+    parse_query,
+)
 from contract.records import (
     RESULT_ADD,
     RESULT_INVALIDATED,
@@ -35,11 +46,15 @@ from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
 
 JOB_NAME = "sequence"
+# Constraint verdicts (docs/constraints.md); to move to contract.records next to the other result records.
+RESULT_EARLY_ALERT = "early_alert"
+RESULT_MONITOR_TERMINATED = "monitor_terminated"
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
 RECORD_OF_OUTPUT: dict[OutputKind, str] = {
     "match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT, "late_match": RESULT_LATE_MATCH,
-    "invalidated": RESULT_INVALIDATED, "too_late": RESULT_TOO_LATE}
+    "invalidated": RESULT_INVALIDATED, "too_late": RESULT_TOO_LATE, "early_alert": RESULT_EARLY_ALERT,
+    "monitor_terminated": RESULT_MONITOR_TERMINATED}
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,9 @@ class SequenceOptions:
     mode: Literal["conservative", "aggressive"] = "conservative"
     k_slack_us: int | None = None
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
+    constraint: str | None = None
+    constraint_checker: Literal["basic", "lightweight"] = "lightweight"
+    early_alerts: bool = False
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
@@ -128,10 +146,15 @@ class SequenceStreamCore:
         return "" if attr is None else partition_text(first.attrs.get(attr))
 
     def _record(self, output: SaseOutput) -> tuple[str, dict[str, Any]]:
+        record = RECORD_OF_OUTPUT[output.kind]
+        if isinstance(output, VerdictOutput):
+            # At most one verdict per trace: the key names the trace, the verdict and the deciding event.
+            part = "" if output.trace is None else partition_text(output.trace)
+            key = result_key(self.stream, part, record, *(e.event_id for e in output.events))
+            return key, result_value(JOB_NAME, record, self.stream, partition=part, **output.to_dict())
         # One key per matched sequence: a retract, add or invalidated names the match it concerns.
         part = self._partition(output)
         key = result_key(self.stream, part, *(e.event_id for e in output.events))
-        record = RECORD_OF_OUTPUT[output.kind]
         return key, result_value(JOB_NAME, record, self.stream, partition=part, **output.to_dict())
 
     def _side(self, record: str, source_id: Any, seq: Any, ref_ts_us: int, reason: str,
@@ -141,11 +164,29 @@ class SequenceStreamCore:
                                  reason=reason, detail=detail)
 
 
+def engine_config(options: SequenceOptions) -> EngineConfig:
+    return EngineConfig(k_slack_us=options.k_slack_us, mode=options.mode,
+                        allowed_lateness_us=options.allowed_lateness_us, constraint=options.constraint,
+                        constraint_checker=options.constraint_checker, early_alerts=options.early_alerts)
+
+
+def constraint_problem(query: Query, constraint: str, checker: Literal["basic", "lightweight"],
+                       early_alerts: bool) -> str | None:
+    """Why the constraint cannot be used with the query (a bad expression, a query the checker cannot key by
+    trace, early alerts the checker cannot promise), or None; for the CLI, before Spark starts."""
+    try:
+        SequenceEngine(query, EngineConfig(constraint=constraint, constraint_checker=checker,
+                                           early_alerts=early_alerts))
+    except SaseError as exc:
+        return str(exc)
+    return None
+
+
 def start(spark: Any, options: SequenceOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     query = parse_query(options.query)
-    config = EngineConfig(k_slack_us=options.k_slack_us, mode=options.mode,
-                          allowed_lateness_us=options.allowed_lateness_us)
+    config = engine_config(options)
+    SequenceEngine(query, config)  # a bad constraint fails here, on the driver, not in every task
 
     def factory(stream: str, blob: bytes | None) -> SequenceStreamCore:
         return SequenceStreamCore(stream, query, config, options.type_field, blob)

@@ -6,13 +6,14 @@
     engine = SequenceEngine(query, EngineConfig(k_slack_us=2_000_000, mode="conservative"))
     outputs = engine.on_event(SaseEvent("SHELF", ts=12, attrs={"id": 1}, event_id="src|7"))
 
-See docs/sase.md for the syntax and the semantics decisions.
+See docs/sase.md for the syntax and the semantics decisions, docs/constraints.md for constraint-aware execution
+(``EngineConfig(constraint=...)``).
 """
 
 from .ais import ActiveInstanceStacks, Instance
 from .baseline import InOrderSequenceEngine
 from .engine import TOO_LATE_REASON, EngineConfig, EngineCounters, SequenceEngine
-from .events import OutputKind, SaseError, SaseEvent, SaseInputError, SaseOutput, SaseSyntaxError
+from .events import OutputKind, SaseError, SaseEvent, SaseInputError, SaseOutput, SaseSyntaxError, VerdictOutput
 from .parser import parse_query
 from .query import AttrRef, Element, Predicate, Query, SeqBuilder, ref
 from .reference import reference_matches
@@ -36,6 +37,7 @@ __all__ = [
     "SaseSyntaxError",
     "SeqBuilder",
     "SequenceEngine",
+    "VerdictOutput",
     "parse_query",
     "ref",
     "reference_matches",

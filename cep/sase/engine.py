@@ -38,12 +38,14 @@ from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 
 from .ais import ActiveInstanceStacks, Instance
 from .events import SaseError, SaseEvent, SaseInputError, SaseOutput, match_output
+from .monitor import TraceMonitor
 from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
 from .query import Query
 
 __all__ = ["TOO_LATE_REASON", "EngineConfig", "EngineCounters", "SequenceEngine"]
 
 Mode = Literal["conservative", "aggressive"]
+CheckerAlgorithm = Literal["basic", "lightweight"]
 SNAPSHOT_VERSION = 2
 TOO_LATE_REASON = "beyond_allowed_lateness"
 _NEVER = 2**63
@@ -67,6 +69,11 @@ class EngineConfig:
     ``allowed_lateness_us``: A, how far behind the low watermark an event may still be processed (a late event):
     state is kept A longer, so memory covers about 1.25 W + K + A of stream time.  0 drops everything behind L as
     ``too_late`` (Li's engine).
+    ``constraint``: the workflow the stream follows, a regular expression over event types (cep.constraints,
+    docs/constraints.md): per trace (partition), a trace that can no longer match is released and ignored
+    (``monitor_terminated``).  ``constraint_checker``: "basic" (Algorithm 1) or "lightweight" (Algorithm 2).
+    ``early_alerts``: also report ``early_alert`` once a match is certain; sound only if every trace of the
+    constraint spans less than the query's window W (the user's promise: the checker is untimed).
     """
 
     k_slack_us: int | None = None
@@ -77,6 +84,9 @@ class EngineConfig:
     record_purges: bool = False
     purge_lag: int | None = None
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
+    constraint: str | None = None
+    constraint_checker: CheckerAlgorithm = "lightweight"
+    early_alerts: bool = False
 
     def __post_init__(self) -> None:
         k = self.k_slack_us
@@ -90,6 +100,10 @@ class EngineConfig:
             raise SaseError(f"k_slack_us must be a non-negative integer or None, got {k!r}")
         if self.mode not in ("conservative", "aggressive"):
             raise SaseError(f"mode must be 'conservative' or 'aggressive', got {self.mode!r}")
+        if self.constraint_checker not in ("basic", "lightweight"):
+            raise SaseError(f"constraint_checker must be 'basic' or 'lightweight', got {self.constraint_checker!r}")
+        if self.early_alerts and self.constraint is None:
+            raise SaseError("early_alerts needs a constraint")
 
 
 @dataclass(slots=True)
@@ -249,6 +263,13 @@ class SequenceEngine:
         self._record_purges = self.config.record_purges
         # A purge is due once the oldest registered state is below L - A - W - purge_lag.
         self._purge_due_us = self._purge_lag + self._lateness + query.window
+        self._monitor: TraceMonitor | None = None
+        """Constraint-aware execution (monitor.py); None keeps every path exactly as without constraints."""
+        if self.config.constraint is not None:
+            monitor = TraceMonitor(query, self.config.constraint, self.config.constraint_checker,
+                                   self.config.early_alerts, query.window + self._lateness)
+            if monitor.needed:
+                self._monitor = monitor
 
     # ---------------------------------------------------------------- time
 
@@ -283,6 +304,8 @@ class SequenceEngine:
             return []
         self._clock = ts
         self._update_low()
+        if self._monitor is not None:
+            return self._monitor_drain() + self._on_time()
         return self._on_time()
 
     def on_punctuation(self, ts: int) -> list[SaseOutput]:
@@ -293,18 +316,26 @@ class SequenceEngine:
             return []
         self._punctuation = ts
         self._update_low()
+        if self._monitor is not None:
+            return self._monitor_drain() + self._on_time()
         return self._on_time()
 
     def end_of_stream(self) -> list[SaseOutput]:
-        """No more events at all: release every held match and purge everything (late events too are over)."""
+        """No more events at all: release every held match and purge everything (late events too are over);
+        every constraint monitor terminates (pending events are checked first, so their verdicts come out)."""
         if self._clock is None:
             return []
-        return self.on_punctuation(self._clock + self.query.window + self._purge_lag + self._lateness + 1)
+        outs = self.on_punctuation(self._clock + self.query.window + self._purge_lag + self._lateness + 1)
+        if self._monitor is not None:
+            self._monitor.end()
+        return outs
 
     # ---------------------------------------------------------------- events
 
     def on_event(self, event: SaseEvent) -> list[SaseOutput]:
         """Process one event in arrival order; returns the output records it caused."""
+        if self._monitor is not None:
+            return self._monitored(event)
         # Fast path of the validation for the common well-formed event (exact types: bool is not a timestamp).
         if not (type(event) is SaseEvent and type(event.ts) is int and type(event.attrs) is dict
                 and type(event.event_type) is str) or event.event_type in self._checked_types:
@@ -400,6 +431,75 @@ class SequenceEngine:
             if out is not None:
                 outs.append(out)
         return outs
+
+    # ---------------------------------------------------------------- constraint-aware execution (Algorithm 5)
+
+    def _monitored(self, event: SaseEvent) -> list[SaseOutput]:
+        """The constraint monitor sees the event first: it checks every event that is final under the low
+        watermark this event brings (this one too, when it is), releases the traces that became unsatisfiable,
+        and says whether the engine processes the event (not when its trace is terminated)."""
+        mon = self._monitor
+        assert mon is not None
+        outs: list[SaseOutput] = []
+        admit = True
+        if self._check(event) is None:  # a bad event goes to the plain path, which rejects it
+            ts = event.ts
+            clock = self._clock
+            now = ts if clock is None or ts > clock else clock
+            cands = [now - self._k] if self._k is not None else []
+            if self._punctuation is not None:
+                cands.append(self._punctuation)
+            low = max(cands) if cands else None
+            release: list[Hashable] = []
+            has_trace, key = mon.trace_key(event)
+            if event.event_type in mon.types and has_trace:
+                verdicts, release, admit = mon.on_event(event, key, low, now)
+                outs.extend(verdicts)
+            else:
+                if event.event_type in mon.types:
+                    mon.counters.constraint_untraced += 1
+                if low is not None:
+                    mon.drain(low, now, outs, release)
+            for trace in release:
+                self._release_trace(trace)
+        if not admit:
+            outs.extend(self.advance_clock(event.ts))
+            return outs
+        self._monitor = None
+        try:
+            outs.extend(self.on_event(event))
+        finally:
+            self._monitor = mon
+        return outs
+
+    def _monitor_drain(self) -> list[SaseOutput]:
+        """The low watermark moved: the monitor checks the events that became final."""
+        assert self._monitor is not None
+        outs: list[SaseOutput] = []
+        if self._low is None:
+            return outs
+        release: list[Hashable] = []
+        self._monitor.drain(self._low, self._now(), outs, release)
+        for trace in release:
+            self._release_trace(trace)
+        return outs
+
+    def _release_trace(self, key: Hashable) -> None:
+        """Early buffer release: everything the terminated trace holds (stacks, negation buffers, held and
+        retained matches) goes at once; stale heap entries for the key are skipped when they come up."""
+        part = self._partitions.pop(key, None)
+        if part is None:
+            return
+        if key is None:
+            self._whole = None
+        c = self.counters
+        n_inst, n_neg = len(part.ais), sum(len(b) for b in part.neg)
+        c.instances -= n_inst
+        c.negation_events -= n_neg
+        c.held -= len(part.held)
+        c.released_retained -= len(part.released)
+        assert self._monitor is not None
+        self._monitor.counters.constraint_released += n_inst + n_neg + len(part.held)
 
     def _general(self, event: SaseEvent, ts: int, low: int | None, clock: int | None) -> list[SaseOutput]:
         """Every event the in-order fast path does not take: out of order, behind the watermark, the first
@@ -716,6 +816,8 @@ class SequenceEngine:
     def stats(self) -> dict[str, Any]:
         """Counters as a flat dict (for metrics / JSON)."""
         d = asdict(self.counters)
+        if self._monitor is not None:
+            d.update(asdict(self._monitor.counters))
         d["clock"] = self._clock
         d["low_watermark"] = self.low_watermark
         return d
@@ -738,13 +840,35 @@ class SequenceEngine:
             due.append(self._purge_heap[0][0] + self._purge_lag + self.query.window + self._lateness + 1)
         if self._forget_heap:
             due.append(self._forget_heap[0][0] + self._lateness)
+        if self._monitor is not None:
+            monitor_due = self._monitor.next_due()
+            if monitor_due is not None:
+                due.append(monitor_due)
         return min(due, default=None)
 
     def is_idle(self) -> bool:
-        """No instance, negation event or held match left: the engine can be dropped and rebuilt fresh."""
-        return not self._partitions
+        """No instance, negation event, held match or trace record left: the engine can be dropped and rebuilt
+        fresh."""
+        return not self._partitions and (self._monitor is None or self._monitor.is_idle())
+
+    @property
+    def monitor(self) -> TraceMonitor | None:
+        """The constraint monitor (None without a constraint, or when it can never report anything)."""
+        return self._monitor
+
+    def trace_key(self, event: SaseEvent) -> Hashable:
+        """The trace an event belongs to: its partition value (None when the query is not partitioned)."""
+        attr = self.query.partition_attributes.get(event.event_type)
+        if attr is None:
+            names = set(self.query.partition_attributes.values())
+            attr = next(iter(names)) if len(names) == 1 else None
+        return None if attr is None else event.attrs.get(attr)
 
     # ---------------------------------------------------------------- snapshot
+
+    def _constraint_fingerprint(self) -> list[Any]:
+        c = self.config
+        return [c.constraint, c.constraint_checker, c.early_alerts]
 
     def _fingerprint(self) -> str:
         q = self.query
@@ -772,6 +896,9 @@ class SequenceEngine:
             "events": [[s, e.event_type, e.ts, dict(e.attrs), e.event_id] for s, e in sorted(events.items())],
             "partitions": partitions,
         }
+        if self.config.constraint is not None:
+            doc["constraint"] = [*self._constraint_fingerprint(),
+                                 None if self._monitor is None else self._monitor.snapshot()]
         try:
             return bytes(msgpack.packb(doc, use_bin_type=True))
         except (TypeError, ValueError, OverflowError) as exc:
@@ -799,6 +926,12 @@ class SequenceEngine:
         for name, value in doc["counters"].items():
             setattr(engine.counters, name, value)
         engine.purge_log = [(a, b, c) for a, b, c in doc["purge_log"]]
+        constraint = doc.get("constraint")
+        if (constraint is None) != (engine.config.constraint is None) or (
+                constraint is not None and constraint[:3] != engine._constraint_fingerprint()):
+            raise SaseError("snapshot was taken with a different constraint configuration")
+        if constraint is not None and engine._monitor is not None and constraint[3] is not None:
+            engine._monitor.restore(constraint[3], _partition_key)
         for raw_key, *state in doc["partitions"]:
             key = _partition_key(raw_key)
             part = _Partition.restore(query, state, events)

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
-    "OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError", "match_output",
+    "OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError", "VerdictOutput",
+    "match_output",
 ]
 
-OutputKind = Literal["match", "retract", "add", "late_match", "invalidated", "too_late"]
+OutputKind = Literal["match", "retract", "add", "late_match", "invalidated", "too_late", "early_alert",
+                     "monitor_terminated"]
 """What an output record means downstream.
 
 * ``match``: a result sequence.  In conservative mode a ``match`` is valid against every event within the
@@ -31,6 +33,10 @@ OutputKind = Literal["match", "retract", "add", "late_match", "invalidated", "to
   (``cause``) falls into; downstream withdraws it.
 * ``too_late``: both modes: ``events`` is the one input event, older than the low watermark minus the allowed
   lateness; it was not processed (``reason`` says why).
+* ``early_alert``: with a constraint (docs/constraints.md): a :class:`VerdictOutput`; every continuation of the
+  trace that the constraint allows contains a match.  ``events`` is the event at which that became certain.
+* ``monitor_terminated``: with a constraint: a :class:`VerdictOutput`; no continuation the constraint allows can
+  match, the trace's state was released and the rest of the trace is ignored.
 """
 
 
@@ -106,6 +112,27 @@ class SaseOutput:
     def key(self) -> tuple[tuple[str, int, str | None], ...]:
         """A hashable identity of the matched sequence (type, ts, event_id per element)."""
         return tuple((e.event_type, e.ts, e.event_id) for e in self.events)
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictOutput(SaseOutput):
+    """``early_alert`` / ``monitor_terminated``: the constraint checker's verdict on one trace.
+
+    ``events`` is the one event at which the verdict was reached (the trace's first event for a static verdict),
+    ``reason`` is ``satisfiable`` or ``unsatisfiable``."""
+
+    trace: Any = None
+    """The trace's key: the query's partition value (None: the query is not partitioned, or a static verdict
+    that holds for every trace)."""
+    position: int = 0
+    """How many events of the trace the checker had consumed with the deciding one, 1-based; 0: static (decided
+    before any event of the trace)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = SaseOutput.to_dict(self)
+        out["trace"] = self.trace
+        out["position"] = self.position
+        return out
 
 
 _new_object = object.__new__
