@@ -216,6 +216,15 @@ def sequence_command(
         help="K-slack bound on disorder; a bare number is milliseconds (default: none, the gateway's punctuations "
              "drive purge and release).")] = None,
     allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
+    constraint: Annotated[str | None, typer.Option(
+        help="The workflow the stream follows: a regular expression over event types, e.g. \"A+ K* B+ K C+\" "
+             "(docs/constraints.md). A trace (partition) that can no longer match is released at once "
+             "(monitor_terminated record).")] = None,
+    constraint_checker: Annotated[Literal["basic", "lightweight"], typer.Option(
+        help="basic (Algorithm 1) or lightweight (Algorithm 2) constraint checking.")] = "lightweight",
+    early_alerts: Annotated[bool, typer.Option(
+        help="With --constraint: an early_alert record once a match is certain. Sound only if every trace of the "
+             "constraint spans less than the query's WITHIN window (your promise).")] = False,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
@@ -228,9 +237,13 @@ def sequence_command(
     from cep.sase import SaseError, parse_query
 
     try:
-        parse_query(query)
+        parsed = parse_query(query)
     except SaseError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--query'") from None
+    if constraint is not None:
+        problem = sequence_job.constraint_problem(parsed, constraint, constraint_checker, early_alerts)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint="'--constraint'")
     streams = _streams(stream)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
                                replication_factor)
@@ -238,7 +251,8 @@ def sequence_command(
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
-        k_slack_us=k_slack_us, allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
+        k_slack_us=k_slack_us, allowed_lateness_us=allowed_lateness_us, constraint=constraint,
+        constraint_checker=constraint_checker, early_alerts=early_alerts, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, started)
 
