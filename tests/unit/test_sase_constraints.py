@@ -49,8 +49,10 @@ def feed(eng: SequenceEngine, events: Sequence[SaseEvent]) -> list[list[tuple[An
 # ------------------------------------------------------------------------------------------ Li's examples
 
 
-def test_ex_3_9_h1_early_alert_at_k2_then_the_match_at_c9() -> None:
-    eng = engine(early_alerts=True)
+@pytest.mark.parametrize("mode", ["conservative", "aggressive"])
+@pytest.mark.parametrize("checker", ["basic", "lightweight"])
+def test_ex_3_9_h1_early_alert_at_k2_then_the_match_at_c9(mode: str, checker: str) -> None:
+    eng = engine(early_alerts=True, mode=mode, constraint_checker=checker)
     assert feed(eng, [ev(t, ts) for t, ts in H1]) == [
         [],
         [("early_alert", ["k2"], None, 2, "satisfiable")],
