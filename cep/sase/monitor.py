@@ -24,7 +24,7 @@ import heapq
 import logging
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 from cep.constraints import ConstraintChecker, ConstraintError, TraceState, Verdict
 
@@ -93,12 +93,12 @@ def trace_attribute(query: Query) -> str | None:
 class TraceMonitor:
     """Checker states per trace, pending events, verdict outputs (Algorithm 5's conditions)."""
 
-    def __init__(self, query: Query, constraint: str, algorithm: str, early_alerts: bool, retention_us: int) -> None:
+    def __init__(self, query: Query, constraint: str, algorithm: Literal["basic", "lightweight"], early_alerts: bool,
+                 retention_us: int) -> None:
         # Without early alerts the query's window counts: the checker leaves edge negations out of L(Q) (a
         # superset of the windowed matches, so UNSATISFIABLE stays sound) and never reports SATISFIABLE.
         try:
-            self.checker = ConstraintChecker(constraint, query, algorithm=algorithm,  # type: ignore[arg-type]
-                                             windowed=not early_alerts)
+            self.checker = ConstraintChecker(constraint, query, algorithm=algorithm, windowed=not early_alerts)
         except ConstraintError as exc:
             raise SaseError(f"constraint: {exc}") from exc
         self.attr = trace_attribute(query)
