@@ -156,6 +156,8 @@ class ConstraintChecker:
         conds = [(s.event_type, c) for s in (*c_syms, *q_syms) for c in s.conds]
         self.alphabet = Alphabet(types, conds)
         self.constraint_types = frozenset(s.event_type for s in c_syms)
+        self.event_types = frozenset(types)
+        """every type the constraint or the query names (an event of another type is a VIOLATION if stepped)"""
         n = len(self.alphabet)
 
         def resolve(s: Sym) -> frozenset[int]:

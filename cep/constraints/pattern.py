@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .regex import Cond, ConstraintError, Sym, TokenStream
 
 if TYPE_CHECKING:
-    from cep.sase import Query
+    from cep.sase.query import Query
 
 __all__ = ["PatternPosition", "SequencePattern", "parse_pattern"]
 
@@ -178,14 +178,16 @@ def pattern_of(query: Any) -> SequencePattern:
         return query
     if isinstance(query, str):
         if query.lstrip().upper().startswith("EVENT"):
-            from cep.sase import SaseError, parse_query
+            # submodules only: cep.sase's package imports the engine, which imports this package
+            from cep.sase.events import SaseError
+            from cep.sase.parser import parse_query
 
             try:
                 return SequencePattern.from_sase(parse_query(query))
             except SaseError as exc:
                 raise ConstraintError(f"query: {exc}") from exc
         return parse_pattern(query)
-    from cep.sase import Query
+    from cep.sase.query import Query
 
     if isinstance(query, Query):
         return SequencePattern.from_sase(query)
