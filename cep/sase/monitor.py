@@ -107,7 +107,7 @@ class TraceMonitor:
                             "equalities: the checker does not see them, so a satisfiable verdict would not promise "
                             f"a match ({'; '.join(self.checker.pattern.notes)})")
         self.early_alerts = early_alerts
-        self.types = frozenset({*self.checker.constraint_types, *query.positions_by_type, *query.negations_by_type})
+        self.types = self.checker.event_types
         """Types of the workflow: the constraint's and the query's.  Other types are no part of any trace (the
         constraint describes the stream projected on its types; the query ignores them too)."""
         static = self.checker.static_verdict
