@@ -442,7 +442,10 @@ class SequenceEngine:
         assert mon is not None
         outs: list[SaseOutput] = []
         admit = True
-        if self._check(event) is None:  # a bad event goes to the plain path, which rejects it
+        # A malformed event goes to the plain path, which rejects it; a well-formed one the plain path rejects
+        # for a missing query attribute still happened, and belongs to its trace if it names one.
+        if (type(event) is SaseEvent and type(event.ts) is int and type(event.attrs) is dict
+                and type(event.event_type) is str) or self._check(event) is None:
             ts = event.ts
             clock = self._clock
             now = ts if clock is None or ts > clock else clock

@@ -171,16 +171,21 @@ class TraceMonitor:
         if tr.status == TERMINATED:
             c.constraint_ignored += 1
             return outs, [], False
+        release: list[Hashable] = []
+        pending = self.pending
         if tr.status == CHECKING:
             if tr.checked_ts is not None and ts < tr.checked_ts:
                 tr.status, tr.state = UNCHECKED, None
                 c.constraint_unordered += 1
+            elif low is not None and ts <= low and (not pending or pending[0][0] > low):
+                # Final at once and before everything that waits (in order with K = 0): no detour via the heap.
+                self._step(tr, key, event, now, outs, release)
             else:
                 self.seq += 1
-                heapq.heappush(self.pending, (ts, self.seq, key, event))
+                heapq.heappush(pending, (ts, self.seq, key, event))
                 c.pending += 1
-        release: list[Hashable] = []
-        if low is not None:
+        if low is not None and ((pending and pending[0][0] <= low)
+                                or (self.forget and self.forget[0][0] < low - self.retention_us)):
             self.drain(low, now, outs, release)
         if tr.status == TERMINATED:
             c.constraint_ignored += 1
@@ -200,37 +205,12 @@ class TraceMonitor:
         """Feed the checker every pending event at or below L in timestamp order (arrival order among ties);
         forget the traces no event can reach any more."""
         pending, traces, c = self.pending, self.traces, self.counters
-        step = self.checker.step
         while pending and pending[0][0] <= low:
-            ts, _, key, event = heapq.heappop(pending)
+            _, _, key, event = heapq.heappop(pending)
             c.pending -= 1
             tr = traces.get(key)
-            if tr is None or tr.status != CHECKING:
-                continue
-            assert tr.state is not None
-            tr.n += 1
-            tr.checked_ts = ts
-            c.constraint_checked += 1
-            verdict = step(tr.state, event.event_type, event.attrs)
-            if verdict == Verdict.UNDECIDED:
-                continue
-            if verdict == Verdict.SATISFIABLE:
-                tr.status, tr.state = SATISFIED, None
-                if self.early_alerts:
-                    c.early_alerts += 1
-                    outs.append(VerdictOutput("early_alert", (event,), now, reason=SATISFIABLE_REASON, trace=key,
-                                              position=tr.n))
-            elif verdict == Verdict.UNSATISFIABLE:
-                tr.status, tr.state = TERMINATED, None
-                c.monitors_terminated += 1
-                outs.append(VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON,
-                                          trace=key, position=tr.n))
-                release.append(key)
-            else:
-                tr.status, tr.state = UNCHECKED, None
-                c.constraint_violations += 1
-                _log.debug("constraint violation: trace %r, event %s at %d (position %d); checking stops for the "
-                           "trace, it is processed plainly", key, event.event_type, ts, tr.n)
+            if tr is not None and tr.status == CHECKING:
+                self._step(tr, key, event, now, outs, release)
         forget, bound = self.forget, low - self.retention_us
         while forget and forget[0][0] < bound:
             ts, _, key = heapq.heappop(forget)
@@ -243,6 +223,35 @@ class TraceMonitor:
                 continue
             del traces[key]
             c.traces -= 1
+
+    def _step(self, tr: _Trace, key: Hashable, event: SaseEvent, now: int, outs: list[SaseOutput],
+              release: list[Hashable]) -> None:
+        """The checker consumes one event of a trace it still checks; a verdict becomes an output."""
+        assert tr.state is not None
+        c = self.counters
+        tr.n += 1
+        tr.checked_ts = event.ts
+        c.constraint_checked += 1
+        verdict = self.checker.step(tr.state, event.event_type, event.attrs)
+        if verdict == Verdict.UNDECIDED:
+            return
+        if verdict == Verdict.SATISFIABLE:
+            tr.status, tr.state = SATISFIED, None
+            if self.early_alerts:
+                c.early_alerts += 1
+                outs.append(VerdictOutput("early_alert", (event,), now, reason=SATISFIABLE_REASON, trace=key,
+                                          position=tr.n))
+        elif verdict == Verdict.UNSATISFIABLE:
+            tr.status, tr.state = TERMINATED, None
+            c.monitors_terminated += 1
+            outs.append(VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON, trace=key,
+                                      position=tr.n))
+            release.append(key)
+        else:
+            tr.status, tr.state = UNCHECKED, None
+            c.constraint_violations += 1
+            _log.debug("constraint violation: trace %r, event %s at %d (position %d); checking stops for the trace, "
+                       "it is processed plainly", key, event.event_type, event.ts, tr.n)
 
     def end(self) -> None:
         """End of stream: every monitor terminates (no output); nothing is kept."""
