@@ -100,6 +100,11 @@ class Alphabet:
         return len(self.symbols)
 
     @property
+    def plain_symbols(self) -> dict[str, int]:
+        """Event types without conditions -> their one symbol (the fast path of classify)."""
+        return self._plain
+
+    @property
     def event_types(self) -> list[str]:
         return list(self.conds)
 

@@ -56,6 +56,10 @@ class Verdict(enum.IntEnum):
     VIOLATION = 3
 
 
+_UNDECIDED = Verdict.UNDECIDED
+_SATISFIABLE = Verdict.SATISFIABLE
+
+
 class TraceState:
     """Per-trace checker state: automaton positions and the sticky verdict.
 
@@ -193,7 +197,9 @@ class ConstraintChecker:
         # Flat tables for the per-event path.
         self._delta_c = self.tau_c.delta
         self._delta_i = self.tau_i.delta if algorithm == "lightweight" else self.tau_i_ordinary.delta
-        self._enc = self.der_equivalent
+        self._enc_sat = [e and self.reports_sat for e in self.der_equivalent]
+        self._lightweight = algorithm == "lightweight"
+        self._plain = self.alphabet.plain_symbols
 
     def _static(self) -> Verdict:
         if self.product.is_empty():
@@ -217,9 +223,24 @@ class ConstraintChecker:
 
     def step(self, trace: TraceState, event_type: str, attrs: Mapping[str, Any] | None = None) -> Verdict:
         """Feed one event of the trace; returns the verdict reached *at* this event (see the module docstring)."""
-        if trace.verdict is not Verdict.UNDECIDED:
-            return Verdict.UNDECIDED
-        return self.step_symbol(trace, self.alphabet.classify(event_type, attrs or {}))
+        if trace.verdict is not _UNDECIDED:
+            return _UNDECIDED
+        sym = self._plain.get(event_type)
+        if sym is None:
+            sym = self.alphabet.classify(event_type, attrs or {})
+        self.counters.steps += 1
+        trace.events += 1
+        if not self._lightweight:
+            return self._step_basic(trace, sym)
+        # Algorithm 2 inlined (the per-event path): one τ_∩ lookup, then the new state's encoding.
+        p = trace.p
+        nxt = self._delta_i[p].get(sym)
+        if nxt is None:
+            return self._fall_out(trace, p, sym)
+        trace.p = nxt
+        if nxt != p and self._enc_sat[nxt]:
+            return self._decide(trace, _SATISFIABLE)
+        return _UNDECIDED
 
     def step_symbol(self, trace: TraceState, sym: int) -> Verdict:
         """:meth:`step` with the event already classified."""
@@ -227,7 +248,7 @@ class ConstraintChecker:
             return Verdict.UNDECIDED
         self.counters.steps += 1
         trace.events += 1
-        if self.algorithm == "lightweight":
+        if self._lightweight:
             return self._step_lightweight(trace, sym)
         return self._step_basic(trace, sym)
 
@@ -235,14 +256,18 @@ class ConstraintChecker:
         p = trace.p
         nxt = self._delta_i[p].get(sym)
         if nxt is None:
-            # Only here does the constraint automaton need a look: every τ_∩ move is a τ_C move.
-            if sym < 0 or sym not in self._delta_c[self.map_c[p]]:
-                return self._decide(trace, Verdict.VIOLATION)
-            return self._decide(trace, Verdict.UNSATISFIABLE)
+            return self._fall_out(trace, p, sym)
         trace.p = nxt
-        if nxt != p and self._enc[nxt] and self.reports_sat:
-            return self._decide(trace, Verdict.SATISFIABLE)
-        return Verdict.UNDECIDED
+        # Algorithm 2 with l.19 fixed: the encoding of the state just entered (p'), not of the one left.
+        if nxt != p and self._enc_sat[nxt]:
+            return self._decide(trace, _SATISFIABLE)
+        return _UNDECIDED
+
+    def _fall_out(self, trace: TraceState, p: int, sym: int) -> Verdict:
+        # Only here does the constraint automaton need a look: every τ_∩ move is a τ_C move.
+        if sym < 0 or sym not in self._delta_c[self.map_c[p]]:
+            return self._decide(trace, Verdict.VIOLATION)
+        return self._decide(trace, Verdict.UNSATISFIABLE)
 
     def _step_basic(self, trace: TraceState, sym: int) -> Verdict:
         p, q = trace.p, trace.q
