@@ -54,6 +54,10 @@ RESULT_LATE_MATCH = "late_match"
 RESULT_INVALIDATED = "invalidated"
 # Rows Spark's own late-row filter dropped (numRowsDroppedByWatermark): never expected, never silent.
 RESULT_DROPPED_BY_WATERMARK = "dropped_by_watermark"
+# Constraint-aware sequence queries (docs/constraints.md): a match became certain whatever the workflow does next,
+# and a trace that can no longer match was released (Li 2010, Algorithm 5).
+RESULT_EARLY_ALERT = "early_alert"
+RESULT_MONITOR_TERMINATED = "monitor_terminated"
 # Window results carry a revision: 0 when first released, n for the n-th correction (same key: a compacted
 # results topic keeps the final truth).
 REVISION = "revision"
@@ -121,6 +125,8 @@ class EventRecord:
             "payload": self.payload,
         }
         start_ts_us = self.start_ts_us
+        if start_ts_us is None and self.interval_id is not None:
+            start_ts_us = self.ref_ts_us  # an endpoint is a point in time: its start is its end
         if start_ts_us is not None:
             # A point event's record leaves its start fields out (readers take absent as start = end): they would
             # add half again to its bytes and its encoding time, on the gateway's per-event path.

@@ -80,3 +80,13 @@ def test_broken_interval_fields_are_refused(change: dict[str, object]) -> None:
            "payload": 1} | change
     with pytest.raises(RecordError):
         decode_record(orjson.dumps(raw))
+
+
+def test_an_endpoint_record_built_without_start_fields_is_still_an_endpoint() -> None:
+    # A tool or test building an endpoint by hand must not get a point record (the iseq job would see a point).
+    record = EventRecord("machines", "m-1", 8, 2_000, 2_040, 30, 2_100, 2_200, interval_id="door", endpoint="end")
+    value = orjson.loads(record.to_json())
+    assert {k: value[k] for k in ("start_ts_us", "end_ts_us", "start_uncertainty_us", "source_start_ts_us",
+                                  "interval_id", "endpoint")} == {
+        "start_ts_us": 2_040, "end_ts_us": 2_040, "start_uncertainty_us": 30, "source_start_ts_us": 2_000,
+        "interval_id": "door", "endpoint": "end"}
