@@ -33,9 +33,11 @@ from cep.sase import (
 )
 from contract.records import (
     RESULT_ADD,
+    RESULT_EARLY_ALERT,
     RESULT_INVALIDATED,
     RESULT_LATE_MATCH,
     RESULT_MATCH,
+    RESULT_MONITOR_TERMINATED,
     RESULT_REJECTED,
     RESULT_RETRACT,
     RESULT_TOO_LATE,
@@ -46,9 +48,6 @@ from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
 
 JOB_NAME = "sequence"
-# Constraint verdicts (docs/constraints.md); to move to contract.records next to the other result records.
-RESULT_EARLY_ALERT = "early_alert"
-RESULT_MONITOR_TERMINATED = "monitor_terminated"
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
 RECORD_OF_OUTPUT: dict[OutputKind, str] = {
