@@ -244,6 +244,8 @@ def sequence_command(
         problem = sequence_job.constraint_problem(parsed, constraint, constraint_checker, early_alerts)
         if problem is not None:
             raise typer.BadParameter(problem, param_hint="'--constraint'")
+    elif early_alerts:
+        raise typer.BadParameter("needs --constraint", param_hint="'--early-alerts'")
     streams = _streams(stream)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
                                replication_factor)

@@ -433,3 +433,23 @@ def test_under_a_window_unsatisfiable_never_drops_a_match(workload: Any, text: s
             assert trace not in plain_matches and trace not in matches
         else:
             assert sorted(matches.get(trace, [])) == sorted(plain_matches.get(trace, []))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--early-alerts"], "Invalid value for '--early-alerts': needs --constraint"),
+    (["--constraint", "A+ (K"], "Invalid value for '--constraint'"),
+])
+def test_the_sequence_cli_refuses_a_bad_constraint_setup_before_spark_starts(
+        args: list[str], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from spark_jobs import cli
+
+    def no_spark(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a Spark session was started")
+
+    monkeypatch.setattr(cli, "create_spark_session", no_spark)
+    result = CliRunner().invoke(cli.spark_app, ["sequence", "--query",
+                                                "EVENT SEQ(A a, K k, C c) WHERE [id] WITHIN 1 hour", *args])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
