@@ -24,6 +24,7 @@ __all__ = [
     "Dfa",
     "complete",
     "derivatives_equal",
+    "derivatives_equal_via_query",
     "minimize",
     "nfa_to_dfa",
     "product",
@@ -290,4 +291,22 @@ def derivatives_equal(inter: Dfa, p: int, cons: Dfa, q: int) -> bool:
             if (tq, tp) not in seen:
                 seen.add((tq, tp))
                 queue.append((tq, tp))
+    return True
+
+
+def derivatives_equal_via_query(cons: Dfa, q: int, query: Dfa, s: int) -> bool:
+    """The note's form of the same test, for a product state p = (q, s): BFS over pairs (q', s') from (q, s) with
+    the trimmed τ_C and the *complete* τ_Q; D_p = D_q iff no reached pair has q' accepting and s' not accepting.
+    Cost O(|τ_C|·|τ_Q|·|Σ|).  Equal to :func:`derivatives_equal` on τ_∩ (tested); kept as the cross-check."""
+    seen = {(q, s)}
+    queue = deque([(q, s)])
+    while queue:
+        sq, ss = queue.popleft()
+        if cons.accepting[sq] and not query.accepting[ss]:
+            return False
+        for a, tq in cons.delta[sq].items():
+            nxt = (tq, query.delta[ss][a])
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
     return True

@@ -181,9 +181,12 @@ class ConstraintChecker:
             self.tau_i_ordinary = raw
             self.map_c: list[int] = []
             self.der_equivalent: list[bool] = []
+            self.product_block: list[int] = []
         else:
             pairs: list[tuple[int, int]] = [o for o in raw.origin]  # type: ignore[misc]
             self.tau_i, blocks = minimize(raw, key=lambda s: (raw.accepting[s], pairs[s][0]))
+            self.product_block = blocks
+            """τ_∩~ state -> its τ_∩ state"""
             self.map_c = [0] * self.tau_i.n_states
             for s, b in enumerate(blocks):
                 self.map_c[b] = pairs[s][0]

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cep.constraints import ConstraintChecker, Verdict
-from cep.constraints.automata import minimize, regex_dfa, trim
+from cep.constraints.automata import derivatives_equal, derivatives_equal_via_query, minimize, regex_dfa, trim
 from cep.constraints.pattern import PatternPosition, SequencePattern
 from cep.constraints.regex import Alt, Cat, Cond, Node, Opt, Plus, Star, Sym, parse_constraint, to_text
 from cep.sase import SaseEvent, parse_query, reference_matches
@@ -310,6 +310,15 @@ def test_specialised_minimisation_is_minimal_among_constraint_consistent_automat
             assert checker.map_c[p] == checker.tau_c.run(syms)
             assert checker.tau_i.accepting[p] == checker.tau_i_ordinary.accepting[checker.tau_i_ordinary.run(syms)]
     assert checker.tau_i_ordinary.n_states <= checker.tau_i.n_states
+    # the encoding: D_p = D_map(p) computed on τ_∩, equal to the note's BFS over (τ_C, complete τ_Q) pairs
+    for k, pair in enumerate(checker.product.origin):
+        assert isinstance(pair, tuple)
+        c, s = int(pair[0]), int(pair[1])
+        p = checker.product_block[k]
+        assert checker.map_c[p] == c
+        want = derivatives_equal_via_query(checker.tau_c, c, checker.tau_q, s)
+        assert checker.der_equivalent[p] == want
+        assert derivatives_equal(checker.tau_i_ordinary, minimize(checker.product)[1][k], checker.tau_c, c) == want
     assert minimize(checker.tau_i)[0].n_states == checker.tau_i_ordinary.n_states
 
 
