@@ -37,7 +37,7 @@ Letter = tuple[str, int | str]
 CONDS = (Cond("x", "=", 0), Cond("x", "=", 1), Cond("x", "!=", 1))
 
 SETTINGS = settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
 )
 
 
@@ -366,6 +366,34 @@ def test_violation_exactly_where_the_trace_leaves_the_constraint(
             assert trace.verdict_at < leave  # decided (SAT/UNSAT) before the trace left the constraint
         if leave is None:
             assert trace.verdict is not Verdict.VIOLATION
+
+
+@SETTINGS
+@given(regexes(finite=False), patterns(), st.randoms(use_true_random=False), st.sampled_from(["basic", "lightweight"]))
+def test_snapshot_restore_at_any_cut_changes_nothing(
+    constraint: Node, pattern: SequencePattern, rnd: random.Random, algorithm: str
+) -> None:
+    words = language_or_skip(constraint, 6)
+    assume(words)
+    word = rnd.choice(sorted(words, key=repr))
+    cut = rnd.randrange(len(word) + 1)
+    checker = ConstraintChecker(constraint, pattern, "basic" if algorithm == "basic" else "lightweight")
+    whole = verdicts(checker, word)
+    trace = checker.new_trace()
+    for letter in word[:cut]:
+        checker.step(trace, letter[0], attrs_of(letter))
+    blob = checker.snapshot(trace)
+    fresh = ConstraintChecker(constraint, pattern, "basic" if algorithm == "basic" else "lightweight")
+    restored = fresh.restore_trace(blob)
+    after = [restored.verdict]
+    for letter in word[cut:]:
+        fresh.step(restored, letter[0], attrs_of(letter))
+        after.append(restored.verdict)
+    assert after == whole[cut:]
+    full = checker.new_trace()
+    for letter in word:
+        checker.step(full, letter[0], attrs_of(letter))
+    assert checker.snapshot(full) == fresh.snapshot(restored)
 
 
 def test_language_enumeration_sanity() -> None:
