@@ -116,6 +116,8 @@ class IntervalEngineCounters:
     matches: int = 0
     adds: int = 0
     retracts: int = 0
+    negated_results: int = 0
+    """Results with negation dropped for good because a finished negating interval hits them."""
     buffered: int = 0
     peak_buffered: int = 0
     accumulated_buffered: int = 0
@@ -381,6 +383,10 @@ class IntervalEngine:
         return out
 
     def on_interval(self, interval: Interval) -> list[IntervalOutput]:
+        """Process one arriving (ended) interval; an IBP goes to :meth:`on_begin` (or :meth:`on_item`)."""
+        if not isinstance(interval, Interval):
+            raise IntervalError(f"on_interval takes an Interval, got {type(interval).__name__} "
+                                "(an IntervalBegin goes to on_begin; on_item takes either)")
         out: list[IntervalOutput] = []
         in_order = self._arrive(interval, out)
         if in_order is None:
@@ -439,6 +445,10 @@ class IntervalEngine:
         return out
 
     def on_begin(self, begin: IntervalBegin) -> list[IntervalOutput]:
+        """Process one arriving IBP (an interval's begin punctuation)."""
+        if not isinstance(begin, IntervalBegin):
+            raise IntervalError(f"on_begin takes an IntervalBegin, got {type(begin).__name__} "
+                                "(an Interval goes to on_interval; on_item takes either)")
         out: list[IntervalOutput] = []
         if self._arrive(begin, out) is None:
             return out
@@ -616,7 +626,11 @@ class IntervalEngine:
                 self._gauge(-1)
                 self.counters.window_purged += 1
                 self._purged = True
-        # A negating interval ending before bound ends before every endpoint of any result still possible.
+        # A negating interval ending before bound ends before every endpoint of any result built from now on (its
+        # newest member ends at >= CLOCK - K, so every member starts after bound), and the end of a negated element
+        # is bounded below by a positive endpoint: it cannot hit such a result.  Results already built and still
+        # pending may be older: a finished negating interval that hits one killed it when it arrived or ended
+        # (_kill), so nothing depends on it any more.
         for alias, lst in self._neg.items():
             keep = [e for e in lst if e.te is None or e.te >= bound]
             self._gauge(len(keep) - len(lst))
@@ -744,6 +758,9 @@ class IntervalEngine:
         if not self.query.negations:
             self._output("add" if aggressive and not in_order else "match", binding, out)
             return
+        if self._killed(binding):
+            self.counters.negated_results += 1
+            return  # a finished negating interval hits it: never valid, nothing to track
         pending = _Pending(binding)
         key = self._key(binding)
         self._pending[key] = pending
@@ -771,6 +788,23 @@ class IntervalEngine:
     def _negated(self, binding: Mapping[str, _Entry]) -> bool:
         return any(self._hits(spec, binding, d) for spec in self.query.negations for d in self._neg[spec.alias])
 
+    def _killed(self, binding: Mapping[str, _Entry]) -> bool:
+        """A buffered *finished* negating interval hits the result: every endpoint involved is known, so the hit
+        is permanent (an open one's end is only taken as +inf and may still miss)."""
+        return any(d.te is not None and self._hits(spec, binding, d)
+                   for spec in self.query.negations for d in self._neg[spec.alias])
+
+    def _kill(self, spec: NegationSpec, d: _Entry, cause: Item, out: list[IntervalOutput]) -> None:
+        """The finished negating interval ``d`` arrived or ended: every pending result it hits is invalid for
+        good.  It is forgotten at once (aggressive mode retracts it first if it is out), so that no later window
+        purge of ``d`` can make it look valid again."""
+        assert d.te is not None
+        for key in [k for k, p in self._pending.items() if self._hits(spec, p.binding, d)]:
+            p = self._pending.pop(key)
+            if p.emitted:
+                self._output("retract", p.binding, out, cause)
+            self.counters.negated_results += 1
+
     def _final(self, binding: Mapping[str, _Entry]) -> bool:
         """No allowed future item can change whether a negated element hits this result."""
         if self._clock is None:
@@ -794,10 +828,15 @@ class IntervalEngine:
             self._output("match", pending.binding, out)
 
     def _negation_arrived(self, alias: str, d: _Entry, out: list[IntervalOutput]) -> None:
-        """A new negating item: in aggressive mode, retract the emitted results it hits."""
+        """A new negating item: a finished interval kills the pending results it hits; an open one (an IBP) only
+        retracts them in aggressive mode (its end may still show that it misses)."""
+        spec = self._spec(alias)
+        if d.te is not None:
+            assert d.interval is not None
+            self._kill(spec, d, d.interval, out)
+            return
         if self.config.mode != "aggressive":
             return
-        spec = self._spec(alias)
         for p in self._pending.values():
             if p.emitted and self._hits(spec, p.binding, d):
                 p.emitted = False
@@ -821,10 +860,13 @@ class IntervalEngine:
         # end may be valid again, results it missed through an upper bound on the end may be hit now.
         entry.te = interval.end_ts_us
         entry.interval = interval
+        entry.attrs = interval.attrs  # the reference judges the interval's attributes, not its IBP's
         entry.seq = self._seq
         if not all(p.holds({alias: interval.attrs}) for p in spec.constant_predicates):
             self._neg[alias].remove(entry)
             self._gauge(-1)
+        else:
+            self._kill(spec, entry, interval, out)
         if self.config.mode == "aggressive":
             for p in self._pending.values():
                 valid = not self._negated(p.binding)

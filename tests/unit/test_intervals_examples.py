@@ -3,6 +3,8 @@ relation cases, IO3's real-time +/- outputs with the corrected endpoint, K-ISlac
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cep.intervals import (
@@ -265,6 +267,92 @@ def test_io3_conservative_mode_emits_only_permanently_valid_results() -> None:
     assert engine.pending_count == 0
 
 
+# -- a negating interval purged while the result it negates is still pending (issue 16 review, B1) ----------------
+NEG_NONSTRICT = "EVENT ISEQ[a.te <= d.te AND d.ts <= c.ts AND a.te < c.ts](A a, !D d, C c; 20)"
+PROFILES: list[IndexingProfile] = ["naive", "ais", "ibp"]
+
+
+def begin(name: str) -> IntervalBegin:
+    """``"d8"`` -> the IBP of the D interval that starts at 8."""
+    return IntervalBegin(name[0].upper(), int(name[1:]), name)
+
+
+@pytest.mark.parametrize("mode", ["conservative", "aggressive"])
+@pytest.mark.parametrize("indexing", PROFILES)
+def test_purged_negating_interval_does_not_revive_the_result_it_negated(indexing: IndexingProfile,
+                                                                         mode: str) -> None:
+    """d4|4 negates <a0, c4>; the open d8 keeps the result pending (d8 starts before c.te = 9) until CLOCK 28,
+    when the window purge drops d4 (4 + 20 + 0 < 28).  The result must stay dead, not be released at d8's end."""
+    stream: list[Item] = [iv("a0|0"), begin("d4"), iv("d4|4"), begin("d8"), iv("c4|9"), iv("d8|28")]
+    query = parse_iseq(NEG_NONSTRICT)
+    assert reference_keys(query, [i for i in stream if isinstance(i, Interval)]) == []
+    engine = IntervalEngine(query, IntervalEngineConfig(k_slack_us=0, mode=mode,  # type: ignore[arg-type]
+                                                        indexing=indexing, punctuated_types=frozenset("D")))
+    assert [names(engine.on_item(item)) for item in stream] == [[]] * len(stream)
+    assert engine.finish() == []
+    assert engine.counters.negated_results == 1 and engine.pending_count == 0
+
+
+@pytest.mark.parametrize("indexing", PROFILES)
+def test_late_negating_interval_retracts_once_and_its_purge_re_adds_nothing(indexing: IndexingProfile) -> None:
+    """K = 10: <a0, c4> goes out at c4|9, the late d4 retracts it; d4 is purged at CLOCK 35 (4 + 20 + 10 < 35)
+    while the open d8 still holds the result; d8|40 misses the gap (8 > c.ts): no re-add."""
+    stream: list[Item] = [iv("a0|0"), iv("c4|9"), begin("d4"), iv("d4|4"), begin("d8"), iv("x35|35"), iv("d8|40")]
+    query = parse_iseq(NEG_NONSTRICT)
+    assert reference_keys(query, [i for i in stream if isinstance(i, Interval)]) == []
+    expected = {"aggressive": [[], [("match", ["a0|0", "c4|9"])], [("retract", ["a0|0", "c4|9"])], [], [], [], []],
+                "conservative": [[]] * len(stream)}
+    for mode, per_item in expected.items():
+        engine = IntervalEngine(query, IntervalEngineConfig(k_slack_us=10, mode=mode,  # type: ignore[arg-type]
+                                                            indexing=indexing, punctuated_types=frozenset("D")))
+        assert [names(engine.on_item(item)) for item in stream] == per_item, mode
+        assert engine.finish() == []
+
+
+@pytest.mark.parametrize("mode", ["conservative", "aggressive"])
+@pytest.mark.parametrize("indexing", PROFILES)
+def test_clock_jump_purges_the_negation_before_the_release_and_the_result_stays_dead(indexing: IndexingProfile,
+                                                                                     mode: str) -> None:
+    """No IBPs: with K = 10 <a0, c2> waits for CLOCK - K >= c.ts = 2; the next item jumps CLOCK to 100, whose
+    window purge (1 + 20 + 10 < 100) drops d1 before the release check runs."""
+    query = parse_iseq("EVENT ISEQ[a.te < d.ts AND d.te < c.ts AND a.te < c.ts](A a, !D d, C c; 20)")
+    stream = [iv("a0|0"), iv("d1|1"), iv("c2|3")]
+    assert reference_keys(query, stream) == []
+    engine = IntervalEngine(query, IntervalEngineConfig(k_slack_us=10, mode=mode,  # type: ignore[arg-type]
+                                                        indexing=indexing))
+    assert engine.feed(stream) == []
+    assert engine.on_item(iv("x100|100")) == [] and engine.advance_clock(200) == [] and engine.finish() == []
+
+
+@pytest.mark.parametrize("mode", ["conservative", "aggressive"])
+def test_snapshot_at_every_cut_of_the_purge_case_restores_exactly(mode: str) -> None:
+    stream: list[Item] = [iv("a0|0"), iv("c4|9"), begin("d4"), iv("d4|4"), begin("d8"), iv("x35|35"), iv("d8|40")]
+    query = parse_iseq(NEG_NONSTRICT)
+    config = IntervalEngineConfig(k_slack_us=10, mode=mode, indexing="ibp",  # type: ignore[arg-type]
+                                  punctuated_types=frozenset("D"))
+    whole = IntervalEngine(query, config)
+    expected = whole.feed(stream) + whole.finish()
+    for cut in range(len(stream) + 1):
+        first = IntervalEngine(query, config)
+        out = first.feed(stream[:cut])
+        second = IntervalEngine(query, config)
+        second.import_state(json.loads(json.dumps(first.export_state())))
+        assert second.export_state() == first.export_state()
+        out += second.feed(stream[cut:]) + second.finish()
+        assert out == expected, cut
+        assert second.counters == whole.counters, cut
+
+
+def test_on_interval_and_on_begin_refuse_the_other_item_kind_before_touching_state() -> None:
+    engine = IntervalEngine(parse_iseq(NEG_NONSTRICT), IntervalEngineConfig(punctuated_types=frozenset("D")))
+    with pytest.raises(IntervalError, match="on_interval takes an Interval, got IntervalBegin"):
+        engine.on_interval(begin("d4"))  # type: ignore[arg-type]
+    with pytest.raises(IntervalError, match="on_begin takes an IntervalBegin, got Interval"):
+        engine.on_begin(iv("d4|4"))  # type: ignore[arg-type]
+    assert engine.counters.items == 0 and engine.clock_us is None
+    assert names(engine.on_item(begin("d4"))) == [] and engine.buffer_contents()["d"] == [("d4", 4, None)]
+
+
 # -- T6 / T7: K-ISlack purge ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("k", "kept_at", "purged_at"), [(2, 15, 16), (0, 13, 14)])
 def test_k_islack_purge_boundary(k: int, kept_at: int, purged_at: int) -> None:
@@ -305,7 +393,7 @@ def test_item_behind_clock_minus_k_is_too_late_and_not_joined() -> None:
 def test_example_4_7_late_b8_builds_the_three_derived_sequences() -> None:
     query = parse_iseq("EVENT ISEQ[A.te < B.ts AND B.te < D.ts](A, B, D; 10)")
     for mode in ("conservative", "aggressive"):
-        engine = IntervalEngine(query, IntervalEngineConfig(k_slack_us=7, mode=mode))  # type: ignore[arg-type]
+        engine = IntervalEngine(query, IntervalEngineConfig(k_slack_us=7, mode=mode))
         out = engine.feed([iv(n) for n in ("a3|3", "b6|6", "a7|7", "d10|10", "b11|11", "d15|15")])
         assert names(out) == [("match", ["a3|3", "b6|6", "d10|10"]), ("match", ["a7|7", "b11|11", "d15|15"])]
         late = names(engine.on_item(iv("b8|8")))
