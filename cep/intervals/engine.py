@@ -41,6 +41,10 @@ Results and modes:
   when no buffered negation item hits it, then ``retract`` when a negation item (an IBP counts as an interval
   with an unknown end, i.e. +inf) arrives that hits it, and ``add`` when it becomes valid again (the negating
   interval's end showed it misses the gap), until it is final.
+* a *finished* negating interval (both ends known) that hits a result hits it for good: the result is dropped when
+  it is built while such an interval is buffered, or when the interval arrives or ends (aggressive mode retracts it
+  first if it is out).  The window purge of negating intervals relies on this: a pending result can outlive the
+  interval that negates it by more than W + K (an open negating interval holds it, or CLOCK jumps).
 """
 
 from __future__ import annotations
