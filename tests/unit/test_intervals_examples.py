@@ -343,6 +343,24 @@ def test_snapshot_at_every_cut_of_the_purge_case_restores_exactly(mode: str) -> 
         assert second.counters == whole.counters, cut
 
 
+@pytest.mark.parametrize("indexing", PROFILES)
+def test_negating_interval_is_judged_on_its_own_attributes_not_its_begins(indexing: IndexingProfile) -> None:
+    """EndpointPairer merges the end's attributes into the interval: the IBP of d2 has no x, the interval has x = 1
+    (= a.x), so d2|5 negates <a0, c3> although its IBP did not."""
+    query = parse_iseq("EVENT ISEQ[a.te < c.ts AND a.te < d.te AND d.ts < c.ts](A a, !D d, C c; 30) WHERE d.x = a.x")
+    a0, c3, d2 = (Interval("A", 0, 1, {"x": 1}, "a0"), Interval("C", 3, 4, event_id="c3"),
+                  Interval("D", 2, 5, {"x": 1}, "d2"))
+    assert reference_keys(query, [a0, c3, d2]) == []
+    stream: list[Item] = [a0, begin("d2"), c3, d2]
+    expected = {"conservative": [[], [], [], []],
+                "aggressive": [[], [], [("match", ["a0|1", "c3|4"])], [("retract", ["a0|1", "c3|4"])]]}
+    for mode, per_item in expected.items():
+        engine = IntervalEngine(query, IntervalEngineConfig(mode=mode, indexing=indexing,  # type: ignore[arg-type]
+                                                            punctuated_types=frozenset("D")))
+        assert [names(engine.on_item(item)) for item in stream] == per_item, mode
+        assert engine.finish() == []
+
+
 def test_on_interval_and_on_begin_refuse_the_other_item_kind_before_touching_state() -> None:
     engine = IntervalEngine(parse_iseq(NEG_NONSTRICT), IntervalEngineConfig(punctuated_types=frozenset("D")))
     with pytest.raises(IntervalError, match="on_interval takes an Interval, got IntervalBegin"):
