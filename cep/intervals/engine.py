@@ -922,9 +922,15 @@ class IntervalEngine:
         self._expiry = [(ts, a, u) for (a, u), ts in self._dropped_begins.items()]
         self._expiry += [(ts, "", u) for u, ts in self._seen_complete.items()]
         heapq.heapify(self._expiry)
+        names = {f.name for f in fields(IntervalEngineCounters)}
+        self.counters = IntervalEngineCounters(**{k: v for k, v in state["counters"].items() if k in names})
         self._pending = {}
         for p in state["pending"]:
             binding = {a: _Entry.from_dict(d) for a, d in p["binding"].items()}
+            if self._killed(binding):
+                # Only a snapshot of an engine from before finished negating intervals killed pending results has
+                # such a result (its own engine had retracted it if it was out); drop it before its negating
+                # interval is purged.  A no-op on this engine's own snapshots.
+                self.counters.negated_results += 1
+                continue
             self._pending[self._key(binding)] = _Pending(binding, bool(p["emitted"]))
-        names = {f.name for f in fields(IntervalEngineCounters)}
-        self.counters = IntervalEngineCounters(**{k: v for k, v in state["counters"].items() if k in names})

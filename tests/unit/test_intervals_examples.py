@@ -343,6 +343,24 @@ def test_snapshot_at_every_cut_of_the_purge_case_restores_exactly(mode: str) -> 
         assert second.counters == whole.counters, cut
 
 
+@pytest.mark.parametrize("mode", ["conservative", "aggressive"])
+def test_snapshot_of_the_pre_fix_engine_with_a_negated_pending_result_drops_it_on_import(mode: str) -> None:
+    """The engine before the fix kept <a0, c4> pending after c4|9 although the buffered d4|4 hits it; restoring such
+    a snapshot must not let d4's purge at CLOCK 28 release it."""
+    query = parse_iseq(NEG_NONSTRICT)
+    config = IntervalEngineConfig(mode=mode, indexing="naive", punctuated_types=frozenset("D"))  # type: ignore[arg-type]
+    first = IntervalEngine(query, config)
+    first.feed([iv("a0|0"), begin("d4"), iv("d4|4"), begin("d8"), iv("c4|9")])
+    state = json.loads(json.dumps(first.export_state()))
+    assert state["pending"] == [] and state["counters"]["negated_results"] == 1
+    state["pending"] = [{"binding": {"a": state["buffers"]["a"][0], "c": state["buffers"]["c"][0]}, "emitted": False}]
+    state["counters"]["negated_results"] = 0  # as the old engine would have written it
+    second = IntervalEngine(query, config)
+    second.import_state(state)
+    assert second.pending_count == 0 and second.export_state() == first.export_state()
+    assert second.on_item(iv("d8|28")) == [] and second.finish() == []
+
+
 @pytest.mark.parametrize("indexing", PROFILES)
 def test_negating_interval_is_judged_on_its_own_attributes_not_its_begins(indexing: IndexingProfile) -> None:
     """EndpointPairer merges the end's attributes into the interval: the IBP of d2 has no x, the interval has x = 1
