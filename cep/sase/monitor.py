@@ -12,16 +12,25 @@ before the engine processes it, exactly as Algorithm 5 says.  An event that arri
 checker has already consumed (late, below L) ends checking for that trace (``constraint_unordered``): the trace is
 processed plainly from then on, never terminated on a verdict the late event could have changed.
 
-A trace's record (checker state, or the fact that it was terminated, alerted or stopped) is forgotten once its
-newest event is W past L - A (the bound at which the engine purges its events): no event that can still arrive
-shares a window with it, so a later event of the same key starts a new trace.  The monitor's memory is therefore
-bounded like the engine's (docs/constraints.md).
+A terminated trace still follows the constraint automaton τ_C alone (one int, one lookup per event): its events
+are not processed, but an event that breaks the constraint is a counted violation and the trace is processed
+plainly from then on (``constraint_resumed``).  A statically unsatisfiable query terminates every trace at its
+start the same way.
+
+A trace's record is forgotten once its newest event is W past L - A (the bound at which the engine purges its
+events), so the monitor's memory is bounded like the engine's.  The key is not forgotten: it goes into a
+fixed-size Bloom filter, and a key the filter knows is processed plainly (``traces_resumed_unchecked``).  The
+constraint describes a trace's whole life, so checking a reappearing key from the automaton's start would be
+wrong (a trace ``A X B`` seen again from ``X B`` can look unsatisfiable); the filter has no false negatives, and a
+false positive only costs a new key its checking, never a match (docs/constraints.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
+import zlib
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -31,12 +40,18 @@ from cep.constraints import ConstraintChecker, ConstraintError, TraceState, Verd
 from .events import SaseError, SaseEvent, SaseOutput, VerdictOutput
 from .query import Query
 
-__all__ = ["SATISFIABLE_REASON", "UNSATISFIABLE_REASON", "MonitorCounters", "TraceMonitor", "trace_attribute"]
+__all__ = ["FORGOTTEN_FILTER_BITS", "SATISFIABLE_REASON", "UNSATISFIABLE_REASON", "MonitorCounters", "TraceMonitor",
+           "trace_attribute"]
 
 SATISFIABLE_REASON = "satisfiable"
 UNSATISFIABLE_REASON = "unsatisfiable"
 
 _log = logging.getLogger(__name__)
+
+FORGOTTEN_FILTER_BITS = 1 << 20
+"""Size of the filter of forgotten keys (128 KiB): with 4 hashes, about 1 % of new keys are mistaken for forgotten
+ones (and processed unchecked) after 100 000 forgotten keys, 8 % after 200 000."""
+_FILTER_HASHES = 4
 
 # Trace status: still checked; decided satisfiable (alerted or not); terminated (unsatisfiable); no longer checked
 # (a constraint violation or an out-of-order event).
@@ -48,11 +63,15 @@ class MonitorCounters:
     early_alerts: int = 0
     monitors_terminated: int = 0
     constraint_violations: int = 0
-    """Events that were not a legal move of the constraint automaton: their trace is no longer checked."""
+    """Events that were not a legal move of the constraint automaton: their trace is no longer checked (also when
+    it was terminated: see ``constraint_resumed``)."""
+    constraint_resumed: int = 0
+    """Terminated traces (also by a static unsatisfiable verdict) that broke the constraint afterwards: processed
+    plainly again from the violation on.  A match that needed an event ignored or released before is lost."""
     constraint_unordered: int = 0
     """Traces no longer checked because an event arrived behind what their checker had consumed."""
     constraint_ignored: int = 0
-    """Events of terminated traces (or of every trace after a static unsatisfiable verdict): not processed."""
+    """Events of terminated traces (every trace after a static unsatisfiable verdict): not processed."""
     constraint_untraced: int = 0
     """Events without the trace attribute (of a type outside the query): the checker cannot place them."""
     constraint_checked: int = 0
@@ -61,16 +80,22 @@ class MonitorCounters:
     """Instances, negation events and held matches freed when their trace was terminated."""
     traces: int = 0
     """Gauge: trace records kept (checking, decided or terminated, until forgotten)."""
+    traces_forgotten: int = 0
+    """Trace records forgotten (their key goes into the filter of forgotten keys)."""
+    traces_resumed_unchecked: int = 0
+    """New trace records the filter knew (a forgotten key again, or a false positive): processed plainly."""
     pending: int = 0
     """Gauge: events waiting for the low watermark before the checker sees them."""
 
 
 class _Trace:
-    __slots__ = ("checked_ts", "last_ts", "n", "state", "status")
+    __slots__ = ("checked_ts", "cstate", "last_ts", "n", "state", "status")
 
-    def __init__(self, state: TraceState | None, status: int, ts: int) -> None:
+    def __init__(self, state: TraceState | None, status: int, ts: int, cstate: int = -1) -> None:
         self.state = state
         self.status = status
+        self.cstate = cstate
+        """A terminated trace's τ_C state (-1: not followed, after an out-of-order event)."""
         self.n = 0
         """Events the checker consumed (the position of a verdict)."""
         self.last_ts = ts
@@ -120,6 +145,7 @@ class TraceMonitor:
         self.retention_us = retention_us
         """W + A: a trace is forgotten once its newest event is this far below L."""
         self.counters = MonitorCounters()
+        self.forgotten = _KeyFilter(FORGOTTEN_FILTER_BITS)
         self.traces: dict[Hashable, _Trace] = {}
         self.pending: list[tuple[int, int, Hashable, SaseEvent]] = []
         self.forget: list[tuple[int, int, Hashable]] = []
@@ -151,31 +177,28 @@ class TraceMonitor:
         """An event of trace ``key`` arrives; ``low`` / ``now`` are L and CLOCK after it.  Returns the verdict
         outputs, the traces to release, and whether the engine processes the event."""
         c = self.counters
-        if self.static_unsat:
-            c.constraint_ignored += 1
-            if self.static_reported:
-                return [], [], False
+        outs: list[SaseOutput] = []
+        if self.static_unsat and not self.static_reported:
             self.static_reported = True
             c.monitors_terminated += 1
-            return [VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON)], [], False
-        outs: list[SaseOutput] = []
+            outs.append(VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON))
         ts = event.ts
         tr = self.traces.get(key)
         if tr is None:
             tr = self._new_trace(key, ts)
-            if self.static_sat:
+            if self.static_sat and tr.status == SATISFIED:
                 c.early_alerts += 1
                 outs.append(VerdictOutput("early_alert", (event,), now, reason=SATISFIABLE_REASON, trace=key))
         elif ts > tr.last_ts:
             tr.last_ts = ts
-        if tr.status == TERMINATED:
-            c.constraint_ignored += 1
-            return outs, [], False
         release: list[Hashable] = []
         pending = self.pending
-        if tr.status == CHECKING:
+        if tr.status == CHECKING or tr.cstate >= 0:
             if tr.checked_ts is not None and ts < tr.checked_ts:
-                tr.status, tr.state = UNCHECKED, None
+                # A terminated trace stays terminated, unfollowed; an undecided one is processed plainly.
+                if tr.status == CHECKING:
+                    tr.status = UNCHECKED
+                tr.state, tr.cstate = None, -1
                 c.constraint_unordered += 1
             elif low is not None and ts <= low and (not pending or pending[0][0] > low):
                 # Final at once and before everything that waits (in order with K = 0): no detour via the heap.
@@ -193,8 +216,15 @@ class TraceMonitor:
         return outs, release, True
 
     def _new_trace(self, key: Hashable, ts: int) -> _Trace:
-        status = SATISFIED if self.static_sat else CHECKING
-        tr = _Trace(self.checker.new_trace() if status == CHECKING else None, status, ts)
+        if key in self.forgotten:
+            tr = _Trace(None, UNCHECKED, ts)
+            self.counters.traces_resumed_unchecked += 1
+        elif self.static_unsat:
+            tr = _Trace(None, TERMINATED, ts, 0)
+        elif self.static_sat:
+            tr = _Trace(None, SATISFIED, ts)
+        else:
+            tr = _Trace(self.checker.new_trace(), CHECKING, ts)
         self.traces[key] = tr
         self.counters.traces += 1
         self.seq += 1
@@ -209,7 +239,7 @@ class TraceMonitor:
             _, _, key, event = heapq.heappop(pending)
             c.pending -= 1
             tr = traces.get(key)
-            if tr is not None and tr.status == CHECKING:
+            if tr is not None and (tr.status == CHECKING or tr.cstate >= 0):
                 self._step(tr, key, event, now, outs, release)
         forget, bound = self.forget, low - self.retention_us
         while forget and forget[0][0] < bound:
@@ -222,17 +252,25 @@ class TraceMonitor:
                 heapq.heappush(forget, (tr.last_ts, self.seq, key))
                 continue
             del traces[key]
+            self.forgotten.add(key)
             c.traces -= 1
+            c.traces_forgotten += 1
 
     def _step(self, tr: _Trace, key: Hashable, event: SaseEvent, now: int, outs: list[SaseOutput],
               release: list[Hashable]) -> None:
-        """The checker consumes one event of a trace it still checks; a verdict becomes an output."""
-        assert tr.state is not None
-        c = self.counters
+        """The checker consumes one event of a trace it still checks (or τ_C alone follows a terminated one); a
+        verdict becomes an output."""
         tr.n += 1
         tr.checked_ts = event.ts
+        if tr.status == TERMINATED:
+            self._follow(tr, key, event)
+            return
+        state = tr.state
+        assert state is not None
+        c = self.counters
         c.constraint_checked += 1
-        verdict = self.checker.step(tr.state, event.event_type, event.attrs)
+        p, q = state.p, state.q
+        verdict = self.checker.step(state, event.event_type, event.attrs)
         if verdict == Verdict.UNDECIDED:
             return
         if verdict == Verdict.SATISFIABLE:
@@ -243,6 +281,9 @@ class TraceMonitor:
                                           position=tr.n))
         elif verdict == Verdict.UNSATISFIABLE:
             tr.status, tr.state = TERMINATED, None
+            checker = self.checker
+            qc = checker.map_c[p] if checker.algorithm == "lightweight" else q
+            tr.cstate = checker.tau_c.delta[qc].get(self._symbol(event), -1)
             c.monitors_terminated += 1
             outs.append(VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON, trace=key,
                                       position=tr.n))
@@ -253,8 +294,26 @@ class TraceMonitor:
             _log.debug("constraint violation: trace %r, event %s at %d (position %d); checking stops for the trace, "
                        "it is processed plainly", key, event.event_type, event.ts, tr.n)
 
+    def _symbol(self, event: SaseEvent) -> int:
+        sym = self.checker.alphabet.plain_symbols.get(event.event_type)
+        return self.checker.classify(event.event_type, event.attrs) if sym is None else sym
+
+    def _follow(self, tr: _Trace, key: Hashable, event: SaseEvent) -> None:
+        """τ_C alone follows a terminated trace; a violation makes it plain again (its later events are processed)."""
+        nxt = self.checker.tau_c.delta[tr.cstate].get(self._symbol(event))
+        if nxt is not None:
+            tr.cstate = nxt
+            return
+        tr.status, tr.cstate = UNCHECKED, -1
+        c = self.counters
+        c.constraint_violations += 1
+        c.constraint_resumed += 1
+        _log.debug("constraint violation after termination: trace %r, event %s at %d (position %d); the trace is "
+                   "processed plainly from here", key, event.event_type, event.ts, tr.n)
+
     def end(self) -> None:
         """End of stream: every monitor terminates (no output); nothing is kept."""
+        self.forgotten = _KeyFilter(self.forgotten.n_bits)
         self.traces.clear()
         self.pending.clear()
         self.forget.clear()
@@ -263,8 +322,8 @@ class TraceMonitor:
 
     def is_idle(self) -> bool:
         """Nothing kept; a statically unsatisfiable monitor that has reported is not idle (a fresh one would report
-        again)."""
-        return not self.traces and not self.pending and not self.static_reported
+        again), nor one that has forgotten a key (a fresh one would check it from the start)."""
+        return not self.traces and not self.pending and not self.static_reported and not self.forgotten.added
 
     def next_due(self) -> int | None:
         """The lowest L at which a pending event is checked or a trace forgotten."""
@@ -283,7 +342,8 @@ class TraceMonitor:
             "static_reported": self.static_reported,
             "seq": self.seq,
             "traces": [[key, tr.status, tr.n, tr.last_ts, tr.checked_ts,
-                        None if tr.state is None else snap(tr.state)] for key, tr in self.traces.items()],
+                        None if tr.state is None else snap(tr.state), tr.cstate] for key, tr in self.traces.items()],
+            "forgotten": self.forgotten.snapshot(),
             "pending": [[ts, s, key, e.event_type, e.ts, dict(e.attrs), e.event_id]
                         for ts, s, key, e in sorted(self.pending, key=lambda p: (p[0], p[1]))],
             "counters": {f.name: getattr(self.counters, f.name) for f in fields(MonitorCounters)},
@@ -292,14 +352,15 @@ class TraceMonitor:
     def restore(self, doc: Mapping[str, Any], key_of: Any) -> None:
         self.static_reported = bool(doc["static_reported"])
         self.seq = int(doc["seq"])
-        for raw_key, status, n, last_ts, checked_ts, state in doc["traces"]:
+        for raw_key, status, n, last_ts, checked_ts, state, cstate in doc["traces"]:
             key = key_of(raw_key)
-            tr = _Trace(None if state is None else self.checker.restore_trace(state), status, last_ts)
+            tr = _Trace(None if state is None else self.checker.restore_trace(state), status, last_ts, cstate)
             tr.n, tr.checked_ts = n, checked_ts
             self.traces[key] = tr
             self.seq += 1
             self.forget.append((last_ts, self.seq, key))
         heapq.heapify(self.forget)
+        self.forgotten = _KeyFilter.restore(doc["forgotten"])
         self.pending = [(ts, s, key_of(k), SaseEvent(t, ets, attrs, eid))
                         for ts, s, k, t, ets, attrs, eid in doc["pending"]]
         heapq.heapify(self.pending)
@@ -308,3 +369,67 @@ class TraceMonitor:
 
 
 _MISSING: Any = object()
+
+
+class _KeyFilter:
+    """Bloom filter of forgotten trace keys (fixed size): a key added is always found again; a key never added is
+    found with a small probability, which only makes its trace unchecked (plain processing)."""
+
+    __slots__ = ("added", "bits", "n_bits")
+
+    def __init__(self, n_bits: int) -> None:
+        if n_bits < 8 or n_bits & (n_bits - 1):
+            raise ValueError(f"the filter's size must be a power of two >= 8, got {n_bits}")
+        self.n_bits = n_bits
+        self.bits = bytearray(n_bits // 8)
+        self.added = 0
+
+    def _positions(self, key: Hashable) -> list[int]:
+        digest = hashlib.blake2b(_canonical(key), digest_size=4 * _FILTER_HASHES).digest()
+        mask = self.n_bits - 1
+        return [int.from_bytes(digest[4 * i:4 * i + 4], "little") & mask for i in range(_FILTER_HASHES)]
+
+    def add(self, key: Hashable) -> None:
+        bits = self.bits
+        for i in self._positions(key):
+            bits[i >> 3] |= 1 << (i & 7)
+        self.added += 1
+
+    def __contains__(self, key: Hashable) -> bool:
+        if not self.added:
+            return False
+        bits = self.bits
+        return all(bits[i >> 3] & (1 << (i & 7)) for i in self._positions(key))
+
+    def snapshot(self) -> list[Any]:
+        return [self.n_bits, self.added, zlib.compress(bytes(self.bits)) if self.added else b""]
+
+    @classmethod
+    def restore(cls, doc: list[Any]) -> _KeyFilter:
+        n_bits, added, data = doc
+        f = cls(int(n_bits))
+        if added:
+            bits = zlib.decompress(data)
+            if len(bits) != len(f.bits):
+                raise SaseError(f"a filter snapshot of {len(bits)} bytes does not fit {len(f.bits)}")
+            f.bits[:] = bits
+        f.added = int(added)
+        return f
+
+
+def _canonical(key: Hashable) -> bytes:
+    """Equal keys give equal bytes in every process: 1, 1.0 and True are one dict key, and hash() of a str is
+    salted per process while the filter travels in snapshots."""
+    if key is None:
+        return b"n"
+    if isinstance(key, (bool, int)):
+        return b"i%d" % key
+    if isinstance(key, float):
+        return b"i%d" % int(key) if key.is_integer() else b"f" + key.hex().encode()
+    if isinstance(key, str):
+        return b"s" + key.encode("utf-8", "surrogatepass")
+    if isinstance(key, bytes):
+        return b"b" + key
+    if isinstance(key, tuple):
+        return b"t" + b"".join(b"%d:%s" % (len(p), p) for p in map(_canonical, key))
+    return b"r" + repr(key).encode("utf-8", "surrogatepass")

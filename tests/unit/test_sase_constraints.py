@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cep.constraints import ConstraintChecker
 from cep.sase import EngineConfig, SaseError, SaseEvent, SaseOutput, SequenceEngine, parse_query
+from cep.sase import monitor as monitor_module
 from cep.sase.events import VerdictOutput
 
 C1 = "A+ K* B+ K C+"
@@ -102,11 +104,43 @@ def test_ex_3_4_static_sat_alerts_each_trace_at_its_first_event() -> None:
 
 def test_ex_3_4_static_unsat_terminates_once_and_never_buffers() -> None:
     eng = engine("EVENT SEQ(A a, K k, D d) WHERE [id] WITHIN 1000")
-    out = feed(eng, [ev("A", 1, id=1), ev("K", 2, id=1), ev("A", 3, id=2), ev("D", 4, id=1)])
+    out = feed(eng, [ev("A", 1, id=1), ev("K", 2, id=1), ev("A", 3, id=2), ev("B", 4, id=1)])
     assert out == [[("monitor_terminated", ["a1"], None, 0, "unsatisfiable")], [], [], []]
     assert eng.counters.instances == 0 and eng.counters.partitions == 0
     assert not eng.is_idle()  # a fresh engine would report again
-    assert eng.stats()["constraint_ignored"] == 4
+    stats = eng.stats()
+    assert (stats["constraint_ignored"], stats["constraint_violations"], stats["traces"]) == (4, 0, 2)
+
+
+def test_static_unsat_still_follows_each_trace_and_a_violation_makes_it_plain() -> None:
+    # Reviewer case B3: A B makes SEQ(A, C) unsatisfiable before any event.  Trace 1 (a1 c2) breaks the
+    # constraint at c2: counted, and processed plainly from c2 on.  a1 was consistent when it came, so it was
+    # not buffered (the point of the verdict): the plain run's match <a1 c2> needs it and is lost, with the
+    # violation counted.  Trace 2 breaks the constraint first (c3), so it is plain before its a4: its match
+    # <a4 c5> is exactly the plain run's.
+    query = "EVENT SEQ(A a, C c) WHERE [id] WITHIN 10"
+    stream = [ev("A", 1, id=1), ev("C", 2, id=1), ev("C", 3, id=2), ev("A", 4, id=2), ev("C", 5, id=2)]
+    eng = engine(query, "A B")
+    assert feed(eng, stream) == [[("monitor_terminated", ["a1"], None, 0, "unsatisfiable")], [], [], [],
+                                 [("match", ["a4", "c5"])]]
+    plain = engine(query, None)
+    assert feed(plain, stream) == [[], [("match", ["a1", "c2"])], [], [], [("match", ["a4", "c5"])]]
+    stats = eng.stats()
+    assert {k: stats[k] for k in ("monitors_terminated", "constraint_violations", "constraint_resumed",
+                                  "constraint_ignored", "traces")} == {
+        "monitors_terminated": 1, "constraint_violations": 2, "constraint_resumed": 2, "constraint_ignored": 1,
+        "traces": 2}
+
+
+def test_a_terminated_trace_that_breaks_the_constraint_later_is_plain_from_the_violation_on() -> None:
+    # b4 terminates h2 (A B ... leaves one K for SEQ(A, K, K, C)); c5 cannot follow b4 in A+ K* B+ K C+: from c5
+    # on the trace is processed plainly (a6 k7 k8 c9 matches), what came before stays released.
+    eng = engine("EVENT SEQ(A a, K k1, K k2, C c) WITHIN 1000")
+    stream = [ev("A", 1), ev("B", 4), ev("C", 5), ev("A", 6), ev("K", 7), ev("K", 8), ev("C", 9)]
+    assert feed(eng, stream) == [[], [("monitor_terminated", ["b4"], None, 2, "unsatisfiable")], [], [], [], [],
+                                 [("match", ["a6", "k7", "k8", "c9"])]]
+    stats = eng.stats()
+    assert (stats["constraint_violations"], stats["constraint_resumed"], stats["constraint_ignored"]) == (1, 1, 1)
 
 
 def test_ex_3_8_predicates_split_the_alphabet() -> None:
@@ -209,10 +243,63 @@ def test_trace_records_are_forgotten_once_no_event_can_share_a_window_with_them(
         eng.on_event(ev("B", base + 1, id=i))
         assert eng.stats()["traces"] <= 2  # W + A = 15 < 20 between traces
     assert eng.stats()["monitors_terminated"] == 200
-    # A forgotten key starts a new trace: id 0 again, long after.
+    # A forgotten key is processed plainly (its checker state is gone): id 0 again, long after.
     assert feed(eng, [ev("A", 10_000, id=0), ev("K", 10_001, id=0)]) == [[], []]
     ais = eng.partition(0)
     assert ais is not None and len(ais) == 3  # a, and k at both K positions
+    stats = eng.stats()
+    assert (stats["traces_forgotten"], stats["traces_resumed_unchecked"], stats["constraint_checked"]) == (
+        200, 1, 400)
+
+
+def test_a_forgotten_trace_that_comes_back_is_not_checked_from_the_start() -> None:
+    # Reviewer case B2: a2 (trace 2) moves L past trace 1's a0 by more than W + A, so trace 1's record is
+    # forgotten.  Its x100 b101 continue A X B (allowed); checked from the start, x100 would look like the X C
+    # branch (unsatisfiable) and the match would be lost.
+    query = "EVENT SEQ(X x, B b) WHERE [id] WITHIN 10"
+    stream = [ev("A", 0, id=1), ev("A", 50, id=2), ev("X", 100, id=1), ev("B", 101, id=1)]
+    outs = {}
+    for constraint in ("A X B | X C", None):
+        eng = engine(query, constraint, allowed_lateness_us=0)
+        outs[constraint] = [*feed(eng, stream), [brief(o) for o in eng.end_of_stream()]]
+    assert outs["A X B | X C"] == outs[None] == [[], [], [], [("match", ["x100", "b101"])], []]
+    eng = engine(query, "A X B | X C", allowed_lateness_us=0)
+    feed(eng, stream)
+    stats = eng.stats()
+    assert {k: stats[k] for k in ("traces_forgotten", "traces_resumed_unchecked", "constraint_checked",
+                                  "monitors_terminated", "constraint_violations", "traces")} == {
+        "traces_forgotten": 2, "traces_resumed_unchecked": 1, "constraint_checked": 2, "monitors_terminated": 0,
+        "constraint_violations": 0, "traces": 1}
+    monitor = eng.monitor
+    assert monitor is not None and not eng.is_idle()  # a fresh engine would check trace 1 from the start
+
+
+def test_the_filter_of_forgotten_keys_survives_a_snapshot_and_knows_equal_keys() -> None:
+    query = "EVENT SEQ(X x, B b) WHERE [id] WITHIN 10"
+    eng = engine(query, "A X B | X C", allowed_lateness_us=0)
+    feed(eng, [ev("A", 0, id=1), ev("A", 1, id="k"), ev("A", 2, id=(3, "z")), ev("A", 50, id=2)])
+    config = eng.config
+    restored = SequenceEngine.restore(parse_query(query), config, eng.snapshot())
+    monitor = restored.monitor
+    assert monitor is not None and monitor.counters.traces_forgotten == 3
+    # 1.0 and True are the dict key 1; the str key would hash differently in another process without _canonical.
+    assert all(key in monitor.forgotten for key in (1, 1.0, True, "k", (3, "z")))
+    assert feed(restored, [ev("X", 100, id=1.0), ev("B", 101, id=1)]) == [[], [("match", ["x100", "b101"])]]
+
+
+def test_a_false_positive_of_the_filter_only_makes_a_new_key_unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(monitor_module, "FORGOTTEN_FILTER_BITS", 8)  # one byte: soon every key is "known"
+    query = "EVENT SEQ(X x, B b) WHERE [id] WITHIN 10"
+    eng = engine(query, "A X B | X C", allowed_lateness_us=0)
+    feed(eng, [ev("A", 20 * i, id=i) for i in range(20)])
+    monitor = eng.monitor
+    assert monitor is not None and all(i in monitor.forgotten for i in range(1000, 1010))
+    resumed = eng.stats()["traces_resumed_unchecked"]
+    # Key 1000 is new; X C under the constraint would be unsatisfiable, but unchecked it is simply processed.
+    assert feed(eng, [ev("X", 1000, id=1000), ev("C", 1001, id=1000)]) == [[], []]
+    assert eng.stats()["monitors_terminated"] == 0 and eng.stats()["traces_resumed_unchecked"] == resumed + 1
+    fresh = engine(query, "A X B | X C", allowed_lateness_us=0)
+    assert feed(fresh, [ev("X", 1000, id=1000)]) == [[("monitor_terminated", ["x1000"], 1000, 1, "unsatisfiable")]]
 
 
 @pytest.mark.parametrize("cut", range(0, 12))
@@ -363,6 +450,69 @@ def test_traces_never_terminated_keep_every_match_even_when_the_input_breaks_the
             assert sorted(matches.get(trace, [])) == sorted(plain_matches.get(trace, []))
         else:
             assert set(matches.get(trace, [])) <= set(plain_matches.get(trace, []))
+
+
+# Keys that come back after gaps longer than W + A (their records are forgotten), traces drawn from the constraint
+# that may break it (a letter replaced or inserted); in order, W = 10.
+GAP_CASES = [
+    ("A X B | X C", "EVENT SEQ(X x, B b) WHERE [id] WITHIN 10", "AXBC", st.sampled_from(["AXB", "XC"]).map(list)),
+    (C1, "EVENT SEQ(A a, K k1, C c) WHERE [id] WITHIN 10", "AKBC", c1_word()),
+    ("A B", "EVENT SEQ(A a, C c) WHERE [id] WITHIN 10", "ABC", st.just(["A", "B"])),  # statically unsatisfiable
+    (C6, "EVENT SEQ(Q q, B b) WHERE [id] WITHIN 10", "PQAB", c6_word()),
+]
+
+
+@given(st.integers(0, len(GAP_CASES) - 1), st.data(), st.integers(0, 3), st.integers(0, 2),
+       st.sampled_from(["basic", "lightweight"]))
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_keys_that_come_back_after_long_gaps_never_lose_a_match_of_a_trace_that_follows_the_constraint(
+        case: int, data: st.DataObject, lateness: int, k: int, checker: Literal["basic", "lightweight"]) -> None:
+    constraint, text, letters, words = GAP_CASES[case]
+    query = parse_query(text)
+    traces = []
+    for _ in range(data.draw(st.integers(2, 3))):  # another key moves L while one is away
+        # A word of the constraint (a copy: st.just hands out one list), or any word of its letters.
+        word = list(data.draw(st.one_of(words, st.lists(st.sampled_from(letters), min_size=1, max_size=6))))
+        for _ in range(data.draw(st.sampled_from([0, 0, 1, 2]))):  # break it: replace or insert a letter
+            at, letter = data.draw(st.integers(0, len(word))), data.draw(st.sampled_from(letters))
+            word[at:at + data.draw(st.integers(0, 1))] = [letter]
+        traces.append(word[: data.draw(st.integers(1, len(word)))] if data.draw(st.booleans()) else word)
+    events, ts = [], 0
+    cursors = [0] * len(traces)
+    while live := [i for i in range(len(traces)) if cursors[i] < len(traces[i])]:
+        key = data.draw(st.sampled_from(live))
+        ts += data.draw(st.sampled_from([1, 2, 30]))  # a gap of 30 > W + A forgets every record
+        etype = traces[key][cursors[key]]
+        cursors[key] += 1
+        events.append(SaseEvent(etype, ts, {"id": key}, f"{etype}{ts}"))
+    plain = SequenceEngine(query, EngineConfig(k_slack_us=k, allowed_lateness_us=lateness))
+    watched = SequenceEngine(query, EngineConfig(k_slack_us=k, allowed_lateness_us=lateness, constraint=constraint,
+                                                 constraint_checker=checker))
+    plain_out = [o for e in events for o in plain.on_event(e)] + plain.end_of_stream()
+    watched_out = [o for e in events for o in watched.on_event(e)] + watched.end_of_stream()
+    plain_matches = by_trace(plain_out, {"match"})
+    matches = by_trace(watched_out, {"match"})
+    terminated = by_trace(watched_out, {"monitor_terminated"})
+    tau_c = ConstraintChecker(constraint, query).tau_c
+    automaton = ConstraintChecker(constraint, query)
+    for key in {e.attrs["id"] for e in events}:
+        got, want = sorted(matches.get(key, [])), sorted(plain_matches.get(key, []))
+        assert set(got) <= set(want)  # never an extra match
+        trace = [e for e in events if e.attrs["id"] == key]
+        symbols = automaton.word([e.event_type for e in trace])
+        if tau_c.run(symbols) >= 0:  # the trace follows the constraint: nothing lost
+            assert got == want
+            continue
+        # It breaks the constraint at event v: a match can be lost only after a termination (its own or the
+        # static one) and only if it has an event before v is checked (ignored or released); v is checked when L
+        # passes it (K after it), and from then on the trace is plain.
+        v = next(n for n in range(len(symbols)) if tau_c.run(symbols[: n + 1]) < 0)
+        plain_from = trace[v].ts + k
+        ts_of = {e.event_id: e.ts for e in trace}
+        assert {m for m in want if min(ts_of[i] for i in m) >= plain_from} <= set(got)
+        if got != want:
+            assert key in terminated or None in terminated
+    assert watched.stats()["instances"] == 0
 
 
 # ------------------------------------------------------------------------------------------ the Spark job's core
