@@ -3,7 +3,6 @@ ConstraintError, nothing else), and the alphabet refinement's symbols."""
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 from hypothesis import given, settings
@@ -106,8 +105,12 @@ def test_fuzz_parses_or_raises_constraint_error(text: str) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet="SEQOR AB()!,[]=x1", max_size=24))
 def test_fuzz_patterns(text: str) -> None:
-    with contextlib.suppress(ConstraintError):
-        parse_pattern(text)
+    try:
+        pattern = parse_pattern(text)
+    except ConstraintError:
+        return
+    # What parses prints back as text that parses to the same pattern.
+    assert str(parse_pattern(str(pattern))) == str(pattern)
 
 
 # --- alphabet refinement ------------------------------------------------------------------------------------------
