@@ -3,7 +3,6 @@ ConstraintError, nothing else), and the alphabet refinement's symbols."""
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
