@@ -19,11 +19,15 @@ Errors are :class:`ConstraintError` with the 0-based ``position`` of the problem
 
 from __future__ import annotations
 
-import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cep.lexer import COMPARISONS as _OPS
+from cep.lexer import Scalar
+from cep.lexer import Token as Tok
+from cep.lexer import tokenize as _scan
 
 __all__ = [
     "Alt",
@@ -37,17 +41,6 @@ __all__ = [
     "Sym",
     "parse_constraint",
 ]
-
-Scalar = int | float | str | bool | None
-
-_OPS: dict[str, Callable[[Any, Any], Any]] = {
-    "=": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
 
 
 class ConstraintError(ValueError):
@@ -144,28 +137,8 @@ _TOKEN = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Tok:
-    kind: str
-    text: str
-    pos: int
-
-
 def tokenize(text: str) -> list[Tok]:
-    toks: list[Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise ConstraintError(f"unexpected character {text[pos]!r}", text, pos)
-        kind = m.lastgroup or ""
-        if kind == "badstring":
-            raise ConstraintError("unterminated string", text, pos)
-        if kind != "ws":
-            toks.append(Tok(kind, m.group(), pos))
-        pos = m.end()
-    toks.append(Tok("end", "", len(text)))
-    return toks
+    return _scan(text, _TOKEN, ConstraintError)
 
 
 class TokenStream:

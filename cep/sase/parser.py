@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
 
+from cep.lexer import Scalar, Token, tokenize
 from contract.units import UNIT_US
 
 from .events import SaseError, SaseSyntaxError
-from .query import AttrRef, Element, Predicate, Query, Scalar, normalize_predicate
+from .query import AttrRef, Element, Predicate, Query, normalize_predicate
 
 __all__ = ["UNIT_US", "parse_query"]
 
@@ -45,42 +45,18 @@ _TOKEN = re.compile(
 _KEYWORDS = {"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"}
 
 
-@dataclass(frozen=True, slots=True)
-class _Tok:
-    kind: str
-    text: str
-    pos: int
-
-
-def _tokenize(text: str) -> list[_Tok]:
-    toks: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise SaseSyntaxError(f"unexpected character {text[pos]!r}", text, pos)
-        kind = m.lastgroup or ""
-        if kind == "badstring":
-            raise SaseSyntaxError("unterminated string", text, pos)
-        if kind != "ws":
-            toks.append(_Tok(kind, m.group(), pos))
-        pos = m.end()
-    toks.append(_Tok("end", "", len(text)))
-    return toks
-
-
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
-        self.toks = _tokenize(text)
+        self.toks = tokenize(text, _TOKEN, SaseSyntaxError)
         self.i = 0
-        self._element_toks: list[_Tok] = []
+        self._element_toks: list[Token] = []
 
     @property
-    def tok(self) -> _Tok:
+    def tok(self) -> Token:
         return self.toks[self.i]
 
-    def error(self, message: str, tok: _Tok | None = None) -> SaseSyntaxError:
+    def error(self, message: str, tok: Token | None = None) -> SaseSyntaxError:
         t = tok or self.tok
         found = "end of query" if t.kind == "end" else repr(t.text)
         return SaseSyntaxError(f"{message}, found {found}", self.text, t.pos)
@@ -88,17 +64,17 @@ class _Parser:
     def is_kw(self, word: str) -> bool:
         return self.tok.kind == "name" and self.tok.text.upper() == word
 
-    def expect_kw(self, word: str) -> _Tok:
+    def expect_kw(self, word: str) -> Token:
         if not self.is_kw(word):
             raise self.error(f"expected {word}")
         return self.advance()
 
-    def expect_punct(self, ch: str) -> _Tok:
+    def expect_punct(self, ch: str) -> Token:
         if self.tok.kind != "punct" or self.tok.text != ch:
             raise self.error(f"expected {ch!r}")
         return self.advance()
 
-    def advance(self) -> _Tok:
+    def advance(self) -> Token:
         t = self.tok
         self.i += 1
         return t
@@ -106,7 +82,7 @@ class _Parser:
     def is_punct(self, ch: str) -> bool:
         return self.tok.kind == "punct" and self.tok.text == ch
 
-    def name(self, what: str) -> _Tok:
+    def name(self, what: str) -> Token:
         if self.tok.kind != "name" or self.tok.text.upper() in _KEYWORDS:
             raise self.error(f"expected {what}")
         return self.advance()

@@ -12,10 +12,11 @@ window.  :class:`Query` validates the combination once and precomputes what the 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from cep.lexer import COMPARISONS, Scalar
 
 from .events import SaseError
 
@@ -31,16 +32,6 @@ __all__ = [
 ]
 
 Op = Literal["=", "!=", "<", "<=", ">", ">="]
-Scalar = int | float | str | bool | None
-
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "=": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
 _FLIP: dict[str, str] = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
@@ -176,12 +167,12 @@ class Query:
         for p in effective:
             required[alias_type[p.left.alias]].add(p.left.attr)
             if not isinstance(p.right, AttrRef):
-                const[p.left.alias].append(ConstantPredicate(p.left.attr, _OPS[p.op], p.right))
+                const[p.left.alias].append(ConstantPredicate(p.left.attr, COMPARISONS[p.op], p.right))
                 continue
             required[alias_type[p.right.alias]].add(p.right.attr)
             if p in implied:
                 continue
-            cp = CompiledPredicate(p.left.alias, p.left.attr, _OPS[p.op], p.right.alias, p.right.attr, str(p))
+            cp = CompiledPredicate(p.left.alias, p.left.attr, COMPARISONS[p.op], p.right.alias, p.right.attr, str(p))
             left_neg, right_neg = p.left.alias not in pos_of_alias, p.right.alias not in pos_of_alias
             if left_neg:
                 cross_neg.setdefault(p.left.alias, []).append((cp, pos_of_alias[p.right.alias], True))
@@ -252,7 +243,7 @@ def _validate(q: Query) -> None:
         seen.add(e.alias)
     negated = {e.alias for e in q.elements if e.negated}
     for p in q.predicates:
-        if p.op not in _OPS:
+        if p.op not in COMPARISONS:
             raise SaseError(f"unknown comparison {p.op!r}")
         for side in (p.left, p.right):
             if isinstance(side, AttrRef) and side.alias not in seen:
@@ -364,8 +355,8 @@ class SeqBuilder:
     def where(self, left: str, op: str, right: AttrRef | Scalar) -> SeqBuilder:
         if op == "==":
             op = "="
-        if op not in _OPS:
-            raise SaseError(f"unknown comparison {op!r}; use one of {sorted(_OPS)}")
+        if op not in COMPARISONS:
+            raise SaseError(f"unknown comparison {op!r}; use one of {sorted(COMPARISONS)}")
         self._predicates.append(Predicate(ref(left), op, right))  # type: ignore[arg-type]
         return self
 
