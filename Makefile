@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup demo test test-unit test-integration lint bench reliability clean
+.PHONY: help setup demo test test-long test-unit test-integration lint bench reliability clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -23,8 +23,11 @@ setup: $(STAMP) ## venv + Python deps, Kafka/Spark jars from Maven Central, NTP 
 demo: setup ## Kafka + gateway + simulated sources + Spark window job, verified, then shut down
 	$(BIN)/skewless demo
 
-test: setup ## the whole suite: unit tests, then integration tests on real Kafka/Spark/NTP tools
-	$(BIN)/pytest
+test: setup ## the suite CI runs: unit, integration (real Kafka/Spark/NTP tools), fast reliability scenarios
+	$(BIN)/pytest -m 'not reliability_long'
+
+test-long: setup ## the long reliability scenarios only (10^6 fuzz inputs, 30 s stalls, full load)
+	$(BIN)/pytest -m reliability_long
 
 test-unit: $(STAMP) ## unit tests only (no external processes)
 	$(BIN)/pytest tests/unit
