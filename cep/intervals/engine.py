@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from .events import Interval, IntervalBegin, IntervalError, IntervalOutput, Item, OutputKind, item_time_us
-from .query import Constraint, IntervalQuery, NegationSpec
+from .query import AttrRef, Constraint, IntervalQuery, NegationSpec, Predicate
 from .relations import EndpointRef
 
 __all__ = ["IndexingProfile", "IntervalEngine", "IntervalEngineConfig", "IntervalEngineCounters", "Mode"]
@@ -77,6 +77,9 @@ class IntervalEngineConfig:
     ``indexing``: "naive", "ais" (basic indexing, Algorithm 11) or "ibp" (Algorithm 13).
     ``punctuated_types``: the event types whose begins arrive as IBPs (every interval of such a type is preceded,
     within K, by its IBP).  Needed for IBP indexing and for negations bounded only by their start.
+    ``begin_attrs``: the attributes an IBP is trusted to carry with its interval's final value (default none: an
+    IBP is trusted only for its type, id and start).  A negated element's condition on any other attribute of an
+    open interval is unknown until the interval ends, and is taken as holding until then.
     ``strict``: raise :class:`IntervalError` on a ``too_late`` item instead of reporting it.
     """
 
@@ -84,6 +87,7 @@ class IntervalEngineConfig:
     mode: Mode = "conservative"
     indexing: IndexingProfile = "ais"
     punctuated_types: frozenset[str] = frozenset()
+    begin_attrs: frozenset[str] = frozenset()
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -94,6 +98,9 @@ class IntervalEngineConfig:
             raise IntervalError(f"mode must be 'conservative' or 'aggressive', got {self.mode!r}")
         if self.indexing not in ("naive", "ais", "ibp"):
             raise IntervalError(f"indexing must be 'naive', 'ais' or 'ibp', got {self.indexing!r}")
+        if not isinstance(self.begin_attrs, (set, frozenset)) or not all(
+                isinstance(a, str) for a in self.begin_attrs):
+            raise IntervalError(f"begin_attrs must be a set of attribute names, got {self.begin_attrs!r}")
 
 
 @dataclass(slots=True)
@@ -257,6 +264,15 @@ class IntervalEngine:
         self._buffers: dict[str, _Buffer] = {
             a: _Buffer(on_path.get(a, "te"), a in on_path) for a in query.positives}
         self._neg: dict[str, list[_Entry]] = {a: [] for a in query.negatives}
+        # The predicates of each negated element an IBP can decide: those reading only trusted attributes of it.
+        self._begin_constant: dict[str, tuple[Predicate, ...]] = {}
+        self._begin_cross: dict[str, tuple[Predicate, ...]] = {}
+        for spec in query.negations:
+            def trusted(p: Predicate, alias: str = spec.alias) -> bool:
+                refs = [p.left, *([p.right] if isinstance(p.right, AttrRef) else [])]
+                return all(r.attr in cfg.begin_attrs for r in refs if r.alias == alias)
+            self._begin_constant[spec.alias] = tuple(p for p in spec.constant_predicates if trusted(p))
+            self._begin_cross[spec.alias] = tuple(p for p in spec.cross_predicates if trusted(p))
         for spec in query.negations:
             if not spec.end_upper_bounds and not (
                     spec.start_upper_bounds and spec.event_type in cfg.punctuated_types):
@@ -462,8 +478,9 @@ class IntervalEngine:
         if uid not in self._seen_complete:
             for alias in self.query.aliases_of_type(begin.event_type):
                 if alias in self._neg:
-                    spec = self._spec(alias)
-                    if all(p.holds({alias: begin.attrs}) for p in spec.constant_predicates):
+                    # Only the attributes an IBP is trusted for may rule the open interval out: any other
+                    # condition is decided by the interval's own attributes at its end (issue 25.1).
+                    if all(p.holds({alias: begin.attrs}) for p in self._begin_constant[alias]):
                         entry = self._new_entry(uid, begin.start_ts_us, None, begin.attrs, None)
                         self._neg[alias].append(entry)
                         self._gauge(1)
@@ -783,10 +800,13 @@ class IntervalEngine:
         values[EndpointRef(spec.alias, "te")] = d.value("te")  # an open interval's end is unknown: +inf
         if not all(c.holds(values) for c in spec.constraints):
             return False
-        if spec.cross_predicates:
+        # An open interval (known by its IBP) is judged only on the attributes its IBP is trusted for; the others
+        # are unknown until its end and taken as hitting, like its end (issue 25.1).
+        cross = spec.cross_predicates if d.te is not None else self._begin_cross[spec.alias]
+        if cross:
             attrs = {a: e.attrs for a, e in binding.items()}
             attrs[spec.alias] = d.attrs
-            return all(p.holds(attrs) for p in spec.cross_predicates)
+            return all(p.holds(attrs) for p in cross)
         return True
 
     def _negated(self, binding: Mapping[str, _Entry]) -> bool:

@@ -364,14 +364,15 @@ def test_snapshot_of_the_pre_fix_engine_with_a_negated_pending_result_drops_it_o
 @pytest.mark.parametrize("indexing", PROFILES)
 def test_negating_interval_is_judged_on_its_own_attributes_not_its_begins(indexing: IndexingProfile) -> None:
     """EndpointPairer merges the end's attributes into the interval: the IBP of d2 has no x, the interval has x = 1
-    (= a.x), so d2|5 negates <a0, c3> although its IBP did not."""
+    (= a.x), so d2|5 negates <a0, c3>.  An IBP is not trusted for x (issue 25.1): while d2 is open its x is
+    unknown and it counts as hitting, so aggressive mode does not emit <a0, c3> either."""
     query = parse_iseq("EVENT ISEQ[a.te < c.ts AND a.te < d.te AND d.ts < c.ts](A a, !D d, C c; 30) WHERE d.x = a.x")
     a0, c3, d2 = (Interval("A", 0, 1, {"x": 1}, "a0"), Interval("C", 3, 4, event_id="c3"),
                   Interval("D", 2, 5, {"x": 1}, "d2"))
     assert reference_keys(query, [a0, c3, d2]) == []
     stream: list[Item] = [a0, begin("d2"), c3, d2]
-    expected = {"conservative": [[], [], [], []],
-                "aggressive": [[], [], [("match", ["a0|1", "c3|4"])], [("retract", ["a0|1", "c3|4"])]]}
+    expected: dict[str, list[list[tuple[str, list[str]]]]] = {"conservative": [[], [], [], []],
+                "aggressive": [[], [], [], []]}
     for mode, per_item in expected.items():
         engine = IntervalEngine(query, IntervalEngineConfig(mode=mode, indexing=indexing,  # type: ignore[arg-type]
                                                             punctuated_types=frozenset("D")))
