@@ -96,6 +96,11 @@ Rules:
    no source of the shard has joined at ``now - idle_lag_us`` when its watermark trails that. A source that joins
    the shard later with events older than that finds them late (``after_punctuation``), as any source behind a
    promised watermark does. Streams with sources are left to the merge: their quiet periods are its business.
+11. Idle sources are freed. A hello costs the source's merge registration per stream it names, nothing more: its
+   reorderer comes with its first event or heartbeat on that stream. Once a source's last connection closed
+   (``source_disconnected``) and ``idle_source_retention_us`` passed, ``poll`` frees its per-stream state if it
+   holds nothing (``forget_idle_sources``, counted as ``sources_forgotten``); its dedup floor and next seq per
+   stream stay, so it resumes where it left off. A source that never sent an event leaves the checkpoint too.
 """
 
 from __future__ import annotations
@@ -145,6 +150,9 @@ DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
 SOURCE_RETENTION_US = 7 * 24 * 3600 * 1_000_000
 # A new source is in a checkpoint this soon after its hello (rule 6), so a shard's next owner waits for it.
 REGISTRATION_CHECKPOINT_DELAY_US = 100_000
+# Rule 11: a source with no connection that holds nothing is freed this long after its last connection closed.
+IDLE_SOURCE_RETENTION_US = 60_000_000
+IDLE_SWEEP_INTERVAL_US = 1_000_000
 # The broker's default message.max.bytes (1048588) less room for the record batch's own overhead.
 MAX_RECORD_BYTES = 1_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
@@ -209,6 +217,8 @@ class IngestConfig:
     # Kafka refuses a record over the broker's message.max.bytes (1 MB by default) for good: such an event is
     # refused at release, like an invalid payload (rule 8), instead of failing its shard's transaction forever.
     max_record_bytes: int = MAX_RECORD_BYTES
+    # Rule 11.
+    idle_source_retention_us: int = IDLE_SOURCE_RETENTION_US
     clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
     clock_step_delay_margin_us: int = CLOCK_STEP_DELAY_MARGIN_US
 
@@ -311,6 +321,8 @@ class GatewayCounters:
     sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
     records_too_large: int = 0  # events refused because their record exceeds max_record_bytes (rule 8)
     idle_punctuations: int = 0  # punctuations of streams the shard holds nothing of (rule 10)
+    sources_forgotten: int = 0  # idle sources whose per-stream state was freed (rule 11)
+    streams_refused: int = 0  # hellos refused for a stream not allowed or over the stream cap (docs/operations.md)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -321,6 +333,8 @@ class GatewayCounters:
             self.timeouts += 1
         elif code in ("unauthenticated", "unknown_source"):
             self.auth_failures += 1
+        elif code == "stream_refused":
+            self.streams_refused += 1
         else:
             self.protocol_errors += 1
 
@@ -455,6 +469,9 @@ class IngestCore:
         self.clock_step_holds: deque[ClockStepHold] = deque(maxlen=RECENT_CLOCK_STEPS)
         self._topic_names: dict[tuple[str, str], str] = {}
         self._event_headers: dict[tuple[str, str], Headers] = {}
+        # Rule 11: sources with no connection left, since when; swept every IDLE_SWEEP_INTERVAL_US by poll.
+        self._disconnected_since: dict[str, int] = {}
+        self._next_idle_sweep_us = 0
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -530,6 +547,7 @@ class IngestCore:
         self.counters.task_failures += 1
 
     def source_registered(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[IngestAction]:
+        self._disconnected_since.pop(source_id, None)
         self._streams_of[source_id] = tuple(dict.fromkeys((*self._streams_of.get(source_id, ()), *streams)))
         for stream in streams:
             progress = self._progress.get(stream)
@@ -545,6 +563,41 @@ class IngestCore:
         if source_id in self._throttled:
             actions.append(PauseReading(source_id))
         return actions
+
+    def source_disconnected(self, source_id: str, now_us: int) -> None:
+        """The source's last connection closed: rule 11's retention starts."""
+        if source_id in self._streams_of:
+            self._disconnected_since[source_id] = now_us
+
+    def known_sources(self) -> set[str]:
+        """The sources this core holds per-source state for (registered, not yet forgotten)."""
+        return set(self._streams_of)
+
+    def forget_idle_sources(self, now_us: int) -> list[str]:
+        """Rule 11: free the state of every source disconnected for ``idle_source_retention_us`` that holds
+        nothing (no event in a reorder buffer or merge queue, no clock-step hold). Kept: its delivery tracker entry
+        (the dedup floor, so a resend of an acked seq stays a duplicate; events still in flight to Kafka are
+        acked through it as before) and its next seq per stream (it resumes without a gap wait). A source that never
+        sent an event also leaves the progress checkpoint its hello put it in (rule 6). Returns the freed ids."""
+        due = [s for s, since_us in self._disconnected_since.items()
+               if since_us + self.config.idle_source_retention_us < now_us and s not in self._holding]
+        freed = []
+        for source_id in due:
+            if not self.pipeline.forget_source(source_id):
+                continue  # it still holds events: kept until they leave
+            del self._disconnected_since[source_id]
+            for stream in self._streams_of.pop(source_id, ()):
+                progress = self._progress.get(stream)
+                if (progress is not None and progress.next_seq.get(source_id) == 0
+                        and self.tracker.acked_through(source_id, stream) is None):
+                    del progress.next_seq[source_id]
+                    progress.seen_us.pop(source_id, None)
+                    self._dirty_streams.add(stream)
+            self._event_headers.pop((source_id, "events"), None)
+            self._event_headers.pop((source_id, "late"), None)
+            freed.append(source_id)
+        self.counters.sources_forgotten += len(freed)
+        return freed
 
     def events_received(self, connection: ConnectionId, source_id: str,
                         events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> list[IngestAction]:
@@ -707,6 +760,9 @@ class IngestCore:
         actions: list[IngestAction] = list(self.due_acks())
         if self._holding:
             actions += self._release_resolved(now_us)
+        if self._disconnected_since and now_us >= self._next_idle_sweep_us:
+            self._next_idle_sweep_us = now_us + IDLE_SWEEP_INTERVAL_US
+            self.forget_idle_sources(now_us)
         if self._next_pressure_check_us is None or now_us >= self._next_pressure_check_us:
             self._next_pressure_check_us = now_us + self.config.pressure_check_interval_us
             actions += self._check_buffer_pressure()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -99,3 +100,57 @@ def current_log_format() -> str:
 
 def current_log_level() -> str:
     return _current.get(LOG_LEVEL_ENV, "INFO")
+
+
+# -- rate-limited log lines ---------------------------------------------------------------------------------------
+
+# Per-event warnings (a refused payload, a refused hello) come at the rate a hostile or broken source sends: 1.21 M
+# refused events once wrote 121 MiB of WARNING lines. Each kind of line (its key) may burst LOG_BURST lines, then
+# LOG_LINES_PER_S per second; what is dropped meanwhile is summed into the next line that passes ("N similar lines
+# suppressed"). Counters keep the exact totals: the log line is an example, not the count.
+LOG_BURST = 10
+LOG_LINES_PER_S = 1.0
+
+
+class LogLimiter:
+    """A token bucket per key; sans-IO (the caller passes the time, or the monotonic clock is read)."""
+
+    def __init__(self, burst: int = LOG_BURST, lines_per_s: float = LOG_LINES_PER_S) -> None:
+        self.burst = burst
+        self.lines_per_s = lines_per_s
+        self._buckets: dict[str, tuple[float, float, int]] = {}  # key -> (tokens, at_s, suppressed since)
+        self.suppressed_total = 0
+
+    def admit(self, key: str, now_s: float) -> int | None:
+        """None: drop this line; else the number of lines of ``key`` dropped since the last one admitted."""
+        tokens, at_s, suppressed = self._buckets.get(key, (float(self.burst), now_s, 0))
+        tokens = min(float(self.burst), tokens + max(0.0, now_s - at_s) * self.lines_per_s)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now_s, suppressed + 1)
+            self.suppressed_total += 1
+            return None
+        self._buckets[key] = (tokens - 1.0, now_s, 0)
+        if len(self._buckets) > 4096:  # keys are a fixed set of line kinds; bound it anyway
+            self._buckets.clear()
+        return suppressed
+
+
+LIMITER = LogLimiter()
+
+
+def limited_log(logger: logging.Logger, level: int, key: str, message: str, *args: Any,
+                now_us: int | None = None, limiter: LogLimiter | None = None) -> bool:
+    """``logger.log(level, message, *args)`` unless lines of ``key`` come faster than the limiter allows; the
+    first line after a suppressed run says how many were left out. ``now_us``: the caller's clock (sans-IO cores
+    pass theirs). Returns whether the line was written."""
+    if not logger.isEnabledFor(level):
+        return False
+    now_s = time.monotonic() if now_us is None else now_us / 1_000_000
+    suppressed = (limiter or LIMITER).admit(key, now_s)
+    if suppressed is None:
+        return False
+    if suppressed:
+        logger.log(level, message + " (%d similar lines suppressed)", *args, suppressed)
+    else:
+        logger.log(level, message, *args)
+    return True

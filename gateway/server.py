@@ -42,19 +42,22 @@ from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE, LocalProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
+from contract.wire.messages import MAX_STREAMS_PER_SOURCE
 from gateway.auth import SourceAuthenticator
 from gateway.connection import WORKER_STAGES, ConnectionHandler, WorkerStage
 from gateway.ingest import (
     CLOCK_STEP_HOLD_US,
     CLOCK_STEP_MAX_HELD,
+    IDLE_SOURCE_RETENTION_US,
     SOURCE_RETENTION_US,
     ConnectionId,
     GatewayCounters,
     IngestConfig,
     IngestCore,
 )
+from gateway.logs import limited_log
 from gateway.metrics import MetricsServer, make_registry
-from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts
+from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from reorder.pipeline import IngestPipeline, PipelineConfig
 from timesync.clocks import (
@@ -159,6 +162,15 @@ class GatewayConfig:
     source_retention_us: int = SOURCE_RETENTION_US
     # Replicas of every topic the gateway creates; None: broker.admin's default, min(3, brokers).
     replication_factor: int | None = None
+    # -- limits on what a source can make the gateway hold or create (docs/operations.md, "Limits") --
+    # Streams one hello may name (the wire protocol's own bound is 64).
+    max_streams_per_source: int = MAX_STREAMS_PER_SOURCE
+    # Streams (two topics each) this gateway serves at most, created or not; None: no cap.
+    max_streams: int | None = 1000
+    # Only these streams may be named in a hello; None: any valid name.
+    allowed_streams: frozenset[str] | None = None
+    # A source with no connection that holds nothing is freed after this (gateway.ingest, rule 11).
+    idle_source_retention_us: int = IDLE_SOURCE_RETENTION_US
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -194,7 +206,8 @@ class Gateway:
             pipeline=config.pipeline, max_buffered_events=max(1, config.max_buffered_events // config.shards),
             checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
             clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
-            source_retention_us=config.source_retention_us)
+            source_retention_us=config.source_retention_us,
+            idle_source_retention_us=config.idle_source_retention_us)
         self.gateway_id = config.gateway_id or ""
         self.instance_id: str | None = None
         self._server: asyncio.Server | None = None
@@ -605,7 +618,9 @@ class Gateway:
 
     def _new_connection(self) -> ConnectionHandler:
         session = GatewaySession(self.config.max_frame_bytes, authenticator=self.config.authenticator,
-                                 timeouts=self.config.timeouts, now_us=self._clock_us())
+                                 timeouts=self.config.timeouts, now_us=self._clock_us(),
+                                 max_streams_per_source=self.config.max_streams_per_source,
+                                 allowed_streams=self.config.allowed_streams)
         return ConnectionHandler(self, session, self._clock_us)
 
     def attach(self, connection: ConnectionHandler) -> ConnectionId:
@@ -626,6 +641,9 @@ class Gateway:
             handlers.discard(connection)
             if not handlers:
                 del self._connections_by_source[source_id]
+                runtime = self._serving(source_id)
+                if runtime is not None:  # rule 11: freed after the idle retention unless it comes back
+                    runtime.core.source_disconnected(source_id, self._clock_us())
                 return
             # The source's latest acks may have gone to this connection unread: its other connections get them
             # again (the SDK resends only what a lost connection carried, not events acked on it).
@@ -640,7 +658,14 @@ class Gateway:
         if runtime is None:
             self._route_elsewhere(connection, shard)
             return
-        created = await self._ensure_stream_topics(hello.streams)
+        try:
+            created = await self._ensure_stream_topics(hello.streams)
+        except StreamRefused as refusal:
+            self._own_counters.count_error(StreamRefused.code)
+            limited_log(log, logging.WARNING, "stream-cap", "refused source %s: %s", hello.source_id, refusal)
+            connection.send_bytes(encode_frame(messages.build_error(StreamRefused.code, str(refusal), fatal=True)))
+            connection.close(after_error=True)
+            return
         self._connections_by_source.setdefault(hello.source_id, set()).add(connection)
         with self._core_call(runtime):
             await runtime.register_source(hello.source_id, hello.streams, created)
@@ -741,14 +766,27 @@ class Gateway:
             LocalProtocolError.code,
             f"the gateway failed processing this connection ({stage}): {type(error).__name__}", fatal=True)))
 
+    def known_sources(self) -> set[str]:
+        """Every source this gateway holds state for: connected, or registered in a served shard's core."""
+        known = set(self._connections_by_source)
+        for runtime in self._shards.values():
+            known |= runtime.core.known_sources()
+        return known
+
     async def _ensure_stream_topics(self, streams: tuple[str, ...]) -> frozenset[str]:
-        """Create the topics of streams not seen yet, S partitions each; returns the streams created just now."""
+        """Create the topics of streams not seen yet, S partitions each; returns the streams created just now.
+        StreamRefused when they would take this gateway past ``max_streams``."""
         if all(s in self._known_streams for s in streams):
             return frozenset()
         async with self._stream_lock:
             missing = [s for s in streams if s not in self._known_streams]
             if not missing:
                 return frozenset()
+            cap = self.config.max_streams
+            if cap is not None and len(self._known_streams) + len(missing) > cap:
+                # Before any topic is created: a source inventing stream names creates nothing past the cap.
+                raise StreamRefused(f"streams {missing} would take this gateway past its cap of {cap} streams "
+                                    f"(max_streams); it serves {len(self._known_streams)}")
             topics = [t for s in missing for t in (self.topics.events(s), self.topics.late(s))]
             created = set(await asyncio.get_running_loop().run_in_executor(
                 None, partial(ensure_partitions, self.config.kafka_client, topics, self.config.shards,

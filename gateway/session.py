@@ -7,12 +7,20 @@ session to ERROR, sends an error frame and asks the shell to close this connecti
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from contract.wire import messages
-from contract.wire.errors import ProtocolError, RemoteProtocolError, SessionTimeout, UnexpectedMessage
+from contract.wire.errors import (
+    InvalidMessage,
+    ProtocolError,
+    RemoteProtocolError,
+    SessionTimeout,
+    UnexpectedMessage,
+)
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from contract.wire.messages import MAX_STREAMS_PER_SOURCE
 from gateway.auth import SourceAuthenticator
 
 
@@ -71,6 +79,13 @@ SessionAction = (SourceRegistered | EventsReceived | HeartbeatReceived | SendByt
 DEFAULT_MAX_EVENTS_PER_BATCH = 10_000
 
 
+class StreamRefused(RemoteProtocolError):
+    """A hello names a stream this gateway does not serve: not on its allow-list (``allowed_streams``), or a new
+    stream past its cap on created streams (``max_streams``, checked by the shell, which creates topics)."""
+
+    code = "stream_refused"
+
+
 @dataclass(frozen=True, slots=True)
 class SessionTimeouts:
     """Slow or silent peers must not hold a connection (and its buffer) forever: a slowloris client that trickles
@@ -86,7 +101,9 @@ class GatewaySession:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH,
                  authenticator: SourceAuthenticator | None = None,
-                 timeouts: SessionTimeouts | None = None, now_us: int = 0) -> None:
+                 timeouts: SessionTimeouts | None = None, now_us: int = 0,
+                 max_streams_per_source: int = MAX_STREAMS_PER_SOURCE,
+                 allowed_streams: Collection[str] | None = None) -> None:
         self.state = SessionState.AWAIT_HELLO
         self.source_id: str | None = None
         self.streams: frozenset[str] = frozenset()
@@ -94,6 +111,9 @@ class GatewaySession:
         self._max_events_per_batch = max_events_per_batch
         self._authenticator = authenticator or SourceAuthenticator()
         self._timeouts = timeouts or SessionTimeouts()
+        # Each stream a hello names costs the gateway a merge registration (docs/operations.md, "Limits").
+        self._max_streams_per_source = max_streams_per_source
+        self._allowed_streams = allowed_streams
         self._opened_us = now_us
         self._last_activity_us = now_us
         self._partial_since_us: int | None = None
@@ -148,6 +168,14 @@ class GatewaySession:
         if kind == "hello":
             hello = messages.parse_hello(raw)
             self._authenticator.check(hello.source_id, hello.token, now_us)
+            if len(hello.streams) > self._max_streams_per_source:
+                raise InvalidMessage(
+                    f"this gateway accepts at most {self._max_streams_per_source} streams per source "
+                    f"(max_streams_per_source); the hello names {len(hello.streams)}")
+            if self._allowed_streams is not None:
+                refused = [s for s in hello.streams if s not in self._allowed_streams]
+                if refused:
+                    raise StreamRefused(f"streams {refused} are not on this gateway's allow-list (allowed_streams)")
             self.source_id = hello.source_id
             self.streams = frozenset(hello.streams)
             # The gateway answers: welcome, or a redirect to the owner of the source's shard.

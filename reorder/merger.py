@@ -284,6 +284,19 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
+    def forget(self, source_id: str) -> None:
+        """Drop a source whose queue is empty (the gateway frees idle sources): the merge stops waiting for it, as
+        for a timed-out one; ``register`` or its next event brings it back as a new source."""
+        src = self._sources.get(source_id)
+        if src is None or src.queue:
+            return
+        del self._sources[source_id]
+        if self._blocker == source_id:
+            self._blocker = None
+        if self._watermark_holder == source_id:
+            self._watermark_holder = None
+        # Its entries in the lazy heap of empty sources are dropped as stale by _top_blocker.
+
     def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int, *,
                   caught_up: bool = False) -> list[MergeOutput]:
         """Proof of life: the source had sent every event up to ``seq`` when its clock read ``source_ts_us``.
@@ -385,8 +398,8 @@ class MultiSourceMerger:
         thesis = self.config.mode == "thesis"
         while empty:
             frontier, sid = empty[0]
-            src = sources[sid]
-            if src.queue or src.timed_out or src.frontier != frontier:
+            src = sources.get(sid)
+            if src is None or src.queue or src.timed_out or src.frontier != frontier:
                 heapq.heappop(empty)  # stale entry
                 continue
             if thesis or frontier < ref:

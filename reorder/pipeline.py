@@ -159,9 +159,29 @@ class IngestPipeline:
         for stream in streams:
             pipeline = self._stream(stream)
             pipeline.expected_until[source_id] = now_us + self.config.join_grace_us
-            pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
+            # The reorderer comes with the first event or heartbeat (push, heartbeat): a source that only says
+            # hello costs its merge registration, not a reorderer per declared stream (issue 24 item 5).
             self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
         return out
+
+    def forget_source(self, source_id: str) -> bool:
+        """Free a source's per-stream state (its reorderers and merge entries) once it holds nothing: its next
+        seq per stream is kept as a hint, so a source that comes back resumes where it left off. False (and
+        nothing freed) while it holds events anywhere."""
+        streams = [p for p in self._streams.values()
+                   if source_id in p.reorderers or source_id in p.merger.sources()]
+        for pipeline in streams:
+            reorderer = pipeline.reorderers.get(source_id)
+            if (reorderer is not None and reorderer.buffered) or pipeline.merger.queued_by_source().get(source_id):
+                return False
+        for pipeline in streams:
+            reorderer = pipeline.reorderers.pop(source_id, None)
+            if reorderer is not None:
+                self._next_seq_hint[(source_id, pipeline.stream)] = reorderer.expected_seq
+            pipeline.expected_until.pop(source_id, None)
+            self._scheduled.pop((pipeline.stream, source_id), None)
+            pipeline.merger.forget(source_id)
+        return True
 
     # -- input ------------------------------------------------------------------------------------
 
@@ -270,7 +290,9 @@ class IngestPipeline:
                 del self._scheduled[(stream, source_id)]
             pipeline = self._streams[stream]
             if source_id:
-                reorderer = pipeline.reorderers[source_id]
+                reorderer = pipeline.reorderers.get(source_id)
+                if reorderer is None:
+                    continue  # forgotten (forget_source): a stale entry
                 due = reorderer.next_deadline_us()
                 if due is not None and due <= now_us:
                     self._reorder_outputs(pipeline, reorderer.advance(now_us), now_us, out)

@@ -1,0 +1,147 @@
+"""Issue 24 items 5 and 9, sans-IO: what a source that only says hello costs the gateway's core, when an idle
+source's state is freed, and the limits on what one hello may name."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+from contract.topics import TopicNames
+from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import IncomingEvent
+from gateway.ingest import ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
+from gateway.session import CloseConnection, GatewaySession, SendBytes, SourceRegistered
+
+T0 = 1_700_000_000_000_000
+TOPICS = TopicNames("t")
+CONN = ConnectionId(1)
+STREAMS = tuple(f"s{i}" for i in range(64))
+RETENTION_US = 60_000_000
+# The documented cost of a hello (docs/operations.md, "Limits"): at most this much per stream it names.
+HELLO_BYTES_PER_STREAM = 1_536
+
+
+def make_core(streams: tuple[str, ...] = STREAMS) -> IngestCore:
+    core = IngestCore(TOPICS, _identity(), IngestConfig(idle_source_retention_us=RETENTION_US))
+    for stream in streams:
+        core.stream_created(stream)
+    return core
+
+
+def _identity():  # imported here: timesync.clocks is the mapping's home
+    from timesync.clocks import IdentityMapping
+    return IdentityMapping()
+
+
+def deliver(core: IngestCore, actions: list[IngestAction], now_us: int) -> list[int]:
+    seqs = []
+    for offset, action in enumerate(a for a in actions if isinstance(a, Produce) and a.delivery is not None):
+        assert action.delivery is not None
+        core.on_delivered(action.delivery, None, offset, now_us)
+        seqs.append(action.delivery.seq)
+    return seqs
+
+
+def test_a_source_that_only_says_hello_costs_at_most_the_documented_bytes_per_stream():
+    core = make_core()
+    sources = 200
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for i in range(sources):
+            core.source_registered(f"hello-only-{i}", STREAMS, T0 + i)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    per_source = sum(stat.size_diff for stat in after.compare_to(before, "filename")) / sources
+    # c005711: 530 KB per source (a reorderer with its estimators per declared stream).
+    assert per_source <= HELLO_BYTES_PER_STREAM * len(STREAMS), per_source
+
+
+def test_a_hello_only_source_is_forgotten_after_the_idle_retention_and_leaves_the_checkpoint():
+    core = make_core(("s",))
+    core.source_registered("ghost", ("s",), T0)
+    core.source_disconnected("ghost", T0 + 1)
+    assert core.known_sources() == {"ghost"}
+    core.poll(T0 + RETENTION_US)  # not yet: the retention counts from the disconnection
+    assert core.known_sources() == {"ghost"}
+    core.poll(T0 + 1_000_000 + RETENTION_US)  # the next sweep (every second)
+    assert core.known_sources() == set()
+    assert core.counters.sources_forgotten == 1
+    assert not core.pipeline.has_sources("s")
+    progress = core.stream_progress("s")
+    assert progress is not None and "ghost" not in progress.next_seq
+
+
+def test_a_connected_source_is_never_forgotten():
+    core = make_core(("s",))
+    core.source_registered("live", ("s",), T0)
+    core.poll(T0 + 10 * RETENTION_US)
+    assert core.known_sources() == {"live"}
+
+
+def test_a_forgotten_source_comes_back_where_it_left_off():
+    """Freed state must not cost the source anything: a resend of an acked seq stays a duplicate and its next seq
+    is released at once (no gap wait for seqs it sent before)."""
+    core = make_core(("s",))
+    core.source_registered("a", ("s",), T0)
+    events = tuple(IncomingEvent("s", q, T0 + 10 * q, q) for q in range(5))
+    assert deliver(core, core.events_received(CONN, "a", events, T0 + 100), T0 + 200) == [0, 1, 2, 3, 4]
+    core.source_disconnected("a", T0 + 300)
+    core.poll(T0 + 301 + RETENTION_US)
+    assert core.known_sources() == set()
+    now_us = T0 + 400 + RETENTION_US
+    core.source_registered("a", ("s",), now_us)
+    again = core.events_received(CONN, "a", (IncomingEvent("s", 4, T0 + 40, 4),), now_us)
+    assert not [a for a in again if isinstance(a, Produce)]
+    assert core.counters.duplicates == 1
+    fresh = core.events_received(CONN, "a", (IncomingEvent("s", 5, now_us, 5),), now_us + 1)
+    assert deliver(core, fresh, now_us + 2) == [5]
+
+
+def test_a_source_holding_events_is_kept_past_the_retention():
+    core = make_core(("s",))
+    core.source_registered("a", ("s",), T0)
+    core.events_received(CONN, "a", (IncomingEvent("s", 1, T0, 1),), T0 + 1)  # seq 0 missing: held for the gap
+    core.source_disconnected("a", T0 + 2)
+    core.poll(T0 + 3 + RETENTION_US)
+    assert core.known_sources() == {"a"} and core.pipeline.buffered() == {"a": 1}
+    assert core.counters.sources_forgotten == 0
+
+
+# -- limits on one hello ------------------------------------------------------------------------------------------
+
+
+def _replies(actions):
+    decoder = FrameDecoder()
+    return [m for a in actions if isinstance(a, SendBytes) for m in decoder.feed(a.data)]
+
+
+def test_a_hello_naming_more_streams_than_the_limit_is_refused_with_a_clear_error():
+    session = GatewaySession(max_streams_per_source=4)
+    hello = {"type": "hello", "version": 1, "source_id": "greedy", "streams": [f"s{i}" for i in range(5)]}
+    actions = session.receive_data(encode_frame(hello))
+    assert not [a for a in actions if isinstance(a, SourceRegistered)]
+    (reply,) = _replies(actions)
+    assert reply["code"] == "invalid_message" and reply["fatal"] is True
+    assert "at most 4 streams" in reply["message"] and "names 5" in reply["message"]
+    assert isinstance(actions[-1], CloseConnection)
+
+
+def test_a_hello_within_the_limit_registers():
+    session = GatewaySession(max_streams_per_source=4)
+    hello = {"type": "hello", "version": 1, "source_id": "ok", "streams": [f"s{i}" for i in range(4)]}
+    (registered,) = session.receive_data(encode_frame(hello))
+    assert isinstance(registered, SourceRegistered)
+
+
+def test_a_stream_outside_the_allow_list_is_refused():
+    session = GatewaySession(allowed_streams=frozenset({"orders"}))
+    hello = {"type": "hello", "version": 1, "source_id": "x", "streams": ["orders", "typo-orders"]}
+    actions = session.receive_data(encode_frame(hello))
+    (reply,) = _replies(actions)
+    assert reply["code"] == "stream_refused" and reply["fatal"] is True
+    assert "'typo-orders'" in reply["message"]
+    assert isinstance(actions[-1], CloseConnection) and actions[-1].error_code == "stream_refused"
