@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from reorder.estimators import DecayedQuantile, SmoothedDelay
+from reorder.ranges import RangeMap
 from reorder.records import GapSkipped, Late, Released, SourceEvent
 
 __all__ = ["ReorderOutput", "SequenceConfig", "SequenceCounters", "SequenceReorderer"]
@@ -33,7 +34,8 @@ ReorderOutput = Released | Late | GapSkipped
 #: Early events one reorderer may hold.  At 15k events/s this is ~6.7 s of a DEBS-like source, far
 #: beyond any sensible latency threshold; past it the head gap is skipped with reason "buffer_full".
 DEFAULT_MAX_BUFFERED = 100_000
-#: Skipped sequence numbers remembered to tell a late arrival (and its lateness) from a duplicate.
+#: Skipped sequence numbers remembered to tell a late arrival (and its lateness) from a duplicate; the lowest are
+#: forgotten first. Kept as ranges (reorder/ranges.py): a gap costs one range whatever its length.
 DEFAULT_MAX_SKIPPED_TRACKED = 100_000
 #: Gap-closing samples needed before the adaptive quantile is trusted; until then wait the full cap.  A
 #: 0.9999-quantile of 20 samples is their maximum, and a source's first 20 gaps are typically its common
@@ -149,10 +151,12 @@ class SequenceReorderer:
         self._first_seq = self._expected
         self._buffer: dict[int, tuple[SourceEvent, int]] = {}
         self._heap: list[int] = []
-        # seq -> time the hole became visible (a higher seq arrived while it was missing)
-        self._holes: dict[int, int] = {}
-        # skipped seq -> (time the hole became visible, time it was skipped); insertion-ordered (FIFO)
-        self._skipped: dict[int, tuple[int, int]] = {}
+        # seq -> time the hole became visible (a higher seq arrived while it was missing), per run of seqs: a jump
+        # of a million seqs is one range, not a million entries (issue 24 item 3)
+        self._holes: RangeMap[int] = RangeMap()
+        # skipped seq -> (time the hole became visible, time it was skipped), per run; skips happen at the head, so
+        # the lowest seqs are the oldest and are forgotten first
+        self._skipped: RangeMap[tuple[int, int]] = RangeMap()
         self._last_in_order_us: int | None = None
         self._deadline_us: int | None = None
         self._head_since_us = 0
@@ -213,8 +217,8 @@ class SequenceReorderer:
             if not self._buffer:  # the in-order fast path: no state beyond the counters
                 self._max_seen = seq
                 return [Released(event, now_us, now_us)]
-            opened = self._holes.pop(seq, now_us)
-            self.gap_delay.add(now_us - opened)
+            opened = self._holes.pop(seq)
+            self.gap_delay.add(now_us - (now_us if opened is None else opened))
             counters.gaps_closed += 1
             out: list[ReorderOutput] = [Released(event, now_us, now_us)]
             self._release_run(now_us, out, learn=True)
@@ -268,14 +272,11 @@ class SequenceReorderer:
             self.counters.duplicates += 1
             return [Late(event, now_us, "duplicate", 0, False)]
         if seq > self._max_seen:
-            holes = self._holes
-            # Bound the bookkeeping of a huge jump; untracked holes just contribute no delay sample.
-            start = max(self._max_seen + 1, seq - self.config.max_buffered)
-            for missing in range(start, seq):
-                holes[missing] = now_us
+            # Holes further back than max_buffered are not tracked: they contribute no delay sample.
+            self._holes.add(max(self._max_seen + 1, seq - self.config.max_buffered), seq - 1, now_us)
             self._max_seen = seq
         else:
-            opened = self._holes.pop(seq, None)
+            opened = self._holes.pop(seq)
             if opened is not None:
                 self.gap_delay.add(now_us - opened)
                 self.counters.gaps_closed += 1
@@ -296,7 +297,7 @@ class SequenceReorderer:
 
     def _late(self, event: SourceEvent, now_us: int) -> list[ReorderOutput]:
         counters = self.counters
-        info = self._skipped.pop(event.seq, None)
+        info = self._skipped.pop(event.seq)
         if info is not None:
             opened_us, skipped_us = info
             # The feedback the literal thesis timeout lacks: this gap really needed now - opened.
@@ -346,12 +347,18 @@ class SequenceReorderer:
         first = self._expected
         resume = heap[0]
         skipped = self._skipped
-        holes = self._holes
         limit = self.config.max_skipped_tracked
-        for seq in range(max(first, resume - limit), resume):
-            skipped[seq] = (holes.pop(seq, self._head_since_us), at_us)
-        while len(skipped) > limit:
-            del skipped[next(iter(skipped))]
+        # Each skipped seq keeps the time its hole became visible (the head gap's opening when it was not tracked),
+        # one entry per run of seqs that share it; only the newest ``limit`` skipped seqs are kept.
+        tracked_from = max(first, resume - limit)
+        head_since_us = self._head_since_us
+        cursor = first
+        for lo, hi, opened_us in self._holes.pop_range(first, resume - 1):
+            skipped.add(max(cursor, tracked_from), lo - 1, (head_since_us, at_us))
+            skipped.add(max(lo, tracked_from), hi, (opened_us, at_us))
+            cursor = hi + 1
+        skipped.add(max(cursor, tracked_from), resume - 1, (head_since_us, at_us))
+        skipped.trim_low(limit)
         counters = self.counters
         counters.skipped_seqs += resume - first
         if reason == "timeout":

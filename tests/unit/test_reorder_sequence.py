@@ -282,3 +282,61 @@ def test_min_timeout_floor_outlasts_a_short_learned_quantile():
             assert [o.event.seq for o in closed if isinstance(o, Released)] == [3, 4]
         else:
             assert [(g.first_seq, g.last_seq) for g in skipped] == [(3, 3)]
+
+
+# -- issue 24 item 3: gap bookkeeping is ranges, with the outputs of the per-seq version ---------------------------
+
+
+def test_a_seq_jump_costs_constant_memory_not_one_entry_per_missing_seq() -> None:
+    import tracemalloc
+
+    r = SequenceReorderer("D1", "R1", SequenceConfig(initial_seq=0))
+    r.push(ev(0), 0)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        r.push(ev(1_000_000), 10)  # a hole of 999,999 seqs becomes visible
+        out = r.advance(r.next_deadline_us() or 0)  # and is given up
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(g.first_seq, g.last_seq) for g in out if isinstance(g, GapSkipped)] == [(1, 999_999)]
+    assert released_seqs(out) == [1_000_000]
+    assert peak - before < 64 * 1024  # per-seq dicts took ~20 MB here
+    # The newest max_skipped_tracked skipped seqs still tell a late arrival from a duplicate.
+    late = r.push(ev(999_999), 3_000_000)
+    assert [o.reason for o in late if isinstance(o, Late)] == ["late_after_skip"]
+    assert [o.reason for o in r.push(ev(5), 3_000_001) if isinstance(o, Late)] == ["duplicate"]
+
+
+_ARRIVALS = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=40), st.integers(min_value=0, max_value=3_000)),
+    min_size=1, max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ARRIVALS, st.integers(min_value=1, max_value=6), st.integers(min_value=0, max_value=12),
+       st.sampled_from(["adaptive", "thesis"]), st.booleans())
+def test_outputs_match_the_per_seq_reference_implementation(
+        arrivals: list[tuple[int, int]], max_buffered: int, max_skipped: int, mode: str, drop_late: bool) -> None:
+    from dataclasses import astuple
+
+    from tests.unit import reference_sequence as reference
+
+    kwargs = {"max_buffered": max_buffered, "max_skipped_tracked": max_skipped, "min_gap_samples": 2,
+              "latency_threshold_us": 2_000, "drop_late": drop_late}
+    new = SequenceReorderer("D1", "R1", SequenceConfig(mode=mode, **kwargs))  # type: ignore[arg-type]
+    old = reference.SequenceReorderer("D1", "R1", reference.SequenceConfig(mode=mode, **kwargs))  # type: ignore[arg-type]
+    now_us = 0
+    for seq, wait_us in arrivals:
+        due_new, due_old = new.next_deadline_us(), old.next_deadline_us()
+        assert due_new == due_old
+        if due_new is not None and due_new <= now_us + wait_us:
+            assert new.advance(now_us + wait_us) == old.advance(now_us + wait_us)
+        now_us += wait_us
+        assert new.push(ev(seq), now_us) == old.push(ev(seq), now_us)
+        assert astuple(new.counters) == astuple(old.counters)
+        assert new.timeout_us() == old.timeout_us()
+    assert new.flush(now_us + 1) == old.flush(now_us + 1)
+    assert astuple(new.counters) == astuple(old.counters)
