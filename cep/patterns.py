@@ -20,7 +20,11 @@ Selection: skip-till-any-match.  Every combination of buffered candidates that c
 its last member arrives, whatever the arrival order (the reversed order of Query 5.9 is the same combination seen
 from the other side).  Memory is bounded by the window: a candidate is dropped once no future event
 (``ts >= watermark``) can combine with it, and hard caps (``max_candidates`` per element, ``max_matches_per_event``)
-turn a burst into counted truncations instead of unbounded growth.
+turn a burst into counted truncations instead of unbounded growth.  Nothing is truncated silently: every match past
+``max_matches_per_event`` is still enumerated and counted (``last_truncated`` for the event just fed,
+``counters.matches_truncated`` in all), only not returned, so the count is exact; every candidate the per-element cap
+evicts is counted the same way (``last_candidates_dropped``, ``counters.candidates_dropped``).  The matches such an
+evicted candidate would have completed later cannot be counted: the shell reports the eviction itself.
 
 Late events (``ts < watermark``, from the gateway's late topic): a candidate past that horizon is not dropped but
 *retained* for ``allowed_lateness_us`` more, in a separate set that only late events search (an on-time event
@@ -350,7 +354,9 @@ class _Counters:
     """Events below the watermark, too_late ones included."""
     over_bound: int = 0
     candidates_dropped: int = 0
+    """Candidates evicted by ``max_candidates`` (the oldest of their element)."""
     matches_truncated: int = 0
+    """Matches found but not returned because their event had already completed ``max_matches_per_event``."""
     expired: int = 0
     """Candidates past the on-time horizon (moved to the retained set, or dropped with no allowed lateness)."""
     too_late: int = 0
@@ -388,6 +394,10 @@ class UncertainPatternMatcher:
         self.counters = _Counters()
         self.last_lateness: Lateness = "on_time"
         """What the last :meth:`on_event` found its event to be (the shell reports ``too_late`` from it)."""
+        self.last_truncated = 0
+        """Matches the last :meth:`on_event` completed beyond ``max_matches_per_event``: counted, not returned."""
+        self.last_candidates_dropped = 0
+        """Candidates the last :meth:`on_event` evicted through ``max_candidates``."""
 
     def set_ta_us(self, ta_us: int) -> None:
         """Thesis mode: ``T_a`` (max RTT over the stream's sources).  Applies to events added from now on."""
@@ -437,6 +447,8 @@ class UncertainPatternMatcher:
             self.counters.late_events += 1
             lateness = self.lateness(ts_us)
         self.last_lateness = lateness
+        self.last_truncated = 0
+        self.last_candidates_dropped = 0
         if spec.mode == "per_event" and uncertainty_us > spec.max_uncertainty_us:
             self.counters.over_bound += 1
         if lateness == "too_late":
@@ -450,16 +462,20 @@ class UncertainPatternMatcher:
         cand = _Candidate(ts_us, self._width2(uncertainty_us), self._arrivals, event_ref)
         self._arrivals += 1
         found: list[PatternMatch] = []
+        truncated = 0
+        within_us = spec.within_us
         for i in positions:
-            budget = spec.max_matches_per_event - len(found)
             for combo in self._combinations(i, cand, late):
-                if budget <= 0:
-                    self.counters.matches_truncated += 1
-                    break
-                match = self._match(combo, spec.elements[i].name if late else None)
-                if match is not None:
-                    found.append(match)
-                    budget -= 1
+                if len(found) < spec.max_matches_per_event:
+                    match = self._match(combo, spec.elements[i].name if late else None)
+                    if match is not None:
+                        found.append(match)
+                # Past the cap: decide the combination all the same (no match object is built) so the count of
+                # what is not returned is exact.
+                elif classify([c.ts_us for c in combo], [c.width2_us for c in combo], within_us) is not None:
+                    truncated += 1
+        self.last_truncated = truncated
+        self.counters.matches_truncated += truncated
         buckets = self._candidates
         wm = self.watermark_us
         if late and wm is not None and 2 * cand.ts_us + cand.width2_us < self._horizon2(wm):
@@ -473,6 +489,7 @@ class UncertainPatternMatcher:
                 # Drop the oldest by reference time: the one closest to expiring anyway.
                 bucket.pop(0)  # sorted: the oldest by reference time
                 self.counters.candidates_dropped += 1
+                self.last_candidates_dropped += 1
         for m in found:
             self.counters.matches += 1
             if m.confidence is Confidence.CONFIRMED:

@@ -58,6 +58,9 @@ RESULT_DROPPED_BY_WATERMARK = "dropped_by_watermark"
 # and a trace that can no longer match was released (Li 2010, Algorithm 5).
 RESULT_EARLY_ALERT = "early_alert"
 RESULT_MONITOR_TERMINATED = "monitor_terminated"
+# A cap cut results short (pattern job: matches past max_matches_per_event, candidates evicted by max_candidates):
+# the record says why and how many, so nothing is truncated silently.
+RESULT_TRUNCATED = "truncated"
 # Window results carry a revision: 0 when first released, n for the n-th correction (same key: a compacted
 # results topic keeps the final truth).
 REVISION = "revision"

@@ -6,6 +6,12 @@ match goes to `skewless.results.pattern` with its confidence (Confirmed/Uncertai
 that decided it and `late` (a late event completed it); key `<stream>|<partition value>|<source:seq of each event>`.
 T_a for thesis mode is read from the records while the job runs (the maximum round trip over the stream's sources),
 or fixed with `ta_us`.
+
+Nothing is cut short silently: when an event completes more matches than the pattern's `max_matches_per_event`, the
+matches past it are counted and one `truncated` record says so (reason `max_matches_per_event`, `truncated_matches`,
+`reported_matches`, `limit`); when an element's buffer passes `max_candidates`, the evicted candidates are counted
+and reported the same way (reason `max_candidates`, `dropped_candidates`). Key `<stream>|truncated|<reason>|<source:
+seq>`. The totals stay in the state (`truncated_matches()`, `dropped_candidates()`), restored with it.
 """
 
 from __future__ import annotations
@@ -19,10 +25,19 @@ import orjson
 
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
-from contract.records import RESULT_MATCH, RESULT_REJECTED, RESULT_TOO_LATE, result_key, result_value
+from contract.records import (
+    RESULT_MATCH,
+    RESULT_REJECTED,
+    RESULT_TOO_LATE,
+    RESULT_TRUNCATED,
+    result_key,
+    result_value,
+)
 from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
 
 JOB_NAME = "pattern"
+REASON_MAX_MATCHES = "max_matches_per_event"
+REASON_MAX_CANDIDATES = "max_candidates"
 
 
 @dataclass(frozen=True)
@@ -67,10 +82,14 @@ class PatternStreamCore:
         # The stream's promise so far: a matcher made for a new (or forgotten) partition key starts from it, so it
         # judges a late event as late, not as the first event of a fresh stream.
         self.watermark_us: int | None = None
+        # Totals over the stream's partitions (a matcher is dropped once idle, its counters with it).
+        self._truncated_matches = 0
+        self._dropped_candidates = 0
         if blob is not None:
             state = msgpack.unpackb(blob, raw=False)
             self.ta_us = state["ta_us"]
             self.watermark_us = state["watermark_us"]
+            self._truncated_matches, self._dropped_candidates = state.get("truncated", (0, 0))
             self.matchers = {part: UncertainPatternMatcher.restore(b, spec) for part, b in state["parts"].items()}
 
     def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -116,6 +135,21 @@ class PatternStreamCore:
                 seq=seq, ref_ts_us=ts_us, reason="beyond_allowed_lateness",
                 detail=f"older than the watermark {self.watermark_us} minus the allowed lateness")))
         outputs.extend(self._record(part, m) for m in matches)
+        self._truncated_matches += matcher.last_truncated
+        self._dropped_candidates += matcher.last_candidates_dropped
+        if matcher.last_truncated:
+            outputs.append((result_key(self.stream, RESULT_TRUNCATED, REASON_MAX_MATCHES, f"{source_id}:{seq}"),
+                            result_value(JOB_NAME, RESULT_TRUNCATED, self.stream, partition=part, source_id=source_id,
+                                         seq=seq, ref_ts_us=ts_us, reason=REASON_MAX_MATCHES,
+                                         truncated_matches=matcher.last_truncated, reported_matches=len(matches),
+                                         limit=self.spec.max_matches_per_event)))
+        if matcher.last_candidates_dropped:
+            # The matches the evicted candidates would have completed later cannot be counted: say the eviction.
+            outputs.append((result_key(self.stream, RESULT_TRUNCATED, REASON_MAX_CANDIDATES, f"{source_id}:{seq}"),
+                            result_value(JOB_NAME, RESULT_TRUNCATED, self.stream, partition=part, source_id=source_id,
+                                         seq=seq, ref_ts_us=ts_us, reason=REASON_MAX_CANDIDATES,
+                                         dropped_candidates=matcher.last_candidates_dropped,
+                                         limit=self.spec.max_candidates)))
 
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
         self.watermark_us = watermark_us if self.watermark_us is None else max(self.watermark_us, watermark_us)
@@ -127,6 +161,14 @@ class PatternStreamCore:
                 del self.matchers[part]
         return outputs
 
+    def truncated_matches(self) -> int:
+        """Matches counted but not reported (``max_matches_per_event``) on this stream so far."""
+        return self._truncated_matches
+
+    def dropped_candidates(self) -> int:
+        """Candidates evicted by ``max_candidates`` on this stream so far."""
+        return self._dropped_candidates
+
     def set_ta_us(self, ta_us: int) -> None:
         if self.fixed_ta:
             return
@@ -136,6 +178,7 @@ class PatternStreamCore:
 
     def snapshot(self) -> bytes:
         packed: bytes = msgpack.packb({"ta_us": self.ta_us, "watermark_us": self.watermark_us,
+                                       "truncated": [self._truncated_matches, self._dropped_candidates],
                                        "parts": {p: m.snapshot() for p, m in self.matchers.items()}},
                                       use_bin_type=True)
         return packed

@@ -115,3 +115,34 @@ def test_pattern_job_labels_confirmed_and_uncertain_exactly(kafka, spark, topic_
     # The console shows exactly what went to Kafka (one execution of the micro-batch for both).
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[pattern batch")]
     assert sorted(orjson.loads(line.split("] ", 1)[1])["partition"] for line in printed) == ["a", "b", "c"]
+
+
+def test_pattern_job_reports_the_matches_its_cap_truncates(kafka, spark, topic_prefix, tmp_path):
+    # Issue 25 item 3: 1,200 kicks and one goal for one team complete 1,200 matches. The matcher reports 1,000 (its
+    # default max_matches_per_event); the other 200 must reach the results topic as one `truncated` record.
+    topics = TopicNames(topic_prefix)
+    kicks = [event_record("burst", "cam", i, BASE_US + i * MS, 0, {"team": "a", "kind": "kick"})
+             for i in range(1_200)]
+    goal = event_record("burst", "cam", 1_200, BASE_US + 5_000 * MS, 0, {"team": "a", "kind": "goal"})
+    produce(kafka.bootstrap_servers, topics.events("burst"),
+            [*kicks, goal, punctuation_record("burst", BASE_US + 20_000 * MS)])
+    query = pattern_job.start(spark, pattern_job.PatternOptions(
+        bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix, streams=("burst",),
+        pattern="SEQ(kick: kind == 'kick', goal: kind == 'goal') PARTITION BY team WITHIN 1 h MODE per_event",
+        checkpoint_dir=str(tmp_path / "ckpt"), console=False, processing_time="500 milliseconds"))
+    try:
+        wait_for_results(kafka.bootstrap_servers, topics.results("pattern"),
+                         lambda rs: any(r["record"] == "truncated" for r in rs), query)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    results = [orjson.loads(v) for _k, v in read_topic(kafka.bootstrap_servers, topics.results("pattern"))]
+    kinds: dict[str, int] = {}
+    for r in results:
+        kinds[r["record"]] = kinds.get(r["record"], 0) + 1
+    assert kinds == {"match": 1_000, "truncated": 1}
+    (truncated,) = [r for r in results if r["record"] == "truncated"]
+    assert (truncated["reason"], truncated["truncated_matches"], truncated["reported_matches"], truncated["limit"],
+            truncated["partition"], truncated["seq"]) == ("max_matches_per_event", 200, 1_000, 1_000, "a", 1_200)
+    # 1,000 reported + 200 counted = every kick paired with the goal exactly once.
+    assert len({r["events"][0]["seq"] for r in results if r["record"] == "match"}) == 1_000

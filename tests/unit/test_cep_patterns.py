@@ -547,3 +547,34 @@ def test_version_1_snapshot_restores() -> None:
     old = UncertainPatternMatcher.restore(msgpack.packb(state, use_bin_type=True))
     assert (old.allowed_lateness_us, old.retained, old.counters.events) == (3_600_000_000, 0, 1)
     assert ids(old.on_event(50, 0, {"k": "b"}, {"id": 2})) == [((1, 2), "Confirmed")]
+
+
+def test_every_match_past_the_per_event_cap_is_counted_exactly() -> None:
+    # Issue 25 item 3: 1,200 `a` then one `b` complete 1,200 matches; the default cap reports 1,000 and the other
+    # 200 must be counted (per event and in total), not lost behind a single "truncated once".
+    spec = PatternSpec.parse("SEQ(a: k == 'a', b: k == 'b') WITHIN 1 h MODE per_event")
+    assert spec.max_matches_per_event == 1_000
+    m = UncertainPatternMatcher(spec)
+    for i in range(1_200):
+        assert m.on_event(i, 0, {"k": "a"}, {"id": i}) == []
+        assert m.last_truncated == 0
+    got = m.on_event(5_000, 0, {"k": "b"}, {"id": "b"})
+    assert len(got) == 1_000
+    assert m.last_truncated == 200
+    assert (m.counters.matches, m.counters.matches_truncated) == (1_000, 200)
+    # A second `b` truncates as many again; the counter adds up, the per-event figure does not carry over.
+    assert len(m.on_event(5_001, 0, {"k": "b"}, {"id": "b2"})) == 1_000
+    assert (m.last_truncated, m.counters.matches_truncated) == (200, 400)
+    assert UncertainPatternMatcher.restore(m.snapshot()).counters.matches_truncated == 400
+
+
+def test_candidates_dropped_by_the_cap_are_said_per_event() -> None:
+    spec = PatternSpec(
+        (Element.parse("a", "k == 'a'"), Element.parse("b", "k == 'b'")), 10**9, mode="per_event", max_candidates=3)
+    m = UncertainPatternMatcher(spec)
+    dropped = []
+    for i in range(5):
+        m.on_event(i, 0, {"k": "a"}, {"id": i})
+        dropped.append(m.last_candidates_dropped)
+    assert dropped == [0, 0, 0, 1, 1]
+    assert m.counters.candidates_dropped == 2

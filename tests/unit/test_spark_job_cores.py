@@ -235,3 +235,30 @@ def test_the_columnar_path_gives_the_rows_path_records_for_every_job() -> None:
     assert {"window", "too_late"} <= records["window_count"]
     assert {"match", "rejected", "too_late"} <= records["pattern"]
     assert {"match", "rejected", "too_late"} <= records["sequence"]
+
+
+def test_pattern_job_reports_every_match_it_truncates() -> None:
+    # Issue 25 item 3: 1,200 `kick` and one `goal` for one team complete 1,200 matches; the matcher's default cap
+    # reports 1,000 of them; the other 200 must reach the output as a `truncated` record with its reason and count.
+    from cep.patterns import PatternSpec
+    from contract.records import RESULT_TRUNCATED
+    from spark_jobs.pattern import PatternStreamCore
+
+    spec = PatternSpec.parse("SEQ(x: k == 'kick', y: k == 'goal') PARTITION BY team WITHIN 1 h MODE per_event")
+    core = PatternStreamCore("m", spec, 0, True, 5_000_000, None)
+    rows = [pattern_row(i, 1_000 + i, "kick") for i in range(1_200)] + [pattern_row(1_200, 5_000, "goal")]
+    out = core.on_rows(rows)
+    kinds: dict[str, int] = {}
+    for _key, value in out:
+        kinds[value["record"]] = kinds.get(value["record"], 0) + 1
+    assert kinds == {"match": 1_000, RESULT_TRUNCATED: 1}
+    (key, truncated), = [(k, v) for k, v in out if v["record"] == RESULT_TRUNCATED]
+    assert key == "m|truncated|max_matches_per_event|cam:1200"
+    assert {f: truncated[f] for f in ("job", "stream", "partition", "source_id", "seq", "ref_ts_us", "reason",
+                                      "truncated_matches", "reported_matches", "limit")} == {
+        "job": "pattern", "stream": "m", "partition": "a", "source_id": "cam", "seq": 1_200,
+        "ref_ts_us": BASE + 5_000_000, "reason": "max_matches_per_event", "truncated_matches": 200,
+        "reported_matches": 1_000, "limit": 1_000}
+    # The count survives the state: the stream's totals over every partition, restored from a snapshot.
+    again = PatternStreamCore("m", spec, 0, True, 5_000_000, core.snapshot())
+    assert again.truncated_matches() == 200
