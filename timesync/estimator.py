@@ -22,6 +22,10 @@ Algorithm
   on a gap of more than ``burst_gap_us`` between samples, or once it holds ``burst_size``
   samples (default 64): a client that never ends its burst still gets a fresh filtered point
   every ``burst_size`` samples instead of one stale minimum forever.
+* A sample whose offset lies further from the current estimate than its error bound, the sample's own rtt/2 and
+  ``STEP_THRESHOLD_US`` together allow shows a clock step at once: the history and the open burst are dropped and
+  the estimate starts over from that sample (``step_count``). A network or queueing delay cannot do that: it
+  widens the round trip, and the interval ``offset +- rtt/2`` still holds the true offset.
 * Each burst contributes one filtered point ``(t_ref, offset, rtt)`` to a history of at most
   ``max_points`` points.  A weighted least-squares line through the history gives the offset at
   the newest point (intercept) and the skew (slope), in the spirit of chrony's sourcestats.c:
@@ -251,6 +255,13 @@ class ClockEstimator:
             self.rejected_count += 1
             return False
         ref_us = sample.ref_midpoint_us
+        if self._stepped_before(sample):
+            # The clock stepped since the estimate was made: this sample alone shows it (a delay widens a sample's
+            # round trip, and with it the interval that holds its true offset; it never moves that interval away
+            # from the truth). Start over from it, dropping the open burst too: its samples are from before.
+            self._history.clear()
+            self._burst = None
+            self.step_count += 1
         burst = self._burst
         if burst is not None and abs(ref_us - burst.last_ref_us) > self.burst_gap_us:
             self.end_burst()
@@ -285,6 +296,18 @@ class ClockEstimator:
                 self.step_count += 1
         self._history.append(point)
         self._closed_bursts += 1
+
+    def _stepped_before(self, sample: SyncSample) -> bool:
+        """The sample's offset lies outside what the current estimate allows (its error bound, plus the sample's
+        own rtt/2, plus ``STEP_THRESHOLD_US``), as ``end_burst`` judges a whole burst."""
+        if not self._history and self._burst is None:
+            return False
+        current = self.estimate()
+        if current is None:
+            return False
+        ref_us = sample.ref_midpoint_us
+        deviation = abs(sample.offset_exact_us - current.offset_at_us(ref_us))
+        return deviation > current.error_bound_us(ref_us) + max(sample.rtt_us, 0) / 2 + STEP_THRESHOLD_US
 
     def reset(self) -> None:
         """Forget everything (e.g. the source restarted and its clock jumped)."""

@@ -302,6 +302,29 @@ def test_a_clock_step_restarts_the_regression_instead_of_becoming_skew() -> None
     assert drift_estimate is not None and abs(drift_estimate.skew_ppm - 500.0) < 5
 
 
+def test_one_fresh_sample_that_disagrees_with_the_estimate_beyond_its_bound_is_a_step_at_once() -> None:
+    # Issue 25 item 9: a step moves the offset of the first low-RTT sample after it; a delay does not. The estimator
+    # restarts from that sample, without waiting for its burst to end or mixing it with the samples before the step.
+    rng = random.Random(9)
+    src = VirtualLink(0.0, 0.0, rng)
+    est = ClockEstimator()
+    t = 1_800_000_000_000_000.0
+    for b in range(3):
+        _burst(est, src, t + b * 1_000_000)
+    est.add_sample(src.exchange(t + 3_000_000, 200.0, 200.0))  # the re-sync burst opens before the step
+    src.offset0_us += 2_000_000  # the source clock steps back 2 s: the offset grows by 2 s
+    est.add_sample(src.exchange(t + 3_020_000, 300.0, 300.0))
+    assert est.step_count == 1
+    estimate = est.estimate()
+    assert estimate is not None
+    assert abs(estimate.offset_us - src.true_offset_us(t + 3_020_000)) <= estimate.root_error_us
+    assert estimate.sync_ref_us == round(t + 3_020_000 + 300 + 10)  # that sample, not the lower-RTT one before
+    # A sample delayed 1.9 s on one leg (a queue, a paused reader) is no step: its own RTT covers the asymmetry.
+    est.add_sample(src.exchange(t + 3_040_000, 1_900_000.0, 100.0))
+    est.end_burst()
+    assert est.step_count == 1
+
+
 # -- the minimum filter sees the whole burst (Eq. 3.14: minimum over ALL requests) ----------------------------------
 
 # Hand-computed samples of a 10-request burst, the source ~250 ms behind the reference.
