@@ -7,6 +7,11 @@ HMAC format (the gateway checks the same one, gateway/auth.py)::
 ``ts_us`` is the source's best idea of the reference clock (integer microseconds since the epoch) when it
 connects; the gateway refuses a token whose ``ts_us`` is too far from its own clock, so a captured token is only
 good for a short while.
+
+``secret`` is the source's own key: with a gateway configured with a master secret (``hmac_master``), the key is
+``derive_source_key(master, source_id)`` (64 hex digits, used as the bytes of that text), printed by
+``skewless keys derive --source ID``; a source holding its key cannot sign as any other source. Pass it as
+``SkewlessClient(..., hmac_secret=key.encode())``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import hashlib
 import hmac
 from collections.abc import Callable
 
-__all__ = ["TokenProvider", "hmac_provider", "hmac_token", "parse_hmac_token", "static_token"]
+__all__ = ["TokenProvider", "derive_source_key", "hmac_provider", "hmac_token", "parse_hmac_token", "static_token"]
+
+# Domain separation of derived keys (the gateway's gateway.auth.SOURCE_KEY_CONTEXT).
+SOURCE_KEY_CONTEXT = "skewless source key v1:"
 
 TokenProvider = Callable[[], str]
 """Called once per connection attempt; returns the hello's ``token``."""
@@ -29,6 +37,14 @@ def hmac_token(secret: bytes, source_id: str, ts_us: int) -> str:
         raise ValueError("ts_us must be >= 0")
     digest = hmac.new(secret, f"{source_id}:{ts_us}".encode(), hashlib.sha256).hexdigest()
     return f"{ts_us}:{digest}"
+
+
+def derive_source_key(master: bytes, source_id: str) -> str:
+    """A source's own key from the deployment's master secret: hex of HMAC-SHA256(master, "skewless source key
+    v1:" + source_id) (pure). For provisioning: a source needs only its own key, never the master."""
+    if not master:
+        raise ValueError("the master secret must not be empty")
+    return hmac.new(master, (SOURCE_KEY_CONTEXT + source_id).encode(), hashlib.sha256).hexdigest()
 
 
 def parse_hmac_token(token: str) -> tuple[int, str]:

@@ -2,10 +2,19 @@
 
 Two credential kinds, checked in this order:
 - a static token per source (`tokens`: source_id -> token), compared in constant time;
-- an HMAC token `"<ts_us>:<hex>"` with hex = HMAC-SHA256(secret, "<source_id>:<ts_us>"), accepted when ts_us is
+- an HMAC token `"<ts_us>:<hex>"` with hex = HMAC-SHA256(key, "<source_id>:<ts_us>"), accepted when ts_us is
   within `max_skew_us` of the gateway clock and used for the first time: a captured hello cannot be replayed (each
-accepted HMAC token is remembered until it is too old to pass the clock check anyway).
-With neither configured every source is accepted (development mode); `allowed_sources` restricts ids either way.
+  accepted HMAC token is remembered until it is too old to pass the clock check anyway).
+
+The HMAC key is the source's own (docs/wire-protocol.md, "Authentication"), first found of:
+- its entry in the key table (`source_keys`: source_id -> key);
+- its key derived from the master secret (`hmac_master`): ``derive_source_key(master, source_id)``, the hex of
+  HMAC-SHA256(master, "skewless source key v1:" + source_id). The gateway keeps only the master; each source gets
+  its own key (``skewless keys derive --source ID``) and cannot sign as another;
+- the shared secret (`hmac_secret`, the older scheme): one key for every source, so any holder can sign as any
+  source id.
+A key is used as the bytes of its text (UTF-8): a derived key is its 64 hex digits.
+With none configured every source is accepted (development mode); `allowed_sources` restricts ids either way.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from dataclasses import dataclass, field
 from contract.wire.errors import RemoteProtocolError
 
 DEFAULT_HMAC_MAX_SKEW_US = 300_000_000  # 5 minutes, as Kerberos and most signed-request schemes allow
+# Domain separation: a derived source key is never equal to an HMAC this scheme computes for anything else.
+SOURCE_KEY_CONTEXT = "skewless source key v1:"
 
 
 class AuthenticationFailed(RemoteProtocolError):
@@ -33,6 +44,12 @@ class UnknownSource(RemoteProtocolError):
 def hmac_token(secret: bytes, source_id: str, ts_us: int) -> str:
     digest = hmac.new(secret, f"{source_id}:{ts_us}".encode(), hashlib.sha256).hexdigest()
     return f"{ts_us}:{digest}"
+
+
+def derive_source_key(master: bytes, source_id: str) -> str:
+    """The source's own HMAC key: hex of HMAC-SHA256(master, "skewless source key v1:" + source_id) (pure; the SDK's
+    clients.auth.derive_source_key computes the same)."""
+    return hmac.new(master, (SOURCE_KEY_CONTEXT + source_id).encode(), hashlib.sha256).hexdigest()
 
 
 class ReplayGuard:
@@ -67,12 +84,24 @@ class SourceAuthenticator:
     tokens: Mapping[str, str] = field(default_factory=dict)
     hmac_secret: bytes | None = None
     allowed_sources: Collection[str] | None = None
+    hmac_master: bytes | None = None
+    source_keys: Mapping[str, str] = field(default_factory=dict)
     max_skew_us: int = DEFAULT_HMAC_MAX_SKEW_US
     replay_guard: ReplayGuard = field(default_factory=ReplayGuard, compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.tokens) or self.hmac_secret is not None
+        return bool(self.tokens) or bool(self.source_keys) or self.hmac_secret is not None or \
+            self.hmac_master is not None
+
+    def key_of(self, source_id: str) -> bytes | None:
+        """The HMAC key ``source_id`` must sign with (module doc), or None if it has none here."""
+        key = self.source_keys.get(source_id)
+        if key is not None:
+            return key.encode()
+        if self.hmac_master is not None:
+            return derive_source_key(self.hmac_master, source_id).encode()
+        return self.hmac_secret
 
     def check(self, source_id: str, token: str | None, now_us: int) -> None:
         """Raises UnknownSource or AuthenticationFailed; returns None when the source may stream."""
@@ -87,11 +116,12 @@ class SourceAuthenticator:
             if hmac.compare_digest(token.encode(), expected.encode()):
                 return
             raise AuthenticationFailed(f"source {source_id!r}: wrong token")
-        if self.hmac_secret is None:
+        key = self.key_of(source_id)
+        if key is None:
             raise UnknownSource(f"source {source_id!r} has no credentials on this gateway")
-        self._check_hmac(source_id, token, now_us)
+        self._check_hmac(source_id, token, now_us, key)
 
-    def _check_hmac(self, source_id: str, token: str, now_us: int) -> None:
+    def _check_hmac(self, source_id: str, token: str, now_us: int, key: bytes) -> None:
         ts_text, _, _digest = token.partition(":")
         try:
             ts_us = int(ts_text)
@@ -99,8 +129,7 @@ class SourceAuthenticator:
             raise AuthenticationFailed(f"source {source_id!r}: malformed HMAC token") from None
         if abs(now_us - ts_us) > self.max_skew_us:
             raise AuthenticationFailed(f"source {source_id!r}: HMAC token timestamp too far from gateway time")
-        assert self.hmac_secret is not None
-        if not hmac.compare_digest(token.encode(), hmac_token(self.hmac_secret, source_id, ts_us).encode()):
+        if not hmac.compare_digest(token.encode(), hmac_token(key, source_id, ts_us).encode()):
             raise AuthenticationFailed(f"source {source_id!r}: wrong HMAC")
         if not self.replay_guard.first_use(source_id, ts_us, now_us, self.max_skew_us):
             raise AuthenticationFailed(f"source {source_id!r}: HMAC token already used (replayed hello)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
 import sys
@@ -16,7 +17,8 @@ import typer
 
 from broker.admin import TopicConfigError
 from broker.cli import CommandError, KafkaProperties, parse_kafka_properties, probe_kafka
-from gateway.config import BOOTSTRAP_ENV, HMAC_SECRET_ENV, ConfigError, build_config, load_settings
+from gateway.auth import derive_source_key
+from gateway.config import BOOTSTRAP_ENV, HMAC_MASTER_ENV, HMAC_SECRET_ENV, ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
 from gateway.logs import LogLevel, child_env, configure_logging, current_log_format, current_log_level
 from gateway.server import ClusterConfigError, Gateway, GatewayConfig
@@ -227,5 +229,29 @@ async def _serve(config: GatewayConfig) -> None:
     typer.echo(f"stopped; counters: {gw.counters}")
 
 
+def keys_derive(
+    source: Annotated[str, typer.Option("--source", help="The source id whose key to print.")],
+    master_file: Annotated[Path | None, typer.Option(
+        help=f"File holding the master secret (its text, a trailing newline stripped) [env {HMAC_MASTER_ENV}].")
+    ] = None,
+) -> None:
+    """Print a source's own HMAC key, derived from the deployment's master secret (docs/wire-protocol.md,
+    "Authentication"): give the source this key, never the master. The master is read from --master-file or the
+    environment, not from the command line (other users can read a process's arguments)."""
+    if master_file is not None:
+        try:
+            master = master_file.read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise CommandError(f"cannot read the master secret ({master_file}): {exc.strerror}", 2) from None
+    else:
+        master = os.environ.get(HMAC_MASTER_ENV, "")
+    if not master:
+        raise CommandError(f"no master secret: set {HMAC_MASTER_ENV} or pass --master-file", 2)
+    typer.echo(derive_source_key(master.encode(), source))
+
+
 def register(app: typer.Typer) -> None:
     app.command("gateway")(gateway)
+    keys = typer.Typer(help="Per-source HMAC keys (docs/wire-protocol.md, \"Authentication\").", no_args_is_help=True)
+    keys.command("derive")(keys_derive)
+    app.add_typer(keys, name="keys")

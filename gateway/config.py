@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from contract.units import DurationError, parse_duration_us
+from contract.wire.messages import MAX_STREAMS_PER_SOURCE
 from gateway.auth import SourceAuthenticator
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
 from reorder.pipeline import PipelineConfig
+from reorder.sequence import SequenceConfig
 from timesync.responder import ResponderConfig
 from timesync.server import DEFAULT_PORT as DEFAULT_SYNC_PORT
 from timesync.server import ServerConfig
@@ -25,14 +27,19 @@ ENV_PREFIX = "SKEWLESS_GATEWAY_"
 # `skewless spark ...` and `skewless source replay`.
 BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
 HMAC_SECRET_ENV = "SKEWLESS_HMAC_SECRET"
+# The master secret per-source keys are derived from (gateway.auth): the gateway keeps it, sources get their own key.
+HMAC_MASTER_ENV = "SKEWLESS_HMAC_MASTER"
 # Tables a config file may hold: the gateway's settings and the librdkafka properties every Kafka client shares.
 TABLES = ("gateway", "kafka")
+# Query 5.3's Eq. 3.11 threshold (the replay's `thesis` approach).
+THESIS_LATENCY_THRESHOLD_US = 500_000
 # /metrics and /healthz: outside Prometheus' own 9090-9094 and the exporters' 9100+ (docs/operations.md).
 DEFAULT_METRICS_PORT = 7780
 
 # The type of every setting; durations ("_s" keys) are numbers of seconds or strings with a unit ("250ms", "2m").
 _PORT, _POSITIVE, _STR, _BOOL, _TABLE, _LIST, _SECONDS, _MICROS, _DURATION_TEXT = (
     "port", "positive int", "str", "bool", "table", "list", "seconds", "micros", "duration text")
+_COUNT, _FRACTION = "count", "fraction"  # an int >= 0; a number in (0, 1]
 SCHEMA: dict[str, str] = {
     "host": _STR, "port": _PORT, "bootstrap": _STR, "topic_prefix": _STR, "max_frame_bytes": _POSITIVE,
     "metrics_host": _STR, "metrics_port": _PORT, "metrics": _BOOL, "tls_cert": _STR, "tls_key": _STR,
@@ -50,6 +57,14 @@ SCHEMA: dict[str, str] = {
     "reconnect_grace_s": _SECONDS, "join_grace_s": _SECONDS, "clock_step_hold_s": _SECONDS,
     "session_timeout_s": _SECONDS, "commit_interval_s": _SECONDS, "source_retention_s": _SECONDS,
     "idle_punctuation_lag_s": _SECONDS,
+    # Limits on what one source can make the gateway hold or create (docs/operations.md, "Limits").
+    "max_streams_per_source": _POSITIVE, "max_streams": _COUNT, "allowed_streams": _LIST,
+    "idle_source_retention_s": _SECONDS, "write_buffer_max_bytes": _POSITIVE, "slow_reader_timeout_s": _SECONDS,
+    # Per-source HMAC keys (docs/wire-protocol.md, "Authentication").
+    "hmac_master": _STR, "source_keys": _TABLE, "source_keys_file": _STR,
+    # The reorderer (docs/reorder.md): "sequence" (adaptive) or "thesis" (Eq. 3.11), its smoothing factors, and
+    # whether late events pass on the events topic flagged late (Query 4.3's 7th parameter) instead of the late topic.
+    "reorder_mode": _STR, "reorder_alpha": _FRACTION, "reorder_beta": _FRACTION, "pass_late": _BOOL,
 }
 KNOWN_KEYS = frozenset(SCHEMA)
 # Earlier spellings, still read (one release) so existing files and deployments keep working.
@@ -71,7 +86,15 @@ def coerce(key: str, value: Any, where: str) -> Any:
     ConfigError names ``where`` it came from (a file and table, an environment variable, a flag)."""
     kind = SCHEMA[key]
     text = value.strip() if isinstance(value, str) else None
-    if kind in (_PORT, _POSITIVE):
+    if kind == _FRACTION:
+        try:
+            number = float(text if text is not None else value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {key} must be a number in (0, 1], got {value!r}") from None
+        if isinstance(value, bool) or not 0.0 < number <= 1.0:
+            raise ConfigError(f"{where}: {key} must be in (0, 1], got {value!r}")
+        return number
+    if kind in (_PORT, _POSITIVE, _COUNT):
         if isinstance(value, bool) or not isinstance(value, int):
             try:
                 value = int(text) if text is not None else int("not an int")
@@ -81,6 +104,8 @@ def coerce(key: str, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {key} must be a port in 0..65535 (0 = any free port), got {value}")
         if kind == _POSITIVE and value < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {value}")
+        if kind == _COUNT and value < 0:
+            raise ConfigError(f"{where}: {key} must be >= 0, got {value}")
         return value
     if kind in (_SECONDS, _MICROS):
         if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -170,7 +195,8 @@ def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None
     for variable, value in sorted(environ.items()):
         if variable.startswith(ENV_PREFIX):
             put(variable[len(ENV_PREFIX):].lower(), value, variable)
-    for variable, key in ((BOOTSTRAP_ENV, "bootstrap"), (HMAC_SECRET_ENV, "hmac_secret")):
+    for variable, key in ((BOOTSTRAP_ENV, "bootstrap"), (HMAC_SECRET_ENV, "hmac_secret"),
+                          (HMAC_MASTER_ENV, "hmac_master")):
         if variable in environ:
             put(key, environ[variable], variable)
     for name, value in (overrides or {}).items():
@@ -229,11 +255,15 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
     allowed = settings.get("allowed_sources")
     if isinstance(allowed, str):
         allowed = [s for s in allowed.split(",") if s]
+    master = settings.get("hmac_master")
     config.authenticator = SourceAuthenticator(
         tokens=dict(settings.get("auth_tokens", {})),
         hmac_secret=secret.encode() if isinstance(secret, str) else None,
         allowed_sources=frozenset(allowed) if allowed is not None else None,
+        hmac_master=master.encode() if isinstance(master, str) and master else None,
+        source_keys=_source_keys(settings),
     )
+    _limits(config, settings)
     defaults = SessionTimeouts()
     config.timeouts = SessionTimeouts(
         handshake_us=int(settings.get("handshake_timeout_s", defaults.handshake_us / 1e6) * 1_000_000),
@@ -251,7 +281,7 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             upstream_servers=tuple(upstream))
     if "max_future_s" in settings:
         config.pipeline = replace(config.pipeline, max_future_us=round(float(settings["max_future_s"]) * 1_000_000))
-    config.pipeline = _with_ordering_waits(config.pipeline, settings)
+    config.pipeline = _with_ordering_waits(_with_reorderer(config.pipeline, settings), settings)
     cert, key = settings.get("tls_cert"), settings.get("tls_key")
     if (cert is None) != (key is None):
         raise ConfigError("tls_cert and tls_key go together")
@@ -263,6 +293,80 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
             raise ConfigError(f"tls_cert/tls_key: cannot load {cert} with {key}: {exc}") from None
         config.ssl_context = context
     return config
+
+
+def _source_keys(settings: Mapping[str, Any]) -> dict[str, str]:
+    """The key table: `source_keys_file` (a TOML file with a [source_keys] table: source id = key), then the
+    `source_keys` table of the settings (which wins). Keys are strings (used as the bytes of their text)."""
+    keys: dict[str, Any] = {}
+    path = settings.get("source_keys_file")
+    if path is not None:
+        try:
+            with Path(path).open("rb") as handle:
+                document = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"source_keys_file {path} does not exist") from None
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"source_keys_file {path}: {exc}") from None
+        table = document.get("source_keys")
+        if not isinstance(table, dict):
+            raise ConfigError(f"source_keys_file {path}: no [source_keys] table (source id = \"key\")")
+        keys.update(table)
+    keys.update(settings.get("source_keys", {}))
+    for source_id, key in keys.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"source_keys: the key of {source_id!r} must be a non-empty string")
+    return keys
+
+
+def _limits(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
+    per_source = settings.get("max_streams_per_source", config.max_streams_per_source)
+    if not 1 <= per_source <= MAX_STREAMS_PER_SOURCE:
+        raise ConfigError(f"max_streams_per_source must be in 1..{MAX_STREAMS_PER_SOURCE} (the wire protocol's "
+                          f"bound), got {per_source}")
+    config.max_streams_per_source = per_source
+    if "max_streams" in settings:
+        config.max_streams = settings["max_streams"] or None  # 0: no cap
+    allowed = settings.get("allowed_streams")
+    if allowed is not None:
+        config.allowed_streams = frozenset(allowed)
+    if "idle_source_retention_s" in settings:
+        retention_s = float(settings["idle_source_retention_s"])
+        if retention_s <= 0:
+            raise ConfigError(f"idle_source_retention_s must be > 0, got {retention_s}")
+        config.idle_source_retention_us = round(retention_s * 1_000_000)
+    if "write_buffer_max_bytes" in settings:
+        config.write_buffer_max_bytes = settings["write_buffer_max_bytes"]
+    if "slow_reader_timeout_s" in settings:
+        timeout_s = float(settings["slow_reader_timeout_s"])
+        if timeout_s <= 0:
+            raise ConfigError(f"slow_reader_timeout_s must be > 0, got {timeout_s}")
+        config.slow_reader_timeout_us = round(timeout_s * 1_000_000)
+
+
+REORDER_MODES = ("sequence", "thesis")
+
+
+def _with_reorderer(pipeline: PipelineConfig, settings: Mapping[str, Any]) -> PipelineConfig:
+    """`reorder_mode`, `reorder_alpha`, `reorder_beta`, `pass_late` (issue 25 item 8): "thesis" runs Eq. 3.11's
+    gap timeout and the thesis' merge, as the replay's `thesis` approach does (reorder.eval.replay.pipeline_config),
+    with Query 5.3's 500 ms threshold unless `gap_timeout_max_s` sets it (applied after this)."""
+    mode = settings.get("reorder_mode", "sequence")
+    if mode not in REORDER_MODES:
+        raise ConfigError(f"reorder_mode must be one of {', '.join(map(repr, REORDER_MODES))}, got {mode!r}")
+    sequence, merger = pipeline.sequence, pipeline.merger
+    if mode == "thesis":
+        sequence = SequenceConfig.thesis(latency_threshold_us=THESIS_LATENCY_THRESHOLD_US,
+                                         drop_late=sequence.drop_late)
+        merger = replace(merger, mode="thesis")
+    if "reorder_alpha" in settings:
+        sequence = replace(sequence, alpha=float(settings["reorder_alpha"]))
+    if "reorder_beta" in settings:
+        sequence = replace(sequence, beta=float(settings["reorder_beta"]))
+    pipeline = replace(pipeline, sequence=sequence, merger=merger)
+    if "pass_late" in settings:
+        pipeline = replace(pipeline, drop_late=not _truthy(settings["pass_late"]))
+    return pipeline
 
 
 def _reference_error(config: GatewayConfig, value: Any) -> None:

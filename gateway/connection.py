@@ -15,6 +15,7 @@ from typing import Literal, Protocol, cast
 
 from contract.wire import messages
 from gateway.ingest import ConnectionId
+from gateway.logs import limited_log
 from gateway.session import (
     CloseConnection,
     DrainRequested,
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 MAX_PENDING_ACTIONS = 64
 # How long a connection closed after an error frame still reads (and drops) what its peer sends: see close().
 ERROR_CLOSE_LINGER_S = 1.0
+# A peer that does not read (issue 24 item 4): past the write high-water mark the connection stops reading it (its
+# own sends then block in TCP), until its buffer drains below the low-water mark. Without this, every answer to a
+# peer that never reads (an error frame per refused event, an ack per duplicate) queued in the gateway's memory:
+# 62 -> 269 MiB in 27 s. A peer still undrained after SLOW_READER_TIMEOUT_US, or with more than
+# WRITE_BUFFER_MAX_BYTES queued (answers to what was read before the pause), is closed with a reason and counted.
+WRITE_HIGH_WATER_BYTES = 256 * 1024
+WRITE_LOW_WATER_BYTES = 64 * 1024
+WRITE_BUFFER_MAX_BYTES = 4 * 1024 * 1024
+SLOW_READER_TIMEOUT_US = 60_000_000
 
 # Where a connection failed (the `stage` label of skewless_gateway_worker_errors_total): the session decoding and
 # parsing bytes, one of the worker's actions, or the worker task itself outside any action.
@@ -61,11 +71,16 @@ class ConnectionOwner(Protocol):
     def worker_failed(self, connection: ConnectionHandler, stage: WorkerStage, error: BaseException) -> None:
         """Log and count it, and tell the client why before the connection closes."""
 
+    def slow_reader_closed(self, connection: ConnectionHandler, reason: str) -> None:
+        """The connection was closed because its peer does not read: count it and log it (rate-limited)."""
+
 
 class ConnectionHandler(asyncio.Protocol):
     """One TCP connection: feeds the session and runs its actions in order on a worker task."""
 
-    def __init__(self, owner: ConnectionOwner, session: GatewaySession, clock_us: ClockUs) -> None:
+    def __init__(self, owner: ConnectionOwner, session: GatewaySession, clock_us: ClockUs, *,
+                 write_buffer_max_bytes: int = WRITE_BUFFER_MAX_BYTES,
+                 slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US) -> None:
         self.session = session
         self.connection_id = ConnectionId(-1)  # the owner's id, from connection_made on
         self.transport: asyncio.Transport | None = None
@@ -81,6 +96,11 @@ class ConnectionHandler(asyncio.Protocol):
         self._failed = False
         # Half-closed after an error frame (close(after_error=True)): nothing more can be written to it.
         self._write_closed = False
+        # Its peer does not read: since when (the clock's us), None while its writes flow.
+        self._write_paused_since_us: int | None = None
+        self._write_buffer_max_bytes = write_buffer_max_bytes
+        self._closing_slow = False
+        self._slow_reader_timeout_us = slow_reader_timeout_us
 
     @property
     def source_id(self) -> str | None:
@@ -89,6 +109,7 @@ class ConnectionHandler(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES, low=WRITE_LOW_WATER_BYTES)
         peername = transport.get_extra_info("peername")
         if isinstance(peername, tuple) and len(peername) >= 2:
             self.peer = f"{peername[0]}:{peername[1]}"
@@ -107,8 +128,35 @@ class ConnectionHandler(asyncio.Protocol):
             return
         self._enqueue(now_us, actions)
 
+    def pause_writing(self) -> None:
+        """asyncio: the write buffer passed the high-water mark. Read nothing more from a peer that does not read
+        what it is sent (its own sends then block in TCP), until resume_writing."""
+        if self._write_paused_since_us is None:
+            self._write_paused_since_us = self._clock_us()
+        if self.transport is not None and not self._closing:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        """asyncio: the write buffer drained below the low-water mark: read again, unless another reason holds."""
+        self._write_paused_since_us = None
+        if self.transport is not None and not self._closing and not self._paused and not self._throttled:
+            self.transport.resume_reading()
+
+    def _close_slow_reader(self, reason: str) -> None:
+        self._closing = True
+        self._owner.slow_reader_closed(self, reason)
+        if self.transport is not None:
+            # close() would first wait for the peer to read what is queued: a peer that does not read, never.
+            self.transport.abort()
+
     def check_timeouts(self, now_us: int) -> None:
         if self._closing:
+            return
+        since_us = self._write_paused_since_us
+        if since_us is not None and now_us - since_us > self._slow_reader_timeout_us:
+            queued = self.transport.get_write_buffer_size() if self.transport is not None else 0
+            self._close_slow_reader(f"did not read for {self._slow_reader_timeout_us / 1e6:.1f} s with {queued} "
+                                    f"bytes queued")
             return
         try:
             actions = self.session.check_timeouts(now_us)
@@ -131,8 +179,14 @@ class ConnectionHandler(asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing() and not self._write_closed
 
     def send_bytes(self, data: bytes) -> None:
-        if self.writable:
+        if self.writable and not self._closing_slow:
             assert self.transport is not None
+            queued = self.transport.get_write_buffer_size() + len(data)
+            if queued > self._write_buffer_max_bytes:
+                self._closing_slow = True
+                self._close_slow_reader(f"{queued} bytes would be queued for a peer that does not read "
+                                        f"(cap {self._write_buffer_max_bytes})")
+                return
             self.transport.write(data)
 
     def close(self, *, after_error: bool = False) -> None:
@@ -162,7 +216,7 @@ class ConnectionHandler(asyncio.Protocol):
         self._throttled = throttled
         if throttled:
             self.transport.pause_reading()
-        elif not self._paused:
+        elif not self._paused and self._write_paused_since_us is None:
             self.transport.resume_reading()
 
     def pause(self) -> None:
@@ -202,8 +256,9 @@ class ConnectionHandler(asyncio.Protocol):
                 self._busy = False
             if (self._paused and not self._closing and not self._throttled
                     and self._queue.qsize() < MAX_PENDING_ACTIONS // 2 and self.transport is not None):
-                self.transport.resume_reading()
                 self._paused = False
+                if self._write_paused_since_us is None:
+                    self.transport.resume_reading()
 
     def _worker_done(self, worker: asyncio.Task[None]) -> None:
         # _run catches what its actions raise; this is for anything else (a BaseException, a bug in _run itself).
@@ -239,7 +294,9 @@ class ConnectionHandler(asyncio.Protocol):
         elif isinstance(action, CloseConnection):
             if action.error_code is not None:
                 self._owner.session_failed(action.error_code)
-                log.warning("closing connection: %s", action.reason)
+                # One line per bad connection: a flood of them is rate-limited (counted exactly by session_failed).
+                limited_log(log, logging.WARNING, f"close:{action.error_code}", "closing connection: %s",
+                            action.reason)
             self.close(after_error=action.error_code is not None)
 
 

@@ -131,6 +131,7 @@ from contract.wire.errors import InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
 from gateway.acks import DeliveryTracker
 from gateway.clock_state import clock_state_record
+from gateway.logs import limited_log
 from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishPunctuation, PublishRecord
 from timesync.clocks import ReferenceMapping
 from timesync.store import SourceInfo
@@ -323,6 +324,7 @@ class GatewayCounters:
     idle_punctuations: int = 0  # punctuations of streams the shard holds nothing of (rule 10)
     sources_forgotten: int = 0  # idle sources whose per-stream state was freed (rule 11)
     streams_refused: int = 0  # hellos refused for a stream not allowed or over the stream cap (docs/operations.md)
+    slow_readers_closed: int = 0  # connections closed because their peer did not read (gateway.connection)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -613,7 +615,9 @@ class IngestCore:
         for event in events:
             if type(event.payload) is messages.RejectedPayload:
                 counters.invalid_payloads += 1
-                log.warning("refused %s/%s seq %d: %s", source_id, event.stream, event.seq, event.payload.reason)
+                # Per event: rate-limited (a flood once wrote 121 MiB of these); the counter keeps the exact total.
+                limited_log(log, logging.WARNING, "invalid_payload", "refused %s/%s seq %d: %s", source_id,
+                            event.stream, event.seq, event.payload.reason, now_us=arrival_us)
                 actions.append(SendFrame(connection, encode_frame(messages.build_error(
                     InvalidPayload.code, event.payload.reason, False, event.stream, event.seq))))
             if not accept(source_id, event.stream, event.seq):
@@ -679,7 +683,8 @@ class IngestCore:
             self.counters.delivery_failures += 1
             self.last_kafka_error = error
             self.tracker.failed(source_id, stream, seq)
-            log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
+            limited_log(log, logging.WARNING, "delivery_failure", "Kafka refused %s/%s seq %d: %s", source_id, stream,
+                        seq, error, now_us=now_us)
             return
         if delivery.topic == "events" and offset is not None:
             self._progress[stream].observe(source_id, seq, offset, delivery.released_us)
@@ -1003,8 +1008,8 @@ class IngestCore:
         """Kafka would refuse the record for good (the broker's message.max.bytes): refused here instead, with a
         reason, so that it neither fails a transaction nor comes back with every resend (rule 8)."""
         self.counters.records_too_large += 1
-        log.warning("refused %s/%s seq %d: its record is %d bytes, over %d", source_id, stream, seq, size,
-                    self.config.max_record_bytes)
+        limited_log(log, logging.WARNING, "record_too_large", "refused %s/%s seq %d: its record is %d bytes, over %d",
+                    source_id, stream, seq, size, self.config.max_record_bytes)
         self._settle_unpublished(source_id, stream, seq)
         return SendToSource(source_id, encode_frame(messages.build_error(
             InvalidPayload.code, f"the event's record is {size} bytes, over the Kafka record limit of "
@@ -1012,7 +1017,8 @@ class IngestCore:
 
     def _encode_failed(self, source_id: str, stream: str, seq: int, error: Exception) -> SendToSource:
         self.counters.encode_failures += 1
-        log.error("could not encode %s/%s seq %d, refusing it: %r", source_id, stream, seq, error)
+        limited_log(log, logging.ERROR, "encode_failure", "could not encode %s/%s seq %d, refusing it: %r", source_id,
+                    stream, seq, error)
         self._settle_unpublished(source_id, stream, seq)
         message = f"the gateway could not encode this event's record: {type(error).__name__}: {error}"
         return SendToSource(source_id, encode_frame(messages.build_error(

@@ -61,6 +61,10 @@ COUNTER_HELP = {
     "sources_expired": "Sources dropped from checkpoints after the source retention",
     "records_too_large": "Events refused because their record exceeds max_record_bytes",
     "idle_punctuations": "Punctuations of streams the shard holds nothing of",
+    "sources_forgotten": "Idle sources (no connection, nothing held) whose state was freed after the retention",
+    "streams_refused": "Hellos refused for a stream off the allow-list or past the gateway's stream cap",
+    "slow_readers_closed": "Connections closed because their peer did not read what the gateway sent",
+    "log_lines_suppressed": "Per-event log lines left out by the rate limit (the counters keep the exact totals)",
     "pipeline_released": "Events released in order by the reorderers",
     "pipeline_late": "Events behind the watermark, sent to the late topic",
     "pipeline_quarantined": "Future-dated events (beyond max_future), sent to the late topic",
@@ -294,9 +298,15 @@ class GatewayCollector(Collector):
         # series that comes and goes reads as missing data, so every known source gets both.
         per_source = {source_id: {**dict.fromkeys(SOURCE_GAUGES, 0.0), **values}
                       for source_id, values in self._source.per_source_gauges().items()}
+        # Every source the gateway holds state for, connected or not (``known_sources``, when the gateway offers
+        # it): the per-source gauges leave out a disconnected source that holds no events and has no clock estimate,
+        # and 2,000 of those once held 1.2 GiB while this read 1.
+        known = getattr(self._source, "known_sources", None)
+        counted = set(per_source) | (set(known()) if callable(known) else set())
         sources = GaugeMetricFamily("skewless_gateway_sources",
-                                    "Sources the gateway knows (connected or with a clock estimate)")
-        sources.add_metric([], float(len(per_source)))
+                                    "Sources the gateway holds state for (connected, registered in a shard's core "
+                                    "until freed, or with a clock estimate)")
+        sources.add_metric([], float(len(counted)))
         yield sources
         limited = limit_labels(per_source, worst_sources(per_source, self._max_source_labels))
         families: dict[str, GaugeMetricFamily] = {}

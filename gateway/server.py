@@ -44,7 +44,13 @@ from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE, LocalProtocolEr
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from contract.wire.messages import MAX_STREAMS_PER_SOURCE
 from gateway.auth import SourceAuthenticator
-from gateway.connection import WORKER_STAGES, ConnectionHandler, WorkerStage
+from gateway.connection import (
+    SLOW_READER_TIMEOUT_US,
+    WORKER_STAGES,
+    WRITE_BUFFER_MAX_BYTES,
+    ConnectionHandler,
+    WorkerStage,
+)
 from gateway.ingest import (
     CLOCK_STEP_HOLD_US,
     CLOCK_STEP_MAX_HELD,
@@ -55,6 +61,7 @@ from gateway.ingest import (
     IngestConfig,
     IngestCore,
 )
+from gateway.logs import LIMITER as LOG_LIMITER
 from gateway.logs import limited_log
 from gateway.metrics import MetricsServer, make_registry
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
@@ -171,6 +178,10 @@ class GatewayConfig:
     allowed_streams: frozenset[str] | None = None
     # A source with no connection that holds nothing is freed after this (gateway.ingest, rule 11).
     idle_source_retention_us: int = IDLE_SOURCE_RETENTION_US
+    # A peer that does not read its socket (gateway.connection): bytes queued for it beyond this close it at once;
+    # past the write high-water mark the gateway stops reading it, and closes it if it does not drain in time.
+    write_buffer_max_bytes: int = WRITE_BUFFER_MAX_BYTES
+    slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -621,7 +632,9 @@ class Gateway:
                                  timeouts=self.config.timeouts, now_us=self._clock_us(),
                                  max_streams_per_source=self.config.max_streams_per_source,
                                  allowed_streams=self.config.allowed_streams)
-        return ConnectionHandler(self, session, self._clock_us)
+        return ConnectionHandler(self, session, self._clock_us,
+                                 write_buffer_max_bytes=self.config.write_buffer_max_bytes,
+                                 slow_reader_timeout_us=self.config.slow_reader_timeout_us)
 
     def attach(self, connection: ConnectionHandler) -> ConnectionId:
         self._last_connection_id += 1
@@ -752,6 +765,11 @@ class Gateway:
     def session_failed(self, error_code: str) -> None:
         self._own_counters.count_error(error_code)
 
+    def slow_reader_closed(self, connection: ConnectionHandler, reason: str) -> None:
+        self._own_counters.slow_readers_closed += 1
+        limited_log(log, logging.WARNING, "slow-reader", "closed connection %d (source %s, peer %s): %s",
+                    connection.connection_id, connection.source_id, connection.peer, reason)
+
     def worker_failed(self, connection: ConnectionHandler, stage: WorkerStage, error: BaseException) -> None:
         if isinstance(error, ShardLost):
             self._moved(connection)
@@ -840,6 +858,7 @@ class Gateway:
             for name in counters.__dataclass_fields__:
                 totals[f"pipeline_{name}"] = totals.get(f"pipeline_{name}", 0.0) + float(getattr(counters, name))
         totals["shard_handovers"] = float(self.shard_handovers)
+        totals["log_lines_suppressed"] = float(LOG_LIMITER.suppressed_total)
         return totals
 
     def gauges(self) -> dict[str, float]:

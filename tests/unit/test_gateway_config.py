@@ -141,3 +141,69 @@ def test_metrics_are_served_on_7780_unless_moved_or_switched_off():
     assert build_config(load_settings(None, env={"SKEWLESS_GATEWAY_METRICS": "false"})).metrics_port is None
     assert build_config(load_settings(None, env={}, overrides={"metrics": False, "metrics_port": 9})).metrics_port \
         is None
+
+
+# -- issue 24 items 4, 5, 8, 9 and issue 25 item 8 ------------------------------------------------------------------
+
+
+def test_limits_reach_the_gateway_config(tmp_path: Path) -> None:
+    defaults = build_config({})
+    assert (defaults.max_streams_per_source, defaults.max_streams, defaults.allowed_streams) == (64, 1000, None)
+    assert defaults.idle_source_retention_us == 60_000_000
+    toml = tmp_path / "gw.toml"
+    toml.write_text('[gateway]\nmax_streams_per_source = 8\nallowed_streams = ["orders", "doors"]\n'
+                    'idle_source_retention_s = "2m"\nwrite_buffer_max_bytes = 1048576\nslow_reader_timeout_s = 5\n')
+    config = build_config(load_settings(toml, env={"SKEWLESS_GATEWAY_MAX_STREAMS": "0"}))
+    assert (config.max_streams_per_source, config.max_streams) == (8, None)  # 0: no cap
+    assert config.allowed_streams == frozenset({"orders", "doors"})
+    assert config.idle_source_retention_us == 120_000_000
+    assert (config.write_buffer_max_bytes, config.slow_reader_timeout_us) == (1_048_576, 5_000_000)
+
+
+def test_limits_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"max_streams_per_source must be in 1\.\.64"):
+        build_config({"max_streams_per_source": 65})
+    with pytest.raises(ConfigError, match="idle_source_retention_s must be > 0"):
+        build_config({"idle_source_retention_s": 0})
+
+
+def test_a_master_secret_and_a_key_table_reach_the_authenticator(tmp_path: Path) -> None:
+    from gateway.auth import derive_source_key
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[source_keys]\n"door-1" = "key-of-door-1-0123456789"\n')
+    toml = tmp_path / "gw.toml"
+    toml.write_text(f'[gateway]\nsource_keys_file = "{keys}"\n[gateway.source_keys]\n"door-2" = "key-2-0123456789"\n')
+    config = build_config(load_settings(toml, env={"SKEWLESS_HMAC_MASTER": "m" * 32}))
+    auth = config.authenticator
+    assert auth.hmac_master == b"m" * 32
+    assert dict(auth.source_keys) == {"door-1": "key-of-door-1-0123456789", "door-2": "key-2-0123456789"}
+    assert auth.key_of("door-1") == b"key-of-door-1-0123456789"
+    assert auth.key_of("other") == derive_source_key(b"m" * 32, "other").encode()
+
+
+def test_a_bad_key_table_file_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"source_keys_file .* does not exist"):
+        build_config({"source_keys_file": str(tmp_path / "missing.toml")})
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[source_keys]\n"a" = 5\n')
+    with pytest.raises(ConfigError, match=r"source_keys.*'a'.*string"):
+        build_config({"source_keys_file": str(bad)})
+
+
+def test_the_thesis_reorderer_is_reachable_from_the_configuration(tmp_path: Path) -> None:
+    """Issue 25 item 8: Eq. 3.11 mode, alpha/beta and pass-late from the file, the environment and flags."""
+    default = build_config({}).pipeline
+    assert (default.sequence.mode, default.merger.mode, default.drop_late) != ("thesis", "thesis", False)
+    toml = tmp_path / "gw.toml"
+    toml.write_text('[gateway]\nreorder_mode = "thesis"\nreorder_alpha = 0.5\n')
+    settings = load_settings(toml, env={"SKEWLESS_GATEWAY_REORDER_BETA": "0.75"}, overrides={"pass_late": True})
+    pipeline = build_config(settings).pipeline
+    assert (pipeline.sequence.mode, pipeline.merger.mode) == ("thesis", "thesis")
+    assert pipeline.sequence.latency_threshold_us == 500_000  # Query 5.3's threshold unless gap_timeout_max_s says
+    assert (pipeline.sequence.alpha, pipeline.sequence.beta, pipeline.drop_late) == (0.5, 0.75, False)
+    pipeline = build_config({"reorder_mode": "thesis", "gap_timeout_max_s": 2}).pipeline
+    assert pipeline.sequence.latency_threshold_us == 2_000_000
+    with pytest.raises(ConfigError, match="reorder_mode must be one of 'sequence', 'thesis'"):
+        build_config({"reorder_mode": "kslack"})
+    with pytest.raises(ConfigError, match=r"reorder_alpha must be in \(0, 1\]"):
+        build_config(load_settings(None, env={"SKEWLESS_GATEWAY_REORDER_ALPHA": "1.5"}))

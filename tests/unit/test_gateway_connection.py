@@ -20,10 +20,23 @@ class FakeTransport:
     def __init__(self) -> None:
         self.written: list[bytes] = []
         self.closed = False
+        self.aborted = False
         self.reading = True
+        self.unread = 0  # bytes written that the peer has not read (asyncio's write buffer)
+        self.limits: tuple[int | None, int | None] = (None, None)
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
+        self.unread += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.unread
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.limits = (high, low)
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -76,6 +89,9 @@ class FakeOwner:
     def worker_failed(self, connection: ConnectionHandler, stage: str, error: BaseException) -> None:
         self.failures.append((stage, repr(error)))
         connection.send_bytes(b"last words")
+
+    def slow_reader_closed(self, connection: ConnectionHandler, reason: str) -> None:
+        self.calls.append(("slow_reader_closed", reason))
 
 
 def connect(owner: FakeOwner) -> tuple[ConnectionHandler, FakeTransport]:
@@ -203,3 +219,57 @@ async def test_a_plain_close_is_immediate_even_where_half_close_is_possible():
     handler.connection_made(transport)  # type: ignore[arg-type]
     handler.close()
     assert transport.closed and not transport.eof_written
+
+
+# -- issue 24 item 4: a peer that does not read ---------------------------------------------------------------------
+
+
+def connect_limited(owner: FakeOwner, max_bytes: int = 10_000, timeout_us: int = 1_000_000):
+    handler = ConnectionHandler(owner, GatewaySession(now_us=T0), clock_us=lambda: T0 + 5,
+                                write_buffer_max_bytes=max_bytes, slow_reader_timeout_us=timeout_us)
+    transport = FakeTransport()
+    handler.connection_made(transport)  # type: ignore[arg-type]
+    return handler, transport
+
+
+async def test_a_peer_that_does_not_read_is_not_read_until_it_drains():
+    owner = FakeOwner()
+    handler, transport = connect_limited(owner)
+    assert transport.limits[0] is not None  # the write high-water mark is set at once
+    handler.pause_writing()  # asyncio: the write buffer passed the high-water mark
+    assert transport.reading is False
+    handler.set_throttled(True)
+    handler.set_throttled(False)  # the gateway's buffer limit lifted: still not reading, the peer has not drained
+    assert transport.reading is False
+    handler.resume_writing()
+    assert transport.reading is True
+    handler.check_timeouts(T0 + 10_000_000)
+    assert not transport.closed
+
+
+async def test_a_peer_that_stays_undrained_past_the_timeout_is_closed_with_a_reason():
+    owner = FakeOwner()
+    handler, transport = connect_limited(owner, timeout_us=1_000_000)
+    handler.data_received(encode_frame(build_hello("a", ["s"])))
+    await settle()
+    handler._clock_us = lambda: T0 + 100
+    handler.pause_writing()
+    handler.check_timeouts(T0 + 100 + 1_000_000)
+    assert not transport.closed
+    handler.check_timeouts(T0 + 101 + 1_000_000)
+    assert transport.aborted  # a close would wait for the peer to read what is queued: forever
+    assert owner.calls[-1] == ("slow_reader_closed", "did not read for 1.0 s with 0 bytes queued")
+
+
+async def test_bytes_queued_past_the_cap_close_the_connection_at_once():
+    owner = FakeOwner()
+    handler, transport = connect_limited(owner, max_bytes=1_000)
+    handler.send_bytes(b"x" * 900)
+    assert not transport.closed
+    handler.send_bytes(b"y" * 200)  # would take the unread bytes to 1,100
+    assert transport.aborted
+    assert transport.written == [b"x" * 900]
+    assert owner.calls[-1] == ("slow_reader_closed", "1100 bytes would be queued for a peer that does not read "
+                                                     "(cap 1000)")
+    handler.send_bytes(b"z")  # nothing more goes to a connection being closed
+    assert transport.written == [b"x" * 900]

@@ -145,3 +145,30 @@ def test_a_stream_outside_the_allow_list_is_refused():
     assert reply["code"] == "stream_refused" and reply["fatal"] is True
     assert "'typo-orders'" in reply["message"]
     assert isinstance(actions[-1], CloseConnection) and actions[-1].error_code == "stream_refused"
+
+
+# -- issue 24 item 4: per-event log lines are rate-limited, counters stay exact ----------------------------------
+
+
+def test_a_flood_of_refused_payloads_writes_a_bounded_number_of_log_lines_and_counts_every_one(caplog):
+    """c005711: 1.21 M refused events wrote 121 MiB of WARNING lines, one per event."""
+    import logging
+
+    from contract.wire.messages import RejectedPayload
+    from gateway.logs import LIMITER, LOG_BURST
+
+    LIMITER._buckets.clear()  # a fresh bucket: other tests' lines must not count here
+    core = make_core(("s",))
+    core.source_registered("flood", ("s",), T0)
+    caplog.set_level(logging.WARNING, logger="gateway.ingest")
+    for batch in range(10):  # 10 frames of 1,000 refused events, within one virtual second
+        events = tuple(IncomingEvent("s", batch * 1000 + q, T0, RejectedPayload("payload: NaN is not JSON"))
+                       for q in range(1000))
+        core.events_received(CONN, "flood", events, T0 + batch)
+    refused_lines = [r for r in caplog.records if "refused flood/s" in r.getMessage()]
+    assert len(refused_lines) == LOG_BURST
+    assert core.counters.invalid_payloads == 10_000
+    # A second later one more line passes, and says how many were left out.
+    core.events_received(CONN, "flood", (IncomingEvent("s", 10_000, T0, RejectedPayload("x")),), T0 + 1_000_001)
+    last = [r for r in caplog.records if "refused flood/s" in r.getMessage()][-1].getMessage()
+    assert last.endswith(f"({10_000 - LOG_BURST} similar lines suppressed)")

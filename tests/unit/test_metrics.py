@@ -401,3 +401,12 @@ def test_suggested_alerts_parse_and_name_exported_metrics():
         named = set(re.findall(r"\b((?:skewless|process|python)_[a-z0-9_]+)", rule["expr"]))
         assert named, rule["alert"]
         assert named - exported == set(), rule["alert"]
+
+
+def test_the_sources_gauge_counts_every_source_the_gateway_holds_state_for():
+    """Issue 24 item 5: 2,000 hello-only sources that had disconnected held 1.2 GiB while the gauge read 1 (it
+    counted connected or synced sources only)."""
+    gateway = FakeGateway()
+    gateway.known_sources = lambda: {"s1", "gone-1", "gone-2"}  # type: ignore[attr-defined]
+    assert "skewless_gateway_sources 3.0" in exposition(gateway)
+    assert "skewless_gateway_sources_forgotten_total 0.0" in exposition(gateway)
