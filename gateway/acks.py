@@ -1,68 +1,262 @@
 """Cumulative acknowledgements per (source, stream), sans-IO.
 
-The gateway acks seq N only when Kafka has confirmed every accepted event of that source and stream up to N,
-so a client may forget everything up to an ack. Sequences already accepted are reported as duplicates.
+The gateway acks seq N only when every seq of that source and stream up to N is settled: Kafka confirmed it, or the
+gateway gave it up (its reorderer stopped waiting for it: ``give_up``, issue 24 item 2), so a client may forget
+everything up to an ack. A given-up seq that turns up later is accepted once more (it goes to the late topic,
+``late_after_skip``) although the ack passed it; any other seq already accepted is a duplicate, or a *conflict* when
+its payload or ``source_ts_us`` differ from the accepted one's (issue 24 item 8).
+
+State per (source, stream), and why it is bounded (docs/operations.md, "Limits"):
+
+* the accepted seqs the ack has not passed yet, each with the accepted event (to compare a duplicate with it
+  exactly): the unacknowledged window, bounded by the gateway's buffer limits and Kafka's latency;
+* confirmed and given-up seqs as ranges (reorder/ranges.py), not one entry per seq: a gap of a million seqs is one
+  range. Given-up ranges the ack passed are kept (for the one late acceptance) up to ``max_given_up_seqs`` seqs and
+  ``MAX_GIVEN_UP_RANGES`` ranges, the lowest forgotten first;
+* a ring of the digests of the last ``RECENT_ACKED_DIGESTS`` acked seqs (2 KiB), allocated at the first ack: a
+  duplicate older than that is not compared (re-acked as a plain duplicate).
+
+A seq more than ``max_seq_jump`` above everything accepted (or given up, or acked) is refused (``SEQ_JUMP``): a
+jump that large is a broken source, and the gap it opens would be waited for and reported for nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from array import array
+from typing import Any, Literal
+
+import orjson
+
+from reorder.ranges import RangeMap
+
+__all__ = [
+    "ACCEPTED",
+    "CONFLICT",
+    "DEFAULT_MAX_SEQ_JUMP",
+    "DUPLICATE",
+    "MAX_GIVEN_UP_RANGES",
+    "RECENT_ACKED_DIGESTS",
+    "SEQ_JUMP",
+    "Admission",
+    "DeliveryTracker",
+    "event_digest",
+]
+
+Admission = Literal["accepted", "duplicate", "conflict", "seq_jump"]
+ACCEPTED: Admission = "accepted"
+DUPLICATE: Admission = "duplicate"
+CONFLICT: Admission = "conflict"
+SEQ_JUMP: Admission = "seq_jump"
+
+#: A seq this far above the highest seq accepted, given up or acked of its (source, stream) is refused. A million is
+#: far beyond any window a source keeps unacknowledged (the SDK's max_unacked is 100,000 by default) and beyond any
+#: legitimate hole (a source's events lost in one piece), yet far below the sequence space.
+DEFAULT_MAX_SEQ_JUMP = 1_000_000
+#: Given-up seqs remembered once the ack passed them, to accept each once more when it turns up: as many as the
+#: reorderer remembers (reorder.sequence.DEFAULT_MAX_SKIPPED_TRACKED), in at most this many ranges.
+DEFAULT_MAX_GIVEN_UP_SEQS = 100_000
+MAX_GIVEN_UP_RANGES = 1024
+#: Digests of the most recently acked seqs, per (source, stream), to tell a conflicting duplicate from a resend.
+RECENT_ACKED_DIGESTS = 128
+
+_NO_SEQ = -1
 
 
-@dataclass
+def event_digest(source_ts_us: int, payload: Any) -> int:
+    """A 64-bit digest of what a duplicate must repeat: the payload and the source timestamp."""
+    try:
+        body: bytes | str = orjson.dumps(payload)
+    except TypeError:  # a RejectedPayload, or anything orjson cannot encode: its repr names it well enough
+        body = repr(payload)
+    return hash((source_ts_us, body))
+
+
 class _StreamProgress:
-    acked_through: int  # highest seq such that everything from the first seq up to it is confirmed
-    confirmed_above: set[int] = field(default_factory=set)
-    accepted_above: set[int] = field(default_factory=set)
+    __slots__ = ("acked_through", "confirmed", "given_up", "highest", "pending", "recent_digests", "recent_seqs")
+
+    def __init__(self, acked_through: int) -> None:
+        self.acked_through = acked_through  # highest seq such that everything from the first seq up to it is settled
+        self.highest = acked_through  # highest seq accepted or given up (for the jump limit)
+        # accepted, not passed by the ack yet: seq -> (source_ts_us, payload), or None when not compared
+        self.pending: dict[int, tuple[int, Any] | None] = {}
+        self.confirmed: RangeMap[bool] = RangeMap()  # confirmed above the ack
+        self.given_up: RangeMap[bool] = RangeMap()  # given up, never accepted
+        self.recent_seqs: array[int] | None = None
+        self.recent_digests: array[int] | None = None
 
 
 class DeliveryTracker:
-    def __init__(self) -> None:
+    def __init__(self, max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP,
+                 max_given_up_seqs: int = DEFAULT_MAX_GIVEN_UP_SEQS) -> None:
+        self.max_seq_jump = max_seq_jump
+        self.max_given_up_seqs = max_given_up_seqs
         self._progress: dict[tuple[str, str], _StreamProgress] = {}
+
+    def _get(self, source_id: str, stream: str) -> _StreamProgress:
+        progress = self._progress.get((source_id, stream))
+        if progress is None:
+            # Sources number from 0 (the reorderer starts there too) unless resume() said otherwise: starting
+            # at the first seq seen would mistake early-sent, late-arriving seqs for duplicates.
+            progress = self._progress[(source_id, stream)] = _StreamProgress(-1)
+        return progress
 
     def resume(self, source_id: str, stream: str, next_seq: int) -> None:
         """After a restart: everything below next_seq is already in Kafka (duplicates if resent)."""
         progress = self._progress.get((source_id, stream))
         if progress is None:
-            self._progress[(source_id, stream)] = _StreamProgress(acked_through=next_seq - 1)
+            self._progress[(source_id, stream)] = _StreamProgress(next_seq - 1)
         elif progress.acked_through < next_seq - 1:
             progress.acked_through = next_seq - 1
-            progress.confirmed_above = {s for s in progress.confirmed_above if s >= next_seq}
-            progress.accepted_above = {s for s in progress.accepted_above if s >= next_seq}
+            progress.highest = max(progress.highest, next_seq - 1)
+            progress.pending = {s: e for s, e in progress.pending.items() if s >= next_seq}
+            progress.confirmed.drop_below(next_seq)
+            progress.given_up.drop_below(next_seq)
 
     def accept(self, source_id: str, stream: str, seq: int) -> bool:
-        """Register an event about to be published; False if that seq was already accepted (a duplicate)."""
+        """``admit`` without a payload to compare: True if accepted, False for a duplicate (or a refused jump)."""
+        return self.admit(source_id, stream, seq, None) is ACCEPTED
+
+    def admit(self, source_id: str, stream: str, seq: int, event: tuple[int, Any] | None) -> Admission:
+        """Register an event about to be published. ``event`` is its ``(source_ts_us, payload)``, compared with a
+        later duplicate's (None: not compared). ACCEPTED, or DUPLICATE (the same event again), CONFLICT (the seq
+        was accepted with another payload or timestamp), SEQ_JUMP (too far above this stream's seqs)."""
         progress = self._progress.get((source_id, stream))
         if progress is None:
-            # Sources number from 0 (the reorderer starts there too) unless resume() said otherwise: starting
-            # at the first seq seen would mistake early-sent, late-arriving seqs for duplicates.
-            progress = _StreamProgress(acked_through=-1)
-            self._progress[(source_id, stream)] = progress
-        if seq <= progress.acked_through or seq in progress.accepted_above:
-            return False
-        progress.accepted_above.add(seq)
-        return True
+            progress = self._get(source_id, stream)
+        if seq > progress.acked_through:
+            pending = progress.pending
+            if seq in pending:
+                known = pending[seq]
+                if known is None or event is None or (known[0] == event[0] and known[1] == event[1]):
+                    return DUPLICATE
+                return CONFLICT
+            if seq > progress.highest:
+                if seq - max(progress.highest, progress.acked_through) > self.max_seq_jump:
+                    return SEQ_JUMP
+                progress.highest = seq
+            elif progress.given_up:
+                progress.given_up.pop(seq)  # a given-up seq above the ack, arriving after all
+            pending[seq] = event
+            return ACCEPTED
+        if progress.given_up and progress.given_up.pop(seq) is not None:
+            # Given up, the ack passed it, and here it is: published once, on the late topic.
+            if event is not None:
+                self._remember(progress, seq, event_digest(*event))
+            return ACCEPTED
+        digests = progress.recent_digests
+        if event is not None and digests is not None:
+            assert progress.recent_seqs is not None
+            slot = seq % RECENT_ACKED_DIGESTS
+            if progress.recent_seqs[slot] == seq and digests[slot] != event_digest(*event):
+                return CONFLICT
+        return DUPLICATE
 
     def confirmed(self, source_id: str, stream: str, seq: int) -> int | None:
         """Kafka confirmed one event; returns the new cumulative ack if it advanced, else None."""
         progress = self._progress[(source_id, stream)]
-        if seq == progress.acked_through + 1 and not progress.confirmed_above:
-            # In order, nothing confirmed above it (the usual case): the ack moves by one.
+        acked = progress.acked_through
+        if seq <= acked:
+            return None  # a given-up seq published late: the ack passed it already
+        given_up_hi = progress.given_up.last_hi()
+        if seq == acked + 1 and not progress.confirmed and (given_up_hi is None or given_up_hi <= seq):
+            # In order, nothing settled above it (the usual case): the ack moves by one.
             progress.acked_through = seq
-            progress.accepted_above.discard(seq)
+            event = progress.pending.pop(seq, None)
+            if event is not None:
+                self._remember(progress, seq, event_digest(*event))
             return seq
-        progress.confirmed_above.add(seq)
-        start = progress.acked_through
-        while progress.acked_through + 1 in progress.confirmed_above:
-            progress.acked_through += 1
-            progress.confirmed_above.discard(progress.acked_through)
-            progress.accepted_above.discard(progress.acked_through)
-        return progress.acked_through if progress.acked_through != start else None
+        progress.confirmed.add(seq, seq, True)
+        return self._advance(progress)
+
+    def give_up(self, source_id: str, stream: str, first_seq: int,
+                last_seq: int) -> tuple[list[tuple[int, int]], int | None]:
+        """The gateway stopped waiting for ``first_seq..last_seq`` (its reorderer skipped them): the ack may pass
+        them. Seqs of the range already accepted (events held by rule 9 of gateway/ingest.py) are not given up.
+        Returns the runs of seqs given up, lowest first, and the new cumulative ack if it advanced, else None."""
+        progress = self._get(source_id, stream)
+        lo = max(first_seq, progress.acked_through + 1)
+        if lo > last_seq:
+            return [], None
+        pending = progress.pending
+        if len(pending) < last_seq - lo + 1:
+            taken = sorted(s for s in pending if lo <= s <= last_seq)
+        else:
+            taken = [s for s in range(lo, last_seq + 1) if s in pending]
+        runs: list[tuple[int, int]] = []
+        for seq in [*taken, last_seq + 1]:
+            if lo <= seq - 1:
+                runs.append((lo, seq - 1))
+            lo = seq + 1
+        for run_lo, run_hi in runs:
+            progress.given_up.add(run_lo, run_hi, True)
+        progress.highest = max(progress.highest, last_seq)
+        return runs, self._advance(progress)
 
     def failed(self, source_id: str, stream: str, seq: int) -> None:
         """Kafka refused the event: forget it so the client's resend is accepted again."""
-        self._progress[(source_id, stream)].accepted_above.discard(seq)
+        progress = self._progress[(source_id, stream)]
+        progress.pending.pop(seq, None)
+        if seq <= progress.acked_through:
+            progress.given_up.add(seq, seq, True)  # a given-up seq's late record: its resend is accepted again
 
     def acked_through(self, source_id: str, stream: str) -> int | None:
         progress = self._progress.get((source_id, stream))
         return None if progress is None else progress.acked_through
+
+    def unacked(self, source_id: str, stream: str) -> int:
+        """Accepted seqs the ack has not passed yet."""
+        progress = self._progress.get((source_id, stream))
+        return 0 if progress is None else len(progress.pending)
+
+    def ranges(self, source_id: str, stream: str) -> int:
+        """Ranges held (confirmed above the ack, given up): the per-stream state beyond the unacked window."""
+        progress = self._progress.get((source_id, stream))
+        return 0 if progress is None else len(progress.confirmed) + len(progress.given_up)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _advance(self, progress: _StreamProgress) -> int | None:
+        start = acked = progress.acked_through
+        confirmed, given_up, pending = progress.confirmed, progress.given_up, progress.pending
+        while True:
+            head = confirmed.first()
+            if head is not None and head[0] == acked + 1:
+                hi = head[1]
+                confirmed.pop_range(head[0], hi)
+                # Only the newest RECENT_ACKED_DIGESTS seqs stay in the ring: older ones are not digested at all.
+                ring_from = hi - RECENT_ACKED_DIGESTS + 1
+                for seq in range(acked + 1, hi + 1):
+                    event = pending.pop(seq, None)
+                    if event is not None and seq >= ring_from:
+                        self._remember(progress, seq, event_digest(*event))
+                acked = hi
+                continue
+            if given_up:
+                span = given_up.span(acked + 1)
+                if span is not None:
+                    acked = span[1]
+                    continue
+            break
+        progress.acked_through = acked
+        # Given-up seqs the ack passed are kept for their one late acceptance, within bounds: the newest
+        # max_given_up_seqs (as the reorderer keeps its skipped seqs), in at most MAX_GIVEN_UP_RANGES ranges.
+        while len(given_up) > MAX_GIVEN_UP_RANGES or given_up.count > self.max_given_up_seqs:
+            first = given_up.first()
+            assert first is not None
+            lo, hi = first[0], min(first[1], acked)
+            if lo > acked:
+                break
+            if len(given_up) <= MAX_GIVEN_UP_RANGES:
+                hi = min(hi, lo + given_up.count - self.max_given_up_seqs - 1)
+            given_up.pop_range(lo, hi)
+        return acked if acked != start else None
+
+    @staticmethod
+    def _remember(progress: _StreamProgress, seq: int, digest: int) -> None:
+        seqs, digests = progress.recent_seqs, progress.recent_digests
+        if seqs is None or digests is None:
+            seqs = progress.recent_seqs = array("q", [_NO_SEQ]) * RECENT_ACKED_DIGESTS
+            digests = progress.recent_digests = array("q", [0]) * RECENT_ACKED_DIGESTS
+        slot = seq % RECENT_ACKED_DIGESTS
+        seqs[slot] = seq
+        digests[slot] = digest

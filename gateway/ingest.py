@@ -26,8 +26,13 @@ Rules:
 
 1. Dedup and re-ack: an event whose (source, stream, seq) was accepted before is a duplicate: counted, never
    published. If Kafka already confirmed everything up to it, the connection that sent it gets the cumulative ack
-   at once (the ack it resends for was lost with a connection). Re-acks come before the batch's produces: they need
-   no Kafka and must not wait behind a stall.
+   at once (the ack it resends for was lost with a connection): one ack per stream for the whole frame, however
+   many duplicates it holds. Re-acks come before the batch's produces: they need no Kafka and must not wait behind
+   a stall. A duplicate whose payload or ``source_ts_us`` differ from the accepted event's is a *conflict*: counted
+   (``conflicts``), logged (rate-limited), answered to its connection with a non-fatal ``seq_conflict`` error
+   naming its stream and seq (before the frame's re-acks), never published. The tracker compares with the accepted
+   event while it is unacknowledged, then with a digest of the last ``RECENT_ACKED_DIGESTS`` acked seqs per
+   (source, stream) (gateway/acks.py); an older duplicate is re-acked as a plain one.
 2. Ack coalescing: a delivery report confirms one event; the DeliveryTracker moves the cumulative ack only over
    contiguous confirmed seqs (never past an unconfirmed one). ``poll`` sends one ack per (source, stream) with the
    highest value reached since the previous poll, to one connection of the source.
@@ -101,6 +106,15 @@ Rules:
    (``source_disconnected``) and ``idle_source_retention_us`` passed, ``poll`` frees its per-stream state if it
    holds nothing (``forget_idle_sources``, counted as ``sources_forgotten``); its dedup floor and next seq per
    stream stay, so it resumes where it left off. A source that never sent an event leaves the checkpoint too.
+13. Given-up gaps and seq jumps (issue 24 items 2 and 3). When a reorderer gives a gap up (``timeout``,
+   ``buffer_full``), the tracker settles the seqs of it it never received, so the cumulative ack passes them, and
+   the source gets one ``gap`` notice per run of them (``SendToSource``, before the ack that passes them; counted as
+   ``gaps_given_up`` and ``seqs_given_up``). A given-up seq that arrives later is accepted once more and published
+   once, on the late topic (``late_after_skip``); the newest ``max_skipped_tracked`` given-up seqs are remembered
+   for that, as the reorderer remembers them. An event whose seq lies more than ``max_seq_jump`` above everything
+   accepted, given up or acked of its (source, stream) is refused before it costs anything: counted
+   (``seq_jumps``), logged (rate-limited), answered with a non-fatal ``seq_jump`` error naming it, not accepted,
+   never acked. Holes, skipped seqs and settled seqs are kept as ranges (reorder/ranges.py): a jump costs one range.
 """
 
 from __future__ import annotations
@@ -129,10 +143,11 @@ from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
-from gateway.acks import DeliveryTracker
+from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker
 from gateway.clock_state import clock_state_record
 from gateway.logs import limited_log
 from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishPunctuation, PublishRecord
+from reorder.records import GapSkipped
 from timesync.clocks import ReferenceMapping
 from timesync.store import SourceInfo
 
@@ -218,6 +233,8 @@ class IngestConfig:
     # Kafka refuses a record over the broker's message.max.bytes (1 MB by default) for good: such an event is
     # refused at release, like an invalid payload (rule 8), instead of failing its shard's transaction forever.
     max_record_bytes: int = MAX_RECORD_BYTES
+    # Rule 13: a seq this far above its (source, stream)'s highest seq is refused (``seq_jump``).
+    max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP
     # Rule 11.
     idle_source_retention_us: int = IDLE_SOURCE_RETENTION_US
     clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
@@ -322,9 +339,12 @@ class GatewayCounters:
     sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
     records_too_large: int = 0  # events refused because their record exceeds max_record_bytes (rule 8)
     idle_punctuations: int = 0  # punctuations of streams the shard holds nothing of (rule 10)
+    gaps_given_up: int = 0  # gap notices sent: runs of seqs the reorderers gave up, never received (rule 13)
+    seqs_given_up: int = 0  # the seqs in them
+    conflicts: int = 0  # duplicates whose payload or source_ts_us differ from the accepted event's (rule 1)
+    seq_jumps: int = 0  # events refused because their seq jumped past max_seq_jump (rule 13)
     sources_forgotten: int = 0  # idle sources whose per-stream state was freed (rule 11)
     streams_refused: int = 0  # hellos refused for a stream not allowed or over the stream cap (docs/operations.md)
-    slow_readers_closed: int = 0  # connections closed because their peer did not read (gateway.connection)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -452,7 +472,8 @@ class IngestCore:
         self.config = config or IngestConfig()
         self.counters = GatewayCounters()
         self.pipeline = IngestPipeline(mapping, self.config.pipeline)
-        self.tracker = DeliveryTracker()
+        self.tracker = DeliveryTracker(self.config.max_seq_jump, self.config.pipeline.sequence.max_skipped_tracked)
+        self.pipeline.gaps_given_up = []  # drained by _publish (rule 13)
         self.last_delivery_us: int | None = None
         self.last_kafka_error: str | None = None
         self.delivery_latencies_us: deque[int] = deque(maxlen=DELIVERY_LATENCY_SAMPLES)
@@ -609,22 +630,27 @@ class IngestCore:
         watch = self._watches.get(source_id) if self._watches else None
         accepted: list[messages.IncomingEvent] = []
         mappings: list[tuple[int, int]] = []
-        accept = self.tracker.accept
+        admit = self.tracker.admit
+        reacks: dict[str, int] | None = None
         counters = self.counters
         counters.events_received += len(events)
         for event in events:
             if type(event.payload) is messages.RejectedPayload:
                 counters.invalid_payloads += 1
-                # Per event: rate-limited (a flood once wrote 121 MiB of these); the counter keeps the exact total.
-                limited_log(log, logging.WARNING, "invalid_payload", "refused %s/%s seq %d: %s", source_id,
-                            event.stream, event.seq, event.payload.reason, now_us=arrival_us)
+                log.warning("refused %s/%s seq %d: %s", source_id, event.stream, event.seq, event.payload.reason)
                 actions.append(SendFrame(connection, encode_frame(messages.build_error(
                     InvalidPayload.code, event.payload.reason, False, event.stream, event.seq))))
-            if not accept(source_id, event.stream, event.seq):
-                counters.duplicates += 1
-                acked = self.tracker.acked_through(source_id, event.stream)
-                if acked is not None and acked >= event.seq:
-                    actions.append(SendFrame(connection, encode_frame(messages.build_ack(event.stream, acked))))
+            admission = admit(source_id, event.stream, event.seq, (event.source_ts_us, event.payload))
+            if admission is not ACCEPTED:
+                if admission is DUPLICATE:
+                    counters.duplicates += 1
+                    acked = self.tracker.acked_through(source_id, event.stream)
+                    if acked is not None and acked >= event.seq:
+                        if reacks is None:
+                            reacks = {}
+                        reacks[event.stream] = acked  # one re-ack per stream for the frame, after its errors
+                else:
+                    actions.append(self._refuse_seq(connection, source_id, event, admission is CONFLICT, arrival_us))
                 continue
             if watch is None:
                 accepted.append(event)
@@ -646,10 +672,49 @@ class IngestCore:
             mapped = self._held_back(source_id, watch, event, arrival_us, actions, outputs)
             if mapped is not None:
                 outputs += self.pipeline.push(source_id, event, arrival_us, mapped=mapped)
+        if reacks is not None:
+            actions += [SendFrame(connection, encode_frame(messages.build_ack(stream, acked)))
+                        for stream, acked in reacks.items()]
         if accepted:
             # The frame's accepted events go through the pipeline together; rule 9's mappings go with them.
             outputs += self.pipeline.push_many(source_id, accepted, arrival_us, mappings if watch is not None else None)
         actions += self._publish(outputs)
+        return actions
+
+    def _refuse_seq(self, connection: ConnectionId, source_id: str, event: messages.IncomingEvent, conflict: bool,
+                    now_us: int) -> SendFrame:
+        """Rules 1 and 13: a duplicate seq with another payload or timestamp (a conflict), or a seq jump past
+        ``max_seq_jump``: counted, logged (rate-limited), answered to the sender with a non-fatal error naming it;
+        nothing is published or acknowledged for it."""
+        if conflict:
+            self.counters.conflicts += 1
+            code = messages.SEQ_CONFLICT
+            message = (f"seq {event.seq} of stream {event.stream} was already accepted with another payload or "
+                       f"source_ts_us: this event is not published")
+        else:
+            self.counters.seq_jumps += 1
+            code = messages.SEQ_JUMP
+            message = (f"seq {event.seq} of stream {event.stream} is more than {self.config.max_seq_jump} above the "
+                       f"stream's highest seq: refused")
+        limited_log(log, logging.WARNING, code, "%s: %s", source_id, message, now_us=now_us)
+        return SendFrame(connection, encode_frame(messages.build_error(code, message, False, event.stream,
+                                                                       event.seq)))
+
+    def _gaps_given_up(self, gaps: list[GapSkipped]) -> list[IngestAction]:
+        """Rule 13: the reorderers gave these gaps up. The tracker lets the cumulative ack pass their seqs (those it
+        never received), and the source is told which, one ``gap`` notice per run, before the ack that passes them
+        (the ack goes out at the next poll)."""
+        actions: list[IngestAction] = []
+        for gap in gaps:
+            pieces, acked = self.tracker.give_up(gap.source_id, gap.stream, gap.first_seq, gap.last_seq)
+            if acked is not None:
+                self._ack_moved(gap.source_id, gap.stream, acked, True)
+            for first_seq, last_seq in pieces:
+                self.counters.gaps_given_up += 1
+                self.counters.seqs_given_up += last_seq - first_seq + 1
+                actions.append(SendToSource(gap.source_id, encode_frame(messages.build_gap(
+                    gap.stream, first_seq, last_seq, gap.reason))))
+        gaps.clear()
         return actions
 
     def heartbeat_received(self, source_id: str, heartbeat: messages.Heartbeat, now_us: int) -> list[IngestAction]:
@@ -683,8 +748,7 @@ class IngestCore:
             self.counters.delivery_failures += 1
             self.last_kafka_error = error
             self.tracker.failed(source_id, stream, seq)
-            limited_log(log, logging.WARNING, "delivery_failure", "Kafka refused %s/%s seq %d: %s", source_id, stream,
-                        seq, error, now_us=now_us)
+            log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
             return
         if delivery.topic == "events" and offset is not None:
             self._progress[stream].observe(source_id, seq, offset, delivery.released_us)
@@ -946,7 +1010,8 @@ class IngestCore:
         return []
 
     def _publish(self, outputs: list[PipelineOutput]) -> list[IngestAction]:
-        actions: list[IngestAction] = []
+        gaps = self.pipeline.gaps_given_up
+        actions: list[IngestAction] = self._gaps_given_up(gaps) if gaps else []
         topics = self._topic_names
         headers_of = self._event_headers
         max_record_bytes = self.config.max_record_bytes
@@ -1008,8 +1073,8 @@ class IngestCore:
         """Kafka would refuse the record for good (the broker's message.max.bytes): refused here instead, with a
         reason, so that it neither fails a transaction nor comes back with every resend (rule 8)."""
         self.counters.records_too_large += 1
-        limited_log(log, logging.WARNING, "record_too_large", "refused %s/%s seq %d: its record is %d bytes, over %d",
-                    source_id, stream, seq, size, self.config.max_record_bytes)
+        log.warning("refused %s/%s seq %d: its record is %d bytes, over %d", source_id, stream, seq, size,
+                    self.config.max_record_bytes)
         self._settle_unpublished(source_id, stream, seq)
         return SendToSource(source_id, encode_frame(messages.build_error(
             InvalidPayload.code, f"the event's record is {size} bytes, over the Kafka record limit of "
@@ -1017,8 +1082,7 @@ class IngestCore:
 
     def _encode_failed(self, source_id: str, stream: str, seq: int, error: Exception) -> SendToSource:
         self.counters.encode_failures += 1
-        limited_log(log, logging.ERROR, "encode_failure", "could not encode %s/%s seq %d, refusing it: %r", source_id,
-                    stream, seq, error)
+        log.error("could not encode %s/%s seq %d, refusing it: %r", source_id, stream, seq, error)
         self._settle_unpublished(source_id, stream, seq)
         message = f"the gateway could not encode this event's record: {type(error).__name__}: {error}"
         return SendToSource(source_id, encode_frame(messages.build_error(

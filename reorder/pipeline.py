@@ -130,6 +130,9 @@ class IngestPipeline:
         # next release, and a release due at the same instant is in time (thesis mode makes the two coincide).
         self._deadlines: list[tuple[int, int, str, str]] = []
         self._scheduled: dict[tuple[str, str], int] = {}
+        # The gaps the reorderers gave up, for a caller that acts on them (the gateway: its acks pass them and the
+        # source is told, issue 24 item 2): None keeps none (the replay); a list collects them, the caller drains it.
+        self.gaps_given_up: list[GapSkipped] | None = None
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -372,6 +375,8 @@ class IngestPipeline:
             else:
                 self.counters.gaps += 1
                 self.counters.gap_events_skipped += item.last_seq - item.first_seq + 1
+                if self.gaps_given_up is not None:
+                    self.gaps_given_up.append(item)
 
     def _to_merger(self, pipeline: _StreamPipeline, released: Released, now_us: int, out: list[PipelineOutput],
                    passed: Late | None = None, mapped: tuple[int, int] | None = None) -> None:

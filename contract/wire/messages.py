@@ -1,8 +1,8 @@
 """Typed messages of the client <-> gateway protocol, both directions (docs/wire-protocol.md).
 
-Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, redirect, ack, error, resync. Each has a
-``build_*`` function (the map that goes into one frame) and a ``parse_*`` function (validation into a typed message;
-a violation raises a RemoteProtocolError, because whoever parses it received it from the other side).
+Client -> gateway: hello, events, heartbeat, bye. Gateway -> client: welcome, redirect, ack, error, resync, gap. Each
+has a ``build_*`` function (the map that goes into one frame) and a ``parse_*`` function (validation into a typed
+message; a violation raises a RemoteProtocolError, because whoever parses it received it from the other side).
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ MAX_PAYLOAD_DEPTH = 32
 # Message types ("type" of the frame map).
 HELLO, EVENTS, HEARTBEAT, BYE = "hello", "events", "heartbeat", "bye"
 WELCOME, REDIRECT, ACK, ERROR, RESYNC = "welcome", "redirect", "ack", "error", "resync"
+GAP = "gap"
+# Why a gap was given up (GapNotice.reason): its wait ran out, or the source's reorder buffer was full.
+GAP_REASONS = ("timeout", "buffer_full")
+# Non-fatal error codes naming one event (docs/wire-protocol.md, "Errors"): a seq already accepted with another
+# payload or source_ts_us (the event is not published, not acknowledged as delivered), and a seq too far above the
+# stream's seqs (refused, not accepted: nothing is allocated for the gap it would open).
+SEQ_CONFLICT = "seq_conflict"
+SEQ_JUMP = "seq_jump"
 MAX_PORT = 65535
 MAX_HOST_CHARS = 255  # a DNS name's limit
 MAX_GATEWAY_ID_CHARS = 128
@@ -429,7 +437,19 @@ class ResyncRequest:
     seq: int | None = None
 
 
-GatewayMessage = Welcome | Redirect | Ack | ErrorReply | ResyncRequest
+@dataclass(frozen=True, slots=True)
+class GapNotice:
+    """The gateway stopped waiting for ``first_seq..last_seq`` of ``stream`` (inclusive), none of which it received:
+    the cumulative ack passes them. One of them that arrives later is published once, on the late topic
+    (``late_after_skip``); resending them is optional (docs/wire-protocol.md, "Gaps")."""
+
+    stream: str
+    first_seq: int
+    last_seq: int
+    reason: str
+
+
+GatewayMessage = Welcome | Redirect | Ack | ErrorReply | ResyncRequest | GapNotice
 
 
 def build_welcome(max_frame_bytes: int, *, gateway_id: str | None = None, shard: int | None = None,
@@ -459,6 +479,10 @@ def build_ack(stream: str, seq: int) -> dict[str, Any]:
     return {"type": ACK, "stream": stream, "seq": seq}
 
 
+def build_gap(stream: str, first_seq: int, last_seq: int, reason: str) -> dict[str, Any]:
+    return {"type": GAP, "stream": stream, "first_seq": first_seq, "last_seq": last_seq, "reason": reason}
+
+
 def build_error(code: str, message: str, fatal: bool, stream: str | None = None,
                 seq: int | None = None, *, retry_after_ms: int | None = None) -> dict[str, Any]:
     error: dict[str, Any] = {"type": ERROR, "code": code, "message": message, "fatal": fatal}
@@ -486,6 +510,13 @@ def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
         if not isinstance(stream, str):
             raise InvalidMessage("ack: 'stream' must be a string")
         return Ack(stream, _int_field(raw, "seq", 0, MAX_SEQ))
+    if kind == GAP:
+        stream = raw.get("stream")
+        if not isinstance(stream, str):
+            raise InvalidMessage("gap: 'stream' must be a string")
+        first_seq = _int_field(raw, "first_seq", 0, MAX_SEQ)
+        last_seq = _int_field(raw, "last_seq", first_seq, MAX_SEQ)
+        return GapNotice(stream, first_seq, last_seq, str(raw.get("reason", "")))
     if kind == WELCOME:
         version = _int_field(raw, "version", 0, 2**31)
         if version != PROTOCOL_VERSION:

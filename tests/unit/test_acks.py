@@ -76,3 +76,103 @@ def test_stream_progress_keeps_the_highest_promised_watermark():
     assert progress.watermark_us == 50
     decoded = decode_record(progress.to_json())
     assert isinstance(decoded, ProgressRecord) and decoded.watermark_us == 50
+
+
+# -- issue 24 items 2, 3, 8: given-up gaps, ranges, conflicts, seq jumps -------------------------------------------
+
+
+def test_a_given_up_gap_lets_the_ack_pass_and_its_seq_is_accepted_once_later():
+    tracker = DeliveryTracker()
+    for seq in (0, 1, 3, 4):
+        assert tracker.accept("s", "a", seq)
+    assert tracker.confirmed("s", "a", 0) == 0
+    assert tracker.confirmed("s", "a", 1) == 1
+    assert tracker.confirmed("s", "a", 3) is None
+    assert tracker.confirmed("s", "a", 4) is None
+    assert tracker.give_up("s", "a", 2, 2) == ([(2, 2)], 4)  # the reorderer stopped waiting for 2: the ack passes it
+    assert tracker.unacked("s", "a") == 0
+    assert not tracker.accept("s", "a", 3)  # resends of published seqs stay duplicates
+    assert tracker.accept("s", "a", 2)  # the given-up seq itself, once: it goes to the late topic
+    assert tracker.confirmed("s", "a", 2) is None  # its late record does not move the ack (it is past)
+    assert not tracker.accept("s", "a", 2)  # and only once
+    assert tracker.acked_through("s", "a") == 4
+
+
+def test_a_given_up_seq_whose_late_record_failed_is_accepted_again():
+    tracker = DeliveryTracker()
+    assert tracker.accept("s", "a", 1)
+    assert tracker.confirmed("s", "a", 1) is None
+    assert tracker.give_up("s", "a", 0, 0) == ([(0, 0)], 1)
+    assert tracker.accept("s", "a", 0)
+    tracker.failed("s", "a", 0)
+    assert tracker.accept("s", "a", 0)
+    assert not tracker.accept("s", "a", 0)
+
+
+def test_give_up_leaves_out_the_seqs_already_accepted():
+    tracker = DeliveryTracker()
+    assert tracker.accept("s", "a", 1)  # held by rule 9 when the reorderer skipped 0..2
+    assert tracker.give_up("s", "a", 0, 2) == ([(0, 0), (2, 2)], 0)  # 0 is passed, 1 is still owed to Kafka
+    assert tracker.confirmed("s", "a", 1) == 2
+    assert not tracker.accept("s", "a", 1)
+    assert tracker.accept("s", "a", 2)
+
+
+def test_a_million_seq_gap_costs_one_range_and_no_per_seq_state():
+    import tracemalloc
+
+    tracker = DeliveryTracker()
+    assert tracker.accept("s", "a", 0)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        assert tracker.accept("s", "a", 1_000_000)
+        assert tracker.confirmed("s", "a", 1_000_000) is None
+        assert tracker.confirmed("s", "a", 0) == 0
+        assert tracker.give_up("s", "a", 1, 999_999) == ([(1, 999_999)], 1_000_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before < 16 * 1024
+    assert tracker.ranges("s", "a") == 1 and tracker.unacked("s", "a") == 0
+    # The newest 100,000 given-up seqs are remembered (as the reorderer remembers its skipped ones), each accepted
+    # once if it turns up; older ones are forgotten: a resend of one is a duplicate.
+    assert tracker.accept("s", "a", 999_999)
+    assert tracker.accept("s", "a", 900_000)
+    assert not tracker.accept("s", "a", 899_999)
+    assert tracker.ranges("s", "a") == 1
+
+
+def test_a_seq_jump_beyond_the_limit_is_refused_without_state():
+    from gateway.acks import ACCEPTED, SEQ_JUMP
+
+    tracker = DeliveryTracker(max_seq_jump=100)
+    assert tracker.admit("s", "a", 100, None) == SEQ_JUMP  # from -1: a jump of 101
+    assert tracker.admit("s", "a", 99, None) == ACCEPTED
+    assert tracker.admit("s", "a", 200, None) == SEQ_JUMP
+    assert tracker.admit("s", "a", 199, None) == ACCEPTED
+    assert tracker.unacked("s", "a") == 2
+
+
+def test_a_duplicate_with_another_payload_or_timestamp_is_a_conflict_while_pending_and_once_acked():
+    from gateway.acks import ACCEPTED, CONFLICT, DUPLICATE, RECENT_ACKED_DIGESTS
+
+    tracker = DeliveryTracker()
+    assert tracker.admit("s", "a", 0, (10, {"v": 1})) == ACCEPTED
+    assert tracker.admit("s", "a", 0, (10, {"v": 1})) == DUPLICATE
+    assert tracker.admit("s", "a", 0, (10, {"v": 2})) == CONFLICT
+    assert tracker.admit("s", "a", 0, (11, {"v": 1})) == CONFLICT
+    assert tracker.confirmed("s", "a", 0) == 0
+    assert tracker.admit("s", "a", 0, (10, {"v": 1})) == DUPLICATE
+    assert tracker.admit("s", "a", 0, (10, {"v": 2})) == CONFLICT
+    # The ring holds the last RECENT_ACKED_DIGESTS acked seqs: older duplicates are not compared.
+    for seq in range(1, RECENT_ACKED_DIGESTS + 1):
+        assert tracker.admit("s", "a", seq, (seq, seq)) == ACCEPTED
+    for seq in range(RECENT_ACKED_DIGESTS, 0, -1):
+        tracker.confirmed("s", "a", seq)
+    assert tracker.acked_through("s", "a") == RECENT_ACKED_DIGESTS
+    assert tracker.admit("s", "a", 0, (10, {"v": 2})) == DUPLICATE
+    assert tracker.admit("s", "a", 1, (1, 2)) == CONFLICT
+    assert tracker.admit("s", "a", RECENT_ACKED_DIGESTS, (0, 0)) == CONFLICT
+    assert tracker.admit("s", "a", 5, None) == DUPLICATE  # nothing to compare

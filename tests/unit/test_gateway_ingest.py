@@ -108,7 +108,9 @@ def test_a_resent_seq_already_acked_is_a_duplicate_and_is_re_acked_on_its_connec
 
     other = ConnectionId(8)
     actions = core.events_received(other, "a", events(range(1, 4)), T0 + 300)
-    assert actions[:2] == [SendFrame(other, ack("s", 2)), SendFrame(other, ack("s", 2))]
+    # Issue 24 item 4: one cumulative re-ack for the frame's duplicates, not one per duplicate.
+    assert [a for a in actions if isinstance(a, SendFrame)] == [SendFrame(other, ack("s", 2))]
+    assert actions[0] == SendFrame(other, ack("s", 2))
     assert seqs(actions) == [3]  # only the new seq is published
     assert core.counters.duplicates == 2
     assert core.counters.events_received == 6
@@ -351,7 +353,8 @@ def test_a_recovered_stream_treats_resends_below_its_progress_as_duplicates():
     assert core.counters.recovered_sources == 1
     assert core.pipeline.watermark_us("s") == T0 + 40
     actions = core.events_received(CONN, "a", events(range(3, 6)), T0 + 100)
-    assert actions[:2] == [SendFrame(CONN, ack("s", 4)), SendFrame(CONN, ack("s", 4))]
+    assert actions[:2] == [SendFrame(CONN, ack("s", 4)), *actions[1:2]]  # one re-ack for the frame (issue 24 item 4)
+    assert isinstance(actions[1], Produce)
     assert seqs(actions) == [5]
 
 
@@ -785,3 +788,147 @@ def test_a_records_kafka_timestamp_is_its_reference_time_within_an_hour_before_a
     assert [(a.delivery.seq, a.timestamp_ms, a.headers[0]) for a in late if a.delivery is not None] == [
         (2, (T0 + 200 + 60_000_000) // 1000, ("kind", b"late")), (3, (T0 + 5) // 1000, ("kind", b"late")),
         (4, (T0 + 6_000 - 3_600_000_000) // 1000, ("kind", b"late"))]
+
+
+# -- issue 24 items 2, 3, 4, 8: given-up gaps, seq jumps, one re-ack per frame, conflicts ---------------------------
+
+
+def _gap(stream: str, first_seq: int, last_seq: int, reason: str = "timeout") -> bytes:
+    from contract.wire.messages import build_gap
+
+    return encode_frame(build_gap(stream, first_seq, last_seq, reason))
+
+
+def test_a_frame_full_of_duplicates_is_answered_with_one_ack_per_stream():
+    core = make_core()
+    core.stream_created("u")
+    core.source_registered("a", ("s", "u"), T0)
+    deliver(core, core.events_received(CONN, "a", (*events(range(100)), *events(range(10), "u")), T0 + 100), T0 + 200)
+    core.poll(T0 + 200)
+    actions = core.events_received(CONN, "a", (*events(range(100)), *events(range(10), "u")), T0 + 300)
+    assert actions == [SendFrame(CONN, ack("s", 99)), SendFrame(CONN, ack("u", 9))]
+    assert core.counters.duplicates == 110
+
+
+def test_a_given_up_gap_is_told_to_the_source_and_the_ack_passes_it_and_its_seq_is_published_late_once():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    deliver(core, core.events_received(CONN, "a", events(range(2)), T0 + 100), T0 + 150)
+    sent = core.events_received(CONN, "a", tuple(e for e in events(range(2, 6)) if e.seq != 3), T0 + 200)
+    deliver(core, sent, T0 + 250, 2)
+    assert core.poll(T0 + 300) == [SendToSource("a", ack("s", 2))]  # 3 is missing: the ack stops below it
+    due = core.next_deadline_us()
+    assert due is not None
+    actions = core.advance(due)
+    assert [a for a in actions if isinstance(a, SendToSource)] == [SendToSource("a", _gap("s", 3, 3))]
+    deliver(core, actions, due + 10, 3)
+    assert seqs(actions) == [4, 5]
+    assert _sent(core.poll(due + 20)) == [SendToSource("a", ack("s", 5))]  # past the given-up seq
+    assert (core.counters.gaps_given_up, core.counters.seqs_given_up) == (1, 1)
+    # The given-up seq, resent after all: published once, on the late topic, with its reason; then a duplicate.
+    late = core.events_received(CONN, "a", events(range(3, 4)), due + 30)
+    (delivery,) = produced(late)
+    assert (delivery.seq, delivery.topic) == (3, "late")
+    record = orjson.loads(next(a for a in late if isinstance(a, Produce)).value)
+    assert record["late_reason"] == "late_after_skip"
+    deliver(core, late, due + 40, 9)
+    assert _sent(core.poll(due + 50)) == []  # the ack was past it already
+    again = core.events_received(CONN, "a", events(range(3, 6)), due + 60)
+    assert again == [SendFrame(CONN, ack("s", 5))]
+    assert core.tracker.unacked("a", "s") == 0
+
+
+def test_a_source_starting_at_seq_1_is_told_seq_0_was_given_up_and_acked_through_its_last():
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    deliver(core, core.events_received(CONN, "a", events(range(1, 21)), T0 + 100), T0 + 200)
+    assert core.poll(T0 + 200) == []
+    due = core.next_deadline_us()
+    assert due is not None
+    actions = core.advance(due)
+    assert [a for a in actions if isinstance(a, SendToSource)] == [SendToSource("a", _gap("s", 0, 0))]
+    assert seqs(actions) == list(range(1, 21))
+    deliver(core, actions, due + 10)
+    assert _sent(core.poll(due + 20)) == [SendToSource("a", ack("s", 20))]
+
+
+def _sent(actions: list[IngestAction]) -> list[IngestAction]:
+    return [a for a in actions if isinstance(a, (SendToSource, SendFrame))]
+
+
+def test_a_seq_jump_past_the_limit_is_refused_with_a_non_fatal_error_and_nothing_kept():
+    from contract.wire.messages import SEQ_JUMP
+
+    core = make_core(max_seq_jump=1000)
+    core.source_registered("a", ("s",), T0)
+    actions = core.events_received(CONN, "a", (*events(range(1)), *events(range(1002, 1003))), T0 + 100)
+    refused = [a for a in actions if isinstance(a, SendFrame)]
+    assert len(refused) == 1
+    error = refused[0].data
+    assert SEQ_JUMP.encode() in error and b"1002" in error
+    assert seqs(actions) == [0]
+    assert core.counters.seq_jumps == 1
+    assert core.tracker.unacked("a", "s") == 1  # seq 0 only
+    # A jump within the limit is accepted and costs one range, not one entry per missing seq.
+    assert seqs(core.events_received(CONN, "a", events(range(1001, 1002)), T0 + 200)) == []
+
+
+def test_a_duplicate_with_another_payload_is_a_conflict_answered_with_an_error_and_never_acked_to_its_sender():
+    from contract.wire.messages import SEQ_CONFLICT
+
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    real = core.events_received(CONN, "a", events(range(3)), T0 + 100)
+    forged = tuple(IncomingEvent("s", q, T0 + 10 * (q + 1), {"forged": q}) for q in range(3))
+    other = ConnectionId(8)
+    # Still in flight: compared with the accepted event itself.
+    actions = core.events_received(other, "a", forged[:2], T0 + 150)
+    assert [a.connection for a in actions if isinstance(a, SendFrame)] == [other, other]
+    assert all(SEQ_CONFLICT.encode() in a.data for a in actions if isinstance(a, SendFrame))
+    assert core.counters.conflicts == 2 and core.counters.duplicates == 0
+    deliver(core, real, T0 + 200)
+    assert core.poll(T0 + 200) == [SendToSource("a", ack("s", 2))]
+    # Acked: compared with the digest kept for the recent acks; the conflict's error comes before any re-ack.
+    actions = core.events_received(other, "a", (forged[2], *events(range(1, 2))), T0 + 300)
+    assert actions == [SendFrame(other, _conflict(2)), SendFrame(other, ack("s", 2))]
+    assert core.counters.conflicts == 3 and core.counters.duplicates == 1
+    # Another timestamp is a conflict too.
+    (moved,) = core.events_received(other, "a", (IncomingEvent("s", 1, T0 + 999, 1),), T0 + 400)
+    assert moved == SendFrame(other, _conflict(1))
+
+
+def _conflict(seq: int) -> bytes:
+    from contract.wire.messages import SEQ_CONFLICT
+
+    return encode_frame(build_error(SEQ_CONFLICT, f"seq {seq} of stream s was already accepted with another payload "
+                                    "or source_ts_us: this event is not published", False, "s", seq))
+
+
+def test_a_jump_of_a_million_on_many_streams_in_one_frame_costs_o_of_the_frame():
+    import tracemalloc
+
+    streams = [f"j{i}" for i in range(8)]
+    core = make_core()
+    for stream in streams:
+        core.stream_created(stream)
+    core.source_registered("a", tuple(streams), T0)
+    frame = tuple(e for stream in streams for e in (IncomingEvent(stream, 0, T0 + 10, 0),
+                                                    IncomingEvent(stream, 1_000_000, T0 + 20, 1)))
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        actions = core.events_received(CONN, "a", frame, T0 + 100)
+        deliver(core, actions, T0 + 200)
+        due = core.next_deadline_us()
+        assert due is not None
+        skipped = core.advance(due)
+        deliver(core, skipped, due + 10, 100)
+        core.poll(due + 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    gaps = [a for a in skipped if isinstance(a, SendToSource) and b"gap" in a.data]
+    assert len(gaps) == len(streams)
+    assert all(core.tracker.acked_through("a", s) == 1_000_000 for s in streams)
+    assert peak - before < 2 * 1024 * 1024  # per-seq bookkeeping took ~45 MB for these 8 streams
