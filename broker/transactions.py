@@ -199,7 +199,7 @@ class TransactionalPublisher:
             self._fatal = error
             if error.code() in _FENCED_CODES:
                 self._fenced = True
-                log.warning("transactional id %s fenced by a newer producer: %s", self.transactional_id, error)
+                log.info("transactional id %s fenced by a newer producer: %s", self.transactional_id, error)
                 return
             log.error("fatal Kafka producer error (%s): %s", self.transactional_id, error)
         else:

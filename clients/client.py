@@ -23,10 +23,12 @@ import msgpack
 from clients.auth import TokenProvider, hmac_provider, static_token
 from clients.core import (
     DEFAULT_KEEPALIVE_S,
+    DEFAULT_LIVENESS_TIMEOUT_S,
     DEFAULT_MAX_REDIRECTS,
     Backoff,
     DeliveryWatch,
     GatewayAddress,
+    GatewayLiveness,
     GatewayRouter,
     HeartbeatPromise,
     IdleTimer,
@@ -103,6 +105,15 @@ RETRYABLE_ERROR_CODES = frozenset({"internal_error", "timeout"})
 _SYNC_CLOSE_WAIT_S = 0.2
 # Not a wire code: the client's own, when redirects did not settle within max_redirects hops.
 TOO_MANY_REDIRECTS = "too_many_redirects"
+# Not a wire code either: a redirect named a gateway this source found dead (the liveness timeout, or a refused
+# connection); the cluster has not moved the shard yet. Waited out like ``shard_unavailable``.
+OWNER_UNRESPONSIVE = "owner_unresponsive"
+# Between two dialing rounds while the cluster names an owner this source found dead (as a ``shard_unavailable``'s
+# retry_after_ms would).
+UNRESPONSIVE_OWNER_RETRY_S = 0.5
+# A gateway that refused the connection is a suspect this long: the redirects still naming it (the cluster has not
+# noticed yet) are waited out instead of followed into a loop; a restarted gateway is dialed again soon after.
+REFUSED_SUSPECT_S = 1.0
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
@@ -182,6 +193,10 @@ class ClientStats:
     connects: int = 0
     reconnects: int = 0
     connection_losses: int = 0
+    liveness_timeouts: int = 0
+    """Connections dropped because their gateway owed an answer for ``liveness_timeout_s`` and sent nothing."""
+    redirects_to_suspects: int = 0
+    """Redirects naming a gateway this source found dead, waited out instead of followed."""
     syncs: int = 0
     resyncs_requested: int = 0  # resync requests from the gateway (a clock step it saw), each obeyed or covered
     recovered_from_spool: int = 0
@@ -252,6 +267,10 @@ class SkewlessClient:
         max_unacked: bound on events kept for resend; ``send()`` blocks at the bound.
         heartbeat_interval_s: idle time of the whole source (no connection of the pool wrote) after which one
             connection sends a heartbeat; None disables heartbeats (and keepalives).
+        liveness_timeout_s: a connection that owes an answer (an ack for events it carried, the answer to a
+            heartbeat) and received nothing for this long is taken for a dead gateway (paused, frozen, cut off
+            without a reset): it is dropped, its unacknowledged events are resent through the cluster, and that
+            gateway is dialed last for twice this long (docs/sdk.md, "Gateway liveness"). None disables the check.
         keepalive_interval_s: idle time after which any one pool connection writes a heartbeat anyway, below the
             gateway's idle timeout (120 s).
         backoff: reconnect policy (each pool connection gets its own copy); ``max_attempts`` bounds retries.
@@ -273,6 +292,7 @@ class SkewlessClient:
                  max_unacked: int = DEFAULT_MAX_UNACKED,
                  heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
                  keepalive_interval_s: float = DEFAULT_KEEPALIVE_S,
+                 liveness_timeout_s: float | None = DEFAULT_LIVENESS_TIMEOUT_S,
                  backoff: Backoff | None = None, connect_timeout_s: float = 60.0,
                  spool_path: str | os.PathLike[str] | None = None, spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
                  spool_fsync: bool = False) -> None:
@@ -344,6 +364,10 @@ class SkewlessClient:
 
         self._scheduler = PoolScheduler(pool_size)
         self._idle = IdleTimer(pool_size, heartbeat_interval_s, keepalive_interval_s)
+        # A heartbeat probes a connection that has waited this long for an ack (Kafka may be slow, the gateway not).
+        self._liveness = GatewayLiveness(pool_size, liveness_timeout_s,
+                                         heartbeat_interval_s if heartbeat_interval_s is not None else None)
+        self.liveness_timeout_s = liveness_timeout_s
         base_backoff = backoff if backoff is not None else Backoff()
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._acked_streams: set[str] = set()
@@ -798,7 +822,8 @@ class SkewlessClient:
         loop = asyncio.get_running_loop()
         while True:
             live = self._scheduler.live
-            timeout = self._idle.next_due_in(live, loop.time())
+            now_s = loop.time()
+            timeout = _earliest(self._idle.next_due_in(live, now_s), self._liveness.next_due_in(live, now_s))
             if not wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
@@ -810,6 +835,7 @@ class SkewlessClient:
             before = self._store.pending_count
             wrote = await self._write_pending(loop)
             self._send_heartbeats(loop)
+            self._check_liveness(loop)
             # Only real progress wakes flush()/send_pending(): while no connection is up they wait for one.
             if wrote or self._store.pending_count != before:
                 progress.set()
@@ -839,6 +865,7 @@ class SkewlessClient:
             self.stats.events_resent += resent
             self._store.mark_sent(events, index)
             self._idle.wrote(index, loop.time())
+            self._liveness.wrote(index, loop.time(), True)
             wrote = True
             try:
                 await writer.drain()
@@ -849,8 +876,14 @@ class SkewlessClient:
 
     def _send_heartbeats(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
-        due = self._idle.due(self._scheduler.live, now)
-        if not due or self._store.pending_count:
+        live = self._scheduler.live
+        due = self._idle.due(live, now)
+        if self._store.pending_count:
+            return  # a heartbeat must not claim seqs still queued here; they go out first
+        probes = self._liveness.probe_due(live, now)
+        if probes:
+            due = sorted({*due, *probes})
+        if not due:
             return
         ts_us = self.heartbeat_ts_us()
         if ts_us is None:
@@ -858,11 +891,31 @@ class SkewlessClient:
                 self._idle.wrote(index, now)
             return
         frame = encode_frame(build_heartbeat(ts_us, heartbeat_next_seq(self._seqs, self._store)))
+        # The gateway answers a heartbeat with the source's cumulative acks, which exist once one was acked.
+        answerable = any(self._store.acked_through(stream) >= 0 for stream in self.streams)
         for index in due:
             writer = self._slots[index].writer
             if writer is not None and _write(writer, frame):
                 self.stats.heartbeats_sent += 1
+                self._liveness.wrote(index, now, answerable, heartbeat=True)
             self._idle.wrote(index, now)
+
+    def _check_liveness(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Abort the connections whose gateway owes an answer past ``liveness_timeout_s``: their supervisors see
+        the loss, requeue what they carried and dial the cluster again, that gateway last."""
+        now = loop.time()
+        for index in self._liveness.dead(self._scheduler.live, now):
+            slot = self._slots[index]
+            self.stats.liveness_timeouts += 1
+            self._liveness.opened(index)  # judged once; the supervisor drops it
+            gateway = slot.gateway
+            log.warning("%s conn%d: gateway %s sent nothing for %.1f s while owing an answer: taken for dead, "
+                        "reconnecting", self.source_id, index,
+                        "?" if gateway is None else f"{gateway.host}:{gateway.port}", self.liveness_timeout_s)
+            if gateway is not None and self.liveness_timeout_s is not None:
+                self._router.suspect(gateway, now + 2 * self.liveness_timeout_s)
+            if slot.writer is not None:
+                slot.writer.transport.abort()  # close() would wait to flush to a peer that does not read
 
     # -- connections -----------------------------------------------------------------------------------------------
 
@@ -879,6 +932,8 @@ class SkewlessClient:
                 await self._open(slot)
             except GatewayRerouted as exc:
                 self._rerouted(slot, exc)
+                if exc.retry_after_ms is not None:
+                    slot.backoff.reset()  # paced by the cluster's retry_after_ms (as in _supervise)
                 delay = slot.backoff.next_delay()
                 if delay is None or loop.time() + max(delay, slot.retry_after_s) > deadline_s:
                     raise
@@ -894,7 +949,8 @@ class SkewlessClient:
 
         Raises the last dialing failure when no gateway welcomed it, ``GatewayRerouted`` for a shard error or too
         many redirects, ``GatewayRejected`` for a refusal."""
-        route = self._router.round()
+        loop = asyncio.get_running_loop()
+        route = self._router.round(loop.time())
         failure: BaseException | None = None
         while (target := route.next_target()) is not None:
             try:
@@ -904,6 +960,9 @@ class SkewlessClient:
             except (ConnectionError, OSError, TimeoutError) as exc:
                 log.info("%s conn%d: %s:%d: %r", self.source_id, slot.index, target.host, target.port, exc)
                 route.unreachable(target)
+                if isinstance(exc, ConnectionRefusedError):
+                    # Nobody listens there now: redirects naming it are waited out, not followed in a loop.
+                    self._router.suspect(target, loop.time() + REFUSED_SUSPECT_S)
                 failure = exc
                 continue
             if isinstance(reply, Redirect):
@@ -912,6 +971,12 @@ class SkewlessClient:
                 to = GatewayAddress(reply.host, reply.port, reply.timesync_port)
                 log.info("%s conn%d: %s:%d redirects shard %d to %s at %s:%d", self.source_id, slot.index,
                          target.host, target.port, reply.shard, reply.gateway_id, to.host, to.port)
+                if route.redirect_to_suspect(to):
+                    # The cluster still names a gateway this source found dead: its shard has not moved yet.
+                    self.stats.redirects_to_suspects += 1
+                    raise GatewayRerouted(OWNER_UNRESPONSIVE, f"redirected to {to.host}:{to.port}, which did not "
+                                          "answer: waiting for the cluster to move the shard",
+                                          round(UNRESPONSIVE_OWNER_RETRY_S * 1000), target)
                 if not route.redirected(to):
                     raise GatewayRerouted(TOO_MANY_REDIRECTS, f"more than {self._router.max_redirects} redirects in a "
                                           f"row, the last to {to.host}:{to.port}")
@@ -976,6 +1041,8 @@ class SkewlessClient:
         slot.reader, slot.writer, slot.decoder, slot.gateway = reader, writer, decoder, owner
         self._scheduler.up(slot.index)
         self._idle.wrote(slot.index, asyncio.get_running_loop().time())
+        self._liveness.opened(slot.index)
+        self._router.cleared(owner)
         self.stats.connects += 1
         for message in rest:
             self._on_message(message)
@@ -1045,6 +1112,10 @@ class SkewlessClient:
                 return
             except GatewayRerouted as exc:
                 self._rerouted(slot, exc)
+                if exc.retry_after_ms is not None:
+                    # The cluster answered and said when to ask again: that, not a growing backoff, paces the
+                    # retries, so the source is back within retry_after_ms of the shard being served again.
+                    slot.backoff.reset()
                 continue
             except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, _AnyTimeSyncError) as exc:
                 log.info("%s conn%d reconnect failed: %r", self.source_id, slot.index, exc)
@@ -1055,14 +1126,25 @@ class SkewlessClient:
     async def _read_until_closed(self, slot: _Slot) -> None:
         reader = slot.reader
         assert reader is not None
+        loop = asyncio.get_running_loop()
         while True:
             data = await reader.read(_READ_CHUNK)
             if not data:
                 return
+            self._heard_from(slot, loop.time())
             for message in slot.decoder.feed(data):
                 self._on_message(message)
                 if self._error is not None:
                     return
+
+    def _heard_from(self, slot: _Slot, now_s: float) -> None:
+        """Bytes from ``slot``'s gateway: it is alive, for every pool connection open to it (an answer may come on
+        another connection of the source than the one that asked)."""
+        outstanding = len(self._store) > self._store.pending_count
+        for index in self._scheduler.live:
+            other = self._slots[index]
+            if other is slot or (slot.gateway is not None and slot.gateway.same_gateway(other.gateway)):
+                self._liveness.received(index, now_s, outstanding)
 
     def _on_message(self, raw: dict[str, Any]) -> None:
         try:
@@ -1160,6 +1242,11 @@ class SkewlessClient:
             delay_s = self._resync_gate.finished(loop.time())
 
 
+def _earliest(*waits_s: float | None) -> float | None:
+    known = [w for w in waits_s if w is not None]
+    return min(known) if known else None
+
+
 @contextlib.asynccontextmanager
 async def _flush_deadline(timeout_s: float, client: SkewlessClient) -> AsyncIterator[None]:
     try:
@@ -1219,6 +1306,7 @@ class ConnectOptions(TypedDict, total=False):
     max_unacked: int
     heartbeat_interval_s: float | None
     keepalive_interval_s: float
+    liveness_timeout_s: float | None
     backoff: Backoff | None
     connect_timeout_s: float
     spool_path: str | os.PathLike[str] | None

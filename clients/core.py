@@ -438,6 +438,87 @@ class IdleTimer:
         return max(0.0, wait)
 
 
+# How long a connection may owe the source an answer (an ack for events it carried, the answer to a heartbeat) with
+# nothing at all received before its gateway is taken for dead: a few heartbeat intervals (1 s) more than a live
+# gateway ever needs (acks follow each 100 ms commit; a heartbeat is answered at once), and below the cluster's
+# session timeout (6 s), so the sources of a paused gateway are dialing the cluster again when its shards move.
+DEFAULT_LIVENESS_TIMEOUT_S = 5.0
+
+
+class GatewayLiveness:
+    """Whether the gateway at the other end of each pool connection still answers (times are loop seconds).
+
+    TCP cannot tell: a gateway process that is paused (SIGSTOP, a frozen VM) or cut off without a reset keeps the
+    connection open, and its kernel even accepts what the source writes. So a connection *owes* an answer from the
+    first write the gateway answers (events: an ack once Kafka has them; a heartbeat: the source's cumulative acks,
+    sent back at once, whenever the source has any) after the last frame received on it; a frame received while
+    written events are still unacknowledged starts the wait again. A connection that owed an answer for
+    ``timeout_s`` with nothing received is dead (:meth:`dead`): the shell drops it, requeues what it carried and
+    dials the cluster again.
+
+    A live gateway whose Kafka is slow acks late but answers a heartbeat at once: after ``probe_after_s`` of waiting
+    the connection is due one heartbeat (:meth:`probe_due`), so Kafka's delays are not taken for a dead gateway.
+    ``timeout_s`` None disables the check.
+    """
+
+    def __init__(self, size: int, timeout_s: float | None, probe_after_s: float | None = None) -> None:
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("liveness timeout must be > 0 (or None to disable)")
+        self.timeout_s = timeout_s
+        self.probe_after_s = (probe_after_s if probe_after_s is not None and timeout_s is not None
+                              and probe_after_s < timeout_s else None)
+        self._owed_since: list[float | None] = [None] * size
+        self._probed = [False] * size
+
+    def opened(self, slot: int) -> None:
+        """A new connection on ``slot`` (the welcome was its answer): owes nothing yet."""
+        self._owed_since[slot] = None
+        self._probed[slot] = False
+
+    def wrote(self, slot: int, now_s: float, expects_answer: bool, heartbeat: bool = False) -> None:
+        """``heartbeat``: the write was one, which asks for an answer itself: no probe is due for this wait."""
+        if expects_answer and self._owed_since[slot] is None:
+            self._owed_since[slot] = now_s
+        if heartbeat and expects_answer:
+            self._probed[slot] = True
+
+    def received(self, slot: int, now_s: float, outstanding: bool) -> None:
+        """A frame arrived on ``slot``; ``outstanding``: written events are still unacknowledged."""
+        self._owed_since[slot] = now_s if outstanding and self._owed_since[slot] is not None else None
+        self._probed[slot] = False
+
+    def dead(self, live: Iterable[int], now_s: float) -> list[int]:
+        if self.timeout_s is None:
+            return []
+        timeout_s = self.timeout_s
+        owed = self._owed_since
+        return [s for s in live if (since := owed[s]) is not None and now_s - since >= timeout_s]
+
+    def probe_due(self, live: Iterable[int], now_s: float) -> list[int]:
+        """Connections due a heartbeat that asks the gateway to answer; each is due one per wait."""
+        if self.probe_after_s is None:
+            return []
+        due = [s for s in live if not self._probed[s] and (since := self._owed_since[s]) is not None
+               and now_s - since >= self.probe_after_s]
+        for slot in due:
+            self._probed[slot] = True
+        return due
+
+    def next_due_in(self, live: Iterable[int], now_s: float) -> float | None:
+        """Seconds until a probe or a death is due (0: now), None if no connection owes an answer."""
+        if self.timeout_s is None:
+            return None
+        waits = []
+        for slot in live:
+            since = self._owed_since[slot]
+            if since is None:
+                continue
+            if self.probe_after_s is not None and not self._probed[slot]:
+                waits.append(since + self.probe_after_s - now_s)
+            waits.append(since + self.timeout_s - now_s)
+        return max(0.0, min(waits)) if waits else None
+
+
 class DeliveryWatch(Generic[T]):
     """Per-event delivery handles (the shell's futures), settled by what settles the event in ``UnackedStore``.
 
@@ -577,9 +658,33 @@ class GatewayRouter:
         self.addresses = tuple(GatewayAddress(h, p) for h, p in dict.fromkeys((h, p) for h, p in addresses))
         self.max_redirects = max_redirects
         self.owner: GatewayAddress | None = None
+        # Gateways found unresponsive (the liveness timeout) or refusing connections, until when (loop seconds).
+        self._suspect_until: dict[tuple[str, int], float] = {}
 
-    def round(self) -> RouteRound:
-        return RouteRound(self)
+    def round(self, now_s: float | None = None) -> RouteRound:
+        """A dialing round; ``now_s`` (loop seconds) lets it dial suspect gateways last (None: no suspects)."""
+        return RouteRound(self, now_s)
+
+    def suspect(self, gateway: GatewayAddress, until_s: float) -> None:
+        """``gateway`` did not answer (or refused the connection): until ``until_s`` it is dialed only after every
+        other address, and a redirect to it is no answer (the cluster has not moved its shard yet: wait and ask
+        again). It stops being the owner."""
+        key = (gateway.host, gateway.port)
+        self._suspect_until[key] = max(until_s, self._suspect_until.get(key, until_s))
+        self.forget(gateway)
+
+    def is_suspect(self, gateway: GatewayAddress, now_s: float) -> bool:
+        until_s = self._suspect_until.get((gateway.host, gateway.port))
+        if until_s is None:
+            return False
+        if until_s <= now_s:
+            del self._suspect_until[(gateway.host, gateway.port)]
+            return False
+        return True
+
+    def cleared(self, gateway: GatewayAddress) -> None:
+        """``gateway`` welcomed the source: whatever it was suspected of is over."""
+        self._suspect_until.pop((gateway.host, gateway.port), None)
 
     def welcomed(self, at: GatewayAddress, timesync_port: int | None) -> GatewayAddress:
         """``at`` welcomed the source: it is the owner. Its time-sync port is the welcome's, else the one the
@@ -599,11 +704,14 @@ class RouteRound:
     """One dialing round of one pool connection: the pending redirect, else the owner, else the next address of the
     list not dialed yet this round."""
 
-    def __init__(self, router: GatewayRouter) -> None:
+    def __init__(self, router: GatewayRouter, now_s: float | None = None) -> None:
         self._router = router
+        self._now_s = now_s
         self._next_index = 0
         self._dialed: set[tuple[str, int]] = set()
         self._redirect: GatewayAddress | None = None
+        # Suspect addresses passed over in the list, dialed after every other one.
+        self._deferred: list[GatewayAddress] = []
         self.redirects = 0
 
     def next_target(self) -> GatewayAddress | None:
@@ -619,15 +727,30 @@ class RouteRound:
             target, self._redirect = self._redirect, None
             return target
         owner = self._router.owner
-        if owner is not None and (owner.host, owner.port) not in self._dialed:
+        if owner is not None and (owner.host, owner.port) not in self._dialed and not self._suspect(owner):
             return owner
         addresses = self._router.addresses
         while self._next_index < len(addresses):
             address = addresses[self._next_index]
             self._next_index += 1
+            if (address.host, address.port) in self._dialed:
+                continue
+            if self._suspect(address):
+                self._deferred.append(address)
+                continue
+            return address
+        while self._deferred:
+            address = self._deferred.pop(0)
             if (address.host, address.port) not in self._dialed:
                 return address
         return None
+
+    def _suspect(self, gateway: GatewayAddress) -> bool:
+        return self._now_s is not None and self._router.is_suspect(gateway, self._now_s)
+
+    def redirect_to_suspect(self, to: GatewayAddress) -> bool:
+        """Whether a redirect names a gateway this source found dead: the cluster has not moved the shard yet."""
+        return self._suspect(to)
 
     def redirected(self, to: GatewayAddress) -> bool:
         """The dialed gateway answered with a redirect to ``to``: remember it as the owner (for the whole pool) and

@@ -94,6 +94,12 @@ STOP_POLL_INTERVAL_S = 0.002
 REVOKE_FLUSH_TIMEOUT_S = 2.0
 # A hello for a shard being recovered here waits this long for it before the client is told to retry.
 HELLO_ROUTE_WAIT_S = 10.0
+# A source is redirected to the owner its shard's owner record names only if that gateway accepts a TCP connection:
+# a killed owner keeps its record until the group's session timeout moves the shard, and every source sent there
+# would come back for another redirect (a loop). Meanwhile the answer is shard_unavailable with retry_after_ms. One
+# check per owner address at a time, its result kept this long, each bounded by the probe timeout.
+OWNER_PROBE_TIMEOUT_S = 0.5
+OWNER_PROBE_CACHE_S = 1.0
 HELLO_ROUTE_POLL_S = 0.02
 # start() waits for the group's assignment this much beyond one session timeout (a dead member's shards move then).
 JOIN_WAIT_EXTRA_S = 10.0
@@ -244,6 +250,13 @@ class Gateway:
         self._own_counters = GatewayCounters()
         self._retired_counters = GatewayCounters()
         self.shard_handovers = 0
+        # Runtimes that ended because a newer owner fenced them: the normal end of a paused or cut-off owner.
+        self.shards_fenced = 0
+        # Hellos answered shard_unavailable because no live gateway was known to own the shard.
+        self.owner_unavailable_answers = 0
+        # Owner address -> (loop time checked, reachable), and the check in flight per address.
+        self._owner_probes: dict[tuple[str, int], tuple[float, bool]] = {}
+        self._owner_probing: dict[tuple[str, int], asyncio.Task[bool]] = {}
         self.last_shard_failure: str | None = None
         # Connections that failed on a gateway bug, by stage (gateway.connection): kept in the shell because the
         # core never sees them; zero-filled so every stage is exported before its first failure.
@@ -610,6 +623,9 @@ class Gateway:
             handler.set_throttled(throttled)
 
     def shard_failed(self, shard: int, reason: str) -> None:
+        runtime = self._shards.get(shard)
+        if runtime is not None and runtime.fenced:
+            self.shards_fenced += 1  # a newer owner took it over: counted and logged (INFO), not a failure
         self.last_shard_failure = f"shard {shard}: {reason}"
         self._restart_after[shard] = asyncio.get_running_loop().time() + SHARD_RESTART_BACKOFF_S
         self._give_up(shard, reason, graceful=False)
@@ -669,7 +685,7 @@ class Gateway:
         shard = shard_of(hello.source_id, self.config.shards)
         runtime = await self._runtime_for_hello(shard)
         if runtime is None:
-            self._route_elsewhere(connection, shard)
+            await self._route_elsewhere(connection, shard)
             return
         try:
             created = await self._ensure_stream_topics(hello.streams)
@@ -711,17 +727,39 @@ class Gateway:
             if not continue_waiting:
                 return None
 
-    def _route_elsewhere(self, connection: ConnectionHandler, shard: int) -> None:
+    async def _route_elsewhere(self, connection: ConnectionHandler, shard: int) -> None:
         owner = self._owners.get(shard)
-        if owner is not None and owner.gateway_id != self.gateway_id:
+        if (owner is not None and owner.gateway_id != self.gateway_id
+                and await self._owner_reachable(owner.host, owner.port)):
             frame = messages.build_redirect(shard=shard, gateway_id=owner.gateway_id, host=owner.host,
                                             port=owner.port, timesync_port=owner.timesync_port)
         else:
+            self.owner_unavailable_answers += 1
             frame = messages.build_error(
                 SHARD_UNAVAILABLE, f"no gateway serves shard {shard} right now (failover in progress)", fatal=True,
                 retry_after_ms=SHARD_UNAVAILABLE_RETRY_MS)
         connection.send_bytes(encode_frame(frame))
         connection.close(after_error=True)
+
+    async def _owner_reachable(self, host: str, port: int) -> bool:
+        """Whether the gateway at ``host:port`` accepts a TCP connection (checked at most once per
+        OWNER_PROBE_CACHE_S): a dead owner's record must not send sources into a redirect loop."""
+        key = (host, port)
+        loop = asyncio.get_running_loop()
+        cached = self._owner_probes.get(key)
+        if cached is not None and loop.time() - cached[0] < OWNER_PROBE_CACHE_S:
+            return cached[1]
+        probing = self._owner_probing.get(key)
+        if probing is None:
+            probing = self._owner_probing[key] = asyncio.create_task(_accepts_connections(host, port),
+                                                                     name=f"owner-probe-{host}:{port}")
+            probing.add_done_callback(lambda _task: self._owner_probing.pop(key, None))
+        reachable = await asyncio.shield(probing)
+        self._owner_probes[key] = (loop.time(), reachable)
+        if not reachable and (cached is None or cached[1]):
+            log.info("gateway %s: the owner at %s:%d does not accept connections: its shards' sources are told "
+                     "shard_unavailable until the group moves them", self.gateway_id, host, port)
+        return reachable
 
     def _moved(self, connection: ConnectionHandler) -> None:
         connection.send_bytes(encode_frame(messages.build_error(
@@ -742,6 +780,10 @@ class Gateway:
             for handler in list(self._connections_by_source.get(received.source_id, ())):
                 self._moved(handler)
             return
+        # Answered at once with the source's cumulative acks (whatever Kafka's pace): how the SDK knows this gateway
+        # is alive (its liveness timeout, docs/sdk.md); a repeated cumulative ack changes nothing there.
+        for ack in runtime.core.current_acks(received.source_id):
+            self.send_to_source(ack.source_id, ack.data)
         with self._core_call(runtime):
             await runtime.receive_heartbeat(received.source_id, received.heartbeat)
 
@@ -858,6 +900,8 @@ class Gateway:
             for name in counters.__dataclass_fields__:
                 totals[f"pipeline_{name}"] = totals.get(f"pipeline_{name}", 0.0) + float(getattr(counters, name))
         totals["shard_handovers"] = float(self.shard_handovers)
+        totals["shards_fenced"] = float(self.shards_fenced)
+        totals["owner_unavailable_answers"] = float(self.owner_unavailable_answers)
         totals["log_lines_suppressed"] = float(LOG_LIMITER.suppressed_total)
         return totals
 
@@ -903,6 +947,18 @@ class Gateway:
                 "reference_clock_error_us": self.reference_error_us,
                 "reference_clock_problem": self.reference_error_problem,
                 "failed_tasks": dict(self._failed_tasks), "last_connection_failure": self._last_connection_failure}
+
+
+async def _accepts_connections(host: str, port: int) -> bool:
+    try:
+        async with asyncio.timeout(OWNER_PROBE_TIMEOUT_S):
+            _reader, writer = await asyncio.open_connection(host, port)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from broker.client import KafkaClientConfig
+from broker.client import KafkaClientConfig, librdkafka_logger
 from broker.producer import KafkaPublisher, QueueFull
 from broker.transactions import ProducerFenced, TransactionAbortable, TransactionalPublisher, TransactionRetriable
 from contract.records import CONTRACT_VERSION, HEADER_CONTRACT_VERSION, HEADER_KIND, OWNER
@@ -79,8 +79,31 @@ OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CO
 COMMIT_ATTEMPTS = 5
 
 
+# What librdkafka says when a newer owner fenced this producer: it logs them as ERROR and CRITICAL (it cannot know that
+# fencing is how a gateway cluster hands a shard over); here they are INFO, like the shard's own line about it.
+_FENCING_MARKERS = ("fenced by a newer instance", "attempted an operation with an old epoch")
+
+
+class _FencingIsInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            message = record.getMessage()
+            if any(marker in message for marker in _FENCING_MARKERS):
+                record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_FENCING_FILTER = _FencingIsInfo()
+
+
 class ShardLost(Exception):
     """The shard cannot go on: fenced by a newer owner, or a transaction failed. Carries the reason for logs."""
+
+
+class ShardFenced(ShardLost):
+    """A newer owner took the shard's transactional id over: the normal end of a gateway that lost its shard while
+    paused or cut off (docs/cluster.md, "Fencing"). Logged at INFO and counted as ``shards_fenced``, not as a
+    failure: nothing it wrote since is visible, and its sources resend to the new owner."""
 
 
 class ShardHost(Protocol):
@@ -130,6 +153,7 @@ class ShardRuntime:
         client = settings.kafka_client
         self._publisher: TransactionalPublisher | KafkaPublisher
         if self._transactional:
+            librdkafka_logger().addFilter(_FENCING_FILTER)  # once: a logger keeps one of each filter
             self._publisher = TransactionalPublisher(
                 client, f"{settings.topics.prefix}.shard-{settings.shard}",
                 {"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **settings.producer_config})
@@ -156,6 +180,8 @@ class ShardRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._producer_task: asyncio.Task[None] | None = None
         self.failure: str | None = None
+        # Whether the runtime ended because a newer owner fenced it (the host counts it, not as a failure).
+        self.fenced = False
         self.started_us = clock_us()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -168,7 +194,7 @@ class ShardRuntime:
             try:
                 await loop.run_in_executor(None, publisher.init, TRANSACTION_CALL_TIMEOUT_S)
             except ProducerFenced as exc:
-                raise ShardLost(f"shard {self.shard}: fenced while taking it over: {exc}") from exc
+                raise ShardFenced(f"shard {self.shard}: fenced while taking it over: {exc}") from exc
             publisher.begin()
             self._in_transaction = True
         recovered = await loop.run_in_executor(None, partial(
@@ -245,7 +271,11 @@ class ShardRuntime:
         error = task.exception()
         if error is None:
             return
-        if isinstance(error, ShardLost):
+        if isinstance(error, ShardFenced | ProducerFenced) or self._fenced_after_all(error):
+            # librdkafka reports fencing from whichever call comes first (a produce, a poll, the commit).
+            self.fenced = True
+            log.info("shard %d: fenced by a newer owner (%s: %s); giving it up", self.shard, task.get_name(), error)
+        elif isinstance(error, ShardLost):
             log.warning("%s", error)
         else:
             log.error("shard %d: task %s died: %r", self.shard, task.get_name(), error, exc_info=error)
@@ -254,6 +284,16 @@ class ShardRuntime:
             while not self._produce_queue.empty():
                 _fail_batch(self._produce_queue.get_nowait(), error)
         self.fail(f"{task.get_name()}: {error!r}")
+
+    def _fenced_after_all(self, error: BaseException) -> bool:
+        """A produce can fail with librdkafka's generic fatal error before the error callback naming the cause
+        (fencing) was served: serve it, then ask."""
+        publisher = self._publisher
+        if not isinstance(publisher, TransactionalPublisher) or not isinstance(error, KafkaException):
+            return False
+        with contextlib.suppress(Exception):  # a fatal producer raises from poll too, once it has said why
+            publisher.poll(0)
+        return publisher.fenced
 
     def fail(self, reason: str) -> None:
         if self.failure is not None:
@@ -389,7 +429,7 @@ class ShardRuntime:
                             raise ShardLost(f"shard {self.shard}: commit kept failing: {exc}") from exc
                     except ProducerFenced as exc:
                         self._in_transaction = False
-                        raise ShardLost(f"shard {self.shard}: fenced by a newer owner: {exc}") from exc
+                        raise ShardFenced(f"shard {self.shard}: fenced by a newer owner: {exc}") from exc
                     except TransactionAbortable as exc:
                         with contextlib.suppress(Exception):
                             await loop.run_in_executor(None, publisher.abort, TRANSACTION_CALL_TIMEOUT_S)
@@ -437,6 +477,8 @@ class ShardRuntime:
         if not writes:
             return
         if self._producer_task is None or self._producer_task.done():
+            if self.fenced:
+                raise ShardFenced(f"shard {self.shard}: fenced by a newer owner")
             raise ShardLost(f"shard {self.shard}: its Kafka producer task is not running")
         if self._unproduced_records + len(writes) <= MAX_UNPRODUCED_RECORDS:
             # Not waited for: a commit holds the producer for its round trip, and a connection waiting through it
@@ -449,6 +491,8 @@ class ShardRuntime:
             await done
         except Exception as exc:
             # The producer task failed (and reports it): the shard is lost, not the caller's connection broken.
+            if isinstance(exc, ShardFenced | ProducerFenced):
+                raise ShardFenced(f"shard {self.shard}: fenced by a newer owner") from exc
             raise ShardLost(f"shard {self.shard}: its Kafka producer failed: {exc!r}") from exc
 
     def _carry_out_now(self, actions: Sequence[IngestAction],

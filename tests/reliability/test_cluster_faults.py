@@ -8,8 +8,10 @@ punctuation older than it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +121,7 @@ def committed_partitions(servers: str, topic: str) -> dict[int, list[dict[str, A
 
 
 def assert_exactly_once_in_order(servers: str, prefix: str, sources: list[str], *,
-                                 strict: bool = True) -> dict[str, int]:
+                                 strict: bool = True, events_per_source: int = EVENTS_PER_SOURCE) -> dict[str, int]:
     """Every (source, seq) exactly once over the events and late topics, in its shard's partition; each source's
     events topic records in seq order; no event after a punctuation older than it (the promise). ``strict``: also
     nothing late and reference order within each partition, which the merge keeps unless it timed a source out
@@ -151,7 +153,7 @@ def assert_exactly_once_in_order(servers: str, prefix: str, sources: list[str], 
             assert shard_of(record["source_id"], SHARDS) == partition and record["late_reason"], record
             seen[record["source_id"]].append(record["seq"])
     for source_id, seqs in seen.items():
-        assert sorted(seqs) == list(range(EVENTS_PER_SOURCE)), (source_id, len(seqs), seqs[:10])
+        assert sorted(seqs) == list(range(events_per_source)), (source_id, len(seqs), seqs[:10])
     if strict:
         assert inversions == 0
         assert late_events == [], [(r["source_id"], shard_of(r["source_id"], SHARDS), r["seq"], r["late_reason"],
@@ -387,3 +389,205 @@ async def test_wrong_cluster_configurations_are_refused_with_one_clear_line(kafk
             assert "Traceback" not in stderr.decode()
     finally:
         await stop_all([gateway])
+
+
+# -- failover with the defaults (issue 24, item 10) ---------------------------------------------------------------
+# Three gateways and twelve SDK sources, every setting at its default (gateway and SDK): what a deployment gets.
+DEFAULT_SOURCES = 12
+DEFAULT_EVENTS_PER_SOURCE = 1_200  # 12 s at 10 ms: the fault and the failover fall well inside the stream
+SESSION_TIMEOUT_S = 6.0  # the gateway's default session_timeout_s
+FAILOVER_BOUND_S = SESSION_TIMEOUT_S + 2.0
+
+
+class RedirectLog(logging.Handler):
+    """The SDK's redirect log lines (``<source> connN: host:port redirects shard k to <gateway_id> at host:port``):
+    which gateway each redirect named, and when."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.targets: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "redirects shard" in record.msg and len(record.args or ()) >= 6:
+            self.targets.append((time.monotonic(), str(record.args[5])))  # type: ignore[index]
+
+
+async def start_default_gateway(kafka: Any, prefix: str, log_file: Any) -> GatewayProcess:
+    args = ["--port", "0", "--bootstrap", kafka.bootstrap_servers, "--prefix", prefix, "--shards", str(SHARDS),
+            "--timesync-port", "0", "--metrics-port", "0"]
+    process, addresses = await spawn_gateway_async(args, stderr=log_file,
+                                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return GatewayProcess(process, addresses, args)
+
+
+async def metric(gateway: GatewayProcess, name: str) -> float:
+    reader, writer = await asyncio.open_connection(gateway.addresses.metrics_host, gateway.addresses.metrics_port)
+    writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
+    response = (await reader.read()).decode()
+    writer.close()
+    for line in response.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def run_default_sources(gateways: list[GatewayProcess], sources: list[str], during: Any) -> None:
+    """SDK defaults but for the address list (each source starts at a different gateway); events stamped by the
+    SDK (system clock) every 10 ms; ``during`` runs meanwhile."""
+    addresses = [g.address for g in gateways]
+    clients: dict[str, SkewlessClient] = {}
+    for i, source_id in enumerate(sources):
+        first, *rest = addresses[i % len(addresses):] + addresses[:i % len(addresses)]
+        clients[source_id] = SkewlessClient(first[0], first[1], source_id, [STREAM], gateways=rest)
+    await asyncio.gather(*(c.connect() for c in clients.values()))
+
+    async def feed(client: SkewlessClient) -> None:
+        for seq in range(DEFAULT_EVENTS_PER_SOURCE):
+            await client.send(STREAM, {"seq": seq})
+            await asyncio.sleep(SEND_INTERVAL_S)
+        await client.flush(90.0)
+
+    feeders = [asyncio.create_task(feed(c)) for c in clients.values()]
+    try:
+        await during(clients)
+        await asyncio.gather(*feeders)
+    finally:
+        for task in feeders:
+            task.cancel()
+        for client in clients.values():
+            await client.close()
+
+
+def default_summary(servers: str, prefix: str, sources: list[str]) -> dict[str, Any]:
+    """Exactly once and in order; the late records are counted here and asserted by the caller (with figures)."""
+    return assert_exactly_once_in_order(servers, prefix, sources, strict=False,
+                                        events_per_source=DEFAULT_EVENTS_PER_SOURCE)
+
+
+async def first_acks_after(clients: dict[str, SkewlessClient], moved: list[str], since: float,
+                           timeout_s: float = 60.0) -> dict[str, float]:
+    """Per moved source, seconds from ``since`` until its ack moved past where it stood then (its first ack from
+    the new owner)."""
+    before = {s: clients[s].acked_through(STREAM) for s in moved}
+    firsts: dict[str, float] = {}
+    async with asyncio.timeout(timeout_s):
+        while len(firsts) < len(moved):
+            for source_id in moved:
+                if source_id not in firsts and clients[source_id].acked_through(STREAM) > before[source_id]:
+                    firsts[source_id] = time.monotonic() - since
+            await asyncio.sleep(0.01)
+    return firsts
+
+
+@pytest.mark.timeout(300)
+async def test_sigkill_with_defaults_acks_again_within_session_timeout_plus_2s_nothing_late_no_redirect_loops(
+        kafka, topic_prefix, tmp_path):
+    logs = [open(tmp_path / f"gateway-{i}.log", "wb") for i in range(3)]  # noqa: SIM115, ASYNC230
+    gateways = [await start_default_gateway(kafka, topic_prefix, logs[i]) for i in range(3)]
+    sources = [f"kill-{i:02d}" for i in range(DEFAULT_SOURCES)]
+    redirects = RedirectLog()
+    client_log = logging.getLogger("clients.client")
+    level = client_log.level
+    client_log.setLevel(logging.INFO)
+    client_log.addHandler(redirects)
+    measured: dict[str, Any] = {}
+    try:
+        owners = await wait_all_shards_served(gateways)
+        victim = gateways[1]
+        victim_id = (await health(victim))["gateway_id"]
+        victim_shards = {k for k, owner in owners.items() if owner == victim_id}
+        moved = [s for s in sources if shard_of(s, SHARDS) in victim_shards]
+        assert moved, (owners, victim_shards)
+
+        async def kill(clients: dict[str, SkewlessClient]) -> None:
+            await asyncio.sleep(DEFAULT_EVENTS_PER_SOURCE * SEND_INTERVAL_S / 3)
+            killed_at = time.monotonic()
+            measured["killed_at"] = killed_at
+            victim.process.send_signal(signal.SIGKILL)
+            firsts = await first_acks_after(clients, moved, killed_at)
+            measured["firsts"] = firsts
+
+        await run_default_sources(gateways, sources, kill)
+    finally:
+        client_log.removeHandler(redirects)
+        client_log.setLevel(level)
+        await stop_all(gateways)
+        for log_file in logs:
+            log_file.close()
+    summary = default_summary(kafka.bootstrap_servers, topic_prefix, sources)
+    firsts = sorted(measured["firsts"].values())
+    to_dead = sum(1 for at, target in redirects.targets if target == victim_id and at >= measured["killed_at"])
+    record_outcome(
+        "Gateway cluster: SIGKILL with the defaults", group="cluster",
+        injected=f"3 gateway processes, {SHARDS} shards, {DEFAULT_SOURCES} SDK sources, gateway and SDK defaults "
+                 f"(session timeout {SESSION_TIMEOUT_S:g} s); the owner of {len(victim_shards)} shards SIGKILLed a "
+                 "third of the way through",
+        checked="every seq once per source over the events and late topics, in seq order, in its shard's partition; "
+                "nothing late; kill -> first ack from the new owner per moved source <= session timeout + 2 s; "
+                "redirects naming the dead gateway after the kill",
+        outcome={**summary, "moved_sources": len(moved), "failover_first_ack_s_max": round(firsts[-1], 2),
+                 "failover_first_ack_s_median": round(statistics.median(firsts), 2),
+                 "redirects_to_dead_owner": to_dead})
+    print("sigkill defaults:", summary, firsts, "redirects to dead", to_dead)
+    assert summary["late"] == 0, summary
+    assert firsts[-1] <= FAILOVER_BOUND_S, firsts
+    assert to_dead == 0, to_dead
+
+
+@pytest.mark.timeout(300)
+async def test_sigstopped_zombie_with_defaults_its_sources_leave_it_nothing_late_fencing_is_info(
+        kafka, topic_prefix, tmp_path):
+    logs = [open(tmp_path / f"gateway-{i}.log", "wb") for i in range(3)]  # noqa: SIM115, ASYNC230
+    gateways = [await start_default_gateway(kafka, topic_prefix, logs[i]) for i in range(3)]
+    sources = [f"stop-{i:02d}" for i in range(DEFAULT_SOURCES)]
+    pause_s = SESSION_TIMEOUT_S + 4.0
+    measured: dict[str, Any] = {}
+    try:
+        owners = await wait_all_shards_served(gateways)
+        zombie = gateways[0]
+        zombie_id = (await health(zombie))["gateway_id"]
+        zombie_shards = {k for k, owner in owners.items() if owner == zombie_id}
+        moved = [s for s in sources if shard_of(s, SHARDS) in zombie_shards]
+        assert moved, (owners, zombie_shards)
+
+        async def pause(clients: dict[str, SkewlessClient]) -> None:
+            await asyncio.sleep(DEFAULT_EVENTS_PER_SOURCE * SEND_INTERVAL_S / 4)
+            stopped_at = time.monotonic()
+            zombie.process.send_signal(signal.SIGSTOP)
+            waiter = asyncio.create_task(first_acks_after(clients, moved, stopped_at))
+            await asyncio.sleep(pause_s)
+            measured["left_before_wake"] = sum(1 for s in moved if clients[s].owner is not None
+                                               and clients[s].owner.port != zombie.address[1])
+            zombie.process.send_signal(signal.SIGCONT)
+            measured["firsts"] = await waiter
+
+        await run_default_sources(gateways, sources, pause)
+        await wait_all_shards_served(gateways)
+        measured["task_failures"] = await metric(zombie, "skewless_gateway_task_failures_total")
+        measured["fenced"] = await metric(zombie, "skewless_gateway_shards_fenced_total")
+    finally:
+        await stop_all(gateways)
+        for log_file in logs:
+            log_file.close()
+    summary = default_summary(kafka.bootstrap_servers, topic_prefix, sources)
+    zombie_log = (tmp_path / "gateway-0.log").read_text(errors="replace")
+    errors = [line for line in zombie_log.splitlines() if " ERROR " in line or "Traceback" in line]
+    firsts = sorted(measured["firsts"].values())
+    record_outcome(
+        "Gateway cluster: SIGSTOPped zombie with the defaults", group="cluster",
+        injected=f"3 gateway processes, {SHARDS} shards, {DEFAULT_SOURCES} SDK sources, gateway and SDK defaults; "
+                 f"the owner of {len(zombie_shards)} shards SIGSTOPped for {pause_s:g} s (session timeout "
+                 f"{SESSION_TIMEOUT_S:g} s), then SIGCONT",
+        checked="every seq once, in seq order, in its shard's partition; nothing late; its sources left it before it "
+                "woke (SDK liveness) and were acked by the new owner; the woken zombie's fencing is no task failure "
+                "and logs no ERROR or traceback",
+        outcome={**summary, "moved_sources": len(moved), "left_before_wake": measured["left_before_wake"],
+                 "stop_first_ack_s_max": round(firsts[-1], 2),
+                 "stop_first_ack_s_median": round(statistics.median(firsts), 2),
+                 "zombie_task_failures": measured["task_failures"], "zombie_shards_fenced": measured["fenced"],
+                 "zombie_error_lines": len(errors)})
+    print("sigstop defaults:", summary, firsts, measured, errors[:5])
+    assert summary["late"] == 0, summary
+    assert measured["left_before_wake"] == len(moved), measured
+    assert firsts[-1] < pause_s, firsts
+    assert measured["task_failures"] == 0 and errors == [], errors[:10]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from clients import Backoff, GatewayAddress, GatewayRerouted, SkewlessClient
-from clients.core import GatewayRouter
+from clients.core import GatewayLiveness, GatewayRouter
 from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import (
@@ -91,6 +91,73 @@ def test_forgetting_a_stale_gateway_keeps_a_newer_owner() -> None:
     assert router.owner is None
 
 
+def test_a_suspect_gateway_is_dialed_last_and_a_redirect_to_it_is_no_answer_until_the_suspicion_ends() -> None:
+    router = GatewayRouter([("a", 1), ("b", 2), ("c", 3)])
+    a = GatewayAddress("a", 1)
+    router.owner = a
+    router.suspect(a, until_s=10.0)
+    assert router.owner is None  # a suspect is no owner
+    route = router.round(now_s=5.0)
+    assert [route.next_target(), route.next_target(), route.next_target(), route.next_target()] == [
+        GatewayAddress("b", 2), GatewayAddress("c", 3), a, None]
+    assert route.redirect_to_suspect(a) and not route.redirect_to_suspect(GatewayAddress("b", 2))
+    # Without a clock (None) nothing is suspect; after the deadline neither.
+    assert router.round().next_target() == a
+    later = router.round(now_s=10.0)
+    assert later.next_target() == a and not later.redirect_to_suspect(a)
+    # A welcome clears a suspicion at once.
+    router.suspect(a, until_s=20.0)
+    router.cleared(a)
+    assert router.round(now_s=11.0).next_target() == a
+
+
+def test_liveness_a_connection_owing_an_answer_for_the_timeout_is_dead_and_not_a_moment_before() -> None:
+    liveness = GatewayLiveness(2, timeout_s=5.0, probe_after_s=1.0)
+    liveness.opened(0)
+    liveness.opened(1)
+    liveness.wrote(1, 0.0, expects_answer=False)  # a heartbeat nothing can answer (no ack yet): owes nothing
+    liveness.wrote(0, 1.0, expects_answer=True)   # events: owes an ack from 1.0
+    liveness.wrote(0, 3.0, expects_answer=True)   # more events: still owed since 1.0
+    assert liveness.next_due_in([0, 1], 1.5) == 0.5  # the probe at 2.0
+    assert liveness.probe_due([0, 1], 1.9) == []
+    assert liveness.probe_due([0, 1], 2.0) == [0]
+    assert liveness.probe_due([0, 1], 2.5) == []  # one probe per wait
+    assert liveness.next_due_in([0, 1], 2.5) == 3.5
+    assert liveness.dead([0, 1], 5.999) == []
+    assert liveness.dead([0, 1], 6.0) == [0]
+    assert liveness.dead([1], 60.0) == []  # only live connections are judged
+    # A heartbeat that asks for an answer is a probe itself: none more is due while it waits.
+    liveness.wrote(1, 70.0, expects_answer=True, heartbeat=True)
+    assert liveness.probe_due([1], 72.0) == [] and liveness.dead([1], 75.0) == [1]
+
+
+def test_liveness_a_frame_received_restarts_the_wait_while_written_events_are_unacked() -> None:
+    liveness = GatewayLiveness(1, timeout_s=5.0, probe_after_s=1.0)
+    liveness.wrote(0, 0.0, expects_answer=True)
+    liveness.received(0, 4.0, outstanding=True)  # an ack for part of them: owed again from 4.0
+    assert liveness.dead([0], 8.9) == [] and liveness.dead([0], 9.0) == [0]
+    assert liveness.probe_due([0], 5.0) == [0]  # and a new probe is due for the new wait
+    liveness.received(0, 9.5, outstanding=False)  # everything acked: owes nothing
+    assert liveness.dead([0], 100.0) == [] and liveness.next_due_in([0], 100.0) is None
+    # A reconnection owes nothing until it writes.
+    liveness.wrote(0, 101.0, expects_answer=True)
+    liveness.opened(0)
+    assert liveness.dead([0], 200.0) == []
+
+
+def test_liveness_disabled_and_its_arguments_checked() -> None:
+    liveness = GatewayLiveness(1, timeout_s=None, probe_after_s=1.0)
+    liveness.wrote(0, 0.0, expects_answer=True)
+    assert liveness.dead([0], 1e9) == [] and liveness.probe_due([0], 1e9) == []
+    assert liveness.next_due_in([0], 0.0) is None
+    with pytest.raises(ValueError, match="liveness"):
+        GatewayLiveness(1, timeout_s=0.0)
+    # A probe later than the timeout could never help: none.
+    late_probe = GatewayLiveness(1, timeout_s=1.0, probe_after_s=2.0)
+    late_probe.wrote(0, 0.0, expects_answer=True)
+    assert late_probe.probe_due([0], 1.5) == []
+
+
 def test_router_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="at least one gateway"):
         GatewayRouter([])
@@ -127,6 +194,9 @@ class FakeClusterGateway:
         self.redirect_to: FakeClusterGateway | None = None
         self.refuse_next: list[dict[str, Any]] = []  # error frames answering the next hellos, first one first
         self.acking = True
+        self.answer_heartbeats = False  # answer a heartbeat with the cumulative ack, as a real gateway does
+        self.heartbeats = 0
+        self.last_ack = -1
         self.hellos = 0
         self.welcomed = 0
         self.received: list[int] = []  # every seq that reached this gateway, in order, duplicates too
@@ -163,7 +233,8 @@ class FakeClusterGateway:
 
     def ack(self) -> None:
         if self.acking:
-            frame = encode_frame(build_ack("a", self.cluster.acked_through()))
+            self.last_ack = self.cluster.acked_through()
+            frame = encode_frame(build_ack("a", self.last_ack))
             for writer in self.writers:
                 writer.write(frame)
 
@@ -177,6 +248,10 @@ class FakeClusterGateway:
                             return
                     elif raw["type"] == "events":
                         self._on_events(parse_events(raw, 10_000, frozenset({"a"})))
+                    elif raw["type"] == "heartbeat":
+                        self.heartbeats += 1
+                        if self.answer_heartbeats and self.last_ack >= 0:
+                            writer.write(encode_frame(build_ack("a", self.last_ack)))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -350,3 +425,117 @@ async def test_redirects_that_do_not_settle_fail_connect_after_the_timeout() -> 
     finally:
         await gw_a.stop()
         await gw_b.stop()
+
+
+# -- a gateway that stops answering (issue 24, item 10) -------------------------------------------------------------
+
+
+async def test_a_gateway_that_stops_answering_is_left_after_the_liveness_timeout_and_the_unacked_resent() -> None:
+    """A paused owner keeps the TCP connection open and accepts what the source writes: only its silence tells."""
+    cluster = Cluster()
+    paused = await FakeClusterGateway(cluster, "gw-paused").start()
+    other = await FakeClusterGateway(cluster, "gw-other").start()
+    loop = asyncio.get_running_loop()
+    try:
+        client = SkewlessClient("127.0.0.1", paused.port, "s1", ["a"], gateways=[("127.0.0.1", other.port)],
+                                backoff=FAST, linger_s=0, heartbeat_interval_s=0.1, liveness_timeout_s=0.5,
+                                time_sync=False)
+        async with client:
+            await client.send("a", "x")
+            await until(lambda: client.acked_through("a") == 0)
+            paused.acking = False  # SIGSTOP: the kernel still takes the bytes; nothing comes back
+            paused_at = loop.time()
+            for i in range(3):
+                await client.send("a", i)
+            await until(lambda: client.acked_through("a") == 3, timeout_s=10)
+            left_after_s = loop.time() - paused_at
+            assert client.owner == other.address
+        assert 0.5 <= left_after_s < 2.0, left_after_s
+        assert client.stats.liveness_timeouts == 1
+        assert paused.received == [0, 1, 2, 3] and other.received == [1, 2, 3]  # exactly the unacked, resent
+        assert paused.hellos == 1  # the suspect was not dialed again
+    finally:
+        await paused.stop()
+        await other.stop()
+
+
+async def test_a_live_gateway_whose_acks_are_slow_answers_the_probe_heartbeat_and_is_kept() -> None:
+    """Kafka slower than the liveness timeout is not a dead gateway: the heartbeat probe is answered at once."""
+    cluster = Cluster()
+    gw = await FakeClusterGateway(cluster, "gw-1").start()
+    gw.answer_heartbeats = True
+    try:
+        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
+                                heartbeat_interval_s=0.1, liveness_timeout_s=0.4, time_sync=False)
+        async with client:
+            await client.send("a", "x")
+            await until(lambda: client.acked_through("a") == 0)
+            gw.acking = False  # Kafka stalls: events are taken, their acks wait
+            await client.send("a", "y")
+            await asyncio.sleep(1.5)  # well past the timeout
+            assert client.acked_through("a") == 0
+            gw.acking = True
+            gw.ack()
+            await until(lambda: client.acked_through("a") == 1)
+        assert client.stats.liveness_timeouts == 0 and client.stats.connects == 1
+        assert gw.heartbeats >= 2 and gw.received == [0, 1]
+    finally:
+        await gw.stop()
+
+
+async def test_redirects_to_a_gateway_found_dead_are_waited_out_until_the_cluster_moves_the_shard() -> None:
+    """The survivors still name the paused owner until the group moves its shard: no redirect loop to it."""
+    cluster = Cluster()
+    paused = await FakeClusterGateway(cluster, "gw-paused").start()
+    survivor = await FakeClusterGateway(cluster, "gw-survivor").start()
+    survivor.redirect_to = paused  # its view of the owner record
+    loop = asyncio.get_running_loop()
+    try:
+        client = SkewlessClient("127.0.0.1", paused.port, "s1", ["a"], gateways=[("127.0.0.1", survivor.port)],
+                                backoff=FAST, linger_s=0, heartbeat_interval_s=0.1, liveness_timeout_s=1.0,
+                                time_sync=False)
+        async with client:
+            await client.send("a", "x")
+            await until(lambda: client.acked_through("a") == 0)
+            paused.acking = False
+            await client.send("a", "y")
+            await until(lambda: client.stats.redirects_to_suspects >= 2, timeout_s=5)
+            survivor.redirect_to = None  # the group gave the shard to the survivor
+            moved_at = loop.time()
+            await until(lambda: client.acked_through("a") == 1, timeout_s=5)
+            # Paced by the waits of about 0.5 s between asks, not by a backoff that grew meanwhile.
+            assert loop.time() - moved_at < 1.0
+        assert paused.hellos == 1 and survivor.welcomed == 1
+        assert client.stats.redirects_to_suspects >= 2
+        assert survivor.received == [1]
+    finally:
+        await paused.stop()
+        await survivor.stop()
+
+
+async def test_shard_unavailable_after_a_lost_owner_is_paced_by_retry_after_not_a_growing_backoff() -> None:
+    """A killed owner: the survivor answers shard_unavailable until the group moved the shard; the source is back
+    within one retry_after_ms of the shard being served, however long the failover took."""
+    cluster = Cluster()
+    owner = await FakeClusterGateway(cluster, "gw-owner").start()
+    survivor = await FakeClusterGateway(cluster, "gw-survivor").start()
+    unavailable = build_error(SHARD_UNAVAILABLE, "failover in progress", True, retry_after_ms=100)
+    survivor.refuse_next = [unavailable] * 12
+    loop = asyncio.get_running_loop()
+    slow = Backoff(initial_s=0.05, max_s=5.0, jitter=0.0)
+    try:
+        client = SkewlessClient("127.0.0.1", owner.port, "s1", ["a"], gateways=[("127.0.0.1", survivor.port)],
+                                backoff=slow, linger_s=0, time_sync=False)
+        async with client:
+            await client.send("a", "x")
+            await until(lambda: client.acked_through("a") == 0)
+            killed_at = loop.time()
+            await owner.stop()
+            await client.send("a", "y")
+            await until(lambda: client.acked_through("a") == 1, timeout_s=20)
+            back_after_s = loop.time() - killed_at
+        # 12 answers 100 ms apart (a backoff doubling from 50 ms would have taken over 100 s).
+        assert client.stats.shard_unavailable == 12
+        assert back_after_s < 2.5, back_after_s
+    finally:
+        await survivor.stop()
