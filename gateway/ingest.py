@@ -146,6 +146,7 @@ from contract.wire.frames import encode_frame
 from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker
 from gateway.clock_state import clock_state_record
 from gateway.logs import limited_log
+from gateway.logs import limited_log
 from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishPunctuation, PublishRecord
 from reorder.records import GapSkipped
 from timesync.clocks import ReferenceMapping
@@ -345,6 +346,7 @@ class GatewayCounters:
     seq_jumps: int = 0  # events refused because their seq jumped past max_seq_jump (rule 13)
     sources_forgotten: int = 0  # idle sources whose per-stream state was freed (rule 11)
     streams_refused: int = 0  # hellos refused for a stream not allowed or over the stream cap (docs/operations.md)
+    slow_readers_closed: int = 0  # connections closed because their peer did not read (gateway.connection)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -637,7 +639,9 @@ class IngestCore:
         for event in events:
             if type(event.payload) is messages.RejectedPayload:
                 counters.invalid_payloads += 1
-                log.warning("refused %s/%s seq %d: %s", source_id, event.stream, event.seq, event.payload.reason)
+                # Per event: rate-limited (a flood once wrote 121 MiB of these); the counter keeps the exact total.
+                limited_log(log, logging.WARNING, "invalid_payload", "refused %s/%s seq %d: %s", source_id,
+                            event.stream, event.seq, event.payload.reason, now_us=arrival_us)
                 actions.append(SendFrame(connection, encode_frame(messages.build_error(
                     InvalidPayload.code, event.payload.reason, False, event.stream, event.seq))))
             admission = admit(source_id, event.stream, event.seq, (event.source_ts_us, event.payload))
@@ -748,7 +752,8 @@ class IngestCore:
             self.counters.delivery_failures += 1
             self.last_kafka_error = error
             self.tracker.failed(source_id, stream, seq)
-            log.warning("Kafka refused %s/%s seq %d: %s", source_id, stream, seq, error)
+            limited_log(log, logging.WARNING, "delivery_failure", "Kafka refused %s/%s seq %d: %s", source_id, stream,
+                        seq, error, now_us=now_us)
             return
         if delivery.topic == "events" and offset is not None:
             self._progress[stream].observe(source_id, seq, offset, delivery.released_us)
@@ -1073,8 +1078,8 @@ class IngestCore:
         """Kafka would refuse the record for good (the broker's message.max.bytes): refused here instead, with a
         reason, so that it neither fails a transaction nor comes back with every resend (rule 8)."""
         self.counters.records_too_large += 1
-        log.warning("refused %s/%s seq %d: its record is %d bytes, over %d", source_id, stream, seq, size,
-                    self.config.max_record_bytes)
+        limited_log(log, logging.WARNING, "record_too_large", "refused %s/%s seq %d: its record is %d bytes, over %d",
+                    source_id, stream, seq, size, self.config.max_record_bytes)
         self._settle_unpublished(source_id, stream, seq)
         return SendToSource(source_id, encode_frame(messages.build_error(
             InvalidPayload.code, f"the event's record is {size} bytes, over the Kafka record limit of "
@@ -1082,7 +1087,8 @@ class IngestCore:
 
     def _encode_failed(self, source_id: str, stream: str, seq: int, error: Exception) -> SendToSource:
         self.counters.encode_failures += 1
-        log.error("could not encode %s/%s seq %d, refusing it: %r", source_id, stream, seq, error)
+        limited_log(log, logging.ERROR, "encode_failure", "could not encode %s/%s seq %d, refusing it: %r", source_id,
+                    stream, seq, error)
         self._settle_unpublished(source_id, stream, seq)
         message = f"the gateway could not encode this event's record: {type(error).__name__}: {error}"
         return SendToSource(source_id, encode_frame(messages.build_error(

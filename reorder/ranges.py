@@ -57,6 +57,13 @@ class RangeMap(Generic[V]):
     def last_hi(self) -> int | None:
         return self._his[-1] if self._his else None
 
+    def span(self, x: int) -> tuple[int, int] | None:
+        """The range holding ``x``, as ``(lo, hi)``, or None."""
+        i = bisect_right(self._los, x) - 1
+        if i >= 0 and self._his[i] >= x:
+            return self._los[i], self._his[i]
+        return None
+
     def get(self, x: int) -> V | None:
         i = bisect_right(self._los, x) - 1
         if i >= 0 and self._his[i] >= x:

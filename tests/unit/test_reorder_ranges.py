@@ -36,6 +36,10 @@ def _check(ranges: RangeMap[int], model: dict[int, int]) -> None:
     for x in range(-1, 63):
         assert (x in ranges) == (x in model)
         assert ranges.get(x) == model.get(x)
+        span = ranges.span(x)
+        assert (span is not None) == (x in model)
+        if span is not None:
+            assert any(lo == span[0] and hi == span[1] for lo, hi, _v in pieces) and span[0] <= x <= span[1]
     assert ranges.gaps(0, 61) == _model_gaps(model, 0, 61)
 
 
