@@ -25,6 +25,7 @@ from clients.client import (
 from clients.core import Backoff, GatewayAddress
 from clients.errors import (
     ClientClosed,
+    EventGivenUp,
     EventRefused,
     EventTooLarge,
     FlushTimeout,
@@ -44,6 +45,7 @@ __all__ = [
     "ClientOptions",
     "ClientStats",
     "ConnectOptions",
+    "EventGivenUp",
     "EventRefused",
     "EventTooLarge",
     "FlushTimeout",

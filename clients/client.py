@@ -42,6 +42,7 @@ from clients.core import (
 )
 from clients.errors import (
     ClientClosed,
+    EventGivenUp,
     EventRefused,
     EventTooLarge,
     FlushTimeout,
@@ -59,10 +60,13 @@ from contract.wire.messages import (
     ENDPOINT_START,
     MAX_INTERVAL_ID_CHARS,
     MAX_SEQ,
+    SEQ_CONFLICT,
+    SEQ_JUMP,
     Ack,
     AtomicInterval,
     ErrorReply,
     EventInterval,
+    GapNotice,
     IntervalEndpoint,
     Redirect,
     ResyncRequest,
@@ -209,6 +213,15 @@ class ClientStats:
     """``shard_unavailable`` errors: no gateway served the shard at that moment (recovery, failover)."""
     time_sync_moves: int = 0
     """Times the time sync moved to another gateway's time-sync server (the owner changed)."""
+    seqs_given_up: int = 0
+    """Seqs the gateway gave up (``gap`` notices, docs/wire-protocol.md "Gaps"): the acks moved past them. Those never
+    sent (an explicit ``seq=`` that skipped some) count here only."""
+    events_given_up: int = 0
+    """Events of those seqs this client still held: their futures failed with ``EventGivenUp``, each was resent once
+    (the gateway publishes it on the late topic), and ``flush()`` no longer waits for them."""
+    conflicts: int = 0
+    """Events refused with ``seq_conflict`` (also in ``events_refused``): their seq was accepted with another payload
+    or ``source_ts_us``, from another sender with this source id or an earlier run of this one."""
 
 
 @dataclass
@@ -1171,6 +1184,8 @@ class SkewlessClient:
                     self._room.set()
                 if self._progress is not None:
                     self._progress.set()
+        elif isinstance(message, GapNotice):
+            self._on_gap(message)
         elif isinstance(message, ResyncRequest):
             self._on_resync_request(message)
         elif isinstance(message, Redirect):
@@ -1198,12 +1213,46 @@ class SkewlessClient:
     def _describe_addresses(self) -> str:
         return ", ".join(f"{a.host}:{a.port}" for a in self._router.addresses)
 
+    def _on_gap(self, gap: GapNotice) -> None:
+        """The gateway gave ``first_seq..last_seq`` up: its acks move past them. The events of them still held here
+        fail their futures with ``EventGivenUp`` and are written once more (the gateway publishes each, once, on the
+        late topic); ``flush()`` stops waiting for them (docs/sdk.md, "Gaps")."""
+        if gap.stream not in self._declared:
+            return
+        self.stats.seqs_given_up += gap.last_seq - gap.first_seq + 1
+        given_up = self._store.give_up(gap.stream, gap.first_seq, gap.last_seq)
+        for event in given_up:
+            future = self._deliveries.refused(event.stream, event.seq)
+            if future is not None and not future.done():
+                future.set_exception(EventGivenUp(event.stream, event.seq, gap.reason, True))
+                future.exception()  # retrieved: logged below
+        self.stats.events_given_up += len(given_up)
+        log.warning("%s: the gateway gave up %s seqs %d..%d (%s); %d of them resent once for the late topic",
+                    self.source_id, gap.stream, gap.first_seq, gap.last_seq, gap.reason, len(given_up))
+        if given_up:
+            self._wake_sender()
+            if self._room is not None:
+                self._room.set()
+            if self._progress is not None:
+                self._progress.set()
+
     def _refused_event(self, refused: RefusedEvent) -> None:
         key = (refused.stream, refused.seq)
         if (refused.stream not in self._declared or refused.seq <= self._store.acked_through(refused.stream)
                 or key in self._refused_unacked):
             return  # a resend's refusal: counted the first time
-        self._refused_unacked.add(key)
+        if refused.code == SEQ_JUMP:
+            # Never acknowledged (the ack cannot pass a seq the gateway refused to accept): forgotten here, or flush()
+            # would wait for it forever.
+            if self._store.forget(refused.stream, refused.seq):
+                if self._room is not None:
+                    self._room.set()
+                if self._progress is not None:
+                    self._progress.set()
+        else:
+            self._refused_unacked.add(key)
+        if refused.code == SEQ_CONFLICT:
+            self.stats.conflicts += 1
         future = self._deliveries.refused(refused.stream, refused.seq)
         if future is not None and not future.done():
             future.set_exception(EventRefused(refused.stream, refused.seq, refused.code, refused.message))

@@ -58,6 +58,9 @@ class PendingEvent:
     """Queued again after a connection loss, or recovered from a spool: it may have reached the gateway."""
     interval: EventInterval | None = None
     """An interval event's keys (docs/wire-protocol.md, "Interval events"): every resend carries them again."""
+    given_up: bool = False
+    """The gateway gave its seq up (a ``gap`` notice): no longer unacknowledged, written once more anyway, so that
+    it reaches the late topic instead of nowhere (``UnackedStore.give_up``)."""
 
     def to_wire(self) -> dict[str, Any]:
         return build_event(self.stream, self.seq, self.source_ts_us, self.payload, self.interval)
@@ -181,7 +184,7 @@ class UnackedStore:
         outbox = self._outbox
         while outbox and len(batch) < max_events:
             event = outbox.popleft()
-            if event.seq > self._acked_through[event.stream]:
+            if event.seq > self._acked_through[event.stream] or event.given_up:
                 batch.append(event)
         return batch
 
@@ -198,10 +201,42 @@ class UnackedStore:
         events, heap = self._events[stream], self._heaps[stream]
         released = 0
         while heap and heap[0] <= seq:
-            del events[heapq.heappop(heap)]
-            released += 1
+            # A seq given up or forgotten meanwhile left only its heap entry behind.
+            if events.pop(heapq.heappop(heap), None) is not None:
+                released += 1
         self._count -= released
         return released
+
+    def give_up(self, stream: str, first_seq: int, last_seq: int) -> list[PendingEvent]:
+        """The gateway gave ``first_seq..last_seq`` up (a ``gap`` notice): the events of it held here are no longer
+        unacknowledged (``flush`` does not wait for them) and are queued once more, ahead of the others, marked
+        ``given_up``: the gateway publishes such a seq once, on the late topic, if it arrives. Returns them."""
+        events = self._events.get(stream)
+        if not events:
+            return []
+        if last_seq - first_seq + 1 < len(events):
+            taken = [seq for seq in range(first_seq, last_seq + 1) if seq in events]
+        else:
+            taken = sorted(seq for seq in events if first_seq <= seq <= last_seq)
+        given_up = [events.pop(seq) for seq in taken]  # their heap entries are skipped when an ack pops them
+        for event in given_up:
+            event.given_up = True
+            event.resend = True
+        self._count -= len(given_up)
+        if given_up:
+            queued = {id(e) for e in given_up}
+            self._outbox = deque([*given_up, *(e for e in self._outbox if id(e) not in queued)])
+        return given_up
+
+    def forget(self, stream: str, seq: int) -> bool:
+        """The gateway refused this event for good without acknowledging it (``seq_jump``): no longer
+        unacknowledged, never resent. False if it was not held."""
+        event = self._events.get(stream, {}).pop(seq, None)
+        if event is None:
+            return False
+        self._count -= 1
+        self._outbox = deque(e for e in self._outbox if e is not event)
+        return True
 
     def connection_lost(self, slot: int) -> int:
         """Requeue the unacked events last written on ``slot``; returns how many."""

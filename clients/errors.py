@@ -15,6 +15,7 @@ from timesync.client import TimeSyncError as _BaseTimeSyncError
 
 __all__ = [
     "ClientClosed",
+    "EventGivenUp",
     "EventRefused",
     "EventTooLarge",
     "FlushTimeout",
@@ -69,14 +70,33 @@ class EventTooLarge(SkewlessError, ValueError):
 
 
 class EventRefused(SkewlessError):
-    """The gateway refused this event on its own (``invalid_payload``): it is not in Kafka and is never resent.
-    A delivery future of that event fails with it."""
+    """The gateway refused this event on its own: ``invalid_payload`` (its payload cannot travel in a JSON record),
+    ``seq_conflict`` (its seq was already accepted with another payload or ``source_ts_us``: another sender with
+    this source id, or an application reusing a seq), ``seq_jump`` (its seq lies more than the gateway's
+    ``max_seq_jump`` above the stream's). It is not in Kafka (for a conflict: this event is not; the one accepted
+    first is) and is never resent. A delivery future of that event fails with it."""
 
     def __init__(self, stream: str, seq: int, code: str, message: str) -> None:
         super().__init__(f"{stream} seq {seq} refused: {code}: {message}")
         self.stream = stream
         self.seq = seq
         self.code = code
+
+
+class EventGivenUp(SkewlessError):
+    """The gateway gave up waiting for this event (a ``gap`` notice: it did not have it when its reorder wait ran
+    out, ``reason`` ``timeout`` or ``buffer_full``), and the acks moved past it. It is not on the events topic. The
+    client resent it once (``resent``): arriving now, it is published on the late topic (``late_after_skip``),
+    unless that resend is lost too. A delivery future of that event fails with it; ``flush()`` does not wait for it.
+    """
+
+    def __init__(self, stream: str, seq: int, reason: str, resent: bool) -> None:
+        super().__init__(f"{stream} seq {seq} given up by the gateway ({reason}): not on the events topic"
+                         + ("; resent once for the late topic" if resent else ""))
+        self.stream = stream
+        self.seq = seq
+        self.reason = reason
+        self.resent = resent
 
 
 class ClientClosed(SkewlessError, RuntimeError):

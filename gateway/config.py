@@ -60,6 +60,7 @@ SCHEMA: dict[str, str] = {
     # Limits on what one source can make the gateway hold or create (docs/operations.md, "Limits").
     "max_streams_per_source": _POSITIVE, "max_streams": _COUNT, "allowed_streams": _LIST,
     "idle_source_retention_s": _SECONDS, "write_buffer_max_bytes": _POSITIVE, "slow_reader_timeout_s": _SECONDS,
+    "max_seq_jump": _POSITIVE,
     # Per-source HMAC keys (docs/wire-protocol.md, "Authentication").
     "hmac_master": _STR, "source_keys": _TABLE, "source_keys_file": _STR,
     # The reorderer (docs/reorder.md): "sequence" (adaptive) or "thesis" (Eq. 3.11), its smoothing factors, and
@@ -337,6 +338,8 @@ def _limits(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
         config.idle_source_retention_us = round(retention_s * 1_000_000)
     if "write_buffer_max_bytes" in settings:
         config.write_buffer_max_bytes = settings["write_buffer_max_bytes"]
+    if "max_seq_jump" in settings:
+        config.max_seq_jump = settings["max_seq_jump"]
     if "slow_reader_timeout_s" in settings:
         timeout_s = float(settings["slow_reader_timeout_s"])
         if timeout_s <= 0:

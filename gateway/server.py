@@ -43,6 +43,7 @@ from contract.wire import messages
 from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE, LocalProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from contract.wire.messages import MAX_STREAMS_PER_SOURCE
+from gateway.acks import DEFAULT_MAX_SEQ_JUMP
 from gateway.auth import SourceAuthenticator
 from gateway.connection import (
     SLOW_READER_TIMEOUT_US,
@@ -188,6 +189,8 @@ class GatewayConfig:
     # past the write high-water mark the gateway stops reading it, and closes it if it does not drain in time.
     write_buffer_max_bytes: int = WRITE_BUFFER_MAX_BYTES
     slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US
+    # A seq more than this above its (source, stream)'s highest is refused with seq_jump (gateway.ingest, rule 13).
+    max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -224,7 +227,7 @@ class Gateway:
             checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
             clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
             source_retention_us=config.source_retention_us,
-            idle_source_retention_us=config.idle_source_retention_us)
+            idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump)
         self.gateway_id = config.gateway_id or ""
         self.instance_id: str | None = None
         self._server: asyncio.Server | None = None

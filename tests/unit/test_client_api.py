@@ -131,9 +131,9 @@ def test_every_exported_error_derives_from_skewless_error_and_keeps_its_builtin_
 
     exported = {name: getattr(clients, name) for name in clients.__all__}
     errors = {name: obj for name, obj in exported.items() if isinstance(obj, type) and issubclass(obj, BaseException)}
-    assert set(errors) == {"ClientClosed", "EventRefused", "EventTooLarge", "FlushTimeout", "GatewayFailed",
-                           "GatewayRejected", "GatewayRerouted", "GatewayUnreachable", "InvalidInterval",
-                           "SkewlessError", "SpoolError", "TimeSyncError"}
+    assert set(errors) == {"ClientClosed", "EventGivenUp", "EventRefused", "EventTooLarge", "FlushTimeout",
+                           "GatewayFailed", "GatewayRejected", "GatewayRerouted", "GatewayUnreachable",
+                           "InvalidInterval", "SkewlessError", "SpoolError", "TimeSyncError"}
     assert issubclass(clients.InvalidInterval, ValueError)
     assert all(issubclass(cls, SkewlessError) for cls in errors.values())
     assert issubclass(clients.GatewayRerouted, clients.GatewayFailed)

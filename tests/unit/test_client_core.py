@@ -414,3 +414,67 @@ def test_with_a_jittery_reading_to_send_delay_no_event_is_stamped_behind_a_heart
             assert promised is not None and promised <= next_reading_us, (n, heartbeat_us, promised)
             broken_by_newest_lag += reading_us + (heartbeat_us - send_us) > next_reading_us
     assert broken_by_newest_lag > 0
+
+
+# -- issue 24 items 2, 3: gap notices and refused seq jumps ----------------------------------------------------------
+
+
+def test_a_given_up_range_stops_being_unacked_and_its_held_events_go_out_once_more_first():
+    store = UnackedStore(["s"], max_unacked=10)
+    for seq in range(5):
+        store.add("s", seq, 1000 + seq, seq)
+    assert [e.seq for e in store.take_batch(5)] == [0, 1, 2, 3, 4]
+    store.add("s", 5, 1005, 5)  # queued, never sent
+    given_up = store.give_up("s", 2, 3)
+    assert [(e.seq, e.given_up) for e in given_up] == [(2, True), (3, True)]
+    assert len(store) == 4  # flush no longer waits for them
+    assert store.ack("s", 4) == 3  # 0, 1 and 4: the given-up seqs are not counted twice
+    assert len(store) == 1
+    # Written once more although the ack passed them (the gateway publishes them on the late topic), ahead of 5.
+    assert [e.seq for e in store.take_batch(10)] == [2, 3, 5]
+    assert store.take_batch(10) == []
+    assert [e.seq for e in store.give_up("s", 0, 100)] == [5]  # only what is still held
+    assert len(store) == 0
+
+
+def test_a_forgotten_seq_jump_is_no_longer_unacked_nor_sent():
+    store = UnackedStore(["s"], max_unacked=10)
+    store.add("s", 0, 1000, 0)
+    store.add("s", 2_000_000, 1001, 1)
+    assert store.forget("s", 2_000_000)
+    assert not store.forget("s", 2_000_000)
+    assert len(store) == 1
+    assert [e.seq for e in store.take_batch(10)] == [0]
+    assert store.ack("s", 0) == 1 and len(store) == 0
+
+
+async def test_the_client_fails_given_up_futures_resends_them_once_and_counts_them() -> None:
+    import asyncio
+
+    from clients import EventGivenUp, EventRefused, SkewlessClient
+    from contract.wire.messages import SEQ_CONFLICT, SEQ_JUMP, build_ack, build_error, build_gap
+
+    client = SkewlessClient("127.0.0.1", 9, "src", ["s"])
+    futures = [await client.send_tracked("s", {"i": i}) for i in range(4)]
+    client._on_message(build_gap("s", 1, 2, "timeout"))
+    assert client.unacked_count == 2
+    assert (client.stats.seqs_given_up, client.stats.events_given_up) == (2, 2)
+    for future in futures[1:3]:
+        error = future.exception()
+        assert isinstance(error, EventGivenUp) and (error.reason, error.resent) == ("timeout", True)
+    client._on_message(build_error(SEQ_CONFLICT, "conflict", False, "s", 3))
+    error = futures[3].exception()
+    assert isinstance(error, EventRefused) and error.code == SEQ_CONFLICT
+    client._on_message(build_ack("s", 3))
+    assert futures[0].result() == 0
+    assert client.unacked_count == 0 and client.stats.conflicts == 1
+    # A refused seq jump is never acked: forgotten at once, so flush() does not wait for it.
+    jump = await client.send_tracked("s", "far", seq=5_000_000)
+    assert client.unacked_count == 1
+    client._on_message(build_error(SEQ_JUMP, "too far", False, "s", 5_000_000))
+    assert client.unacked_count == 0
+    with pytest.raises(EventRefused):
+        await asyncio.wait_for(jump, 1)
+    # A gap naming seqs this client never sent (an explicit seq= skipped them) is only counted.
+    client._on_message(build_gap("s", 5_000_001, 5_000_009, "buffer_full"))
+    assert (client.stats.seqs_given_up, client.stats.events_given_up) == (11, 2)

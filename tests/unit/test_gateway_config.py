@@ -207,3 +207,19 @@ def test_the_thesis_reorderer_is_reachable_from_the_configuration(tmp_path: Path
         build_config({"reorder_mode": "kslack"})
     with pytest.raises(ConfigError, match=r"reorder_alpha must be in \(0, 1\]"):
         build_config(load_settings(None, env={"SKEWLESS_GATEWAY_REORDER_ALPHA": "1.5"}))
+
+
+def test_max_seq_jump_reaches_the_ingest_core(tmp_path: Path) -> None:
+    from gateway.acks import DEFAULT_MAX_SEQ_JUMP
+    from gateway.server import Gateway
+
+    assert build_config({}).max_seq_jump == DEFAULT_MAX_SEQ_JUMP == 1_000_000
+    toml = tmp_path / "gw.toml"
+    toml.write_text("[gateway]\nmax_seq_jump = 5000\n")
+    config = build_config(load_settings(toml, env={}))
+    assert config.max_seq_jump == 5000
+    assert build_config(load_settings(toml, env={"SKEWLESS_GATEWAY_MAX_SEQ_JUMP": "70"})).max_seq_jump == 70
+    assert Gateway(config)._ingest_config.max_seq_jump == 5000
+    toml.write_text("[gateway]\nmax_seq_jump = 0\n")
+    with pytest.raises(ConfigError):
+        build_config(load_settings(toml, env={}))
