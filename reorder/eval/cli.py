@@ -122,8 +122,10 @@ def replay_cmd(
         str, typer.Option(help="sequence: never give up on a gap sooner (the gateway runs 200ms).")
     ] = "0",
     k: Annotated[str, typer.Option(help="kslack: fixed K.")] = "100ms",
-    epsilon: Annotated[float, typer.Option(help="aqkslack: relative error threshold.")] = 1e-4,
-    delta: Annotated[float, typer.Option(help="aqkslack: P(error > epsilon) <= delta.")] = 0.05,
+    error_threshold: Annotated[
+        float, typer.Option(help="aqkslack: relative error threshold (Siddhi akslack's default).")] = 0.03,
+    confidence: Annotated[float, typer.Option(help="aqkslack: confidence level (Siddhi akslack's default).")] = 0.95,
+    batch_size: Annotated[int, typer.Option(help="aqkslack: events per alpha estimate (Siddhi's default).")] = 10_000,
     sync: Annotated[bool, typer.Option("--sync/--no-sync", help="Simulated time sync of source clocks.")] = True,
     heartbeats: Annotated[
         bool, typer.Option("--heartbeats/--no-heartbeats", help="Sync rounds prove liveness.")
@@ -154,7 +156,7 @@ def replay_cmd(
         heartbeats=heartbeats,
         learn_merge_wait=learn_merge_wait,
         seed=seed,
-        aq=AQKSlackConfig(epsilon_thr=epsilon, delta=delta),
+        aq=AQKSlackConfig(batch_size=batch_size, error_threshold=error_threshold, confidence=confidence),
         emit=emit is not None,
     )
     enabled = progress_enabled(progress)

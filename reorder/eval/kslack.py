@@ -3,22 +3,36 @@
 They see only the events' own timestamps (``source_ts_us``; the thesis ran them on ``ts``), keep
 ``t_curr`` = the largest timestamp seen, and act only when an arrival advances ``t_curr`` (section
 2.3.2: "those will be performed when an event arrives that has timestamp > t_curr").  Then an event is
-released when ``ts + K <= t_curr`` (Eq. 2.1; Eq. 2.2 with ``alpha * K`` for AQ-K-slack), smallest
-timestamp first.  An event released behind a newer one is still released (as e_3^3 in Figure 2.6)
-and also reported on the late side output.
+released when ``ts + K <= t_curr`` (Eq. 2.1), smallest timestamp first.  An event released behind a newer
+one is still released (as e_3^3 in Figure 2.6) and also reported on the late side output.
+
+The thesis ran its baselines as Siddhi's reorder extensions (Query 5.4 ``reorder:kslack(ts)``, Query 5.5
+``reorder:akslack(ts, v_abs)``).  Siddhi's ``kslack(ts)`` is what this module calls MP-K-slack (K grows to
+the largest delay seen).  :class:`AQKSlack` is Siddhi's ``akslack`` with its defaults, re-implemented from
+the thesis (section 2.3.3) and the extension's documented behaviour: see its docstring.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from reorder.estimators import DecayedQuantile
 from reorder.records import Late, Released, SourceEvent
 
-__all__ = ["AQKSlack", "AQKSlackConfig", "KSlack", "KSlackCounters", "MPKSlack", "SlackOutput"]
+__all__ = [
+    "AQKSlack",
+    "AQKSlackConfig",
+    "AlphaController",
+    "KSlack",
+    "KSlackCounters",
+    "MPKSlack",
+    "SlackOutput",
+    "runtime_window_coverage",
+    "window_coverage_threshold",
+]
 
 SlackOutput = Released | Late
 
@@ -130,23 +144,22 @@ class MPKSlack(KSlack):
 
 @dataclass(frozen=True, slots=True)
 class AQKSlackConfig:
-    """AQ-K-slack's knobs.  The thesis does not publish the ones it ran; these are ours."""
+    """AQ-K-slack's knobs: the defaults of Siddhi's ``reorder:akslack`` (Query 5.5 passes only ``ts, v_abs``)."""
 
-    epsilon_thr: float = 1e-4
-    """Relative error threshold of the window aggregate (AVG of ``value``)."""
-    delta: float = 0.05
-    """Allowed probability of exceeding ``epsilon_thr``: P(eps > eps_thr) <= delta."""
-    window_us: int = 1_000_000
-    """Sliding event-time window of the aggregate whose coverage is measured..."""
-    slide_us: int = 100_000
-    """...and its slide: one result, one coverage measurement, one controller step per slide."""
-    kp: float = 0.05
-    kd: float = 0.02
-    delay_quantile: float = 0.95
-    """q of the q-quantile L of late-arrival delays: coverage is read L after a window's end."""
-    alpha_min: float = 0.0
+    batch_size: int = 10_000
+    """alpha is re-estimated once every ``batch_size + 1`` events (the extension's counter must pass it)."""
+    error_threshold: float = 0.03
+    """epsilon_thr: relative error threshold of the query's result."""
+    confidence: float = 0.95
+    """Confidence level; the critical value is ``|Phi^-1((1 - confidence) / 2)|`` (1.96 at 0.95)."""
+    kp: float = 0.5
+    kd: float = 0.8
+    window: int = 10_000_000_000
+    """Span of the runtime coverage measurement, in the stream's timestamp unit (the extension's fixed 10^10)."""
+    max_k: int | None = None
+    """Upper bound of K (None: unbounded, the extension's default)."""
     value: Callable[[SourceEvent], float] | None = field(default=None)
-    """Attribute aggregated by the query (the thesis used ``v_abs``); default: ``payload['v']``."""
+    """The correlation field (the thesis used ``v_abs``); default: ``payload['v']``, else 1."""
 
 
 def _default_value(event: SourceEvent) -> float:
@@ -158,111 +171,154 @@ def _default_value(event: SourceEvent) -> float:
     return 1.0
 
 
-class AQKSlack(MPKSlack):
-    """AQ-K-slack (section 2.3.3): releases at ``ts + alpha * K <= t_curr``; a PD controller (Eq. 2.3)
-    moves alpha so the measured window coverage tracks the threshold derived from (epsilon_thr, delta).
+def _round_half_up(x: float) -> int:
+    """Java's ``Math.round``: the extension rounds K and L this way (Python's round() rounds half to even)."""
+    return math.floor(x + 0.5)
 
-    Coverage: the query is a sliding AVG over ``window_us`` with slide ``slide_us``; the result ending at
-    T is produced when the output first reaches T.  An event released behind the output maximum M
-    missed every produced result that contains it, i.e. ends in ``(ts, min(ts + window, M)]``.  The
-    coverage of the result ending at T is ``1 - missed / events in [T - window, T)``, read once
-    ``t_curr >= T + L`` with L the q-quantile of late-arrival delays (section 2.3.3).
 
-    Coverage threshold (our derivation of the sampling error model): the AVG over a Bernoulli sample
-    of rate p of N values with coefficient of variation cv has relative standard error
-    ``cv * sqrt((1 - p) / (p * N))``; requiring ``z * that <= epsilon_thr`` with
-    ``z = Phi^-1(1 - delta / 2)`` gives ``p_min = z^2 cv^2 / (epsilon_thr^2 N + z^2 cv^2)``, and
-    ``theta_thr = p_min``.  N and cv are measured on the stream.
+def window_coverage_threshold(values: list[float], critical_value: float, error_threshold: float) -> float:
+    """theta_thr from the batch's correlation values, as the extension computes it.
+
+    With ``t = z^2 (m^2 + v^2) / (n m^2)`` (m the mean, v the population variance; the extension squares the
+    variance where the sampling model has the standard deviation), theta_thr is the smallest root of
+    ``(1 + t) x^2 + (2 e - 2 - t) x + (1 - e)^2`` and ``(1 + t) x^2 - (2 + 2 e + t) x + (1 + e)^2``, over those
+    with real roots (0 if neither has any).  A mean of 0 gives NaN, as in the extension.
+    """
+    n = len(values)
+    mean = sum(values) / n
+    variance = sum((mean - x) ** 2 for x in values) / n
+    try:
+        t = critical_value**2 * ((mean**2 + variance**2) / (n * mean**2))
+    except ZeroDivisionError:
+        return math.nan
+    e = error_threshold
+    a = 1.0 + t
+    roots: list[float] = []
+    for b, c in ((2 * e - 2 - t, (1 - e) ** 2), (-(2 + 2 * e + t), (1 + e) ** 2)):
+        disc = b * b - 4 * a * c
+        if disc >= 0:
+            roots += [(-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)]
+    return min(roots) if roots else 0.0
+
+
+def runtime_window_coverage(current_ts: int, timestamps: list[int], l_units: int, window: int) -> float:
+    """theta of the window ``[current - L - window, current - L]``, as the extension measures it.
+
+    ``timestamps`` holds every timestamp received, in arrival order.  The events of the window are covered when
+    they arrived before the first arrival whose timestamp reached the window's end (``>= current - L``): those
+    the output had before it passed the window.  Timestamps ``<= current - L - window`` are removed from the list
+    (no later window reaches them).  An empty window has coverage 1.
+    """
+    high = current_ts - l_units
+    low = high - window
+    covered = total = 0
+    high_met = False
+    kept: list[int] = []
+    for ts in timestamps:
+        if not high_met and ts >= high:
+            high_met = True
+        if low <= ts <= high:
+            total += 1
+            if not high_met:
+                covered += 1
+        if ts > low:
+            kept.append(ts)
+    timestamps[:] = kept
+    return covered / total if total else 1.0
+
+
+@dataclass(slots=True)
+class AlphaController:
+    """The PD controller of Eq. 2.3 as the extension runs it: ``err = theta_thr - theta``,
+    ``alpha <- |alpha_prev + kp err + kd (err - err_prev)|``, from ``alpha_prev = 0`` and ``err_prev = 0``.
+
+    Not clipped to [0, 1] (the thesis' alpha range); the absolute value keeps it non-negative.  The first
+    estimate (no L yet) uses theta = 1, so it starts from ``(kp + kd) (theta_thr - 1)`` in absolute value."""
+
+    kp: float
+    kd: float
+    alpha: float = 0.0
+    previous_error: float = 0.0
+
+    def step(self, threshold: float, coverage: float) -> float:
+        error = threshold - coverage
+        self.alpha = abs(self.alpha + self.kp * error + self.kd * (error - self.previous_error))
+        self.previous_error = error
+        return self.alpha
+
+
+class AQKSlack(KSlack):
+    """AQ-K-slack (section 2.3.3) as Siddhi's ``reorder:akslack`` runs it (the thesis' baseline, Query 5.5).
+
+    Per arrival: its timestamp joins the coverage list and its correlation value the batch.  Once the batch
+    passes ``batch_size`` events, alpha is re-estimated (:class:`AlphaController`) from the batch's coverage
+    threshold (:func:`window_coverage_threshold`) and the runtime coverage of the window ending ``L`` before
+    the arrival (:func:`runtime_window_coverage`; coverage 1 while ``L = 0``), then
+    ``L = min(round(alpha K), K)`` and the batch starts over.  When the arrival advances ``t_curr``, the delay
+    ``t_curr - (smallest timestamp arrived since the last advance)`` is compared with K: only a larger delay
+    changes K, to ``round(delay * alpha)`` (``max_k`` if the delay reaches it).  Events are released when
+    ``ts + K <= t_curr`` (Eq. 2.2: alpha is already inside K).  alpha starts at 1, so AQ-K-slack is MP-K-slack
+    until the first estimate.
     """
 
     def __init__(self, config: AQKSlackConfig | None = None) -> None:
-        super().__init__()
+        super().__init__(0)
         cfg = config if config is not None else AQKSlackConfig()
-        if cfg.window_us % cfg.slide_us:
-            raise ValueError("window_us must be a multiple of slide_us")
+        if cfg.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
         self.config = cfg
         self._value = cfg.value if cfg.value is not None else _default_value
-        self._z = NormalDist().inv_cdf(1.0 - cfg.delta / 2.0)
-        self._k = cfg.window_us // cfg.slide_us
+        self.critical_value = abs(NormalDist().inv_cdf((1.0 - cfg.confidence) / 2.0))
+        self.controller = AlphaController(cfg.kp, cfg.kd)
         self.alpha = 1.0
-        self.theta_thr = 1.0
+        self.k = 0
+        self.l_units = 0
+        """L: how far behind the latest arrival the coverage window ends."""
+        self.theta_thr: float | None = None
         self.last_coverage: float | None = None
-        self._prev_err: float | None = None
-        self._late_delay = DecayedQuantile(cfg.delay_quantile, half_life_samples=10_000)
-        self._arrivals: dict[int, int] = {}  # slide bucket -> events
-        self._missed: dict[int, int] = {}  # result index (end = index * slide) -> events it missed
-        self._measured_upto: int | None = None
-        self._n = 0
-        self._mean = 0.0
-        self._m2 = 0.0
         self.adjustments = 0
+        self._timestamps: list[int] = []
+        self._batch: list[float] = []
+        self._counter = 0
+        self._pending_min_ts: int | None = None
+        self.t_curr_us = 0  # the extension's largestTimestamp starts at 0
 
     def effective_k_us(self) -> int:
-        return int(self.alpha * self.k_max_us)
+        return self.k
 
     def push(self, event: SourceEvent, now_us: int) -> list[SlackOutput]:
-        b = event.source_ts_us // self.config.slide_us
-        self._arrivals[b] = self._arrivals.get(b, 0) + 1
-        x = self._value(event)
-        self._n += 1
-        d = x - self._mean
-        self._mean += d / self._n
-        self._m2 += d * (x - self._mean)
+        ts = event.source_ts_us
+        self._timestamps.append(ts)
+        self._batch.append(self._value(event))
+        self._counter += 1
+        if self._counter > self.config.batch_size:
+            self._estimate(ts)
         return super().push(event, now_us)
 
-    def _observe_delay(self, delay_us: int) -> None:
-        self._late_delay.add(delay_us)
+    def _estimate(self, current_ts: int) -> None:
+        cfg = self.config
+        self.theta_thr = window_coverage_threshold(self._batch, self.critical_value, cfg.error_threshold)
+        if self.l_units == 0:
+            coverage = 1.0
+        else:
+            coverage = runtime_window_coverage(current_ts, self._timestamps, self.l_units, cfg.window)
+        self.last_coverage = coverage
+        self.alpha = self.controller.step(self.theta_thr, coverage)
+        self.l_units = min(_round_half_up(self.alpha * self.k), self.k)
+        self._counter = 0
+        self._batch = []
+        self.adjustments += 1
 
-    def _on_release(self, event: SourceEvent, ts_us: int, output_max_ts_us: int | None) -> None:
-        if output_max_ts_us is None or ts_us >= output_max_ts_us:
-            return
-        slide = self.config.slide_us
-        b = ts_us // slide
-        last_produced = output_max_ts_us // slide
-        missed = self._missed
-        for r in range(b + 1, min(b + self._k, last_produced) + 1):
-            missed[r] = missed.get(r, 0) + 1
+    def _on_behind(self, event: SourceEvent, now_us: int) -> None:
+        ts = event.source_ts_us
+        if self._pending_min_ts is None or ts < self._pending_min_ts:
+            self._pending_min_ts = ts
 
     def _on_advance(self, t_curr_us: int) -> None:
-        super()._on_advance(t_curr_us)
-        out_max = self._last_released_ts
-        if out_max is None:
-            return
-        slide = self.config.slide_us
-        lag_us = self._late_delay.value_us() if self._late_delay.count else self.k_max_us
-        upto = min((t_curr_us - lag_us) // slide, out_max // slide)
-        if self._measured_upto is None:
-            first_bucket = min(self._arrivals) if self._arrivals else upto
-            self._measured_upto = first_bucket + self._k - 1  # first full window
-        while self._measured_upto < upto:
-            self._measured_upto += 1
-            r = self._measured_upto
-            total = sum(self._arrivals.get(b, 0) for b in range(r - self._k, r))
-            self._arrivals.pop(r - self._k, None)  # no later result needs that bucket
-            missed = self._missed.pop(r, 0)
-            if total:
-                self._adjust(1.0 - missed / total, total)
-
-    def _threshold(self, n_per_window: int) -> float:
-        if self._n < 2:
-            return 1.0
-        mean = self._mean
-        std = (self._m2 / (self._n - 1)) ** 0.5
-        cv2 = (std / mean) ** 2 if mean != 0 else 1.0
-        zc = self._z * self._z * cv2
-        return zc / (self.config.epsilon_thr**2 * n_per_window + zc)
-
-    def _adjust(self, coverage: float, n_per_window: int) -> None:
-        cfg = self.config
-        self.theta_thr = self._threshold(n_per_window)
-        self.last_coverage = coverage
-        # Eq. 2.3's control error theta_thr - theta, in units of the allowed miss rate 1 - theta_thr:
-        # coverage errors are tiny fractions, and this keeps one set of gains meaningful whatever
-        # (epsilon_thr, delta) the user asks for (err = -1 at perfect coverage).  Clipped to +-1 so a
-        # single result that missed a burst cannot slam alpha from one bound to the other.
-        allowed_miss = max(1.0 - self.theta_thr, 1e-9)
-        err = min(1.0, max(-1.0, (self.theta_thr - coverage) / allowed_miss))
-        derr = 0.0 if self._prev_err is None else err - self._prev_err
-        self._prev_err = err
-        self.alpha = min(1.0, max(cfg.alpha_min, self.alpha + cfg.kp * err + cfg.kd * derr))
-        self.adjustments += 1
+        # the advancing event itself is among the arrivals since the last advance, with delay 0
+        pending = self._pending_min_ts
+        self._pending_min_ts = None
+        delay = 0 if pending is None else t_curr_us - pending
+        if delay > self.k:
+            max_k = self.config.max_k
+            self.k = _round_half_up(delay * self.alpha) if max_k is None or delay < max_k else max_k

@@ -30,7 +30,7 @@ arriving at the deadline is in time).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.records import EventRecord
@@ -66,6 +66,8 @@ class ReplayOptions:
     target_accuracy: float = 0.9999
     min_gap_timeout_us: int = 0
     """``sequence``: never give up on a gap sooner (the gateway's floor is 200 ms, ``GATEWAY_MIN_GAP_TIMEOUT_US``)."""
+    min_gap_samples: int | None = None
+    """``sequence``: gap samples before the learned quantile is trusted (None: 1 / (1 - target_accuracy))."""
     k_us: int = 100_000
     """Fixed K of ``kslack``."""
     sync: bool = True
@@ -229,7 +231,7 @@ def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
     else:
         sequence = SequenceConfig(latency_threshold_us=2_000_000 if cap is None else cap, alpha=opts.alpha,
                                   beta=opts.beta, target_accuracy=opts.target_accuracy,
-                                  min_timeout_us=opts.min_gap_timeout_us)
+                                  min_timeout_us=opts.min_gap_timeout_us, min_gap_samples=opts.min_gap_samples)
         merger = MergerConfig(mode="watermark", learn_wait=opts.learn_merge_wait)
     return PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late)
 
@@ -378,19 +380,8 @@ def _run_slack(events: Sequence[TraceEvent], order: Sequence[int], opts: ReplayO
             return KSlack(opts.k_us)
         if opts.approach == "mpkslack":
             return MPKSlack()
-        aq = opts.aq
-        cfg = AQKSlackConfig(
-            epsilon_thr=aq.epsilon_thr,
-            delta=aq.delta,
-            window_us=aq.window_us,
-            slide_us=aq.slide_us,
-            kp=aq.kp,
-            kd=aq.kd,
-            delay_quantile=aq.delay_quantile,
-            alpha_min=aq.alpha_min,
-            value=lambda ev: values[_index(ev)],
-        )
-        return AQKSlack(cfg)
+        # the correlation field is the trace's `v` (the thesis passed v_abs); the replay's payload is the index
+        return AQKSlack(replace(opts.aq, value=lambda ev: values[_index(ev)]))
 
     def collect(outputs: list[Released | Late]) -> None:
         for o in outputs:

@@ -5,7 +5,19 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reorder.eval.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
+import math
+
+import pytest
+
+from reorder.eval.kslack import (
+    AlphaController,
+    AQKSlack,
+    AQKSlackConfig,
+    KSlack,
+    MPKSlack,
+    runtime_window_coverage,
+    window_coverage_threshold,
+)
 from reorder.eval.oracle import oracle_schedule
 from reorder.records import Late, Released, SourceEvent
 from reorder.sequence import SequenceConfig, SequenceReorderer
@@ -53,8 +65,8 @@ def test_mp_k_slack_reports_e3_as_late() -> None:
 
 
 def test_aq_k_slack_with_alpha_one_reproduces_figure_2_6() -> None:
-    # ten events never close a 1 s coverage window, so alpha stays at its initial 1: AQ-K-slack = MP-K-slack
-    aq = AQKSlack(AQKSlackConfig(window_us=1_000_000))
+    # ten events never fill a batch of 10,000, so alpha stays at its initial 1: AQ-K-slack = MP-K-slack
+    aq = AQKSlack()
     steps, ks = run(aq)
     assert aq.alpha == 1.0
     assert ks == FIG_2_6_K
@@ -127,3 +139,90 @@ def test_oracle_output_is_sorted_and_never_before_arrival(pairs: list[tuple[int,
     assert [ts[i] for i, _ in schedule] == sorted(ts)
     assert all(rel >= arr[i] for i, rel in schedule)
     assert [rel for _, rel in schedule] == sorted(rel for _, rel in schedule)
+
+
+# -- AQ-K-slack as Siddhi's reorder:akslack (issue 25 item 4) --------------------------------------------------------
+
+
+def test_alpha_controller_hand_computed_steps() -> None:
+    # Eq. 2.3 as the extension runs it: err = thr - theta; alpha = |alpha + kp err + kd (err - err_prev)|,
+    # from alpha = 0 and err_prev = 0 (defaults kp 0.5, kd 0.8).
+    c = AlphaController(kp=0.5, kd=0.8)
+    # first estimate, no L yet: theta = 1; err = -0.1 -> |0 - 0.05 - 0.08| = 0.13
+    assert c.step(0.9, 1.0) == pytest.approx(0.13)
+    # theta 0.8: err = 0.1 -> 0.13 + 0.05 + 0.8 * 0.2 = 0.34
+    assert c.step(0.9, 0.8) == pytest.approx(0.34)
+    # theta 1.0: err = -0.1 -> 0.34 - 0.05 - 0.16 = 0.13
+    assert c.step(0.9, 1.0) == pytest.approx(0.13)
+    # theta 1.0 again: err = -0.1, no change of err -> 0.13 - 0.05 = 0.08
+    assert c.step(0.9, 1.0) == pytest.approx(0.08)
+    # theta 1.0 with thr 0.7: err = -0.3 -> 0.08 - 0.15 - 0.16 = -0.23, kept positive: 0.23
+    assert c.step(0.7, 1.0) == pytest.approx(0.23)
+
+
+def test_window_coverage_threshold_hand_computed() -> None:
+    # error threshold 0: both quadratics are (1 + t) x^2 - (2 + t) x + 1, roots 1 and 1 / (1 + t);
+    # values all 2 (variance 0), n = 4, z = 2: t = 4 * (4 + 0) / (4 * 4) = 1 -> 1/2
+    assert window_coverage_threshold([2.0] * 4, 2.0, 0.0) == pytest.approx(0.5)
+    # values 1 and 3: mean 2, variance 1, n = 2, z = 1: t = (4 + 1) / (2 * 4) = 0.625 -> 1 / 1.625
+    assert window_coverage_threshold([1.0, 3.0], 1.0, 0.0) == pytest.approx(1 / 1.625)
+    # the extension's defaults on a constant field (the replay's traces without payload): n = 10,001,
+    # t = 1.959964^2 / 10,001 = 3.8411e-4; only the first quadratic has real roots:
+    # x = (1.940384 -+ sqrt(1.940384^2 - 4 * 1.000384 * 0.9409)) / (2 * 1.000384)
+    #   = (1.940384 - sqrt(3.765090 - 3.765045)) / 2.000768 = (1.940384 - 0.00671) / 2.000768 -> 0.96647
+    z = 1.959964
+    assert window_coverage_threshold([5.0] * 10_001, z, 0.03) == pytest.approx(0.96647, abs=2e-5)
+    assert math.isnan(window_coverage_threshold([0.0, 0.0], z, 0.03))
+
+
+def test_runtime_window_coverage_hand_computed() -> None:
+    # arrivals 1, 2, 5, 3, 4, 6; current 6, L = 2: the window ends at 4. Its events are 1, 2, 3, 4; the first
+    # arrival reaching 4 is the 5, so 1 and 2 were covered and 3, 4 came after: 2 / 4.
+    ts = [1, 2, 5, 3, 4, 6]
+    assert runtime_window_coverage(6, ts, 2, 10) == 0.5
+    assert ts == [1, 2, 5, 3, 4, 6]  # window start -6: nothing behind it
+    # window 3: [1, 4]; the same coverage, and timestamps <= 1 leave the list
+    assert runtime_window_coverage(6, ts, 2, 3) == 0.5
+    assert ts == [2, 5, 3, 4, 6]
+    assert runtime_window_coverage(100, [], 5, 10) == 1.0  # an empty window
+
+
+def test_aq_k_slack_estimates_alpha_per_batch_and_k_only_moves_on_a_larger_delay() -> None:
+    # batch_size 3: the 4th arrival triggers the first estimate (counter > batch size), with theta = 1.
+    # Batch values all 2, n = 4, z = 1.959964, e = 0.03: t = 3.841459 / 4 = 0.960365, a = 1.960365;
+    #   b1 = -2.900365, c1 = 0.9409: roots (2.900365 -+ 1.016909) / 3.92073 = 0.48038, 0.99876
+    #   b2 = -3.020365, c2 = 1.0609: roots (3.020365 -+ 0.896455) / 3.92073 = 0.54172, 0.99900
+    # theta_thr = 0.48038; alpha = |(0.5 + 0.8) (0.48038 - 1)| = 0.67550.
+    aq = AQKSlack(AQKSlackConfig(batch_size=3, value=lambda e: 2.0))
+    steps = [[o.event.source_ts_us for o in aq.push(SourceEvent("S", "R", i, ts), i) if isinstance(o, Released)]
+             for i, ts in enumerate([10, 20, 15, 30])]
+    assert aq.adjustments == 1
+    assert aq.theta_thr == pytest.approx(0.48038, abs=1e-5)
+    assert aq.alpha == pytest.approx(0.67550, abs=1e-5)
+    # K was 0 until the 30: 10 and 20 left at once, the 15 (5 behind) waited. The estimate ran before the 30's
+    # advance (K 0, so L = 0); the 30's delay 30 - 15 = 15 > K sets K = round(15 * 0.6755) = round(10.13) = 10;
+    # 15 + 10 <= 30 releases the 15 (behind the 20); the 30 waits.
+    assert aq.l_units == 0
+    assert aq.k == 10
+    assert steps == [[10], [20], [], [15]]
+    # 31 - 21 = 10 is not above K: K stays. The 45 is the 4th arrival since the estimate: a second one first,
+    # L still 0 (it was round(alpha * 0)), theta = 1, same error (no D term): alpha = 0.67550 - 0.5 * 0.51962
+    # = 0.41569, L = min(round(0.41569 * 10), 10) = 4. Then its delay 45 - 22 = 23 > 10: K = round(9.561) = 10.
+    for i, ts in enumerate([21, 31, 22, 45], start=4):
+        aq.push(SourceEvent("S", "R", i, ts), i)
+        if ts == 31:
+            assert aq.k == 10
+    assert aq.adjustments == 2
+    assert aq.alpha == pytest.approx(0.41569, abs=1e-5)
+    assert (aq.l_units, aq.k) == (4, 10)
+    # 70 - 46 = 24 > 10: K = round(24 * 0.41569) = round(9.98) = 10. The 100 is the 4th arrival again: a third
+    # estimate, now with L = 4: the window ends at 96, its 11 events all arrived before the first arrival >= 96
+    # (the 100 itself): theta = 1, alpha = 0.41569 - 0.25981 = 0.15588, L = round(1.5588) = 2. Then the 100's
+    # delay 100 - 60 = 40 > 10 sets K = round(40 * 0.15588) = round(6.235) = 6: below the old K.
+    for i, ts in enumerate([46, 70, 60, 100], start=8):
+        aq.push(SourceEvent("S", "R", i, ts), i)
+        if ts == 70:
+            assert aq.k == 10
+    assert (aq.adjustments, aq.last_coverage) == (3, 1.0)
+    assert aq.alpha == pytest.approx(0.15588, abs=1e-5)
+    assert (aq.l_units, aq.k) == (2, 6)

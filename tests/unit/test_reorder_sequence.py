@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.records import GapSkipped, Late, Released, SourceEvent
-from reorder.sequence import DEFAULT_MIN_GAP_SAMPLES, SequenceConfig, SequenceReorderer
+from reorder.sequence import SequenceConfig, SequenceReorderer
 
 
 def ev(seq: int, ts: int | None = None) -> SourceEvent:
@@ -173,8 +173,8 @@ def test_adaptive_learns_from_late_arrivals_after_a_skip() -> None:
 def test_the_gap_quantile_is_trusted_from_the_200th_sample_on_and_the_cap_is_waited_before() -> None:
     # Every gap closes 1 ms after it opened: the 199th sample still leaves the first long delay a 2 s wait (with 20,
     # the multi-source replays skipped gaps on 27-273 samples of millisecond disorder); the 200th sets 2 x 1,021 us.
-    r = SequenceReorderer("D1", "R1")
-    assert r.config.min_gap_samples == DEFAULT_MIN_GAP_SAMPLES == 200
+    # (the default is 1 / (1 - q) samples since issue 25 item 5: tests/unit/test_reorder_timeout_policy.py)
+    r = SequenceReorderer("D1", "R1", SequenceConfig(min_gap_samples=200))
     timeouts = []
     for k in range(200):
         r.push(ev(2 * k + 1), 10_000 * k)
