@@ -534,7 +534,6 @@ class Gateway:
                 continue
             owner = self._owners.get(shard)
             if owner is not None and owner.gateway_id != self.gateway_id and owner.since_us > runtime.started_us:
-                self.shards_fenced += 1  # superseded like a fenced one (its next commit would be): INFO, counted
                 self._give_up(shard, f"now owned by {owner.gateway_id}", graceful=False)
 
     async def _take(self, shard: int) -> None:

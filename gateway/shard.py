@@ -52,7 +52,7 @@ from gateway.ingest import (
     SendToSource,
     WriteCheckpoint,
 )
-from gateway.recovery import recover_shard, recover_stream, recover_stream_from
+from gateway.recovery import recover_clocks, recover_stream
 from timesync.clocks import ClockUs, ReferenceMapping
 from timesync.store import SourceInfo, SourceInfoStore
 
@@ -79,10 +79,9 @@ OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CO
 COMMIT_ATTEMPTS = 5
 
 
-# What librdkafka says when a newer owner fenced this producer, or when a gateway that lost its shard aborts its open
-# transaction with records in flight: it logs them as ERROR and CRITICAL (it cannot know that this is how a gateway
-# cluster hands a shard over); here they are INFO, like the shard's own line about it.
-_FENCING_MARKERS = ("fenced by a newer instance", "attempted an operation with an old epoch", "_PURGE_INFLIGHT")
+# What librdkafka says when a newer owner fenced this producer: it logs them as ERROR and CRITICAL (it cannot know that
+# fencing is how a gateway cluster hands a shard over); here they are INFO, like the shard's own line about it.
+_FENCING_MARKERS = ("fenced by a newer instance", "attempted an operation with an old epoch")
 
 
 class _FencingIsInfo(logging.Filter):
@@ -198,26 +197,12 @@ class ShardRuntime:
                 raise ShardFenced(f"shard {self.shard}: fenced while taking it over: {exc}") from exc
             publisher.begin()
             self._in_transaction = True
-        started_s = loop.time()
-        state = await loop.run_in_executor(None, partial(
-            recover_shard, self.settings.kafka_client, self.topics.sources, partition=self.shard))
-        for source_id, (estimate, last_sync_us) in state.clocks.items():
+        recovered = await loop.run_in_executor(None, partial(
+            recover_clocks, self.settings.kafka_client, self.topics.sources, partition=self.shard))
+        for source_id, (estimate, last_sync_us) in recovered.items():
             self.store.update(source_id, estimate, last_sync_us)
-        if state.clocks:
-            log.info("shard %d: recovered the clock state of %d sources", self.shard, len(state.clocks))
-        # The streams the shard had (those with a checkpoint) are recovered now, in parallel: after a failover the
-        # first source back would otherwise wait for its stream's scans, one stream at a time, and the failover
-        # (kill -> first ack) grows by them. Streams without a checkpoint yet are recovered at their first hello.
-        streams = sorted(state.checkpoints)
-        progresses = await asyncio.gather(*(loop.run_in_executor(None, partial(
-            recover_stream_from, self.settings.kafka_client, self.topics.events(stream), stream,
-            state.checkpoints[stream], partition=self.shard)) for stream in streams))
-        recovered_actions: list[IngestAction] = []
-        for progress in progresses:
-            recovered_actions += self.core.stream_recovered(progress, self._clock_us())
-        if streams:
-            log.info("shard %d: recovered %d streams (%d sources) in %.2f s", self.shard, len(streams),
-                     sum(len(p.next_seq) for p in progresses), loop.time() - started_s)
+        if recovered:
+            log.info("shard %d: recovered the clock state of %d sources", self.shard, len(recovered))
         self._producer_task = self._start_task(self._produce_forever(), f"kafka-produce-{self.shard}")
         self._start_task(self._poll_forever(), f"kafka-poll-{self.shard}")
         self._start_task(self._fire_deadlines(), f"pipeline-deadlines-{self.shard}")
@@ -226,8 +211,6 @@ class ShardRuntime:
         if self._owner_record is not None:
             topic, key, value = self._owner_record
             self._enqueue([WriteCheckpoint(topic, key, value, OWNER_HEADERS)])
-        self._carry_out_now(recovered_actions, queue_writes=True)
-        self._deadline_changed.set()
         self.serving = True
         self.ready.set()
 

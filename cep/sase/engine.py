@@ -38,7 +38,7 @@ from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 
 from .ais import ActiveInstanceStacks, Instance
 from .events import SaseError, SaseEvent, SaseInputError, SaseOutput, match_output
-from .monitor import TraceMonitor
+from .monitor import ADMIT, CUT, NEGATION_ONLY, RELEASE, Action, TraceMonitor
 from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
 from .query import Query
 
@@ -144,7 +144,7 @@ class EngineCounters:
 
 
 class _Partition:
-    __slots__ = ("ais", "held", "neg", "registered_ts", "released")
+    __slots__ = ("ais", "held", "neg", "registered_ts", "released", "suspended")
 
     def __init__(self, query: Query) -> None:
         self.ais = ActiveInstanceStacks(query.length, query.window, query.checks)
@@ -154,6 +154,10 @@ class _Partition:
         """Emitted matches with negation that a late event within the allowed lateness can still negate."""
         self.registered_ts: int | None = None
         """Timestamp of this partition's live entry in the purge heap (its oldest state when registered)."""
+        self.suspended: dict[int, tuple[HeldMatch, bool]] = {}
+        """Matches of a terminated trace (constraint monitor) not reached by the checker yet, with whether they
+        are out (aggressive mode): they go on only if the trace breaks the workflow at or before their first
+        event (docs/constraints.md)."""
 
     def oldest_ts(self) -> int | None:
         oldest = self.ais.oldest_ts()
@@ -171,7 +175,7 @@ class _Partition:
         return newest
 
     def empty(self) -> bool:
-        return not self.held and not self.released and self.oldest_ts() is None
+        return not self.held and not self.released and not self.suspended and self.oldest_ts() is None
 
     def snapshot(self, events: dict[int, SaseEvent]) -> list[Any]:
         ais_clock, rip_resets, candidates, stacks = self.ais.snapshot(events)
@@ -179,7 +183,8 @@ class _Partition:
         # purge-heap timestamp sits between the AIS counters and the stacks); version 2 appends the released set.
         return [ais_clock, rip_resets, candidates, self.registered_ts, stacks,
                 [buf.snapshot(events) for buf in self.neg], [held.snapshot(events) for held in self.held.values()],
-                [done.snapshot(events) for done in self.released.values()]]
+                [done.snapshot(events) for done in self.released.values()],
+                [[match.snapshot(events), emitted] for match, emitted in self.suspended.values()]]
 
     @classmethod
     def restore(cls, query: Query, state: Sequence[Any], events: Mapping[int, SaseEvent]) -> _Partition:
@@ -195,6 +200,9 @@ class _Partition:
         for row in rest[0] if rest else ():  # version 1 had no released set
             match = HeldMatch.restore(query, row, events)
             part.released[match.match_id] = match
+        for row, emitted in rest[1] if len(rest) > 1 else ():  # nor a suspended set (issue 25)
+            match = HeldMatch.restore(query, row, events)
+            part.suspended[match.match_id] = (match, bool(emitted))
         part.registered_ts = registered_ts
         return part
 
@@ -265,11 +273,17 @@ class SequenceEngine:
         self._purge_due_us = self._purge_lag + self._lateness + query.window
         self._monitor: TraceMonitor | None = None
         """Constraint-aware execution (monitor.py); None keeps every path exactly as without constraints."""
+        self._watch: TraceMonitor | None = None
+        """The same monitor, also while ``_monitor`` is off during an admitted event's plain processing: a match
+        of a terminated trace is suspended, not output."""
+        self._leading = frozenset(k for k, n in enumerate(query.negations) if n.after is None)
+        """Negated elements whose range reaches before a match's first event: their events are kept for a
+        terminated trace (a match after a later violation must see them, as the plain engine does)."""
         if self.config.constraint is not None:
             monitor = TraceMonitor(query, self.config.constraint, self.config.constraint_checker,
                                    self.config.early_alerts, query.window + self._lateness)
             if monitor.needed:
-                self._monitor = monitor
+                self._monitor = self._watch = monitor
 
     # ---------------------------------------------------------------- time
 
@@ -436,12 +450,14 @@ class SequenceEngine:
 
     def _monitored(self, event: SaseEvent) -> list[SaseOutput]:
         """The constraint monitor sees the event first: it checks every event that is final under the low
-        watermark this event brings (this one too, when it is), releases the traces that became unsatisfiable,
-        and says whether the engine processes the event (not when its trace is terminated)."""
+        watermark this event brings (this one too, when it is), cuts, releases or resumes the traces it decided
+        on, and says whether the engine processes the event (an event of a terminated trace only while the
+        checker has not reached it: a violation before it would make it part of the plain trace)."""
         mon = self._monitor
         assert mon is not None
         outs: list[SaseOutput] = []
-        admit = True
+        admit = ADMIT
+        key: Hashable = None
         # A malformed event goes to the plain path, which rejects it; a well-formed one the plain path rejects
         # for a missing query attribute still happened, and belongs to its trace if it names one.
         if (type(event) is SaseEvent and type(event.ts) is int and type(event.attrs) is dict
@@ -453,20 +469,34 @@ class SequenceEngine:
             if self._punctuation is not None:
                 cands.append(self._punctuation)
             low = max(cands) if cands else None
-            release: list[Hashable] = []
+            actions: list[Action] = []
             has_trace, key = mon.trace_key(event)
             if event.event_type in mon.types and has_trace:
-                verdicts, release, admit = mon.on_event(event, key, low, now)
+                verdicts, actions, admit = mon.on_event(event, key, low, now)
                 outs.extend(verdicts)
             else:
                 if event.event_type in mon.types:
                     mon.counters.constraint_untraced += 1
                 if low is not None:
-                    mon.drain(low, now, outs, release)
-            for trace in release:
-                self._release_trace(trace)
-        if not admit:
-            outs.extend(self.advance_clock(event.ts))
+                    mon.drain(low, now, outs, actions)
+            outs.extend(self._apply(actions))
+        if admit != ADMIT:
+            negs = self.query.negations_by_type.get(event.event_type, ())
+            if admit == NEGATION_ONLY and self._leading.intersection(negs) and (
+                    event.event_type not in self._checked_types or self._check(event) is None):
+                self.counters.events += 1
+                outs.extend(self._general(event, event.ts, self._low, self._clock, only_negations=True))
+            else:
+                outs.extend(self.advance_clock(event.ts))
+            return outs
+        if mon.terminated(key):
+            # Not through the fast path: its matches are suspended (_accept), not output.
+            if event.event_type in self._checked_types:
+                problem = self._check(event)
+                if problem is not None:
+                    return outs + self._reject(*problem)
+            self.counters.events += 1
+            outs.extend(self._general(event, event.ts, self._low, self._clock))
             return outs
         self._monitor = None
         try:
@@ -481,15 +511,96 @@ class SequenceEngine:
         outs: list[SaseOutput] = []
         if self._low is None:
             return outs
-        release: list[Hashable] = []
-        self._monitor.drain(self._low, self._now(), outs, release)
-        for trace in release:
-            self._release_trace(trace)
+        actions: list[Action] = []
+        self._monitor.drain(self._low, self._now(), outs, actions)
+        outs.extend(self._apply(actions))
         return outs
 
-    def _release_trace(self, key: Hashable) -> None:
-        """Early buffer release: everything the terminated trace holds (stacks, negation buffers, held and
-        retained matches) goes at once; stale heap entries for the key are skipped when they come up."""
+    def _apply(self, actions: list[Action]) -> list[SaseOutput]:
+        """The monitor's decisions on traces' state, in order (monitor.RELEASE / CUT / RESUME)."""
+        outs: list[SaseOutput] = []
+        for what, key, ts in actions:
+            if what == RELEASE:
+                self._release_trace(key, outs)
+            elif what == CUT:
+                self._cut(key, ts, outs)
+            else:
+                self._resume(key, ts, outs)
+        return outs
+
+    def _drop_suspended(self, held: HeldMatch, emitted: bool, outs: list[SaseOutput]) -> None:
+        """A match of a terminated trace that is no match of the trace from a violation on goes (withdrawn if it
+        is out: aggressive mode output it before the verdict)."""
+        if emitted:
+            self.counters.retracted += 1
+            outs.append(SaseOutput("retract", held.events, self._now()))
+
+    def _cut(self, key: Hashable, ts: int, outs: list[SaseOutput]) -> None:
+        """Trace ``key`` is terminated and the checker followed it through ``ts`` without a violation: a later
+        violation makes only events after ``ts`` part of the plain trace, so everything at or before ``ts`` goes
+        (early buffer release), except events of leading negations; held matches wait as suspended."""
+        part = self._partitions.get(key)
+        if part is None:
+            return
+        c = self.counters
+        purged = part.ais.purge_before(ts + 1)
+        c.instances -= len(purged)
+        n = len(purged)
+        for k, buf in enumerate(part.neg):
+            if k not in self._leading:
+                m = buf.purge_before(ts + 1)
+                c.negation_events -= m
+                n += m
+        for mid, held in list(part.held.items()):
+            del part.held[mid]
+            c.held -= 1
+            part.suspended[mid] = (held, self._aggressive)  # aggressive mode: it is out
+        for mid, (held, emitted) in list(part.suspended.items()):
+            if held.events[0].ts <= ts:
+                del part.suspended[mid]
+                n += 1
+                self._drop_suspended(held, emitted, outs)
+        assert self._watch is not None
+        self._watch.counters.constraint_released += n
+        if part.empty():
+            del self._partitions[key]  # its purge-heap entry is skipped when it comes up
+            if key is None:
+                self._whole = None
+
+    def _resume(self, key: Hashable, ts: int, outs: list[SaseOutput]) -> None:
+        """Trace ``key`` broke the workflow at ``ts``: plain from there on.  Its state before ``ts`` goes (except
+        leading negations' events); its suspended matches that start at or after ``ts`` go on as the plain
+        engine's would have (held for negation, or output)."""
+        part = self._partitions.get(key)
+        if part is None:
+            return
+        c = self.counters
+        purged = part.ais.purge_before(ts)
+        c.instances -= len(purged)
+        for k, buf in enumerate(part.neg):
+            if k not in self._leading:
+                c.negation_events -= buf.purge_before(ts)
+        low = self._low
+        for mid, (held, emitted) in list(part.suspended.items()):
+            del part.suspended[mid]
+            if held.events[0].ts < ts:
+                self._drop_suspended(held, emitted, outs)
+                continue
+            if not emitted and (self._aggressive or not held.ranges or (low is not None and held.final_at <= low)):
+                outs.append(self._emit(held.kind, held.events))  # type: ignore[arg-type]
+            if not held.ranges:
+                continue
+            if low is None or held.final_at > low:
+                part.held[mid] = held
+                heapq.heappush(self._release_heap, (held.final_at, mid, key))
+                self._due_low = min(self._due_low, held.final_at)
+                c.held += 1
+            else:
+                self._retain(part, key, held, low)
+
+    def _release_trace(self, key: Hashable, outs: list[SaseOutput]) -> None:
+        """Early buffer release: everything the terminated trace holds (stacks, negation buffers, held, retained
+        and suspended matches) goes at once; stale heap entries for the key are skipped when they come up."""
         part = self._partitions.pop(key, None)
         if part is None:
             return
@@ -501,12 +612,16 @@ class SequenceEngine:
         c.negation_events -= n_neg
         c.held -= len(part.held)
         c.released_retained -= len(part.released)
-        assert self._monitor is not None
-        self._monitor.counters.constraint_released += n_inst + n_neg + len(part.held)
+        for held, emitted in part.suspended.values():
+            self._drop_suspended(held, emitted, outs)
+        assert self._watch is not None
+        self._watch.counters.constraint_released += n_inst + n_neg + len(part.held) + len(part.suspended)
 
-    def _general(self, event: SaseEvent, ts: int, low: int | None, clock: int | None) -> list[SaseOutput]:
+    def _general(self, event: SaseEvent, ts: int, low: int | None, clock: int | None,
+                 only_negations: bool = False) -> list[SaseOutput]:
         """Every event the in-order fast path does not take: out of order, behind the watermark, the first
-        event, or of a type with constant predicates or a negation role."""
+        event, or of a type with constant predicates or a negation role.  ``only_negations``: an event of a
+        terminated trace the checker passed, kept only in leading negations' buffers."""
         q = self.query
         c = self.counters
         behind = False
@@ -534,6 +649,8 @@ class SequenceEngine:
             c.ignored += 1
             return outs
         positions, pos_filtered, negs, neg_filtered = route
+        if only_negations:
+            positions, negs = (), tuple(k for k in negs if k in self._leading)
         if pos_filtered:
             positions = tuple(p for p in positions if all(cp.holds(attrs) for cp in q.constant_predicates[p]))
         if neg_filtered:
@@ -620,7 +737,8 @@ class SequenceEngine:
                 kind = "add"
         elif behind:
             kind = "late_match"
-        if not q.negations:
+        suspend = self._watch is not None and self._watch.terminated(key)
+        if not q.negations and not suspend:
             return self._emit(kind, events)
         ranges = negation_ranges(q, events)
         for k, (lo, hi) in enumerate(ranges):
@@ -629,11 +747,16 @@ class SequenceEngine:
                 if invalidates(neg, ne, events, lo, hi):
                     c.negated_at_construction += 1
                     return None
-        final_at = max(hi for _, hi in ranges)
+        final_at = max((hi for _, hi in ranges), default=events[-1].ts)
         low = self._low
         mid = self._match_id
         self._match_id += 1
         held = HeldMatch(mid, events, tuple(i.seq for i in match), ranges, final_at, kind)
+        if suspend:
+            # A match of a terminated trace: it counts only if the trace breaks the workflow at or before its
+            # first event, which the checker has not reached yet (_cut / _resume decide).
+            part.suspended[mid] = (held, False)
+            return None
         if low is None or final_at > low:
             part.held[mid] = held
             heapq.heappush(self._release_heap, (final_at, mid, key))
@@ -665,6 +788,11 @@ class SequenceEngine:
         """A negation event removes the held matches it falls into (Algorithm 10, lines 9-11)."""
         neg = self.query.negations[k]
         outs: list[SaseOutput] = []
+        for mid, (held, emitted) in list(part.suspended.items()):
+            lo, hi = held.ranges[k]
+            if invalidates(neg, event, held.events, lo, hi):
+                del part.suspended[mid]
+                self._drop_suspended(held, emitted, outs)
         for mid, held in list(part.held.items()):
             lo, hi = held.ranges[k]
             if invalidates(neg, event, held.events, lo, hi):
@@ -740,7 +868,7 @@ class SequenceEngine:
             if part is None or part.registered_ts != ts:
                 continue
             ais_clock = part.ais.ais_clock
-            if (not part.held and not part.released and not self._record_purges
+            if (not part.held and not part.released and not part.suspended and not self._record_purges
                     and (ais_clock is None or ais_clock < bound) and part.newest_ts() < bound):
                 # The whole partition expired (the usual end of a key's life): drop it in one step.
                 n_inst, n_neg = len(part.ais), sum(len(b) for b in part.neg)
@@ -756,7 +884,7 @@ class SequenceEngine:
             part.registered_ts = None
             if oldest is not None:
                 self._register(part, key, oldest)
-            elif not part.held and not part.released:
+            elif not part.held and not part.released and not part.suspended:
                 del self._partitions[key]
                 self._whole = None
         # Exact again: the lowest watermark at which one of the heaps has something due.

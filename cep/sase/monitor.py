@@ -57,6 +57,28 @@ _FILTER_HASHES = 4
 # (a constraint violation or an out-of-order event).
 CHECKING, SATISFIED, TERMINATED, UNCHECKED = 0, 1, 2, 3
 
+# What the engine does with an arriving event (TraceMonitor.on_event).
+ADMIT = 0
+"""Process it (a trace not terminated, or an event of a terminated trace the checker has not reached yet: a
+violation before it would make it part of the plain trace)."""
+IGNORE = 1
+"""Not processed: an event of a terminated trace the checker followed without a violation (or an unfollowed one)."""
+NEGATION_ONLY = 2
+"""As IGNORE, but a negation event of an element whose range reaches before the match (leading negation) is still
+buffered: a match after a later violation must see it, as the plain engine does."""
+
+# What the engine does with a trace's state after the checker moved (TraceMonitor actions, in order):
+RELEASE = "release"
+"""(RELEASE, key, 0): drop everything of the trace (terminated and no longer followed)."""
+CUT = "cut"
+"""(CUT, key, ts): the trace is terminated and followed through ``ts`` without a violation: its state at or
+before ``ts`` can be in no match the plain engine has from a later violation on; drop it.  Matches built from
+its later events wait (suspended) until the checker reaches them."""
+RESUME = "resume"
+"""(RESUME, key, ts): a terminated trace broke the workflow at ``ts``: from there on it is plain; its suspended
+matches that start at or after ``ts`` go on as the plain engine's, the rest and the state before ``ts`` go."""
+Action = tuple[str, Hashable, int]
+
 
 @dataclass(slots=True)
 class MonitorCounters:
@@ -89,7 +111,7 @@ class MonitorCounters:
 
 
 class _Trace:
-    __slots__ = ("checked_ts", "cstate", "last_ts", "n", "state", "status")
+    __slots__ = ("checked_ts", "cstate", "first", "last_ts", "n", "state", "status")
 
     def __init__(self, state: TraceState | None, status: int, ts: int, cstate: int = -1) -> None:
         self.state = state
@@ -102,6 +124,8 @@ class _Trace:
         """Largest timestamp of the trace seen: it is forgotten W after this passes L - A."""
         self.checked_ts: int | None = None
         """Timestamp of the last event the checker consumed."""
+        self.first: SaseEvent | None = None
+        """A statically satisfiable trace's earliest event so far, while its early alert waits for L to pass it."""
 
 
 def trace_attribute(query: Query) -> str | None:
@@ -142,6 +166,10 @@ class TraceMonitor:
         """Every word of the constraint matches (L(C) ⊆ L(Q) from the start): no allowed trace can become
         unsatisfiable, also when the checker reports no SATISFIABLE because of the window."""
         self.static_reported = False
+        self.static_first: SaseEvent | None = None
+        """The stream's earliest event so far, while the static unsatisfiable record waits for L to pass it."""
+        self.alerts_due: list[tuple[int, int, Hashable]] = []
+        """(ts of the trace's first event, seq, key): static early alerts, output once L passes the first event."""
         self.retention_us = retention_us
         """W + A: a trace is forgotten once its newest event is this far below L."""
         self.counters = MonitorCounters()
@@ -173,47 +201,62 @@ class TraceMonitor:
         return True, value
 
     def on_event(self, event: SaseEvent, key: Hashable, low: int | None,
-                 now: int) -> tuple[list[SaseOutput], list[Hashable], bool]:
+                 now: int) -> tuple[list[SaseOutput], list[Action], int]:
         """An event of trace ``key`` arrives; ``low`` / ``now`` are L and CLOCK after it.  Returns the verdict
-        outputs, the traces to release, and whether the engine processes the event."""
+        outputs, the actions on traces' state (in order), and what the engine does with the event (ADMIT, IGNORE,
+        NEGATION_ONLY)."""
         c = self.counters
         outs: list[SaseOutput] = []
-        if self.static_unsat and not self.static_reported:
-            self.static_reported = True
-            c.monitors_terminated += 1
-            outs.append(VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON))
         ts = event.ts
+        if self.static_unsat and not self.static_reported and (
+                self.static_first is None or ts < self.static_first.ts):
+            # The record names the stream's first event by timestamp: it waits until L passes it.
+            self.static_first = event
         tr = self.traces.get(key)
         if tr is None:
             tr = self._new_trace(key, ts)
             if self.static_sat and tr.status == SATISFIED:
-                c.early_alerts += 1
-                outs.append(VerdictOutput("early_alert", (event,), now, reason=SATISFIABLE_REASON, trace=key))
-        elif ts > tr.last_ts:
-            tr.last_ts = ts
-        release: list[Hashable] = []
+                tr.first = event
+                self.seq += 1
+                heapq.heappush(self.alerts_due, (ts, self.seq, key))
+        else:
+            tr.last_ts = max(tr.last_ts, ts)
+            if tr.first is not None and ts < tr.first.ts:
+                tr.first = event
+                self.seq += 1
+                heapq.heappush(self.alerts_due, (ts, self.seq, key))
+        actions: list[Action] = []
         pending = self.pending
         if tr.status == CHECKING or tr.cstate >= 0:
             if tr.checked_ts is not None and ts < tr.checked_ts:
-                # A terminated trace stays terminated, unfollowed; an undecided one is processed plainly.
+                # A terminated trace stays terminated, unfollowed (all its state goes); an undecided one is
+                # processed plainly.
                 if tr.status == CHECKING:
                     tr.status = UNCHECKED
+                else:
+                    actions.append((RELEASE, key, 0))
                 tr.state, tr.cstate = None, -1
                 c.constraint_unordered += 1
             elif low is not None and ts <= low and (not pending or pending[0][0] > low):
                 # Final at once and before everything that waits (in order with K = 0): no detour via the heap.
-                self._step(tr, key, event, now, outs, release)
+                self._step(tr, key, event, now, outs, actions)
             else:
                 self.seq += 1
                 heapq.heappush(pending, (ts, self.seq, key, event))
                 c.pending += 1
-        if low is not None and ((pending and pending[0][0] <= low)
-                                or (self.forget and self.forget[0][0] < low - self.retention_us)):
-            self.drain(low, now, outs, release)
+        if low is not None:
+            self.drain(low, now, outs, actions)
         if tr.status == TERMINATED:
+            if tr.cstate >= 0 and (low is None or ts > low):
+                return outs, actions, ADMIT  # not reached by the checker yet: a violation may come first
             c.constraint_ignored += 1
-            return outs, release, False
-        return outs, release, True
+            return outs, actions, NEGATION_ONLY if tr.cstate >= 0 else IGNORE
+        return outs, actions, ADMIT
+
+    def terminated(self, key: Hashable) -> bool:
+        """Whether trace ``key`` is terminated (its matches wait for the checker: suspended)."""
+        tr = self.traces.get(key)
+        return tr is not None and tr.status == TERMINATED
 
     def _new_trace(self, key: Hashable, ts: int) -> _Trace:
         if key in self.forgotten:
@@ -231,16 +274,33 @@ class TraceMonitor:
         heapq.heappush(self.forget, (ts, self.seq, key))
         return tr
 
-    def drain(self, low: int, now: int, outs: list[SaseOutput], release: list[Hashable]) -> None:
+    def drain(self, low: int, now: int, outs: list[SaseOutput], actions: list[Action]) -> None:
         """Feed the checker every pending event at or below L in timestamp order (arrival order among ties);
-        forget the traces no event can reach any more."""
+        output the static verdicts whose first event L passed; forget the traces no event can reach any more."""
         pending, traces, c = self.pending, self.traces, self.counters
+        first = self.static_first
+        if first is not None and first.ts <= low:
+            self.static_first = None
+            self.static_reported = True
+            c.monitors_terminated += 1
+            outs.append(VerdictOutput("monitor_terminated", (first,), now, reason=UNSATISFIABLE_REASON))
+        due = self.alerts_due
+        while due and due[0][0] <= low:
+            ts, _, key = heapq.heappop(due)
+            tr = traces.get(key)
+            if tr is None or tr.first is None or tr.first.ts != ts:
+                continue  # a stale entry: an earlier event of the trace came after it was pushed
+            c.early_alerts += 1
+            outs.append(VerdictOutput("early_alert", (tr.first,), now, reason=SATISFIABLE_REASON, trace=key))
+            tr.first = None
+        if (not pending or pending[0][0] > low) and (not self.forget or self.forget[0][0] >= low - self.retention_us):
+            return
         while pending and pending[0][0] <= low:
             _, _, key, event = heapq.heappop(pending)
             c.pending -= 1
             tr = traces.get(key)
             if tr is not None and (tr.status == CHECKING or tr.cstate >= 0):
-                self._step(tr, key, event, now, outs, release)
+                self._step(tr, key, event, now, outs, actions)
         forget, bound = self.forget, low - self.retention_us
         while forget and forget[0][0] < bound:
             ts, _, key = heapq.heappop(forget)
@@ -257,13 +317,13 @@ class TraceMonitor:
             c.traces_forgotten += 1
 
     def _step(self, tr: _Trace, key: Hashable, event: SaseEvent, now: int, outs: list[SaseOutput],
-              release: list[Hashable]) -> None:
+              actions: list[Action]) -> None:
         """The checker consumes one event of a trace it still checks (or τ_C alone follows a terminated one); a
         verdict becomes an output."""
         tr.n += 1
         tr.checked_ts = event.ts
         if tr.status == TERMINATED:
-            self._follow(tr, key, event)
+            self._follow(tr, key, event, actions)
             return
         state = tr.state
         assert state is not None
@@ -287,7 +347,9 @@ class TraceMonitor:
             c.monitors_terminated += 1
             outs.append(VerdictOutput("monitor_terminated", (event,), now, reason=UNSATISFIABLE_REASON, trace=key,
                                       position=tr.n))
-            release.append(key)
+            # Early buffer release of everything up to the verdict; what the engine holds of later events waits
+            # for the checker (a violation may make it part of the plain trace).
+            actions.append((CUT, key, event.ts) if tr.cstate >= 0 else (RELEASE, key, 0))
         else:
             tr.status, tr.state = UNCHECKED, None
             c.constraint_violations += 1
@@ -298,13 +360,15 @@ class TraceMonitor:
         sym = self.checker.alphabet.plain_symbols.get(event.event_type)
         return self.checker.classify(event.event_type, event.attrs) if sym is None else sym
 
-    def _follow(self, tr: _Trace, key: Hashable, event: SaseEvent) -> None:
-        """τ_C alone follows a terminated trace; a violation makes it plain again (its later events are processed)."""
+    def _follow(self, tr: _Trace, key: Hashable, event: SaseEvent, actions: list[Action]) -> None:
+        """τ_C alone follows a terminated trace; a violation makes it plain again from the violating event on."""
         nxt = self.checker.tau_c.delta[tr.cstate].get(self._symbol(event))
         if nxt is not None:
             tr.cstate = nxt
+            actions.append((CUT, key, event.ts))
             return
         tr.status, tr.cstate = UNCHECKED, -1
+        actions.append((RESUME, key, event.ts))
         c = self.counters
         c.constraint_violations += 1
         c.constraint_resumed += 1
@@ -317,19 +381,25 @@ class TraceMonitor:
         self.traces.clear()
         self.pending.clear()
         self.forget.clear()
+        self.alerts_due.clear()
         self.counters.traces = 0
         self.counters.pending = 0
 
     def is_idle(self) -> bool:
         """Nothing kept; a statically unsatisfiable monitor that has reported is not idle (a fresh one would report
         again), nor one that has forgotten a key (a fresh one would check it from the start)."""
-        return not self.traces and not self.pending and not self.static_reported and not self.forgotten.added
+        return (not self.traces and not self.pending and not self.static_reported and self.static_first is None
+                and not self.forgotten.added)
 
     def next_due(self) -> int | None:
         """The lowest L at which a pending event is checked or a trace forgotten."""
         due = []
         if self.pending:
             due.append(self.pending[0][0])
+        if self.alerts_due:
+            due.append(self.alerts_due[0][0])
+        if self.static_first is not None:
+            due.append(self.static_first.ts)
         if self.forget:
             due.append(self.forget[0][0] + self.retention_us + 1)
         return min(due, default=None)
@@ -342,7 +412,9 @@ class TraceMonitor:
             "static_reported": self.static_reported,
             "seq": self.seq,
             "traces": [[key, tr.status, tr.n, tr.last_ts, tr.checked_ts,
-                        None if tr.state is None else snap(tr.state), tr.cstate] for key, tr in self.traces.items()],
+                        None if tr.state is None else snap(tr.state), tr.cstate, _event_row(tr.first)]
+                       for key, tr in self.traces.items()],
+            "static_first": _event_row(self.static_first),
             "forgotten": self.forgotten.snapshot(),
             "pending": [[ts, s, key, e.event_type, e.ts, dict(e.attrs), e.event_id]
                         for ts, s, key, e in sorted(self.pending, key=lambda p: (p[0], p[1]))],
@@ -352,14 +424,19 @@ class TraceMonitor:
     def restore(self, doc: Mapping[str, Any], key_of: Any) -> None:
         self.static_reported = bool(doc["static_reported"])
         self.seq = int(doc["seq"])
-        for raw_key, status, n, last_ts, checked_ts, state, cstate in doc["traces"]:
+        for raw_key, status, n, last_ts, checked_ts, state, cstate, *first in doc["traces"]:
             key = key_of(raw_key)
             tr = _Trace(None if state is None else self.checker.restore_trace(state), status, last_ts, cstate)
             tr.n, tr.checked_ts = n, checked_ts
+            tr.first = _event_of(first[0]) if first else None  # snapshots before issue 25 had no first event
             self.traces[key] = tr
             self.seq += 1
             self.forget.append((last_ts, self.seq, key))
+            if tr.first is not None:
+                self.alerts_due.append((tr.first.ts, self.seq, key))
         heapq.heapify(self.forget)
+        heapq.heapify(self.alerts_due)
+        self.static_first = _event_of(doc.get("static_first"))
         self.forgotten = _KeyFilter.restore(doc["forgotten"])
         self.pending = [(ts, s, key_of(k), SaseEvent(t, ets, attrs, eid))
                         for ts, s, k, t, ets, attrs, eid in doc["pending"]]
@@ -369,6 +446,14 @@ class TraceMonitor:
 
 
 _MISSING: Any = object()
+
+
+def _event_row(event: SaseEvent | None) -> list[Any] | None:
+    return None if event is None else [event.event_type, event.ts, dict(event.attrs), event.event_id]
+
+
+def _event_of(row: list[Any] | None) -> SaseEvent | None:
+    return None if row is None else SaseEvent(row[0], row[1], row[2], row[3])
 
 
 class _KeyFilter:

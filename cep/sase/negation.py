@@ -132,4 +132,6 @@ class HeldMatch:
         match_id, seqs, kind = state
         positives = tuple(events[seq] for seq in seqs)
         ranges = negation_ranges(query, positives)
-        return cls(match_id, positives, tuple(seqs), ranges, max(hi for _, hi in ranges), kind)
+        # Without negation (a suspended match of a terminated trace, cep/sase/engine.py) nothing can negate it.
+        return cls(match_id, positives, tuple(seqs), ranges, max((hi for _, hi in ranges), default=positives[-1].ts),
+                   kind)

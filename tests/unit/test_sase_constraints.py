@@ -209,8 +209,13 @@ def test_out_of_order_input_is_checked_once_final_under_the_low_watermark() -> N
     eng = engine(k_slack_us=3)
     assert feed(eng, [ev("B", 4), ev("A", 1), ev("B", 7)]) == [
         [], [], [("monitor_terminated", ["b4"], None, 2, "unsatisfiable")]]
-    assert eng.partition() is None  # a1 and b4 were buffered, then released; b7 not buffered
-    assert eng.stats()["constraint_ignored"] == 1
+    assert eng.partition() is None  # a1 and b4 were buffered, then released at the verdict
+    # b7 is above L: the checker has not reached it, a violation before it would make it plain (issue 25.2), so it
+    # is processed (B is no query type: nothing to buffer); once L passes it, it is followed and the trace's next
+    # final events are ignored.
+    assert eng.stats()["constraint_ignored"] == 0
+    assert feed(eng, [ev("B", 20), ev("B", 15)]) == [[], []]  # b15 is final at once (L = 17): followed, ignored
+    assert eng.stats()["constraint_ignored"] == 1 and eng.partition() is None
     # Punctuations instead of K: nothing is checked before the punctuation reaches the events.
     eng = engine(k_slack_us=None, early_alerts=True)
     assert feed(eng, [ev("K", 2), ev("A", 1)]) == [[], []]
@@ -412,8 +417,13 @@ def test_verdicts_never_contradict_the_constraint_free_run(workload: Any, cut: i
             watched = SequenceEngine.restore(query, watched.config, watched.snapshot())
         outs = watched.on_event(e)
         gone |= {o.trace for o in outs if isinstance(o, VerdictOutput) and o.kind == "monitor_terminated"}
-        # A terminated trace's state is released at once, and nothing of it is buffered again.
-        assert all(watched.partition(trace) is None for trace in gone)
+        # A terminated trace's state is released at once, except events the checker has not reached (above L: a
+        # violation before them would make them part of the plain trace, issue 25.2).
+        low = watched.low_watermark
+        for trace in gone:
+            ais = watched.partition(trace)
+            oldest = None if ais is None else ais.oldest_ts()
+            assert oldest is None or low is None or oldest > low
         watched_out += outs
     watched_out += watched.end_of_stream()
     plain_matches = by_trace(plain_out, {"match"})
@@ -544,10 +554,15 @@ def test_the_sequence_job_core_writes_verdict_records() -> None:
         ("st|2|monitor_terminated|r:11", "monitor_terminated", "2", 2, "unsatisfiable", ["r:11"]),
     ]
     assert out[0][1]["job"] == "sequence" and out[0][1]["trace"] == 1 and out[0][1]["emitted_at"] == 9
-    assert core.engine.partition(2) is None and core.engine.counters.instances == 6  # trace 2 released
-    later = [row(20, 20, "A", 2), row(21, 21, "K", 2)]
-    assert core.on_rows(later) == [] and core.engine.partition(2) is None  # never buffered again
-    assert core.on_watermark(100) == []
+    # Trace 2 released up to b4; k8 and c9 (above the watermark: a violation could still come before them, issue
+    # 25.2) wait, their matches suspended.
+    trace2 = core.engine.partition(2)
+    assert trace2 is not None and trace2.oldest_ts() == 8 and core.engine.counters.instances == 6 + 3
+    later = [row(20, 20, "C", 2), row(21, 21, "C", 2)]
+    assert core.on_rows(later) == []
+    # Followed without a violation through 21 (C+ ends the workflow): everything of trace 2 goes, nothing came out.
+    assert core.on_watermark(100) == [] and core.engine.partition(2) is None
+    assert core.engine.stats()["constraint_resumed"] == 0
     assert constraint_problem(parse_query(text), "A+ (K", "lightweight", False) is not None
     assert constraint_problem(parse_query(text), C1, "basic", True) is None
 
