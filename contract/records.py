@@ -39,6 +39,16 @@ LATE = "late"
 PUNCTUATION_KEY = b"__punctuation__"
 PROGRESS_KEY_PREFIX = "progress|"
 
+# The range of every timestamp field of an event or punctuation record (ref_ts_us, start_ts_us, end_ts_us,
+# uncertainty_us, start_uncertainty_us, arrival_ts_us, release_ts_us, watermark_us): microseconds since the epoch
+# that fit a signed 64-bit integer (Kafka, Spark and the JVM read them as longs) and are never negative. The gateway
+# refuses an event whose mapped time falls outside it (docs/record-contract.md, "Timestamp ranges").
+MIN_TS_US = 0
+MAX_TS_US = 2**63 - 1
+# Event-record fields beyond the table's core: the merge raised the record's ref_ts_us by this much to keep the
+# partition in reference order (a regression of its source's stamps within its error bound).
+REF_RAISED_US = "ref_raised_us"
+
 # The "record" of a results-topic value.
 RESULT_WINDOW = "window"
 RESULT_FINAL = "final"

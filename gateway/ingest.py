@@ -106,6 +106,18 @@ Rules:
    (``source_disconnected``) and ``idle_source_retention_us`` passed, ``poll`` frees its per-stream state if it
    holds nothing (``forget_idle_sources``, counted as ``sources_forgotten``); its dedup floor and next seq per
    stream stay, so it resumes where it left off. A source that never sent an event leaves the checkpoint too.
+12. Time rules for heartbeats and timestamp ranges (docs/record-contract.md, "Timestamp ranges"). A heartbeat moves
+   the merge's frontier only if its clock reading passes what an event's would: mapped at most ``max_future_us``
+   ahead of the gateway clock and inside 0..2^63-1 (the pipeline's check), and, for a source with a clock
+   estimate, not ahead of its own arrival by more than its error bound plus ``clock_step_future_tolerance_us``
+   (rule 9 (a); a heartbeat during a hold or an unresolved step is ignored, as before). A refused heartbeat is
+   counted (``heartbeats_refused``), logged (rate-limited) and answered with a non-fatal ``invalid_message``
+   error naming the reason (``future_dated``, ``timestamp_out_of_range``, ``clock_step``). An event whose record
+   would carry a timestamp outside 0..2^63-1 (its mapped time, an interval's mapped start, an error bound) is
+   refused: counted (``timestamps_refused``), settled like a refused payload (rule 8: never produced, the ack
+   moves over it) and answered with a non-fatal ``invalid_message`` naming its stream and seq. A checkpointed
+   watermark more than ``max_future_us`` ahead of the clock at recovery is not restored (``watermarks_distrusted``,
+   logged; the progress record drops it until the next punctuation): validated input never promises that.
 13. Given-up gaps and seq jumps (issue 24 items 2 and 3). When a reorderer gives a gap up (``timeout``,
    ``buffer_full``), the tracker settles the seqs of it it never received, so the cumulative ack passes them, and
    the source gets one ``gap`` notice per run of them (``SendToSource``, before the ack that passes them; counted as
@@ -141,13 +153,19 @@ from contract.records import (
 )
 from contract.topics import TopicNames
 from contract.wire import messages
-from contract.wire.errors import InvalidPayload, LocalProtocolError
+from contract.wire.errors import InvalidMessage, InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
 from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker
 from gateway.clock_state import clock_state_record
 from gateway.logs import limited_log
-from gateway.logs import limited_log
-from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishPunctuation, PublishRecord
+from reorder.pipeline import (
+    IngestPipeline,
+    PipelineConfig,
+    PipelineOutput,
+    PublishPunctuation,
+    PublishRecord,
+    PublishRefused,
+)
 from reorder.records import GapSkipped
 from timesync.clocks import ReferenceMapping
 from timesync.store import SourceInfo
@@ -189,6 +207,9 @@ CLOCK_STEP_DELAY_MARGIN_US = 250_000
 # delay of the last 64 to 128 events, in O(1) per event.
 CLOCK_STEP_DELAY_WINDOW = 64
 RESYNC_REASON = "clock_step"
+# Rule 12: refusals are logged the first this many times, then every this many-th (counters keep the totals).
+REFUSAL_LOG_FIRST = 10
+REFUSAL_LOG_EVERY = 1000
 UNRESOLVED_REASON = "clock_step_unresolved"
 RECENT_CLOCK_STEPS = 256
 # Rule 7: a record's Kafka timestamp is its reference time (a punctuation's: its watermark), held within these
@@ -347,6 +368,9 @@ class GatewayCounters:
     sources_forgotten: int = 0  # idle sources whose per-stream state was freed (rule 11)
     streams_refused: int = 0  # hellos refused for a stream not allowed or over the stream cap (docs/operations.md)
     slow_readers_closed: int = 0  # connections closed because their peer did not read (gateway.connection)
+    heartbeats_refused: int = 0  # future-dated, out-of-range or clock-stepped heartbeats: they moved nothing (rule 12)
+    timestamps_refused: int = 0  # events whose mapped times fall outside the contract's range (rule 12)
+    watermarks_distrusted: int = 0  # checkpointed watermarks beyond max_future of the clock, not restored (rule 12)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -513,8 +537,14 @@ class IngestCore:
         streaming before."""
         stream = progress.stream
         self._progress[stream] = progress
-        if progress.watermark_us is not None:
-            self.pipeline.restore_watermark(stream, progress.watermark_us)
+        if progress.watermark_us is not None and not self.pipeline.restore_watermark(stream, progress.watermark_us,
+                                                                                     now_us):
+            # Rule 12: no validated input promises that far ahead; kept, it would divert every on-time event.
+            self.counters.watermarks_distrusted += 1
+            log.warning("stream %s: the checkpoint's watermark %d is %d us ahead of the gateway clock (max %d): "
+                        "not restored", stream, progress.watermark_us, progress.watermark_us - now_us,
+                        self.config.pipeline.max_future_us)
+            progress.watermark_us = None
         outputs: list[PipelineOutput] = []
         for source_id, next_seq in progress.next_seq.items():
             self.pipeline.resume_from(source_id, stream, next_seq)
@@ -722,12 +752,23 @@ class IngestCore:
         return actions
 
     def heartbeat_received(self, source_id: str, heartbeat: messages.Heartbeat, now_us: int) -> list[IngestAction]:
+        """Rule 12: a heartbeat passes the rules an event does before it moves the merge's frontier."""
         self.counters.heartbeats += 1
         actions = self._release_resolved(now_us) if self._holding else []
         watch = self._watches.get(source_id)
         if watch is not None and (watch.hold_until_us is not None or watch.unresolved):
             # Its clock reading is as wrong as its events' (rule 9): it must not move the merge's frontier.
             return actions
+        if watch is not None:
+            # Rule 9 (a) for its clock reading: mapped ahead of its own arrival by more than the error bound, it
+            # shows a forward step its next event will be held for; until then it must not move the frontier.
+            ref_us, error_us = self._mapping.to_reference(source_id, heartbeat.source_ts_us)
+            ahead_us = ref_us - now_us
+            if ahead_us > error_us + self.config.clock_step_future_tolerance_us:
+                return actions + self._publish([PublishRefused(
+                    source_id, None, None, RESYNC_REASON,
+                    f"heartbeat source_ts_us={heartbeat.source_ts_us} maps {ahead_us} us ahead of its arrival "
+                    f"(error bound {error_us} us): a clock step")])
         return actions + self._publish(
             self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, now_us))
 
@@ -994,7 +1035,7 @@ class IngestCore:
         outputs += [self._unresolved_record(source_id, event, arrival_us, now_us) for event, arrival_us in held]
 
     def _unresolved_record(self, source_id: str, event: messages.IncomingEvent, arrival_us: int,
-                           now_us: int) -> PublishRecord:
+                           now_us: int) -> PipelineOutput:
         # Mapped with the estimate the step made stale: the reference time is known to be off by about the step,
         # which is why the record is on the late topic, with its uncertainty as the estimate states it.
         return self.pipeline.late_record(source_id, event, arrival_us, now_us, UNRESOLVED_REASON)
@@ -1045,6 +1086,8 @@ class IngestCore:
                 delivery = DeliveryRef(source_id, record.stream, record.seq, kind, record.release_ts_us)
                 actions.append(Produce(topic, record.key, value, delivery,
                                        kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us), headers))
+            elif type(output) is PublishRefused:
+                actions.append(self._refused(output))
             else:
                 assert isinstance(output, PublishPunctuation)
                 self._progress[output.stream].promise(output.watermark_us)
@@ -1073,6 +1116,29 @@ class IngestCore:
         # (rule 6). A late-topic delivery alone leaves the events topic's progress as it was.
         if moves_progress and self._progress[stream].consumed(source_id, acked):
             self._dirty_streams.add(stream)
+
+    def _refused(self, refused: PublishRefused) -> SendToSource:
+        """Rule 12: an event or heartbeat the pipeline refused. Counted; a refused event is settled like a refused
+        payload (rule 8: the ack moves over it, it is never produced); the source is told with a non-fatal
+        ``invalid_message`` error naming the reason (and the event's stream and seq: the SDK fails its delivery).
+        Logged at most ``REFUSAL_LOG_FIRST`` times, then every ``REFUSAL_LOG_EVERY``-th: a source stamping
+        garbage at full rate must not flood the log (the counters keep the exact totals)."""
+        counters = self.counters
+        if refused.stream is None or refused.seq is None:
+            counters.heartbeats_refused += 1
+            total = counters.heartbeats_refused
+            what = "heartbeat"
+        else:
+            counters.timestamps_refused += 1
+            total = counters.timestamps_refused
+            what = f"{refused.stream} seq {refused.seq}"
+            self._settle_unpublished(refused.source_id, refused.stream, refused.seq)
+        if total <= REFUSAL_LOG_FIRST or total % REFUSAL_LOG_EVERY == 0:
+            log.warning("refused %s's %s (%s, %d refused so far): %s", refused.source_id, what, refused.reason, total,
+                        refused.detail)
+        message = f"{refused.reason}: {refused.detail}"
+        return SendToSource(refused.source_id, encode_frame(messages.build_error(
+            InvalidMessage.code, message[:200], False, refused.stream, refused.seq)))
 
     def _too_large(self, source_id: str, stream: str, seq: int, size: int) -> SendToSource:
         """Kafka would refuse the record for good (the broker's message.max.bytes): refused here instead, with a

@@ -36,15 +36,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from contract.records import MIN_TS_US
 from reorder.estimators import DecayedQuantile
 from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
 from timesync.clocks import ReferenceMapping
 
-__all__ = ["MergeOutput", "MergerConfig", "MergerCounters", "MultiSourceMerger"]
+__all__ = ["VIRTUAL_TIME_FLOOR_US", "MergeOutput", "MergerConfig", "MergerCounters", "MultiSourceMerger"]
 
 MergeOutput = Merged | Punctuation | SourceTimedOut | Late
 
 _NEVER = -(1 << 62)
+#: A ``min_watermark_us`` for virtual time (the replay: time starts at 0 and source clocks may be behind it); any
+#: real watermark is above it.
+VIRTUAL_TIME_FLOOR_US = _NEVER // 2 + 1
 
 #: Events one source may have queued while the merge waits for another; past it the source being
 #: waited for is flagged timed out at once (memory is bounded, the wait is not worth more).
@@ -81,6 +85,10 @@ class MergerConfig:
     wait_half_life: float = 10_000.0
     """Silences after which an old one counts half."""
     min_wait_samples: int = DEFAULT_MIN_WAIT_SAMPLES
+    min_watermark_us: int = MIN_TS_US
+    """No punctuation promises a watermark below this: the record contract's range starts at 0 (no record's
+    ``ref_ts_us`` is negative, so a negative watermark promises nothing). The replay's virtual time lowers it to
+    ``VIRTUAL_TIME_FLOOR_US``."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.wait_quantile < 1.0:
@@ -99,6 +107,9 @@ class MergerCounters:
     punctuations: int = 0
     heartbeats: int = 0
     peak_queued: int = 0
+    raised: int = 0  # events raised to the highest reference time before them (a regression within their bound)
+    stamp_regressions: int = 0  # events diverted as Late "stamp_regression"
+    after_give_up: int = 0  # events diverted as Late "after_give_up"
 
 
 class _Source:
@@ -116,7 +127,8 @@ class _Source:
     )
 
     def __init__(self, silences: DecayedQuantile | None) -> None:
-        self.queue: deque[tuple[int, SourceEvent, int]] = deque()
+        # (ref, event, arrival_us, raised_us): raised_us > 0 for an event raised to keep reference order (Merged)
+        self.queue: deque[tuple[int, SourceEvent, int, int]] = deque()
         self.frontier = _NEVER
         self.error_us = 0
         self.last_seq: int | None = None
@@ -154,6 +166,9 @@ class MultiSourceMerger:
         self._emitted_watermark = _NEVER
         self._next_punctuation_us = _NEVER
         self._watermark_holder: str | None = None  # the source that held the watermark down at the last scan
+        # The highest reference time released on the main output: no later release may go below it (reference
+        # order per partition, docs/record-contract.md), whatever the watermark allowed.
+        self._released_max = _NEVER
         self._queued = 0
         self._flushing = False
 
@@ -197,6 +212,14 @@ class MultiSourceMerger:
         out: list[MergeOutput] = []
         self._revive(event.source_id, src, now_us)
         watermark_mode = self.config.mode == "watermark"
+        if watermark_mode and not late and src.frontier - ref > err:
+            # Its source's stamps went backwards along its seqs (below its own frontier by more than its error
+            # bound): late whatever the watermark says, with the reason that names the cause.
+            if event.seq > (src.last_seq if src.last_seq is not None else _NEVER):
+                src.last_seq = event.seq
+            self._regressed(src, event, arrival_us, ref, src.frontier, out)
+            self._drain(now_us, out)
+            return out
         if watermark_mode and ref < self._emitted_watermark:
             self.counters.late += 1
             out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
@@ -211,10 +234,21 @@ class MultiSourceMerger:
             return out
         if event.seq > (src.last_seq if src.last_seq is not None else _NEVER):
             src.last_seq = event.seq
+        raised = 0
+        if watermark_mode:
+            floor = src.queue[-1][0] if src.queue else self._released_max
+            floor = max(floor, self._released_max)
+            if ref < floor:
+                if floor - ref > err:
+                    self._regressed(src, event, arrival_us, ref, floor, out)
+                    self._drain(now_us, out)
+                    return out
+                raised, ref = floor - ref, floor
+                self.counters.raised += 1
         src.frontier = max(src.frontier, ref)
         self._apply_pending_beat(event.source_id, src)
         was_empty = not src.queue
-        src.queue.append((ref, event, arrival_us))
+        src.queue.append((ref, event, arrival_us, raised))
         self._queued += 1
         self.counters.peak_queued = max(self.counters.peak_queued, self._queued)
         if was_empty:
@@ -244,6 +278,14 @@ class MultiSourceMerger:
         start = len(queue)
         for event, arrival_us, (ref, err) in run:
             src.error_us = err
+            if watermark_mode and src.frontier - ref > err:
+                if len(queue) > start:
+                    self._end_stretch(source_id, src, start, now_us, out)
+                    start = len(queue)
+                if src.last_seq is None or event.seq > src.last_seq:
+                    src.last_seq = event.seq
+                self._regressed(src, event, arrival_us, ref, src.frontier, out)
+                continue
             if watermark_mode and ref < self._emitted_watermark:
                 if len(queue) > start:
                     self._end_stretch(source_id, src, start, now_us, out)
@@ -253,8 +295,25 @@ class MultiSourceMerger:
                 continue
             if src.last_seq is None or event.seq > src.last_seq:
                 src.last_seq = event.seq
+            if watermark_mode:
+                # Reference order: not below what was released, nor below this source's own queued events.
+                floor = queue[-1][0] if queue else self._released_max
+                floor = max(floor, self._released_max)
+                if ref < floor:
+                    if floor - ref > err:
+                        if len(queue) > start:
+                            self._end_stretch(source_id, src, start, now_us, out)
+                            start = len(queue)
+                        self._regressed(src, event, arrival_us, ref, floor, out)
+                        continue
+                    self.counters.raised += 1
+                    src.frontier = max(src.frontier, floor)
+                    queue.append((floor, event, arrival_us, floor - ref))
+                    if len(queue) > limit and self._blocker is not None:
+                        self._time_out(self._blocker, now_us, out)
+                    continue
             src.frontier = max(src.frontier, ref)
-            queue.append((ref, event, arrival_us))
+            queue.append((ref, event, arrival_us, 0))
             if len(queue) > limit and self._blocker is not None:
                 self._time_out(self._blocker, now_us, out)
         if len(queue) > start:
@@ -262,6 +321,21 @@ class MultiSourceMerger:
         else:
             self._drain(now_us, out)
         return out
+
+    def _regressed(self, src: _Source, event: SourceEvent, arrival_us: int, ref: int, floor: int,
+                   out: list[MergeOutput]) -> None:
+        """An event below ``floor`` (the highest reference time released, or queued before it by its own source) by
+        more than its error bound: released, it would break the partition's reference order; it goes to the late
+        side output instead. ``stamp_regression`` when it is below its own source's frontier (the source's stamps
+        went backwards along its seqs), ``after_give_up`` otherwise (the merge gave its source up and released
+        later events of the others meanwhile: the only other way an event can fall behind what was released)."""
+        self.counters.late += 1
+        if ref < src.frontier:
+            self.counters.stamp_regressions += 1
+            out.append(Late(event, arrival_us, "stamp_regression", floor - ref, False))
+        else:
+            self.counters.after_give_up += 1
+            out.append(Late(event, arrival_us, "after_give_up", floor - ref, False))
 
     def _end_stretch(self, source_id: str, src: _Source, start: int, now_us: int, out: list[MergeOutput]) -> None:
         """``push_run``: the source's queue grew from ``start`` events: account for them, then drain once."""
@@ -298,7 +372,7 @@ class MultiSourceMerger:
         # Its entries in the lazy heap of empty sources are dropped as stale by _top_blocker.
 
     def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int, *,
-                  caught_up: bool = False) -> list[MergeOutput]:
+                  caught_up: bool = False, mapped: tuple[int, int] | None = None) -> list[MergeOutput]:
         """Proof of life: the source had sent every event up to ``seq`` when its clock read ``source_ts_us``.
 
         It also registers the source, so the merge waits for it from its first sync on. ``caught_up``: the caller
@@ -312,7 +386,7 @@ class MultiSourceMerger:
         if caught_up and (src.last_seq is None or src.last_seq < seq):
             src.last_seq = seq
         self.counters.heartbeats += 1
-        ref, err = self.clock.to_reference(source_id, source_ts_us)
+        ref, err = mapped if mapped is not None else self.clock.to_reference(source_id, source_ts_us)
         src.error_us = err
         self._revive(source_id, src, now_us)
         if src.pending_beat is None or seq >= src.pending_beat[0]:
@@ -458,10 +532,11 @@ class MultiSourceMerger:
             self._blocker = None
             src = sources[sid]
             queue = src.queue
-            _, event, arrival_us = queue.popleft()
+            _, event, arrival_us, raised_us = queue.popleft()
             self._queued -= 1
             self.counters.merged += 1
-            out.append(Merged(event, arrival_us, now_us, ref))
+            self._released_max = max(self._released_max, ref)
+            out.append(Merged(event, arrival_us, now_us, ref, raised_us))
             if queue:
                 heapq.heapreplace(heads, (queue[0][0], sid))  # one sift instead of a pop and a push
             else:
@@ -492,7 +567,9 @@ class MultiSourceMerger:
             if low is None or bound < low:
                 low, low_source = bound, source_id
         self._watermark_holder = low_source
-        if low is None or low <= self._emitted_watermark or low <= _NEVER // 2:
+        if low is None or low <= self._emitted_watermark or low < self.config.min_watermark_us:
+            # A watermark below 0 promises nothing (no record's ref_ts_us is negative) and is outside the
+            # contract's range: a source with a large error bound near the epoch holds it back until it is not.
             return
         self._emitted_watermark = low
         self._next_punctuation_us = now_us + self.config.punctuation_interval_us

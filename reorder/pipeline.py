@@ -19,7 +19,7 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from contract.records import EventRecord
+from contract.records import MAX_TS_US, MIN_TS_US, REF_RAISED_US, EventRecord
 from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint
 from reorder.merger import MergerConfig, MultiSourceMerger
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
@@ -51,6 +51,10 @@ class PipelineConfig:
     max_future_us: int = DEFAULT_MAX_FUTURE_US
     reconnect_grace_us: int = DEFAULT_RECONNECT_GRACE_US
     join_grace_us: int = DEFAULT_JOIN_GRACE_US
+    ts_floor_us: int = MIN_TS_US
+    """The lowest reference time a record (and a watermark) may carry: the record contract's 0. The replay runs on
+    virtual time that starts at 0 with source clocks behind it: it lowers this to
+    ``reorder.merger.VIRTUAL_TIME_FLOOR_US``."""
     drop_late: bool = True
     """Query 4.3's 7th parameter for every reorderer of the pipeline (it overrides ``sequence.drop_late``).
 
@@ -73,7 +77,33 @@ class PublishPunctuation:
     at_us: int
 
 
-PipelineOutput = PublishRecord | PublishPunctuation
+@dataclass(frozen=True, slots=True)
+class PublishRefused:
+    """Nothing to publish: the pipeline refused an event or a heartbeat of ``source_id``, for ``reason``.
+
+    An event (``stream`` and ``seq`` set) whose mapped time falls outside the record contract's range
+    (``timestamp_out_of_range``: ``ref_ts_us``, its start or its error bound outside ``MIN_TS_US..MAX_TS_US``) is
+    never published; the shell settles its seq (so the cumulative ack moves over it) and tells the source. A
+    heartbeat (``stream`` and ``seq`` None) whose clock reading maps more than ``max_future_us`` ahead of the
+    gateway clock (``future_dated``) or outside the range moves nothing: a runaway clock's heartbeat would
+    otherwise run the stream's watermark ahead of every other source's events."""
+
+    source_id: str
+    stream: str | None
+    seq: int | None
+    reason: str
+    detail: str
+
+
+PipelineOutput = PublishRecord | PublishPunctuation | PublishRefused
+
+# Why an event or heartbeat is refused (PublishRefused.reason).
+OUT_OF_RANGE = "timestamp_out_of_range"
+FUTURE_DATED = "future_dated"
+
+
+def _out_of_range(ref_us: int, error_us: int, floor_us: int = MIN_TS_US) -> bool:
+    return not (floor_us <= ref_us <= MAX_TS_US and MIN_TS_US <= error_us <= MAX_TS_US)
 
 
 @dataclass
@@ -85,6 +115,12 @@ class PipelineCounters:
     gap_events_skipped: int = 0
     source_timeouts: int = 0
     punctuations: int = 0
+    heartbeats_refused: int = 0  # future-dated or out-of-range heartbeats: they moved nothing
+    timestamps_refused: int = 0  # events whose mapped times fall outside the contract's range: never published
+    watermarks_distrusted: int = 0  # restored watermarks beyond max_future of the restoring clock, not restored
+    stamp_regressions: int = 0  # events late as "stamp_regression" (their source's stamps went backwards)
+    after_give_up: int = 0  # events late as "after_give_up" (below what was released after their source was given up)
+    refs_raised: int = 0  # events whose ref_ts_us was raised within their error bound to keep reference order
 
 
 class _StreamPipeline:
@@ -92,7 +128,10 @@ class _StreamPipeline:
         self.reorderers: dict[str, SequenceReorderer] = {}
         self.config = config
         self.stream = stream
-        self.merger = MultiSourceMerger(stream, clock, config.merger, timeout_for=self._merge_wait)
+        merger = config.merger
+        if merger.min_watermark_us != config.ts_floor_us:
+            merger = replace(merger, min_watermark_us=config.ts_floor_us)
+        self.merger = MultiSourceMerger(stream, clock, merger, timeout_for=self._merge_wait)
         sequence = config.sequence
         self.sequence = sequence if sequence.drop_late == config.drop_late else replace(
             sequence, drop_late=config.drop_late)
@@ -140,9 +179,20 @@ class IngestPipeline:
         """After a restart: this source's events below `next_seq` are already in Kafka."""
         self._next_seq_hint[(source_id, stream)] = next_seq
 
-    def restore_watermark(self, stream: str, watermark_us: int) -> None:
-        """After a restart: keep the promise of the last punctuation published before it."""
+    def restore_watermark(self, stream: str, watermark_us: int, now_us: int | None = None) -> bool:
+        """After a restart: keep the promise of the last punctuation published before it.
+
+        With ``now_us`` (a checkpoint read back), a watermark more than ``max_future_us`` ahead of ``now_us`` (or
+        outside the contract's range) is not trusted and not restored (False, counted): validated input never
+        promises that far ahead, so it comes from an unvalidated one (a runaway heartbeat before heartbeats were
+        checked) or a gateway clock that stepped back. Restored, it would send every source's on-time events to the
+        late topic until the clock caught up with it."""
+        if now_us is not None and (watermark_us - now_us > self.config.max_future_us
+                                   or _out_of_range(watermark_us, 0, self.config.ts_floor_us)):
+            self.counters.watermarks_distrusted += 1
+            return False
         self._stream(stream).merger.restore_watermark(watermark_us)
+        return True
 
     def expect(self, source_id: str, stream: str, now_us: int) -> list[PipelineOutput]:
         """After a restart: a source recovered from Kafka joins the merge before it reconnects.
@@ -219,6 +269,7 @@ class IngestPipeline:
         out: list[PipelineOutput] = []
         clock = self.clock
         max_future_us = self.config.max_future_us
+        ts_floor_us = self.config.ts_floor_us
         pipeline: _StreamPipeline | None = None
         reorderer: SequenceReorderer | None = None
         run: list[tuple[SourceEvent, int, tuple[int, int]]] = []
@@ -241,7 +292,11 @@ class IngestPipeline:
                 mapped = given if given is not None else clock.to_reference(source_id, event.source_ts_us)
                 source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
                                            event.interval)
-                if mapped[0] - arrival_us <= max_future_us:
+                # In the contract's range (an interval's start too) and not future-dated: on the fast path; any
+                # other goes through _to_merger, which refuses or quarantines it.
+                if (mapped[0] - arrival_us <= max_future_us and ts_floor_us <= mapped[0] <= MAX_TS_US
+                        and mapped[1] >= MIN_TS_US
+                        and (event.interval is None or not self._out_of_contract(source_event, mapped))):
                     run.append((source_event, arrival_us, mapped))
                     continue
                 if run:
@@ -272,7 +327,23 @@ class IngestPipeline:
 
     def heartbeat(self, source_id: str, next_seq: dict[str, int], source_ts_us: int,
                   now_us: int) -> list[PipelineOutput]:
+        """A heartbeat passes the rules an event does before it moves anything: its clock reading, mapped, must
+        be inside the contract's range and at most ``max_future_us`` ahead of ``now_us``. Otherwise it is refused
+        (one ``PublishRefused`` with stream and seq None, counted): it neither counts as the source speaking nor
+        moves its frontier, so the watermark never exceeds what validated input promised."""
         out: list[PipelineOutput] = []
+        mapped = self.clock.to_reference(source_id, source_ts_us)
+        ref_us, error_us = mapped
+        floor_us = self.config.ts_floor_us
+        if _out_of_range(ref_us, error_us, floor_us) or ref_us - now_us > self.config.max_future_us:
+            self.counters.heartbeats_refused += 1
+            if _out_of_range(ref_us, error_us, floor_us):
+                return [PublishRefused(source_id, None, None, OUT_OF_RANGE,
+                                       f"heartbeat source_ts_us={source_ts_us} maps to {ref_us} (error bound "
+                                       f"{error_us} us), outside {MIN_TS_US}..{MAX_TS_US}")]
+            return [PublishRefused(source_id, None, None, FUTURE_DATED,
+                                   f"heartbeat source_ts_us={source_ts_us} maps {ref_us - now_us} us ahead of the "
+                                   f"gateway clock (max {self.config.max_future_us} us)")]
         for stream, seq in next_seq.items():
             pipeline = self._stream(stream)
             if pipeline.expected_until:
@@ -281,7 +352,7 @@ class IngestPipeline:
             # Only a source whose every event up to next_seq - 1 has left its reorderer is proven caught up.
             if reorderer.expected_seq >= seq and reorderer.buffered == 0:
                 self._merge_outputs(pipeline, pipeline.merger.heartbeat(source_id, seq - 1, source_ts_us, now_us,
-                                                                        caught_up=True), out)
+                                                                        caught_up=True, mapped=mapped), out)
                 self._track(pipeline, "")
         return out
 
@@ -384,6 +455,10 @@ class IngestPipeline:
         if mapped is None:
             mapped = self.clock.to_reference(event.source_id, event.source_ts_us)
         ref_us = mapped[0]
+        refused = self._refusal(event, mapped)
+        if refused is not None:
+            out.append(refused)
+            return
         if ref_us - now_us > self.config.max_future_us:
             self.counters.quarantined += 1
             out.append(self._late_record(event, released.arrival_us, now_us, "future_dated", ref_us - now_us))
@@ -392,6 +467,27 @@ class IngestPipeline:
         # the record's, if the merge releases the event at once.
         merged = pipeline.merger.push(event, released.arrival_us, now_us, late=released.late, mapped=mapped)
         self._merge_outputs(pipeline, merged, out, passed, event, mapped)
+
+    def _refusal(self, event: SourceEvent, mapped: tuple[int, int]) -> PublishRefused | None:
+        """The event's refusal (counted) if a timestamp of its record would fall outside the contract's range (its
+        mapped time, its error bound, an atomic interval's mapped start and its bound), else None."""
+        if not self._out_of_contract(event, mapped):
+            return None
+        self.counters.timestamps_refused += 1
+        return PublishRefused(event.source_id, event.stream, event.seq, OUT_OF_RANGE,
+                              f"source_ts_us={event.source_ts_us} maps to ref_ts_us={mapped[0]} (error bound "
+                              f"{mapped[1]} us), outside {MIN_TS_US}..{MAX_TS_US} (or its interval's start is)")
+
+    def _out_of_contract(self, event: SourceEvent, mapped: tuple[int, int]) -> bool:
+        ref_us, error_us = mapped
+        start_us, start_error_us = ref_us, error_us
+        interval = event.interval
+        if isinstance(interval, AtomicInterval):
+            start_ref_us, start_error_us = self.clock.to_reference(event.source_id, interval.source_start_ts_us)
+            # the start the record will carry: the end minus the interval's mapped length (_add_interval)
+            start_us = ref_us - (self.clock.to_reference(event.source_id, event.source_ts_us)[0] - start_ref_us)
+        floor_us = self.config.ts_floor_us
+        return _out_of_range(ref_us, error_us, floor_us) or _out_of_range(start_us, start_error_us, floor_us)
 
     def _merge_outputs(self, pipeline: _StreamPipeline, outputs: list[Merged | Punctuation | SourceTimedOut | Late],
                        out: list[PipelineOutput], passed: Late | None = None, pushed: SourceEvent | None = None,
@@ -429,9 +525,12 @@ class IngestPipeline:
                     item.arrival_us, item.release_us, False, event.payload, None, rtt_us)
                 if event.interval is not None:
                     self._add_interval(record, event)
+                if item.raised_us:
+                    counters.refs_raised += 1
+                    record.extra = {REF_RAISED_US: item.raised_us}
                 if passed is not None and passed.event is event:  # drop_late=False: released although late
                     record = replace(record, late=True, late_reason=passed.reason,
-                                     extra={"lateness_us": passed.lateness_us})
+                                     extra={**record.extra, "lateness_us": passed.lateness_us})
                 out.append(PublishRecord(record, "events"))
             elif isinstance(item, Punctuation):
                 counters.punctuations += 1
@@ -440,11 +539,15 @@ class IngestPipeline:
                 self.counters.source_timeouts += 1
             else:
                 self.counters.late += 1
+                if item.reason == "stamp_regression":
+                    counters.stamp_regressions += 1
+                elif item.reason == "after_give_up":
+                    counters.after_give_up += 1
                 out.append(self._late_record(item.event, item.arrival_us, item.arrival_us, item.reason,
                                              item.lateness_us))
 
     def late_record(self, source_id: str, event: IncomingEvent, arrival_us: int, now_us: int,
-                    reason: str) -> PublishRecord:
+                    reason: str) -> PublishRecord | PublishRefused:
         """A late-topic record for an event the caller diverts before it enters the pipeline (its lateness: how far
         its mapped time lies behind its arrival)."""
         source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
@@ -452,8 +555,13 @@ class IngestPipeline:
         return self._late_record(source_event, arrival_us, now_us, reason, None)
 
     def _late_record(self, event: SourceEvent, arrival_us: int, now_us: int, reason: str,
-                     lateness_us: int | None) -> PublishRecord:
-        ref_us, error_us = self.clock.to_reference(event.source_id, event.source_ts_us)
+                     lateness_us: int | None) -> PublishRecord | PublishRefused:
+        """The event's late-topic record, or its refusal if its timestamps fall outside the contract's range."""
+        mapped = self.clock.to_reference(event.source_id, event.source_ts_us)
+        refused = self._refusal(event, mapped)
+        if refused is not None:
+            return refused
+        ref_us, error_us = mapped
         if lateness_us is None:
             lateness_us = arrival_us - ref_us
         record = EventRecord(

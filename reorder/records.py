@@ -25,7 +25,8 @@ __all__ = [
     "SourceTimedOut",
 ]
 
-LateReason = Literal["late_after_skip", "before_start", "duplicate", "after_punctuation", "behind_output"]
+LateReason = Literal["late_after_skip", "before_start", "duplicate", "after_punctuation", "behind_output",
+                     "stamp_regression", "after_give_up"]
 """Why an event went to the late side output.
 
 * ``late_after_skip``: its sequence number was skipped by a timeout before it arrived.
@@ -33,6 +34,12 @@ LateReason = Literal["late_after_skip", "before_start", "duplicate", "after_punc
 * ``duplicate``: the same (source, stream, seq) was already released or is already buffered.
 * ``after_punctuation``: the merger already promised downstream that nothing older would follow.
 * ``behind_output``: a timestamp-ordered baseline released a newer event before this one arrived.
+* ``stamp_regression``: (watermark merge) its reference time is below its own source's frontier (an earlier event or
+  a caught-up heartbeat of the source) by more than its error bound: the source's stamps went backwards along its
+  seqs, and released it would follow a newer event of its own (or one the frontier let out) on the main output.
+* ``after_give_up``: (watermark merge) the merge gave its source up and released later events of others meanwhile;
+  this one is below the highest reference time already released (by more than its error bound), above the
+  watermark.
 """
 
 GapReason = Literal["timeout", "buffer_full"]
@@ -91,6 +98,9 @@ class Merged(NamedTuple):
     arrival_us: int
     release_us: int
     ref_ts_us: int
+    raised_us: int = 0
+    """How far the merge raised ``ref_ts_us`` above the event's mapping to keep reference order: a regression within
+    the event's error bound is released at the highest reference time already released or queued before it."""
 
 
 class Punctuation(NamedTuple):

@@ -39,7 +39,7 @@ from reorder.eval.kslack import AQKSlack, AQKSlackConfig, KSlack, MPKSlack
 from reorder.eval.oracle import oracle_schedule
 from reorder.eval.syncsim import SourceClockModel, SyncPlan, plan_sync
 from reorder.eval.traces import TraceEvent
-from reorder.merger import MergerConfig
+from reorder.merger import VIRTUAL_TIME_FLOOR_US, MergerConfig
 from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
 from reorder.records import Late, Released, SourceEvent
 from reorder.sequence import SequenceConfig
@@ -233,7 +233,9 @@ def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
                                   beta=opts.beta, target_accuracy=opts.target_accuracy,
                                   min_timeout_us=opts.min_gap_timeout_us, min_gap_samples=opts.min_gap_samples)
         merger = MergerConfig(mode="watermark", learn_wait=opts.learn_merge_wait)
-    return PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late)
+    # Virtual time starts at 0 with source clocks behind it: references below the record contract's 0 are normal.
+    return PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late,
+                          ts_floor_us=VIRTUAL_TIME_FLOOR_US)
 
 
 @dataclass(frozen=True, slots=True)

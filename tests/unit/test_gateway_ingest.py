@@ -932,3 +932,73 @@ def test_a_jump_of_a_million_on_many_streams_in_one_frame_costs_o_of_the_frame()
     assert len(gaps) == len(streams)
     assert all(core.tracker.acked_through("a", s) == 1_000_000 for s in streams)
     assert peak - before < 2 * 1024 * 1024  # per-seq bookkeeping took ~45 MB for these 8 streams
+
+
+# -- rule 12 (issue 24 items 1 and 7): heartbeats validated like events, timestamps inside the contract -----------
+
+
+def _errors(actions: list[IngestAction]) -> list[dict[str, object]]:
+    from contract.wire.frames import FrameDecoder
+
+    frames = [a.data for a in actions if isinstance(a, SendToSource | SendFrame)]
+    decoded = [FrameDecoder().feed(data)[0] for data in frames]
+    return [f for f in decoded if f["type"] == "error"]
+
+
+def test_a_runaway_heartbeat_is_refused_told_and_never_reaches_the_watermark_or_the_checkpoint():
+    core = make_core()
+    core.source_registered("runaway", ("s",), T0)
+    actions = core.heartbeat_received("runaway", Heartbeat(T0 + 86_400_000_000, {"s": 0}), T0 + 10)
+    (error,) = _errors(actions)
+    assert (error["code"], error["fatal"], "stream" in error) == ("invalid_message", False, False)
+    assert str(error["message"]).startswith("future_dated: ")
+    assert [a for a in actions if isinstance(a, Produce)] == []
+    assert (core.counters.heartbeats, core.counters.heartbeats_refused) == (1, 1)
+    assert core.pipeline.watermark_us("s") is None
+    # A newcomer's on-time event is published on the events topic, not diverted behind a day-ahead watermark.
+    core.source_registered("a", ("s",), T0 + 20)
+    actions = core.events_received(CONN, "a", events(range(1)), T0 + 30)
+    actions += core.advance(T0 + 3_000_000)
+    assert [(d.seq, d.topic) for d in produced(actions)] == [(0, "events")]
+    assert core.stream_progress("s").watermark_us == T0 + 10
+
+
+def test_a_heartbeat_showing_a_forward_clock_step_is_refused():
+    run = StepRun(obey_resync=False)
+    run.run(5)
+    actions = run.core.heartbeat_received("b", Heartbeat(run.now_us + 2_000_000, {"s": 5}), run.now_us)
+    (error,) = _errors(actions)
+    assert str(error["message"]).startswith("clock_step: ")
+    assert run.core.counters.heartbeats_refused == 1
+    # Within its bound and the tolerance it is taken.
+    assert _errors(run.core.heartbeat_received("b", Heartbeat(run.now_us, {"s": 5}), run.now_us)) == []
+    assert run.core.counters.heartbeats_refused == 1
+
+
+def test_a_checkpoint_watermark_far_ahead_of_the_clock_is_not_restored_and_leaves_the_checkpoint():
+    core = IngestCore(TOPICS, IdentityMapping())
+    core.stream_recovered(StreamProgress("s", 0, {}, T0 + 86_400_000_000), T0)
+    assert core.pipeline.watermark_us("s") is None
+    assert core.counters.watermarks_distrusted == 1
+    assert core.stream_progress("s").watermark_us is None
+    core.source_registered("a", ("s",), T0)
+    actions = core.events_received(CONN, "a", events(range(1)), T0 + 30)
+    assert [(d.seq, d.topic) for d in produced(actions)] == [(0, "events")]
+
+
+def test_an_event_mapped_outside_0_to_2_63_is_refused_told_and_acked_over():
+    from timesync.clocks import FixedOffsetMapping
+
+    core = IngestCore(TOPICS, FixedOffsetMapping({"a": 3_600_000_000}), IngestConfig())
+    core.stream_created("s")
+    core.source_registered("a", ("s",), T0)
+    frame = (IncomingEvent("s", 0, T0 - 3_600_000_000, 0), IncomingEvent("s", 1, 2**63 - 1_000, 1),
+             IncomingEvent("s", 2, T0 - 3_600_000_000 + 5, 2))
+    actions = core.events_received(CONN, "a", frame, T0 + 100)
+    (error,) = _errors(actions)
+    assert (error["code"], error["stream"], error["seq"], error["fatal"]) == ("invalid_message", "s", 1, False)
+    assert str(error["message"]).startswith("timestamp_out_of_range: ")
+    assert [(d.seq, d.topic) for d in produced(actions)] == [(0, "events"), (2, "events")]
+    assert core.counters.timestamps_refused == 1
+    deliver(core, actions, T0 + 200)
+    assert core.poll(T0 + 200)[0] == SendToSource("a", ack("s", 2))  # the ack moves over the refused seq

@@ -141,7 +141,12 @@ def test_unknown_estimate_holds_the_watermark_back_by_its_unknown_error() -> Non
     m = MultiSourceMerger("R1", EstimateMapping(), MergerConfig(punctuation_interval_us=0))
     out = m.push(ev("A", 0, 100), 0, 0)
     assert merged(out) == [("A", 0, 100)]
-    assert m.watermark_us == 100 - EstimateMapping.UNKNOWN_ERROR_US
+    # 100 - the unknown error is below 0: no watermark is promised outside the contract's range (issue 24 item 7)
+    assert m.watermark_us is None
+    unknown_us = EstimateMapping.UNKNOWN_ERROR_US
+    out = m.push(ev("A", 1, unknown_us + 100), 1, 1)
+    assert merged(out) == [("A", 1, unknown_us + 100)]
+    assert m.watermark_us == 100
 
 
 @st.composite
@@ -370,3 +375,64 @@ def test_a_source_that_never_delivered_is_waited_for_its_given_wait_alone() -> N
     assert m.next_deadline_us() == 5 + 10
     out = m.advance(110)
     assert [type(o) for o in out] == [SourceTimedOut, Merged, Punctuation]
+
+
+# -- issue 24 item 6 / issue 25 item 6: reference order holds whatever the sources' stamps do --------------------
+
+
+class _PerSourceError:
+    def __init__(self, errors_us: dict[str, int]) -> None:
+        self.errors_us = errors_us
+
+    def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
+        return source_ts_us, self.errors_us.get(source_id, 0)
+
+    def rtt_us(self, source_id: str) -> int | None:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2_000), st.integers(0, 50)), min_size=1, max_size=60),
+    st.lists(st.integers(0, 300), min_size=4, max_size=4),
+    st.integers(1, 400),
+    st.booleans(),
+    st.integers(0, 1_000),
+)
+def test_main_output_is_in_reference_order_and_every_event_leaves_once_whatever_the_stamps(
+    pushes: list[tuple[int, int, int]], errors: list[int], timeout: int, runs: bool, punctuation_interval: int
+) -> None:
+    """Stamps in any order (regressions along seqs), per-source error bounds, timeouts giving sources up and their
+    return: the main output never goes below what it released, every event is merged or late exactly once, and a
+    late one from the order rule names its cause; a raised one stays within its error bound."""
+    mapping = _PerSourceError({f"S{i}": e for i, e in enumerate(errors)})
+    m = MultiSourceMerger("R1", mapping, MergerConfig(default_timeout_us=timeout, learn_wait=False,
+                                                      punctuation_interval_us=punctuation_interval))
+    for i in range(4):
+        m.register(f"S{i}", 0)
+    seqs = [0, 0, 0, 0]
+    now = 0
+    out: list[object] = []
+    pushed = 0
+    for source, ts, step in pushes:
+        now += step
+        out += m.advance(now)
+        sid = f"S{source}"
+        event = ev(sid, seqs[source], ts)
+        seqs[source] += 1
+        pushed += 1
+        if runs:
+            out += m.push_run(sid, [(event, now, mapping.to_reference(sid, ts))], now)
+        else:
+            out += m.push(event, now, now)
+    out += m.flush(now + 10**6)
+    released = [o for o in out if isinstance(o, Merged)]
+    refs = [o.ref_ts_us for o in released]
+    assert refs == sorted(refs)
+    late = [o for o in out if isinstance(o, Late)]
+    assert len(released) + len(late) == pushed
+    assert len({(o.event.source_id, o.event.seq) for o in (*released, *late)}) == pushed
+    for o in released:
+        assert o.ref_ts_us - o.event.source_ts_us == o.raised_us
+        assert 0 <= o.raised_us <= errors[int(o.event.source_id[1:])]
+    assert {o.reason for o in late} <= {"after_punctuation", "stamp_regression", "after_give_up"}

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from contract.wire.messages import IncomingEvent
 from reorder.merger import MergerConfig
-from reorder.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord
+from reorder.pipeline import IngestPipeline, PipelineConfig, PublishPunctuation, PublishRecord, PublishRefused
 from reorder.sequence import SequenceConfig
 from tests.mapping_reference import map_at_every_stage
 from timesync.clocks import FixedOffsetMapping, IdentityMapping
@@ -370,11 +370,13 @@ def test_pushing_a_frame_at_once_releases_the_same_records_in_the_same_order_as_
 
     as_records = published(single)
     assert published(many) == as_records
+    # c's seq 20 is stamped below c's own seq 19 (issue 24 item 6): late as a stamp regression, however far the
+    # punctuation got, by how far it is behind c's frontier (seq 19), the same in both modes.
     lateness = [o.record.extra["lateness_us"] for outputs in (single, many) for o in outputs
-                if isinstance(o, PublishRecord) and o.record.late_reason == "after_punctuation"]
-    assert lateness == [999_680, 999_690]  # behind the watermark of c's seq 18, of c's seq 19
+                if isinstance(o, PublishRecord) and o.record.late_reason == "stamp_regression"]
+    assert lateness == [999_690, 999_690]
     late = [(r.source_id, r.seq, r.late_reason) for topic, r in as_records if topic == "late"]
-    assert late == [("a", 31, "duplicate"), ("b", 24, "future_dated"), ("c", 20, "after_punctuation")]
+    assert late == [("a", 31, "duplicate"), ("b", 24, "future_dated"), ("c", 20, "stamp_regression")]
     assert len([1 for topic, _r in as_records if topic == "events"]) == 33 + 25 + 20  # a: 0-32; b: 0-25 but 24; c: 0-19
     assert (at_once.counters, at_once.buffered()) == (one_by_one.counters.__class__(
         **{**vars(one_by_one.counters), "punctuations": at_once.counters.punctuations}), one_by_one.buffered())
@@ -387,3 +389,148 @@ def test_pushing_a_frame_at_once_releases_the_same_records_in_the_same_order_as_
                 watermark[output.stream] = output.watermark_us
             elif output.topic == "events":
                 assert output.record.ref_ts_us >= watermark[output.record.stream]
+
+
+# -- issue 24 items 1, 6, 7: heartbeats validated like events, reference order, timestamps in range ----------------
+
+DAY_US = 86_400_000_000
+HOUR_US = 3_600_000_000
+MAX_TS_US = 2**63 - 1
+
+
+def _late(outputs):
+    return [(o.record.source_id, o.record.seq, o.record.late_reason, o.record.extra.get("lateness_us"))
+            for o in outputs if isinstance(o, PublishRecord) and o.topic == "late"]
+
+
+def test_a_runaway_heartbeat_is_refused_and_moves_no_watermark_so_a_newcomer_is_on_time():
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(join_grace_us=1_000))
+    pipe.register("runaway", ("s",), T0)
+    out = pipe.heartbeat("runaway", {"s": 0}, T0 + DAY_US, T0 + 10)
+    assert [o for o in out if isinstance(o, PublishPunctuation)] == []
+    (refused,) = [o for o in out if isinstance(o, PublishRefused)]
+    assert (refused.source_id, refused.stream, refused.seq, refused.reason) == ("runaway", None, None, "future_dated")
+    assert pipe.counters.heartbeats_refused == 1
+    assert pipe.watermark_us("s") is None
+    pipe.register("a", ("s",), T0 + 20)
+    out = pipe.push("a", ev(0, T0 + 30), T0 + 40)
+    out += pipe.advance(T0 + 2_000)  # the runaway said nothing acceptable: given up after its join grace
+    assert records(out) == [("a", 0, T0 + 30)]
+    assert _late(out) == []
+    assert pipe.watermark_us("s") == T0 + 30
+
+
+def test_a_heartbeat_within_max_future_still_moves_the_frontier():
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(max_future_us=1_000))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 1)) == []
+    out = pipe.heartbeat("b", {"s": 0}, T0 + 1_001, T0 + 1)  # exactly max_future ahead: accepted
+    assert records(out) == [("a", 0, T0 + 5)]
+    assert pipe.counters.heartbeats_refused == 0
+
+
+def test_a_restored_watermark_beyond_max_future_of_now_is_not_trusted():
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(max_future_us=1_000))
+    assert pipe.restore_watermark("s", T0 + DAY_US, now_us=T0) is False
+    assert pipe.watermark_us("s") is None
+    pipe.register("a", ("s",), T0)
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 6)) == [("a", 0, T0 + 5)]
+    # A watermark at most max_future ahead is a promise kept.
+    other = IngestPipeline(IdentityMapping(), PipelineConfig(max_future_us=1_000))
+    assert other.restore_watermark("s", T0 + 1_000, now_us=T0) is True
+    assert other.watermark_us("s") == T0 + 1_000
+
+
+def test_a_source_whose_stamps_go_backwards_keeps_the_events_topic_in_reference_order():
+    for many in (True, False):
+        pipe = IngestPipeline(IdentityMapping())
+        pipe.register("a", ("s",), T0)
+        frame = [ev(seq, T0 + 1_000 - 100 * seq) for seq in range(10)]
+        if many:  # one frame: the path that published 9 inversions among 10 events
+            out = pipe.push_many("a", frame, T0 + 10)
+        else:
+            out = [o for seq, event in enumerate(frame) for o in pipe.push("a", event, T0 + 10 * seq)]
+        assert records(out) == [("a", 0, T0 + 1_000)]
+        assert _late(out) == [("a", seq, "stamp_regression", 100 * seq) for seq in range(1, 10)]
+        assert pipe.counters.stamp_regressions == 9
+
+
+def test_a_backwards_stamp_in_a_frame_goes_late_and_the_rest_of_the_frame_flows():
+    pipe = IngestPipeline(IdentityMapping())
+    pipe.register("a", ("s",), T0)
+    out = pipe.push_many("a", [ev(0, T0 + 10), ev(1, T0 + 30), ev(2, T0 + 20), ev(3, T0 + 40)], T0 + 50)
+    assert records(out) == [("a", 0, T0 + 10), ("a", 1, T0 + 30), ("a", 3, T0 + 40)]
+    assert _late(out) == [("a", 2, "stamp_regression", 10)]
+
+
+def test_a_regression_within_the_error_bound_is_raised_to_keep_order_and_marked():
+    pipe = IngestPipeline(FixedOffsetMapping({}, error_bound_us=50))
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 100), T0 + 200)
+    out += pipe.push("a", ev(1, T0 + 80), T0 + 201)  # 20 us back: within its 50 us bound
+    out += pipe.push("a", ev(2, T0 + 30), T0 + 202)  # 70 us back: beyond it
+    assert records(out) == [("a", 0, T0 + 100), ("a", 1, T0 + 100)]
+    raised = [o.record for o in out if isinstance(o, PublishRecord) and o.topic == "events"][1]
+    assert (raised.source_ts_us, raised.extra) == (T0 + 80, {"ref_raised_us": 20})
+    assert _late(out) == [("a", 2, "stamp_regression", 70)]
+
+
+class _ErrorBounds:
+    """Source clocks taken as they are, each with its own error bound."""
+
+    def __init__(self, errors_us):
+        self.errors_us = errors_us
+
+    def to_reference(self, source_id, source_ts_us):
+        return source_ts_us, self.errors_us[source_id]
+
+    def rtt_us(self, source_id):
+        return None
+
+
+def test_a_given_up_source_back_below_what_was_released_goes_late_after_give_up():
+    """Issue 25 item 6: the merge gave b up and released a's events; b's later event is above the watermark (a's
+    error bound keeps it low) but below what was released: late, never an inversion on the events topic."""
+    pipe = IngestPipeline(_ErrorBounds({"a": 1_000, "b": 10}),
+                          PipelineConfig(join_grace_us=100, merger=MergerConfig(learn_wait=False)))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 100), T0 + 10)
+    out += pipe.advance(T0 + 100)
+    out += pipe.push("a", ev(1, T0 + 500), T0 + 200)
+    assert records(out) == [("a", 0, T0 + 100), ("a", 1, T0 + 500)]
+    assert pipe.counters.source_timeouts == 1
+    out = pipe.push("b", ev(0, T0 + 200), T0 + 300)
+    assert records(out) == []
+    assert _late(out) == [("b", 0, "after_give_up", 300)]
+    out = pipe.push("b", ev(1, T0 + 600), T0 + 301)
+    out += pipe.push("a", ev(2, T0 + 700), T0 + 302)
+    assert records(out) == [("b", 1, T0 + 600)]
+
+
+def test_timestamps_outside_0_to_2_63_are_refused_never_published():
+    behind = IngestPipeline(FixedOffsetMapping({"a": HOUR_US}))  # a's clock an hour behind
+    behind.register("a", ("s",), T0)
+    out = behind.push("a", ev(0, MAX_TS_US - 1_000), T0)
+    assert [o for o in out if isinstance(o, PublishRecord)] == []
+    (refused,) = [o for o in out if isinstance(o, PublishRefused)]
+    assert (refused.source_id, refused.stream, refused.seq, refused.reason) == ("a", "s", 0, "timestamp_out_of_range")
+    assert behind.counters.timestamps_refused == 1
+    ahead = IngestPipeline(FixedOffsetMapping({"a": -HOUR_US}))  # an hour ahead
+    ahead.register("a", ("s",), T0)
+    out = ahead.push_many("a", [ev(0, 0), ev(1, HOUR_US + 5)], T0)
+    assert [o.seq for o in out if isinstance(o, PublishRefused)] == [0]
+    assert records(out) == [("a", 1, 5)]
+    assert ahead.heartbeat("a", {"s": 2}, 0, T0)[0].reason == "timestamp_out_of_range"
+    assert ahead.counters.heartbeats_refused == 1
+
+
+def test_no_punctuation_promises_a_negative_watermark():
+    pipe = IngestPipeline(FixedOffsetMapping({}, error_bound_us=1_000),
+                          PipelineConfig(merger=MergerConfig(punctuation_interval_us=0)))
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(0, 5), T0)
+    out += pipe.push("a", ev(1, 2_000), T0 + 1)
+    assert records(out) == [("a", 0, 5), ("a", 1, 2_000)]
+    assert [o.watermark_us for o in out if isinstance(o, PublishPunctuation)] == [1_000]
