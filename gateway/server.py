@@ -722,12 +722,8 @@ class Gateway:
             else:
                 owner = self._owners.get(shard)
                 owned_here = self._membership is not None and shard in self._membership.owned()
-                if (owner is not None and owner.gateway_id != self.gateway_id and not owned_here
-                        and await self._owner_reachable(owner.host, owner.port)):
+                if owner is not None and owner.gateway_id != self.gateway_id and not owned_here:
                     return None
-                # A recorded owner that refuses connections is dead: the hello waits here for its successor (its
-                # owner record, or the shard assigned here) like one for a shard nobody owns yet, so the source is
-                # redirected the moment the new owner serves, not after a retry_after_ms round trip.
                 continue_waiting = loop.time() < deadline
                 if continue_waiting:
                     await asyncio.sleep(HELLO_ROUTE_POLL_S)
