@@ -52,7 +52,7 @@ from gateway.ingest import (
     SendToSource,
     WriteCheckpoint,
 )
-from gateway.recovery import recover_clocks, recover_stream
+from gateway.recovery import recover_shard, recover_stream, recover_stream_from
 from timesync.clocks import ClockUs, ReferenceMapping
 from timesync.store import SourceInfo, SourceInfoStore
 
@@ -68,6 +68,8 @@ TRANSACTION_CALL_TIMEOUT_S = 30.0
 # it waits for the producer (Kafka's back-pressure reaches the sources as TCP back-pressure). A commit holds the
 # producer for ~10-50 ms: at a shard's ~25k events/s that is ~1,200 records.
 MAX_UNPRODUCED_RECORDS = 4_096
+# A connection waiting for the producer tells the core this often (well within its 2 s Kafka-stall grace).
+KAFKA_WAIT_SIGNAL_S = 0.5
 # A commit still running after this long counts as a Kafka stall (gateway.ingest rule 5).
 COMMIT_STALL_US = 250_000
 # A Kafka outage shorter than this leaves a shard's open transaction alive (librdkafka's and Kafka Streams' default
@@ -79,9 +81,10 @@ OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CO
 COMMIT_ATTEMPTS = 5
 
 
-# What librdkafka says when a newer owner fenced this producer: it logs them as ERROR and CRITICAL (it cannot know that
-# fencing is how a gateway cluster hands a shard over); here they are INFO, like the shard's own line about it.
-_FENCING_MARKERS = ("fenced by a newer instance", "attempted an operation with an old epoch")
+# What librdkafka says when a newer owner fenced this producer, or when a gateway that lost its shard aborts its open
+# transaction with records in flight: it logs them as ERROR and CRITICAL (it cannot know that this is how a gateway
+# cluster hands a shard over); here they are INFO, like the shard's own line about it.
+_FENCING_MARKERS = ("fenced by a newer instance", "attempted an operation with an old epoch", "_PURGE_INFLIGHT")
 
 
 class _FencingIsInfo(logging.Filter):
@@ -187,22 +190,45 @@ class ShardRuntime:
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Fence the previous owner, recover the shard's clock state, then serve."""
+        """Fence the previous owner, recover the shard's clock state and streams, then serve."""
         loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        # The sources partition is scanned while the fencing runs (each takes a few hundred ms on a busy broker):
+        # read_committed stops short of a transaction the previous owner was still committing, so a checkpoint in it
+        # may be missed, which only makes the events scans below start from an older checkpoint (they run after the
+        # fencing, when nothing of the previous owner is left in flight); a clock state missed is an older estimate.
+        shard_scan = loop.run_in_executor(None, partial(
+            recover_shard, self.settings.kafka_client, self.topics.sources, partition=self.shard))
         if isinstance(self._publisher, TransactionalPublisher):
             publisher = self._publisher
             try:
                 await loop.run_in_executor(None, publisher.init, TRANSACTION_CALL_TIMEOUT_S)
             except ProducerFenced as exc:
+                await asyncio.wait([shard_scan])
                 raise ShardFenced(f"shard {self.shard}: fenced while taking it over: {exc}") from exc
+            except BaseException:
+                await asyncio.wait([shard_scan])
+                raise
             publisher.begin()
             self._in_transaction = True
-        recovered = await loop.run_in_executor(None, partial(
-            recover_clocks, self.settings.kafka_client, self.topics.sources, partition=self.shard))
-        for source_id, (estimate, last_sync_us) in recovered.items():
+        state = await shard_scan
+        for source_id, (estimate, last_sync_us) in state.clocks.items():
             self.store.update(source_id, estimate, last_sync_us)
-        if recovered:
-            log.info("shard %d: recovered the clock state of %d sources", self.shard, len(recovered))
+        if state.clocks:
+            log.info("shard %d: recovered the clock state of %d sources", self.shard, len(state.clocks))
+        # The streams the shard had (those with a checkpoint) are recovered now, in parallel: after a failover the
+        # first source back would otherwise wait for its stream's scans, one stream at a time, and the failover
+        # (kill -> first ack) grows by them. Streams without a checkpoint yet are recovered at their first hello.
+        streams = sorted(state.checkpoints)
+        progresses = await asyncio.gather(*(loop.run_in_executor(None, partial(
+            recover_stream_from, self.settings.kafka_client, self.topics.events(stream), stream,
+            state.checkpoints[stream], partition=self.shard)) for stream in streams))
+        recovered_actions: list[IngestAction] = []
+        for progress in progresses:
+            recovered_actions += self.core.stream_recovered(progress, self._clock_us())
+        if streams:
+            log.info("shard %d: recovered %d streams (%d sources) in %.2f s", self.shard, len(streams),
+                     sum(len(p.next_seq) for p in progresses), loop.time() - started_s)
         self._producer_task = self._start_task(self._produce_forever(), f"kafka-produce-{self.shard}")
         self._start_task(self._poll_forever(), f"kafka-poll-{self.shard}")
         self._start_task(self._fire_deadlines(), f"pipeline-deadlines-{self.shard}")
@@ -211,6 +237,8 @@ class ShardRuntime:
         if self._owner_record is not None:
             topic, key, value = self._owner_record
             self._enqueue([WriteCheckpoint(topic, key, value, OWNER_HEADERS)])
+        self._carry_out_now(recovered_actions, queue_writes=True)
+        self._deadline_changed.set()
         self.serving = True
         self.ready.set()
 
@@ -405,10 +433,16 @@ class ShardRuntime:
             self.fail(f"a Kafka delivery failed for good: {error}")
 
     async def _commit_forever(self) -> None:
+        # The first transaction carries the owner record: committed as soon as it is with librdkafka, so that the
+        # other gateways redirect the shard's sources here a commit interval sooner after a takeover.
+        for _ in range(max(1, round(self.settings.commit_interval_s / POLL_INTERVAL_S))):
+            if self._produced_in_transaction:
+                break
+            await asyncio.sleep(POLL_INTERVAL_S)
         while True:
-            await asyncio.sleep(self.settings.commit_interval_s)
             if self._produced_in_transaction:
                 await self._commit()
+            await asyncio.sleep(self.settings.commit_interval_s)
 
     async def _commit(self) -> None:
         """Commit the open transaction, then hand its delivery reports to the core (the acks they earn go out at
@@ -488,7 +522,14 @@ class ShardRuntime:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._enqueue(writes, done)
         try:
-            await done
+            # While a connection waits here it is not read: Kafka back-pressures the gateway, and the sources the
+            # merge waits for may be silent only because of that (ingest rule 5). Said again until the wait ends,
+            # so no merge timeout fires during a long one (issue 25 item 9: their events went late).
+            while not done.done():
+                self.core.kafka_queue_full(self._clock_us())
+                await asyncio.wait((done,), timeout=KAFKA_WAIT_SIGNAL_S)
+            self.core.kafka_queue_full(self._clock_us())
+            done.result()
         except Exception as exc:
             # The producer task failed (and reports it): the shard is lost, not the caller's connection broken.
             if isinstance(exc, ShardFenced | ProducerFenced):
