@@ -71,28 +71,34 @@ Rules:
    ``internal_error`` naming it: one bad record never loses the records released with it, kills the task that
    released it, or stalls its source's acks. A record over ``max_record_bytes`` (Kafka would refuse it for good)
    is refused the same way with ``invalid_payload``, counted as ``records_too_large``.
-9. Clock steps, caught at the first event after them (docs/architecture.md, "Clock steps"). Every source with a
-   clock estimate (one ``clock_changed`` seen) is checked on each accepted event: with its current mapping
-   ``(ref, err)``, the apparent delay ``arrival - ref`` is the network delay plus a mapping error within ``err``.
-   The event shows a step when
-     (a) ``arrival - ref < -(err + clock_step_future_tolerance_us)``: it would have arrived before it happened
-         (a forward step; no false positive while the error bound is honest), or
-     (b) ``arrival - ref > recent + err + clock_step_delay_margin_us``, ``recent`` being the largest apparent
-         delay among the source's last 64 to 128 events: a backward step, or an event delayed that much more than
-         any recent one (a network or gateway stall: a false alarm, which costs one re-sync and a short hold).
-   Then the source is sent a ``resync`` (at most one per hold) naming that event, and it and every later event
-   of the source are held, not pushed, until an estimate from a sample taken after the detection arrives
-   (``clock_changed`` with ``sync_ref_us`` at or after it). The hold is resolved when that estimate maps the
-   first held event plausibly (the step was real and is corrected) or agrees with the estimate it was detected
-   with (a false alarm); the next ``poll`` (or event, or timer) pushes the held events, in order, mapped with it,
-   as if they arrived then (the pipeline's clock never goes backwards; their ``arrival_ts_us`` is the release).
-   Meanwhile the merge waits for the source as for a recovered one (``IngestPipeline.expect``: up to the
-   pipeline's ``reconnect_grace_us`` from the detection; the hold's own bounds end it sooner): its events would
-   otherwise arrive behind the watermark and be late. The hold is bounded by ``clock_step_hold_us`` and
-   ``clock_step_max_held`` events; past either, the held events go to the late topic with reason
-   ``clock_step_unresolved`` (counted), and so do the source's further events, without holding or checking,
-   until its next estimate arrives: a source that does not re-sync holds the merge back once, not forever. Its
-   reorderer then skips their seqs as a gap.
+9. Clock steps, caught at the first event after them, confirmed by a time-sync sample (docs/architecture.md,
+   "Clock steps"). Every source with a clock estimate (one ``clock_changed`` seen) is checked on each accepted
+   event: with its current mapping ``(ref, err)``, the apparent delay ``arrival - ref`` is the network delay plus a
+   mapping error within ``err``. The event is suspect when
+     (a) ``arrival - ref < -(err + clock_step_future_tolerance_us)``: it would have arrived before it happened (a
+         forward step; no delay can do that), or
+     (b) ``arrival - ref > recent + err + clock_step_delay_margin_us`` (``recent``: the largest apparent delay among
+         the source's last 64 to 128 events) AND its seq is above the highest seq pushed of its stream while it
+         maps before that event by more than ``err`` and the margin: a clock that jumped back. A delay alone does
+         neither: a delayed event is in order with its source's others, or fills a gap below the highest seq.
+     (c) The delay of (b) without the order of (b) is no step: at most one ``resync`` (reason ``delay``) per
+         ``clock_step_hold_us`` is sent (``clock_delay_resyncs``), cheap; the event is pushed as usual.
+   A suspect event is held, with every later event of the source, and the source is sent a ``resync`` (reason
+   ``clock_step``) naming it. The first estimate resting on a sample taken after the detection (``clock_changed``
+   with ``sync_ref_us`` at or after it) resolves the hold: the step is how far that estimate moves the first held
+   event against the mapping it was detected with. Beyond both error bounds and the tolerance it is a step
+   (counted in ``clock_steps``, recorded in ``clock_steps`` as ``ClockStepDetected`` naming that first event);
+   within, none (``clock_step_false_alarms``). The next ``poll`` (or event, or timer) pushes the held events, in
+   order, mapped with the new estimate, as if they arrived then (the pipeline's clock never goes backwards; their
+   ``arrival_ts_us`` is the release). The time-sync estimator restarts from a sample that disagrees with it beyond
+   its bound (timesync.estimator), so that estimate never mixes both sides of a step.
+   Meanwhile the merge waits for the source as for a recovered one (``IngestPipeline.expect``). A slow re-sync
+   never diverts events: past ``clock_step_max_held`` held events the source is paused (``PauseReading``; resumed
+   when the hold ends), and every ``clock_step_hold_us`` without a fresh sample the request is sent again and the
+   merge's wait renewed. Only a source that sends no sample at all for ``clock_step_give_up_us`` after the
+   detection (it does not re-sync) has its held events sent to the late topic with reason
+   ``clock_step_unresolved`` (counted), and its further events too, without holding or checking, until its next
+   estimate arrives: it holds the merge back once, not forever. Its reorderer then skips their seqs as a gap.
    The check's mapping is the one the event is pushed with (``IngestPipeline.push(mapped=...)``): the pipeline and
    the merger do not map an event again in the same call, so the check costs one mapping, not one more.
 10. Idle punctuation: the Spark jobs advance a stream to the minimum over its events topic's partitions of their
@@ -192,10 +198,15 @@ IDLE_SWEEP_INTERVAL_US = 1_000_000
 MAX_RECORD_BYTES = 1_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
 DELIVERY_LATENCY_SAMPLES = 4096
-# Rule 9. How long a source's events are held for its re-sync after a clock step: an SDK burst takes a few round
-# trips; 5 s also matches the pipeline's reconnect grace, which bounds how long the merge waits for a held source.
+# Rule 9. A held source is asked to re-sync again every this long while no sample taken after the detection came
+# (an SDK burst takes a few round trips; a lost request or a loaded host makes it slower), and the merge's wait for
+# it is renewed as often; 5 s matches the pipeline's reconnect grace, which bounds each of those waits.
 CLOCK_STEP_HOLD_US = 5_000_000
+# Held events beyond this many pause the source's reading (backpressure) until the hold ends: never diverted.
 CLOCK_STEP_MAX_HELD = 10_000
+# A source that sends no time-sync sample at all for this long after the detection does not re-sync (an SDK without
+# time sync, a blocked UDP port): its held events go to the late topic, so it holds the merge back once, not forever.
+CLOCK_STEP_GIVE_UP_US = 30_000_000
 # (a): the gateway stamps arrival after the source stamped the event, so only a broken error bound or a reference
 # clock step (an upstream correction) puts an event in the future of its arrival; 20 ms covers those.
 CLOCK_STEP_FUTURE_TOLERANCE_US = 20_000
@@ -207,6 +218,7 @@ CLOCK_STEP_DELAY_MARGIN_US = 250_000
 # delay of the last 64 to 128 events, in O(1) per event.
 CLOCK_STEP_DELAY_WINDOW = 64
 RESYNC_REASON = "clock_step"
+DELAY_RESYNC_REASON = "delay"
 # Rule 12: refusals are logged the first this many times, then every this many-th (counters keep the totals).
 REFUSAL_LOG_FIRST = 10
 REFUSAL_LOG_EVERY = 1000
@@ -248,6 +260,7 @@ class IngestConfig:
     # Rule 9.
     clock_step_hold_us: int = CLOCK_STEP_HOLD_US
     clock_step_max_held: int = CLOCK_STEP_MAX_HELD
+    clock_step_give_up_us: int = CLOCK_STEP_GIVE_UP_US
     # A source whose newest event is older than this leaves the progress checkpoint (rule 6); its resends of
     # events older than that are then taken as new. Must exceed how long a source may stay away with unacked
     # events (its spool): a week by default.
@@ -355,9 +368,10 @@ class GatewayCounters:
     task_failures: int = 0
     invalid_payloads: int = 0  # events refused because their payload is not JSON-representable (rule 8)
     encode_failures: int = 0  # records that failed to encode after all: a gateway bug, counted apart (rule 8)
-    clock_steps: int = 0  # clock steps detected, each answered with a resync request (rule 9)
-    clock_step_false_alarms: int = 0  # holds the re-sync showed were no step (a delayed event): released as they were
-    clock_step_unresolved: int = 0  # events sent to the late topic because their source's step was not resolved
+    clock_steps: int = 0  # clock steps a time-sync sample confirmed, each caught at its first event (rule 9)
+    clock_step_false_alarms: int = 0  # holds the re-sync showed were no step: released as they were
+    clock_step_unresolved: int = 0  # events sent to the late topic because their source never re-synced
+    clock_delay_resyncs: int = 0  # re-syncs asked because of a delay alone: nothing held (rule 9 (c))
     sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
     records_too_large: int = 0  # events refused because their record exceeds max_record_bytes (rule 8)
     idle_punctuations: int = 0  # punctuations of streams the shard holds nothing of (rule 10)
@@ -421,19 +435,29 @@ class _Trigger:
 class _ClockWatch:
     """Rule 9 state of one source with a clock estimate."""
 
-    __slots__ = ("delays_seen", "held", "hold_until_us", "older_max_us", "recent_max_us", "resolved", "since_us",
-                 "trigger", "unresolved")
+    __slots__ = ("delay_resync_us", "delays_seen", "frontier", "held", "hold_until_us", "older_max_us", "paused",
+                 "recent_max_us", "resolved", "since_us", "step_us", "trigger", "unresolved")
 
     def __init__(self) -> None:
         self.recent_max_us: int | None = None  # largest apparent delay of the current window
         self.older_max_us: int | None = None  # of the window before
         self.delays_seen = 0
+        # stream -> (seq, ref_us) of the highest seq pushed: a backward step maps a later seq before it (rule 9 (b))
+        self.frontier: dict[str, tuple[int, int]] = {}
         self.held: list[tuple[messages.IncomingEvent, int]] = []  # (event, arrival_us)
-        self.hold_until_us: int | None = None  # set while holding
+        self.hold_until_us: int | None = None  # set while holding: when the re-sync is asked again
         self.since_us = 0
         self.trigger: _Trigger | None = None
         self.resolved = False
+        self.step_us: int | None = None  # once resolved: the step the fresh estimate shows, None if none
+        self.paused = False  # the hold filled: the source is not read until it ends
         self.unresolved = False  # the last hold ran out: events go late until the next estimate
+        self.delay_resync_us: int | None = None  # when a re-sync was last asked for a delay alone (rule 9 (c))
+
+    def advance_frontier(self, stream: str, seq: int, ref_us: int) -> None:
+        frontier = self.frontier.get(stream)
+        if frontier is None or seq > frontier[0]:
+            self.frontier[stream] = (seq, ref_us)
 
     def learn(self, delay_us: int) -> None:
         if self.delays_seen == CLOCK_STEP_DELAY_WINDOW:
@@ -695,6 +719,7 @@ class IngestCore:
                 delay_us = arrival_us - calm[0]
                 if self._step_us(watch, delay_us, calm[1]) is None:
                     watch.learn(delay_us)
+                    watch.advance_frontier(event.stream, event.seq, calm[0])
                     accepted.append(event)
                     mappings.append(calm)
                     continue
@@ -862,12 +887,11 @@ class IngestCore:
         if self.kafka_stalled(now_us):
             return []
         actions = self._release_resolved(now_us) if self._holding else []
-        outputs: list[PipelineOutput] = []
         for source_id in sorted(self._holding):
             watch = self._watches[source_id]
             if watch.hold_until_us is not None and watch.hold_until_us <= now_us:
-                self._end_unresolved(source_id, watch, now_us, outputs)
-        return actions + self._publish(outputs) + self._publish(self.pipeline.advance(now_us))
+                actions += self._renew_hold(source_id, watch, now_us)
+        return actions + self._publish(self.pipeline.advance(now_us))
 
     def poll(self, now_us: int) -> list[IngestAction]:
         """Called after the shell served Kafka's delivery reports: the acks they earned (rule 2), and the buffer
@@ -938,11 +962,14 @@ class IngestCore:
     def _held_back(self, source_id: str, watch: _ClockWatch, event: messages.IncomingEvent, arrival_us: int,
                    actions: list[IngestAction], outputs: list[PipelineOutput]) -> tuple[int, int] | None:
         """Rule 9 for one accepted event of a source with a clock estimate: None when it is not pushed now (held,
-        or late because its source's step went unresolved), else its mapping ``(ref, err)``, to push it with."""
+        or late because its source never re-synced), else its mapping ``(ref, err)``, to push it with."""
         if watch.hold_until_us is not None:
             watch.held.append((event, arrival_us))
-            if len(watch.held) > self.config.clock_step_max_held:
-                self._end_unresolved(source_id, watch, arrival_us, outputs)
+            if len(watch.held) > self.config.clock_step_max_held and not watch.paused:
+                # Backpressure, not diversion: the source is not read until its re-sync ends the hold (what is
+                # already on its way is still held).
+                watch.paused = True
+                actions.append(PauseReading(source_id))
             return None
         if watch.unresolved:
             self.counters.clock_step_unresolved += 1
@@ -954,11 +981,17 @@ class IngestCore:
         step_us = self._step_us(watch, delay_us, error_us)
         if step_us is None:
             watch.learn(delay_us)
+            watch.advance_frontier(event.stream, event.seq, ref_us)
             return mapped
-        self.counters.clock_steps += 1
-        self.clock_steps.append(ClockStepDetected(source_id, event.stream, event.seq, step_us, arrival_us))
-        log.warning("%s: clock step of about %+d us at %s seq %d (error bound %d us): re-sync asked, holding its "
-                    "events", source_id, step_us, event.stream, event.seq, error_us)
+        if step_us < 0 and not self._maps_behind_its_predecessors(watch, event, ref_us, error_us):
+            # (c) A delay, not a step: the event is in order with its source's others. A cheap re-sync may find
+            # a step the order could not show; nothing waits for it.
+            self._ask_resync_for_delay(source_id, watch, event, arrival_us, actions)
+            watch.learn(delay_us)
+            watch.advance_frontier(event.stream, event.seq, ref_us)
+            return mapped
+        log.info("%s: %s seq %d maps %+d us off its arrival (error bound %d us): holding its events for a re-sync",
+                 source_id, event.stream, event.seq, step_us, error_us)
         watch.trigger = _Trigger(event, arrival_us, ref_us, error_us)
         watch.held = [(event, arrival_us)]
         watch.since_us = arrival_us
@@ -981,46 +1014,106 @@ class IngestCore:
             return recent_us - delay_us
         return None
 
+    def _maps_behind_its_predecessors(self, watch: _ClockWatch, event: messages.IncomingEvent, ref_us: int,
+                                      error_us: int) -> bool:
+        """Rule 9 (b): the event comes after the highest seq pushed of its stream, yet maps before it by more than
+        the error bound and the margin. A delayed event is in order with its neighbours (or fills a gap below
+        the highest seq); a clock that jumped back maps its next event back by the jump."""
+        frontier = watch.frontier.get(event.stream)
+        return (frontier is not None and event.seq > frontier[0]
+                and frontier[1] - ref_us > error_us + self.config.clock_step_delay_margin_us)
+
+    def _ask_resync_for_delay(self, source_id: str, watch: _ClockWatch, event: messages.IncomingEvent, now_us: int,
+                              actions: list[IngestAction]) -> None:
+        """Rule 9 (c): at most one re-sync per ``clock_step_hold_us`` per source; the SDK spaces bursts too."""
+        last_us = watch.delay_resync_us
+        if last_us is not None and now_us - last_us < self.config.clock_step_hold_us:
+            return
+        watch.delay_resync_us = now_us
+        self.counters.clock_delay_resyncs += 1
+        log.info("%s: %s seq %d arrived far later than its recent events: a re-sync is asked, nothing held",
+                 source_id, event.stream, event.seq)
+        actions.append(SendToSource(source_id, encode_frame(messages.build_resync(DELAY_RESYNC_REASON, event.stream,
+                                                                                  event.seq))))
+
     def _check_resolved(self, info: SourceInfo, watch: _ClockWatch) -> None:
-        """A new estimate for a held source: it resolves the hold if it rests on a sample taken after the detection
-        and either maps the first held event plausibly or agrees with the estimate it was detected with."""
+        """A new estimate for a held source: one resting on a sample taken after the detection resolves the hold.
+        The step is the one that estimate shows: the first held event mapped with it against with the estimate it
+        was detected with; within both error bounds (and the tolerance) there was none."""
         trigger = watch.trigger
         if trigger is None or info.estimate.sync_ref_us < watch.since_us:
             return  # an exchange from before the request: it may have been measured before the step
         ref_us = info.to_reference_us(trigger.event.source_ts_us)
         error_us = info.error_bound_us(ref_us)
-        if abs(ref_us - trigger.ref_us) <= error_us + trigger.error_us + self.config.clock_step_future_tolerance_us:
-            self.counters.clock_step_false_alarms += 1
-            watch.resolved = True
-        elif self._step_us(watch, trigger.arrival_us - ref_us, error_us) is None:
-            watch.resolved = True
-        # Otherwise a provisional estimate (a burst still open across the step): the end of the burst brings a
-        # better one, or the hold runs out.
+        moved_us = trigger.ref_us - ref_us
+        within_us = error_us + trigger.error_us + self.config.clock_step_future_tolerance_us
+        watch.step_us = moved_us if abs(moved_us) > within_us else None
+        watch.resolved = True
 
     def _release_resolved(self, now_us: int) -> list[IngestAction]:
         """Push the held events of the sources whose hold is resolved, in order, mapped with the new estimate.
 
         They enter the pipeline now, as if they arrived now (their records' ``arrival_ts_us`` is the release): the
         pipeline's clock must not go backwards, or the merge's waits would be due before they started."""
+        actions: list[IngestAction] = []
         outputs: list[PipelineOutput] = []
         for source_id in sorted(self._holding):
             watch = self._watches[source_id]
             if not watch.resolved:
                 continue
-            since_us = watch.since_us
+            since_us, step_us, trigger = watch.since_us, watch.step_us, watch.trigger
+            assert trigger is not None
+            if step_us is None:
+                self.counters.clock_step_false_alarms += 1
+                log.info("%s: the re-sync shows no clock step: %d held events released as they were", source_id,
+                         len(watch.held))
+            else:
+                self.counters.clock_steps += 1
+                self.clock_steps.append(ClockStepDetected(source_id, trigger.event.stream, trigger.event.seq, step_us,
+                                                          since_us))
+                log.warning("%s: clock step of about %+d us at %s seq %d, confirmed by its re-sync: %d held events "
+                            "mapped with the new estimate", source_id, step_us, trigger.event.stream,
+                            trigger.event.seq, len(watch.held))
+            actions += self._resume_after_hold(source_id, watch)
             held = self._end_hold(source_id, watch)
             self.clock_step_holds.append(ClockStepHold(source_id, len(held), now_us - since_us, "resolved"))
             for event, arrival_us in held:
                 mapped = self._mapping.to_reference(source_id, event.source_ts_us)
                 watch.learn(arrival_us - mapped[0])  # the network's delay, not the hold's
+                watch.advance_frontier(event.stream, event.seq, mapped[0])
                 outputs += self.pipeline.push(source_id, event, now_us, mapped=mapped)
-        return self._publish(outputs)
+        return actions + self._publish(outputs)
+
+    def _resume_after_hold(self, source_id: str, watch: _ClockWatch) -> list[IngestAction]:
+        if not watch.paused:
+            return []
+        watch.paused = False
+        return [] if source_id in self._throttled else [ResumeReading(source_id)]  # else rule 4 resumes it
+
+    def _renew_hold(self, source_id: str, watch: _ClockWatch, now_us: int) -> list[IngestAction]:
+        """No sample since the detection yet: ask again (a lost request, a slow host) and renew the merge's wait;
+        past ``clock_step_give_up_us`` the source is taken not to re-sync at all."""
+        outputs: list[PipelineOutput] = []
+        if now_us - watch.since_us >= self.config.clock_step_give_up_us:
+            actions = self._resume_after_hold(source_id, watch)
+            self._end_unresolved(source_id, watch, now_us, outputs)
+            return actions + self._publish(outputs)
+        trigger = watch.trigger
+        assert trigger is not None
+        watch.hold_until_us = min(now_us + self.config.clock_step_hold_us,
+                                  watch.since_us + self.config.clock_step_give_up_us)
+        log.info("%s: no re-sync %d ms after the request: asked again", source_id, (now_us - watch.since_us) // 1000)
+        for stream in self._streams_of.get(source_id, (trigger.event.stream,)):
+            outputs += self.pipeline.expect(source_id, stream, now_us)
+        return [SendToSource(source_id, encode_frame(messages.build_resync(
+            RESYNC_REASON, trigger.event.stream, trigger.event.seq))), *self._publish(outputs)]
 
     def _end_hold(self, source_id: str, watch: _ClockWatch) -> list[tuple[messages.IncomingEvent, int]]:
         held, watch.held = watch.held, []
         watch.hold_until_us = None
         watch.trigger = None
         watch.resolved = False
+        watch.step_us = None
         self._holding.discard(source_id)
         return held
 
@@ -1030,8 +1123,8 @@ class IngestCore:
         self.clock_step_holds.append(ClockStepHold(source_id, len(held), now_us - since_us, "unresolved"))
         watch.unresolved = True
         self.counters.clock_step_unresolved += len(held)
-        log.warning("%s: no usable re-sync after its clock step: %d held events to the late topic", source_id,
-                    len(held))
+        log.warning("%s: no time-sync sample %d s after its re-sync request: %d held events to the late topic",
+                    source_id, (now_us - since_us) // 1_000_000, len(held))
         outputs += [self._unresolved_record(source_id, event, arrival_us, now_us) for event, arrival_us in held]
 
     def _unresolved_record(self, source_id: str, event: messages.IncomingEvent, arrival_us: int,
@@ -1052,7 +1145,9 @@ class IngestCore:
             return [PauseReading(source_id) for source_id in sorted(self._throttled)]
         if self._throttled and total <= limit // 2:
             resumed, self._throttled = self._throttled, frozenset()
-            return [ResumeReading(source_id) for source_id in sorted(resumed)]
+            # A source its clock-step hold paused stays paused until the hold ends (rule 9).
+            return [ResumeReading(source_id) for source_id in sorted(resumed)
+                    if source_id not in self._watches or not self._watches[source_id].paused]
         return []
 
     def _publish(self, outputs: list[PipelineOutput]) -> list[IngestAction]:
