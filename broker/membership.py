@@ -68,10 +68,12 @@ class GroupMembership:
             "group.id": group_id,
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session_timeout_ms,
-            # Three heartbeats per session: one lost heartbeat does not cost a shard. A running member learns of a
-            # rebalance from a heartbeat response, so this interval also bounds how late it joins one.
+            # At least three heartbeats per session: one lost heartbeat does not cost a shard. A running member
+            # learns of a rebalance from a heartbeat response, so this interval also bounds how late the survivors
+            # join the rebalance that moves a dead member's shards: at most 500 ms, not a third of the session
+            # timeout (2 s by default), which a failover would add to the session timeout.
             "heartbeat.interval.ms": (heartbeat_interval_ms if heartbeat_interval_ms is not None
-                                      else max(100, session_timeout_ms // 3)),
+                                      else max(100, min(500, session_timeout_ms // 3))),
             # librdkafka requires it >= the session timeout.
             "max.poll.interval.ms": max(max_poll_interval_ms, session_timeout_ms),
             "enable.auto.commit": False,

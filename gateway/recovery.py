@@ -8,9 +8,20 @@ checkpoint interval rather than the topic size.
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass, field
+
 from broker.client import KafkaClientConfig, Servers
 from broker.reader import scan_partition
-from contract.records import EventRecord, ProgressRecord, PunctuationRecord, decode_record, progress_key
+from contract.records import (
+    PROGRESS_KEY_PREFIX,
+    EventRecord,
+    ProgressRecord,
+    PunctuationRecord,
+    RecordError,
+    decode_record,
+    progress_key,
+)
 from gateway.clock_state import estimate_from_record
 from gateway.ingest import StreamProgress
 from timesync.estimator import ClockEstimate
@@ -21,19 +32,29 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
     """What partition ``partition`` (one shard) of the stream's events topic holds, from the shard's checkpoint in
     the same partition of the sources topic. Reads committed data only: a fenced owner's open transaction is not
     there."""
-    progress = StreamProgress(stream)
     wanted = progress_key(stream)
+    checkpoint: ProgressRecord | None = None
     # One consumer per topic: a reassigned consumer may still hand out messages prefetched for the old topic.
     consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
     try:
         for _offset, key, value in scan_partition(consumer, sources_topic, 0, timeout_s, partition=partition):
             if key == wanted:
-                checkpoint = decode_record(value)
-                if isinstance(checkpoint, ProgressRecord):
-                    progress = StreamProgress(stream, checkpoint.next_offset, checkpoint.next_seq,
-                                              checkpoint.watermark_us, checkpoint.seen_us)
+                record = decode_record(value)
+                if isinstance(record, ProgressRecord):
+                    checkpoint = record
     finally:
         consumer.close()
+    return recover_stream_from(servers, events_topic, stream, checkpoint, timeout_s, partition=partition)
+
+
+def recover_stream_from(servers: Servers, events_topic: str, stream: str, checkpoint: ProgressRecord | None,
+                        timeout_s: float = 60.0, *, partition: int = 0) -> StreamProgress:
+    """``recover_stream`` given the stream's checkpoint (None: none yet): the scan of the events partition from the
+    checkpointed offset to its end (read_committed)."""
+    progress = StreamProgress(stream)
+    if checkpoint is not None:
+        progress = StreamProgress(stream, checkpoint.next_offset, checkpoint.next_seq, checkpoint.watermark_us,
+                                  checkpoint.seen_us)
     consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
     try:
         for offset, _key, value in scan_partition(consumer, events_topic, progress.next_offset, timeout_s,
@@ -52,6 +73,37 @@ def recover_stream(servers: Servers, sources_topic: str, events_topic: str, stre
     finally:
         consumer.close()
     return progress
+
+
+@dataclass
+class ShardState:
+    """What one scan of a shard's partition of the sources topic holds: every source's latest clock estimate (and
+    its last sync), and every stream's latest progress checkpoint."""
+
+    clocks: dict[str, tuple[ClockEstimate, int]] = field(default_factory=dict)
+    checkpoints: dict[str, ProgressRecord] = field(default_factory=dict)
+
+
+def recover_shard(servers: Servers, sources_topic: str, timeout_s: float = 60.0, *,
+                  partition: int = 0) -> ShardState:
+    """A shard's clock state and checkpoints in one scan: a new owner then recovers the shard's streams at once,
+    in parallel (``recover_stream_from``), instead of one stream at a time when its first source says hello."""
+    state = ShardState()
+    consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
+    try:
+        for _offset, key, value in scan_partition(consumer, sources_topic, 0, timeout_s, partition=partition):
+            if key is not None and key.startswith(PROGRESS_KEY_PREFIX.encode()):
+                with contextlib.suppress(RecordError):
+                    record = decode_record(value)
+                    if isinstance(record, ProgressRecord):
+                        state.checkpoints[record.stream] = record
+                continue
+            parsed = estimate_from_record(value)
+            if parsed is not None:
+                state.clocks[parsed[0]] = (parsed[1], parsed[2])
+    finally:
+        consumer.close()
+    return state
 
 
 def recover_clocks(servers: Servers, sources_topic: str, timeout_s: float = 60.0, *,

@@ -534,6 +534,7 @@ class Gateway:
                 continue
             owner = self._owners.get(shard)
             if owner is not None and owner.gateway_id != self.gateway_id and owner.since_us > runtime.started_us:
+                self.shards_fenced += 1  # superseded like a fenced one (its next commit would be): INFO, counted
                 self._give_up(shard, f"now owned by {owner.gateway_id}", graceful=False)
 
     async def _take(self, shard: int) -> None:
@@ -722,8 +723,12 @@ class Gateway:
             else:
                 owner = self._owners.get(shard)
                 owned_here = self._membership is not None and shard in self._membership.owned()
-                if owner is not None and owner.gateway_id != self.gateway_id and not owned_here:
+                if (owner is not None and owner.gateway_id != self.gateway_id and not owned_here
+                        and await self._owner_reachable(owner.host, owner.port)):
                     return None
+                # A recorded owner that refuses connections is dead: the hello waits here for its successor (its
+                # owner record, or the shard assigned here) like one for a shard nobody owns yet, so the source is
+                # redirected the moment the new owner serves, not after a retry_after_ms round trip.
                 continue_waiting = loop.time() < deadline
                 if continue_waiting:
                     await asyncio.sleep(HELLO_ROUTE_POLL_S)

@@ -556,10 +556,12 @@ async def test_sigstopped_zombie_with_defaults_its_sources_leave_it_nothing_late
             zombie.process.send_signal(signal.SIGSTOP)
             waiter = asyncio.create_task(first_acks_after(clients, moved, stopped_at))
             await asyncio.sleep(pause_s)
-            measured["left_before_wake"] = sum(1 for s in moved if clients[s].owner is not None
-                                               and clients[s].owner.port != zombie.address[1])
+            owners_now = [clients[s].owner for s in moved]
+            measured["left_before_wake"] = sum(1 for o in owners_now if o is not None and o.port != zombie.address[1])
             zombie.process.send_signal(signal.SIGCONT)
             measured["firsts"] = await waiter
+            measured["liveness_timeouts"] = sum(clients[s].stats.liveness_timeouts for s in moved)
+            measured["redirects_to_suspects"] = sum(c.stats.redirects_to_suspects for c in clients.values())
 
         await run_default_sources(gateways, sources, pause)
         await wait_all_shards_served(gateways)
@@ -582,6 +584,8 @@ async def test_sigstopped_zombie_with_defaults_its_sources_leave_it_nothing_late
                 "woke (SDK liveness) and were acked by the new owner; the woken zombie's fencing is no task failure "
                 "and logs no ERROR or traceback",
         outcome={**summary, "moved_sources": len(moved), "left_before_wake": measured["left_before_wake"],
+                 "sdk_liveness_timeouts": measured["liveness_timeouts"],
+                 "redirects_to_the_zombie_waited_out": measured["redirects_to_suspects"],
                  "stop_first_ack_s_max": round(firsts[-1], 2),
                  "stop_first_ack_s_median": round(statistics.median(firsts), 2),
                  "zombie_task_failures": measured["task_failures"], "zombie_shards_fenced": measured["fenced"],
