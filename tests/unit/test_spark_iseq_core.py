@@ -265,3 +265,29 @@ def test_an_end_whose_start_cannot_come_in_time_is_reported_and_forgotten() -> N
                                                 punctuation(19)], [punctuation(20)]], k_slack_us=5 * MS)
     assert [(k, v["record"], v.get("reason")) for k, v in outputs] == [
         ("s|s#x|s:2", "match", None), ("s|rejected|s|3", "rejected", "unpaired_end")]
+
+
+# Issue 25.1: D sent as endpoints with separate payloads (the SDK's send_interval_start/end): the start carries no
+# v, the end v = 100.  D started before c and is still open after a ends: it negates <a, c>.
+BEGIN_TRUST = "EVENT ISEQ[a.te < c.ts AND a.te < d.te AND d.ts < c.ts](A a, !(D d), C c; 30 s) WHERE d.v > 50"
+BEGIN_TRUST_ROWS = [
+    event("s", 0, 1000, "A", start_ms=0),
+    event("d", 0, 2000, "D", interval_id="d1", endpoint="start", payload={"type": "D"}),
+    event("s", 1, 4000, "C", start_ms=3000),
+]
+
+
+@pytest.mark.parametrize("k_slack_us", [None, 1000 * MS])
+@pytest.mark.parametrize("mode", ["conservative", "aggressive"])
+def test_a_negating_interval_is_not_judged_on_its_start_payload(mode: str, k_slack_us: int | None) -> None:
+    """Before the fix the start's payload (no v) ruled D out: <a, c> went out at the promise that passed c.ts and
+    D's end (v = 100) came too late to negate it."""
+    end = event("d", 1, 20_000, "D", interval_id="d1", endpoint="end", payload={"type": "D", "v": 100})
+    options: dict[str, Any] = {"query": BEGIN_TRUST, "punctuated_types": ("D",), "mode": mode}
+    if k_slack_us is not None:
+        options["k_slack_us"] = k_slack_us
+    outputs = run([[*BEGIN_TRUST_ROWS, punctuation(10_000)], [end, punctuation(40_000)]], **options)
+    intervals = [interval("A", 0, 1000, "s:0"), interval("C", 3000, 4000, "s:1"),
+                 Interval("D", BASE + 2000 * MS, BASE + 20_000 * MS, {"type": "D", "v": 100}, "d#d1")]
+    assert reference_keys(parse_iseq(BEGIN_TRUST), intervals) == []
+    assert [v["record"] for _k, v in outputs] == []
