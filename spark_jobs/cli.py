@@ -23,6 +23,7 @@ from spark_jobs import pattern as pattern_job
 from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
 from spark_jobs.session import SHUFFLE_PARTITIONS_ENV, create_spark_session, stop_spark
+from spark_jobs.stateful import remove_temporary_checkpoints
 
 # rich_markup_mode=None and no pretty exceptions also under spark-submit (spark_jobs/submit.py runs this app alone).
 spark_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -118,8 +119,11 @@ def _run(spark: object, query: object) -> None:
     try:
         query.awaitTermination()  # type: ignore[attr-defined]
     finally:
-        query.stop()  # type: ignore[attr-defined]
-        stop_spark(spark)
+        try:
+            query.stop()  # type: ignore[attr-defined]
+            stop_spark(spark)
+        finally:
+            remove_temporary_checkpoints()
 
 
 @spark_app.command("three-window")

@@ -484,12 +484,38 @@ def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topi
     return writer.start()
 
 
+# Checkpoint directories this process made for runs without --checkpoint: a temporary checkpoint cannot be resumed
+# by anyone (its path is random), so it is removed when the job ends, also on Ctrl-C (issue 28 item 4).
+_TEMPORARY_CHECKPOINTS: list[str] = []
+
+
+def temporary_checkpoint(job: str) -> str:
+    """A fresh ``skewless-<job>-XXXX`` directory under the temp dir, removed by
+    :func:`remove_temporary_checkpoints` (called when the job's query ends, and at interpreter exit: a
+    KeyboardInterrupt that unwinds the whole program still runs atexit handlers)."""
+    import atexit
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=f"skewless-{job.replace('_', '-')}-")
+    if not _TEMPORARY_CHECKPOINTS:
+        atexit.register(remove_temporary_checkpoints)
+    _TEMPORARY_CHECKPOINTS.append(path)
+    return path
+
+
+def remove_temporary_checkpoints() -> None:
+    """Remove every temporary checkpoint made so far. Call it after the query (and its JVM) stopped: a running
+    query would write the directory again."""
+    import shutil
+
+    while _TEMPORARY_CHECKPOINTS:
+        shutil.rmtree(_TEMPORARY_CHECKPOINTS.pop(), ignore_errors=True)
+
+
 def start_core_job(spark: Any, job: str, options: CoreJobOptions, factory: CoreFactory,
                    **apply_options: Any) -> Any:
     """Read the streams' events and late topics, run one core per stream, write `skewless.results.<job>`;
     returns the query. ``apply_options`` go to :func:`apply_stream_cores`."""
-    import tempfile
-
     from broker.admin import ensure_topics
     from contract.topics import TopicNames
     from spark_jobs.contract import kafka_client_config, replication_factor
@@ -503,7 +529,7 @@ def start_core_job(spark: Any, job: str, options: CoreJobOptions, factory: CoreF
     records = read_contract_records(spark, options.bootstrap_servers, job_topics(topics, options.streams))
     partitions_of = EventsTopicPartitions(client, options.topic_prefix)
     results = apply_stream_cores(records, job, factory, partitions_of, **apply_options)
-    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"skewless-{job.replace('_', '-')}-")
+    checkpoint = options.checkpoint_dir or temporary_checkpoint(job)
     query = write_results(results, job=job, bootstrap_servers=options.bootstrap_servers, output_topic=output_topic,
                           checkpoint_dir=checkpoint, console=options.console, available_now=options.available_now,
                           processing_time=options.processing_time)
