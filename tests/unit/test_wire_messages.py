@@ -161,3 +161,14 @@ def test_a_bad_retry_after_ms_is_dropped_and_the_error_kept(bad: object) -> None
     # The error itself is what matters: the client falls back to its own backoff.
     raw = {"type": "error", "code": "shard_unavailable", "message": "m", "fatal": True, "retry_after_ms": bad}
     assert parse_gateway_message(raw) == ErrorReply("shard_unavailable", "m", True)
+
+
+def test_a_gap_notice_round_trips_and_a_bad_range_is_refused() -> None:
+    from contract.wire.errors import InvalidMessage
+    from contract.wire.messages import GapNotice, build_gap, parse_gateway_message
+
+    assert parse_gateway_message(build_gap("s", 3, 7, "timeout")) == GapNotice("s", 3, 7, "timeout")
+    with pytest.raises(InvalidMessage):
+        parse_gateway_message({"type": "gap", "stream": "s", "first_seq": 7, "last_seq": 3, "reason": "timeout"})
+    with pytest.raises(InvalidMessage):
+        parse_gateway_message({"type": "gap", "stream": 1, "first_seq": 0, "last_seq": 0})
