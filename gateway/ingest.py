@@ -45,7 +45,11 @@ Rules:
 5. Kafka-stall grace: a refused produce (queue full) marks Kafka stalled until ``stall_grace_us`` after the last
    refusal (``kafka_stalls`` counts stalls, not refusals). While stalled ``advance`` fires no reorder gap or merge
    timeout and ``next_deadline_us`` is no earlier than the grace end: the sources the merge waits for only look
-   silent because the gateway stopped reading them.
+   silent because the gateway stopped reading them. The shell also reports a connection waiting for the producer
+   as a refusal. With ``gateway_pause_us`` set (the shell polls every 2 ms), a gap longer than that between two
+   calls in (``poll``, ``advance``, ``events_received``) means the gateway itself did not run (a frozen or starved
+   process, a blocked loop): the same grace starts (``gateway_pauses``), or the first source read on waking would
+   make the merge give up the others, whose data waited unread.
 6. Checkpoints: a confirmed event on the events topic advances its stream's progress (next seq of its source, next
    offset) and marks the stream dirty; a refused event (rule 8), and an events-topic confirmation, also move the
    next seq past the cumulative ack they reach: the source forgets refused seqs with the ack, so a restarted
@@ -187,6 +191,10 @@ PRESSURE_CHECK_INTERVAL_US = 20_000
 # wait fires: the sources the merge waits for are silent because the gateway stopped reading them, not because they
 # are gone. Timing them out would push their in-order events to the late topic once Kafka is back.
 STALL_GRACE_US = 2_000_000
+# The shell calls poll every 2 ms: no call at all for longer than this means the gateway itself did not run (a
+# frozen or starved process, a blocked loop) and read no source meanwhile. Its sources' silence is then its own: the
+# same grace as for a Kafka stall (rule 5), or the first source read after it makes the merge give up the others.
+GATEWAY_PAUSE_US = 250_000
 DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
 SOURCE_RETENTION_US = 7 * 24 * 3600 * 1_000_000
 # A new source is in a checkpoint this soon after its hello (rule 6), so a shard's next owner waits for it.
@@ -261,6 +269,9 @@ class IngestConfig:
     clock_step_hold_us: int = CLOCK_STEP_HOLD_US
     clock_step_max_held: int = CLOCK_STEP_MAX_HELD
     clock_step_give_up_us: int = CLOCK_STEP_GIVE_UP_US
+    # Rule 5 for the gateway's own pauses (GATEWAY_PAUSE_US): only for a shell that calls poll every few ms, as
+    # gateway.shard does; None (tests on virtual time jump between calls at will): off.
+    gateway_pause_us: int | None = None
     # A source whose newest event is older than this leaves the progress checkpoint (rule 6); its resends of
     # events older than that are then taken as new. Must exceed how long a source may stay away with unacked
     # events (its spool): a week by default.
@@ -372,6 +383,7 @@ class GatewayCounters:
     clock_step_false_alarms: int = 0  # holds the re-sync showed were no step: released as they were
     clock_step_unresolved: int = 0  # events sent to the late topic because their source never re-synced
     clock_delay_resyncs: int = 0  # re-syncs asked because of a delay alone: nothing held (rule 9 (c))
+    gateway_pauses: int = 0  # times the gateway itself did not run for over gateway_pause_us (rule 5)
     sources_expired: int = 0  # sources dropped from checkpoints after the source retention (rule 6)
     records_too_large: int = 0  # events refused because their record exceeds max_record_bytes (rule 8)
     idle_punctuations: int = 0  # punctuations of streams the shard holds nothing of (rule 10)
@@ -532,6 +544,8 @@ class IngestCore:
         self._acks_due: dict[tuple[str, str], int] = {}
         self._throttled: frozenset[str] = frozenset()
         self._kafka_refused_us: int | None = None
+        self._last_call_us: int | None = None  # rule 5: the last poll, advance or events_received
+        self._paused_us: int | None = None  # rule 5: when the gateway was found to have been paused
         self._next_pressure_check_us: int | None = None
         self._next_checkpoint_us: int | None = None
         self._mapping = mapping
@@ -681,6 +695,7 @@ class IngestCore:
     def events_received(self, connection: ConnectionId, source_id: str,
                         events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> list[IngestAction]:
         """Dedup (rule 1), then the ordering pipeline; returns re-acks, then what is ready to publish, in order."""
+        self._note_running(arrival_us)
         actions: list[IngestAction] = self._release_resolved(arrival_us) if self._holding else []
         outputs: list[PipelineOutput] = []
         watch = self._watches.get(source_id) if self._watches else None
@@ -801,14 +816,35 @@ class IngestCore:
 
     def kafka_queue_full(self, now_us: int) -> None:
         """Kafka refused a produce; the shell retries it. Starts or extends the stall grace (rule 5)."""
-        if not self.kafka_stalled(now_us):
+        refused_us = self._kafka_refused_us
+        if refused_us is None or now_us - refused_us >= self.config.stall_grace_us:
             self.counters.kafka_stalls += 1
         self._kafka_refused_us = now_us
 
     def kafka_stalled(self, now_us: int) -> bool:
-        """Kafka refused a produce within the last ``stall_grace_us``."""
-        refused_us = self._kafka_refused_us
-        return refused_us is not None and now_us - refused_us < self.config.stall_grace_us
+        """Kafka refused a produce, or the gateway itself did not run, within the last ``stall_grace_us``."""
+        since_us = self._stalled_since_us()
+        return since_us is not None and now_us - since_us < self.config.stall_grace_us
+
+    def _stalled_since_us(self) -> int | None:
+        refused_us, paused_us = self._kafka_refused_us, self._paused_us
+        if refused_us is None or paused_us is None:
+            return paused_us if refused_us is None else refused_us
+        return max(refused_us, paused_us)
+
+    def _note_running(self, now_us: int) -> None:
+        """Rule 5 for the gateway's own pauses: a gap between calls in longer than ``gateway_pause_us`` starts the
+        stall grace."""
+        pause_us = self.config.gateway_pause_us
+        if pause_us is None:
+            return
+        last_us = self._last_call_us
+        self._last_call_us = now_us
+        if last_us is not None and now_us - last_us > pause_us:
+            self.counters.gateway_pauses += 1
+            self._paused_us = now_us
+            log.warning("the gateway did not run for %d ms: no reorder gap or merge timeout fires for %d ms",
+                        (now_us - last_us) // 1000, self.config.stall_grace_us // 1000)
 
     def on_delivered(self, delivery: DeliveryRef, error: str | None, offset: int | None, now_us: int) -> None:
         """Kafka's delivery report for one produced event (rules 2, 3 and 6)."""
@@ -878,12 +914,14 @@ class IngestCore:
             hold_until_us = self._watches[source_id].hold_until_us
             if hold_until_us is not None and (due is None or hold_until_us < due):
                 due = hold_until_us
-        if due is None or self._kafka_refused_us is None:
+        since_us = self._stalled_since_us()
+        if due is None or since_us is None:
             return due
-        return max(due, self._kafka_refused_us + self.config.stall_grace_us)
+        return max(due, since_us + self.config.stall_grace_us)
 
     def advance(self, now_us: int) -> list[IngestAction]:
         """Fire the reorder gap timeouts and merge waits that are due, unless Kafka is stalled (rule 5)."""
+        self._note_running(now_us)
         if self.kafka_stalled(now_us):
             return []
         actions = self._release_resolved(now_us) if self._holding else []
@@ -896,6 +934,7 @@ class IngestCore:
     def poll(self, now_us: int) -> list[IngestAction]:
         """Called after the shell served Kafka's delivery reports: the acks they earned (rule 2), and the buffer
         check (rule 4) and checkpoints (rule 6) when their intervals are up."""
+        self._note_running(now_us)
         actions: list[IngestAction] = list(self.due_acks())
         if self._holding:
             actions += self._release_resolved(now_us)

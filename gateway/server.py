@@ -55,6 +55,7 @@ from gateway.connection import (
 from gateway.ingest import (
     CLOCK_STEP_HOLD_US,
     CLOCK_STEP_MAX_HELD,
+    GATEWAY_PAUSE_US,
     IDLE_SOURCE_RETENTION_US,
     SOURCE_RETENTION_US,
     ConnectionId,
@@ -226,6 +227,7 @@ class Gateway:
             pipeline=config.pipeline, max_buffered_events=max(1, config.max_buffered_events // config.shards),
             checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
             clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
+            gateway_pause_us=GATEWAY_PAUSE_US,  # the shard polls every 2 ms: a longer gap is the gateway's own pause
             source_retention_us=config.source_retention_us,
             idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump)
         self.gateway_id = config.gateway_id or ""

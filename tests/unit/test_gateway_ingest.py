@@ -669,6 +669,35 @@ def test_a_gateway_waking_from_a_12_s_pause_reports_no_step_holds_nothing_and_lo
     assert refs == sorted(refs)
 
 
+def test_after_a_pause_of_the_gateway_itself_no_merge_timeout_fires_before_its_sources_were_read():
+    # Issue 25 item 9: a frozen gateway (SIGSTOP, a VM pause, a starved CPU) wakes with every source silent for
+    # longer than the merge would wait. The first source read must not make the merge give the others up before
+    # their connections are read: their silence was the gateway's own (rule 5, like a Kafka stall).
+    from gateway.ingest import GATEWAY_PAUSE_US
+
+    run = StepRun(gateway_pause_us=GATEWAY_PAUSE_US)
+    run.run(20)
+    paused_us = run.now_us
+    frames = {source: _frames_of(run, source, 300, paused_us) for source in ("a", "b", "c")}
+    run.now_us = paused_us + 12_000_000
+    for frame in frames["a"]:
+        run.actions += run.core.events_received(CONN, "a", frame, run.now_us)
+    run.now_us += 1_000  # the deadline task runs before b's and c's connections are read
+    run.actions += run.core.advance(run.now_us)
+    for source in ("b", "c"):
+        for frame in frames[source]:
+            run.actions += run.core.events_received(CONN, source, frame, run.now_us)
+    run.housekeeping()
+    run.run(20)
+    run.drain()
+    assert run.records(TOPICS.late("s")) == []
+    assert run.core.pipeline.counters.source_timeouts == 0
+    assert run.core.counters.gateway_pauses == 1
+    published = run.records(EVENTS)
+    for source in ("a", "b", "c"):
+        assert [r["seq"] for r in published if r["source_id"] == source] == list(range(340))
+
+
 def _delay_burst_run(monkeypatch: pytest.MonkeyPatch | None) -> StepRun:
     """dataset1's delay burst on a perfect clock: three of a's events arrive 800 ms late, after their successors."""
     if monkeypatch is not None:  # the reference: rule 9 sees nothing at all
