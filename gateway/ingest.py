@@ -202,6 +202,9 @@ REGISTRATION_CHECKPOINT_DELAY_US = 100_000
 # Rule 11: a source with no connection that holds nothing is freed this long after its last connection closed.
 IDLE_SOURCE_RETENTION_US = 60_000_000
 IDLE_SWEEP_INTERVAL_US = 1_000_000
+# Sources freed per poll at most (about 2 ms each with 64 streams): a thousand closing at once must not stall the
+# event loop for a second; the next poll goes on with the rest.
+IDLE_SWEEP_BATCH = 100
 # The broker's default message.max.bytes (1048588) less room for the record batch's own overhead.
 MAX_RECORD_BYTES = 1_000_000
 # The most recent produce -> delivery-report latencies kept for the metrics' percentiles.
@@ -666,17 +669,20 @@ class IngestCore:
         """The sources this core holds per-source state for (registered, not yet forgotten)."""
         return set(self._streams_of)
 
-    def forget_idle_sources(self, now_us: int) -> list[str]:
+    def forget_idle_sources(self, now_us: int, limit: int | None = None) -> list[str]:
         """Rule 11: free the state of every source disconnected for ``idle_source_retention_us`` that holds
         nothing (no event in a reorder buffer or merge queue, no clock-step hold). Kept: its delivery tracker entry
         (the dedup floor, so a resend of an acked seq stays a duplicate; events still in flight to Kafka are
         acked through it as before) and its next seq per stream (it resumes without a gap wait). A source that never
-        sent an event also leaves the progress checkpoint its hello put it in (rule 6). Returns the freed ids."""
+        sent an event also leaves the progress checkpoint its hello put it in (rule 6). Returns the freed ids; at
+        most ``limit`` are looked at."""
         due = [s for s, since_us in self._disconnected_since.items()
                if since_us + self.config.idle_source_retention_us < now_us and s not in self._holding]
+        if limit is not None:
+            due = due[:limit]
         freed = []
         for source_id in due:
-            if not self.pipeline.forget_source(source_id):
+            if not self.pipeline.forget_source(source_id, self._streams_of.get(source_id, ())):
                 continue  # it still holds events: kept until they leave
             del self._disconnected_since[source_id]
             for stream in self._streams_of.pop(source_id, ()):
@@ -939,8 +945,9 @@ class IngestCore:
         if self._holding:
             actions += self._release_resolved(now_us)
         if self._disconnected_since and now_us >= self._next_idle_sweep_us:
-            self._next_idle_sweep_us = now_us + IDLE_SWEEP_INTERVAL_US
-            self.forget_idle_sources(now_us)
+            swept = self.forget_idle_sources(now_us, IDLE_SWEEP_BATCH)
+            # A full batch: more may be due, go on at the next poll.
+            self._next_idle_sweep_us = now_us if len(swept) == IDLE_SWEEP_BATCH else now_us + IDLE_SWEEP_INTERVAL_US
         if self._next_pressure_check_us is None or now_us >= self._next_pressure_check_us:
             self._next_pressure_check_us = now_us + self.config.pressure_check_interval_us
             actions += self._check_buffer_pressure()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields
 from importlib.metadata import PackageNotFoundError, version
@@ -419,7 +420,10 @@ class MetricsServer:
     """
 
     MAX_REQUEST_BYTES = 8192
-    RETRIES = 5
+    # With tens of thousands of (source, stream) entries changing (a hello flood, idle sources being freed), five
+    # immediate retries all failed and /metrics answered nothing: retry longer, yielding the GIL in between.
+    RETRIES = 50
+    RETRY_PAUSE_S = 0.002
 
     def __init__(self, registry: CollectorRegistry, health: Callable[[], dict[str, Any]]) -> None:
         self._registry = registry
@@ -462,7 +466,7 @@ class MetricsServer:
             try:
                 return read()
             except RuntimeError:  # "dictionary changed size during iteration": the gateway's thread moved on
-                continue
+                time.sleep(self.RETRY_PAUSE_S)  # let the gateway thread finish its change
         return read()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -184,8 +184,11 @@ class MultiSourceMerger:
         return self._queued
 
     def queued_by_source(self) -> dict[str, int]:
-        """Events waiting in each source's queue (only sources with some)."""
-        return {sid: len(src.queue) for sid, src in self._sources.items() if src.queue}
+        """Events waiting in each source's queue (only sources with some). From the heads heap (one entry per
+        non-empty queue): the gateway's buffer check calls this every 20 ms, and walking every registered source
+        cost 31 ms a call with 500 sources on 64 streams (issue 24 item 5)."""
+        sources = self._sources
+        return {sid: len(sources[sid].queue) for _ref, sid in self._heads}
 
     def sources(self) -> list[str]:
         return list(self._sources)
@@ -357,6 +360,11 @@ class MultiSourceMerger:
         out: list[MergeOutput] = []
         self._drain(now_us, out)
         return out
+
+    def queued_of(self, source_id: str) -> int | None:
+        """Events queued for ``source_id``; None if the merge does not know it (O(1), unlike queued_by_source)."""
+        src = self._sources.get(source_id)
+        return None if src is None else len(src.queue)
 
     def forget(self, source_id: str) -> None:
         """Drop a source whose queue is empty (the gateway frees idle sources): the merge stops waiting for it, as

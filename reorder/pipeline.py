@@ -16,6 +16,7 @@ leaves exactly once, as one record on the events or the late topic, unless it is
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -138,6 +139,8 @@ class _StreamPipeline:
         # Sources recovered after a restart that have not reconnected yet, and sources that said hello but have not
         # sent anything since: the merge waits for them until then (a shared deadline, not one wait each).
         self.expected_until: dict[str, int] = {}
+        self.join_window_until_us = 0  # the deadline newcomers share (IngestPipeline.register)
+        self.next_join_window_us = 0  # the earliest a next join window may open
 
     def _merge_wait(self, source_id: str, now_us: int) -> int:
         until = self.expected_until.get(source_id)
@@ -211,21 +214,31 @@ class IngestPipeline:
         out: list[PipelineOutput] = []
         for stream in streams:
             pipeline = self._stream(stream)
-            pipeline.expected_until[source_id] = now_us + self.config.join_grace_us
+            # Join windows, one per stream: newcomers share the deadline of the window open when they say hello,
+            # and a window opens at most once per two graces. A trickle of silent newcomers (a hello flood) then
+            # holds the merge for one grace at a time and at most half of the time, never for as long as they keep
+            # coming (issue 24 item 5). A newcomer between windows is not waited for (its first events follow its
+            # hello by milliseconds; those behind the watermark are late, as for any source behind it).
+            if now_us >= pipeline.join_window_until_us and now_us >= pipeline.next_join_window_us:
+                pipeline.join_window_until_us = now_us + self.config.join_grace_us
+                pipeline.next_join_window_us = pipeline.join_window_until_us + self.config.join_grace_us
+            pipeline.expected_until[source_id] = max(now_us, pipeline.join_window_until_us)
             # The reorderer comes with the first event or heartbeat (push, heartbeat): a source that only says
             # hello costs its merge registration, not a reorderer per declared stream (issue 24 item 5).
             self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
         return out
 
-    def forget_source(self, source_id: str) -> bool:
+    def forget_source(self, source_id: str, streams_of_source: Iterable[str] | None = None) -> bool:
         """Free a source's per-stream state (its reorderers and merge entries) once it holds nothing: its next
         seq per stream is kept as a hint, so a source that comes back resumes where it left off. False (and
-        nothing freed) while it holds events anywhere."""
-        streams = [p for p in self._streams.values()
-                   if source_id in p.reorderers or source_id in p.merger.sources()]
+        nothing freed) while it holds events anywhere. ``streams_of_source``: the only streams it can have state
+        in (its declared ones), to look at those only; None: every stream."""
+        candidates = (self._streams.values() if streams_of_source is None
+                      else [p for p in map(self._streams.get, streams_of_source) if p is not None])
+        streams = [p for p in candidates if source_id in p.reorderers or p.merger.queued_of(source_id) is not None]
         for pipeline in streams:
             reorderer = pipeline.reorderers.get(source_id)
-            if (reorderer is not None and reorderer.buffered) or pipeline.merger.queued_by_source().get(source_id):
+            if (reorderer is not None and reorderer.buffered) or pipeline.merger.queued_of(source_id):
                 return False
         for pipeline in streams:
             reorderer = pipeline.reorderers.pop(source_id, None)

@@ -172,3 +172,32 @@ def test_a_flood_of_refused_payloads_writes_a_bounded_number_of_log_lines_and_co
     core.events_received(CONN, "flood", (IncomingEvent("s", 10_000, T0, RejectedPayload("x")),), T0 + 1_000_001)
     last = [r for r in caplog.records if "refused flood/s" in r.getMessage()][-1].getMessage()
     assert last.endswith(f"({10_000 - LOG_BURST} similar lines suppressed)")
+
+
+def test_a_trickle_of_silent_newcomers_holds_a_good_sources_events_at_most_one_join_grace():
+    """c005711 (and the 500-hello scenario of tests/reliability/test_hostile_peers.py): each newcomer's grace
+    counted from its own hello, so newcomers arriving one after the other held the merge for as long as they kept
+    coming (a good source's acks took 8-16 s during a 7.5 s wave of hellos)."""
+    from reorder.pipeline import IngestPipeline, PipelineConfig, PublishRecord
+
+    grace_us = 2_000_000
+    pipe = IngestPipeline(_identity(), PipelineConfig(join_grace_us=grace_us))
+    pipe.register("good", ("s",), T0)
+    released_at: dict[int, int] = {}
+    for step in range(100):  # a newcomer every 100 ms for 10 s; the good source sends one event per step
+        now_us = T0 + step * 100_000
+        pipe.register(f"silent-{step}", ("s",), now_us)
+        out = pipe.push("good", IncomingEvent("s", step, now_us, step), now_us)
+        deadline = pipe.next_deadline_us()
+        if deadline is not None and deadline <= now_us:
+            out += pipe.advance(now_us)
+        for o in out:
+            if isinstance(o, PublishRecord):
+                released_at[o.record.seq] = now_us
+    while (deadline := pipe.next_deadline_us()) is not None:  # the last window runs out
+        for o in pipe.advance(deadline):
+            if isinstance(o, PublishRecord):
+                released_at[o.record.seq] = deadline
+    waits = [released_at[seq] - (T0 + seq * 100_000) for seq in released_at]
+    assert sorted(released_at) == list(range(100))
+    assert max(waits) <= grace_us, max(waits)
