@@ -880,11 +880,11 @@ class SkewlessClient:
             self._idle.wrote(index, loop.time())
             self._liveness.wrote(index, loop.time(), True)
             wrote = True
-            try:
-                await writer.drain()
-            except (ConnectionError, OSError):
-                # The supervisor sees the loss and requeues what this connection carried.
-                await asyncio.sleep(0)
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.drain()  # a lost connection: its supervisor requeues what it carried
+            # drain() returns at once while the socket takes everything: yield, or a long queue goes out in one go
+            # while the other clients of this event loop (a replay's sources) send nothing.
+            await asyncio.sleep(0)
         return wrote
 
     def _send_heartbeats(self, loop: asyncio.AbstractEventLoop) -> None:

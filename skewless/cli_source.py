@@ -161,6 +161,9 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
                     await asyncio.sleep(delay)
                 else:
                     max_lag = max(max_lag, -delay)
+                    # Behind the plan: still let the clients' writers and readers run, or one source's queue
+                    # goes out in one go later while the others are silent (issue 25 item 9).
+                    await asyncio.sleep(0)
                 await clients[p.source_id].send(p.stream, p.payload, p.source_ts_us, seq=p.seq)
                 advance()
             await asyncio.gather(*(c.flush(flush_timeout_s) for c in clients.values()))
