@@ -66,6 +66,9 @@ class ConnectionOwner(Protocol):
 
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None: ...
 
+    async def source_left(self, source_id: str) -> None:
+        """The source said bye: the merge stops waiting for it (issue 25 item 7)."""
+
     def session_failed(self, error_code: str) -> None: ...
 
     def worker_failed(self, connection: ConnectionHandler, stage: WorkerStage, error: BaseException) -> None:
@@ -289,7 +292,10 @@ class ConnectionHandler(asyncio.Protocol):
         elif isinstance(action, HeartbeatReceived):
             await self._owner.receive_heartbeat(action)
         elif isinstance(action, DrainRequested):
-            # Acks for this source keep flowing to the source's other connections; this one can go.
+            # The source said bye: the merge gives it up now, not after its wait (issue 25 item 7). Acks for this
+            # source keep flowing to the source's other connections; this one can go.
+            if self.source_id is not None:
+                await self._owner.source_left(self.source_id)
             self.close()
         elif isinstance(action, CloseConnection):
             if action.error_code is not None:

@@ -797,6 +797,14 @@ class Gateway:
         with self._core_call(runtime):
             await runtime.receive_heartbeat(received.source_id, received.heartbeat)
 
+    async def source_left(self, source_id: str) -> None:
+        """A connection of the source said bye (issue 25 item 7): its shard's merge stops waiting for it."""
+        runtime = self._serving(source_id)
+        if runtime is None:
+            return
+        with self._core_call(runtime):
+            await runtime.source_left(source_id)
+
     @contextlib.contextmanager
     def _core_call(self, runtime: ShardRuntime) -> Iterator[None]:
         """Around a core call made for a connection. The core raising (a bug) leaves that shard's core unusable:

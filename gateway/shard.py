@@ -579,6 +579,11 @@ class ShardRuntime:
         self._deadline_changed.set()
         await self._carry_out(actions)
 
+    async def source_left(self, source_id: str) -> None:
+        actions = self.core.source_left(source_id, self._clock_us())
+        self._deadline_changed.set()
+        await self._carry_out(actions)
+
     def clock_changed(self, info: SourceInfo, t_a_us: int) -> None:
         self._carry_out_now(self.core.clock_changed(info, t_a_us, self._clock_us()), queue_writes=True)
 

@@ -110,6 +110,7 @@ class MergerCounters:
     raised: int = 0  # events raised to the highest reference time before them (a regression within their bound)
     stamp_regressions: int = 0  # events diverted as Late "stamp_regression"
     after_give_up: int = 0  # events diverted as Late "after_give_up"
+    departures: int = 0  # sources that left cleanly (``leave``): given up without a wait
 
 
 class _Source:
@@ -118,6 +119,7 @@ class _Source:
         "frontier",
         "heard_us",
         "last_seq",
+        "leaving",
         "pending_beat",
         "queue",
         "silences",
@@ -134,6 +136,7 @@ class _Source:
         self.last_seq: int | None = None
         self.pending_beat: tuple[int, int] | None = None  # (seq, ref_ts_us) not yet covered
         self.timed_out = False
+        self.leaving = False  # said bye with events queued: given up once they are released
         self.wait_deadline: int | None = None
         # when the source last spoke (an event, a heartbeat, its registration): a wait counts its silence from here
         self.heard_us: int | None = None
@@ -404,6 +407,25 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
+    def leave(self, source_id: str, now_us: int) -> list[MergeOutput]:
+        """The source left cleanly (a ``bye``): nothing more comes from it, so the merge gives it up at once instead
+        of after its wait (issue 25 item 7), like a timed-out source (``SourceTimedOut``, counted as a timeout and a
+        departure). Events it has queued are still released in order; it is given up once they are. If it comes
+        back, its next event, heartbeat or registration revives it as after any give-up: events below the
+        punctuation or below what was released meanwhile go to the late side output with their reason."""
+        src = self._sources.get(source_id)
+        if src is None or src.timed_out or src.leaving:
+            return []
+        self.counters.departures += 1
+        out: list[MergeOutput] = []
+        if src.queue:
+            src.leaving = True
+        else:
+            src.waited_since = None  # a departure is no silence to learn a wait from
+            self._time_out(source_id, now_us, out)
+        self._drain(now_us, out)
+        return out
+
     def advance(self, now_us: int) -> list[MergeOutput]:
         """Fire the wait on a silent source if its deadline is at or before ``now_us``."""
         out: list[MergeOutput] = []
@@ -448,6 +470,7 @@ class MultiSourceMerger:
                 src.silences.add(now_us - src.waited_since)
             src.waited_since = None
         src.wait_deadline = None
+        src.leaving = False
         if self._blocker == source_id:
             self._blocker = None
         if src.timed_out:
@@ -549,7 +572,10 @@ class MultiSourceMerger:
                 heapq.heapreplace(heads, (queue[0][0], sid))  # one sift instead of a pop and a push
             else:
                 heapq.heappop(heads)
-                if not src.timed_out:
+                if src.leaving:
+                    src.leaving = False
+                    self._time_out(sid, now_us, out)  # it said bye: its last queued event is out
+                elif not src.timed_out:
                     heapq.heappush(self._empty, (src.frontier, sid))
         if len(self._empty) > 4 * len(sources) + 64:
             # stale entries normally surface and are dropped quickly; this bounds the worst case

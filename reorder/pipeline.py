@@ -122,6 +122,7 @@ class PipelineCounters:
     stamp_regressions: int = 0  # events late as "stamp_regression" (their source's stamps went backwards)
     after_give_up: int = 0  # events late as "after_give_up" (below what was released after their source was given up)
     refs_raised: int = 0  # events whose ref_ts_us was raised within their error bound to keep reference order
+    departures: int = 0  # sources that left cleanly (a bye): the merge gave them up without a wait
 
 
 class _StreamPipeline:
@@ -367,6 +368,23 @@ class IngestPipeline:
                 self._merge_outputs(pipeline, pipeline.merger.heartbeat(source_id, seq - 1, source_ts_us, now_us,
                                                                         caught_up=True, mapped=mapped), out)
                 self._track(pipeline, "")
+        return out
+
+    def source_left(self, source_id: str, now_us: int) -> list[PipelineOutput]:
+        """The source said ``bye`` (issue 25 item 7): every merge it is in gives it up now instead of waiting for it
+        (its learned wait, or its join or reconnect grace); what it has queued is still released in order. Its
+        reorderer is left as it is: a gap it left open is waited for as usual (its resends may come later). A
+        source that comes back (hello, event, heartbeat) is welcomed as after any give-up."""
+        out: list[PipelineOutput] = []
+        for pipeline in self._streams.values():
+            if source_id not in pipeline.reorderers and source_id not in pipeline.merger.sources():
+                continue
+            pipeline.expected_until.pop(source_id, None)
+            departed = pipeline.merger.counters.departures
+            self._merge_outputs(pipeline, pipeline.merger.leave(source_id, now_us), out)
+            if pipeline.merger.counters.departures > departed:  # a pool says bye on each of its connections
+                self.counters.departures += 1
+            self._track(pipeline, "")
         return out
 
     def advance(self, now_us: int) -> list[PipelineOutput]:

@@ -83,6 +83,9 @@ class FakeOwner:
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None:
         self.calls.append(("heartbeat", received.source_id))
 
+    async def source_left(self, source_id: str) -> None:
+        self.calls.append(("left", source_id))
+
     def session_failed(self, error_code: str) -> None:
         self.calls.append(("session_failed", error_code))
 
@@ -273,3 +276,15 @@ async def test_bytes_queued_past_the_cap_close_the_connection_at_once():
                                                      "(cap 1000)")
     handler.send_bytes(b"z")  # nothing more goes to a connection being closed
     assert transport.written == [b"x" * 900]
+
+
+async def test_a_bye_tells_the_owner_the_source_left_then_closes():
+    """Issue 25 item 7: the merge learns of a clean bye at once (not after its wait for a silent source)."""
+    from contract.wire.messages import build_bye
+
+    owner = FakeOwner()
+    handler, transport = connect(owner)
+    handler.data_received(encode_frame(build_hello("a", ["s"])) + encode_frame(build_bye()))
+    await settle()
+    assert owner.calls == [("register", "a"), ("left", "a")]
+    assert transport.closed

@@ -1133,3 +1133,15 @@ def test_an_event_mapped_outside_0_to_2_63_is_refused_told_and_acked_over():
     assert core.counters.timestamps_refused == 1
     deliver(core, actions, T0 + 200)
     assert core.poll(T0 + 200)[0] == SendToSource("a", ack("s", 2))  # the ack moves over the refused seq
+
+
+def test_a_bye_releases_what_waited_for_its_source_at_once():
+    """Rule 14 (issue 25 item 7): b said bye; a's event no longer waits for b's join grace or learned wait."""
+    core = make_core()
+    core.source_registered("a", ("s",), T0)
+    core.source_registered("b", ("s",), T0)
+    assert seqs(core.events_received(CONN, "a", events(range(1)), T0 + 100)) == []
+    actions = core.source_left("b", T0 + 200)
+    assert [(d.seq, d.topic) for d in produced(actions)] == [(0, "events")]
+    assert core.source_left("b", T0 + 201) == []  # a pool's second bye changes nothing
+    assert (core.counters.byes, core.pipeline.counters.departures) == (2, 1)

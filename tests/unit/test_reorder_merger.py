@@ -436,3 +436,17 @@ def test_main_output_is_in_reference_order_and_every_event_leaves_once_whatever_
         assert o.ref_ts_us - o.event.source_ts_us == o.raised_us
         assert 0 <= o.raised_us <= errors[int(o.event.source_id[1:])]
     assert {o.reason for o in late} <= {"after_punctuation", "stamp_regression", "after_give_up"}
+
+
+def test_leave_gives_an_empty_source_up_at_once_and_a_queued_one_once_its_queue_is_empty() -> None:
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=10**9, learn_wait=False))
+    for s in ("A", "B"):
+        m.register(s, 0)
+    out = m.push(ev("A", 0, 10), 10, 10)
+    assert merged(out) == []
+    out = m.leave("B", 11)
+    assert merged(out) == [("A", 0, 10)]
+    assert [o.source_id for o in out if isinstance(o, SourceTimedOut)] == ["B"]
+    assert m.is_timed_out("B") and m.counters.departures == 1
+    assert m.next_deadline_us() is None
+    assert m.leave("B", 12) == []  # already gone: nothing more

@@ -534,3 +534,49 @@ def test_no_punctuation_promises_a_negative_watermark():
     out += pipe.push("a", ev(1, 2_000), T0 + 1)
     assert records(out) == [("a", 0, 5), ("a", 1, 2_000)]
     assert [o.watermark_us for o in out if isinstance(o, PublishPunctuation)] == [1_000]
+
+
+# -- issue 25 item 7: a clean bye tells the merge the source left ---------------------------------------------------
+
+
+def test_a_source_that_said_bye_is_not_waited_for_and_is_welcomed_back_as_after_a_give_up():
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(learn_wait=False,
+                                                                                default_timeout_us=10**9)))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 10), T0 + 10)
+    out += pipe.push("b", ev(0, T0 + 20), T0 + 20)
+    out += pipe.push("a", ev(1, T0 + 30), T0 + 30)
+    assert records(out) == [("a", 0, T0 + 10), ("b", 0, T0 + 20)]  # a's seq 1 waits for b
+    # b leaves cleanly: the merge stops waiting for it at once, not after its wait.
+    out = pipe.source_left("b", T0 + 40)
+    assert records(out) == [("a", 1, T0 + 30)]
+    assert (pipe.counters.departures, pipe.counters.source_timeouts) == (1, 1)
+    assert records(pipe.push("a", ev(2, T0 + 50), T0 + 50)) == [("a", 2, T0 + 50)]
+    # b comes back: in order if above what was released, late with a reason if below it (the punctuation, 1 ms
+    # apart, is still at a's seq 0: below a's seq 2 it is late as after a give-up, issue 25 item 6).
+    pipe.register("b", ("s",), T0 + 60)
+    out = pipe.push("b", ev(1, T0 + 45), T0 + 60)
+    assert (records(out), _late(out)) == ([], [("b", 1, "after_give_up", 5)])
+    out = pipe.push("b", ev(2, T0 + 70), T0 + 70)
+    out += pipe.push("a", ev(3, T0 + 80), T0 + 80)
+    assert records(out) == [("b", 2, T0 + 70)]  # and the merge waits for it again (a's seq 3 waits for b)
+
+
+def test_a_source_leaving_with_events_queued_releases_them_and_is_then_not_waited_for():
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(learn_wait=False,
+                                                                                default_timeout_us=10**9)))
+    for source in ("a", "b", "c"):
+        pipe.register(source, ("s",), T0)
+    out = pipe.push("b", ev(0, T0 + 20), T0 + 20)
+    out += pipe.push("b", ev(1, T0 + 40), T0 + 21)
+    out += pipe.push("a", ev(0, T0 + 30), T0 + 22)
+    assert records(out) == []  # c has said nothing: everyone waits for it
+    out = pipe.source_left("b", T0 + 23)  # b's queue is not empty: still released, in order
+    assert records(out) == []
+    out = pipe.source_left("c", T0 + 24)
+    assert records(out) == [("b", 0, T0 + 20), ("a", 0, T0 + 30)]  # a (live, at 30) may still send below 40
+    out = pipe.push("a", ev(1, T0 + 50), T0 + 50)  # b is given up once its last event is out: a is not held
+    assert records(out) == [("b", 1, T0 + 40), ("a", 1, T0 + 50)]
+    assert pipe.counters.source_timeouts == 2
+    assert pipe.advance(T0 + 10**7) == []  # no wait left to fire (stale heap entries fire nothing)
