@@ -70,6 +70,12 @@ def gateway(
     reference_clock_error: Annotated[str | None, typer.Option(
         help="This host's clock error against common time, added to every event's uncertainty: a duration "
              "(2ms), or 'chrony' to read chronyd's bound [0: gateways share one host's clock].")] = None,
+    reorder_mode: Annotated[str | None, typer.Option(
+        help="The reorderer: 'sequence' (adaptive) or 'thesis' (Eq. 3.11's gap timeout and the thesis' merge) "
+             "[sequence].")] = None,
+    pass_late: Annotated[bool | None, typer.Option(
+        "--pass-late/--drop-late", help="Publish late events on the events topic flagged late, instead of the late "
+                                        "topic only [--drop-late].")] = None,
     workers: Annotated[int, typer.Option(
         help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
              "metrics ports).", min=1)] = 1,
@@ -98,7 +104,7 @@ def gateway(
             "hmac_secret": hmac_secret or auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
             "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
             "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
-            "reference_clock_error": reference_clock_error,
+            "reference_clock_error": reference_clock_error, "reorder_mode": reorder_mode, "pass_late": pass_late,
         })
         config = build_config(settings)
     except ConfigError as exc:

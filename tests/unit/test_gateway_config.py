@@ -223,3 +223,21 @@ def test_max_seq_jump_reaches_the_ingest_core(tmp_path: Path) -> None:
     toml.write_text("[gateway]\nmax_seq_jump = 0\n")
     with pytest.raises(ConfigError):
         build_config(load_settings(toml, env={}))
+
+
+def test_a_gateway_core_runs_the_thesis_reorderer_it_is_configured_with() -> None:
+    from contract.topics import TopicNames
+    from contract.wire.messages import IncomingEvent
+    from gateway.ingest import ConnectionId, IngestConfig, IngestCore, Produce
+    from timesync.clocks import IdentityMapping
+
+    pipeline = build_config(load_settings(None, env={}, overrides={"reorder_mode": "thesis"})).pipeline
+    core = IngestCore(TopicNames("t"), IdentityMapping(), IngestConfig(pipeline=pipeline))
+    core.stream_created("s")
+    t0 = 1_700_000_000_000_000
+    core.source_registered("a", ("s",), t0)
+    assert core.pipeline.config.merger.mode == "thesis"
+    out = core.events_received(ConnectionId(1), "a", (IncomingEvent("s", 1, t0 + 20, 1),), t0 + 30)
+    out += core.events_received(ConnectionId(1), "a", (IncomingEvent("s", 0, t0 + 10, 0),), t0 + 40)
+    out += core.advance(t0 + 1_000_000)
+    assert [a.delivery.seq for a in out if isinstance(a, Produce) and a.delivery is not None] == [0, 1]
