@@ -24,6 +24,7 @@ from contract.units import duration_parser
 from gateway.logs import quiet_unless_chosen
 from reorder.eval.progress import progress_bar, progress_enabled
 from reorder.eval.traces import TraceEvent, read_trace
+from skewless.cli_numbers import finite_float
 from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
 __all__ = ["PlannedSend", "ReplayOptions", "ReplaySummary", "plan_replay", "register", "replay_trace"]
@@ -196,8 +197,10 @@ def replay(
     udp_port: Annotated[int | None, typer.Option(hidden=True, help="Deprecated spelling of --timesync-port.")]
     = None,
     sync_attempts: Annotated[int, typer.Option(min=1, help="Requests per time-sync burst.")] = 10,
-    speed: Annotated[float, typer.Option(help="Replay speed factor: 2 plays the trace twice as fast (its "
-                                              "timeline is compressed, timestamps included).")] = 1.0,
+    speed: Annotated[float, typer.Option(
+        callback=finite_float(above=0, meaning="2 plays the trace twice as fast"),
+        help="Replay speed factor: 2 plays the trace twice as fast (its timeline is compressed, timestamps "
+             "included).")] = 1.0,
     source: Annotated[list[str] | None, typer.Option("--source", help="Replay only this source (repeatable).")]
     = None,
     limit: Annotated[int | None, typer.Option(min=0, help="Replay at most this many events (first by arrival).")
@@ -209,8 +212,10 @@ def replay(
     offset_spread_us: Annotated[int, typer.Option(
         metavar="DURATION", parser=_US, show_default="0",
         help="Plus a per-source uniform offset in ±this; a bare number is microseconds.")] = 0,
-    skew_ppm: Annotated[float, typer.Option(help="Clock skew injected into every source (ppm).")] = 0.0,
-    skew_spread_ppm: Annotated[float, typer.Option(help="Plus a per-source uniform skew in ±this (ppm).")] = 0.0,
+    skew_ppm: Annotated[float, typer.Option(callback=finite_float(),
+                                            help="Clock skew injected into every source (ppm).")] = 0.0,
+    skew_spread_ppm: Annotated[float, typer.Option(callback=finite_float(at_least=0),
+                                                   help="Plus a per-source uniform skew in ±this (ppm).")] = 0.0,
     jitter_us: Annotated[int, typer.Option(
         metavar="DURATION", parser=_US, show_default="0",
         help="Extra send delay per event, uniform in [0, this] (reorders close events); a bare number is "
@@ -243,8 +248,6 @@ def replay(
     # The SDK logs every failed connect at INFO; the summary or the one error line say it for a replay.
     quiet_unless_chosen("clients")
     timesync_port = timesync_port if timesync_port is not None else udp_port
-    if speed <= 0:
-        raise typer.BadParameter(f"{speed} must be > 0 (2 plays the trace twice as fast)", param_hint="'--speed'")
     try:
         events = read_trace(trace)
     except ValueError as exc:  # orjson's decode error is a ValueError too

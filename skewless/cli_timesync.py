@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from contract.units import duration_parser
+from skewless.cli_numbers import finite_float
 from timesync.cli import load_keys, run_server, run_with_uvloop
 from timesync.estimator import DEFAULT_BURST_SIZE
 from timesync.responder import ResponderConfig
@@ -39,13 +40,15 @@ def register(app: typer.Typer) -> None:
             help="Shift the reference clock by this much, e.g. 250ms or -1.5s; a bare number is microseconds "
                  "(demos).")] = 0,
         clock_skew_ppm: Annotated[
-            float, typer.Option(help="Let the reference clock run this many ppm fast (demos, benchmarks).")
+            float, typer.Option(callback=finite_float(),
+                                help="Let the reference clock run this many ppm fast (demos, benchmarks).")
         ] = 0.0,
         stratum: Annotated[int, typer.Option(min=1, max=15, help="Stratum advertised in replies.")] = 1,
         ref_id: Annotated[str, typer.Option(help="Reference id, 1 to 4 ASCII characters.")] = "XSKW",
         burst_size: Annotated[int, typer.Option(min=1, help="Most samples per sync burst.")] = DEFAULT_BURST_SIZE,
         rate_limit: Annotated[
-            float, typer.Option(min=0, help="Requests per second per address (0 disables).")
+            float, typer.Option(callback=finite_float(at_least=0),
+                                help="Requests per second per address (0 disables).")
         ] = 64.0,
         rate_burst: Annotated[int, typer.Option(min=1, help="Rate-limit burst size.")] = 128,
         keys_file: Annotated[

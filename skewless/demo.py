@@ -28,6 +28,7 @@ from broker.reader import read_stream, read_topic
 from clients import SimulatedClock, connect
 from contract.topics import TopicNames
 from gateway.launch import spawn_gateway
+from skewless.cli_numbers import finite_float
 from skewless.demo_cep import run_cep_jobs
 from timesync.clocks import system_time_us
 
@@ -50,7 +51,8 @@ def _log(message: str, started: float) -> None:
 
 def demo(
     events: Annotated[int, typer.Option(help="Events per source.")] = 400,
-    rate: Annotated[float, typer.Option(help="Events per second per source.")] = 100.0,
+    rate: Annotated[float, typer.Option(callback=finite_float(above=0),
+                                        help="Events per second per source.")] = 100.0,
 ) -> None:
     """Start Kafka, the gateway and three skewed sources, run the Spark window job, verify and print the results."""
     started = time.monotonic()

@@ -373,3 +373,35 @@ def test_the_spark_submit_entry_point_reports_a_usage_error_in_one_line(args: li
     assert result.returncode == 2
     assert result.stderr.strip() == line
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["source", "replay", "TRACE", "--speed", "nan"],
+     "error: skewless source replay: Invalid value for '--speed': nan is not a finite number > 0 (2 plays the trace "
+     "twice as fast) (see 'skewless source replay --help')"),
+    (["source", "replay", "TRACE", "--speed", "inf"],
+     "error: skewless source replay: Invalid value for '--speed': inf is not a finite number > 0 (2 plays the trace "
+     "twice as fast) (see 'skewless source replay --help')"),
+    (["source", "replay", "TRACE", "--skew-ppm", "nan"],
+     "error: skewless source replay: Invalid value for '--skew-ppm': nan is not a finite number "
+     "(see 'skewless source replay --help')"),
+    (["source", "replay", "TRACE", "--skew-spread-ppm", "-5"],
+     "error: skewless source replay: Invalid value for '--skew-spread-ppm': -5 is not a finite number >= 0 "
+     "(see 'skewless source replay --help')"),
+    (["timesync", "--clock-skew-ppm", "nan", "--duration-s", "1"],
+     "error: skewless timesync: Invalid value for '--clock-skew-ppm': nan is not a finite number "
+     "(see 'skewless timesync --help')"),
+    (["timesync", "--rate-limit", "inf", "--duration-s", "1"],
+     "error: skewless timesync: Invalid value for '--rate-limit': inf is not a finite number >= 0 "
+     "(see 'skewless timesync --help')"),
+    (["demo", "--rate", "nan"],
+     "error: skewless demo: Invalid value for '--rate': nan is not a finite number > 0 (see 'skewless demo --help')"),
+])
+def test_a_float_option_that_is_not_a_finite_number_is_refused_at_the_option(capsys, tmp_path, argv, line):
+    # issue 28 item 5: `--speed nan` used to end in "ValueError: cannot convert float NaN to integer".
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"source_id":"a","stream":"s","seq":0,"true_ts_us":1,"source_ts_us":1,"arrival_ts_us":1}\n')
+    port = [] if argv[0] == "demo" else ["--port", str(closed_port())]
+    code, _, err = run(capsys, *[str(trace) if a == "TRACE" else a for a in argv], *port)
+    assert code == 2
+    assert one_error_line(err) == line

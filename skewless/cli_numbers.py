@@ -1,0 +1,25 @@
+"""Validation of the CLI's float options, in one place: typer turns "nan" and "inf" into floats without a word, and
+a NaN then fails far from the option that carried it ("cannot convert float NaN to integer", issue 28 item 5)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import typer
+
+
+def finite_float(*, above: float | None = None, at_least: float | None = None,
+                 meaning: str = "") -> Callable[[float], float]:
+    """A typer ``callback=`` that accepts a finite float, ``> above`` and ``>= at_least`` when given, and refuses
+    anything else with one line naming what is accepted (``meaning`` adds what the number does)."""
+    bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else ""]
+    accepted = " and ".join(b for b in bounds if b)
+    wanted = f"a finite number{' ' + accepted if accepted else ''}{f' ({meaning})' if meaning else ''}"
+
+    def check(value: float) -> float:
+        if (not math.isfinite(value) or (above is not None and value <= above)
+                or (at_least is not None and value < at_least)):
+            raise typer.BadParameter(f"{value:g} is not {wanted}")
+        return value
+    return check
