@@ -49,6 +49,7 @@ from clients.errors import (
     GatewayFailed,
     GatewayRejected,
     GatewayUnreachable,
+    InvalidPayload,
     SkewlessError,
     TimeSyncError,
 )
@@ -75,6 +76,7 @@ from contract.wire.messages import (
     build_heartbeat,
     build_hello,
     parse_gateway_message,
+    payload_problem,
 )
 from timesync.client import DEFAULT_COUNT, PeriodicSync
 from timesync.client import TimeSyncError as _AnyTimeSyncError
@@ -98,6 +100,9 @@ _READ_CHUNK = 65536
 # The integers msgpack can encode (int64 and uint64).
 _MIN_MSGPACK_INT = -(2**63)
 _MAX_MSGPACK_INT = 2**64 - 1
+# What InvalidPayload says a payload may hold (docs/wire-protocol.md, "Payloads").
+_PAYLOAD_ACCEPTED = ("a payload holds None, bool, int (64 bits), finite float, str, lists and maps with string keys "
+                     "(send a time as integer microseconds or an ISO 8601 string)")
 # SkewlessClient.refused keeps the most recent refusals only: a source that sends nothing but bad payloads must not
 # grow the client's memory without bound (stats.events_refused counts them all).
 REFUSED_KEPT = 1000
@@ -729,7 +734,11 @@ class SkewlessClient:
                 # the whole client.
                 raise OverflowError(f"integer payload {payload} is beyond msgpack's 64 bits")
         elif not isinstance(payload, float) and payload is not None:
-            size = len(msgpack.packb(payload, use_bin_type=True))
+            try:
+                size = len(msgpack.packb(payload, use_bin_type=True))
+            except TypeError:
+                raise InvalidPayload(f"stream {stream!r}: cannot send {payload_problem(payload)}; "
+                                     f"{_PAYLOAD_ACCEPTED}") from None
             if not payload_fits(size, self._max_frame_bytes):
                 raise EventTooLarge(f"payload of {size} bytes does not fit a {self._max_frame_bytes}-byte frame")
         if seq is None:

@@ -22,6 +22,7 @@ __all__ = [
     "GatewayFailed",
     "GatewayRejected",
     "GatewayUnreachable",
+    "InvalidPayload",
     "SkewlessError",
     "SpoolError",
     "TimeSyncError",
@@ -63,6 +64,11 @@ class TimeSyncError(SkewlessError, _BaseTimeSyncError):
 
 class SpoolError(SkewlessError):
     """The spool file belongs to another source or is not a spool."""
+
+
+class InvalidPayload(SkewlessError, TypeError):
+    """``send`` was given a payload msgpack cannot encode (a datetime, a set, an object): the message names the
+    field and what a payload may hold. Raised before the event is queued; a TypeError, as msgpack's was."""
 
 
 class EventTooLarge(SkewlessError, ValueError):

@@ -133,8 +133,9 @@ def test_every_exported_error_derives_from_skewless_error_and_keeps_its_builtin_
     errors = {name: obj for name, obj in exported.items() if isinstance(obj, type) and issubclass(obj, BaseException)}
     assert set(errors) == {"ClientClosed", "EventGivenUp", "EventRefused", "EventTooLarge", "FlushTimeout",
                            "GatewayFailed", "GatewayRejected", "GatewayRerouted", "GatewayUnreachable",
-                           "InvalidInterval", "SkewlessError", "SpoolError", "TimeSyncError"}
+                           "InvalidInterval", "InvalidPayload", "SkewlessError", "SpoolError", "TimeSyncError"}
     assert issubclass(clients.InvalidInterval, ValueError)
+    assert issubclass(clients.InvalidPayload, TypeError)
     assert all(issubclass(cls, SkewlessError) for cls in errors.values())
     assert issubclass(clients.GatewayRerouted, clients.GatewayFailed)
     assert issubclass(clients.GatewayFailed, ConnectionError)
