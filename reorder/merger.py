@@ -399,7 +399,14 @@ class MultiSourceMerger:
         self.counters.heartbeats += 1
         ref, err = mapped if mapped is not None else self.clock.to_reference(source_id, source_ts_us)
         src.error_us = err
-        self._revive(source_id, src, now_us)
+        delivered = src.last_seq if src.last_seq is not None else -1
+        if (self.config.mode != "watermark" or (delivered >= seq and ref > src.frontier)
+                or not (src.timed_out or src.wait_deadline is not None)):
+            self._revive(source_id, src, now_us)
+        # Otherwise the merge is waiting for this source (or gave it up) and the heartbeat promises nothing beyond its
+        # frontier: alive, but no proof that what the others queued can go. Reviving it would restart the wait at
+        # every heartbeat, and a source whose clock readings lag its stamps (a stuck clock, an SDK promise after a
+        # far-off application stamp) would hold the whole stream for as long as it heartbeats.
         if src.pending_beat is None or seq >= src.pending_beat[0]:
             src.pending_beat = (seq, ref)
         self._apply_pending_beat(source_id, src)

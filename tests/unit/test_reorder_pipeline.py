@@ -580,3 +580,27 @@ def test_a_source_leaving_with_events_queued_releases_them_and_is_then_not_waite
     assert records(out) == [("b", 1, T0 + 40), ("a", 1, T0 + 50)]
     assert pipe.counters.source_timeouts == 2
     assert pipe.advance(T0 + 10**7) == []  # no wait left to fire (stale heap entries fire nothing)
+
+
+def test_heartbeats_that_promise_nothing_new_do_not_hold_the_merge_forever():
+    """Issue 24 item 1's family: b heartbeats on, but its clock readings stay below its own frontier (a stuck clock,
+    or the SDK's promise after a far-off application stamp). Each one used to restart the merge's wait for b, so a's
+    event waited for as long as b kept heartbeating; now only a heartbeat that moves b's frontier counts."""
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(learn_wait=False,
+                                                                                default_timeout_us=1_000)))
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    out = pipe.push("b", ev(0, T0 + 50), T0 + 50)
+    out += pipe.push("a", ev(0, T0 + 100), T0 + 100)
+    assert records(out) == [("b", 0, T0 + 50)]  # a's event waits for b (at 50)
+    for i in range(1, 40):  # heartbeats every 100 ms (shorter than the merge's wait for b), stamped below b's frontier
+        now = T0 + 100 + 100_000 * i
+        out += pipe.advance(now)
+        out += pipe.heartbeat("b", {"s": 1}, T0 + 10, now)
+    assert records(out) == [("b", 0, T0 + 50), ("a", 0, T0 + 100)]
+    assert pipe.counters.source_timeouts == 1
+    # A heartbeat that does move b's frontier brings it back into the merge.
+    now = T0 + 4_000_000
+    out = pipe.heartbeat("b", {"s": 1}, now, now)
+    out += pipe.push("a", ev(1, now + 1_000), now + 1)
+    assert records(out) == []  # a's next event waits for b again (b's frontier is now)
