@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from broker.jars import ensure_kafka_jars
-from broker.netutil import free_tcp_port, wait_for_tcp
+from broker.netutil import ensure_tcp_port_free, free_tcp_port, wait_for_tcp
 from broker.paths import RESOURCES_DIR, cache_dir
 
 DEFAULT_HEAP_MB = 512
@@ -124,6 +124,9 @@ class KafkaBroker:
         existing = self.running_state()
         if existing is not None:
             return existing
+        if self.port:
+            # Checked before anything starts: a broker on a taken port only fails its readiness wait, 90 s later.
+            ensure_tcp_port_free(self.host, self.port)
         jars = ensure_kafka_jars()
         port = self.port or free_tcp_port(self.host)
         controller_port = free_tcp_port(self.host)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -109,6 +110,19 @@ def _strip_validator_noise(message: str) -> str:
     return message.replace("Value error, ", "")
 
 
+# asyncio's create_server (and timesync's UDP bind) name the address: "... bind on address ('127.0.0.1', 7700): ...".
+_BIND_ADDRESS = re.compile(r"bind on (udp )?address \('([^']*)', (\d+)")
+
+
+def _taken_address(exc: OSError) -> str:
+    """``port 7700 (tcp, 127.0.0.1)`` when the error names the address it could not bind, else ``address``."""
+    found = _BIND_ADDRESS.search(str(exc))
+    if found is None:
+        return "address"
+    udp, host, port = found.groups()
+    return f"port {port} ({'udp' if udp else 'tcp'}, {host})"
+
+
 def describe(exc: BaseException) -> tuple[str, int]:
     """One line for an error that escaped a command, and the exit code."""
     ctx = getattr(exc, "ctx", None)
@@ -125,8 +139,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
         where = f": {exc.filename}" if exc.filename else " (ports below 1024 need root)"
         return f"permission denied{where}", USAGE_EXIT
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-        return ("address already in use: another process listens on that port; pick another port, or 0 for any "
-                "free one", USAGE_EXIT)
+        return (f"{_taken_address(exc)} already in use: another process listens on it; pick another port, or 0 "
+                "for any free one", USAGE_EXIT)
     if isinstance(exc, ModuleNotFoundError) and exc.name in _EXTRA_OF_MODULE:
         extra = _EXTRA_OF_MODULE[exc.name]
         return (f"this command needs {exc.name}, which is not installed: pip install 'skewless[{extra}]'",

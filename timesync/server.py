@@ -133,7 +133,13 @@ class TimeSyncServer:
             if family == socket.AF_INET6:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(sockaddr)
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:
+                # Name the address, as asyncio's create_server does for TCP: "address in use" alone does not say
+                # which of a command's ports is taken (issue 28 item 5).
+                raise OSError(exc.errno, f"error while attempting to bind on udp address {sockaddr[:2]!r}: "
+                                         f"{(exc.strerror or str(exc)).lower()}") from None
             if self._want_kernel_ts:
                 self.kernel_timestamps_enabled = enable_rx_timestamps(sock)
                 if not self.kernel_timestamps_enabled:

@@ -307,8 +307,21 @@ def test_a_port_in_use(capsys):
         port = taken.getsockname()[1]
         code, _, err = run(capsys, "timesync", "--host", "127.0.0.1", "--port", str(port), "--duration-s", "1")
     assert code == 2
-    assert one_error_line(err) == ("error: address already in use: another process listens on that port; pick "
-                                   "another port, or 0 for any free one")
+    assert one_error_line(err) == (f"error: port {port} (udp, 127.0.0.1) already in use: another process listens on "
+                                   "it; pick another port, or 0 for any free one")
+
+
+def test_kafka_start_on_a_port_in_use_names_the_port_at_once(capsys, tmp_path):
+    # issue 28 item 5: the broker used to start anyway and fail its readiness wait 90 s later, naming no port.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run(capsys, "kafka", "start", "--port", str(port), "--dir", str(tmp_path / "kafka"))
+    assert code == 2
+    assert one_error_line(err) == (f"error: port {port} (tcp, 127.0.0.1) already in use: another process listens on "
+                                   "it; pick another port, or 0 for any free one")
+    assert not (tmp_path / "kafka").exists()  # nothing formatted, nothing started
 
 
 def test_the_old_spellings_are_hidden_aliases(capsys, tmp_path):
