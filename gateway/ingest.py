@@ -568,6 +568,7 @@ class IngestCore:
         # Rule 11: sources with no connection left, since when; swept every IDLE_SWEEP_INTERVAL_US by poll.
         self._disconnected_since: dict[str, int] = {}
         self._next_idle_sweep_us = 0
+        self._next_expiry_us = 0  # rule 6's retention sweep, at most once per checkpoint interval
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -968,7 +969,12 @@ class IngestCore:
             self._next_checkpoint_us = now_us + self.config.checkpoint_interval_us
         elif now_us >= self._next_checkpoint_us:
             self._next_checkpoint_us = now_us + self.config.checkpoint_interval_us
-            actions += self.checkpoint_dirty_streams(now_us)
+            # The retention sweep walks every source of every dirty stream: once per checkpoint interval, not at
+            # each of the checkpoints a wave of hellos asks for every 100 ms (it was most of their cost).
+            expire = now_us >= self._next_expiry_us
+            if expire:
+                self._next_expiry_us = now_us + self.config.checkpoint_interval_us
+            actions += self.checkpoint_dirty_streams(now_us if expire else None)
         return actions
 
     def current_acks(self, source_id: str) -> list[SendToSource]:
