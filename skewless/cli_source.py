@@ -7,6 +7,7 @@ the asyncio part only sleeps until each send time and calls ``SkewlessClient.sen
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -21,13 +22,15 @@ from clients.client import SkewlessClient
 from clients.core import Backoff
 from contract.topics import InvalidStreamName, validate_stream_name
 from contract.units import duration_parser
+from contract.wire.messages import SEQ_CONFLICT
 from gateway.logs import quiet_unless_chosen
 from reorder.eval.progress import progress_bar, progress_enabled
 from reorder.eval.traces import TraceEvent, read_trace
 from skewless.cli_numbers import finite_float
 from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
-__all__ = ["PlannedSend", "ReplayOptions", "ReplaySummary", "plan_replay", "register", "replay_trace"]
+__all__ = ["PlannedSend", "ReplayOptions", "ReplayRepeated", "ReplaySummary", "plan_replay", "register",
+           "replay_trace"]
 
 source_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Run event sources through the SDK (trace replay).")
@@ -47,6 +50,22 @@ class ReplayOptions:
     sources: tuple[str, ...] = ()
     limit: int | None = None
     seed: int = 0
+    source_suffix: str = ""
+    """Appended to every source id on the wire: a repeat of a replay under fresh ids (the gateway keeps each
+    source's seqs, and refuses a seq it already has)."""
+
+
+class ReplayRepeated(Exception):
+    """The gateway already has an event of this source and stream at this seq: the trace was replayed to it
+    before. Replaying stops at once (every further event would be refused the same way)."""
+
+    def __init__(self, source_id: str, stream: str, seq: int) -> None:
+        super().__init__(f"the gateway already has source {source_id!r} stream {stream!r} seq {seq} (this trace "
+                         f"was replayed to it before); replay under fresh source ids with --source-suffix TEXT "
+                         f"(e.g. --source-suffix -2)")
+        self.source_id = source_id
+        self.stream = stream
+        self.seq = seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +147,16 @@ class ReplaySummary:
                 f"acked {self.acked}, reconnects {self.reconnects}, resent {self.resent}")
 
 
+def _not_a_seq_conflict(record: logging.LogRecord) -> bool:
+    """The SDK logs each refused event; a replay stops at the first seq_conflict and says it in one line."""
+    return not (record.name.startswith("clients") and f"({SEQ_CONFLICT})" in record.getMessage())
+
+
+def _repeated(client: SkewlessClient) -> ReplayRepeated:
+    conflict = next(r for r in client.refused if r.code == SEQ_CONFLICT)
+    return ReplayRepeated(client.source_id, conflict.stream, conflict.seq)
+
+
 async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, options: ReplayOptions, *,
                        timesync_port: int | None = None, time_sync: bool = True, sync_attempts: int = 10,
                        pool_size: int = 1,
@@ -143,7 +172,8 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
     for p in plan:
         if p.stream not in streams.setdefault(p.source_id, []):
             streams[p.source_id].append(p.stream)
-    clients = {source_id: SkewlessClient(host, port, source_id, source_streams, time_sync=time_sync,
+    clients = {source_id: SkewlessClient(host, port, source_id + options.source_suffix, source_streams,
+                                         time_sync=time_sync,
                                          udp_port=timesync_port,
                                          sync_attempts=sync_attempts, clock_us=clocks[source_id],
                                          pool_size=pool_size, batch_events=batch_events, linger_s=linger_s,
@@ -165,9 +195,18 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
                     # Behind the plan: still let the clients' writers and readers run, or one source's queue
                     # goes out in one go later while the others are silent (issue 25 item 9).
                     await asyncio.sleep(0)
-                await clients[p.source_id].send(p.stream, p.payload, p.source_ts_us, seq=p.seq)
+                client = clients[p.source_id]
+                if p.seq is not None and p.seq <= client.acked_through(p.stream):
+                    # The gateway acknowledged this seq before we sent it: an earlier run's event.
+                    raise ReplayRepeated(client.source_id, p.stream, p.seq)
+                if client.stats.conflicts:
+                    raise _repeated(client)
+                await client.send(p.stream, p.payload, p.source_ts_us, seq=p.seq)
                 advance()
             await asyncio.gather(*(c.flush(flush_timeout_s) for c in clients.values()))
+            for client in clients.values():
+                if client.stats.conflicts:
+                    raise _repeated(client)
     finally:
         await asyncio.gather(*(c.close() for c in clients.values()))
     return ReplaySummary(
@@ -235,6 +274,9 @@ def replay(
                                                          "SKEWLESS_HMAC_SECRET).",
                                                     envvar="SKEWLESS_HMAC_SECRET", show_envvar=False)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the per-source spreads and the jitter.")] = 0,
+    source_suffix: Annotated[str, typer.Option(
+        metavar="TEXT", help="Append this to every source id, e.g. -2: replay a trace again to a gateway that "
+                             "already has it (it keeps each source's seqs and refuses seqs it has).")] = "",
     progress: Annotated[bool, typer.Option(
         help="Show a progress bar on stderr (only when stderr is a terminal).")] = True,
 ) -> None:
@@ -260,16 +302,24 @@ def replay(
             raise typer.BadParameter(f"{trace}: {exc}", param_hint="'TRACE'") from None
     options = ReplayOptions(speed=speed, offset_us=offset_us, offset_spread_us=offset_spread_us, skew_ppm=skew_ppm,
                             skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us, keep_seqs=keep_seqs,
-                            sources=tuple(source or ()), limit=limit, seed=seed)
+                            sources=tuple(source or ()), limit=limit, seed=seed, source_suffix=source_suffix)
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(_not_a_seq_conflict)
     try:
         summary = asyncio.run(replay_trace(
             events, host, port, options, timesync_port=timesync_port, time_sync=timesync,
             sync_attempts=sync_attempts, pool_size=pool,
             batch_events=batch_events, linger_s=linger_us / 1e6, token=token,
             hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress_enabled(progress)))
+    except ReplayRepeated as exc:
+        raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot reach the gateway at {host}:{port} ({exc.strerror or exc}); start it with "
                            f"`skewless gateway`, or pass its --host and --port") from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_not_a_seq_conflict)
     typer.echo(summary.line())
 
 
