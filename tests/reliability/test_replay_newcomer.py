@@ -5,13 +5,16 @@ The trace's clocks are perfect: a clock-step alarm is a false alarm, and no even
 clock step. Its delay bursts (dataset1: three events 750-1000 ms late, twice) and a busy host's stalls are delays:
 the gateway must take them for what they are. Also pinned to one CPU (`taskset -c 0`, gateway and replay), where
 the replay falls far behind its plan and the gateway behind the replay. Checked: every event in Kafka exactly once,
-0 clock steps, 0 false alarms, 0 `clock_step_unresolved`, under 0.5 % on the late topic.
+0 clock steps, 0 false alarms, 0 `clock_step_unresolved`, under 0.5 % on the late topic. And a zombie gateway
+(SIGSTOP while the sources send, then SIGCONT): every source's next events look seconds late, no step for that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import socket
 import sys
 from collections import Counter
@@ -46,14 +49,20 @@ async def _skewless(*args: str, wrapper: tuple[str, ...] = (), timeout_s: float)
     return out.decode().strip()
 
 
-@pytest.mark.parametrize(("events_per_source", "one_cpu"), [
-    pytest.param(5_000, False, id="3x5000"),
-    pytest.param(5_000, True, id="3x5000-one-cpu"),
-    pytest.param(25_000, False, id="3x25000", marks=LONG),
-    pytest.param(25_000, True, id="3x25000-one-cpu", marks=LONG),
+@pytest.mark.parametrize(("events_per_source", "one_cpu", "zombie_s"), [
+    pytest.param(5_000, False, 0.0, id="3x5000"),
+    pytest.param(5_000, True, 0.0, id="3x5000-one-cpu"),
+    pytest.param(25_000, False, 0.0, id="3x25000", marks=LONG),
+    pytest.param(25_000, True, 0.0, id="3x25000-one-cpu", marks=LONG),
+    pytest.param(25_000, False, 3.0, id="3x25000-gateway-stopped-3s", marks=LONG),
+    pytest.param(25_000, False, 12.0, id="3x25000-gateway-stopped-12s", marks=LONG),
 ])
 async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_percent_late(
-        kafka: Any, topic_prefix: str, tmp_path: Path, events_per_source: int, one_cpu: bool) -> None:
+        kafka: Any, topic_prefix: str, tmp_path: Path, events_per_source: int, one_cpu: bool,
+        zombie_s: float) -> None:
+    """With ``zombie_s``: 5 s into the replay (its sources still send for seconds) the gateway is stopped (SIGSTOP)
+    for that long, then woken: every source's next events look that much delayed. (Not at a slower replay speed:
+    the trace's 1 s delay bursts would become 10 s, past the gateway's gap timeout.)"""
     if one_cpu and shutil.which("taskset") is None:
         pytest.skip("taskset (util-linux) is not installed")
     wrapper = ONE_CPU if one_cpu else ()
@@ -66,8 +75,14 @@ async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_pe
     try:
         loop = asyncio.get_running_loop()
         started_s = loop.time()
-        summary = await _skewless("source", "replay", str(trace), "--port", str(gateway.port), "--no-progress",
-                                  wrapper=wrapper, timeout_s=480)
+        replay = asyncio.ensure_future(_skewless("source", "replay", str(trace), "--port", str(gateway.port),
+                                                 "--no-progress", wrapper=wrapper, timeout_s=480))
+        if zombie_s:
+            await asyncio.sleep(5.0)  # the replay started, connected and is sending
+            os.kill(gateway.pid, signal.SIGSTOP)
+            await asyncio.sleep(zombie_s)
+            os.kill(gateway.pid, signal.SIGCONT)
+        summary = await replay
         replay_s = loop.time() - started_s
         metrics = await gateway.metrics()
         rss = rss_kib(gateway.pid)
@@ -82,10 +97,12 @@ async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_pe
     clock = {name: int(metrics.get(f"skewless_gateway_{name}", -1))
              for name in ("clock_steps", "clock_step_false_alarms", "clock_step_unresolved", "clock_delay_resyncs")}
     record_outcome(
-        f"Newcomer path: 3 x {events_per_source:,} events{' on one CPU' if one_cpu else ''}", group="clock",
+        f"Newcomer path: 3 x {events_per_source:,} events{' on one CPU' if one_cpu else ''}"
+        f"{f', gateway stopped {zombie_s:g} s' if zombie_s else ''}", group="clock",
         injected=f"`skewless traces generate --sources 3 --events {events_per_source}` (dataset1, perfect clocks), "
                  f"gateway and `skewless source replay` with their defaults"
-                 f"{', both pinned with taskset -c 0' if one_cpu else ''}",
+                 f"{', both pinned with taskset -c 0' if one_cpu else ''}"
+                 f"{f'; the gateway SIGSTOPped {zombie_s:g} s, 5 s into the replay' if zombie_s else ''}",
         checked="every event in Kafka exactly once; 0 clock steps, 0 false alarms, 0 clock_step_unresolved; "
                 "late < 0.5 %",
         outcome={"events": total, "late": len(delivery.late), "late_reasons": dict(late_reasons),
