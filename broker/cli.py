@@ -21,7 +21,8 @@ from broker.jars import JarFetchError, ensure_kafka_jars, ensure_spark_jars
 from broker.launcher import KafkaBroker
 from contract.topics import InvalidStreamName, TopicNames, validate_stream_name
 
-__all__ = ["BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "CommandError", "kafka_client_config", "parse_kafka_properties",
+__all__ = ["BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "CommandError", "check_streams_exist", "kafka_client_config",
+           "parse_kafka_properties",
            "probe_kafka", "read_kafka_table", "register", "validate_streams"]
 
 BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
@@ -135,6 +136,29 @@ def probe_kafka(client: KafkaClientConfig, timeout_s: float = KAFKA_PROBE_TIMEOU
             f"check --bootstrap / {BOOTSTRAP_ENV} and the [kafka] security properties, and that the broker runs "
             f"(`skewless kafka status` for a local one)") from None
     return len(metadata.brokers)
+
+
+def check_streams_exist(client: KafkaClientConfig, prefix: str, streams: Iterable[str],
+                        timeout_s: float = KAFKA_PROBE_TIMEOUT_S) -> None:
+    """Raise CommandError (exit 2) naming the first stream without an events topic under ``prefix`` and the streams
+    that have one. Call after :func:`probe_kafka` (the cluster answers)."""
+    from confluent_kafka.admin import AdminClient
+
+    wanted = list(streams)
+    if not wanted:
+        return
+    names = TopicNames(prefix)
+    admin = AdminClient(client.properties(overrides={"logger": _quiet_logger(), "error_cb": lambda _e: None}))
+    topics = set(admin.list_topics(timeout=timeout_s).topics)
+    missing = [s for s in wanted if names.events(s) not in topics]
+    if not missing:
+        return
+    marker = f"{prefix}.events."
+    existing = sorted(t.removeprefix(marker) for t in topics if t.startswith(marker))
+    raise CommandError(
+        f"no stream {missing[0]!r} in Kafka (no topic {names.events(missing[0])}); streams under prefix "
+        f"{prefix!r}: {', '.join(existing) or 'none yet'} (a gateway creates a stream's topics when a source "
+        f"declares it; `skewless kafka topics STREAM` creates them ahead)", 2)
 
 
 def _kafka_reason(exc: Exception) -> str:

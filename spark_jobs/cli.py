@@ -12,6 +12,7 @@ from broker.cli import (
     DEFAULT_BOOTSTRAP,
     KafkaConfigFile,
     KafkaProperties,
+    check_streams_exist,
     kafka_client_config,
     parse_kafka_properties,
     probe_kafka,
@@ -64,14 +65,17 @@ _SHARED_PROPERTIES = ("security.protocol", "sasl.mechanism")
 
 
 def _kafka_session_conf(bootstrap: str, config_file: Path | None, kafka_property: list[str] | None,
-                        spark_kafka_property: list[str] | None, replication_factor: int | None) -> dict[str, str]:
-    """Check Kafka is reachable with these settings (one line if not, before Spark starts), then return the
-    session conf that carries them to the job: spark.skewless.librdkafka.* for the job's own confluent-kafka
-    clients, spark.skewless.kafka.* for Spark's Kafka source and sink (spark_jobs.contract)."""
+                        spark_kafka_property: list[str] | None, replication_factor: int | None, prefix: str,
+                        streams: tuple[str, ...]) -> dict[str, str]:
+    """Check Kafka is reachable with these settings and every named stream has its events topic (one line if not,
+    before Spark starts: a misspelled stream would otherwise read nothing and exit 0), then return the session
+    conf that carries them to the job: spark.skewless.librdkafka.* for the job's own confluent-kafka clients,
+    spark.skewless.kafka.* for Spark's Kafka source and sink (spark_jobs.contract)."""
     from spark_jobs.contract import REPLICATION_FACTOR_CONF, kafka_conf
 
     client = kafka_client_config(bootstrap, config_file, kafka_property)
     probe_kafka(client)
+    check_streams_exist(client, prefix, streams)
     java = {k: str(v) for k, v in client.settings.items() if k in _SHARED_PROPERTIES}
     java.update(parse_kafka_properties(spark_kafka_property or ()))
     conf = kafka_conf(java, dict(client.settings))
@@ -110,7 +114,7 @@ def window_count_command(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=_streams(stream), width_us=window_us,
         allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint, available_now=available_now)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor)
+                               replication_factor, prefix, _streams(stream))
     spark = _session("skewless-window-count", shuffle_partitions, conf)
     _run(spark, window_count.start(spark, options))
 
@@ -158,7 +162,7 @@ def three_window_command(
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
     streams = _streams(stream)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor)
+                               replication_factor, prefix, _streams(stream))
     spark = _session("skewless-three-window", shuffle_partitions, conf)
     query = three_window.start(spark, three_window.ThreeWindowOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=streams, width_us=width_us,
@@ -195,7 +199,7 @@ def pattern_command(
         raise typer.BadParameter(str(exc), param_hint="'--pattern'") from None
     streams = _streams(stream)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor)
+                               replication_factor, prefix, _streams(stream))
     spark = _session("skewless-pattern", shuffle_partitions, conf)
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=streams, ta_us=ta_us,
@@ -252,7 +256,7 @@ def sequence_command(
         raise typer.BadParameter("needs --constraint", param_hint="'--early-alerts'")
     streams = _streams(stream)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor)
+                               replication_factor, prefix, _streams(stream))
     spark = _session("skewless-sequence", shuffle_partitions, conf)
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
@@ -318,7 +322,7 @@ def iseq_command(
         # A syntax error's message spans three lines (the text and a caret): the first says what and where.
         raise typer.BadParameter(str(exc).splitlines()[0], param_hint="'--query'") from None
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor)
+                               replication_factor, prefix, _streams(stream))
     spark = _session("skewless-iseq", shuffle_partitions, conf)
     _run(spark, iseq_job.start(spark, options))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from broker.admin import ensure_topics
 from broker.launcher import BrokerState
 from broker.reader import read_stream
 from contract.topics import TopicNames
@@ -92,3 +93,23 @@ def test_a_gateway_port_in_use_names_the_port(kafka, topic_prefix):
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: port {port} (tcp, 127.0.0.1) already in use: another process listens on it; pick "
                       "another port, or 0 for any free one"]
+
+
+def test_a_spark_job_on_a_stream_without_topics_is_one_line_and_exit_2_before_spark(capsys, monkeypatch, kafka,
+                                                                                       topic_prefix):
+    # issue 28 item 2: a misspelled --stream used to run 20 s, print nothing and exit 0.
+    from spark_jobs import cli as spark_cli
+
+    def no_spark(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a Spark session was started")
+
+    monkeypatch.setattr(spark_cli, "create_spark_session", no_spark)
+    names = TopicNames(topic_prefix)
+    ensure_topics(kafka.bootstrap_servers, [names.events("sensors"), names.late("sensors"), names.events("doors")])
+    code, out, err = run(capsys, "spark", "window-count", "--bootstrap", kafka.bootstrap_servers, "--prefix",
+                         topic_prefix, "--stream", "sensors", "--stream", "nosuchstream", "--available-now")
+    assert code == 2 and out == ""
+    assert one_line(err) == (
+        f"error: no stream 'nosuchstream' in Kafka (no topic {topic_prefix}.events.nosuchstream); streams under "
+        f"prefix '{topic_prefix}': doors, sensors (a gateway creates a stream's topics when a source declares it; "
+        "`skewless kafka topics STREAM` creates them ahead)")
