@@ -138,8 +138,8 @@ Rules:
    (``seq_jumps``), logged (rate-limited), answered with a non-fatal ``seq_jump`` error naming it, not accepted,
    never acked. Holes, skipped seqs and settled seqs are kept as ranges (reorder/ranges.py): a jump costs one range.
 14. A clean ``bye`` (``source_left``, counted as ``byes``) tells the merge the source left: every merge it is in
-   gives it up at once (``SourceTimedOut``) instead of after its learned wait or join grace; events it has queued
-   are still released in order, and it is given up once they are. A source that comes back (hello, event,
+   gives it up at once (a departure, not a timeout) instead of after its learned wait or join grace; events it
+   has queued are still released in order, and it is given up once they are. A source that comes back (hello, event,
    heartbeat) is welcomed as after any give-up: its events below the punctuation go late ``after_punctuation``,
    below what was released meanwhile ``after_give_up`` (docs/record-contract.md, "Reference order").
 """

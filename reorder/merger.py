@@ -416,8 +416,9 @@ class MultiSourceMerger:
 
     def leave(self, source_id: str, now_us: int) -> list[MergeOutput]:
         """The source left cleanly (a ``bye``): nothing more comes from it, so the merge gives it up at once instead
-        of after its wait (issue 25 item 7), like a timed-out source (``SourceTimedOut``, counted as a timeout and a
-        departure). Events it has queued are still released in order; it is given up once they are. If it comes
+        of after its wait (issue 25 item 7), as it gives up a timed-out source, but counted as a departure, not a
+        timeout (no ``SourceTimedOut``). Events it has queued are still released in order; it is given up once they
+        are. If it comes
         back, its next event, heartbeat or registration revives it as after any give-up: events below the
         punctuation or below what was released meanwhile go to the late side output with their reason."""
         src = self._sources.get(source_id)
@@ -428,10 +429,18 @@ class MultiSourceMerger:
         if src.queue:
             src.leaving = True
         else:
-            src.waited_since = None  # a departure is no silence to learn a wait from
-            self._time_out(source_id, now_us, out)
+            self._depart(source_id, src)
         self._drain(now_us, out)
         return out
+
+    def _depart(self, source_id: str, src: _Source) -> None:
+        """Give a source that left up: as ``_time_out`` does, without counting a timeout."""
+        src.leaving = False
+        src.timed_out = True
+        src.wait_deadline = None
+        src.waited_since = None  # a departure is no silence to learn a wait from
+        if self._blocker == source_id:
+            self._blocker = None
 
     def advance(self, now_us: int) -> list[MergeOutput]:
         """Fire the wait on a silent source if its deadline is at or before ``now_us``."""
@@ -580,8 +589,7 @@ class MultiSourceMerger:
             else:
                 heapq.heappop(heads)
                 if src.leaving:
-                    src.leaving = False
-                    self._time_out(sid, now_us, out)  # it said bye: its last queued event is out
+                    self._depart(sid, src)  # it said bye: its last queued event is out
                 elif not src.timed_out:
                     heapq.heappush(self._empty, (src.frontier, sid))
         if len(self._empty) > 4 * len(sources) + 64:
