@@ -20,6 +20,7 @@ from broker.cluster import ClusterConfigError, ensure_partitions
 from broker.jars import JarFetchError, ensure_kafka_jars, ensure_spark_jars
 from broker.launcher import KafkaBroker
 from contract.topics import InvalidStreamName, TopicNames, validate_stream_name
+from contract.units import duration_parser
 
 __all__ = ["BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "CommandError", "check_streams_exist", "kafka_client_config",
            "parse_kafka_properties",
@@ -181,11 +182,17 @@ def kafka_start(
     work_dir: WorkDir = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Client port on 127.0.0.1; 0 = any free port.")]
     = DEFAULT_KAFKA_PORT,
+    group_min_session_timeout_ms: Annotated[int | None, typer.Option(
+        "--group-min-session-timeout", metavar="DURATION", parser=duration_parser("ms"),
+        help="The broker's group.min.session.timeout.ms, e.g. 1s: the shortest session_timeout_s a gateway may "
+             "use (a bare number is milliseconds) [Kafka's 6s].")] = None,
 ) -> None:
     """Format storage, start the broker in the background and wait until it answers; prints its bootstrap address.
     The gateways create their topics (one partition per shard) when they start."""
     try:
-        state = KafkaBroker(work_dir, port=port or None).start()
+        state = KafkaBroker(work_dir, port=port or None,
+                            group_min_session_timeout_ms=(None if group_min_session_timeout_ms is None
+                                                          else group_min_session_timeout_ms // 1000)).start()
     except JarFetchError as exc:
         raise CommandError(_first_line(exc)) from None
     typer.echo(state.bootstrap_servers)
@@ -200,7 +207,8 @@ def kafka_stop(work_dir: WorkDir = None) -> None:
 
 @kafka_app.command("status")
 def kafka_status(work_dir: WorkDir = None) -> None:
-    """Print the bootstrap address if the broker runs; exit 1 if not."""
+    """Print `running pid=PID bootstrap=HOST:PORT` if the broker of --dir runs; `not running` and exit 1 if
+    not (`skewless kafka start` prints the bare address)."""
     state = KafkaBroker(work_dir).running_state()
     if state is None:
         typer.echo("not running")

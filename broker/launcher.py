@@ -46,7 +46,8 @@ def default_work_dir() -> Path:
     return cache_dir() / "kafka"
 
 
-def _server_properties(host: str, port: int, controller_port: int, log_dir: Path) -> str:
+def _server_properties(host: str, port: int, controller_port: int, log_dir: Path,
+                       group_min_session_timeout_ms: int | None = None) -> str:
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -69,6 +70,9 @@ def _server_properties(host: str, port: int, controller_port: int, log_dir: Path
         "group.initial.rebalance.delay.ms": "0",
         "log.retention.hours": "24",
     }
+    if group_min_session_timeout_ms is not None:
+        # Kafka's default floor is 6 s: a gateway's session_timeout_s below it is refused when it joins its group.
+        settings["group.min.session.timeout.ms"] = str(group_min_session_timeout_ms)
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -96,11 +100,12 @@ class KafkaBroker:
     """One broker process; `start()` formats fresh storage unless the work dir already has a formatted one."""
 
     def __init__(self, work_dir: Path | None = None, host: str = "127.0.0.1", port: int | None = None,
-                 heap_mb: int = DEFAULT_HEAP_MB) -> None:
+                 heap_mb: int = DEFAULT_HEAP_MB, group_min_session_timeout_ms: int | None = None) -> None:
         self.work_dir = (work_dir or default_work_dir()).resolve()
         self.host = host
         self.port = port
         self.heap_mb = heap_mb
+        self.group_min_session_timeout_ms = group_min_session_timeout_ms
         self._process: subprocess.Popen[bytes] | None = None
         self._last_state: BrokerState | None = None
 
@@ -138,7 +143,8 @@ class KafkaBroker:
         data_dir.mkdir(parents=True)
         logs_dir.mkdir(parents=True, exist_ok=True)
         config = self.work_dir / "server.properties"
-        config.write_text(_server_properties(self.host, port, controller_port, data_dir))
+        config.write_text(_server_properties(self.host, port, controller_port, data_dir,
+                                             self.group_min_session_timeout_ms))
         base = self._java_command(jars, logs_dir)
         formatted = subprocess.run(
             [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={_kafka_cluster_id()}", f"--config={config}"],

@@ -67,6 +67,10 @@ def gateway(
         help="Address sources are redirected to [--host, or the host name for a wildcard --host].")] = None,
     instance_id: Annotated[str | None, typer.Option(
         help="Kafka static membership id: a restart with the same id takes its shards back at once.")] = None,
+    session_timeout_s: Annotated[str | None, typer.Option(
+        metavar="DURATION", help="Kafka group session timeout: a gateway silent this long loses its shards to the "
+                                 "others (the failover time); at least 1s and within the broker's "
+                                 "group.min/max.session.timeout.ms; a bare number is seconds [6s].")] = None,
     reference_clock_error: Annotated[str | None, typer.Option(
         help="This host's clock error against common time, added to every event's uncertainty: a duration "
              "(2ms), or 'chrony' to read chronyd's bound [0: gateways share one host's clock].")] = None,
@@ -104,6 +108,7 @@ def gateway(
             "hmac_secret": hmac_secret or auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
             "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
             "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
+            "session_timeout_s": session_timeout_s,
             "reference_clock_error": reference_clock_error, "reorder_mode": reorder_mode, "pass_late": pass_late,
         })
         config = build_config(settings)

@@ -418,3 +418,42 @@ def test_a_float_option_that_is_not_a_finite_number_is_refused_at_the_option(cap
     code, _, err = run(capsys, *[str(trace) if a == "TRACE" else a for a in argv], *port)
     assert code == 2
     assert one_error_line(err) == line
+
+
+def test_kafka_start_sets_the_group_min_session_timeout(capsys, monkeypatch, tmp_path):
+    # issue 28 item 6: a gateway's session_timeout_s below Kafka's 6 s floor needs the broker's floor lowered.
+    from broker import cli as broker_cli
+    from broker.launcher import BrokerState, KafkaBroker, _server_properties
+
+    made: list[KafkaBroker] = []
+
+    class NoJava(KafkaBroker):
+        def start(self, ready_timeout_s: float = 0.0) -> BrokerState:
+            made.append(self)
+            return BrokerState(1, self.host, 9999, 9998, str(self.work_dir))
+
+    monkeypatch.setattr(broker_cli, "KafkaBroker", NoJava)
+    code, out, _ = run(capsys, "kafka", "start", "--dir", str(tmp_path), "--port", "0",
+                       "--group-min-session-timeout", "1s")
+    assert (code, out) == (0, "127.0.0.1:9999\n")
+    assert made[0].group_min_session_timeout_ms == 1000
+    lines = _server_properties("127.0.0.1", 1, 2, tmp_path, made[0].group_min_session_timeout_ms).splitlines()
+    assert "group.min.session.timeout.ms=1000" in lines
+    assert not any(line.startswith("group.min.session") for line in _server_properties(
+        "127.0.0.1", 1, 2, tmp_path).splitlines())  # Kafka's own default unless asked
+
+
+def test_the_gateway_takes_session_timeout_s_as_a_flag(capsys):
+    code, out, _ = run(capsys, "gateway", "--help")
+    assert code == 0 and "--session-timeout-s DURATION" in out
+    # The flag reaches the settings' validation (before Kafka is asked).
+    code, _, err = run(capsys, "gateway", "--session-timeout-s", "0.5", "--bootstrap", f"127.0.0.1:{closed_port()}")
+    assert code == 2
+    assert one_error_line(err) == "error: session_timeout_s must be >= 1.0, got 0.5"
+
+
+def test_kafka_status_help_says_what_it_prints(capsys, tmp_path):
+    code, out, _ = run(capsys, "kafka", "status", "--help")
+    assert code == 0 and "running pid=PID bootstrap=HOST:PORT" in " ".join(out.split())
+    code, out, _ = run(capsys, "kafka", "status", "--dir", str(tmp_path))
+    assert (code, out) == (1, "not running\n")
