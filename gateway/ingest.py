@@ -857,6 +857,8 @@ class IngestCore:
         if pause_us is None:
             return
         last_us = self._last_call_us
+        if last_us is not None and now_us <= last_us:
+            return  # a frame read before the last call, handled after it: the gateway was running
         self._last_call_us = now_us
         if last_us is not None and now_us - last_us > pause_us:
             self.counters.gateway_pauses += 1

@@ -698,6 +698,19 @@ def test_after_a_pause_of_the_gateway_itself_no_merge_timeout_fires_before_its_s
         assert [r["seq"] for r in published if r["source_id"] == source] == list(range(340))
 
 
+def test_a_frame_stamped_before_the_last_poll_is_no_pause_of_the_gateway():
+    # events_received gets the time its frame was read, which may come before the last poll (the connection's
+    # worker ran later): the gateway ran all along, and no grace must start.
+    from gateway.ingest import GATEWAY_PAUSE_US
+
+    core = make_core(gateway_pause_us=GATEWAY_PAUSE_US)
+    core.source_registered("a", ("s",), T0)
+    core.poll(T0 + 1_000_000)
+    core.events_received(CONN, "a", events(range(1)), T0 + 700_000)  # read 300 ms before that poll
+    core.poll(T0 + 1_002_000)
+    assert core.counters.gateway_pauses == 0 and not core.kafka_stalled(T0 + 1_002_000)
+
+
 def _delay_burst_run(monkeypatch: pytest.MonkeyPatch | None) -> StepRun:
     """dataset1's delay burst on a perfect clock: three of a's events arrive 800 ms late, after their successors."""
     if monkeypatch is not None:  # the reference: rule 9 sees nothing at all
