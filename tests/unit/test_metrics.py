@@ -60,6 +60,11 @@ class FullGateway(FakeGateway):
     def histograms(self) -> dict[str, Histogram]:
         return {"kafka_delivery_latency": self.latency}
 
+    def extra_counters(self) -> dict[str, float]:
+        # The counters gateway.server.Gateway adds to the pipeline's (cluster and logging).
+        cluster = ("shard_handovers", "log_lines_suppressed", "shards_fenced", "owner_unavailable_answers")
+        return {**super().extra_counters(), **{name: 0.0 for name in cluster}}
+
     def per_stream_counters(self) -> dict[str, dict[str, float]]:
         return {"orders": {"records": 12.0, "events_published": 10.0}}
 
