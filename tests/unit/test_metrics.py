@@ -415,3 +415,15 @@ def test_the_sources_gauge_counts_every_source_the_gateway_holds_state_for():
     gateway.known_sources = lambda: {"s1", "gone-1", "gone-2"}  # type: ignore[attr-defined]
     assert "skewless_gateway_sources 3.0" in exposition(gateway)
     assert "skewless_gateway_sources_forgotten_total 0.0" in exposition(gateway)
+
+
+def test_every_counter_of_the_cores_has_help_text():
+    from gateway.ingest import GatewayCounters
+    from gateway.metrics import COUNTER_HELP, ERROR_CODE_COUNTERS
+    from reorder.pipeline import PipelineCounters
+
+    missing = [name for name in GatewayCounters.__dataclass_fields__
+               if name not in COUNTER_HELP and name not in ERROR_CODE_COUNTERS]
+    missing += [f"pipeline_{name}" for name in PipelineCounters.__dataclass_fields__
+                if f"pipeline_{name}" not in COUNTER_HELP and name not in COUNTER_HELP]
+    assert missing == []
