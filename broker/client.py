@@ -76,7 +76,33 @@ class KafkaClientConfig:
 
 
 def librdkafka_logger() -> logging.Logger:
-    return logging.getLogger(LIBRDKAFKA_LOGGER)
+    logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not any(isinstance(f, _CoordinatorLoading) for f in logger.filters):
+        logger.addFilter(_CoordinatorLoading())
+    return logger
+
+
+class _CoordinatorLoading(logging.Filter):
+    """librdkafka warns "Failed to acquire transactional (or idempotence) PID ... retrying" while the broker's
+    transaction coordinator loads its state (3 lines from a fresh gateway against a healthy, just started broker).
+    The producer retries by itself: one INFO line says so, and the lines themselves are DEBUG (issue 28 item 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.explained = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not ("Failed to acquire" in message and "PID" in message and "retrying" in message):
+            return True
+        logger = logging.getLogger(record.name)
+        if not self.explained:
+            self.explained = True
+            logger.info("Kafka's transaction coordinator is still loading (a broker that just started or moved a "
+                        "coordinator): the producer retries until it answers; not an error (librdkafka's \"Failed "
+                        "to acquire transactional PID\" retry lines are logged at DEBUG)")
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logger.isEnabledFor(logging.DEBUG)
 
 
 Servers = str | KafkaClientConfig

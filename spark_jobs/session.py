@@ -3,6 +3,7 @@ under `spark-submit` the launcher's master and conf are kept as given (docs/spar
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from broker.jars import ensure_spark_jars
+from broker.paths import cache_dir
 
 _VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
 _SCALA_LIBRARY = re.compile(r"^scala-library-(\d+\.\d+)\.[\w.+-]*\.jar$")
@@ -166,6 +168,70 @@ def plan_session(launcher_conf: Mapping[str, str], environ: Mapping[str, str], *
     return SessionPlan(None if submitted else chosen_master, local, conf, environ_defaults, connector)
 
 
+# Spark's own WARN lines a job prints on every healthy run (native Hadoop missing, AQE off in streaming, a long plan
+# string truncated, cancelling an availableNow job's finished group): ERROR only, unless the project runs at DEBUG.
+NOISY_SPARK_LOGGERS = (
+    "org.apache.hadoop.util.NativeCodeLoader",
+    "org.apache.spark.sql.execution.streaming.ResolveWriteToStream",
+    "org.apache.spark.sql.catalyst.util.SparkStringUtils",
+    "org.apache.spark.util.SparkStringUtils",
+    "org.apache.spark.scheduler.DAGScheduler",
+)
+# Python level -> log4j level of the JVM side. INFO (the project's default) is WARN for Spark: its INFO lines are
+# per-task chatter (about 80 a job), not news of the job.
+_LOG4J_LEVEL = {logging.DEBUG: "debug", logging.INFO: "warn", logging.WARNING: "warn", logging.ERROR: "error",
+                logging.CRITICAL: "fatal"}
+# log4j2 PatternLayouts for the project's two --log-format styles (gateway/logs.py: TEXT_FORMAT, JsonFormatter).
+_TEXT_PATTERN = "%d{yyyy-MM-dd HH:mm:ss,SSS} %p %c %m%n%ex"
+_JSON_PATTERN = ('{"ts_us": %d{UNIX_MILLIS}000, "level": "%level{WARN=warning, ERROR=error, INFO=info, DEBUG=debug, '
+                 'TRACE=debug, FATAL=critical}", "logger": "%enc{%c}{JSON}", "message": "%enc{%m%ex}{JSON}"}%n')
+
+
+def log4j2_level(python_level: int) -> str:
+    return next((name for level, name in sorted(_LOG4J_LEVEL.items(), reverse=True) if python_level >= level),
+                "debug")
+
+
+def log4j2_properties(python_level: int, json_format: bool) -> str:
+    """Pure: the log4j2 configuration of a bare run's JVM, following the project's --log-level/--log-format: one
+    console appender on stderr, the root at :func:`log4j2_level`, :data:`NOISY_SPARK_LOGGERS` at ERROR above DEBUG."""
+    pattern = _JSON_PATTERN if json_format else _TEXT_PATTERN
+    lines = ["status = error", "appender.console.type = Console", "appender.console.name = console",
+             "appender.console.target = SYSTEM_ERR", "appender.console.layout.type = PatternLayout",
+             f"appender.console.layout.pattern = {pattern}",
+             f"rootLogger.level = {log4j2_level(python_level)}", "rootLogger.appenderRef.console.ref = console"]
+    if python_level > logging.DEBUG:
+        for index, name in enumerate(NOISY_SPARK_LOGGERS):
+            lines += [f"logger.noisy{index}.name = {name}", f"logger.noisy{index}.level = error"]
+    return "".join(line + "\n" for line in lines)
+
+
+def project_log_style() -> tuple[int, bool]:
+    """The project's log level and format, as `skewless --log-level/--log-format` configured the root logger
+    (gateway/logs.py; read from the logger, not imported: spark_jobs may not import gateway)."""
+    root = logging.getLogger()
+    json_format = any(type(h.formatter).__name__ == "JsonFormatter" for h in root.handlers)
+    return root.getEffectiveLevel(), json_format
+
+
+def _quiet_py4j(python_level: int) -> None:
+    """py4j logs every callback connection it opens and closes at INFO (about 20 lines a job): WARNING at least,
+    unless the project runs at DEBUG."""
+    logging.getLogger("py4j").setLevel(max(python_level, logging.WARNING) if python_level > logging.DEBUG
+                                       else python_level)
+
+
+def _log_config_file(python_level: int, json_format: bool) -> Path:
+    text = log4j2_properties(python_level, json_format)
+    path = cache_dir() / "spark" / f"log4j2-{log4j2_level(python_level)}-{'json' if json_format else 'text'}.properties"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(text)
+        temporary.replace(path)  # atomic: two jobs starting at once never read half a file
+    return path
+
+
 def launcher_conf() -> dict[str, str]:
     """The conf of the JVM that started this process (spark-submit), or {} for a bare run: a bare run's JVM does
     not exist yet and is started with the conf we decide on, so asking for it would start it too early."""
@@ -193,10 +259,21 @@ def create_spark_session(app_name: str = "skewless", master: str | None = None,
     if plan.connector == "maven_cache":
         jars = connector_jars(ensure_spark_jars(), pyspark_jars_dir())
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
-    for key, value in {**plan.conf, **(extra_conf or {})}.items():
+    python_level, json_format = project_log_style()
+    _quiet_py4j(python_level)
+    logs: dict[str, str] = {}
+    if plan.master is not None:
+        # A bare run starts its JVM here: it logs through our log4j2 file from its first line (under spark-submit the
+        # launcher's JVM already runs with its own). Spark's progress bar only on a terminal: off one, it is a
+        # stream of carriage returns in a log file.
+        java_options = f"-Dlog4j2.configurationFile=file:{_log_config_file(python_level, json_format)}"
+        given = (extra_conf or {}).get("spark.driver.extraJavaOptions")
+        logs["spark.driver.extraJavaOptions"] = f"{given} {java_options}" if given else java_options
+        logs["spark.ui.showConsoleProgress"] = "true" if sys.stderr.isatty() else "false"
+    for key, value in {**plan.conf, **(extra_conf or {}), **logs}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(os.environ.get("SKEWLESS_SPARK_LOG_LEVEL", "WARN"))
+    session.sparkContext.setLogLevel(os.environ.get("SKEWLESS_SPARK_LOG_LEVEL", log4j2_level(python_level).upper()))
     return session
 
 

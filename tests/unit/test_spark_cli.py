@@ -52,3 +52,39 @@ def test_a_temporary_checkpoint_is_removed_on_ctrl_c(tmp_path: Path) -> None:
     # Python exits by SIGINT itself after an unhandled KeyboardInterrupt (atexit handlers ran before).
     assert process.returncode == -signal.SIGINT and "KeyboardInterrupt" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_jvm_logs_follow_the_project_log_level_and_format() -> None:
+    import logging
+
+    from spark_jobs.session import NOISY_SPARK_LOGGERS, log4j2_level, log4j2_properties
+
+    assert [log4j2_level(level) for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR,
+                                              logging.CRITICAL)] == ["debug", "warn", "warn", "error", "fatal"]
+    default = dict(line.split(" = ", 1) for line in log4j2_properties(logging.INFO, False).splitlines())
+    assert default["rootLogger.level"] == "warn"
+    assert default["appender.console.target"] == "SYSTEM_ERR"
+    assert default["appender.console.layout.pattern"] == "%d{yyyy-MM-dd HH:mm:ss,SSS} %p %c %m%n%ex"
+    assert {default[f"logger.noisy{i}.name"]: default[f"logger.noisy{i}.level"]
+            for i in range(len(NOISY_SPARK_LOGGERS))} == dict.fromkeys(NOISY_SPARK_LOGGERS, "error")
+    debug = dict(line.split(" = ", 1) for line in log4j2_properties(logging.DEBUG, True).splitlines())
+    assert debug["rootLogger.level"] == "debug" and not any(k.startswith("logger.noisy") for k in debug)
+    assert debug["appender.console.layout.pattern"].startswith('{"ts_us": %d{UNIX_MILLIS}000, "level": ')
+
+
+def test_py4j_logs_warnings_only_unless_the_project_runs_at_debug() -> None:
+    import logging
+
+    from spark_jobs.session import _quiet_py4j
+
+    py4j = logging.getLogger("py4j")
+    before = py4j.level
+    try:
+        _quiet_py4j(logging.INFO)
+        assert py4j.level == logging.WARNING
+        _quiet_py4j(logging.ERROR)
+        assert py4j.level == logging.ERROR
+        _quiet_py4j(logging.DEBUG)
+        assert py4j.level == logging.DEBUG
+    finally:
+        py4j.setLevel(before)
