@@ -214,11 +214,32 @@ def project_log_style() -> tuple[int, bool]:
     return root.getEffectiveLevel(), json_format
 
 
+class Py4jShutdown(logging.Filter):
+    """Once :func:`stop_spark` stops the JVM, py4j's threads find their sockets closed under them and log it with a
+    traceback (e.g. ``ValueError: PyMemoryView_FromBuffer(): info->buf must not be NULL`` after a job that exited
+    0): the JVM going away as asked, not an error. Those records pass only at DEBUG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.stopping or logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+PY4J_SHUTDOWN = Py4jShutdown()
+
+
 def _quiet_py4j(python_level: int) -> None:
     """py4j logs every callback connection it opens and closes at INFO (about 20 lines a job): WARNING at least,
     unless the project runs at DEBUG."""
-    logging.getLogger("py4j").setLevel(max(python_level, logging.WARNING) if python_level > logging.DEBUG
-                                       else python_level)
+    py4j = logging.getLogger("py4j")
+    py4j.setLevel(max(python_level, logging.WARNING) if python_level > logging.DEBUG else python_level)
+    PY4J_SHUTDOWN.stopping = False
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        # A logger's filters see only its own records: each py4j module logs on its own logger.
+        if PY4J_SHUTDOWN not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(PY4J_SHUTDOWN)
 
 
 def _log_config_file(python_level: int, json_format: bool) -> Path:
@@ -283,6 +304,7 @@ def stop_spark(session: Any) -> None:
     launcher's: it is left to exit on its own when this process does."""
     from pyspark import SparkContext
 
+    PY4J_SHUTDOWN.stopping = True
     session.stop()
     gateway = SparkContext._gateway
     if gateway is None:

@@ -88,3 +88,25 @@ def test_py4j_logs_warnings_only_unless_the_project_runs_at_debug() -> None:
         assert py4j.level == logging.DEBUG
     finally:
         py4j.setLevel(before)
+
+
+def test_py4j_records_while_the_jvm_stops_pass_only_at_debug() -> None:
+    import logging
+
+    from spark_jobs.session import PY4J_SHUTDOWN, _quiet_py4j
+
+    py4j = logging.getLogger("py4j")
+    before = py4j.level
+    record = logging.LogRecord("py4j.clientserver", logging.ERROR, __file__, 1, "Exception occurred while shutting "
+                               "down connection", (), None)
+    try:
+        _quiet_py4j(logging.INFO)
+        assert PY4J_SHUTDOWN in logging.getLogger("py4j.clientserver").filters
+        assert PY4J_SHUTDOWN.filter(record)  # while the job runs, a py4j error is shown
+        PY4J_SHUTDOWN.stopping = True  # what stop_spark sets before it stops the JVM
+        assert not PY4J_SHUTDOWN.filter(record)
+        py4j.setLevel(logging.DEBUG)
+        assert PY4J_SHUTDOWN.filter(record)
+    finally:
+        PY4J_SHUTDOWN.stopping = False
+        py4j.setLevel(before)
