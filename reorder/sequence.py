@@ -28,7 +28,7 @@ from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.ranges import RangeMap
 from reorder.records import GapSkipped, Late, Released, SourceEvent
 
-__all__ = ["ReorderOutput", "SequenceConfig", "SequenceCounters", "SequenceReorderer", "min_gap_samples_for"]
+__all__ = ["ReorderOutput", "SequenceConfig", "SequenceCounters", "SequenceReorderer", "warmup_samples_for"]
 
 ReorderOutput = Released | Late | GapSkipped
 
@@ -39,15 +39,26 @@ DEFAULT_MAX_BUFFERED = 100_000
 #: forgotten first. Kept as ranges (reorder/ranges.py): a gap costs one range whatever its length.
 DEFAULT_MAX_SKIPPED_TRACKED = 100_000
 
+#: Gap-closing samples needed before the adaptive quantile is trusted at all; until then wait the full cap.  A
+#: 0.9999-quantile of 20 samples is their maximum, and a source's first 20 gaps are typically its common
+#: millisecond disorder: the first long delay then outlasts a wait learned on nothing but short ones.  On the
+#: multi-source replays of issue 12 item 7 every miss was such a gap (28, skipped on 27-273 samples); with 200,
+#: 6 remain.  The cost falls only on gaps that never close (a lost event): they are held up to the cap instead
+#: of the learned wait during the source's first 200 gaps, 0.04-0.2 s of a 15k events/s source, 6-9 s of a
+#: 500 events/s one; the merge waits as long for that source meanwhile (docs/reorder.md).
+DEFAULT_MIN_GAP_SAMPLES = 200
+#: After those 200 and until the quantile rests on 1 / (1 - q) samples (:func:`warmup_samples_for`), no gap is given
+#: up sooner than this.  A q-quantile of fewer samples says nothing about a 1-in-1/(1-q) delay: on the pool profile a
+#: connection's first stall (5-50 ms, about 1 event in 5,000) came after ~1,500 samples of 50 us jitter, outlasted
+#: the 0.7 ms they taught, and its whole stalled run went out of order (issue 25 item 5).  100 ms covers such
+#: stalls; waiting the cap instead (2 s) covered them too but held every long delay of a Dataset 3 source for up
+#: to 2 s while it warmed up (multi-source replays: 2.5 s mean latency instead of 46 ms).
+DEFAULT_WARMUP_MIN_TIMEOUT_US = 100_000
 
-def min_gap_samples_for(target_accuracy: float) -> int:
-    """Gap-closing samples the adaptive ``target_accuracy``-quantile needs before it is trusted: ``1 / (1 - q)``
-    (10,000 at 0.9999).  Fewer samples say nothing about a 1-in-``1/(1-q)`` delay: the quantile of n < 1/(1-q)
-    samples is their maximum, and a source's common disorder is sub-millisecond.  Trusted after 200 samples (the
-    rule of issue 12 item 7), the pool profile's first stall of a connection (5-50 ms, about 1 in 5,000 events)
-    came after ~1,500 samples of jitter, outlasted a 0.7 ms wait, and its whole stalled run went out of order
-    (issue 25 item 5).  Until then a gap is waited for up to the cap; that costs only when a gap never closes (a
-    lost event), which holds the source, and the merge's wait for it, for the cap instead of the learned wait."""
+
+def warmup_samples_for(target_accuracy: float) -> int:
+    """Gap samples the ``target_accuracy``-quantile needs before its learned wait is trusted below the warm-up
+    floor: ``1 / (1 - q)`` (10,000 at 0.9999)."""
     # round() first: 1 / (1 - 0.9999) is 10000.0000000008 in binary floating point
     return max(1, math.ceil(round(1.0 / (1.0 - target_accuracy), 6)))
 
@@ -74,9 +85,11 @@ class SequenceConfig:
     """Adaptive mode: gap samples after which an old sample counts half.  10k gaps is a few seconds of
     a 15k events/s source with ~10 % disorder: long enough for a stable 0.9999-quantile, short enough
     that one burst of extreme delays does not set the timeout for the rest of the run."""
-    min_gap_samples: int | None = None
-    """Adaptive mode: gap samples before the learned quantile is trusted (the cap is waited before); None:
-    :func:`min_gap_samples_for` ``target_accuracy`` (10,000 at 0.9999)."""
+    min_gap_samples: int = DEFAULT_MIN_GAP_SAMPLES
+    warmup_samples: int | None = None
+    """Adaptive mode: until this many gap samples, no gap is given up sooner than ``warmup_min_timeout_us``;
+    None: :func:`warmup_samples_for` ``target_accuracy`` (10,000 at 0.9999)."""
+    warmup_min_timeout_us: int = DEFAULT_WARMUP_MIN_TIMEOUT_US
     min_timeout_us: int = 0
     """Adaptive mode: never give up on a gap sooner than this.  Waiting costs only when a gap never
     closes (a truly lost event); a floor protects against a quantile learned on a calm network before
@@ -96,13 +109,15 @@ class SequenceConfig:
             raise ValueError("max_buffered must be >= 1")
         if self.min_timeout_us < 0:
             raise ValueError("min_timeout_us must be >= 0")
+        if self.warmup_min_timeout_us < 0:
+            raise ValueError("warmup_min_timeout_us must be >= 0")
 
     @property
-    def effective_min_gap_samples(self) -> int:
-        """``min_gap_samples``, or the default its ``target_accuracy`` implies."""
-        if self.min_gap_samples is not None:
-            return self.min_gap_samples
-        return min_gap_samples_for(self.target_accuracy)
+    def effective_warmup_samples(self) -> int:
+        """``warmup_samples``, or the default its ``target_accuracy`` implies."""
+        if self.warmup_samples is not None:
+            return self.warmup_samples
+        return warmup_samples_for(self.target_accuracy)
 
     @classmethod
     def thesis(cls, latency_threshold_us: int = 500_000, **kwargs: object) -> SequenceConfig:
@@ -197,9 +212,12 @@ class SequenceReorderer:
             t_inter = self.inter_arrival.value_us
             t_buffer = self.buffer_delay.value_us
             return int(min(cfg.latency_threshold_us, max(t_inter, t_buffer, 0.0)))
-        if self.gap_delay.count < cfg.effective_min_gap_samples:
+        samples = self.gap_delay.count
+        if samples < cfg.min_gap_samples:
             return cfg.latency_threshold_us
         learned_us = max(cfg.min_timeout_us, int(cfg.timeout_factor * self.gap_delay.value_us()))
+        if samples < cfg.effective_warmup_samples:
+            learned_us = max(learned_us, cfg.warmup_min_timeout_us)
         return min(cfg.latency_threshold_us, learned_us)
 
     def merge_wait_us(self, now_us: int) -> int:

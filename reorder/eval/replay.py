@@ -42,7 +42,7 @@ from reorder.eval.traces import TraceEvent
 from reorder.merger import VIRTUAL_TIME_FLOOR_US, MergerConfig
 from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord
 from reorder.records import Late, Released, SourceEvent
-from reorder.sequence import SequenceConfig
+from reorder.sequence import DEFAULT_WARMUP_MIN_TIMEOUT_US, SequenceConfig
 from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
 from timesync.estimator import ClockEstimate
 
@@ -66,8 +66,9 @@ class ReplayOptions:
     target_accuracy: float = 0.9999
     min_gap_timeout_us: int = 0
     """``sequence``: never give up on a gap sooner (the gateway's floor is 200 ms, ``GATEWAY_MIN_GAP_TIMEOUT_US``)."""
-    min_gap_samples: int | None = None
-    """``sequence``: gap samples before the learned quantile is trusted (None: 1 / (1 - target_accuracy))."""
+    warmup_min_timeout_us: int = DEFAULT_WARMUP_MIN_TIMEOUT_US
+    """``sequence``: until the gap quantile rests on 1 / (1 - target_accuracy) samples, never give up on a gap sooner
+    (:data:`reorder.sequence.DEFAULT_WARMUP_MIN_TIMEOUT_US`; 0 turns the warm-up floor off)."""
     k_us: int = 100_000
     """Fixed K of ``kslack``."""
     sync: bool = True
@@ -231,7 +232,8 @@ def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
     else:
         sequence = SequenceConfig(latency_threshold_us=2_000_000 if cap is None else cap, alpha=opts.alpha,
                                   beta=opts.beta, target_accuracy=opts.target_accuracy,
-                                  min_timeout_us=opts.min_gap_timeout_us, min_gap_samples=opts.min_gap_samples)
+                                  min_timeout_us=opts.min_gap_timeout_us,
+                                  warmup_min_timeout_us=opts.warmup_min_timeout_us)
         merger = MergerConfig(mode="watermark", learn_wait=opts.learn_merge_wait)
     # Virtual time starts at 0 with source clocks behind it: references below the record contract's 0 are normal.
     return PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late,

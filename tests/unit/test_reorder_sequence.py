@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.records import GapSkipped, Late, Released, SourceEvent
-from reorder.sequence import SequenceConfig, SequenceReorderer
+from reorder.sequence import DEFAULT_MIN_GAP_SAMPLES, SequenceConfig, SequenceReorderer
 
 
 def ev(seq: int, ts: int | None = None) -> SourceEvent:
@@ -150,7 +150,8 @@ def test_drop_late_sends_late_only_to_side_output() -> None:
 
 
 def test_adaptive_learns_from_late_arrivals_after_a_skip() -> None:
-    cfg = SequenceConfig(initial_seq=0, latency_threshold_us=1_000_000, min_gap_samples=3)
+    cfg = SequenceConfig(initial_seq=0, latency_threshold_us=1_000_000, min_gap_samples=3,
+                         warmup_min_timeout_us=0)
     r = SequenceReorderer("D1", "R1", cfg)
     t = 0
     seq = 0
@@ -173,8 +174,9 @@ def test_adaptive_learns_from_late_arrivals_after_a_skip() -> None:
 def test_the_gap_quantile_is_trusted_from_the_200th_sample_on_and_the_cap_is_waited_before() -> None:
     # Every gap closes 1 ms after it opened: the 199th sample still leaves the first long delay a 2 s wait (with 20,
     # the multi-source replays skipped gaps on 27-273 samples of millisecond disorder); the 200th sets 2 x 1,021 us.
-    # (the default is 1 / (1 - q) samples since issue 25 item 5: tests/unit/test_reorder_timeout_policy.py)
-    r = SequenceReorderer("D1", "R1", SequenceConfig(min_gap_samples=200))
+    # (without the warm-up floor of issue 25 item 5: tests/unit/test_reorder_timeout_policy.py)
+    r = SequenceReorderer("D1", "R1", SequenceConfig(warmup_min_timeout_us=0))
+    assert r.config.min_gap_samples == DEFAULT_MIN_GAP_SAMPLES == 200
     timeouts = []
     for k in range(200):
         r.push(ev(2 * k + 1), 10_000 * k)
@@ -265,7 +267,8 @@ def test_min_timeout_floor_outlasts_a_short_learned_quantile():
         return SourceEvent("s", "x", seq, seq, None)
 
     for floor_us, closes_in_time in ((0, False), (5_000, True)):
-        r = SequenceReorderer("s", "x", SequenceConfig(min_gap_samples=1, min_timeout_us=floor_us))
+        r = SequenceReorderer("s", "x", SequenceConfig(min_gap_samples=1, min_timeout_us=floor_us,
+                                                         warmup_min_timeout_us=0))
         # Teach it one quick gap: seq 1 arrives 10 us after seq 2.
         r.push(ev(0), 0)
         r.push(ev(2), 100)
@@ -326,7 +329,9 @@ def test_outputs_match_the_per_seq_reference_implementation(
 
     kwargs = {"max_buffered": max_buffered, "max_skipped_tracked": max_skipped, "min_gap_samples": 2,
               "latency_threshold_us": 2_000, "drop_late": drop_late}
-    new = SequenceReorderer("D1", "R1", SequenceConfig(mode=mode, **kwargs))  # type: ignore[arg-type]
+    # the reference predates the warm-up floor (issue 25 item 5): compare the bookkeeping without it
+    new = SequenceReorderer("D1", "R1", SequenceConfig(mode=mode, warmup_min_timeout_us=0,  # type: ignore[arg-type]
+                                                       **kwargs))
     old = reference.SequenceReorderer("D1", "R1", reference.SequenceConfig(mode=mode, **kwargs))  # type: ignore[arg-type]
     now_us = 0
     for seq, wait_us in arrivals:

@@ -1,12 +1,18 @@
-"""The adaptive gap timeout's warm-up (issue 25 item 5): a q-quantile is trusted only once it rests on about
-1 / (1 - q) gap samples; before that a gap is waited for up to the cap."""
+"""The adaptive gap timeout's warm-up (issue 25 item 5): until the q-quantile rests on 1 / (1 - q) gap samples, no
+gap is given up sooner than the warm-up floor (100 ms); before 200 samples the cap is waited, as before."""
 
 from __future__ import annotations
 
 import pytest
 
 from reorder.records import Released, SourceEvent
-from reorder.sequence import SequenceConfig, SequenceReorderer
+from reorder.sequence import (
+    DEFAULT_MIN_GAP_SAMPLES,
+    DEFAULT_WARMUP_MIN_TIMEOUT_US,
+    SequenceConfig,
+    SequenceReorderer,
+    warmup_samples_for,
+)
 
 
 def ev(seq: int) -> SourceEvent:
@@ -14,11 +20,12 @@ def ev(seq: int) -> SourceEvent:
 
 
 @pytest.mark.parametrize(("target", "samples"), [(0.9999, 10_000), (0.999, 1_000), (0.99, 100), (0.99999, 100_000)])
-def test_the_quantile_needs_one_over_one_minus_q_samples(target: float, samples: int) -> None:
+def test_the_warm_up_lasts_one_over_one_minus_q_samples(target: float, samples: int) -> None:
+    assert warmup_samples_for(target) == samples
     cfg = SequenceConfig(target_accuracy=target)
-    assert cfg.min_gap_samples is None
-    assert cfg.effective_min_gap_samples == samples
-    assert SequenceConfig(target_accuracy=target, min_gap_samples=7).effective_min_gap_samples == 7
+    assert (cfg.warmup_samples, cfg.effective_warmup_samples) == (None, samples)
+    assert SequenceConfig(target_accuracy=target, warmup_samples=7).effective_warmup_samples == 7
+    assert (DEFAULT_MIN_GAP_SAMPLES, DEFAULT_WARMUP_MIN_TIMEOUT_US) == (200, 100_000)
 
 
 def short_gaps(r: SequenceReorderer, n: int, close_after_us: int, seq: int = 0, t: int = 0) -> tuple[int, int]:
@@ -48,20 +55,26 @@ def stall(r: SequenceReorderer, seq: int, t: int, stall_us: int) -> list[int]:
 def test_a_first_stall_after_1600_short_gaps_is_waited_out() -> None:
     # Issue 25 item 5: on the pool profile a connection's first stall (5-50 ms) came after ~1,500 gaps of 50 us
     # jitter; trusted after 200 samples, the 0.9999-quantile said 2 x 52 us and the stalled run went late.
-    # 1,600 samples cannot say anything about a 1-in-10,000 delay: the cap (2 s) is still the wait.
+    # 1,600 samples cannot say anything about a 1-in-10,000 delay: the warm-up floor (100 ms) is still the wait.
     r = SequenceReorderer("D1", "R1")
     seq, t = short_gaps(r, 1_600, 50)
-    assert r.timeout_us() == 2_000_000
+    assert r.timeout_us() == 100_000
     assert stall(r, seq, t, 40_000) == [seq, seq + 1, seq + 2, seq + 3]
     assert (r.counters.timeouts, r.counters.late, r.counters.skipped_seqs) == (0, 0, 0)
+    # a delay beyond the floor is still given up at the floor, not at the 2 s cap
+    seq += 4
+    t += 50_000
+    assert stall(r, seq, t, 300_000) == [seq + 1, seq + 2, seq + 3, seq]
+    assert (r.counters.timeouts, r.counters.late) == (1, 1)
 
 
-def test_after_10000_samples_the_learned_timeout_applies() -> None:
+def test_before_200_samples_the_cap_and_after_10000_the_learned_timeout() -> None:
     r = SequenceReorderer("D1", "R1")
-    seq, t = short_gaps(r, 9_999, 50)
+    seq, t = short_gaps(r, 199, 50)
     assert r.timeout_us() == 2_000_000
+    seq, t = short_gaps(r, 9_800, 50, seq, t)
+    assert (r.gap_delay.count, r.timeout_us()) == (9_999, 100_000)
     short_gaps(r, 1, 50, seq, t)  # the 10,000th sample
-    assert r.gap_delay.count == 10_000
     learned = r.timeout_us()
     assert learned < 200  # 2 x the 50 us bucket's upper edge
     assert learned == 2 * int(r.gap_delay.value_us())
