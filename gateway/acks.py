@@ -8,8 +8,8 @@ its payload or ``source_ts_us`` differ from the accepted one's (issue 24 item 8)
 
 State per (source, stream), and why it is bounded (docs/operations.md, "Limits"):
 
-* the accepted seqs the ack has not passed yet, each with the accepted event (to compare a duplicate with it
-  exactly): the unacknowledged window, bounded by the gateway's buffer limits and Kafka's latency;
+* the accepted seqs the ack has not passed yet, each with the accepted event's digest (``event_digest``: a
+  duplicate is compared by digest here and once acked alike): the unacknowledged window, bounded by the gateway's buffer limits and Kafka's latency;
 * confirmed and given-up seqs as ranges (reorder/ranges.py), not one entry per seq: a gap of a million seqs is one
   range. Given-up ranges the ack passed are kept (for the one late acceptance) up to ``max_given_up_seqs`` seqs and
   ``MAX_GIVEN_UP_RANGES`` ranges, the lowest forgotten first;
@@ -63,9 +63,12 @@ _NO_SEQ = -1
 
 
 def event_digest(source_ts_us: int, payload: Any) -> int:
-    """A 64-bit digest of what a duplicate must repeat: the payload and the source timestamp."""
+    """A 64-bit digest of what a duplicate must repeat: the payload and the source timestamp.
+
+    The payload's JSON with sorted keys: an object resent with its keys in another order is the same event, while
+    ``1``, ``1.0`` and ``true`` differ (as they do in Kafka), unlike Python's ``1 == 1.0 == True``."""
     try:
-        body: bytes | str = orjson.dumps(payload)
+        body: bytes | str = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # a RejectedPayload, or anything orjson cannot encode: its repr names it well enough
         body = repr(payload)
     return hash((source_ts_us, body))
@@ -77,8 +80,8 @@ class _StreamProgress:
     def __init__(self, acked_through: int) -> None:
         self.acked_through = acked_through  # highest seq such that everything from the first seq up to it is settled
         self.highest = acked_through  # highest seq accepted or given up (for the jump limit)
-        # accepted, not passed by the ack yet: seq -> (source_ts_us, payload), or None when not compared
-        self.pending: dict[int, tuple[int, Any] | None] = {}
+        # accepted, not passed by the ack yet: seq -> event_digest of the accepted event, or None when not compared
+        self.pending: dict[int, int | None] = {}
         self.confirmed: RangeMap[bool] = RangeMap()  # confirmed above the ack
         self.given_up: RangeMap[bool] = RangeMap()  # given up, never accepted
         self.recent_seqs: array[int] | None = None
@@ -127,7 +130,7 @@ class DeliveryTracker:
             pending = progress.pending
             if seq in pending:
                 known = pending[seq]
-                if known is None or event is None or (known[0] == event[0] and known[1] == event[1]):
+                if known is None or event is None or known == event_digest(*event):
                     return DUPLICATE
                 return CONFLICT
             if seq > progress.highest:
@@ -136,7 +139,7 @@ class DeliveryTracker:
                 progress.highest = seq
             elif progress.given_up:
                 progress.given_up.pop(seq)  # a given-up seq above the ack, arriving after all
-            pending[seq] = event
+            pending[seq] = None if event is None else event_digest(*event)
             return ACCEPTED
         if progress.given_up and progress.given_up.pop(seq) is not None:
             # Given up, the ack passed it, and here it is: published once, on the late topic.
@@ -161,9 +164,9 @@ class DeliveryTracker:
         if seq == acked + 1 and not progress.confirmed and (given_up_hi is None or given_up_hi <= seq):
             # In order, nothing settled above it (the usual case): the ack moves by one.
             progress.acked_through = seq
-            event = progress.pending.pop(seq, None)
-            if event is not None:
-                self._remember(progress, seq, event_digest(*event))
+            digest = progress.pending.pop(seq, None)
+            if digest is not None:
+                self._remember(progress, seq, digest)
             return seq
         progress.confirmed.add(seq, seq, True)
         return self._advance(progress)
@@ -223,12 +226,12 @@ class DeliveryTracker:
             if head is not None and head[0] == acked + 1:
                 hi = head[1]
                 confirmed.pop_range(head[0], hi)
-                # Only the newest RECENT_ACKED_DIGESTS seqs stay in the ring: older ones are not digested at all.
+                # Only the newest RECENT_ACKED_DIGESTS seqs stay in the ring: older digests are dropped.
                 ring_from = hi - RECENT_ACKED_DIGESTS + 1
                 for seq in range(acked + 1, hi + 1):
-                    event = pending.pop(seq, None)
-                    if event is not None and seq >= ring_from:
-                        self._remember(progress, seq, event_digest(*event))
+                    digest = pending.pop(seq, None)
+                    if digest is not None and seq >= ring_from:
+                        self._remember(progress, seq, digest)
                 acked = hi
                 continue
             if given_up:

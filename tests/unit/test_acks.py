@@ -176,3 +176,23 @@ def test_a_duplicate_with_another_payload_or_timestamp_is_a_conflict_while_pendi
     assert tracker.admit("s", "a", 1, (1, 2)) == CONFLICT
     assert tracker.admit("s", "a", RECENT_ACKED_DIGESTS, (0, 0)) == CONFLICT
     assert tracker.admit("s", "a", 5, None) == DUPLICATE  # nothing to compare
+
+
+def test_conflict_check_is_the_same_before_and_after_the_ack_key_order_ignored_types_distinguished():
+    # Review B4: the pending window compared payloads with Python == (1 == True, so {"v": True} passed as a
+    # duplicate of {"v": 1} and its sender was acked though Kafka holds 1), the acked ring compared digests of
+    # unsorted JSON (the same object with its keys reordered was a conflict once acked). Both compare one digest now.
+    from gateway.acks import ACCEPTED, CONFLICT, DUPLICATE
+
+    tracker = DeliveryTracker()
+    assert tracker.admit("s", "a", 0, (10, {"x": 1, "y": 2})) == ACCEPTED
+    assert tracker.admit("s", "a", 0, (10, {"y": 2, "x": 1})) == DUPLICATE  # pending
+    assert tracker.admit("s", "a", 1, (10, {"v": 1})) == ACCEPTED
+    assert tracker.admit("s", "a", 1, (10, {"v": True})) == CONFLICT  # pending: 1 == True in Python
+    assert tracker.admit("s", "a", 1, (10, {"v": 1.0})) == CONFLICT
+    assert tracker.confirmed("s", "a", 0) == 0
+    assert tracker.confirmed("s", "a", 1) == 1
+    assert tracker.admit("s", "a", 0, (10, {"y": 2, "x": 1})) == DUPLICATE  # acked: same verdicts
+    assert tracker.admit("s", "a", 0, (10, {"x": 1, "y": 2})) == DUPLICATE
+    assert tracker.admit("s", "a", 1, (10, {"v": True})) == CONFLICT
+    assert tracker.admit("s", "a", 1, (10, {"v": 1})) == DUPLICATE
