@@ -9,7 +9,8 @@ its payload or ``source_ts_us`` differ from the accepted one's (issue 24 item 8)
 State per (source, stream), and why it is bounded (docs/operations.md, "Limits"):
 
 * the accepted seqs the ack has not passed yet, each with the accepted event's digest (``event_digest``: a
-  duplicate is compared by digest here and once acked alike): the unacknowledged window, bounded by the gateway's buffer limits and Kafka's latency;
+  duplicate is compared by digest here and once acked alike): the unacknowledged window, bounded by the
+  gateway's buffer limits and Kafka's latency;
 * confirmed and given-up seqs as ranges (reorder/ranges.py), not one entry per seq: a gap of a million seqs is one
   range. Given-up ranges the ack passed are kept (for the one late acceptance) up to ``max_given_up_seqs`` seqs and
   ``MAX_GIVEN_UP_RANGES`` ranges, the lowest forgotten first;
@@ -17,7 +18,9 @@ State per (source, stream), and why it is bounded (docs/operations.md, "Limits")
   duplicate older than that is not compared (re-acked as a plain duplicate).
 
 A seq more than ``max_seq_jump`` above everything accepted (or given up, or acked) is refused (``SEQ_JUMP``): a
-jump that large is a broken source, and the gap it opens would be waited for and reported for nothing.
+jump that large is a broken source, and the gap it opens would be waited for and reported for nothing. The first
+seq of a (source, stream) the tracker knows nothing of is accepted whatever it is (a long-lived source the gateway
+lost track of): the gap below it is one range.
 """
 
 from __future__ import annotations
@@ -134,7 +137,11 @@ class DeliveryTracker:
                     return DUPLICATE
                 return CONFLICT
             if seq > progress.highest:
-                if seq - max(progress.highest, progress.acked_through) > self.max_seq_jump:
+                # The first seq of a stream the gateway has no progress for is accepted however high: a long-lived
+                # source that left the checkpoint (source_retention, a new deployment) resumes at its own seq, and
+                # the seqs below it cost one given-up range. The limit is for the jumps after it.
+                if (progress.highest != _NO_SEQ
+                        and seq - max(progress.highest, progress.acked_through) > self.max_seq_jump):
                     return SEQ_JUMP
                 progress.highest = seq
             elif progress.given_up:

@@ -148,11 +148,12 @@ def test_a_seq_jump_beyond_the_limit_is_refused_without_state():
     from gateway.acks import ACCEPTED, SEQ_JUMP
 
     tracker = DeliveryTracker(max_seq_jump=100)
-    assert tracker.admit("s", "a", 100, None) == SEQ_JUMP  # from -1: a jump of 101
-    assert tracker.admit("s", "a", 99, None) == ACCEPTED
-    assert tracker.admit("s", "a", 200, None) == SEQ_JUMP
-    assert tracker.admit("s", "a", 199, None) == ACCEPTED
-    assert tracker.unacked("s", "a") == 2
+    assert tracker.admit("s", "a", 0, None) == ACCEPTED  # the first seq: never a jump (B6)
+    assert tracker.admit("s", "a", 101, None) == SEQ_JUMP  # from 0: a jump of 101
+    assert tracker.admit("s", "a", 100, None) == ACCEPTED
+    assert tracker.admit("s", "a", 201, None) == SEQ_JUMP
+    assert tracker.admit("s", "a", 200, None) == ACCEPTED
+    assert tracker.unacked("s", "a") == 3
 
 
 def test_a_duplicate_with_another_payload_or_timestamp_is_a_conflict_while_pending_and_once_acked():
@@ -196,3 +197,22 @@ def test_conflict_check_is_the_same_before_and_after_the_ack_key_order_ignored_t
     assert tracker.admit("s", "a", 0, (10, {"x": 1, "y": 2})) == DUPLICATE
     assert tracker.admit("s", "a", 1, (10, {"v": True})) == CONFLICT
     assert tracker.admit("s", "a", 1, (10, {"v": 1})) == DUPLICATE
+
+
+def test_the_first_seq_of_a_fresh_stream_is_accepted_however_high_and_the_limit_applies_after_it():
+    # Review B6: a long-lived source (seq past 1,000,000) the gateway has no progress for was refused on every
+    # event, its first seq measured from -1. The first seq costs one range whatever it is; the jump limit is for
+    # the seqs after it.
+    from gateway.acks import ACCEPTED, SEQ_JUMP
+
+    tracker = DeliveryTracker(max_seq_jump=100)
+    assert tracker.admit("s", "a", 2_500_000, None) == ACCEPTED
+    assert tracker.admit("s", "a", 2_500_100, None) == ACCEPTED  # a jump of 100: within the limit
+    assert tracker.admit("s", "a", 2_500_201, None) == SEQ_JUMP  # a jump of 101 after the first seq
+    assert tracker.confirmed("s", "a", 2_500_000) is None
+    assert tracker.give_up("s", "a", 0, 2_499_999) == ([(0, 2_499_999)], 2_500_000)
+    assert tracker.ranges("s", "a") == 1 and tracker.unacked("s", "a") == 1
+    # A stream with progress (resume) is not fresh: the limit holds from its next seq.
+    tracker.resume("t", "a", 10)
+    assert tracker.admit("t", "a", 110, None) == SEQ_JUMP  # 101 above seq 9
+    assert tracker.admit("t", "a", 109, None) == ACCEPTED

@@ -1158,3 +1158,28 @@ def test_a_bye_releases_what_waited_for_its_source_at_once():
     assert [(d.seq, d.topic) for d in produced(actions)] == [(0, "events")]
     assert core.source_left("b", T0 + 201) == []  # a pool's second bye changes nothing
     assert (core.counters.byes, core.pipeline.counters.departures) == (2, 1)
+
+
+def test_a_long_lived_source_the_gateway_has_no_progress_for_publishes_after_one_gap():
+    # Review B6: a source whose seqs are past max_seq_jump (it dropped out of the checkpoint, a new deployment) had
+    # every event refused as seq_jump, forever. Its first seq is accepted; 0..first-1 is one given-up gap.
+    from contract.wire.messages import build_gap
+
+    core = make_core()
+    core.source_registered("meter-17", ("s",), T0)
+    first = 2_500_000
+    actions = core.events_received(CONN, "meter-17", events(range(first, first + 100)), T0 + 200)
+    assert [a for a in actions if isinstance(a, SendFrame)] == [] and core.counters.seq_jumps == 0
+    released: list[IngestAction] = list(actions)
+    now = T0 + 200
+    while len(seqs(released)) < 100:
+        deadline = core.next_deadline_us()
+        assert deadline is not None and deadline - T0 < 10_000_000
+        now = max(now, deadline)
+        released += core.advance(now)
+    assert seqs(released) == list(range(first, first + 100))
+    deliver(core, released, now + 10)
+    sent = _sent(released) + _sent(core.poll(now + 20))
+    assert sent == [SendToSource("meter-17", encode_frame(build_gap("s", 0, first - 1, "timeout"))),
+                    SendToSource("meter-17", ack("s", first + 99))]
+    assert core.tracker.ranges("meter-17", "s") == 1
