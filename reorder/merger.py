@@ -369,18 +369,23 @@ class MultiSourceMerger:
         src = self._sources.get(source_id)
         return None if src is None else len(src.queue)
 
-    def forget(self, source_id: str) -> None:
-        """Drop a source whose queue is empty (the gateway frees idle sources): the merge stops waiting for it, as
-        for a timed-out one; ``register`` or its next event brings it back as a new source."""
+    def waits_for(self, source_id: str) -> bool:
+        """Whether the merge is holding other sources' events for this one (it is the source being waited for)."""
+        return self._blocker == source_id
+
+    def forget(self, source_id: str) -> bool:
+        """Drop a source that holds nothing (the gateway frees idle sources); ``register`` or its next event brings
+        it back as a new source. Refused (False) while its queue is not empty or the merge waits for it: the others'
+        events it holds back are released by that wait (it gives the source up), and dropping it would leave them
+        queued with no deadline, unreleased until the stream's next push (review B1)."""
         src = self._sources.get(source_id)
-        if src is None or src.queue:
-            return
+        if src is None or src.queue or self._blocker == source_id:
+            return False
         del self._sources[source_id]
-        if self._blocker == source_id:
-            self._blocker = None
         if self._watermark_holder == source_id:
             self._watermark_holder = None
         # Its entries in the lazy heap of empty sources are dropped as stale by _top_blocker.
+        return True
 
     def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int, *,
                   caught_up: bool = False, mapped: tuple[int, int] | None = None) -> list[MergeOutput]:

@@ -232,14 +232,17 @@ class IngestPipeline:
     def forget_source(self, source_id: str, streams_of_source: Iterable[str] | None = None) -> bool:
         """Free a source's per-stream state (its reorderers and merge entries) once it holds nothing: its next
         seq per stream is kept as a hint, so a source that comes back resumes where it left off. False (and
-        nothing freed) while it holds events anywhere. ``streams_of_source``: the only streams it can have state
-        in (its declared ones), to look at those only; None: every stream."""
+        nothing freed) while it holds events anywhere, its own or, as the source a merge is waiting for, the others'
+        (freed then, their wait was lost and they stayed queued with no deadline; its wait gives it up and the next
+        sweep frees it). ``streams_of_source``: the only streams it can have state in (its declared ones), to look
+        at those only; None: every stream."""
         candidates = (self._streams.values() if streams_of_source is None
                       else [p for p in map(self._streams.get, streams_of_source) if p is not None])
         streams = [p for p in candidates if source_id in p.reorderers or p.merger.queued_of(source_id) is not None]
         for pipeline in streams:
             reorderer = pipeline.reorderers.get(source_id)
-            if (reorderer is not None and reorderer.buffered) or pipeline.merger.queued_of(source_id):
+            if ((reorderer is not None and reorderer.buffered) or pipeline.merger.queued_of(source_id)
+                    or pipeline.merger.waits_for(source_id)):
                 return False
         for pipeline in streams:
             reorderer = pipeline.reorderers.pop(source_id, None)

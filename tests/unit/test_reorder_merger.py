@@ -451,3 +451,20 @@ def test_leave_gives_an_empty_source_up_at_once_and_a_queued_one_once_its_queue_
     assert (m.counters.departures, m.counters.timeouts) == (1, 0)
     assert m.next_deadline_us() is None
     assert m.leave("B", 12) == []  # already gone: nothing more
+
+
+def test_the_source_the_merge_waits_for_is_not_forgotten_and_its_wait_still_fires() -> None:
+    """Review B1: forgetting the blocker left the others' events queued with no deadline."""
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(learn_wait=False, default_timeout_us=1_000))
+    m.register("A", 0)
+    m.register("B", 0)
+    out = m.push(ev("A", 0, 10), 10, 10)
+    out += m.push(ev("B", 0, 20), 20, 20)
+    assert merged(out) == [("A", 0, 10)]  # B's event waits for A
+    assert (m.waits_for("A"), m.next_deadline_us()) == (True, 1_020)
+    assert m.forget("A") is False
+    assert (m.sources(), m.next_deadline_us()) == (["A", "B"], 1_020)
+    out = m.advance(1_020)
+    assert merged(out) == [("B", 0, 20)]
+    assert [o.source_id for o in out if isinstance(o, SourceTimedOut)] == ["A"]
+    assert (m.waits_for("A"), m.forget("A"), m.sources(), m.queued) == (False, True, ["B"], 0)

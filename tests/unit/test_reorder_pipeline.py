@@ -604,3 +604,28 @@ def test_heartbeats_that_promise_nothing_new_do_not_hold_the_merge_forever():
     out = pipe.heartbeat("b", {"s": 1}, now, now)
     out += pipe.push("a", ev(1, now + 1_000), now + 1)
     assert records(out) == []  # a's next event waits for b again (b's frontier is now)
+
+
+# -- review B1: freeing an idle source must not strand the events the merge holds for it ---------------------------
+
+
+def test_a_source_the_merge_waits_for_is_not_freed_until_the_wait_gives_it_up():
+    """Rule 11 frees an idle source that holds nothing; the source the merge is waiting for holds the others' events
+    (they wait for it). Freed then, the merge lost its wait: b's event stayed queued with no deadline, unpublished
+    until the stream got another push."""
+    pipe = IngestPipeline(IdentityMapping())
+    pipe.register("a", ("s",), T0)
+    pipe.register("b", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 10), T0 + 10)
+    out += pipe.push("b", ev(0, T0 + 20), T0 + 20)
+    assert records(out) == [("a", 0, T0 + 10)]  # b's event waits for a (its frontier at 10)
+    assert pipe.buffered() == {"b": 1}
+    assert pipe.forget_source("a", ("s",)) is False  # the merge waits for it: not idle
+    later = T0 + 10**8  # past any wait
+    out = pipe.advance(later)
+    assert records(out) == [("b", 0, T0 + 20)]
+    assert (pipe.counters.source_timeouts, pipe.buffered()) == (1, {})
+    assert pipe.forget_source("a", ("s",)) is True  # given up: now it holds nothing
+    out = pipe.push("a", ev(1, T0 + 30), later + 1)  # it comes back at its next seq (no gap wait for seq 0)
+    out += pipe.push("b", ev(1, T0 + 40), later + 2)
+    assert records(out) == [("a", 1, T0 + 30)]
