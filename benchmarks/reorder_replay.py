@@ -10,6 +10,7 @@ thesis approaches run reorder.pipeline.IngestPipeline, the gateway's ordering pi
 from __future__ import annotations
 
 import argparse
+import pickle
 import platform
 import time
 from collections.abc import Callable
@@ -312,12 +313,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/ (full run), /tmp (--quick)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
+    ap.add_argument("--save-results", type=Path, default=None,
+                    help="also pickle the replay results and throughput here (to re-render with --from-results)")
+    ap.add_argument("--from-results", type=Path, default=None,
+                    help="re-render plots and report from a --save-results file instead of replaying")
     args = ap.parse_args()
     global DOCS  # noqa: PLW0603 - one switch for plots and report, set before anything is written
     DOCS = args.out_dir or (Path("/tmp/reorder-bench-quick") if args.quick else DOCS)
     DOCS.mkdir(parents=True, exist_ok=True)
     scale = 0.1 if args.quick else 1.0
     t0 = time.perf_counter()
+    if args.from_results is not None:
+        saved = pickle.loads(args.from_results.read_bytes())
+        write_report(saved["res"], saved["tput"], plots(saved["res"]), saved["replay_s"], saved["total_s"],
+                     saved["scale"], saved["cpu"], DOCS)
+        print(f"re-rendered {DOCS / 'reorder-benchmark.md'} from {args.from_results}")
+        return
     jobs = build_jobs(scale)
     # biggest first so the two workers finish together
     jobs.sort(key=lambda j: -j.spec.events_per_source * j.spec.sources * len(j.runs))
@@ -334,7 +345,11 @@ def main() -> None:
         advance(description="plots")
         images = plots(res)
         advance()
-    write_report(res, tput, images, replay_s, time.perf_counter() - t0, scale, cpu_name(), DOCS)
+    total_s = time.perf_counter() - t0
+    if args.save_results is not None:
+        args.save_results.write_bytes(pickle.dumps({"res": res, "tput": tput, "replay_s": replay_s,
+                                                    "total_s": total_s, "scale": scale, "cpu": cpu_name()}))
+    write_report(res, tput, images, replay_s, total_s, scale, cpu_name(), DOCS)
     print(f"done in {time.perf_counter() - t0:.0f} s; wrote {DOCS / 'reorder-benchmark.md'}")
 
 

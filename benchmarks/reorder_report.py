@@ -33,15 +33,19 @@ def fmt(x: float | int | str, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
 
 
-# The figures of the last run before the replay went through reorder.pipeline (2026-11-21, reproduced unchanged on
-# the tree just before that change): what the section "What moved" compares with.
-PREVIOUS_RUN = "2026-11-21"
-PREVIOUS_LATE = {"dataset1": 12, "dataset2": 6, "dataset3": 81, "heavytail": 3, "pool": 23}
-PREVIOUS_DATASET3_LATENCY_MS = (3_823.980, 5_270.030)  # default cap, 30 s cap
-PREVIOUS_SOURCES_LATENCY_MS = {2: 48.78, 5: 54.28, 10: 61.79, 20: 74.53}
-PREVIOUS_THESIS_SOURCES = {2: (9.24, 81.868), 20: (15.64, 84.217)}
-PREVIOUS_DRIFT_SYNC_LATENCY_MS = 725.38
-PREVIOUS_DRIFT_1H_NOSYNC = (13, 99.91)
+# The figures of the previous run of this benchmark (2026-11-23 07:29 UTC): what the section "What moved" compares with.
+PREVIOUS_RUN = "2026-11-23 07:29"
+PROFILES = ("dataset1", "dataset2", "dataset3", "heavytail", "pool")
+# (avg latency ms, accuracy %) per profile and approach
+PREVIOUS_PROFILE = {
+    "dataset1": {"sequence": (0.097, 99.9904), "mpkslack": (593.614, 99.9904), "aqkslack": (2.099, 24.2410)},
+    "dataset2": {"sequence": (392.540, 99.9952), "mpkslack": (1_598.523, 99.9822), "aqkslack": (43.576, 51.1941)},
+    "dataset3": {"sequence": (3_823.961, 99.9516), "mpkslack": (21_851.103, 99.9764), "aqkslack": (602.548, 91.4168)},
+    "heavytail": {"sequence": (1_778.082, 100.0), "mpkslack": (2_008.790, 99.8993), "aqkslack": (892.834, 96.7557)},
+    "pool": {"sequence": (0.787, 99.9866), "mpkslack": (46.524, 99.9933), "aqkslack": (2.725, 43.0422)},
+}
+# multi-source uplink stalls, adaptive sequence row: (avg latency ms, give-ups, late, gaps skipped, accuracy % (ms))
+PREVIOUS_MULTI = {"multitail": (49.36, 2, 0, 0, 100.0), "multistall": (47.48, 0, 6, 6, 99.851)}
 
 
 def _thesis_key(approach: str) -> str:
@@ -91,6 +95,14 @@ def write_report(
         "more than 100 us. With several sources at 15k events/s each, events of different sources are a "
         "few microseconds apart, closer than any network time sync (ours: about +-20 us, error bound "
         "about 235 us), so microsecond-exact cross-source order is not a meaningful target.",
+        "",
+        "**The baselines are the thesis' own.** The thesis ran its buffer baselines as Siddhi's reorder extensions: "
+        "MP-K-slack is `reorder:kslack(ts)` (Query 5.4; K grows to the largest delay seen), AQ-K-slack is "
+        "`reorder:akslack(ts, v_abs)` (Query 5.5) with the extension's defaults (alpha re-estimated every 10,000 "
+        "events from a coverage threshold of error 0.03 at confidence 0.95, PD gains kp 0.5 and kd 0.8; K changes "
+        "only when a delay exceeds it, to round(delay x alpha)), both re-implemented in `reorder/eval/kslack.py` "
+        "(docs/reorder.md, 'Baselines'). Their correlation field here is the trace's `v`, the DEBS-like speed "
+        "(the thesis passed `v_abs`).",
         "",
         "**What runs.** The sequence rows (ours and the thesis' Eq. 3.11 mode) run "
         "`reorder.pipeline.IngestPipeline`, the ordering pipeline the gateway runs: per-source sequence "
@@ -260,11 +272,12 @@ def multi_source(res: dict[str, Any], image: str) -> list[str]:
            "ms resolution, beyond 100 us, and strict us (sources are a few hundred us apart, closer than the time "
            "sync's error bound). Latency ratio: mean latency over the oracle's. Each reorderer trusts its gap quantile "
            "after 200 gap samples (`DEFAULT_MIN_GAP_SAMPLES`) and waits the 2 s cap before; with 20, every diverted "
-           "or released-late event of the sequence rows was a gap skipped on 27-273 samples (multitail 99.495 % "
-           "adaptive / 99.874 % gateway settings at 0.845x / 0.916x the oracle, multistall 99.603 % / 100 % at "
-           "1.13x / 1.14x). These sources show 200 gaps only after 6-9 s, most of multitail: their reorderers wait the "
-           "cap there, so the merge's wait for a stalled source (which includes the reorderer's gap timeout) covers "
-           "the stalls with or without the learned merge wait. On multistall the learned wait still decides.", ""]  # fmt: skip
+           "or released-late event of the sequence rows was a gap skipped on 27-273 samples. Until 10,000 samples "
+           "no gap is given up sooner than 100 ms (the warm-up floor, issue 25 item 5): before it, multistall "
+           "adaptive diverted one pooled connection's first stall (6 events, gaps skipped after 3.5 ms). These "
+           "sources show 200 gaps only after 6-9 s, most of multitail: their reorderers wait the cap there, so the "
+           "merge's wait for a stalled source (which includes the reorderer's gap timeout) covers the stalls with or "
+           "without the learned merge wait. On multistall the learned wait still decides.", ""]  # fmt: skip
     for key in ("multitail", "multistall"):
         r = res[key].results
         oracle_ms = max(float(r["oracle"]["avg_latency_ms"]), 1e-9)
@@ -286,73 +299,45 @@ def multi_source(res: dict[str, Any], image: str) -> list[str]:
 
 
 def what_moved(res: dict[str, Any]) -> list[str]:
-    """This run next to the last one whose sequence rows ran the replay's own reorderers -> merger loop."""
+    """This run next to the previous one: issue 25 items 4 (AQ-K-slack) and 5 (the gap quantile's warm-up)."""
 
     def m(key: str, approach: str, metric: str) -> Any:
         return res[key].results[approach][metric]
 
-    def late(key: str, approach: str = "sequence") -> str:
-        return f"{fmt(int(m(key, approach, 'late_events')))} + {fmt(int(m(key, approach, 'late_passed_events')))}"
+    def pair(lat: float, acc: float) -> str:
+        return f"{fmt(lat, 3)} / {fmt(acc, 4)}"
 
-    profiles = tuple(PREVIOUS_LATE)
-    sources = tuple(PREVIOUS_SOURCES_LATENCY_MS)
-    drift_latency = sorted({fmt(float(m(f"drift{d}", "sync", "avg_latency_ms"))) for d in DRIFTS})
-    rows = [
-        ["sequence, late events (" + " / ".join(profiles) + ")",
-         " / ".join(fmt(PREVIOUS_LATE[d]) for d in profiles),
-         " / ".join(late(d) for d in profiles) + " (late + released late)",
-         "Counting. An event the reorderer passed on late and the merge then diverted behind its punctuation was "
-         "counted late twice; one the merge released was counted released and late. Now each is counted once: "
-         "diverted ('late') or released behind newer events ('released late'). On dataset3 the heartbeat rule "
-         "(below) moves the split too: with the old rule the pipeline gives 40 + 1 (old count 41 + 40). On heavytail "
-         "the 3 released late with the gap quantile trusted after 20 samples are 0 since it is trusted after 200 "
-         "(`DEFAULT_MIN_GAP_SAMPLES`, issue 12 item 7)."],
-        ["thesis mode and K-slack rows, late", "all passed-late events", "the same counts, as 'released late'",
-         "Counting: these events were released behind newer ones, never diverted."],
-        ["sequence, dataset3 avg latency ms (default cap / 30 s cap)",
-         " / ".join(fmt(x, 3) for x in PREVIOUS_DATASET3_LATENCY_MS),
-         " / ".join(fmt(float(m("dataset3", run, "avg_latency_ms")), 3) for run in ("sequence", "sequence-cap30s")),
-         "The heartbeat rule: more late events are released on arrival (latency 0) instead of diverted "
-         "(default cap: 6 instead of 1)."],
-        ["sequence, multiple sources: avg latency ms (" + " / ".join(str(k) for k in sources) + " sources)",
-         " / ".join(fmt(PREVIOUS_SOURCES_LATENCY_MS[k]) for k in sources),
-         " / ".join(fmt(float(m(f"sources{k}", "sequence", "avg_latency_ms"))) for k in sources),
-         "The gateway's heartbeat rule: a heartbeat reaches the merge only when the source's reorderer holds "
-         "nothing and has every event before it. The replay used to hand every sync round's heartbeat to the "
-         "merger, which kept it until the events before it were delivered; now a source holding a gap proves "
-         "nothing until a later round, so the merge waits for it longer. With the old rule patched into the "
-         "pipeline the same traces give 54.28 ms (5 sources) and 74.53 ms (20)."],
-        ["thesis mode, multiple sources: avg latency ms / accuracy % (2 and 20 sources)",
-         " and ".join(f"{fmt(lat)} / {fmt(acc, 3)}" for lat, acc in PREVIOUS_THESIS_SOURCES.values()),
-         " and ".join(f"{fmt(float(m(f'sources{k}', 'thesis', 'avg_latency_ms')))} / "
-                      f"{fmt(float(m(f'sources{k}', 'thesis', 'accuracy_ms_pct')), 3)}"
-                      for k in PREVIOUS_THESIS_SOURCES),
-         "20 sources: the join grace. A source that said hello (after its first sync round) is waited for "
-         "until it speaks, up to 2 s, not just its first Eq. 3.11 timeout (about 0); without the hello the "
-         "pipeline gives 15.64 ms / 84.217 %. 2 sources: the merger now renews its wait for a source from that "
-         "source's late event, which goes straight out, instead of waiting with no deadline for the next input; "
-         "some waits end sooner (with the previous merger: 81.868 %). At 5 and 10 sources (11.38 / 83.586 and "
-         "13.29 / 84.583 before) both play; they were not separated."],
-        ["drift, with sync: avg latency ms", fmt(PREVIOUS_DRIFT_SYNC_LATENCY_MS),
-         " / ".join(drift_latency),
-         "The heartbeat rule (drift 10 ms with the old rule: 725.38 ms)."],
-        ["drift 1 h, without sync: out-of-order (ms) / accuracy %",
-         f"{fmt(PREVIOUS_DRIFT_1H_NOSYNC[0])} / {fmt(PREVIOUS_DRIFT_1H_NOSYNC[1])}",
-         f"{fmt(int(m('drift1h', 'nosync', 'out_of_order_events_ms')))} / "
-         f"{fmt(float(m('drift1h', 'nosync', 'accuracy_ms_pct')))}",
-         "Quarantine: s1's clock is 1 h ahead; unsynced, its reference times are more than 60 s ahead of the "
-         f"gateway clock, so its {fmt(int(m('drift1h', 'nosync', 'quarantined')))} events go to the late "
-         "topic (`future_dated`), as the gateway would send them."],
-    ]  # fmt: skip
+    why = {
+        "sequence": "The warm-up floor (issue 25 item 5): from 200 gap samples until the quantile rests on "
+                    "1 / (1 - q) = 10,000, no gap is given up sooner than 100 ms, instead of skipped on a quantile "
+                    "learned from the source's common sub-millisecond disorder.",
+        "aqkslack": "AQ-K-slack is now Siddhi's `reorder:akslack` with its defaults, the thesis' baseline (issue 25 "
+                    "item 4): alpha re-estimated every 10,000 events, K changed only by a delay above it, to round("
+                    "delay x alpha). The previous design of our own drove alpha to about 0.",
+        "mpkslack": "Deterministic and untouched: a change here would be a regression.",
+    }
+    rows = []
+    for a in ("sequence", "mpkslack", "aqkslack"):
+        for d in PROFILES:
+            before = PREVIOUS_PROFILE[d][a]
+            now = (float(m(d, a, "avg_latency_ms")), float(m(d, a, "accuracy_pct")))
+            same = (round(now[0], 3), round(now[1], 4)) == before
+            rows.append([f"{APPROACH_LABEL[a]}, {d}: avg latency ms / accuracy %", pair(*before), pair(*now),
+                         "unchanged" if same else why[a]])
+    for key, before_m in PREVIOUS_MULTI.items():
+        now_m = (float(m(key, "sequence", "avg_latency_ms")), int(m(key, "sequence", "merger_timeouts")),
+                 int(m(key, "sequence", "late_events")), int(m(key, "sequence", "gaps_skipped")),
+                 float(m(key, "sequence", "accuracy_ms_pct")))
+        rows.append([f"{APPROACH_LABEL['sequence']}, {key}: avg latency ms / give-ups / late / gaps skipped / "
+                     "accuracy % (ms)", " / ".join(fmt(x) for x in before_m), " / ".join(fmt(x) for x in now_m),
+                     "unchanged" if now_m == before_m else why["sequence"]])
     out = [f"## What moved since the run of {PREVIOUS_RUN}", "",
-           "That run drove the sequence and thesis rows through the replay's own reorderers -> merger loop, "
-           "without the gateway's quarantine, join grace or heartbeat rule. Every other replay figure is unchanged "
-           "(the replays are deterministic; the throughput section is not); the 'gateway settings' rows, the "
-           "IngestPipeline throughput and the section on sources whose uplink stalls are new. The learned merge "
-           "wait and the sources lingering after the trace (issue 12 item 7, docs/reorder.md) moved none of the "
-           "figures of the run of 2026-11-22 22:17 outside that new section. The "
-           "causes below were checked by re-running single configurations with one change reverted (not part of "
-           "this benchmark).", ""]  # fmt: skip
+           "Two changes of issue 25 move figures: the AQ-K-slack rows (item 4) and the sequence rows whose "
+           "sources meet a delay of 0.1-100 ms before 10,000 gap samples (item 5). Every figure is deterministic but "
+           "the throughput section's; the table lists the per-profile rows of the three compared approaches and the "
+           "uplink-stall section's adaptive rows. The sequence-approach runs were re-run after the warm-up floor "
+           "replaced a first version (the cap until 10,000 samples); every other run, the throughput and the run "
+           "times are from the full run.", ""]  # fmt: skip
     out += _table(["figure", PREVIOUS_RUN, "this run", "why"], rows)
     return out
 
@@ -369,13 +354,18 @@ def targets(res: dict[str, Any], tput: dict[str, float]) -> list[str]:
 
     out = ["## Issue targets", ""]
     rows = []
-    profiles = ("dataset1", "dataset2", "dataset3", "heavytail", "pool")
+    profiles = PROFILES
     for d in profiles:
         ratio = lat(d, "sequence") / max(lat(d, "oracle"), 1e-9)
         rows.append([f"sequence mean latency <= 1.25x oracle ({d})", f"{ratio:.3g}x", mark(ratio <= 1.25)])
     for d in profiles:
         a = acc(d, "sequence")
         rows.append([f"sequence accuracy >= 99.99 % ({d})", f"{a:.4f} %", mark(a >= 99.99)])
+    for d in profiles:
+        a, b = acc(d, "sequence"), acc(d, "mpkslack")
+        rows.append([f"sequence accuracy >= MP-K-slack's ({d})", f"{a:.4f} % vs {b:.4f} %", mark(a >= b)])
+        ratio = lat(d, "mpkslack") / max(lat(d, "sequence"), 1e-9)
+        rows.append([f"sequence mean latency below MP-K-slack's ({d})", f"{ratio:,.1f}x lower", mark(ratio > 1)])
     mp = lat("dataset1", "mpkslack") / max(lat("dataset1", "sequence"), 1e-9)
     aq = lat("dataset1", "aqkslack") / max(lat("dataset1", "sequence"), 1e-9)
     rows.append(["MP-K-slack / sequence latency >= 100x (Dataset 1)", f"{mp:,.0f}x", mark(mp >= 100)])

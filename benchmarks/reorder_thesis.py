@@ -41,8 +41,8 @@ APPROACH_LABEL = {
     "sequence-gateway-fixedwait": "Sequence (ours), gateway settings, merge wait not learned",
     "thesis": "Sequence (thesis Eq. 3.11)",
     "kslack": "K-slack (K = 100 ms)",
-    "mpkslack": "MP-K-slack",
-    "aqkslack": "AQ-K-slack",
+    "mpkslack": "MP-K-slack (Siddhi kslack)",
+    "aqkslack": "AQ-K-slack (Siddhi akslack)",
     "oracle": "Oracle (100 % order)",
 }
 ALL: tuple[Approach, ...] = ("sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
