@@ -17,6 +17,11 @@ State per (source, stream), and why it is bounded (docs/operations.md, "Limits")
 * a ring of the digests of the last ``RECENT_ACKED_DIGESTS`` acked seqs (2 KiB), allocated at the first ack: a
   duplicate older than that is not compared (re-acked as a plain duplicate).
 
+When the gateway frees an idle source (rule 11 of gateway/ingest.py) its entries with nothing above the ack are
+*compacted* (``compact``) to the acked seq alone, the dedup floor: a resend at or below it is a duplicate (not
+compared; its given-up seqs are forgotten, as after a restart). Once the source left the progress checkpoint (rule 6,
+``source_retention``) its entries are deleted (``forget``): it is as unknown as to a restarted gateway.
+
 A seq more than ``max_seq_jump`` above everything accepted (or given up, or acked) is refused (``SEQ_JUMP``): a
 jump that large is a broken source, and the gap it opens would be waited for and reported for nothing. The first
 seq of a (source, stream) the tracker knows nothing of is accepted whatever it is (a long-lived source the gateway
@@ -97,21 +102,56 @@ class DeliveryTracker:
         self.max_seq_jump = max_seq_jump
         self.max_given_up_seqs = max_given_up_seqs
         self._progress: dict[tuple[str, str], _StreamProgress] = {}
+        # Compacted entries of freed sources: (source, stream) -> acked_through, nothing else (see compact).
+        self._floors: dict[tuple[str, str], int] = {}
 
     def _get(self, source_id: str, stream: str) -> _StreamProgress:
         progress = self._progress.get((source_id, stream))
         if progress is None:
             # Sources number from 0 (the reorderer starts there too) unless resume() said otherwise: starting
-            # at the first seq seen would mistake early-sent, late-arriving seqs for duplicates.
-            progress = self._progress[(source_id, stream)] = _StreamProgress(-1)
+            # at the first seq seen would mistake early-sent, late-arriving seqs for duplicates. A compacted entry
+            # comes back from its acked seq.
+            floor = self._floors.pop((source_id, stream), _NO_SEQ) if self._floors else _NO_SEQ
+            progress = self._progress[(source_id, stream)] = _StreamProgress(floor)
         return progress
+
+    def compact(self, source_id: str, streams: tuple[str, ...] | list[str]) -> None:
+        """The source was freed (rule 11): of each stream's entry with nothing above its ack (nothing unacked,
+        confirmed ahead or given up ahead), keep the acked seq alone: a few dozen bytes instead of a 2 KiB ring
+        and ranges. Entries with seqs above the ack stay whole (a delivery in flight still moves the ack)."""
+        for stream in streams:
+            key = (source_id, stream)
+            progress = self._progress.get(key)
+            if progress is None or progress.pending or progress.confirmed:
+                continue
+            given_up_hi = progress.given_up.last_hi()
+            if given_up_hi is not None and given_up_hi > progress.acked_through:
+                continue
+            self._floors[key] = progress.acked_through
+            del self._progress[key]
+
+    def forget(self, source_id: str, streams: tuple[str, ...] | list[str]) -> None:
+        """The source left the progress checkpoint of these streams (rule 6): drop its entries, compacted or whole,
+        except one with unacked seqs (their delivery reports still need it)."""
+        for stream in streams:
+            key = (source_id, stream)
+            self._floors.pop(key, None)
+            progress = self._progress.get(key)
+            if progress is not None and not progress.pending:
+                del self._progress[key]
+
+    def footprint(self) -> tuple[int, int]:
+        """(whole entries, compacted entries): what the tracker holds, for tests and metrics."""
+        return len(self._progress), len(self._floors)
 
     def resume(self, source_id: str, stream: str, next_seq: int) -> None:
         """After a restart: everything below next_seq is already in Kafka (duplicates if resent)."""
         progress = self._progress.get((source_id, stream))
-        if progress is None:
+        if progress is None and (source_id, stream) not in self._floors:
             self._progress[(source_id, stream)] = _StreamProgress(next_seq - 1)
-        elif progress.acked_through < next_seq - 1:
+            return
+        progress = self._get(source_id, stream)
+        if progress.acked_through < next_seq - 1:
             progress.acked_through = next_seq - 1
             progress.highest = max(progress.highest, next_seq - 1)
             progress.pending = {s: e for s, e in progress.pending.items() if s >= next_seq}
@@ -128,6 +168,9 @@ class DeliveryTracker:
         was accepted with another payload or timestamp), SEQ_JUMP (too far above this stream's seqs)."""
         progress = self._progress.get((source_id, stream))
         if progress is None:
+            floor = self._floors.get((source_id, stream)) if self._floors else None
+            if floor is not None and seq <= floor:
+                return DUPLICATE  # a freed source's resend: its digests went with the compaction
             progress = self._get(source_id, stream)
         if seq > progress.acked_through:
             pending = progress.pending
@@ -163,7 +206,9 @@ class DeliveryTracker:
 
     def confirmed(self, source_id: str, stream: str, seq: int) -> int | None:
         """Kafka confirmed one event; returns the new cumulative ack if it advanced, else None."""
-        progress = self._progress[(source_id, stream)]
+        progress = self._progress.get((source_id, stream))
+        if progress is None:
+            return None  # compacted (nothing was unacked): a given-up seq's late record, the ack passed it
         acked = progress.acked_through
         if seq <= acked:
             return None  # a given-up seq published late: the ack passed it already
@@ -204,14 +249,18 @@ class DeliveryTracker:
 
     def failed(self, source_id: str, stream: str, seq: int) -> None:
         """Kafka refused the event: forget it so the client's resend is accepted again."""
-        progress = self._progress[(source_id, stream)]
+        progress = self._progress.get((source_id, stream))
+        if progress is None:
+            return  # compacted: a given-up seq's late record, its given-up seqs forgotten with the compaction
         progress.pending.pop(seq, None)
         if seq <= progress.acked_through:
             progress.given_up.add(seq, seq, True)  # a given-up seq's late record: its resend is accepted again
 
     def acked_through(self, source_id: str, stream: str) -> int | None:
         progress = self._progress.get((source_id, stream))
-        return None if progress is None else progress.acked_through
+        if progress is None:
+            return self._floors.get((source_id, stream)) if self._floors else None
+        return progress.acked_through
 
     def unacked(self, source_id: str, stream: str) -> int:
         """Accepted seqs the ack has not passed yet."""

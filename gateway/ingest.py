@@ -697,6 +697,8 @@ class IngestCore:
             if not self.pipeline.forget_source(source_id, self._streams_of.get(source_id, ())):
                 continue  # it still holds events: kept until they leave
             del self._disconnected_since[source_id]
+            in_checkpoint: list[str] = []
+            gone: list[str] = []
             for stream in self._streams_of.pop(source_id, ()):
                 progress = self._progress.get(stream)
                 if (progress is not None and progress.next_seq.get(source_id) == 0
@@ -704,6 +706,11 @@ class IngestCore:
                     del progress.next_seq[source_id]
                     progress.seen_us.pop(source_id, None)
                     self._dirty_streams.add(stream)
+                (in_checkpoint if progress is not None and source_id in progress.next_seq else gone).append(stream)
+            # Churning source ids must not pile up (review B5): what a stream's checkpoint still holds keeps its
+            # dedup floor alone (the acked seq, compacted) until rule 6 expires it; the rest goes now.
+            self.tracker.compact(source_id, in_checkpoint)
+            self._forget_source_streams(source_id, gone)
             self._event_headers.pop((source_id, "events"), None)
             self._event_headers.pop((source_id, "late"), None)
             freed.append(source_id)
@@ -1005,6 +1012,9 @@ class IngestCore:
             for stream in dirty:
                 expired = self._progress[stream].expire(now_us, self.config.source_retention_us)
                 if expired:
+                    for source_id in expired:
+                        if source_id not in self._streams_of:  # freed (rule 11); a registered one goes when freed
+                            self._forget_source_streams(source_id, (stream,))
                     self.counters.sources_expired += len(expired)
                     log.info("stream %s: %d sources silent past the retention left the checkpoint", stream,
                              len(expired))
@@ -1025,6 +1035,18 @@ class IngestCore:
                 "kafka_delivery_p99_us": float(latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])}
 
     # -- internals ----------------------------------------------------------------------------------------------
+
+    def _forget_source_streams(self, source_id: str, streams: tuple[str, ...] | list[str]) -> None:
+        """A freed source is in none of these streams' checkpoints (rule 6 expired it, or it never sent): its
+        tracker entries and seq hints there go, as a restarted gateway would not know them either; its clock
+        watch goes once no checkpoint holds it."""
+        if streams:
+            self.tracker.forget(source_id, streams)
+            self.pipeline.forget_seq_hints(source_id, streams)
+        watch = self._watches.get(source_id)
+        if (watch is not None and not watch.held and source_id not in self._holding
+                and not any(source_id in progress.next_seq for progress in self._progress.values())):
+            del self._watches[source_id]
 
     def _held_back(self, source_id: str, watch: _ClockWatch, event: messages.IncomingEvent, arrival_us: int,
                    actions: list[IngestAction], outputs: list[PipelineOutput]) -> tuple[int, int] | None:

@@ -183,6 +183,12 @@ class IngestPipeline:
         """After a restart: this source's events below `next_seq` are already in Kafka."""
         self._next_seq_hint[(source_id, stream)] = next_seq
 
+    def forget_seq_hints(self, source_id: str, streams: Iterable[str]) -> None:
+        """The gateway forgot the source on these streams (it left their checkpoints): drop its next-seq hints,
+        the last per-source state forget_source keeps."""
+        for stream in streams:
+            self._next_seq_hint.pop((source_id, stream), None)
+
     def restore_watermark(self, stream: str, watermark_us: int, now_us: int | None = None) -> bool:
         """After a restart: keep the promise of the last punctuation published before it.
 
@@ -554,12 +560,18 @@ class IngestPipeline:
                     rtt_us = rtts[source_id]
                 else:
                     rtt_us = rtts[source_id] = clock.rtt_us(source_id)
+                # A raised record's time is its mapping moved up by ``raised_us``: its bound covers the move (the
+                # true time is within ``error_us`` of the mapping, review B3), or ``uncertainty_us`` would not hold.
+                raised_us = item.raised_us
                 record = EventRecord(
-                    event.stream, source_id, event.seq, event.source_ts_us, item.ref_ts_us, error_us,
+                    event.stream, source_id, event.seq, event.source_ts_us, item.ref_ts_us, error_us + raised_us,
                     item.arrival_us, item.release_us, False, event.payload, None, rtt_us)
                 if event.interval is not None:
                     self._add_interval(record, event)
-                if item.raised_us:
+                    if raised_us and isinstance(event.interval, AtomicInterval):
+                        assert record.start_uncertainty_us is not None
+                        record.start_uncertainty_us += raised_us  # its start moved with its end
+                if raised_us:
                     counters.refs_raised += 1
                     record.extra = {REF_RAISED_US: item.raised_us}
                 if passed is not None and passed.event is event:  # drop_late=False: released although late

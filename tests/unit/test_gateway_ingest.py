@@ -1183,3 +1183,51 @@ def test_a_long_lived_source_the_gateway_has_no_progress_for_publishes_after_one
     assert sent == [SendToSource("meter-17", encode_frame(build_gap("s", 0, first - 1, "timeout"))),
                     SendToSource("meter-17", ack("s", first + 99))]
     assert core.tracker.ranges("meter-17", "s") == 1
+
+
+def test_churned_source_ids_are_compacted_when_freed_and_gone_at_the_source_retention():
+    # Review B5: each freed source id kept its full delivery tracker entries (a 2 KiB digest ring per stream), its
+    # seq hints and its clock watch forever: 25.9 KiB per churned id on 8 streams. Freed (rule 11): only the acked
+    # seq per stream stays (the dedup floor). Past the source retention (rule 6, it left the checkpoint): nothing.
+    from gateway.ingest import IDLE_SOURCE_RETENTION_US
+
+    retention_us = 600_000_000
+    core = make_core(source_retention_us=retention_us)
+    core.stream_created("t")
+    n = 20
+    estimate = ClockEstimate(offset_us=0, skew_ppm=0.0, rtt_us=80, sync_ref_us=T0, sample_count=8)
+    released: list[IngestAction] = []
+    for i in range(n):
+        source = f"dev-{i}"
+        core.source_registered(source, ("s", "t"), T0)
+        if i % 2 == 0:
+            core.clock_changed(SourceInfo(source, estimate, T0), 0, T0)
+        released += core.events_received(CONN, source, (*events(range(1)), *events(range(1), "t")), T0 + 100)
+        core.source_disconnected(source, T0 + 300)
+    now = T0 + 300
+    while core.counters.sources_forgotten < n:
+        now += 1_000_000
+        assert now < T0 + 2 * IDLE_SOURCE_RETENTION_US
+        released += core.advance(now)
+        deliver(core, released, now)
+        released = []
+        core.poll(now)
+    assert core.tracker.footprint() == (0, 2 * n)  # (full entries, acked seqs alone)
+    assert {core.tracker.acked_through(f"dev-{i}", s) for i in range(n) for s in ("s", "t")} == {0}
+    assert len(core.pipeline._next_seq_hint) == 2 * n and len(core._watches) == n // 2
+    # A freed source's resend of an acked seq is still a duplicate, re-acked.
+    core.source_registered("dev-3", ("s", "t"), now)
+    assert _sent(core.events_received(CONN, "dev-3", events(range(1)), now)) == [SendFrame(CONN, ack("s", 0))]
+    core.source_disconnected("dev-3", now)
+    core._dirty_streams.update(("s", "t"))  # as other sources' events would make them
+    now = T0 + 101 + retention_us
+    core.checkpoint_dirty_streams(now)
+    assert core.counters.sources_expired == 2 * n
+    # dev-3 is registered again (its retention for rule 11 runs): kept until freed.
+    assert core.tracker.footprint() == (0, 2) and core.tracker.acked_through("dev-3", "s") == 0
+    assert core.tracker.acked_through("dev-0", "s") is None  # as after a restart: unknown
+    assert set(core.pipeline._next_seq_hint) == {("dev-3", "s"), ("dev-3", "t")} and set(core._watches) == set()
+    # Freed after it left the checkpoints: nothing of it is kept.
+    core.poll(now + IDLE_SOURCE_RETENTION_US)
+    assert core.counters.sources_forgotten == n + 1 and core.known_sources() == set()
+    assert core.tracker.footprint() == (0, 0) and core.pipeline._next_seq_hint == {}
