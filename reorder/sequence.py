@@ -28,7 +28,8 @@ from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.ranges import RangeMap
 from reorder.records import GapSkipped, Late, Released, SourceEvent
 
-__all__ = ["ReorderOutput", "SequenceConfig", "SequenceCounters", "SequenceReorderer", "warmup_samples_for"]
+__all__ = ["MAX_SKIPPED_RANGES", "ReorderOutput", "SequenceConfig", "SequenceCounters", "SequenceReorderer",
+           "warmup_samples_for"]
 
 ReorderOutput = Released | Late | GapSkipped
 
@@ -38,6 +39,9 @@ DEFAULT_MAX_BUFFERED = 100_000
 #: Skipped sequence numbers remembered to tell a late arrival (and its lateness) from a duplicate; the lowest are
 #: forgotten first. Kept as ranges (reorder/ranges.py): a gap costs one range whatever its length.
 DEFAULT_MAX_SKIPPED_TRACKED = 100_000
+#: ... in at most this many ranges, the lowest dropped first (as the gateway's DeliveryTracker keeps its given-up
+#: seqs): a run of one-seq gaps (alternating holes) would otherwise keep 100,000 ranges, 16.9 MiB per reorderer.
+MAX_SKIPPED_RANGES = 1024
 
 #: Gap-closing samples needed before the adaptive quantile is trusted at all; until then wait the full cap.  A
 #: 0.9999-quantile of 20 samples is their maximum, and a source's first 20 gaps are typically its common
@@ -391,6 +395,7 @@ class SequenceReorderer:
             cursor = hi + 1
         skipped.add(max(cursor, tracked_from), resume - 1, (head_since_us, at_us))
         skipped.trim_low(limit)
+        skipped.drop_first_ranges(MAX_SKIPPED_RANGES)
         counters = self.counters
         counters.skipped_seqs += resume - first
         if reason == "timeout":

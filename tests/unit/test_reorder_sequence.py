@@ -345,3 +345,22 @@ def test_outputs_match_the_per_seq_reference_implementation(
         assert new.timeout_us() == old.timeout_us()
     assert new.flush(now_us + 1) == old.flush(now_us + 1)
     assert astuple(new.counters) == astuple(old.counters)
+
+
+def test_skipped_seqs_are_capped_in_ranges_too_not_only_in_seqs() -> None:
+    # Review (minor): _skipped was capped at max_skipped_tracked seqs, so alternating holes kept up to 100,000
+    # one-seq ranges: 16.9 MiB per (source, stream). At most MAX_SKIPPED_RANGES ranges now, the lowest dropped.
+    from reorder.sequence import MAX_SKIPPED_RANGES
+
+    r = SequenceReorderer("D1", "R1", SequenceConfig(initial_seq=0, max_buffered=1))
+    now = 0
+    for k in range(3000):  # seqs 1, 3, 5, ...: each push gives up the even seq below it, one range each
+        now += 10
+        r.push(ev(2 * k + 1), now)
+    assert r.counters.skipped_seqs == 2999 and r.counters.buffer_full_skips == 2999
+    assert MAX_SKIPPED_RANGES == 1024 and len(r._skipped) == MAX_SKIPPED_RANGES
+    assert r._skipped.count == MAX_SKIPPED_RANGES
+    # The newest 1,024 gaps are remembered (seqs 3950..5996): a late one is late_after_skip, an older one duplicate.
+    assert [o.reason for o in r.push(ev(3950), now + 1) if isinstance(o, Late)] == ["late_after_skip"]
+    assert [o.reason for o in r.push(ev(5996), now + 2) if isinstance(o, Late)] == ["late_after_skip"]
+    assert [o.reason for o in r.push(ev(3948), now + 3) if isinstance(o, Late)] == ["duplicate"]
