@@ -236,10 +236,10 @@ async def test_a_duplicate_flood_from_a_peer_that_never_reads_gets_one_ack_per_f
         "Duplicate flood from a peer that never reads", group="hostile",
         injected=f"a raw client sends one batch of {k} event(s), and once it is acked resends the same frame in a "
                  "tight loop without ever reading its socket, while one SDK source streams 30 rounds of 50 events",
-        checked="every event read after the batch counted as a duplicate (whole frames, each re-acked); the gateway stops reading the flooder at its write "
-                "high-water mark and closes it after slow_reader_timeout_s (4 s); RSS within "
-                f"{DUPLICATE_FLOOD_RSS_BOUND_MIB} MiB of growth, log lines bounded; flooder's batch and good "
-                "source exactly once (its ack latency measured, not bounded)",
+        checked="every event read after the batch counted as a duplicate (whole frames, each re-acked); the "
+                "gateway stops reading the flooder at its write high-water mark and closes it after "
+                f"slow_reader_timeout_s (4 s); RSS within {DUPLICATE_FLOOD_RSS_BOUND_MIB} MiB of growth, log lines "
+                "bounded; flooder's batch and good source exactly once (its ack latency measured, not bounded)",
         outcome={"flood_frames_sent": frames_sent, "frames_read": frames_read, "duplicates": duplicates,
                  "flood_closed_after_s": round(flood_s, 1), "flood_end": flood_end,
                  "slow_readers_closed": metrics["skewless_gateway_slow_readers_closed"],
