@@ -19,3 +19,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 if [ -f "$here/install-ntp-tools.sh" ]; then
   bash "$here/install-ntp-tools.sh"
 fi
+
+# promtool (Debian's prometheus package) validates deploy/prometheus-rules.yml in the tests; optional elsewhere.
+if ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "promtool not found: the alert-rule checks that need it will be skipped (apt-get install prometheus)" >&2
+  fi
+fi
