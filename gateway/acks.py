@@ -83,7 +83,8 @@ def event_digest(source_ts_us: int, payload: Any) -> int:
 
 
 class _StreamProgress:
-    __slots__ = ("acked_through", "confirmed", "given_up", "highest", "pending", "recent_digests", "recent_seqs")
+    __slots__ = ("acked_through", "confirmed", "given_up", "highest", "late_given_up", "pending", "recent_digests",
+                 "recent_seqs")
 
     def __init__(self, acked_through: int) -> None:
         self.acked_through = acked_through  # highest seq such that everything from the first seq up to it is settled
@@ -94,6 +95,8 @@ class _StreamProgress:
         self.given_up: RangeMap[bool] = RangeMap()  # given up, never accepted
         self.recent_seqs: array[int] | None = None
         self.recent_digests: array[int] | None = None
+        # given-up seqs accepted late whose late record the gateway has not labelled yet (take_given_up)
+        self.late_given_up: set[int] | None = None
 
 
 class DeliveryTracker:
@@ -139,6 +142,17 @@ class DeliveryTracker:
             progress = self._progress.get(key)
             if progress is not None and not progress.pending:
                 del self._progress[key]
+
+    def take_given_up(self, source_id: str, stream: str, seq: int) -> bool:
+        """Whether ``seq`` was accepted as a given-up seq arriving late (once: the answer is forgotten). The
+        reorderer remembers fewer given-up seqs than the tracker while the ack is held back (it keeps the newest
+        ``max_skipped_tracked``, the tracker every one above the ack): the gateway labels such an event's late
+        record ``late_after_skip`` by this, not by the reorderer's ``duplicate`` or ``before_start``."""
+        progress = self._progress.get((source_id, stream))
+        if progress is None or not progress.late_given_up or seq not in progress.late_given_up:
+            return False
+        progress.late_given_up.discard(seq)
+        return True
 
     def footprint(self) -> tuple[int, int]:
         """(whole entries, compacted entries): what the tracker holds, for tests and metrics."""
@@ -187,12 +201,13 @@ class DeliveryTracker:
                         and seq - max(progress.highest, progress.acked_through) > self.max_seq_jump):
                     return SEQ_JUMP
                 progress.highest = seq
-            elif progress.given_up:
-                progress.given_up.pop(seq)  # a given-up seq above the ack, arriving after all
+            elif progress.given_up and progress.given_up.pop(seq) is not None:
+                self._note_late_given_up(progress, seq)  # a given-up seq above the ack, arriving after all
             pending[seq] = None if event is None else event_digest(*event)
             return ACCEPTED
         if progress.given_up and progress.given_up.pop(seq) is not None:
             # Given up, the ack passed it, and here it is: published once, on the late topic.
+            self._note_late_given_up(progress, seq)
             if event is not None:
                 self._remember(progress, seq, event_digest(*event))
             return ACCEPTED
@@ -309,6 +324,15 @@ class DeliveryTracker:
                 hi = min(hi, lo + given_up.count - self.max_given_up_seqs - 1)
             given_up.pop_range(lo, hi)
         return acked if acked != start else None
+
+    @staticmethod
+    def _note_late_given_up(progress: _StreamProgress, seq: int) -> None:
+        noted = progress.late_given_up
+        if noted is None:
+            noted = progress.late_given_up = set()
+        elif len(noted) >= MAX_GIVEN_UP_RANGES:
+            noted.pop()  # bounded: a record never labelled (refused, say) must not pile up; one unlabelled at worst
+        noted.add(seq)
 
     @staticmethod
     def _remember(progress: _StreamProgress, seq: int, digest: int) -> None:

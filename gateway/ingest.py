@@ -132,8 +132,10 @@ Rules:
    ``buffer_full``), the tracker settles the seqs of it it never received, so the cumulative ack passes them, and
    the source gets one ``gap`` notice per run of them (``SendToSource``, before the ack that passes them; counted as
    ``gaps_given_up`` and ``seqs_given_up``). A given-up seq that arrives later is accepted once more and published
-   once, on the late topic (``late_after_skip``); the newest ``max_skipped_tracked`` given-up seqs are remembered
-   for that, as the reorderer remembers them. An event whose seq lies more than ``max_seq_jump`` above everything
+   once, on the late topic (``late_after_skip``, even when its reorderer no longer remembered it:
+   ``DeliveryTracker.take_given_up``); the newest ``max_skipped_tracked`` given-up seqs the ack passed are remembered
+   for that (every one above the ack), in at most 1,024 ranges, as the reorderer remembers them; a freed source's
+   are forgotten (rule 11). An event whose seq lies more than ``max_seq_jump`` above everything
    accepted, given up or acked of its (source, stream) is refused before it costs anything: counted
    (``seq_jumps``), logged (rate-limited), answered with a non-fatal ``seq_jump`` error naming it, not accepted,
    never acked. Holes, skipped seqs and settled seqs are kept as ranges (reorder/ranges.py): a jump costs one range.
@@ -149,7 +151,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, NewType
 
 from contract.records import (
@@ -252,6 +254,9 @@ KAFKA_TIMESTAMP_AHEAD_US = 60_000_000
 def kafka_timestamp_ms(ref_us: int, release_us: int) -> int:
     """Rule 7: the Kafka timestamp (ms) of a record with reference time ``ref_us`` released at ``release_us``."""
     return max(release_us - KAFKA_TIMESTAMP_BEHIND_US, min(ref_us, release_us + KAFKA_TIMESTAMP_AHEAD_US)) // 1000
+# Rule 13: the reasons a reorderer gives a given-up seq it remembers (late_after_skip) or no longer does.
+LATE_AFTER_SKIP = "late_after_skip"
+_GIVEN_UP_LATE_REASONS = frozenset((LATE_AFTER_SKIP, "duplicate", "before_start"))
 # Rule 7's record headers, built once: an event record's are cached per source (a few hundred bytes per source).
 _VERSION_HEADER = (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode())
 PUNCTUATION_HEADERS: Headers = ((HEADER_KIND, PUNCTUATION.encode()), _VERSION_HEADER)
@@ -1255,6 +1260,11 @@ class IngestCore:
                 if type(record.payload) is messages.RejectedPayload:
                     self._settle_unpublished(record.source_id, record.stream, record.seq)
                     continue
+                if (kind == "late" and record.late_reason in _GIVEN_UP_LATE_REASONS
+                        and self.tracker.take_given_up(record.source_id, record.stream, record.seq)
+                        and record.late_reason != LATE_AFTER_SKIP):
+                    # A given-up seq the reorderer no longer remembered (rule 13): late after its skip all the same.
+                    record = replace(record, late_reason=LATE_AFTER_SKIP)
                 try:
                     value = record.to_json()
                 except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
