@@ -117,6 +117,7 @@ class _Source:
     __slots__ = (
         "error_us",
         "frontier",
+        "frontier_error_us",
         "heard_us",
         "last_seq",
         "leaving",
@@ -132,9 +133,13 @@ class _Source:
         # (ref, event, arrival_us, raised_us): raised_us > 0 for an event raised to keep reference order (Merged)
         self.queue: deque[tuple[int, SourceEvent, int, int]] = deque()
         self.frontier = _NEVER
+        # How far the source's true time at its frontier may lie below it (the bound of the mapping that set it):
+        # its next event's true time is no earlier, so a mapping with another bound may place it up to the two
+        # bounds together below the frontier without any stamp going backwards (a re-sync, review B3).
+        self.frontier_error_us = 0
         self.error_us = 0
         self.last_seq: int | None = None
-        self.pending_beat: tuple[int, int] | None = None  # (seq, ref_ts_us) not yet covered
+        self.pending_beat: tuple[int, int, int] | None = None  # (seq, ref_ts_us, error_us) not yet covered
         self.timed_out = False
         self.leaving = False  # said bye with events queued: given up once they are released
         self.wait_deadline: int | None = None
@@ -218,17 +223,18 @@ class MultiSourceMerger:
         out: list[MergeOutput] = []
         self._revive(event.source_id, src, now_us)
         watermark_mode = self.config.mode == "watermark"
-        if watermark_mode and not late and src.frontier - ref > err:
+        if watermark_mode and not late and src.frontier - ref > err + src.frontier_error_us:
             # Its source's stamps went backwards along its seqs (below its own frontier by more than its error
-            # bound): late whatever the watermark says, with the reason that names the cause.
+            # bound and the frontier's together): late whatever the watermark says, with the reason that names the
+            # cause.
             if event.seq > (src.last_seq if src.last_seq is not None else _NEVER):
                 src.last_seq = event.seq
             self._regressed(src, event, arrival_us, ref, src.frontier, out)
             self._drain(now_us, out)
             return out
-        if watermark_mode and ref < self._emitted_watermark:
-            self.counters.late += 1
-            out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
+        promised = self._emitted_watermark
+        if watermark_mode and ref < promised and (late or promised > src.frontier):
+            self._after_punctuation(event, arrival_us, ref, out)
             # _revive cancelled any wait on this source: decide again, or the merge is left without a deadline
             self._drain(now_us, out)
             return out
@@ -242,16 +248,21 @@ class MultiSourceMerger:
             src.last_seq = event.seq
         raised = 0
         if watermark_mode:
+            # Reference order: not below what was released, nor below this source's own queued events, nor below
+            # the punctuation (one at or below its frontier: a re-sync may place it there, review B3).
             floor = src.queue[-1][0] if src.queue else self._released_max
-            floor = max(floor, self._released_max)
+            floor = max(floor, self._released_max, promised)
             if ref < floor:
-                if floor - ref > err:
-                    self._regressed(src, event, arrival_us, ref, floor, out)
+                if floor - ref > _allowed_us(src, floor, err):
+                    if ref < promised:
+                        self._after_punctuation(event, arrival_us, ref, out)
+                    else:
+                        self._regressed(src, event, arrival_us, ref, floor, out)
                     self._drain(now_us, out)
                     return out
                 raised, ref = floor - ref, floor
                 self.counters.raised += 1
-        src.frontier = max(src.frontier, ref)
+        _advance_frontier(src, ref, err + raised)
         self._apply_pending_beat(event.source_id, src)
         was_empty = not src.queue
         src.queue.append((ref, event, arrival_us, raised))
@@ -284,7 +295,7 @@ class MultiSourceMerger:
         start = len(queue)
         for event, arrival_us, (ref, err) in run:
             src.error_us = err
-            if watermark_mode and src.frontier - ref > err:
+            if watermark_mode and src.frontier - ref > err + src.frontier_error_us:
                 if len(queue) > start:
                     self._end_stretch(source_id, src, start, now_us, out)
                     start = len(queue)
@@ -292,33 +303,37 @@ class MultiSourceMerger:
                     src.last_seq = event.seq
                 self._regressed(src, event, arrival_us, ref, src.frontier, out)
                 continue
-            if watermark_mode and ref < self._emitted_watermark:
+            promised = self._emitted_watermark
+            if watermark_mode and ref < promised and promised > src.frontier:
                 if len(queue) > start:
                     self._end_stretch(source_id, src, start, now_us, out)
                     start = len(queue)
-                self.counters.late += 1
-                out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
+                self._after_punctuation(event, arrival_us, ref, out)
                 continue
             if src.last_seq is None or event.seq > src.last_seq:
                 src.last_seq = event.seq
             if watermark_mode:
-                # Reference order: not below what was released, nor below this source's own queued events.
+                # Reference order: not below what was released, nor below this source's own queued events, nor below
+                # the punctuation (as in ``push``).
                 floor = queue[-1][0] if queue else self._released_max
-                floor = max(floor, self._released_max)
+                floor = max(floor, self._released_max, promised)
                 if ref < floor:
-                    if floor - ref > err:
+                    if floor - ref > _allowed_us(src, floor, err):
                         if len(queue) > start:
                             self._end_stretch(source_id, src, start, now_us, out)
                             start = len(queue)
-                        self._regressed(src, event, arrival_us, ref, floor, out)
+                        if ref < promised:
+                            self._after_punctuation(event, arrival_us, ref, out)
+                        else:
+                            self._regressed(src, event, arrival_us, ref, floor, out)
                         continue
                     self.counters.raised += 1
-                    src.frontier = max(src.frontier, floor)
+                    _advance_frontier(src, floor, err + floor - ref)
                     queue.append((floor, event, arrival_us, floor - ref))
                     if len(queue) > limit and self._blocker is not None:
                         self._time_out(self._blocker, now_us, out)
                     continue
-            src.frontier = max(src.frontier, ref)
+            _advance_frontier(src, ref, err)
             queue.append((ref, event, arrival_us, 0))
             if len(queue) > limit and self._blocker is not None:
                 self._time_out(self._blocker, now_us, out)
@@ -327,6 +342,11 @@ class MultiSourceMerger:
         else:
             self._drain(now_us, out)
         return out
+
+    def _after_punctuation(self, event: SourceEvent, arrival_us: int, ref: int, out: list[MergeOutput]) -> None:
+        """An event below the punctuation that cannot be raised to it: late."""
+        self.counters.late += 1
+        out.append(Late(event, arrival_us, "after_punctuation", self._emitted_watermark - ref, False))
 
     def _regressed(self, src: _Source, event: SourceEvent, arrival_us: int, ref: int, floor: int,
                    out: list[MergeOutput]) -> None:
@@ -413,7 +433,7 @@ class MultiSourceMerger:
         # every heartbeat, and a source whose clock readings lag its stamps (a stuck clock, an SDK promise after a
         # far-off application stamp) would hold the whole stream for as long as it heartbeats.
         if src.pending_beat is None or seq >= src.pending_beat[0]:
-            src.pending_beat = (seq, ref)
+            src.pending_beat = (seq, ref, err)
         self._apply_pending_beat(source_id, src)
         out: list[MergeOutput] = []
         self._drain(now_us, out)
@@ -504,16 +524,16 @@ class MultiSourceMerger:
         beat = src.pending_beat
         if beat is None or self.config.mode != "watermark":
             return
-        seq, ref = beat
+        seq, ref, err = beat
         delivered = src.last_seq if src.last_seq is not None else -1
         if delivered < seq:
             return
         src.pending_beat = None
-        if ref > src.frontier:
-            src.frontier = ref
-            if not src.queue and not src.timed_out:
-                # the old (lower) entry of this source becomes stale and is dropped lazily
-                heapq.heappush(self._empty, (ref, source_id))
+        moved = ref > src.frontier
+        _advance_frontier(src, ref, err)
+        if moved and not src.queue and not src.timed_out:
+            # the old (lower) entry of this source becomes stale and is dropped lazily
+            heapq.heappush(self._empty, (ref, source_id))
 
     def _top_blocker(self, ref: int) -> str | None:
         """The empty live source with the lowest frontier, if it could still send something below ``ref``."""
@@ -629,6 +649,22 @@ class MultiSourceMerger:
         self._next_punctuation_us = now_us + self.config.punctuation_interval_us
         self.counters.punctuations += 1
         out.append(Punctuation(self.stream, low, now_us))
+
+
+def _advance_frontier(src: _Source, ref_us: int, error_us: int) -> None:
+    """The source delivered (or promised) ``ref_us``, its true time at most ``error_us`` below it."""
+    if ref_us > src.frontier:
+        src.frontier, src.frontier_error_us = ref_us, error_us
+    elif ref_us == src.frontier:
+        src.frontier_error_us = min(src.frontier_error_us, error_us)  # both bounds hold: the tighter one does
+
+
+def _allowed_us(src: _Source, floor_us: int, error_us: int) -> int:
+    """How far an event of ``src`` mapped with bound ``error_us`` may sit below ``floor_us`` and still be raised to
+    it. A floor at or below the source's own frontier: both bounds (its true time is no earlier than the frontier's,
+    so the two mappings may differ by both, review B3). A floor set by other sources' releases above it: its own bound
+    alone (the others' times say nothing about its true time)."""
+    return error_us + src.frontier_error_us if floor_us <= src.frontier else error_us
 
 
 def _bound_us(src: _Source) -> int:

@@ -434,7 +434,8 @@ def test_main_output_is_in_reference_order_and_every_event_leaves_once_whatever_
     assert len({(o.event.source_id, o.event.seq) for o in (*released, *late)}) == pushed
     for o in released:
         assert o.ref_ts_us - o.event.source_ts_us == o.raised_us
-        assert 0 <= o.raised_us <= errors[int(o.event.source_id[1:])]
+        # Own bound plus the frontier's (review B3); a frontier raised to the others' releases carries its raise too.
+        assert 0 <= o.raised_us <= 3 * errors[int(o.event.source_id[1:])]
     assert {o.reason for o in late} <= {"after_punctuation", "stamp_regression", "after_give_up"}
 
 
@@ -468,3 +469,19 @@ def test_the_source_the_merge_waits_for_is_not_forgotten_and_its_wait_still_fire
     assert merged(out) == [("B", 0, 20)]
     assert [o.source_id for o in out if isinstance(o, SourceTimedOut)] == ["A"]
     assert (m.waits_for("A"), m.forget("A"), m.sources(), m.queued) == (False, True, ["B"], 0)
+
+
+def test_a_frontier_keeps_the_bound_of_the_mapping_that_set_it() -> None:
+    """Review B3: a heartbeat mapped with a 500 us bound sets A's frontier at 1000; an event mapped after a re-sync
+    with a 100 us bound may sit up to 600 us below it without any stamp going backwards. Compared with its own
+    100 us alone, seq 1 went late as stamp_regression."""
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(learn_wait=False, punctuation_interval_us=0))
+    m.register("A", 0)
+    out = m.push(ev("A", 0, 100), 1, 1, mapped=(100, 10))
+    out += m.heartbeat("A", 0, 1_000, 2, mapped=(1_000, 500))
+    out += m.push(ev("A", 1, 600), 3, 3, mapped=(600, 100))  # 400 below the frontier: within 500 + 100
+    out += m.push(ev("A", 2, 399), 4, 4, mapped=(399, 100))  # 601 below: beyond both
+    assert merged(out) == [("A", 0, 100), ("A", 1, 600)]
+    assert [(o.event.seq, o.reason, o.lateness_us) for o in out if isinstance(o, Late)] == [
+        (2, "stamp_regression", 601)]
+    assert [o.watermark_us for o in out if isinstance(o, Punctuation)] == [90, 500, 900]

@@ -469,11 +469,12 @@ def test_a_regression_within_the_error_bound_is_raised_to_keep_order_and_marked(
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 100), T0 + 200)
     out += pipe.push("a", ev(1, T0 + 80), T0 + 201)  # 20 us back: within its 50 us bound
-    out += pipe.push("a", ev(2, T0 + 30), T0 + 202)  # 70 us back: beyond it
+    # 101 us back: beyond its bound and the frontier's together (review B3: 70 us back, two 50 us bounds can explain)
+    out += pipe.push("a", ev(2, T0 - 1), T0 + 202)
     assert records(out) == [("a", 0, T0 + 100), ("a", 1, T0 + 100)]
     raised = [o.record for o in out if isinstance(o, PublishRecord) and o.topic == "events"][1]
-    assert (raised.source_ts_us, raised.extra) == (T0 + 80, {"ref_raised_us": 20})
-    assert _late(out) == [("a", 2, "stamp_regression", 70)]
+    assert (raised.source_ts_us, raised.extra, raised.uncertainty_us) == (T0 + 80, {"ref_raised_us": 20}, 70)
+    assert _late(out) == [("a", 2, "stamp_regression", 101)]
 
 
 class _ErrorBounds:
@@ -629,3 +630,59 @@ def test_a_source_the_merge_waits_for_is_not_freed_until_the_wait_gives_it_up():
     out = pipe.push("a", ev(1, T0 + 30), later + 1)  # it comes back at its next seq (no gap wait for seq 0)
     out += pipe.push("b", ev(1, T0 + 40), later + 2)
     assert records(out) == [("a", 1, T0 + 30)]
+
+
+# -- review B3: a re-sync within both estimates' bounds is no stamp regression ----------------------------------------
+
+
+class _ResyncingClock:
+    """One source's estimate: an offset and its error bound, both changed by a re-sync."""
+
+    def __init__(self, offset_us, error_us):
+        self.offset_us, self.error_us = offset_us, error_us
+
+    def to_reference(self, source_id, source_ts_us):
+        return source_ts_us + self.offset_us, self.error_us
+
+    def rtt_us(self, source_id):
+        return 1_000
+
+
+def test_a_resync_that_moves_the_mapping_back_within_the_old_and_new_bounds_diverts_nothing():
+    """The old estimate (10 ms bound) and the new one (1 ms, 5 ms back) both hold for a true time: the events mapped
+    with the new one may sit up to 10 + 1 ms below the frontier mapped with the old. Compared with the new bound
+    alone, seqs 5-7 went late as stamp_regression; now they are raised to the frontier, their bound covering it."""
+    clock = _ResyncingClock(0, 10_000)
+    for many in (False, True):
+        pipe = IngestPipeline(clock)
+        clock.offset_us, clock.error_us = 0, 10_000
+        pipe.register("a", ("s",), T0)
+        out = [o for i in range(5) for o in pipe.push("a", ev(i, T0 + i * 1_000), T0 + i * 1_000 + 500)]
+        clock.offset_us, clock.error_us = -5_000, 1_000  # the re-sync
+        after = [ev(i, T0 + i * 1_000) for i in range(5, 10)]
+        if many:
+            out += pipe.push_many("a", after, T0 + 9_500)
+        else:
+            out += [o for e in after for o in pipe.push("a", e, T0 + e.seq * 1_000 + 500)]
+        assert _late(out) == []
+        published = [o.record for o in out if isinstance(o, PublishRecord) and o.topic == "events"]
+        assert [(r.seq, r.ref_ts_us - T0, r.extra.get("ref_raised_us"), r.uncertainty_us) for r in published] == [
+            (0, 0, None, 10_000), (1, 1_000, None, 10_000), (2, 2_000, None, 10_000), (3, 3_000, None, 10_000),
+            (4, 4_000, None, 10_000),
+            # raised to the frontier: the bound is the new mapping's plus the raise (the true time is within 1 ms
+            # of the mapped time, which the raise moved that far)
+            (5, 4_000, 4_000, 5_000), (6, 4_000, 3_000, 4_000), (7, 4_000, 2_000, 3_000), (8, 4_000, 1_000, 2_000),
+            (9, 4_000, None, 1_000)]
+        assert (pipe.counters.stamp_regressions, pipe.counters.refs_raised) == (0, 4)
+
+
+def test_a_resync_beyond_both_bounds_is_still_a_stamp_regression():
+    clock = _ResyncingClock(0, 10_000)
+    pipe = IngestPipeline(clock)
+    pipe.register("a", ("s",), T0)
+    out = pipe.push("a", ev(0, T0 + 20_000), T0 + 20_500)
+    clock.offset_us, clock.error_us = -5_000, 1_000
+    out += pipe.push("a", ev(1, T0 + 13_999), T0 + 21_000)  # 11_001 us below the frontier: 1 us beyond 10 + 1 ms
+    out += pipe.push("a", ev(2, T0 + 14_000), T0 + 21_500)  # 11_000 us below: raised
+    assert _late(out) == [("a", 1, "stamp_regression", 11_001)]
+    assert [(r[1], r[2] - T0) for r in records(out)] == [(0, 20_000), (2, 20_000)]
