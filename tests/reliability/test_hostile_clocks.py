@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,16 +21,19 @@ import orjson
 import pytest
 
 from broker.reader import read_stream, read_topic
-from clients import SkewlessClient
+from clients import SimulatedClock, SkewlessClient
+from clients.errors import EventRefused
 from contract.topics import TopicNames
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import build_event, build_events, build_heartbeat, build_hello
 from tests.reliability.harness import GatewayProcess, read_delivery, record_outcome, rss_kib
-from timesync.clocks import system_time_us
+from timesync.clocks import ClockUs, system_time_us
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 DAY_US = 86_400_000_000
+HOUR_US = 3_600_000_000
+INT64_MAX = 2**63 - 1
 MAX_FUTURE_US = 60_000_000
 GOOD = ("good-0", "good-1", "good-2")
 
@@ -209,3 +213,76 @@ async def test_a_backwards_stamping_source_keeps_the_events_topic_in_reference_o
                  "good_events": 600, "good_lost": good_summary["lost"], "good_duplicated": good_summary["duplicated"],
                  "good_late": len(good_late), "gateway_rss_mib": round(rss / 1024, 1),
                  "elapsed_s": round(elapsed_s, 1)})
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_timestamps_mapped_outside_the_contract_are_refused_beside_a_good_source(kafka, topic_prefix,
+                                                                                      tmp_path: Path):
+    """Issue 24 item 7 on a real gateway process with its time-sync server. c005711: a source clock one hour behind
+    stamping near 2^63 gave a late record with ref_ts_us 9,223,372,040,454,774,784 (above 2^63 - 1); a clock one
+    hour ahead stamping 0 gave a negative ref_ts_us."""
+    n = 50
+    gateway = GatewayProcess(kafka.bootstrap_servers, topic_prefix, tmp_path, timesync_port=_free_udp_port())
+    await gateway.start()
+    started = time.monotonic()
+
+    def client(source_id: str, clock_us: ClockUs = system_time_us) -> SkewlessClient:
+        return SkewlessClient("127.0.0.1", gateway.port, source_id, ["s"], udp_port=gateway.timesync_port,
+                              clock_us=clock_us, sync_attempts=6, batch_events=10)
+
+    # Mapped to reference time (+1 h for the source behind, -1 h for the one ahead), these stamps leave 0..2^63-1.
+    stamps = {"behind": [INT64_MAX - k for k in range(n)], "ahead": list(range(n))}
+    bad = {"behind": client("behind", SimulatedClock(-HOUR_US, 0.0)),
+           "ahead": client("ahead", SimulatedClock(HOUR_US, 0.0))}
+    good = client("good")
+    refusals: Counter[str] = Counter()
+
+    async def hostile(source_id: str) -> None:
+        futures = [await bad[source_id].send_tracked("s", {"k": k}, source_ts_us=stamp)
+                   for k, stamp in enumerate(stamps[source_id])]
+        for future in futures:
+            try:
+                await asyncio.wait_for(future, 30)
+                refusals["delivered"] += 1
+            except EventRefused as exc:
+                out_of_range = "timestamp_out_of_range" in str(exc)
+                refusals[f"{exc.code}{': timestamp_out_of_range' if out_of_range else ''}"] += 1
+
+    try:
+        await asyncio.gather(good.connect(), *(c.connect() for c in bad.values()))
+        await asyncio.gather(hostile("behind"), hostile("ahead"), _send(good, 200, 100.0))
+        metrics = await gateway.metrics()
+        rss = rss_kib(gateway.pid)
+    finally:
+        await asyncio.gather(good.close(), *(c.close() for c in bad.values()))
+        await gateway.stop()
+    elapsed_s = time.monotonic() - started
+
+    delivery = read_delivery(kafka.bootstrap_servers, topic_prefix, "s")
+    assert refusals == {"invalid_message: timestamp_out_of_range": 2 * n}, refusals
+    assert metrics["skewless_gateway_timestamps_refused"] == 2 * n
+    hostile_records = [r for r in delivery.events + delivery.late if r["source_id"] in bad]
+    assert hostile_records == []
+    out_of_range = [r for r in delivery.events + delivery.late
+                    for f in ("ref_ts_us", "uncertainty_us", "arrival_ts_us", "release_ts_us")
+                    if not 0 <= r[f] <= INT64_MAX]
+    assert out_of_range == []
+    delivery.assert_exactly_once_in_order({"good": 200})
+    assert delivery.late == []
+    record_outcome(
+        "Timestamps mapped outside 0..2^63-1, with time sync", group="hostile",
+        injected=f"a gateway process with its time-sync server; an SDK source whose clock is 1 h behind sends {n} "
+                 f"events stamped 2^63-1-k, one 1 h ahead sends {n} stamped k (0..{n - 1}), each with a delivery "
+                 "future, beside a synced SDK source sending 200 events at 100/s",
+        checked="every out-of-range event refused (`invalid_message`, timestamp_out_of_range) and counted, none "
+                "published on either topic; every record's timestamps in 0..2^63-1; good source exactly once, "
+                "nothing late",
+        outcome={"hostile_events": 2 * n, "refusals": dict(refusals),
+                 "timestamps_refused": metrics["skewless_gateway_timestamps_refused"],
+                 "hostile_records_in_kafka": len(hostile_records), **delivery.summary({"good": 200}),
+                 "gateway_rss_mib": round(rss / 1024, 1), "elapsed_s": round(elapsed_s, 1)})
