@@ -67,7 +67,8 @@ class ConnectionOwner(Protocol):
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None: ...
 
     async def source_left(self, source_id: str) -> None:
-        """The source said bye: the merge stops waiting for it (issue 25 item 7)."""
+        """The source said bye on a connection (``said_bye`` set on it): once every connection it has open did, the
+        merge stops waiting for it (issue 25 item 7, review B7)."""
 
     def session_failed(self, error_code: str) -> None: ...
 
@@ -88,6 +89,7 @@ class ConnectionHandler(asyncio.Protocol):
         self.connection_id = ConnectionId(-1)  # the owner's id, from connection_made on
         self.transport: asyncio.Transport | None = None
         self.peer = "?"  # host:port of the client, for log lines
+        self.said_bye = False  # the source said bye on this connection (the owner's rule 14 asks every one of them)
         self._owner = owner
         self._clock_us = clock_us
         self._queue: asyncio.Queue[tuple[int, list[SessionAction]]] = asyncio.Queue()
@@ -292,8 +294,9 @@ class ConnectionHandler(asyncio.Protocol):
         elif isinstance(action, HeartbeatReceived):
             await self._owner.receive_heartbeat(action)
         elif isinstance(action, DrainRequested):
-            # The source said bye: the merge gives it up now, not after its wait (issue 25 item 7). Acks for this
-            # source keep flowing to the source's other connections; this one can go.
+            # The source said bye: the merge gives it up now, not after its wait (issue 25 item 7), once its other
+            # connections said bye too (the owner checks). Acks for this source keep flowing to them; this one can go.
+            self.said_bye = True
             if self.source_id is not None:
                 await self._owner.source_left(self.source_id)
             self.close()

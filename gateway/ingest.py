@@ -139,9 +139,11 @@ Rules:
    accepted, given up or acked of its (source, stream) is refused before it costs anything: counted
    (``seq_jumps``), logged (rate-limited), answered with a non-fatal ``seq_jump`` error naming it, not accepted,
    never acked. Holes, skipped seqs and settled seqs are kept as ranges (reorder/ranges.py): a jump costs one range.
-14. A clean ``bye`` (``source_left``, counted as ``byes``) tells the merge the source left: every merge it is in
-   gives it up at once (a departure, not a timeout) instead of after its learned wait or join grace; events it
-   has queued are still released in order, and it is given up once they are. A source that comes back (hello, event,
+14. A clean ``bye`` (``source_left``, counted as ``byes``) tells the merge the source left: the shell calls it once
+   every connection the source has open said ``bye`` (a pool's connections are separate TCP streams: one's bye may be
+   read before another's last events, review B7). Every merge it is in gives it up at once (a departure, not a
+   timeout) instead of after its learned wait or join grace; events it has queued are still released in order, and
+   it is given up once they are. A source that comes back (hello, event,
    heartbeat) is welcomed as after any give-up: its events below the punctuation go late ``after_punctuation``,
    below what was released meanwhile ``after_give_up`` (docs/record-contract.md, "Reference order").
 """
@@ -410,7 +412,7 @@ class GatewayCounters:
     heartbeats_refused: int = 0  # future-dated, out-of-range or clock-stepped heartbeats: they moved nothing (rule 12)
     timestamps_refused: int = 0  # events whose mapped times fall outside the contract's range (rule 12)
     watermarks_distrusted: int = 0  # checkpointed watermarks beyond max_future of the clock, not restored (rule 12)
-    byes: int = 0  # bye frames: the merge gave their source up at once (rule 14)
+    byes: int = 0  # clean departures: the source's last open connection said bye, the merge gave it up (rule 14)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -673,7 +675,7 @@ class IngestCore:
         return actions
 
     def source_left(self, source_id: str, now_us: int) -> list[IngestAction]:
-        """Rule 14: a connection of the source said ``bye``."""
+        """Rule 14: every connection the source has open said ``bye`` (the shell waits for the last one)."""
         self.counters.byes += 1
         return self._publish(self.pipeline.source_left(source_id, now_us))
 

@@ -75,7 +75,7 @@ COUNTER_HELP = {
     "heartbeats_refused": "Heartbeats refused (future-dated, out of range or clock-stepped): they moved no watermark",
     "timestamps_refused": "Events refused because a mapped time falls outside 0..2^63-1 (timestamp_out_of_range)",
     "watermarks_distrusted": "Checkpointed watermarks beyond max_future of the clock at recovery, not restored",
-    "byes": "Bye frames received: the merge stopped waiting for their source at once",
+    "byes": "Clean departures (every open connection of the source said bye): the merge stopped waiting for it",
     "pipeline_heartbeats_refused": "Heartbeats the pipeline refused (future-dated or out of range)",
     "pipeline_timestamps_refused": "Events the pipeline refused: a mapped time outside the contract's range",
     "pipeline_watermarks_distrusted": "Restored watermarks beyond max_future of the restoring clock, dropped",

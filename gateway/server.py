@@ -798,7 +798,12 @@ class Gateway:
             await runtime.receive_heartbeat(received.source_id, received.heartbeat)
 
     async def source_left(self, source_id: str) -> None:
-        """A connection of the source said bye (issue 25 item 7): its shard's merge stops waiting for it."""
+        """A connection of the source said bye (issue 25 item 7): its shard's merge stops waiting for it once every
+        connection the source has open said bye. A pool's connections are separate TCP streams with no order between
+        them: one's bye may be read before another's last events, which the merge would then send late (review B7).
+        One that closes without a bye leaves the rest to the merge's wait, as any disconnection does."""
+        if not all(handler.said_bye for handler in self._connections_by_source.get(source_id, ())):
+            return
         runtime = self._serving(source_id)
         if runtime is None:
             return

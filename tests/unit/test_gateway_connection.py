@@ -288,3 +288,43 @@ async def test_a_bye_tells_the_owner_the_source_left_then_closes():
     await settle()
     assert owner.calls == [("register", "a"), ("left", "a")]
     assert transport.closed
+
+
+class _LeftRecorder:
+    """The shard runtime's bye entry point, recorded."""
+
+    def __init__(self) -> None:
+        self.left: list[str] = []
+
+    async def source_left(self, source_id: str) -> None:
+        self.left.append(source_id)
+
+
+async def test_a_pool_source_leaves_only_once_every_connection_it_has_open_said_bye():
+    """Review B7: a pool's connections are separate TCP streams with no order between them. The bye of connection 2
+    was read while connection 1 still had the pool's seqs 5-7 unread: the merge gave the source up at once and
+    they went late. The source leaves (rule 14) only when every connection it has open said bye."""
+    from contract.wire.messages import build_bye
+    from gateway.server import Gateway, GatewayConfig
+
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers="127.0.0.1:9", topic_prefix="bye", shards=1,
+                                    gateway_id="here"))
+    runtime = _LeftRecorder()
+    gateway._serving = lambda source_id: runtime  # type: ignore[method-assign, assignment, return-value]
+    owner = FakeOwner()
+    pool = [connect(owner)[0] for _ in range(3)]
+    for handler in pool:
+        handler.data_received(encode_frame(build_hello("pool", ["s"])))
+    await settle()
+    gateway._connections_by_source["pool"] = set(pool)
+    owner.source_left = gateway.source_left  # type: ignore[method-assign]
+    pool[1].data_received(encode_frame(build_bye()))
+    await settle()
+    assert runtime.left == []  # connections 0 and 2 may still carry events read after this bye
+    gateway._connections_by_source["pool"].discard(pool[1])  # it closed
+    pool[0].data_received(encode_frame(build_events([build_event("s", 5, T0, 0)])) + encode_frame(build_bye()))
+    await settle()
+    assert runtime.left == []
+    pool[2].data_received(encode_frame(build_bye()))
+    await settle()
+    assert runtime.left == ["pool"]  # the last open connection said bye: nothing more comes from it
