@@ -201,5 +201,6 @@ async def test_a_clean_bye_is_not_waited_for_and_the_source_is_welcomed_back(gat
     assert refs == sorted(refs)
     held_ms = [(r["release_ts_us"] - r["arrival_ts_us"]) // 1000 for r in delivery.events
                if r["source_id"] == "a" and r["seq"] >= 5]
-    assert max(held_ms) < 500, held_ms
+    # Without the bye the merge waited its learned timeout for b (1.8-2.0 s here); 1 s leaves a loaded machine room.
+    assert max(held_ms) < 1000, held_ms
     assert byes >= 1
