@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reorder.eval.kslack import (
     AlphaController,
