@@ -37,7 +37,10 @@ Algorithm
                                                              widened to contain the estimate)
       + (dispersion_ppm + skew_error_ppm) * |t - t_sync|   (growth since the sync)
 
-  where ``skew_error_ppm`` is ``max_skew_ppm`` until a skew has been estimated.
+  where ``skew_error_ppm`` is ``max_skew_ppm`` until a skew has been estimated.  A fitted skew's error is at
+  least the worst case the points' Eq. 3.14 intervals allow (``sum |c_i| * (rtt_i/2 + precision)``, ``c_i`` the
+  slope's weight of point i).  When that error reaches ``max_skew_ppm`` (a short baseline, or points widened by a
+  starved event loop) the fit is not used: skew 0, error ``max_skew_ppm``, as after one burst.
 """
 
 from __future__ import annotations
@@ -347,10 +350,19 @@ class ClockEstimator:
             skew_ppm = 0.0
             skew_error_ppm = self.max_skew_ppm
             used = 1
+        elif fit.skew_error_ppm >= self.max_skew_ppm:
+            # The fit knows the skew less well than the prior does (a short baseline, or points widened by a
+            # starved event loop): a line through a starved point and a clean one 1 s later can slope 2700 ppm on
+            # clocks that do not drift. Capping its error at max_skew_ppm while keeping that slope made the bound a
+            # lie; the estimate stays where one burst leaves it instead.
+            offset = latest.offset_us
+            skew_ppm = 0.0
+            skew_error_ppm = self.max_skew_ppm
+            used = 1
         else:
             offset = fit.offset_us
             skew_ppm = fit.skew_ppm
-            skew_error_ppm = min(fit.skew_error_ppm, self.max_skew_ppm)
+            skew_error_ppm = fit.skew_error_ppm
             used = fit.points_used
         offset_int = math.floor(offset + 0.5)
         # Eq. 3.14 for the selected sample, widened so that it contains the reported offset.
@@ -419,17 +431,25 @@ class ClockEstimator:
         intercept = my - slope * mx  # offset at the newest point, relative to its own offset
         residuals = [y - (intercept + slope * x) for x, y in zip(xs, ys, strict=True)]
         n = len(pts)
+        # The slope is linear in the offsets, slope = sum(c_i * y_i) with c_i = w_i * (x_i - mx) / sxx, and Eq. 3.14
+        # puts each true offset within rtt_i/2 (+ precision) of y_i: so the true skew of a linear clock is within
+        # sum(|c_i| * (rtt_i/2 + precision)) of the slope, whatever the delays were.  For two points this is
+        # (rtt_a/2 + rtt_b/2 + 2 precision) / span.  A statistical error alone is not a bound: starved samples
+        # are few and far from normal, and the weights of a short history can rest on one of them.
+        worst = math.fsum(
+            abs(w * (x - mx) / sxx) * (max(p.rtt_us, self.precision_us) / 2 + self.precision_us)
+            for w, x, p in zip(ws, xs, pts, strict=True)
+        )
         if n == 2:
-            # A line through two points has no residuals to judge it by: use the worst case that
-            # Eq. 3.14 allows, both offsets off by half their round trip in opposite directions.
-            worst_us = sum(max(p.rtt_us, self.precision_us) / 2 + self.precision_us for p in pts)
-            skew_error = worst_us / span_us
+            skew_error = worst  # no residuals to judge a line through two points by
         else:
             s2 = math.fsum(w * r * r for w, r in zip(ws, residuals, strict=True)) / (n - 2)
             # Floor the statistical error by the scale of the weights (a fit that is exact by
             # chance still knows each point only to within its sigma).
             s2 = max(s2, 1.0)
-            skew_error = SKEW_COVERAGE_SIGMAS * math.sqrt(s2 / sxx)
+            # The statistical error still counts when the line fits worse than the intervals say (frequency
+            # wander the worst case, which assumes a straight line, does not see).
+            skew_error = max(worst, SKEW_COVERAGE_SIGMAS * math.sqrt(s2 / sxx))
         fit = _Fit(
             offset_us=origin.offset_us + intercept,
             skew_ppm=slope * 1e6,
