@@ -32,6 +32,7 @@ from clients.core import (
     GatewayRouter,
     HeartbeatPromise,
     IdleTimer,
+    OwnerSync,
     PoolScheduler,
     ResyncGate,
     SeqAssigner,
@@ -39,6 +40,7 @@ from clients.core import (
     encode_batches,
     heartbeat_next_seq,
     payload_fits,
+    plan_owner_sync,
 )
 from clients.errors import (
     ClientClosed,
@@ -394,6 +396,7 @@ class SkewlessClient:
         self._time_lock = asyncio.Lock()
         self._resync_gate = ResyncGate()
         self._resync_task: asyncio.Task[None] | None = None
+        self._move_sync_task: asyncio.Task[None] | None = None  # a burst with a new owner that already maps this clock
         self._sender: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._progress: asyncio.Event | None = None
@@ -565,9 +568,11 @@ class SkewlessClient:
         port = owner.timesync_port if owner.timesync_port is not None else self.udp_port
         return None if port is None else (owner.host, port)
 
-    async def _follow_owner_time(self, owner: GatewayAddress) -> None:
+    async def _follow_owner_time(self, owner: GatewayAddress, owner_knows_clock: bool = False) -> None:
         """Sync with the owner's time-sync server before anything is sent to it: the first burst (raising, so that
-        ``connect()`` fails as it always did), or a move of the existing sync when the owner changed."""
+        ``connect()`` fails as it always did), or a move of the existing sync when the owner changed — awaited when
+        the owner has no estimate of this clock, beside the sending when its welcome says ``clock_known``
+        (``clients.core.plan_owner_sync``)."""
         target = self._time_endpoint(owner)
         if target is None:
             if self.time_sync and self._sync is None and not self._warned_no_time_server:
@@ -577,23 +582,39 @@ class SkewlessClient:
             return
         async with self._time_lock:
             sync = self._sync
-            if sync is None:
+            plan = plan_owner_sync(None if sync is None else (sync.host, sync.port), target,
+                                   owner_knows_clock=owner_knows_clock)
+            if plan is OwnerSync.FIRST_BURST:
                 await self._start_sync(*target)
                 return
-            if (sync.host, sync.port) == target:
+            assert sync is not None
+            if plan is OwnerSync.STAY:
                 return
-            log.info("%s: time sync moves from %s:%d to the owner's %s:%d", self.source_id, sync.host, sync.port,
-                     *target)
+            log.info("%s: time sync moves from %s:%d to the owner's %s:%d (%s)", self.source_id, sync.host, sync.port,
+                     *target, "it knows this clock: resending beside the burst"
+                     if plan is OwnerSync.MOVE_BESIDE_SENDING else "before sending")
             self.stats.time_sync_moves += 1
             sync.host, sync.port = target
             # Another gateway, maybe another reference clock: the old server's samples must not bend the new line
             # (the estimate itself stays until the new burst replaces it).
             sync.exchange.estimator.reset()
-            try:
-                await sync.sync_now()
-            except (_AnyTimeSyncError, OSError) as exc:
-                # Not fatal: the periodic re-sync (and any resync request) tries the new server again.
-                log.warning("%s: time sync with the new owner %s:%d failed: %s", self.source_id, *target, exc)
+            if plan is OwnerSync.MOVE_BESIDE_SENDING:
+                # The owner maps this source's events with the estimate it restored: the unacked ones go now, the
+                # burst runs beside them (the connection's other slots find the sync already moved).
+                if self._move_sync_task is not None:
+                    self._move_sync_task.cancel()  # a burst with an owner this source already left
+                self._move_sync_task = asyncio.create_task(self._move_burst(sync, target),
+                                                           name=f"skewless-{self.source_id}-move-sync")
+                self._move_sync_task.add_done_callback(self._task_done)
+                return
+            await self._move_burst(sync, target)
+
+    async def _move_burst(self, sync: PeriodicSync, target: tuple[str, int]) -> None:
+        try:
+            await sync.sync_now()
+        except (_AnyTimeSyncError, OSError) as exc:
+            # Not fatal: the periodic re-sync (and any resync request) tries the new server again.
+            log.warning("%s: time sync with the new owner %s:%d failed: %s", self.source_id, *target, exc)
 
     async def sync_now(self) -> ClockEstimate:
         """Run one sync burst now with the owner's time-sync server (raises ``TimeSyncError`` when it gets no usable
@@ -646,6 +667,10 @@ class SkewlessClient:
                 future.exception()
 
     async def _teardown(self) -> None:
+        if self._move_sync_task is not None:
+            self._move_sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._move_sync_task
         if self._resync_task is not None:
             self._resync_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1005,7 +1030,7 @@ class SkewlessClient:
                 continue
             owner = self._router.welcomed(target, reply.timesync_port)
             try:
-                await self._follow_owner_time(owner)
+                await self._follow_owner_time(owner, reply.clock_known)
             except BaseException:
                 writer.close()
                 raise

@@ -11,6 +11,7 @@ import random
 from collections import deque
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from clients.errors import EventTooLarge
@@ -654,6 +655,31 @@ class ResyncGate:
         if self._last_start_s is None:
             return 0.0
         return max(0.0, self._last_start_s + self.min_interval_s - now_s)
+
+
+class OwnerSync(Enum):
+    """What a pool connection does about time sync once a gateway welcomed it (``plan_owner_sync``)."""
+
+    FIRST_BURST = "first_burst"  # no sync yet: the first burst runs before anything is sent (connect() raises on it)
+    STAY = "stay"  # the same time-sync server as now: nothing to do
+    MOVE_BEFORE_SENDING = "move_before_sending"  # a new server, whose gateway has no estimate of this clock yet
+    MOVE_BESIDE_SENDING = "move_beside_sending"  # a new server, whose gateway already maps this clock: send now
+
+
+def plan_owner_sync(current: tuple[str, int] | None, target: tuple[str, int], *,
+                    owner_knows_clock: bool) -> OwnerSync:
+    """The time sync a welcome calls for: ``current`` is the (host, UDP port) this source syncs with (None: never
+    synced), ``target`` the owner's, ``owner_knows_clock`` the welcome's ``clock_known``.
+
+    A new owner without an estimate of this clock would map the events it gets before the burst with an unknown
+    error bound, so they wait for the burst. A new owner that holds one (after a failover, restored from the shard's
+    clock state) maps them at once: the resend goes now and the burst runs beside it, which takes the burst (0.2-1.5
+    s on a loaded host) off the failover's kill -> first ack."""
+    if current is None:
+        return OwnerSync.FIRST_BURST
+    if current == target:
+        return OwnerSync.STAY
+    return OwnerSync.MOVE_BESIDE_SENDING if owner_knows_clock else OwnerSync.MOVE_BEFORE_SENDING
 
 
 @dataclass(frozen=True, slots=True)

@@ -704,8 +704,11 @@ class Gateway:
         self._connections_by_source.setdefault(hello.source_id, set()).add(connection)
         with self._core_call(runtime):
             await runtime.register_source(hello.source_id, hello.streams, created)
+        # clock_known: this gateway maps the source's events with the estimate it holds (after a failover, the one
+        # restored from the shard's clock state), so the SDK resends at once and syncs beside (docs/cluster.md).
         connection.send_bytes(encode_frame(messages.build_welcome(
-            self.config.max_frame_bytes, gateway_id=self.gateway_id, shard=shard, timesync_port=self.timesync_port)))
+            self.config.max_frame_bytes, gateway_id=self.gateway_id, shard=shard, timesync_port=self.timesync_port,
+            clock_known=self.config.timesync is not None and self.store.get(hello.source_id) is not None)))
 
     async def _runtime_for_hello(self, shard: int) -> ShardRuntime | None:
         """The runtime serving ``shard`` here, waiting (bounded) while it is being taken over here or while nobody

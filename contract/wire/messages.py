@@ -389,6 +389,9 @@ class Welcome:
     gateway_id: str | None = None
     shard: int | None = None
     timesync_port: int | None = None
+    # The gateway already holds an estimate of this source's clock (restored from the shard's clock state after a
+    # failover): it maps the source's events at once, so the source need not finish a sync burst before sending.
+    clock_known: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,8 +456,9 @@ GatewayMessage = Welcome | Redirect | Ack | ErrorReply | ResyncRequest | GapNoti
 
 
 def build_welcome(max_frame_bytes: int, *, gateway_id: str | None = None, shard: int | None = None,
-                  timesync_port: int | None = None) -> dict[str, Any]:
-    """The cluster fields are left out when None: a client that predates them reads the same map as before."""
+                  timesync_port: int | None = None, clock_known: bool = False) -> dict[str, Any]:
+    """The cluster fields are left out when None (``clock_known`` when false): a client that predates them reads the
+    same map as before."""
     welcome: dict[str, Any] = {"type": WELCOME, "version": PROTOCOL_VERSION, "max_frame_bytes": max_frame_bytes}
     if gateway_id is not None:
         welcome["gateway_id"] = gateway_id
@@ -462,6 +466,8 @@ def build_welcome(max_frame_bytes: int, *, gateway_id: str | None = None, shard:
         welcome["shard"] = shard
     if timesync_port is not None:
         welcome["timesync_port"] = timesync_port
+    if clock_known:
+        welcome["clock_known"] = True
     return welcome
 
 
@@ -524,7 +530,8 @@ def parse_gateway_message(raw: dict[str, Any]) -> GatewayMessage:
                                      f"{PROTOCOL_VERSION}")
         return Welcome(version, _int_field(raw, "max_frame_bytes", 1, 2**31),
                        _optional_str(raw, "gateway_id", MAX_GATEWAY_ID_CHARS),
-                       _optional_int(raw, "shard", 0, MAX_SHARD), _optional_int(raw, "timesync_port", 1, MAX_PORT))
+                       _optional_int(raw, "shard", 0, MAX_SHARD), _optional_int(raw, "timesync_port", 1, MAX_PORT),
+                       raw.get("clock_known") is True)
     if kind == REDIRECT:
         # Strict, unlike error: a redirect the client cannot follow (no host, a port out of range) is no answer.
         return Redirect(_int_field(raw, "shard", 0, MAX_SHARD), _str_field(raw, "gateway_id", MAX_GATEWAY_ID_CHARS),

@@ -191,6 +191,7 @@ class FakeClusterGateway:
         self.cluster = cluster
         self.gateway_id = gateway_id
         self.timesync_port = timesync_port
+        self.clock_known = False  # its welcome says it already holds an estimate of the source's clock
         self.redirect_to: FakeClusterGateway | None = None
         self.refuse_next: list[dict[str, Any]] = []  # error frames answering the next hellos, first one first
         self.acking = True
@@ -273,7 +274,7 @@ class FakeClusterGateway:
             return False
         self.welcomed += 1
         writer.write(encode_frame(build_welcome(1 << 20, gateway_id=self.gateway_id, shard=0,
-                                                timesync_port=self.timesync_port)))
+                                                timesync_port=self.timesync_port, clock_known=self.clock_known)))
         self.writers.append(writer)
         return True
 
@@ -539,3 +540,71 @@ async def test_shard_unavailable_after_a_lost_owner_is_paced_by_retry_after_not_
         assert back_after_s < 2.5, back_after_s
     finally:
         await survivor.stop()
+
+
+# -- issue 24 item 10(c): the time sync with a new owner that already knows this source's clock -------------------
+
+def test_owner_sync_plan_blocks_only_when_the_owner_cannot_map_this_clock_yet() -> None:
+    from clients.core import OwnerSync, plan_owner_sync
+    old, new = ("gw-a", 7452), ("gw-b", 7453)
+    # No sync yet: the first burst runs before anything is sent (connect() raises when it fails).
+    assert plan_owner_sync(None, new, owner_knows_clock=True) is OwnerSync.FIRST_BURST
+    assert plan_owner_sync(None, new, owner_knows_clock=False) is OwnerSync.FIRST_BURST
+    # The same time-sync server: nothing to do.
+    assert plan_owner_sync(new, new, owner_knows_clock=False) is OwnerSync.STAY
+    assert plan_owner_sync(new, new, owner_knows_clock=True) is OwnerSync.STAY
+    # A new owner with no estimate of this clock would map its events with an unknown error: sync first.
+    assert plan_owner_sync(old, new, owner_knows_clock=False) is OwnerSync.MOVE_BEFORE_SENDING
+    # A new owner that restored this source's estimate (failover: the sources topic's clock state) maps the resent
+    # events at once: they go now, the burst runs beside them.
+    assert plan_owner_sync(old, new, owner_knows_clock=True) is OwnerSync.MOVE_BESIDE_SENDING
+
+
+@pytest.mark.parametrize("clock_known", [True, False])
+async def test_a_new_owner_that_knows_the_clock_gets_the_resend_before_the_sync_burst_ends(clock_known: bool) -> None:
+    from timesync.server import ServerConfig, start_server
+
+    sync_timeout_s = 0.5
+    time_a = await start_server(ServerConfig(host="127.0.0.1", port=0, kernel_timestamps=False))
+    silent = silent_udp_port()  # B's time-sync server never answers: a burst with it takes >= sync_timeout_s
+    cluster = Cluster()
+    gw_a = await FakeClusterGateway(cluster, "gw-a", timesync_port=time_a.address[1]).start()
+    gw_b = await FakeClusterGateway(cluster, "gw-b", timesync_port=silent.getsockname()[1]).start()
+    gw_b.clock_known = clock_known
+    client = SkewlessClient("127.0.0.1", gw_a.port, "s1", ["a"], pool_size=1, backoff=FAST, linger_s=0,
+                            heartbeat_interval_s=None, sync_timeout_s=sync_timeout_s, resync_interval_s=None)
+    loop = asyncio.get_running_loop()
+    try:
+        await client.connect()
+        for i in range(5):
+            await client.send("a", i)
+        await client.flush(timeout_s=5)
+        gw_a.acking = False
+        for i in range(5, 10):
+            await client.send("a", i)
+        await client.send_pending()
+        await until(lambda: sorted(gw_a.received) == list(range(10)))
+
+        gw_a.redirect_to = gw_b  # the shard moved to B
+        moved_at = loop.time()
+        gw_a.move_shard_away(retry_after_ms=0)
+        await until(lambda: sorted(gw_b.received) == [5, 6, 7, 8, 9])
+        resent_after_s = loop.time() - moved_at
+        await client.flush(timeout_s=10)
+        assert cluster.log == set(range(10))
+        assert client.acked_through("a") == 9
+        assert client.stats.time_sync_moves == 1
+        if clock_known:
+            # Sent at once; the burst with B (which can only time out) was still running.
+            assert resent_after_s < sync_timeout_s, resent_after_s
+            assert client._move_sync_task is not None and not client._move_sync_task.done()
+        else:
+            # B could not map the clock: nothing was sent before the burst gave up.
+            assert resent_after_s >= sync_timeout_s, resent_after_s
+            assert client._move_sync_task is None
+    finally:
+        await client.close()
+        await gw_a.stop()
+        await gw_b.stop()
+        await time_a.close()
+        silent.close()

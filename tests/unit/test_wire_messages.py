@@ -172,3 +172,13 @@ def test_a_gap_notice_round_trips_and_a_bad_range_is_refused() -> None:
         parse_gateway_message({"type": "gap", "stream": "s", "first_seq": 7, "last_seq": 3, "reason": "timeout"})
     with pytest.raises(InvalidMessage):
         parse_gateway_message({"type": "gap", "stream": 1, "first_seq": 0, "last_seq": 0})
+
+
+def test_welcome_says_whether_the_gateway_already_knows_the_source_clock() -> None:
+    # Left out when false: a client that predates the field reads the same map as before.
+    assert "clock_known" not in build_welcome(4096, gateway_id="g", shard=1, timesync_port=7452)
+    known = build_welcome(4096, gateway_id="g", shard=1, timesync_port=7452, clock_known=True)
+    assert known["clock_known"] is True
+    assert parse_gateway_message(known) == Welcome(1, 4096, "g", 1, 7452, clock_known=True)
+    assert parse_gateway_message(build_welcome(4096)) == Welcome(1, 4096)
+    assert parse_gateway_message({**build_welcome(4096), "clock_known": "yes"}).clock_known is False
