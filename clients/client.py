@@ -347,6 +347,8 @@ class SkewlessClient:
         self.connect_timeout_s = connect_timeout_s
         self.stats = ClientStats()
         self.refused: deque[RefusedEvent] = deque(maxlen=REFUSED_KEPT)
+        # The gateway's gap notices, newest last (docs/sdk.md, "Gaps"): which seqs it gave up and acked past.
+        self.gaps: deque[GapNotice] = deque(maxlen=REFUSED_KEPT)
         # Refused seqs not acked yet, so that the refusal of a resend (the connection dropped before the ack) is
         # not counted twice; pruned by the acks.
         self._refused_unacked: set[tuple[str, int]] = set()
@@ -1253,6 +1255,7 @@ class SkewlessClient:
         late topic); ``flush()`` stops waiting for them (docs/sdk.md, "Gaps")."""
         if gap.stream not in self._declared:
             return
+        self.gaps.append(gap)
         self.stats.seqs_given_up += gap.last_seq - gap.first_seq + 1
         given_up = self._store.give_up(gap.stream, gap.first_seq, gap.last_seq)
         for event in given_up:

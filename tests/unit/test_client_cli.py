@@ -112,3 +112,23 @@ def test_cli_help_and_a_replay_run(tmp_path):
     assert result.exit_code == 0, result.output
     assert "replayed 20 events from 1 sources" in result.output
     assert gw.events_of("a", "s") == list(range(20))
+
+
+def test_a_replay_sends_a_given_up_seq_instead_of_taking_it_for_a_repeat():
+    """The trace's late arrival whose gap the gateway gave up (its ack passed it) is sent for the late topic; only a
+    seq the gateway acked without a gap notice means the trace was replayed to it before."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from contract.wire.messages import GapNotice
+    from skewless.cli_source import PlannedSend, _given_up
+
+    client = SimpleNamespace(gaps=deque([GapNotice("sensors", 1602, 1602, "timeout"),
+                                         GapNotice("sensors", 1820, 1822, "timeout")]))
+
+    def send(stream: str, seq: int) -> PlannedSend:
+        return PlannedSend(0.0, "s0", stream, seq, 1, {})
+
+    assert [_given_up(client, send("sensors", q)) for q in (1601, 1602, 1603, 1819, 1820, 1822, 1823)] == [
+        False, True, False, False, True, True, False]
+    assert not _given_up(client, send("other", 1602))
