@@ -57,6 +57,17 @@ async def send_all(port: int) -> dict[int, list[tuple[str, int, dict[str, int]]]
 
 async def test_events_reach_kafka_and_spark_counts_match(gateway: Gateway, kafka, spark, topic_prefix):
     plans = await send_all(gateway.port)
+    # Every source said bye: the stream is idle and the gateway punctuates it past the last window (rule 10) within
+    # its idle-punctuation period; Spark's windows are final only once a punctuation promises them.
+    last_window_end_us = max(ts for plan in plans.values() for _s, ts, _p in plan) // 1_000_000 * 1_000_000 + 1_000_000
+    topics = TopicNames(topic_prefix)
+    for _ in range(100):
+        marks = [max((p["watermark_us"] for p in read_stream(kafka.bootstrap_servers, topics.events(stream))[1]),
+                     default=0) for stream in ("doors", "temps")]
+        if min(marks) >= last_window_end_us:
+            break
+        await asyncio.sleep(0.2)
+    assert min(marks) >= last_window_end_us, marks
     topics = TopicNames(topic_prefix)
 
     records = []

@@ -454,6 +454,23 @@ def test_leave_gives_an_empty_source_up_at_once_and_a_queued_one_once_its_queue_
     assert m.leave("B", 12) == []  # already gone: nothing more
 
 
+def test_a_departure_punctuates_what_its_last_heartbeat_promised_before_it_stops_counting() -> None:
+    """The last source of a stream says bye right after a heartbeat promising 8,000 (inside the punctuation
+    interval, so not punctuated yet): the stream's last punctuation is that promise, not its last event (a window
+    ending at 8,000 stayed open forever once the departure took the source out of the watermark)."""
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(learn_wait=False, punctuation_interval_us=10**9))
+    for s in ("A", "B"):
+        m.register(s, 0)
+    out = m.push(ev("A", 0, 7_000), 10, 10)
+    out += m.push(ev("B", 0, 7_500), 11, 11)
+    out += m.heartbeat("A", 0, 8_100, 12, caught_up=True)
+    out += m.heartbeat("B", 0, 8_000, 13, caught_up=True)
+    out += m.leave("A", 14)
+    out += m.leave("B", 15)
+    assert merged(out) == [("A", 0, 7_000), ("B", 0, 7_500)]
+    assert [p.watermark_us for p in out if isinstance(p, Punctuation)][-1] == 8_000
+
+
 def test_the_source_the_merge_waits_for_is_not_forgotten_and_its_wait_still_fires() -> None:
     """Review B1: forgetting the blocker left the others' events queued with no deadline."""
     m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(learn_wait=False, default_timeout_us=1_000))
