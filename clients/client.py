@@ -650,19 +650,10 @@ class SkewlessClient:
                 slot.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await slot.task
-        # A last heartbeat before the bye: the gateway punctuates what it promises before the source stops counting
-        # in the merge, so a stream whose sources all leave is not left below their final promise.
-        # One per source (the merge takes it for the whole pool), on the first live connection, ahead of its bye.
-        ts_us = self.heartbeat_ts_us() if not self._store.pending_count else None
-        bye = encode_frame(build_bye())
-        last_beat = b"" if ts_us is None else encode_frame(build_heartbeat(ts_us,
-                                                                          heartbeat_next_seq(self._seqs, self._store)))
         for slot in self._slots:
             if slot.writer is not None and self._scheduler.is_up(slot.index):
                 with contextlib.suppress(ConnectionError, OSError):
-                    if _write(slot.writer, last_beat + bye):
-                        self.stats.heartbeats_sent += 1 if last_beat else 0
-                        last_beat = b""
+                    if _write(slot.writer, encode_frame(build_bye())):
                         await slot.writer.drain()
         await self._teardown()
         self._settle_deliveries(ClientClosed("the client closed with this event unacknowledged"))

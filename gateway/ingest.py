@@ -108,8 +108,7 @@ Rules:
 10. Idle punctuation: the Spark jobs advance a stream to the minimum over its events topic's partitions of their
    latest punctuations, so a shard with no source of a stream would hold the whole stream back forever.
    ``punctuate_idle`` (the shell calls it every second for every stream of the deployment) punctuates a stream that
-   no source of the shard has joined, or whose sources all left cleanly (rule 14, nothing held:
-   ``IngestPipeline.has_sources``), at ``now - idle_lag_us`` when its watermark trails that. A source that joins
+   no source of the shard has joined at ``now - idle_lag_us`` when its watermark trails that. A source that joins
    the shard later with events older than that finds them late (``after_punctuation``), as any source behind a
    promised watermark does. Streams with sources are left to the merge: their quiet periods are its business.
 11. Idle sources are freed. A hello costs the source's merge registration per stream it names, nothing more: its

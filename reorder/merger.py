@@ -115,7 +115,6 @@ class MergerCounters:
 
 class _Source:
     __slots__ = (
-        "departed",
         "error_us",
         "frontier",
         "frontier_error_us",
@@ -143,7 +142,6 @@ class _Source:
         self.pending_beat: tuple[int, int, int] | None = None  # (seq, ref_ts_us, error_us) not yet covered
         self.timed_out = False
         self.leaving = False  # said bye with events queued: given up once they are released
-        self.departed = False  # gave up after a clean bye (not a silence): promises nothing more until it revives
         self.wait_deadline: int | None = None
         # when the source last spoke (an event, a heartbeat, its registration): a wait counts its silence from here
         self.heard_us: int | None = None
@@ -460,11 +458,6 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
-    def all_departed(self) -> bool:
-        """Every source of the stream left cleanly (a bye) and nothing is queued: the stream is idle as far as the
-        merge knows, and rule 10 of the gateway may punctuate it as a stream nobody joined."""
-        return bool(self._sources) and not self._queued and all(s.departed for s in self._sources.values())
-
     def _depart_promising(self, source_id: str, src: _Source, now_us: int, out: list[MergeOutput]) -> None:
         """Depart, after a punctuation (outside the punctuation interval) of what its promises allowed while it
         counted: once given up its frontier no longer bounds the watermark, and when it was the last source the
@@ -477,7 +470,6 @@ class MultiSourceMerger:
         """Give a source that left up: as ``_time_out`` does, without counting a timeout."""
         src.leaving = False
         src.timed_out = True
-        src.departed = True
         src.wait_deadline = None
         src.waited_since = None  # a departure is no silence to learn a wait from
         if self._blocker == source_id:
@@ -528,7 +520,6 @@ class MultiSourceMerger:
             src.waited_since = None
         src.wait_deadline = None
         src.leaving = False
-        src.departed = False
         if self._blocker == source_id:
             self._blocker = None
         if src.timed_out:

@@ -436,12 +436,11 @@ class IngestPipeline:
         return held
 
     def has_sources(self, stream: str) -> bool:
-        """Whether any source joined the stream here (registered, recovered, or sent to it) and has not left it:
-        a stream whose sources all said bye, with nothing held, counts as one nobody joined (gateway rule 10)."""
+        """Whether any source ever joined the stream here (registered, recovered, or sent to it). A stream whose
+        sources all said bye still counts: punctuating it at the gateway's clock would send a source that comes
+        back with its spool's older events to the late topic."""
         pipeline = self._streams.get(stream)
-        if pipeline is None or not (pipeline.reorderers or pipeline.merger.sources()):
-            return False
-        return not (pipeline.merger.all_departed() and not any(r.buffered for r in pipeline.reorderers.values()))
+        return pipeline is not None and bool(pipeline.reorderers or pipeline.merger.sources())
 
     def watermark_us(self, stream: str) -> int | None:
         pipeline = self._streams.get(stream)

@@ -35,8 +35,9 @@ def planned_events(source: int) -> list[tuple[str, int, dict[str, int]]]:
     return out
 
 
-async def send_all(port: int) -> dict[int, list[tuple[str, int, dict[str, int]]]]:
+async def send_all(port: int, bootstrap: str, topics: TopicNames) -> dict[int, list[tuple[str, int, dict[str, int]]]]:
     plans = {s: planned_events(s) for s in range(SOURCES)}
+    last_window_end_us = max(ts for plan in plans.values() for _s, ts, _p in plan) // 1_000_000 * 1_000_000 + 1_000_000
 
     clients = [SkewlessClient("127.0.0.1", port, f"src-{s}", ["doors", "temps"], batch_events=37)
                for s in range(SOURCES)]
@@ -49,25 +50,23 @@ async def send_all(port: int) -> dict[int, list[tuple[str, int, dict[str, int]]]
         for stream, ts_us, payload in plans[source]:
             await client.send(stream, payload, source_ts_us=ts_us)
         await client.flush()
-        await client.close()
 
     await asyncio.gather(*(one(s) for s in range(SOURCES)))
-    return plans
-
-
-async def test_events_reach_kafka_and_spark_counts_match(gateway: Gateway, kafka, spark, topic_prefix):
-    plans = await send_all(gateway.port)
-    # Every source said bye: the stream is idle and the gateway punctuates it past the last window (rule 10) within
-    # its idle-punctuation period; Spark's windows are final only once a punctuation promises them.
-    last_window_end_us = max(ts for plan in plans.values() for _s, ts, _p in plan) // 1_000_000 * 1_000_000 + 1_000_000
-    topics = TopicNames(topic_prefix)
+    # Spark's windows are final once a punctuation promises them: the sources' idle heartbeats carry their clocks
+    # past the last window within a few intervals; a source that leaves first promises nothing more.
     for _ in range(100):
-        marks = [max((p["watermark_us"] for p in read_stream(kafka.bootstrap_servers, topics.events(stream))[1]),
-                     default=0) for stream in ("doors", "temps")]
+        marks = [max((p["watermark_us"] for p in read_stream(bootstrap, topics.events(stream))[1]), default=0)
+                 for stream in ("doors", "temps")]
         if min(marks) >= last_window_end_us:
             break
         await asyncio.sleep(0.2)
     assert min(marks) >= last_window_end_us, marks
+    await asyncio.gather(*(client.close() for client in clients))
+    return plans
+
+
+async def test_events_reach_kafka_and_spark_counts_match(gateway: Gateway, kafka, spark, topic_prefix):
+    plans = await send_all(gateway.port, kafka.bootstrap_servers, TopicNames(topic_prefix))
     topics = TopicNames(topic_prefix)
 
     records = []

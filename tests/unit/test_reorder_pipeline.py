@@ -687,20 +687,3 @@ def test_a_resync_beyond_both_bounds_is_still_a_stamp_regression():
     assert _late(out) == [("a", 1, "stamp_regression", 11_001)]
     assert [(r[1], r[2] - T0) for r in records(out)] == [(0, 20_000), (2, 20_000)]
 
-
-def test_a_stream_whose_sources_all_said_bye_counts_as_one_nobody_joined_until_one_comes_back():
-    """Gateway rule 10 punctuates streams nobody joined; a stream whose sources all left cleanly (nothing held) is
-    such a stream again, or its last window stays open below the sources' final promises for good."""
-    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(learn_wait=False,
-                                                                                default_timeout_us=10**9)))
-    assert not pipe.has_sources("s")
-    pipe.register("a", ("s",), T0)
-    pipe.register("b", ("s",), T0)
-    pipe.push("a", ev(0, T0 + 10), T0 + 10)
-    pipe.push("b", ev(0, T0 + 20), T0 + 20)
-    pipe.source_left("a", T0 + 30)
-    assert pipe.has_sources("s")  # b is still there
-    pipe.source_left("b", T0 + 31)
-    assert not pipe.has_sources("s")
-    pipe.push("b", ev(1, T0 + 40), T0 + 40)  # b is back
-    assert pipe.has_sources("s")
