@@ -224,8 +224,9 @@ class ClientStats:
     """Seqs the gateway gave up (``gap`` notices, docs/wire-protocol.md "Gaps"): the acks moved past them. Those never
     sent (an explicit ``seq=`` that skipped some) count here only."""
     events_given_up: int = 0
-    """Events of those seqs this client still held: their futures failed with ``EventGivenUp``, each was resent once
-    (the gateway publishes it on the late topic), and ``flush()`` no longer waits for them."""
+    """Events of those seqs this client held, or was given after the notice (a replay's late arrival): their futures
+    fail with ``EventGivenUp``, each is written once more (the gateway publishes it on the late topic), and ``flush()``
+    does not wait for them."""
     conflicts: int = 0
     """Events refused with ``seq_conflict`` (also in ``events_refused``): their seq was accepted with another payload
     or ``source_ts_us``, from another sender with this source id or an earlier run of this one."""
@@ -780,8 +781,12 @@ class SkewlessClient:
             if not 0 <= ts_us <= MAX_SEQ:
                 raise ValueError(f"source_ts_us {ts_us} is outside [0, 2**63)")
             self._promise.sent(ts_us, self.clock_us())
-        self._store.add(stream, seq, ts_us, payload, interval)
-        if self._spool is not None:
+        event = self._store.add(stream, seq, ts_us, payload, interval)
+        if event.gap_reason is not None:
+            self.stats.events_given_up += 1
+            log.info("%s: %s seq %d was given up by the gateway before it was sent; sent once for the late topic",
+                     self.source_id, stream, seq)
+        elif self._spool is not None:  # a given-up seq is written once, never resent: nothing to recover
             self._spool.append_event(stream, seq, ts_us, payload, interval)
         self._wake_sender()
         return seq
@@ -817,6 +822,10 @@ class SkewlessClient:
 
     def _track(self, stream: str, sent_seq: int) -> asyncio.Future[int]:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if sent_seq <= self._store.acked_through(stream):
+            # Sent into a gap the gateway gave up before (UnackedStore.add): no ack will ever cover it.
+            future.set_exception(EventGivenUp(stream, sent_seq, self._gap_reason(stream, sent_seq), True))
+            return future
         # The send returned without yielding after queueing the event, so its ack cannot have been handled yet.
         self._deliveries.watch(stream, sent_seq, future)
         return future
@@ -1249,6 +1258,10 @@ class SkewlessClient:
     def _describe_addresses(self) -> str:
         return ", ".join(f"{a.host}:{a.port}" for a in self._router.addresses)
 
+    def _gap_reason(self, stream: str, seq: int) -> str:
+        return next((g.reason for g in reversed(self.gaps) if g.stream == stream and g.first_seq <= seq <= g.last_seq),
+                    "timeout")
+
     def _on_gap(self, gap: GapNotice) -> None:
         """The gateway gave ``first_seq..last_seq`` up: its acks move past them. The events of them still held here
         fail their futures with ``EventGivenUp`` and are written once more (the gateway publishes each, once, on the
@@ -1257,7 +1270,7 @@ class SkewlessClient:
             return
         self.gaps.append(gap)
         self.stats.seqs_given_up += gap.last_seq - gap.first_seq + 1
-        given_up = self._store.give_up(gap.stream, gap.first_seq, gap.last_seq)
+        given_up = self._store.give_up(gap.stream, gap.first_seq, gap.last_seq, gap.reason)
         for event in given_up:
             future = self._deliveries.refused(event.stream, event.seq)
             if future is not None and not future.done():

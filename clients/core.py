@@ -39,6 +39,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Gap ranges the store remembers for seqs the application has not sent yet, per stream (like ``client.gaps``).
+UNSENT_GAPS_KEPT = 1000
+
 
 class StoreFull(Exception):
     """``max_unacked`` events are outstanding; the shell waits for acks (``send()`` blocks)."""
@@ -62,6 +65,8 @@ class PendingEvent:
     given_up: bool = False
     """The gateway gave its seq up (a ``gap`` notice): no longer unacknowledged, written once more anyway, so that
     it reaches the late topic instead of nowhere (``UnackedStore.give_up``)."""
+    gap_reason: str | None = None
+    """The ``gap`` notice's reason when the seq was given up before the application sent it."""
 
     def to_wire(self) -> dict[str, Any]:
         return build_event(self.stream, self.seq, self.source_ts_us, self.payload, self.interval)
@@ -129,6 +134,10 @@ class UnackedStore:
         self._outbox: deque[PendingEvent] = deque()
         self._count = 0
         self._order = 0
+        # Per stream, the seqs of gap notices this store never held (the application did not send them yet, e.g. a
+        # replayed trace's late arrival): ``add()`` still takes each of them once. Ranges, newest kept.
+        self._unsent_gaps: dict[str, deque[tuple[int, int, str]]] = {s: deque(maxlen=UNSENT_GAPS_KEPT)
+                                                                     for s in self._events}
 
     def __len__(self) -> int:
         return self._count
@@ -169,14 +178,36 @@ class UnackedStore:
         if self._count >= self.max_unacked:
             raise StoreFull(f"{self._count} events unacknowledged (max_unacked={self.max_unacked})")
         events = self._events[stream]
-        if seq in events or seq <= self._acked_through[stream]:
+        if seq in events:
             raise ValueError(f"stream {stream!r} seq {seq} was already sent")
+        if seq <= self._acked_through[stream]:
+            return self._add_given_up(stream, seq, source_ts_us, payload, interval)
         self._order += 1
         event = PendingEvent(stream, seq, source_ts_us, payload, self._order, None, False, interval)
         events[seq] = event
         heapq.heappush(self._heaps[stream], seq)
         self._outbox.append(event)
         self._count += 1
+        return event
+
+    def _add_given_up(self, stream: str, seq: int, source_ts_us: int, payload: Any,
+                      interval: EventInterval | None) -> PendingEvent:
+        """A seq below the ack is new only if a gap notice gave it up before it was ever added: it is written once,
+        never counted as unacknowledged (the ack passed it), and the gateway publishes it on the late topic."""
+        gaps = self._unsent_gaps[stream]
+        for i, (first, last, reason) in enumerate(gaps):
+            if first <= seq <= last:
+                break
+        else:
+            raise ValueError(f"stream {stream!r} seq {seq} was already sent")
+        pieces = [(lo, hi, reason) for lo, hi in ((first, seq - 1), (seq + 1, last)) if lo <= hi]
+        del gaps[i]
+        gaps.extend(pieces)
+        self._order += 1
+        event = PendingEvent(stream, seq, source_ts_us, payload, self._order, None, False, interval)
+        event.given_up = True
+        event.gap_reason = reason
+        self._outbox.append(event)
         return event
 
     def take_batch(self, max_events: int) -> list[PendingEvent]:
@@ -208,7 +239,7 @@ class UnackedStore:
         self._count -= released
         return released
 
-    def give_up(self, stream: str, first_seq: int, last_seq: int) -> list[PendingEvent]:
+    def give_up(self, stream: str, first_seq: int, last_seq: int, reason: str = "timeout") -> list[PendingEvent]:
         """The gateway gave ``first_seq..last_seq`` up (a ``gap`` notice): the events of it held here are no longer
         unacknowledged (``flush`` does not wait for them) and are queued once more, ahead of the others, marked
         ``given_up``: the gateway publishes such a seq once, on the late topic, if it arrives. Returns them."""
@@ -219,6 +250,7 @@ class UnackedStore:
             taken = [seq for seq in range(first_seq, last_seq + 1) if seq in events]
         else:
             taken = sorted(seq for seq in events if first_seq <= seq <= last_seq)
+        self._remember_unsent(stream, first_seq, last_seq, taken, reason)
         given_up = [events.pop(seq) for seq in taken]  # their heap entries are skipped when an ack pops them
         for event in given_up:
             event.given_up = True
@@ -228,6 +260,16 @@ class UnackedStore:
             queued = {id(e) for e in given_up}
             self._outbox = deque([*given_up, *(e for e in self._outbox if id(e) not in queued)])
         return given_up
+
+    def _remember_unsent(self, stream: str, first_seq: int, last_seq: int, held: list[int], reason: str) -> None:
+        gaps = self._unsent_gaps.get(stream)
+        if gaps is None:
+            return
+        lo = first_seq
+        for seq in (*held, last_seq + 1):
+            if lo <= seq - 1:
+                gaps.append((lo, seq - 1, reason))
+            lo = seq + 1
 
     def forget(self, stream: str, seq: int) -> bool:
         """The gateway refused this event for good without acknowledging it (``seq_jump``): no longer

@@ -437,6 +437,50 @@ def test_a_given_up_range_stops_being_unacked_and_its_held_events_go_out_once_mo
     assert len(store) == 0
 
 
+def test_a_seq_given_up_before_it_was_sent_is_taken_once_and_written_once():
+    """A replayed trace's late arrival: the gateway gave the seq up (its ack passed it) before the application sent
+    it. It is still sent, once, for the late topic; any other seq at or below the ack is a repeat."""
+    store = UnackedStore(["s"], max_unacked=10)
+    for seq in (0, 1, 4):
+        store.add("s", seq, 1000 + seq, seq)
+    assert [e.seq for e in store.take_batch(10)] == [0, 1, 4]
+    assert [e.seq for e in store.give_up("s", 2, 3, "buffer_full")] == []  # held nothing of 2..3
+    assert store.ack("s", 4) == 3 and len(store) == 0
+    late = store.add("s", 3, 1003, 3)
+    assert (late.given_up, late.gap_reason, len(store)) == (True, "buffer_full", 0)
+    assert [e.seq for e in store.take_batch(10)] == [3]
+    for repeat in (3, 1, 4):
+        with pytest.raises(ValueError, match=f"seq {repeat} was already sent"):
+            store.add("s", repeat, 1, repeat)
+    assert store.add("s", 2, 1002, 2).gap_reason == "buffer_full"
+    with pytest.raises(ValueError, match="seq 2 was already sent"):
+        store.add("s", 2, 1002, 2)
+    # A held event of a gap went out again already: its seq is not taken a second time.
+    store.add("s", 5, 1005, 5)
+    assert [e.seq for e in store.give_up("s", 5, 6)] == [5]
+    assert store.ack("s", 6) == 0
+    with pytest.raises(ValueError, match="seq 5 was already sent"):
+        store.add("s", 5, 1005, 5)
+    assert store.add("s", 6, 1006, 6).given_up
+
+
+async def test_a_tracked_send_into_a_given_up_gap_fails_at_once_with_event_given_up() -> None:
+    from clients import EventGivenUp, SkewlessClient
+    from contract.wire.messages import build_ack, build_gap
+
+    client = SkewlessClient("127.0.0.1", 9, "src", ["s"])
+    await client.send("s", {"i": 0}, seq=0)
+    await client.send("s", {"i": 2}, seq=2)
+    client._on_message(build_gap("s", 1, 1, "timeout"))
+    client._on_message(build_ack("s", 2))
+    late = await client.send_tracked("s", {"i": 1}, seq=1)
+    error = late.exception()
+    assert isinstance(error, EventGivenUp) and (error.seq, error.reason, error.resent) == (1, "timeout", True)
+    assert (client.unacked_count, client.stats.events_given_up) == (0, 1)
+    with pytest.raises(ValueError, match="seq 1 was already sent"):
+        await client.send("s", {"i": 1}, seq=1)
+
+
 def test_a_forgotten_seq_jump_is_no_longer_unacked_nor_sent():
     store = UnackedStore(["s"], max_unacked=10)
     store.add("s", 0, 1000, 0)
