@@ -1,4 +1,17 @@
 # Gateway image: the asyncio gateway (uvloop) and time-sync server; Kafka and Spark run in their own images.
+
+# The native data plane (native/, Rust + PyO3) as an abi3 wheel, built by maturin with the official Rust image's
+# toolchain (rust-version in native/Cargo.toml); Cargo.lock pins every crate.
+FROM rust:1.86-slim-bookworm AS native
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3=3.11.* python3-venv=3.11.* \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/maturin \
+    && /opt/maturin/bin/pip install --no-cache-dir maturin==1.16.0
+WORKDIR /src
+COPY native ./native
+RUN /opt/maturin/bin/maturin build --release --locked --manifest-path native/Cargo.toml --out /wheels
+
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
@@ -13,6 +26,7 @@ COPY spark_jobs ./spark_jobs
 COPY cep ./cep
 # The gateway extra at the versions the project is tested with (pyproject.toml holds ranges, constraints.txt pins).
 RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[gateway]"
+COPY --from=native /wheels/ /wheels/
 
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -20,7 +34,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 skewless \
     && useradd --system --uid 10001 --gid skewless --home-dir /home/skewless --create-home skewless
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless[gateway]==0.1.0" \
+RUN pip install --no-cache-dir --no-index --find-links=/wheels "skewless[gateway]==0.1.0" skewless-native==0.1.0 \
     && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/skewless

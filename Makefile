@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NATIVE_STAMP := $(VENV)/.native-built
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs native/src/*/*.rs)
+CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
 
-.PHONY: help setup demo test test-long test-unit test-integration lint bench reliability clean
+.PHONY: help native setup demo test test-long test-unit test-integration lint bench reliability clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -16,23 +19,34 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[gateway,spark,dev]'
 	touch $(STAMP)
 
-setup: $(STAMP) ## venv + Python deps, Kafka/Spark jars from Maven Central, NTP interop tools
+# The native data plane (native/, Rust + PyO3), built with maturin into the venv; rebuilt when its sources change.
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	bash scripts/setup-rust.sh
+	PATH="$(dir $(CARGO)):$$PATH" $(BIN)/maturin develop --quiet --release --manifest-path native/Cargo.toml
+	touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP) ## build the Rust data plane into the venv
+
+setup: $(STAMP) $(NATIVE_STAMP) ## venv + Python deps, the Rust data plane, Kafka/Spark jars, NTP interop tools
 	bash scripts/setup-system.sh
 	$(BIN)/skewless setup
 
 demo: setup ## Kafka + gateway + simulated sources + Spark window job, verified, then shut down
 	$(BIN)/skewless demo
 
-test: setup ## the suite CI runs: unit, integration (real Kafka/Spark/NTP tools), fast reliability scenarios
+test: setup ## the suite CI runs: cargo test, unit, integration (real Kafka/Spark/NTP tools), fast reliability
+	cd native && $(CARGO) test --quiet
 	$(BIN)/pytest -m 'not reliability_long'
 
 test-long: setup ## the long reliability scenarios only (10^6 fuzz inputs, 30 s stalls, full load)
 	$(BIN)/pytest -m reliability_long
 
-test-unit: $(STAMP) ## unit tests only (no external processes)
+test-unit: $(STAMP) $(NATIVE_STAMP) ## unit tests only (no external processes)
 	$(BIN)/pytest tests/unit
 
-lint: $(STAMP) ## ruff + mypy (strict) + hadolint
+lint: $(STAMP) ## ruff + mypy (strict) + hadolint + cargo fmt/clippy
+	bash scripts/setup-rust.sh
+	cd native && $(CARGO) fmt --check && $(CARGO) clippy --quiet --all-targets -- -D warnings
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile deploy/spark.Dockerfile

@@ -1,0 +1,14 @@
+//! The gateway's per-event data plane, compiled. Each module mirrors one Python core (its executable
+//! specification, named in the module's doc) and is tested against it by the differential property tests in
+//! tests/unit/test_native_*.py.
+
+use pyo3::prelude::*;
+
+/// The ABI of this module: the Python side refuses a build whose version differs (a stale `maturin develop`).
+pub const NATIVE_ABI: u32 = 1;
+
+#[pymodule]
+fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("NATIVE_ABI", NATIVE_ABI)?;
+    Ok(())
+}

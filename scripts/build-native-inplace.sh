@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Build native/ into the checkout's root as skewless_native.abi3.so (gitignored), which Python run from that
+# checkout imports before the venv's copy: for a git worktree sharing another checkout's venv. `make native`
+# (maturin develop) is the normal way.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cargo build --quiet --release --features extension-module --manifest-path "$root/native/Cargo.toml"
+cp "$root/native/target/release/libskewless_native.so" "$root/skewless_native.abi3.so"
