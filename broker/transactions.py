@@ -30,7 +30,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker.client import KafkaClientConfig, Servers
 from broker.producer import DeliveryCallback, Headers, QueueFull, kafka_headers
@@ -142,6 +142,12 @@ class TransactionalPublisher:
     def pending(self) -> int:
         """Records queued or in flight, plus reports not yet handed to their callbacks."""
         return len(self._reports) + (0 if self._producer is None else len(self._producer))
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any, timeout_s: float) -> None:
+        """Commit ``offsets`` for the consumer group of ``group_metadata`` (``Consumer.consumer_group_metadata()``)
+        in the open transaction: they become the group's committed offsets exactly when its records become
+        visible, and never if it aborts. Same errors as ``commit()``."""
+        self._call(lambda p: p.send_offsets_to_transaction(offsets, group_metadata, timeout_s))
 
     def commit(self, timeout_s: float) -> None:
         """Flush and commit the open transaction: when this returns, its records are visible to committed readers.

@@ -756,19 +756,19 @@ class SkewlessClient:
                  interval: EventInterval | None) -> int:
         if stream not in self._declared:
             raise ValueError(f"stream {stream!r} was not declared; declared: {self.streams}")
-        if isinstance(payload, int) and not isinstance(payload, bool):
-            if not _MIN_MSGPACK_INT <= payload <= _MAX_MSGPACK_INT:
-                # What packb raises for a nested one. Queued, it would fail the sender task when framed, and with it
-                # the whole client.
-                raise OverflowError(f"integer payload {payload} is beyond msgpack's 64 bits")
-        elif not isinstance(payload, float) and payload is not None:
-            try:
-                size = len(msgpack.packb(payload, use_bin_type=True))
-            except TypeError:
-                raise InvalidPayload(f"stream {stream!r}: cannot send {payload_problem(payload)}; "
-                                     f"{_PAYLOAD_ACCEPTED}") from None
-            if not payload_fits(size, self._max_frame_bytes):
-                raise EventTooLarge(f"payload of {size} bytes does not fit a {self._max_frame_bytes}-byte frame")
+        if (isinstance(payload, int) and not isinstance(payload, bool)
+                and not _MIN_MSGPACK_INT <= payload <= _MAX_MSGPACK_INT):
+            # packb raises OverflowError for a nested one too; this message names the value.
+            raise OverflowError(f"integer payload {payload} is beyond msgpack's 64 bits")
+        # Encoded once, here: the frames reuse these bytes (clients/core.py encode_batches), resends too.
+        try:
+            payload_msgpack: bytes = msgpack.packb(payload, use_bin_type=True)
+        except TypeError:
+            raise InvalidPayload(f"stream {stream!r}: cannot send {payload_problem(payload)}; "
+                                 f"{_PAYLOAD_ACCEPTED}") from None
+        if not payload_fits(len(payload_msgpack), self._max_frame_bytes):
+            raise EventTooLarge(f"payload of {len(payload_msgpack)} bytes does not fit a "
+                                f"{self._max_frame_bytes}-byte frame")
         if seq is None:
             seq = self._seqs.next(stream)
         else:
@@ -781,7 +781,7 @@ class SkewlessClient:
             if not 0 <= ts_us <= MAX_SEQ:
                 raise ValueError(f"source_ts_us {ts_us} is outside [0, 2**63)")
             self._promise.sent(ts_us, self.clock_us())
-        event = self._store.add(stream, seq, ts_us, payload, interval)
+        event = self._store.add(stream, seq, ts_us, payload, interval, payload_msgpack)
         if event.gap_reason is not None:
             self.stats.events_given_up += 1
             log.info("%s: %s seq %d was given up by the gateway before it was sent; sent once for the late topic",

@@ -14,9 +14,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+import msgpack
+
 from clients.errors import EventTooLarge
-from contract.wire.frames import encode_frame
-from contract.wire.messages import MAX_SEQ, EventInterval, build_event, build_events
+from contract.wire.frames import HEADER
+from contract.wire.messages import (
+    MAX_SEQ,
+    EventInterval,
+    build_event,
+    encode_event,
+    events_body_bytes,
+    events_frame_body,
+)
 
 __all__ = [
     "DEFAULT_KEEPALIVE_S",
@@ -68,8 +77,21 @@ class PendingEvent:
     gap_reason: str | None = None
     """The ``gap`` notice's reason when the seq was given up before the application sent it."""
 
+    payload_msgpack: bytes | None = None
+    """The payload's msgpack, encoded once by ``send()`` (its size check); None: encoded when first framed."""
+    encoded: bytes | None = None
+    """This event's msgpack map on the wire, built when first framed and reused by every resend."""
+
     def to_wire(self) -> dict[str, Any]:
         return build_event(self.stream, self.seq, self.source_ts_us, self.payload, self.interval)
+
+    def wire_bytes(self) -> bytes:
+        if self.encoded is None:
+            payload = self.payload_msgpack
+            if payload is None:
+                payload = msgpack.packb(self.payload, use_bin_type=True)
+            self.encoded = encode_event(self.stream, self.seq, self.source_ts_us, payload, self.interval)
+        return self.encoded
 
 
 class SeqAssigner:
@@ -174,16 +196,19 @@ class UnackedStore:
         self._outbox.extendleft(reversed(events))
 
     def add(self, stream: str, seq: int, source_ts_us: int, payload: Any,
-            interval: EventInterval | None = None) -> PendingEvent:
+            interval: EventInterval | None = None, payload_msgpack: bytes | None = None) -> PendingEvent:
         if self._count >= self.max_unacked:
             raise StoreFull(f"{self._count} events unacknowledged (max_unacked={self.max_unacked})")
         events = self._events[stream]
         if seq in events:
             raise ValueError(f"stream {stream!r} seq {seq} was already sent")
         if seq <= self._acked_through[stream]:
-            return self._add_given_up(stream, seq, source_ts_us, payload, interval)
+            given_up = self._add_given_up(stream, seq, source_ts_us, payload, interval)
+            given_up.payload_msgpack = payload_msgpack
+            return given_up
         self._order += 1
-        event = PendingEvent(stream, seq, source_ts_us, payload, self._order, None, False, interval)
+        event = PendingEvent(stream, seq, source_ts_us, payload, self._order, None, False, interval, False, None,
+                             payload_msgpack)
         events[seq] = event
         heapq.heappush(self._heaps[stream], seq)
         self._outbox.append(event)
@@ -195,14 +220,12 @@ class UnackedStore:
         """A seq below the ack is new only if a gap notice gave it up before it was ever added: it is written once,
         never counted as unacknowledged (the ack passed it), and the gateway publishes it on the late topic."""
         gaps = self._unsent_gaps[stream]
-        for i, (first, last, reason) in enumerate(gaps):
-            if first <= seq <= last:
-                break
-        else:
+        found = next((gap for gap in gaps if gap[0] <= seq <= gap[1]), None)
+        if found is None:
             raise ValueError(f"stream {stream!r} seq {seq} was already sent")
-        pieces = [(lo, hi, reason) for lo, hi in ((first, seq - 1), (seq + 1, last)) if lo <= hi]
-        del gaps[i]
-        gaps.extend(pieces)
+        first, last, reason = found
+        gaps.remove(found)
+        gaps.extend((lo, hi, reason) for lo, hi in ((first, seq - 1), (seq + 1, last)) if lo <= hi)
         self._order += 1
         event = PendingEvent(stream, seq, source_ts_us, payload, self._order, None, False, interval)
         event.given_up = True
@@ -350,30 +373,37 @@ _FRAME_OVERHEAD_BYTES = 64
 
 def encode_batches(events: Sequence[PendingEvent], max_events: int,
                    max_frame_bytes: int) -> list[tuple[Sequence[PendingEvent], bytes]]:
-    """``events`` frames of at most ``max_events`` events and ``max_frame_bytes`` body bytes each, in order.
+    """``events`` as frames of at most ``max_events`` events and ``max_frame_bytes`` body bytes each, in order,
+    filled greedily from each event's wire bytes (encoded once, reused by resends).
 
-    A chunk that encodes too large is halved until it fits; a single event that cannot fit raises
-    :class:`EventTooLarge` (the gateway would refuse it with ``frame_too_large`` and close the connection).
+    A single event that cannot fit raises :class:`EventTooLarge` (the gateway would refuse it with
+    ``frame_too_large`` and close the connection).
     """
     out: list[tuple[Sequence[PendingEvent], bytes]] = []
-    for start in range(0, len(events), max_events):
-        _encode_fitting(events[start:start + max_events], max_frame_bytes, out)
+    chunk: list[PendingEvent] = []
+    encoded: list[bytes] = []
+    size = 0
+    for event in events:
+        wire = event.wire_bytes()
+        if chunk and (len(chunk) == max_events or events_body_bytes(len(chunk) + 1, size + len(wire))
+                      > max_frame_bytes):
+            _close_frame(chunk, encoded, out)
+            chunk, encoded, size = [], [], 0
+        if events_body_bytes(1, len(wire)) > max_frame_bytes:
+            raise EventTooLarge(f"stream {event.stream!r} seq {event.seq} encodes to {events_body_bytes(1, len(wire))}"
+                                f" bytes; the gateway accepts frames of at most {max_frame_bytes} bytes")
+        chunk.append(event)
+        encoded.append(wire)
+        size += len(wire)
+    if chunk:
+        _close_frame(chunk, encoded, out)
     return out
 
 
-def _encode_fitting(chunk: Sequence[PendingEvent], max_frame_bytes: int,
-                    out: list[tuple[Sequence[PendingEvent], bytes]]) -> None:
-    frame = encode_frame(build_events([e.to_wire() for e in chunk]))
-    if len(frame) - 4 <= max_frame_bytes:
-        out.append((chunk, frame))
-        return
-    if len(chunk) == 1:
-        event = chunk[0]
-        raise EventTooLarge(f"stream {event.stream!r} seq {event.seq} encodes to {len(frame) - 4} bytes; the gateway "
-                            f"accepts frames of at most {max_frame_bytes} bytes")
-    half = len(chunk) // 2
-    _encode_fitting(chunk[:half], max_frame_bytes, out)
-    _encode_fitting(chunk[half:], max_frame_bytes, out)
+def _close_frame(chunk: list[PendingEvent], encoded: list[bytes],
+                 out: list[tuple[Sequence[PendingEvent], bytes]]) -> None:
+    body = events_frame_body(encoded)
+    out.append((chunk, HEADER.pack(len(body)) + body))
 
 
 def payload_fits(encoded_payload_bytes: int, max_frame_bytes: int) -> bool:

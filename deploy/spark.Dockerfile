@@ -40,6 +40,9 @@ RUN python -m venv /opt/skewless \
     && pip install --no-cache-dir --find-links=/tmp/wheels -c constraints.txt "skewless[spark]==0.1.0" \
     && rm -rf /tmp/wheels \
     && test -x "$SPARK_HOME/bin/spark-class" && test -f "$SKEWLESS_SUBMIT"
+# Every role (master, worker, spark-submit's driver) reads $SPARK_HOME/conf/log4j2.properties: the project's quiet
+# configuration (docs/spark-jobs.md), the same file a bare run generates at the default level.
+COPY deploy/spark-log4j2.properties $SPARK_HOME/conf/log4j2.properties
 USER 10001:10001
 WORKDIR /home/skewless
 # 7077 master RPC, 8080 master UI, 8081 worker UI, 4040 a driver's UI.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import hmac
-import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -61,22 +60,20 @@ class ReplayGuard:
     def __init__(self) -> None:
         self._seen: set[tuple[str, int]] = set()
         self._expiry: list[tuple[int, str]] = []
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._seen)
 
     def first_use(self, source_id: str, ts_us: int, now_us: int, window_us: int) -> bool:
-        with self._lock:
-            while self._expiry and self._expiry[0][0] < now_us - window_us:
-                old_ts, old_source = heapq.heappop(self._expiry)
-                self._seen.discard((old_source, old_ts))
-            key = (source_id, ts_us)
-            if key in self._seen:
-                return False
-            self._seen.add(key)
-            heapq.heappush(self._expiry, (ts_us, source_id))
-            return True
+        while self._expiry and self._expiry[0][0] < now_us - window_us:
+            old_ts, old_source = heapq.heappop(self._expiry)
+            self._seen.discard((old_source, old_ts))
+        key = (source_id, ts_us)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        heapq.heappush(self._expiry, (ts_us, source_id))
+        return True
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ Two timeout policies share the same state machine:
 * ``mode="adaptive"`` (default): the ``target_accuracy``-quantile of *gap-closing delays*, i.e. the time
   from a hole becoming visible (a higher seq arrived) to the missing event arriving.  Holes that were
   skipped still feed the estimator when their event finally turns up, so a source with heavy-tailed
-  delays teaches the reorderer to wait longer, up to ``latency_threshold_us``.  This is AQ-K-slack's
-  quality-driven idea applied to this source's gaps instead of a global K.
+  delays teaches the reorderer to wait longer, up to its latency threshold.  This is AQ-K-slack's
+  quality-driven idea applied to this source's gaps instead of a global K.  The threshold itself learns as
+  MP-K-slack's K does: ``timeout_factor`` x the longest gap-closing delay seen, never shrinking, never below
+  ``latency_threshold_us`` nor above ``max_latency_threshold_us``.
 
 Every gap gets its own full timeout once it is at the head: the deadline is computed when the head
 gap opens, as Figure 4.2 computes the timeout when an event is added to an empty buffer.
@@ -28,14 +30,17 @@ from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.ranges import RangeMap
 from reorder.records import GapSkipped, Late, Released, SourceEvent
 
-__all__ = ["MAX_SKIPPED_RANGES", "ReorderOutput", "SequenceConfig", "SequenceCounters", "SequenceReorderer",
-           "warmup_samples_for"]
+__all__ = ["DEFAULT_MAX_LATENCY_THRESHOLD_US", "MAX_SKIPPED_RANGES", "ReorderOutput", "SequenceConfig",
+           "SequenceCounters", "SequenceReorderer", "warmup_samples_for"]
 
 ReorderOutput = Released | Late | GapSkipped
 
-#: Early events one reorderer may hold.  At 15k events/s this is ~6.7 s of a DEBS-like source, far
-#: beyond any sensible latency threshold; past it the head gap is skipped with reason "buffer_full".
-DEFAULT_MAX_BUFFERED = 100_000
+#: Early events one reorderer may hold; past it the head gap is skipped with reason "buffer_full".  At 15k events/s
+#: this is ~66 s of a DEBS-like source, above the learned latency threshold's 60 s bound: a gap the threshold lets
+#: the reorderer wait for is not given up for want of room (with 100k, ~6.6 s, 26 of Dataset 3's 32 misses with the
+#: learned threshold were such gaps).  The gateway bounds its memory across all reorderers by pausing sources
+#: (``max_buffered_events``, also 1M by default), so one busy source may use what all of them may.
+DEFAULT_MAX_BUFFERED = 1_000_000
 #: Skipped sequence numbers remembered to tell a late arrival (and its lateness) from a duplicate; the lowest are
 #: forgotten first. Kept as ranges (reorder/ranges.py): a gap costs one range whatever its length.
 DEFAULT_MAX_SKIPPED_TRACKED = 100_000
@@ -58,6 +63,10 @@ DEFAULT_MIN_GAP_SAMPLES = 200
 #: stalls; waiting the cap instead (2 s) covered them too but held every long delay of a Dataset 3 source for up
 #: to 2 s while it warmed up (multi-source replays: 2.5 s mean latency instead of 46 ms).
 DEFAULT_WARMUP_MIN_TIMEOUT_US = 100_000
+#: Adaptive mode: how far the latency threshold may learn (:attr:`SequenceConfig.max_latency_threshold_us`).  The
+#: longest delay of the benchmark's profiles is Dataset 3's 30 s tail, and the learned threshold is ``timeout_factor``
+#: (2) times the longest gap-closing delay seen: 60 s lets every such gap be waited for once one like it was seen.
+DEFAULT_MAX_LATENCY_THRESHOLD_US = 60_000_000
 
 
 def warmup_samples_for(target_accuracy: float) -> int:
@@ -73,7 +82,9 @@ class SequenceConfig:
 
     mode: Literal["adaptive", "thesis"] = "adaptive"
     latency_threshold_us: int = 2_000_000
-    """Eq. 3.11's ``t_latency-th``: no gap is waited for longer than this."""
+    """Eq. 3.11's ``t_latency-th``.  Thesis mode: no gap is waited for longer than this.  Adaptive mode: the cap of
+    the wait until this source shows a gap that closed later; then the cap is learned (``max_latency_threshold_us``,
+    :meth:`SequenceReorderer.effective_latency_threshold_us`), never below this."""
     alpha: float = 0.6
     beta: float = 0.6
     drop_late: bool = False
@@ -89,6 +100,10 @@ class SequenceConfig:
     """Adaptive mode: gap samples after which an old sample counts half.  10k gaps is a few seconds of
     a 15k events/s source with ~10 % disorder: long enough for a stable 0.9999-quantile, short enough
     that one burst of extreme delays does not set the timeout for the rest of the run."""
+    max_latency_threshold_us: int = DEFAULT_MAX_LATENCY_THRESHOLD_US
+    """Adaptive mode: the learned cap, ``timeout_factor`` x the longest gap-closing delay this reorderer has seen
+    (a gap skipped and then closed by its late event included), never shrinks, as MP-K-slack's K, and grows at most
+    to this; the cap is never below ``latency_threshold_us``.  ``latency_threshold_us`` or less turns learning off."""
     min_gap_samples: int = DEFAULT_MIN_GAP_SAMPLES
     warmup_samples: int | None = None
     """Adaptive mode: until this many gap samples, no gap is given up sooner than ``warmup_min_timeout_us``;
@@ -115,6 +130,8 @@ class SequenceConfig:
             raise ValueError("min_timeout_us must be >= 0")
         if self.warmup_min_timeout_us < 0:
             raise ValueError("warmup_min_timeout_us must be >= 0")
+        if self.max_latency_threshold_us < 0:
+            raise ValueError("max_latency_threshold_us must be >= 0")
 
     @property
     def effective_warmup_samples(self) -> int:
@@ -157,6 +174,7 @@ class SequenceReorderer:
         "_heap",
         "_holes",
         "_last_in_order_us",
+        "_longest_gap_delay_us",
         "_max_seen",
         "_skipped",
         "buffer_delay",
@@ -191,6 +209,7 @@ class SequenceReorderer:
         # the lowest seqs are the oldest and are forgotten first
         self._skipped: RangeMap[tuple[int, int]] = RangeMap()
         self._last_in_order_us: int | None = None
+        self._longest_gap_delay_us = 0
         self._deadline_us: int | None = None
         self._head_since_us = 0
 
@@ -209,6 +228,23 @@ class SequenceReorderer:
         """When the head gap times out, or None when nothing is held."""
         return self._deadline_us
 
+    @property
+    def longest_gap_delay_us(self) -> int:
+        """The longest gap-closing delay seen so far (0 before any): the learned cap's evidence."""
+        return self._longest_gap_delay_us
+
+    def effective_latency_threshold_us(self) -> int:
+        """The cap of the wait for a gap opening now.  Thesis mode: ``latency_threshold_us``.  Adaptive mode:
+        ``max(latency_threshold_us, min(max_latency_threshold_us, timeout_factor x longest_gap_delay_us))``."""
+        cfg = self.config
+        if cfg.mode == "thesis":
+            return cfg.latency_threshold_us
+        # A gap that closed after D proves this source's gaps can take D: a fixed cap below it gives up every such
+        # gap however often they come (Dataset 3: 35 of 41 misses were gaps of 2.6-28 s skipped at the 2 s cap,
+        # while the quantile already said 25-46 s). The cap only bounds the quantile's wait; it never shrinks.
+        learned_us = min(cfg.max_latency_threshold_us, int(cfg.timeout_factor * self._longest_gap_delay_us))
+        return max(cfg.latency_threshold_us, learned_us)
+
     def timeout_us(self) -> int:
         """The timeout a gap opening now would get (Eq. 3.11, or the adaptive quantile)."""
         cfg = self.config
@@ -216,13 +252,14 @@ class SequenceReorderer:
             t_inter = self.inter_arrival.value_us
             t_buffer = self.buffer_delay.value_us
             return int(min(cfg.latency_threshold_us, max(t_inter, t_buffer, 0.0)))
+        cap_us = self.effective_latency_threshold_us()
         samples = self.gap_delay.count
         if samples < cfg.min_gap_samples:
-            return cfg.latency_threshold_us
+            return cap_us
         learned_us = max(cfg.min_timeout_us, int(cfg.timeout_factor * self.gap_delay.value_us()))
         if samples < cfg.effective_warmup_samples:
             learned_us = max(learned_us, cfg.warmup_min_timeout_us)
-        return min(cfg.latency_threshold_us, learned_us)
+        return min(cap_us, learned_us)
 
     def merge_wait_us(self, now_us: int) -> int:
         """How long a merger should wait for this source's next release (thesis section 3.2.2).
@@ -254,7 +291,7 @@ class SequenceReorderer:
                 self._max_seen = seq
                 return [Released(event, now_us, now_us)]
             opened = self._holes.pop(seq)
-            self.gap_delay.add(now_us - (now_us if opened is None else opened))
+            self._learn_gap_delay(now_us - (now_us if opened is None else opened))
             counters.gaps_closed += 1
             out: list[ReorderOutput] = [Released(event, now_us, now_us)]
             self._release_run(now_us, out, learn=True)
@@ -314,7 +351,7 @@ class SequenceReorderer:
         else:
             opened = self._holes.pop(seq)
             if opened is not None:
-                self.gap_delay.add(now_us - opened)
+                self._learn_gap_delay(now_us - opened)
                 self.counters.gaps_closed += 1
         was_empty = not self._buffer
         self._buffer[seq] = (event, now_us)
@@ -337,7 +374,7 @@ class SequenceReorderer:
         if info is not None:
             opened_us, skipped_us = info
             # The feedback the literal thesis timeout lacks: this gap really needed now - opened.
-            self.gap_delay.add(now_us - opened_us)
+            self._learn_gap_delay(now_us - opened_us)
             late = Late(event, now_us, "late_after_skip", now_us - skipped_us, not self.config.drop_late)
         elif event.seq < self._first_seq:
             late = Late(event, now_us, "before_start", 0, not self.config.drop_late)
@@ -350,6 +387,10 @@ class SequenceReorderer:
         counters.late_passed += 1
         counters.released += 1
         return [late, Released(event, now_us, now_us, True)]
+
+    def _learn_gap_delay(self, delay_us: int) -> None:
+        self.gap_delay.add(delay_us)
+        self._longest_gap_delay_us = max(self._longest_gap_delay_us, delay_us)
 
     def _open_head_gap(self, now_us: int) -> None:
         self._head_since_us = now_us

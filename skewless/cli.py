@@ -79,20 +79,18 @@ def _register_subcommands() -> None:
     if _registered:  # main() may run more than once in a process (tests)
         return
     _registered.append(True)
-    from broker import cli as broker_cli
+    from broker.cli import register as register_kafka
+    from gateway.cli import register as register_gateway
+    from reorder.eval.cli import register as register_replay
+    from skewless.cli_source import register as register_source
+    from skewless.cli_timesync import register as register_timesync
     from skewless.demo import demo
+    from spark_jobs.cli import register as register_spark
 
-    broker_cli.register(app)
+    register_kafka(app)
     app.command("demo")(demo)
-    for module_name in ("reorder.eval.cli", "skewless.cli_timesync", "gateway.cli", "spark_jobs.cli",
-                        "skewless.cli_source"):
-        try:
-            module = __import__(module_name, fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        module.register(app)
+    for register in (register_replay, register_timesync, register_gateway, register_spark, register_source):
+        register(app)
 
 
 def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:

@@ -368,6 +368,54 @@ def build_events(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"type": EVENTS, "events": list(events)}
 
 
+def _packb(value: Any) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
+
+
+# The msgpack of {"type": "events", "events": [...]} up to the array header (dicts keep their order).
+_EVENTS_PREFIX = _packb({"type": EVENTS, "events": []})[:-1]
+_EVENT_KEYS = {name: _packb(name) for name in ("stream", "seq", "source_ts_us", "payload", SOURCE_START_TS_US,
+                                               INTERVAL_ID, ENDPOINT)}
+
+
+def encode_event(stream: str, seq: int, source_ts_us: int, payload_msgpack: bytes,
+                 interval: EventInterval | None = None) -> bytes:
+    """The msgpack of :func:`build_event`'s map, around a payload encoded once by the sender (its size check did
+    it): the SDK never encodes a payload twice, and a resend reuses these bytes."""
+    keys = _EVENT_KEYS
+    parts = [b"", keys["stream"], _packb(stream), keys["seq"], _packb(seq), keys["source_ts_us"],
+             _packb(source_ts_us), keys["payload"], payload_msgpack]
+    if interval is None:
+        parts[0] = b"\x84"
+    elif type(interval) is AtomicInterval:
+        parts[0] = b"\x85"
+        parts += (keys[SOURCE_START_TS_US], _packb(interval.source_start_ts_us))
+    else:
+        assert isinstance(interval, IntervalEndpoint)
+        parts[0] = b"\x86"
+        parts += (keys[INTERVAL_ID], _packb(interval.interval_id), keys[ENDPOINT], _packb(interval.endpoint))
+    return b"".join(parts)
+
+
+def events_body_bytes(count: int, encoded_bytes: int) -> int:
+    """The body size of an events message carrying ``count`` encoded events of ``encoded_bytes`` bytes in all."""
+    array_header = 1 if count < 16 else 3 if count < 1 << 16 else 5
+    return len(_EVENTS_PREFIX) + array_header + encoded_bytes
+
+
+def events_frame_body(encoded_events: Sequence[bytes]) -> bytes:
+    """An events message's msgpack from events :func:`encode_event` encoded (the frame's body)."""
+    count = len(encoded_events)
+    if count < 16:
+        header = bytes((0x90 | count,))
+    elif count < 1 << 16:
+        header = b"\xdc" + count.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + count.to_bytes(4, "big")
+    return b"".join((_EVENTS_PREFIX, header, *encoded_events))
+
+
 def build_heartbeat(source_ts_us: int, next_seq: Mapping[str, int]) -> dict[str, Any]:
     return {"type": HEARTBEAT, "source_ts_us": source_ts_us, "next_seq": dict(next_seq)}
 

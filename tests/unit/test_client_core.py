@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clients.auth import hmac_provider, hmac_token, parse_hmac_token
 from clients.core import (
@@ -21,8 +23,8 @@ from clients.core import (
     encode_batches,
     heartbeat_next_seq,
 )
-from contract.wire.frames import FrameDecoder
-from contract.wire.messages import MAX_SEQ
+from contract.wire.frames import FrameDecoder, encode_frame
+from contract.wire.messages import MAX_SEQ, AtomicInterval, IntervalEndpoint, build_events
 from timesync.clocks import SimulatedClock
 
 
@@ -181,6 +183,55 @@ def test_batches_respect_the_gateway_frame_limit():
     assert len(out) > 5
     messages = decode_all([frame for _, frame in out])
     assert [e["seq"] for m in messages for e in m["events"]] == list(range(50))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["s", "tank-7", "ü"]), st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1),
+    st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=30)
+                 | st.binary(max_size=30),
+                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+                 max_leaves=8),
+    st.sampled_from([None, AtomicInterval(5), IntervalEndpoint("x", "start"), IntervalEndpoint("y", "end")])),
+    min_size=1, max_size=40), st.integers(1, 50))
+def test_frames_from_wire_bytes_equal_the_frames_of_the_message_maps(specs, max_events):
+    """Encoding each payload once and splicing the bytes gives the very frame msgpack gives for the whole message."""
+    pending = [PendingEvent(stream, seq, ts, payload, i, None, False, interval)
+               for i, (stream, seq, ts, payload, interval) in enumerate(specs)]
+    out = encode_batches(pending, max_events, 1 << 30)
+    assert [len(chunk) for chunk, _ in out] == [min(max_events, len(pending) - i)
+                                                 for i in range(0, len(pending), max_events)]
+    for chunk, frame in out:
+        assert frame == encode_frame(build_events([e.to_wire() for e in chunk]))
+
+
+async def test_the_sdk_encodes_each_payload_once_through_send_frame_and_resend(monkeypatch) -> None:
+    import msgpack
+
+    import clients.client
+    import clients.core
+    from clients import SkewlessClient
+
+    payload = {"reading": [1.5, 2.5], "unit": "kPa"}
+    calls = []
+    real = msgpack.packb
+
+    def counting(value, **kwargs):
+        calls.append(value)
+        return real(value, **kwargs)
+
+    monkeypatch.setattr(clients.client.msgpack, "packb", counting)
+    monkeypatch.setattr(clients.core.msgpack, "packb", counting)
+    client = SkewlessClient("127.0.0.1", 9, "src", ["s"])
+    await client.send("s", payload)
+    store = client._store
+    (event,) = store.take_batch(10)
+    first = encode_batches([event], 10, 1 << 20)
+    store.mark_sent([event], 0)
+    store.connection_lost(0)
+    again = encode_batches(store.take_batch(10), 10, 1 << 20)
+    assert first[0][1] == again[0][1]
+    assert sum(1 for value in calls if value is payload) == 1
 
 
 def test_an_event_that_can_never_fit_is_refused():

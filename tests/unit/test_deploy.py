@@ -438,3 +438,41 @@ def test_grafana_mounts_exist_in_the_checkout(services: dict[str, dict[str, Any]
         for source in mounts(services[name]).values():
             if source.startswith("."):
                 assert (COMPOSE.parent / source).exists(), f"{name} mounts a missing {source}"
+
+
+def test_the_gateway_image_builds_and_installs_the_native_data_plane() -> None:
+    """The crate is built by maturin in its own stage from the locked crates, and the runtime stage installs that
+    wheel beside skewless: a gateway image without it would fail at its first import of skewless_native."""
+    instructions = dockerfile_instructions(GATEWAY_DOCKERFILE)
+    stages = [args for keyword, args in instructions if keyword == "FROM"]
+    assert any(args.startswith("rust:") and args.endswith(" AS native") for args in stages), stages
+    runs = "\n".join(args for keyword, args in instructions if keyword == "RUN")
+    assert "maturin build --release --locked --manifest-path native/Cargo.toml" in runs
+    assert "native" in dockerfile_copied(GATEWAY_DOCKERFILE)
+    assert any(k == "COPY" and "--from=native" in a for k, a in instructions)
+    assert "skewless-native==" in run_commands(GATEWAY_DOCKERFILE)
+    assert (ROOT / "native" / "Cargo.lock").is_file()
+    assert "native/target" in DOCKERIGNORE.read_text().split()
+
+
+def test_every_spark_role_in_the_image_reads_the_projects_log4j2_file() -> None:
+    """Master, workers and spark-submit's driver read $SPARK_HOME/conf/log4j2.properties: the shipped quiet file
+    (tests/integration/test_spark_quiet.py keeps it equal to what a bare run generates)."""
+    spark_home = dockerfile_env(SPARK_DOCKERFILE)["SPARK_HOME"]
+    copies = [args.split() for keyword, args in final_stage(SPARK_DOCKERFILE) if keyword == "COPY"]
+    assert ["deploy/spark-log4j2.properties", "$SPARK_HOME/conf/log4j2.properties"] in copies
+    assert spark_home.endswith("/pyspark")
+    assert (ROOT / "deploy" / "spark-log4j2.properties").is_file()
+
+
+def test_every_documented_spark_submit_line_points_its_driver_at_the_log4j2_file() -> None:
+    """A spark-submit outside the image starts its driver's JVM before any project code: only this option keeps
+    Spark's ~80 INFO lines out (docs/spark-jobs.md, "On a cluster")."""
+    blocks = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        blocks += [(page.name, text[i:].split("\n\n")[0]) for i in range(len(text))
+                   if text.startswith("spark-submit \\", i)]
+    assert {name for name, _ in blocks} >= {"consume.md", "spark-jobs.md"}
+    for name, block in blocks:
+        assert "--driver-java-options -Dlog4j2.configurationFile=deploy/spark-log4j2.properties" in block, name

@@ -26,7 +26,13 @@ EXTENSION_MODULES = {"skewless_native"}
 ALLOWED_ONLY = {"clients": {"contract", "timesync"}}
 # Production code never reaches into the evaluation harness.
 FORBIDDEN_MODULES = {"reorder.eval": ("reorder", "gateway", "spark_jobs", "clients", "broker", "cep")}
-IO_MODULES = ("asyncio", "socket", "time", "confluent_kafka", "pyspark")
+# What a sans-IO core may not import: the event loop, sockets, clocks, threads, Kafka, Spark.
+IO_MODULES = ("asyncio", "socket", "time", "datetime", "threading", "confluent_kafka", "pyspark")
+# timesync.clocks is pure except these: each reads the machine's clock (a core takes a clock injected instead).
+CLOCK_READERS = ("timesync.clocks.system_time_us", "timesync.clocks.for_time_sync", "timesync.clocks.ReferenceClock",
+                 "timesync.clocks._KernelStampedClock")
+# A name an import-by-string call was given that is not a constant: the floor plan cannot be checked there.
+DYNAMIC = "<dynamic>"
 PURE_CORES = (
     "contract",
     "timesync.codec", "timesync.exchange", "timesync.responder", "timesync.estimator", "timesync.store",
@@ -61,11 +67,25 @@ def _modules(root: Path) -> dict[str, Path]:
     return found
 
 
+def _string_import(node: ast.Call) -> str | None:
+    """The module an ``__import__(...)`` or ``importlib.import_module(...)`` call names (DYNAMIC if not a constant),
+    or None for any other call."""
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if called not in ("__import__", "import_module") or not node.args:
+        return None
+    first = node.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else DYNAMIC
+
+
 def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
-    """Absolute names of everything `module` imports (with the line), relative imports resolved."""
+    """Absolute names of everything `module` imports (with the line), relative imports resolved; imports by string
+    count too."""
     is_package = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and (named := _string_import(node)) is not None:
+            yield named, node.lineno
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
         elif isinstance(node, ast.ImportFrom):
@@ -103,8 +123,14 @@ def check_floor_plan(root: Path) -> list[Violation]:
         for name, line in _imports(module, path):
             where = f"{path.relative_to(root)}:{line}"
             top = name.split(".")[0]
-            if any(_in(module, core) for core in PURE_CORES) and top in IO_MODULES:
+            if name == DYNAMIC:
+                violations.append(Violation("dynamic", where, f"{module} imports a module named at run time"))
+                continue
+            pure = any(_in(module, core) for core in PURE_CORES)
+            if pure and top in IO_MODULES:
                 violations.append(Violation("io-in-core", where, f"{module} imports {name}"))
+            if pure and any(_in(name, reader) for reader in CLOCK_READERS):
+                violations.append(Violation("clock-in-core", where, f"{module} reads the clock through {name}"))
             target = _resolve(name, modules)
             if target is None and top in EXTENSION_MODULES:
                 target = top  # compiled: no file to follow, but its floor holds
@@ -206,6 +232,19 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
       "cep/c.py": "import cep.a\n"}, "cycle"),
     ({"cep/__init__.py": "", "cep/sase/__init__.py": "", "cep/sase/engine.py": "import time\n"}, "io-in-core"),
     ({"gateway/__init__.py": "", "gateway/ingest.py": "from confluent_kafka import Producer\n"}, "io-in-core"),
+    ({"timesync/__init__.py": "", "timesync/clocks.py": "", "reorder/__init__.py": "",
+      "reorder/sequence.py": "from timesync.clocks import ReferenceMapping, system_time_us\n"}, "clock-in-core"),
+    ({"timesync/__init__.py": "", "timesync/clocks.py": "", "cep/__init__.py": "",
+      "cep/windows.py": "import timesync.clocks.for_time_sync\n"}, "clock-in-core"),
+    ({"contract/__init__.py": "", "contract/wire.py": "__import__('gateway.server')\n",
+      "gateway/__init__.py": "", "gateway/server.py": ""}, "upward"),
+    ({"cep/__init__.py": "", "cep/a.py": "import importlib\nimportlib.import_module('broker.admin')\n",
+      "broker/__init__.py": "", "broker/admin.py": ""}, "upward"),
+    ({"skewless/__init__.py": "", "skewless/cli.py": "for name in ('gateway.cli',):\n    __import__(name)\n"},
+     "dynamic"),
+    ({"reorder/__init__.py": "", "reorder/merger.py": "import threading\n"}, "io-in-core"),
+    ({"timesync/__init__.py": "", "timesync/store.py": "from threading import Lock\n"}, "io-in-core"),
+    ({"cep/__init__.py": "", "cep/patterns.py": "from datetime import datetime\n"}, "io-in-core"),
     ({"contract/__init__.py": "", "contract/wire.py": "from skewless_native import decode_frame\n"}, "upward"),
     ({"reorder/__init__.py": "", "reorder/sequence.py": "import skewless_native\n"}, "upward"),
 ])
@@ -219,6 +258,8 @@ def test_a_clean_planted_tree_passes(tmp_path: Path) -> None:
         "contract/__init__.py": "", "contract/wire.py": "import msgpack\n",
         "gateway/__init__.py": "", "gateway/server.py": "import asyncio\nfrom contract import wire\n",
         "gateway/ingest.py": "from contract.wire import x\nimport skewless_native\n",
-        "skewless/__init__.py": "", "skewless/cli.py": "from gateway import server\n",
+        "skewless/__init__.py": "", "skewless/cli.py": "from gateway import server\n__import__('gateway.server')\n",
+        "timesync/__init__.py": "", "timesync/clocks.py": "",
+        "reorder/__init__.py": "", "reorder/merger.py": "from timesync.clocks import ReferenceMapping\n",
     })
     assert check_floor_plan(root) == []

@@ -329,9 +329,10 @@ def test_outputs_match_the_per_seq_reference_implementation(
 
     kwargs = {"max_buffered": max_buffered, "max_skipped_tracked": max_skipped, "min_gap_samples": 2,
               "latency_threshold_us": 2_000, "drop_late": drop_late}
-    # the reference predates the warm-up floor (issue 25 item 5): compare the bookkeeping without it
+    # the reference predates the warm-up floor and the learned cap (issue 25 item 5): compare the bookkeeping
+    # without them
     new = SequenceReorderer("D1", "R1", SequenceConfig(mode=mode, warmup_min_timeout_us=0,  # type: ignore[arg-type]
-                                                       **kwargs))
+                                                       max_latency_threshold_us=0, **kwargs))
     old = reference.SequenceReorderer("D1", "R1", reference.SequenceConfig(mode=mode, **kwargs))  # type: ignore[arg-type]
     now_us = 0
     for seq, wait_us in arrivals:

@@ -160,3 +160,28 @@ def test_read_kafka_takes_the_sessions_kafka_options_and_data_loss_policy() -> N
     wrong: Any = FakeSpark({"spark.skewless.failOnDataLoss": "maybe"})
     with pytest.raises(ValueError, match=r"spark\.skewless\.failOnDataLoss must be true or false, got 'maybe'"):
         read_kafka(wrong, "k:9092", ["t"])
+
+
+def test_sparks_record_columns_are_the_record_contracts_fields_with_their_types() -> None:
+    """spark_jobs/contract.py keeps the schema by hand: every field a contract record of the events and late topics
+    can carry is a column of the JSON type it is written with, and every column is such a field."""
+    import orjson
+
+    from contract.records import EventRecord, PunctuationRecord
+    from spark_jobs.contract import RECORD_COLUMNS
+
+    point = EventRecord("s", "a", 1, 10, 11, 2, 12, 13, payload={"x": 1}, rtt_us=400)
+    interval = EventRecord("s", "a", 2, 20, 21, 2, 22, 23, payload=[1], start_ts_us=15, start_uncertainty_us=3,
+                           source_start_ts_us=14)
+    endpoint = EventRecord("s", "a", 3, 30, 31, 2, 32, 33, payload="p", interval_id="i", endpoint="start")
+    # A late record carries its lateness (reorder/pipeline.py _late_record puts it in extra).
+    late = EventRecord("s", "a", 4, 40, 41, 2, 42, 43, late=True, late_reason="after_punctuation",
+                       extra={"lateness_us": 7})
+    punctuation = PunctuationRecord("s", 50, 51)
+    spark_type = {bool: "boolean", int: "long", str: "string"}
+    written: dict[str, str] = {}
+    for record in (point, interval, endpoint, late, punctuation):
+        for name, value in orjson.loads(record.to_json()).items():
+            kind = "string" if name == "payload" else spark_type[type(value)]  # payloads stay JSON text
+            assert written.setdefault(name, kind) == kind, name
+    assert dict(RECORD_COLUMNS) == written
