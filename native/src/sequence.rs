@@ -21,7 +21,7 @@ pub type Seq = i128;
 pub type Micros = i128;
 
 /// Early events one reorderer may hold (reorder/sequence.py's `DEFAULT_MAX_BUFFERED`).
-pub const DEFAULT_MAX_BUFFERED: i128 = 100_000;
+pub const DEFAULT_MAX_BUFFERED: i128 = 1_000_000;
 /// Skipped seqs remembered to tell a late arrival from a duplicate (`DEFAULT_MAX_SKIPPED_TRACKED`) ...
 pub const DEFAULT_MAX_SKIPPED_TRACKED: i128 = 100_000;
 /// ... in at most this many ranges, the lowest dropped first (`MAX_SKIPPED_RANGES`).
@@ -30,6 +30,8 @@ pub const MAX_SKIPPED_RANGES: usize = 1024;
 pub const DEFAULT_MIN_GAP_SAMPLES: i128 = 200;
 /// The warm-up floor of a gap's wait until the quantile rests on `1 / (1 - q)` samples.
 pub const DEFAULT_WARMUP_MIN_TIMEOUT_US: i128 = 100_000;
+/// Adaptive mode: how far the latency threshold may learn (`DEFAULT_MAX_LATENCY_THRESHOLD_US`).
+pub const DEFAULT_MAX_LATENCY_THRESHOLD_US: i128 = 60_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -50,6 +52,7 @@ pub struct SequenceConfig {
     pub target_accuracy: f64,
     pub timeout_factor: f64,
     pub quantile_half_life: f64,
+    pub max_latency_threshold_us: i128,
     pub min_gap_samples: i128,
     pub warmup_samples: Option<i128>,
     pub warmup_min_timeout_us: i128,
@@ -70,6 +73,7 @@ impl Default for SequenceConfig {
             target_accuracy: 0.9999,
             timeout_factor: 2.0,
             quantile_half_life: 10_000.0,
+            max_latency_threshold_us: DEFAULT_MAX_LATENCY_THRESHOLD_US,
             min_gap_samples: DEFAULT_MIN_GAP_SAMPLES,
             warmup_samples: None,
             warmup_min_timeout_us: DEFAULT_WARMUP_MIN_TIMEOUT_US,
@@ -124,6 +128,9 @@ impl SequenceConfig {
         if self.warmup_min_timeout_us < 0 {
             return err("warmup_min_timeout_us must be >= 0");
         }
+        if self.max_latency_threshold_us < 0 {
+            return err("max_latency_threshold_us must be >= 0");
+        }
         if !(0.0..=1.0).contains(&self.alpha) || !(0.0..=1.0).contains(&self.beta) {
             return err("smoothing factor must be in [0, 1]");
         }
@@ -135,12 +142,14 @@ impl SequenceConfig {
                 "quantile_half_life must be nonzero and 2 ** (1 / quantile_half_life) finite",
             );
         }
-        // The learned wait is timeout_factor times a bucket edge (at most 4e9): it must stay a finite number.
+        // The learned wait is timeout_factor times a bucket edge (at most 4e9), the learned cap timeout_factor times
+        // the longest gap delay (at most 2**65): both must stay finite numbers.
         if !self.timeout_factor.is_finite() || self.timeout_factor.abs() > 1e290 {
             return err("timeout_factor must be finite (|timeout_factor| <= 1e290)");
         }
         let ints = [
             self.latency_threshold_us,
+            self.max_latency_threshold_us,
             self.min_gap_samples,
             self.warmup_samples.unwrap_or(0),
             self.warmup_min_timeout_us,
@@ -275,6 +284,8 @@ pub struct SequenceReorderer<P> {
     /// skipped seq -> (time its hole became visible, time it was skipped), per run.
     skipped: RangeMap<(Micros, Micros)>,
     last_in_order_us: Option<Micros>,
+    /// The longest gap-closing delay seen (0 before any): the learned cap's evidence.
+    longest_gap_delay_us: Micros,
     deadline_us: Option<Micros>,
     head_since_us: Micros,
 }
@@ -299,6 +310,7 @@ impl<P: Clone> SequenceReorderer<P> {
             holes: RangeMap::new(),
             skipped: RangeMap::new(),
             last_in_order_us: None,
+            longest_gap_delay_us: 0,
             deadline_us: None,
             head_since_us: 0,
             config,
@@ -333,6 +345,25 @@ impl<P: Clone> SequenceReorderer<P> {
         (self.holes.count(), self.holes.len())
     }
 
+    /// The longest gap-closing delay seen so far (0 before any).
+    pub fn longest_gap_delay_us(&self) -> Micros {
+        self.longest_gap_delay_us
+    }
+
+    /// The cap of the wait for a gap opening now. Thesis mode: `latency_threshold_us`. Adaptive mode:
+    /// `max(latency_threshold_us, min(max_latency_threshold_us, timeout_factor x longest_gap_delay_us))`.
+    pub fn effective_latency_threshold_us(&self) -> Micros {
+        let cfg = &self.config;
+        if cfg.mode == Mode::Thesis {
+            return cfg.latency_threshold_us;
+        }
+        // A gap that closed after D proves this source's gaps can take D: the cap only bounds the quantile's wait
+        // and never shrinks (MP-K-slack's K).
+        let learned = (cfg.timeout_factor * to_f64(self.longest_gap_delay_us)).trunc() as i128;
+        cfg.latency_threshold_us
+            .max(cfg.max_latency_threshold_us.min(learned))
+    }
+
     /// The timeout a gap opening now would get (Eq. 3.11, or the adaptive quantile).
     pub fn timeout_us(&mut self) -> Micros {
         let cfg = &self.config;
@@ -348,16 +379,14 @@ impl<P: Clone> SequenceReorderer<P> {
                 cfg.latency_threshold_us
             };
         }
+        let cap_us = self.effective_latency_threshold_us();
+        let cfg = &self.config;
         let samples = i128::from(self.gap_delay.count);
         if samples < cfg.min_gap_samples {
-            return cfg.latency_threshold_us;
+            return cap_us;
         }
         let factor = cfg.timeout_factor;
-        let (min_timeout_us, warmup_floor_us, cap_us) = (
-            cfg.min_timeout_us,
-            cfg.warmup_min_timeout_us,
-            cfg.latency_threshold_us,
-        );
+        let (min_timeout_us, warmup_floor_us) = (cfg.min_timeout_us, cfg.warmup_min_timeout_us);
         let learned = factor * to_f64(self.gap_delay.value_us());
         let mut learned_us = min_timeout_us.max(learned.trunc() as i128);
         if samples < self.warmup_samples {
@@ -398,7 +427,7 @@ impl<P: Clone> SequenceReorderer<P> {
                 return;
             }
             let opened = self.holes.pop(seq);
-            self.gap_delay.add(now_us - opened.unwrap_or(now_us));
+            self.learn_gap_delay(now_us - opened.unwrap_or(now_us));
             self.counters.gaps_closed += 1;
             out.push(Output::Released {
                 payload,
@@ -480,7 +509,7 @@ impl<P: Clone> SequenceReorderer<P> {
             );
             self.max_seen = seq;
         } else if let Some(opened) = self.holes.pop(seq) {
-            self.gap_delay.add(now_us - opened);
+            self.learn_gap_delay(now_us - opened);
             self.counters.gaps_closed += 1;
         }
         let was_empty = self.buffer.is_empty();
@@ -500,7 +529,7 @@ impl<P: Clone> SequenceReorderer<P> {
         let passed = !self.config.drop_late;
         let (reason, lateness_us) = if let Some((opened_us, skipped_us)) = self.skipped.pop(seq) {
             // The feedback the literal thesis timeout lacks: this gap really needed now - opened.
-            self.gap_delay.add(now_us - opened_us);
+            self.learn_gap_delay(now_us - opened_us);
             (LateReason::LateAfterSkip, now_us - skipped_us)
         } else if seq < self.first_seq {
             (LateReason::BeforeStart, 0)
@@ -545,6 +574,11 @@ impl<P: Clone> SequenceReorderer<P> {
             release_us: now_us,
             late: true,
         });
+    }
+
+    fn learn_gap_delay(&mut self, delay_us: Micros) {
+        self.gap_delay.add(delay_us);
+        self.longest_gap_delay_us = self.longest_gap_delay_us.max(delay_us);
     }
 
     fn open_head_gap(&mut self, now_us: Micros) {

@@ -52,6 +52,8 @@ def same_state(py: SequenceReorderer, nat: Any) -> None:
     assert (py.expected_seq, py.buffered, py.next_deadline_us()) == (
         nat.expected_seq, nat.buffered, nat.next_deadline_us())
     assert (py._skipped.count, len(py._skipped), py._holes.count, len(py._holes)) == nat.tracked()
+    assert (py.longest_gap_delay_us, py.effective_latency_threshold_us()) == (
+        nat.longest_gap_delay_us, nat.effective_latency_threshold_us())
 
 
 # -- strategies ------------------------------------------------------------------------------------------------------
@@ -66,12 +68,13 @@ configs = st.builds(
     target_accuracy=st.one_of(st.floats(0.5, 0.99999), st.just(0.9999)),
     timeout_factor=st.floats(0.0, 4.0),
     quantile_half_life=st.one_of(st.floats(1.0, 1e5), st.just(10_000.0)),
+    max_latency_threshold_us=st.one_of(st.integers(0, 20_000), st.just(60_000_000)),
     min_gap_samples=st.integers(0, 12),
     warmup_samples=st.one_of(st.none(), st.integers(0, 30)),
     warmup_min_timeout_us=st.integers(0, 3_000),
     min_timeout_us=st.integers(0, 2_000),
     initial_seq=st.one_of(st.none(), st.just(0), st.integers(-5, 10**6)),
-    max_buffered=st.one_of(st.integers(1, 8), st.just(100_000)),
+    max_buffered=st.one_of(st.integers(1, 8), st.just(1_000_000)),
     max_skipped_tracked=st.one_of(st.integers(0, 25), st.just(100_000)),
 )
 
@@ -273,6 +276,7 @@ def _namespace(**changes: Any) -> SimpleNamespace:
     ({"min_timeout_us": -1}, "min_timeout_us must be >= 0"),
     ({"warmup_min_timeout_us": -1}, "warmup_min_timeout_us must be >= 0"),
     ({"alpha": 1.5}, "smoothing factor"),
+    ({"max_latency_threshold_us": -1}, "max_latency_threshold_us must be >= 0"),
     ({"mode": "fast"}, "mode must be"),
     # the Python core accepts these and raises later (ZeroDivisionError at construction, OverflowError at a gap's
     # timeout, IndexError at the first give-up): the native core refuses them up front

@@ -83,6 +83,7 @@ fn config_from_py(config: Option<&Bound<'_, PyAny>>) -> PyResult<SequenceConfig>
         target_accuracy: float("target_accuracy")?,
         timeout_factor: float("timeout_factor")?,
         quantile_half_life: float("quantile_half_life")?,
+        max_latency_threshold_us: int("max_latency_threshold_us")?,
         min_gap_samples: int("min_gap_samples")?,
         warmup_samples: opt_int("warmup_samples")?,
         warmup_min_timeout_us: int("warmup_min_timeout_us")?,
@@ -458,6 +459,17 @@ impl PySequenceReorderer {
     /// When the head gap times out, or None when nothing is held.
     fn next_deadline_us(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         opt_int_obj(py, self.core.next_deadline_us())
+    }
+
+    /// The longest gap-closing delay seen so far (0 before any): the learned cap's evidence.
+    #[getter]
+    fn longest_gap_delay_us(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(int_obj(py, self.core.longest_gap_delay_us())?.unbind())
+    }
+
+    /// The cap of the wait for a gap opening now (the learned latency threshold in adaptive mode).
+    fn effective_latency_threshold_us(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(int_obj(py, self.core.effective_latency_threshold_us())?.unbind())
     }
 
     /// The timeout a gap opening now would get (Eq. 3.11, or the adaptive quantile).

@@ -288,7 +288,11 @@ fn initial_seq_none_adopts_the_first_event() {
 
 #[test]
 fn a_seq_jump_is_one_range_and_the_newest_skipped_seqs_tell_late_from_duplicate() {
-    let mut r = R::new(cfg(0)).unwrap();
+    let mut r = R::new(SequenceConfig {
+        max_buffered: 100_000,
+        ..cfg(0)
+    })
+    .unwrap();
     push(&mut r, 0, 0);
     push(&mut r, 1_000_000, 10);
     assert_eq!(r.holes_tracked(), (100_000, 1)); // only max_buffered seqs back are tracked, in one range
@@ -434,4 +438,38 @@ fn bad_configs_are_refused() {
     for c in bad {
         assert!(R::new(c.clone()).is_err(), "{c:?}");
     }
+}
+
+#[test]
+fn the_adaptive_cap_learns_twice_the_longest_gap_delay_and_never_shrinks() {
+    let c = SequenceConfig {
+        latency_threshold_us: 1_000,
+        max_latency_threshold_us: 5_000,
+        ..cfg(0)
+    };
+    let mut r = R::new(c).unwrap();
+    assert_eq!(r.effective_latency_threshold_us(), 1_000);
+    push(&mut r, 1, 0);
+    push(&mut r, 0, 800); // a gap closed after 800 us: the cap is 2 x 800
+    assert_eq!(
+        (r.longest_gap_delay_us(), r.effective_latency_threshold_us()),
+        (800, 1_600)
+    );
+    assert_eq!(r.timeout_us(), 1_600); // fewer than min_gap_samples: the cap itself
+    push(&mut r, 3, 1_000);
+    push(&mut r, 2, 1_010); // a shorter one changes nothing
+    assert_eq!(r.effective_latency_threshold_us(), 1_600);
+    push(&mut r, 5, 2_000);
+    advance(&mut r, 2_000 + 1_600);
+    push(&mut r, 4, 2_000 + 9_000); // late after its skip: 9 ms, capped at max_latency_threshold_us
+    assert_eq!(
+        (r.longest_gap_delay_us(), r.effective_latency_threshold_us()),
+        (9_000, 5_000)
+    );
+    let thesis = R::new(SequenceConfig {
+        initial_seq: Some(0),
+        ..SequenceConfig::thesis(300)
+    })
+    .unwrap();
+    assert_eq!(thesis.effective_latency_threshold_us(), 300);
 }
