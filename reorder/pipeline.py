@@ -16,15 +16,15 @@ leaves exactly once, as one record on the events or the late topic, unless it is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from contract.records import MAX_TS_US, MIN_TS_US, REF_RAISED_US, EventRecord
 from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint
 from reorder.merger import MergerConfig, MultiSourceMerger
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
-from reorder.sequence import SequenceConfig, SequenceReorderer
+from reorder.sequence import ReorderOutput, SequenceConfig, SequenceReorderer
 from timesync.clocks import ReferenceMapping
 
 # The events topic promises order, so late events only go to the late topic (Query 4.3's 7th parameter = drop).
@@ -45,6 +45,25 @@ DEFAULT_RECONNECT_GRACE_US = 5_000_000
 DEFAULT_JOIN_GRACE_US = 2_000_000
 
 
+class SequenceCore(Protocol):
+    """What the pipeline asks of a per-source reorderer: :class:`reorder.sequence.SequenceReorderer`'s API, which the
+    native core (``skewless_native.SequenceReorderer``, built with ``records=(Released, Late, GapSkipped)``) has too."""
+
+    @property
+    def expected_seq(self) -> int: ...
+    @property
+    def buffered(self) -> int: ...
+    def next_deadline_us(self) -> int | None: ...
+    def merge_wait_us(self, now_us: int) -> int: ...
+    def push(self, event: SourceEvent, now_us: int) -> list[ReorderOutput]: ...
+    def take_in_order(self, seq: int, now_us: int) -> bool: ...
+    def advance(self, now_us: int) -> list[ReorderOutput]: ...
+
+
+ReordererFactory = Callable[[str, str, SequenceConfig], SequenceCore]
+"""Builds the reorderer of (source_id, stream) with a config: a floor above this one injects the native core."""
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     sequence: SequenceConfig = GATEWAY_SEQUENCE_DEFAULTS
@@ -63,6 +82,9 @@ class PipelineConfig:
     (docs/record-contract.md). False, the thesis' Query 5.3 as the replay runs it: a late event joins the merge at
     once and is published on the events topic flagged ``late`` with its reason, unless it is older than a
     punctuation already emitted (then it still goes to the late topic, ``after_punctuation``)."""
+    reorderer_factory: ReordererFactory = SequenceReorderer
+    """The per-source reorderer core: the Python :class:`SequenceReorderer` (this floor's), or one a higher floor
+    injects (the replay's ``--core native``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +149,7 @@ class PipelineCounters:
 
 class _StreamPipeline:
     def __init__(self, stream: str, clock: ReferenceMapping, config: PipelineConfig) -> None:
-        self.reorderers: dict[str, SequenceReorderer] = {}
+        self.reorderers: dict[str, SequenceCore] = {}
         self.config = config
         self.stream = stream
         merger = config.merger
@@ -150,13 +172,13 @@ class _StreamPipeline:
         reorderer = self.reorderers.get(source_id)
         return self.config.merger.default_timeout_us if reorderer is None else reorderer.merge_wait_us(now_us)
 
-    def reorderer(self, source_id: str, initial_seq: int) -> SequenceReorderer:
+    def reorderer(self, source_id: str, initial_seq: int) -> SequenceCore:
         reorderer = self.reorderers.get(source_id)
         if reorderer is None:
             config = self.sequence
             if initial_seq != config.initial_seq:
                 config = replace(config, initial_seq=initial_seq)
-            reorderer = SequenceReorderer(source_id, self.stream, config)
+            reorderer = self.config.reorderer_factory(source_id, self.stream, config)
             self.reorderers[source_id] = reorderer
         return reorderer
 
@@ -294,7 +316,7 @@ class IngestPipeline:
         max_future_us = self.config.max_future_us
         ts_floor_us = self.config.ts_floor_us
         pipeline: _StreamPipeline | None = None
-        reorderer: SequenceReorderer | None = None
+        reorderer: SequenceCore | None = None
         run: list[tuple[SourceEvent, int, tuple[int, int]]] = []
         touched: list[_StreamPipeline] = []
         for index, event in enumerate(events):

@@ -85,11 +85,13 @@ def _register_subcommands() -> None:
     from skewless.cli_source import register as register_source
     from skewless.cli_timesync import register as register_timesync
     from skewless.demo import demo
+    from skewless.native_cores import reorderer_cores
     from spark_jobs.cli import register as register_spark
 
     register_kafka(app)
     app.command("demo")(demo)
-    for register in (register_replay, register_timesync, register_gateway, register_spark, register_source):
+    register_replay(app, cores=reorderer_cores())  # floor 2 may not import the native module: its cores come in
+    for register in (register_timesync, register_gateway, register_spark, register_source):
         register(app)
 
 

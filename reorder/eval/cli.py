@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -24,8 +24,14 @@ from reorder.eval.traces import (
     with_profile,
     write_trace,
 )
+from reorder.pipeline import ReordererFactory
 
-__all__ = ["parse_duration_us", "register"]
+__all__ = ["CORES", "parse_duration_us", "register"]
+
+#: The reorderer cores ``skewless replay --core`` can run (``sequence``, ``thesis``): ``python`` is this floor's own
+#: (None: the pipeline's default); ``native`` is given by the CLI on floor 4 (:func:`register`), which may import the
+#: compiled module, when it is built. Set by the last :func:`register`.
+CORES: dict[str, ReordererFactory | None] = {"python": None}
 
 def parse_duration_us(text: str) -> int:
     """``"1h"``, ``"1min"``, ``"5ms"``, ``"250us"``, ``"-3s"`` or a bare integer of microseconds."""
@@ -136,6 +142,10 @@ def replay_cmd(
         typer.Option("--learn-merge-wait/--fixed-merge-wait",
                      help="sequence: wait for a silent source as long as its silences say, or only as its gaps say."),
     ] = True,
+    core: Annotated[str | None, typer.Option(
+        help="sequence, thesis: the reorderer core, native (Rust, skewless_native) or python (its specification) "
+             "[native when built].")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
     emit: Annotated[Path | None, typer.Option(help="Also write released events, in release order.")] = None,
     progress: Progress = True,
@@ -143,6 +153,12 @@ def replay_cmd(
     """Replay a trace in virtual time through one approach and print the thesis' metrics."""
     if approach not in APPROACHES:
         raise typer.BadParameter(f"unknown approach {approach!r}; choose from {', '.join(APPROACHES)}")
+    if core is None:
+        core = "native" if "native" in CORES else "python"
+    if core not in ("native", "python"):
+        raise typer.BadParameter(f"unknown core {core!r}; choose from native, python")
+    if core not in CORES:
+        raise typer.BadParameter("the native core is not built (`make native`); --core python runs the Python one")
     opts = ReplayOptions(
         approach=_approach(approach),
         latency_threshold_us=None if latency_threshold is None else parse_duration_us(latency_threshold),
@@ -158,6 +174,7 @@ def replay_cmd(
         seed=seed,
         aq=AQKSlackConfig(batch_size=batch_size, error_threshold=error_threshold, confidence=confidence),
         emit=emit is not None,
+        reorderer_factory=CORES[core],
     )
     enabled = progress_enabled(progress)
     # read_trace and the virtual-time replay are single calls without a hook: pulsing bars, one per stage.
@@ -184,6 +201,9 @@ def _approach(name: str) -> Approach:
     raise typer.BadParameter(name)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, cores: Mapping[str, ReordererFactory] | None = None) -> None:
+    """``cores``: reorderer cores beyond the Python one, by ``--core`` name (the CLI passes ``native``)."""
+    CORES.clear()
+    CORES.update({"python": None, **(cores or {})})
     app.add_typer(traces_app, name="traces")
     app.command("replay")(replay_cmd)

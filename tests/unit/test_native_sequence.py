@@ -288,3 +288,60 @@ def test_bad_configs_are_refused(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         skewless_native.SequenceReorderer("s", "x", _namespace(**changes))
 
+
+
+# -- the replay runs either core ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("approach", "profile"), [("sequence", "dataset1"), ("thesis", "dataset1"),
+                                                   ("sequence", "heavytail"), ("thesis", "pool")])
+def test_the_replay_gives_identical_metrics_and_releases_with_either_core(approach: str, profile: str) -> None:
+    from reorder.eval.replay import ReplayOptions, replay
+    from reorder.eval.traces import PROFILES, TraceSpec, generate
+    from skewless.native_cores import native_sequence_reorderer
+
+    made: list[object] = []
+
+    def counting(source_id: str, stream: str, config: SequenceConfig) -> Any:
+        made.append(reorderer := native_sequence_reorderer(source_id, stream, config))
+        return reorderer
+
+    trace = generate(TraceSpec(PROFILES[profile], events_per_source=4000, sources=3, seed=11))
+    opts = ReplayOptions(approach=approach, emit=True)  # type: ignore[arg-type]
+    python_run = replay(trace, opts)
+    native_run = replay(trace, ReplayOptions(approach=approach, emit=True,  # type: ignore[arg-type]
+                                             reorderer_factory=counting))
+    assert made and all(isinstance(r, skewless_native.SequenceReorderer) for r in made)
+    assert native_run.metrics == python_run.metrics
+    assert native_run.emitted == python_run.emitted
+    assert native_run.series == python_run.series
+
+
+def test_the_cli_runs_the_native_core_by_default_and_python_on_request(tmp_path: Any) -> None:
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from reorder.eval import cli
+    from skewless.native_cores import reorderer_cores
+
+    app = typer.Typer()
+    cli.register(app, cores=reorderer_cores())
+    assert set(cli.CORES) == {"python", "native"}
+    runner = CliRunner()
+    trace = tmp_path / "t.jsonl"
+    assert runner.invoke(app, ["traces", "generate", "--profile", "dataset2", "--events", "3000", "--out",
+                               str(trace)]).exit_code == 0
+    outputs = {}
+    for core in ([], ["--core", "native"], ["--core", "python"]):
+        res = runner.invoke(app, ["replay", "--trace", str(trace), "--json", "--no-progress", *core])
+        assert res.exit_code == 0, res.output
+        outputs[tuple(core)] = json.loads(res.output)
+    assert outputs[()] == outputs[("--core", "native")] == outputs[("--core", "python")]
+    res = runner.invoke(app, ["replay", "--trace", str(trace), "--core", "rust"])
+    assert res.exit_code != 0 and "unknown core" in res.output
+    cli.register(typer.Typer())  # without the native core (floor 2 alone): python by default, native refused
+    assert set(cli.CORES) == {"python"}
+    res = runner.invoke(app, ["replay", "--trace", str(trace), "--core", "native"])
+    assert res.exit_code != 0 and "not built" in res.output
