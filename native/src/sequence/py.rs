@@ -634,10 +634,53 @@ fn py_warmup_samples_for(target_accuracy: f64) -> i128 {
     warmup_samples_for(target_accuracy)
 }
 
+/// The pure Rust core over a whole trace, without Python objects on the way (handles only), for the benchmark
+/// (benchmarks/native_sequence.py): the replay's loop of `push_arrivals`. Returns (released, late, gaps skipped).
+#[pyfunction(name = "run_sequence_core")]
+#[pyo3(signature = (config, seqs, arrivals_us))]
+fn py_run_sequence_core(
+    config: Option<Bound<'_, PyAny>>,
+    seqs: Vec<i64>,
+    arrivals_us: Vec<i64>,
+) -> PyResult<(u64, u64, u64)> {
+    if seqs.len() != arrivals_us.len() {
+        return Err(PyValueError::new_err(
+            "run_sequence_core: seqs and arrivals_us differ in length",
+        ));
+    }
+    let cfg = config_from_py(config.as_ref())?;
+    let mut core: SequenceReorderer<u64> =
+        SequenceReorderer::new(cfg).map_err(|e| PyValueError::new_err(e.0))?;
+    let mut out = Vec::new();
+    let (mut released, mut late, mut gaps) = (0, 0, 0);
+    catch_unwind(AssertUnwindSafe(|| {
+        for (i, (&seq, &arrival_us)) in seqs.iter().zip(&arrivals_us).enumerate() {
+            let arrival_us = i128::from(arrival_us);
+            while let Some(due) = core.next_deadline_us() {
+                if due >= arrival_us {
+                    break;
+                }
+                core.advance(due, &mut out);
+            }
+            core.push(i128::from(seq), i as u64, arrival_us, &mut out);
+            for o in out.drain(..) {
+                match o {
+                    Output::Released { .. } => released += 1,
+                    Output::Late { .. } => late += 1,
+                    Output::GapSkipped { .. } => gaps += 1,
+                }
+            }
+        }
+    }))
+    .map_err(|_| PyRuntimeError::new_err("run_sequence_core: internal error in the native core"))?;
+    Ok((released, late, gaps))
+}
+
 /// Add this module's classes and functions to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySequenceReorderer>()?;
     m.add_class::<PySequenceCounters>()?;
     m.add_function(wrap_pyfunction!(py_warmup_samples_for, m)?)?;
+    m.add_function(wrap_pyfunction!(py_run_sequence_core, m)?)?;
     Ok(())
 }
