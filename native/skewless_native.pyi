@@ -4,8 +4,10 @@
 NATIVE_ABI: int
 
 # -- sequence (native/src/sequence.rs): reorder/sequence.py's SequenceReorderer --------------------------------------
-from collections.abc import Sequence as _Sequence
-from typing import Any as _Any, final as _final
+# (imports here, not at the top: each module's section stays its own for the merges)
+from collections.abc import Sequence as _Sequence  # noqa: E402
+from typing import Any as _Any  # noqa: E402
+from typing import final as _final  # noqa: E402
 
 @_final
 class SequenceCounters:
