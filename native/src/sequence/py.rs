@@ -684,3 +684,30 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_run_sequence_core, m)?)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_the_core_becomes_a_runtime_error_and_retires_the_reorderer() {
+        Python::initialize();
+        Python::attach(|py| {
+            let mut r = PySequenceReorderer::new(
+                py,
+                "s".into_bound_py_any(py).unwrap(),
+                "x".into_bound_py_any(py).unwrap(),
+                None,
+                None,
+            )
+            .unwrap();
+            let err = r
+                .guarded(|_| -> PyResult<()> { panic!("boom") })
+                .unwrap_err();
+            assert!(err.is_instance_of::<PyRuntimeError>(py));
+            assert!(err.to_string().contains("boom"), "{err}");
+            let err = r.guarded(|_| Ok(())).unwrap_err();
+            assert!(err.to_string().contains("refuses further calls"), "{err}");
+        });
+    }
+}
