@@ -345,3 +345,49 @@ def test_the_cli_runs_the_native_core_by_default_and_python_on_request(tmp_path:
     assert set(cli.CORES) == {"python"}
     res = runner.invoke(app, ["replay", "--trace", str(trace), "--core", "native"])
     assert res.exit_code != 0 and "not built" in res.output
+
+
+# -- the gateway's pipeline with either core --------------------------------------------------------------------------
+
+frames = st.lists(
+    st.tuples(st.sampled_from(["a", "b"]), st.lists(st.integers(-2, 8), min_size=1, max_size=5),
+              st.integers(0, 3_000), st.booleans()),
+    max_size=40)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames, st.sampled_from(["adaptive", "thesis"]), st.booleans())
+def test_the_pipeline_gives_identical_records_with_either_core(
+        calls: list[tuple[str, list[int], int, bool]], mode: str, drop_late: bool) -> None:
+    """IngestPipeline.push_many (take_in_order's fast path, push's, frames of two sources) and heartbeats and
+    deadlines, with the Python reorderer and with the native one: the same records, in the same order."""
+    from contract.wire.messages import IncomingEvent
+    from reorder.pipeline import IngestPipeline, PipelineConfig
+    from skewless.native_cores import native_sequence_reorderer
+    from timesync.clocks import IdentityMapping
+
+    sequence = SequenceConfig(mode=mode, latency_threshold_us=1_500, min_gap_samples=2,  # type: ignore[arg-type]
+                              warmup_min_timeout_us=0)
+    config = PipelineConfig(sequence=sequence, drop_late=drop_late)
+    python = IngestPipeline(IdentityMapping(), config)
+    rust = IngestPipeline(IdentityMapping(), PipelineConfig(sequence=sequence, drop_late=drop_late,
+                                                            reorderer_factory=native_sequence_reorderer))
+    next_seq = {"a": 0, "b": 0}
+    now_us = 10_000
+    for source, offsets, step_us, heartbeat in calls:
+        now_us += step_us
+        due_py, due_rust = python.next_deadline_us(), rust.next_deadline_us()
+        assert due_py == due_rust
+        if due_py is not None and due_py <= now_us:
+            assert rust.advance(now_us) == python.advance(now_us)
+        if heartbeat:
+            hb = {"R": next_seq[source]}
+            assert rust.heartbeat(source, hb, now_us, now_us) == python.heartbeat(source, hb, now_us, now_us)
+            continue
+        events = [IncomingEvent("R", max(0, next_seq[source] + off), now_us - 500, {"n": k})
+                  for k, off in enumerate(offsets)]
+        next_seq[source] = max(next_seq[source], *(e.seq + 1 for e in events))
+        assert rust.push_many(source, events, now_us) == python.push_many(source, events, now_us)
+        assert rust.buffered() == python.buffered()
+    assert rust.advance(1 << 62) == python.advance(1 << 62)
+    assert rust.counters == python.counters
