@@ -201,3 +201,78 @@ def test_a_trickle_of_silent_newcomers_holds_a_good_sources_events_at_most_one_j
     waits = [released_at[seq] - (T0 + seq * 100_000) for seq in released_at]
     assert sorted(released_at) == list(range(100))
     assert max(waits) <= grace_us, max(waits)
+
+
+# -- issue 24 item 4: a duplicate flood's reads are bounded by bytes, not by their count ---------------------------
+
+# uvloop reads up to this many bytes at a time (measured: a 64 MiB burst on loopback arrived in reads of 256,000).
+UVLOOP_READ_BYTES = 256_000
+# The documented decoded size of what a connection read and has not processed (docs/operations.md, "Limits"): at
+# most MAX_PENDING_READ_BYTES plus one read, each byte of one-event frames about 5.3 bytes once decoded (392 B per
+# 74-byte frame, tracemalloc, CPython 3.11): 6.6 MiB. This allows 6 times the raw bytes.
+DECODED_BYTES_PER_READ_BYTE = 6
+
+
+async def test_a_duplicate_flood_is_not_read_past_the_pending_bytes_and_what_it_holds_decoded_is_bounded():
+    """The duplicate flood of tests/reliability/test_hostile_peers.py grew the gateway by 44 MiB, beyond the
+    documented formula: the connection stopped reading at 64 queued reads, each up to 256,000 bytes of 74-byte frames
+    decoded at once into 3,459 frames (392 B each): up to 83 MiB per connection. Bounded by bytes, reading stops once
+    a megabyte waits, and what waits decoded stays within the documented bound."""
+    import asyncio
+
+    from contract.wire.messages import build_event, build_events
+    from gateway.connection import MAX_PENDING_READ_BYTES, ConnectionHandler
+    from tests.unit.test_gateway_connection import FakeTransport
+
+    release = asyncio.Event()
+    processed: list[int] = []
+    all_processed = asyncio.Event()
+    frames_read = 0
+
+    class BlockedOwner:
+        """The core is busy: no read is processed until ``release`` (the flooder outruns the worker)."""
+
+        def attach(self, connection: ConnectionHandler) -> ConnectionId:
+            return CONN
+
+        def detach(self, connection: ConnectionHandler) -> None:
+            pass
+
+        async def register_source(self, connection: ConnectionHandler, hello: object) -> None:
+            pass
+
+        async def receive_events(self, connection: ConnectionHandler, received: object, arrival_us: int) -> None:
+            await release.wait()
+            processed.append(1)
+            if len(processed) == frames_read:
+                all_processed.set()
+
+    frame = encode_frame(build_events([build_event("s", 0, T0, {"i": 0})]))
+    read = frame * (UVLOOP_READ_BYTES // len(frame))
+    handler = ConnectionHandler(BlockedOwner(), GatewaySession(now_us=T0), clock_us=lambda: T0)  # type: ignore[arg-type]
+    transport = FakeTransport()
+    handler.connection_made(transport)  # type: ignore[arg-type]
+    handler.data_received(encode_frame({"type": "hello", "version": 1, "source_id": "flooder", "streams": ["s"]}))
+    await asyncio.sleep(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        reads = 0
+        while transport.reading:  # the kernel hands the gateway a read whenever it reads
+            handler.data_received(read)
+            reads += 1
+            assert reads < 64, "still reading after 64 reads"
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # Paused at the first read that took the queue to a megabyte: 5 reads of 256,000 bytes, not 64.
+    assert reads == -(-MAX_PENDING_READ_BYTES // len(read)), reads
+    assert held <= DECODED_BYTES_PER_READ_BYTE * (MAX_PENDING_READ_BYTES + len(read)), held
+    # The worker catches up: reading resumes, and every frame read reaches the core.
+    frames_read = reads * (len(read) // len(frame))
+    release.set()
+    await asyncio.wait_for(all_processed.wait(), 30)
+    assert transport.reading
+    assert len(processed) == frames_read
