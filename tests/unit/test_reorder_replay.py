@@ -39,6 +39,7 @@ def test_metrics_on_the_thesis_example_for_every_approach() -> None:
     # E4, E5, E6 wait for E3 (560): 250 + 150 + 50 us; others 0.  Mean = 450 / 7 us.
     assert seq["avg_latency_ms"] == round(450 / 7 / 1000, 4)
     assert seq["max_latency_ms"] == 0.25
+    assert seq["p99_latency_ms"] == 0.25  # nearest rank: the 7th of 7 latencies (0, 0, 0, 0, 50, 150, 250 us)
     assert (seq["out_of_order_events"], seq["injected_out_of_order_events"]) == (0, injected)
     assert seq["accuracy_pct"] == 100.0
     assert seq["peak_buffered_events"] == 3
@@ -54,6 +55,20 @@ def test_metrics_on_the_thesis_example_for_every_approach() -> None:
     for approach in APPROACHES:
         m = replay(THESIS_EXAMPLE, ReplayOptions(approach=approach, sync=False, heartbeats=False)).metrics
         assert m["released_events"] == 7
+
+
+def test_p99_latency_is_the_nearest_rank() -> None:
+    from reorder.eval.replay import _nearest_rank
+
+    assert _nearest_rank([], 0.99) == 0
+    assert _nearest_rank(list(range(100, 0, -1)), 0.99) == 99  # the 99th smallest of 1..100
+    assert _nearest_rank(list(range(1, 1001)), 0.99) == 990
+    assert _nearest_rank([5, 1, 3], 0.99) == 5  # ceil(2.97) = 3rd smallest
+    # 1,000 events 100 us apart; seq 500 arrives 10 ms late, so seqs 501..599 wait for it 9,900, 9,800, ... 100 us:
+    # 901 latencies of 0, then 100..9,900 us; the 990th smallest is the 89th wait, 8,900 us
+    trace = [te(i, 100 * i, 100 * i + 500 + (10_000 if i == 500 else 0)) for i in range(1000)]
+    m = replay(trace, ReplayOptions(sync=False, heartbeats=False)).metrics
+    assert (m["p99_latency_ms"], m["max_latency_ms"]) == (8.9, 9.9)
 
 
 def test_in_order_trace_waits_zero_in_sequence_mode() -> None:
