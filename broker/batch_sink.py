@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.batch_ledger import (
     RECORD_PARTITION,
@@ -80,18 +80,35 @@ class TransactionalBatchSink:
         # accepts transactional offset commits for such a group.
         consumer = self._config.consumer(self.transactional_id, {"group.id": self.transactional_id})
         try:
-            # read_committed (the consumers' default here) asks for stable offsets: a pending transactional
-            # commit is waited for, not read.
-            (committed,) = consumer.committed([TopicPartition(self.topic, RECORD_PARTITION)], timeout=self.timeout_s)
-            if committed.error is not None:
-                raise KafkaException(committed.error)
+            committed_offset = self._committed_offset(consumer)
             self._group_metadata = consumer.consumer_group_metadata()
         finally:
             consumer.close()
-        self.ledger = BatchLedger.at_restart(committed.offset)
-        log.info("results sink %s on %s: last committed batch %s", self.transactional_id, self.topic,
-                 self.ledger.last_committed_batch_id)
+        self.ledger = BatchLedger.at_restart(committed_offset)
+        log.debug("results sink %s on %s: last committed batch %s", self.transactional_id, self.topic,
+                  self.ledger.last_committed_batch_id)
         return self.ledger
+
+    def _committed_offset(self, consumer: Any) -> int:
+        """The record's offset. read_committed (the consumers' default here) asks for stable offsets: a pending
+        transactional commit is waited for, not read. A group coordinator that is not ready yet (the offsets
+        topic of a fresh cluster is still being created or loaded: NOT_COORDINATOR) is asked again."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                (committed,) = consumer.committed([TopicPartition(self.topic, RECORD_PARTITION)],
+                                                  timeout=self.timeout_s)
+                error = committed.error
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if error is None:
+                    raise
+            if error is None:
+                return int(committed.offset)
+            if not _coordinator_not_ready(error) or time.monotonic() > deadline:
+                raise KafkaException(error)
+            log.debug("reading the record of %s: %s; asking again", self.transactional_id, error)
+            time.sleep(0.5)
 
     def write(self, batch_id: int, records: Sequence[tuple[bytes, bytes]],
               on_step: StepHook | None = None) -> BatchDecision:
@@ -156,6 +173,14 @@ class TransactionalBatchSink:
         deadline = time.monotonic() + self.timeout_s
         while self._publisher.pending() and time.monotonic() < deadline:
             self._publisher.poll(0.1)
+
+
+_COORDINATOR_NOT_READY = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+def _coordinator_not_ready(error: KafkaError) -> bool:
+    return error.code() in _COORDINATOR_NOT_READY or error.retriable()
 
 
 def sink_fault_from_env(environ: Mapping[str, str] | None = None) -> StepHook | None:

@@ -102,9 +102,19 @@ class TransactionalPublisher:
     def fenced(self) -> bool:
         return self._fenced
 
-    def init(self, timeout_s: float) -> None:
+    def init(self, timeout_s: float, *, connect_topic: str | None = None) -> None:
         """Register the transactional id: fences any earlier producer with the same id and aborts its open
-        transaction (or waits until its commit completed). Call once, before the first ``begin()``."""
+        transaction (or waits until its commit completed). Call once, before the first ``begin()``.
+
+        ``connect_topic``: fetch this topic's metadata twice first. librdkafka asks for the producer id at once
+        only if a connection to a broker it learned from metadata is up, else 500 ms later (its fixed retry), and a
+        predecessor's open transaction costs one such retry more. The first fetch learns the brokers (librdkafka
+        then drops its bootstrap connection), the second waits for a learned broker's connection. Fencing a
+        predecessor that died inside a transaction, on a quiet broker: 1.0 s in 6 of 8 tries without, 0.5 s in 6
+        of 6 with it, which costs ~0.05 s (issue 24 item 10)."""
+        if connect_topic is not None:
+            for _ in range(2):
+                self._call(lambda p: p.list_topics(connect_topic, timeout=timeout_s))
         self._call(lambda p: p.init_transactions(timeout_s))
 
     def begin(self) -> None:

@@ -30,8 +30,13 @@ from timesync.clocks import ClockUs
 
 log = logging.getLogger(__name__)
 
-# Stop reading a connection while this many of its actions wait to be processed: TCP pushes back on the client.
+# Stop reading a connection while this many of its reads wait to be processed: TCP pushes back on the client.
 MAX_PENDING_ACTIONS = 64
+# ... or while this many bytes read from it wait to be processed. A read is decoded at once (into every frame it
+# completes) and uvloop reads up to 256,000 bytes at a time: 64 reads of one-event frames (74 bytes, 392 B decoded)
+# held 83 MiB of decoded frames per connection; a duplicate flood grew the gateway by 44 MiB this way (issue 24
+# item 4). Bounded by bytes, a connection holds at most this plus one read, decoded (docs/operations.md, "Limits").
+MAX_PENDING_READ_BYTES = 1024 * 1024
 # How long a connection closed after an error frame still reads (and drops) what its peer sends: see close().
 ERROR_CLOSE_LINGER_S = 1.0
 # A peer that does not read (issue 24 item 4): past the write high-water mark the connection stops reading it (its
@@ -92,7 +97,8 @@ class ConnectionHandler(asyncio.Protocol):
         self.said_bye = False  # the source said bye on this connection (the owner's rule 14 asks every one of them)
         self._owner = owner
         self._clock_us = clock_us
-        self._queue: asyncio.Queue[tuple[int, list[SessionAction]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, int, list[SessionAction]]] = asyncio.Queue()
+        self._queued_bytes = 0  # bytes of the reads in _queue (MAX_PENDING_READ_BYTES)
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
         self._closing = False
@@ -131,7 +137,7 @@ class ConnectionHandler(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a bug of any kind: contained to this connection (module doc)
             self._fail("session", exc)
             return
-        self._enqueue(now_us, actions)
+        self._enqueue(now_us, actions, len(data))
 
     def pause_writing(self) -> None:
         """asyncio: the write buffer passed the high-water mark. Read nothing more from a peer that does not read
@@ -237,16 +243,19 @@ class ConnectionHandler(asyncio.Protocol):
         worker_dead = self._worker is not None and self._worker.done()
         return worker_dead or (self._queue.empty() and not self._busy)
 
-    def _enqueue(self, now_us: int, actions: list[SessionAction]) -> None:
+    def _enqueue(self, now_us: int, actions: list[SessionAction], read_bytes: int = 0) -> None:
         if actions:
-            self._queue.put_nowait((now_us, actions))
-            if self._queue.qsize() >= MAX_PENDING_ACTIONS and not self._paused and self.transport is not None:
+            self._queue.put_nowait((now_us, read_bytes, actions))
+            self._queued_bytes += read_bytes
+            if ((self._queue.qsize() >= MAX_PENDING_ACTIONS or self._queued_bytes >= MAX_PENDING_READ_BYTES)
+                    and not self._paused and self.transport is not None):
                 self.transport.pause_reading()
                 self._paused = True
 
     async def _run(self) -> None:
         while True:
-            arrival_us, actions = await self._queue.get()
+            arrival_us, read_bytes, actions = await self._queue.get()
+            self._queued_bytes -= read_bytes
             self._busy = True
             try:
                 for action in actions:
@@ -260,7 +269,8 @@ class ConnectionHandler(asyncio.Protocol):
             finally:
                 self._busy = False
             if (self._paused and not self._closing and not self._throttled
-                    and self._queue.qsize() < MAX_PENDING_ACTIONS // 2 and self.transport is not None):
+                    and self._queue.qsize() < MAX_PENDING_ACTIONS // 2
+                    and self._queued_bytes < MAX_PENDING_READ_BYTES // 2 and self.transport is not None):
                 self._paused = False
                 if self._write_paused_since_us is None:
                     self.transport.resume_reading()

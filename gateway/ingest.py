@@ -57,8 +57,10 @@ Rules:
    checkpoint per dirty stream every ``checkpoint_interval_us``; ``checkpoint_dirty_streams`` at shutdown. A source
    whose newest event was released more than ``source_retention_us`` ago leaves the checkpoint (``sources_expired``),
    so checkpoints stay bounded by the sources active within the retention. A source enters its streams'
-   checkpoints at its hello (next seq 0), written within ``REGISTRATION_CHECKPOINT_DELAY_US``: a shard's next owner
-   (or a restarted gateway) waits for it like for every source it recovers.
+   checkpoints at its hello (next seq 0), written within ``REGISTRATION_CHECKPOINT_DELAY_US`` (and no sooner than
+   ``REGISTRATION_CHECKPOINT_SPACING_US`` after the previous checkpoints, so a wave of hellos rewrites them once a
+   second, not ten times): a shard's next owner (or a restarted gateway) waits for it like for every source it
+   recovers.
 7. Records: pipeline outputs become contract.records bytes: EventRecord JSON keyed by the record's key on the
    events or late topic; PunctuationRecord on the events topic under PUNCTUATION_KEY; progress and clock-state
    records on the sources topic. Every record carries the headers of docs/record-contract.md (kind, the source id
@@ -111,11 +113,14 @@ Rules:
    no source of the shard has joined at ``now - idle_lag_us`` when its watermark trails that. A source that joins
    the shard later with events older than that finds them late (``after_punctuation``), as any source behind a
    promised watermark does. Streams with sources are left to the merge: their quiet periods are its business.
-11. Idle sources are freed. A hello costs the source's merge registration per stream it names, nothing more: its
-   reorderer comes with its first event or heartbeat on that stream. Once a source's last connection closed
-   (``source_disconnected``) and ``idle_source_retention_us`` passed, ``poll`` frees its per-stream state if it
-   holds nothing (``forget_idle_sources``, counted as ``sources_forgotten``); its dedup floor and next seq per
-   stream stay, so it resumes where it left off. A source that never sent an event leaves the checkpoint too.
+11. Idle sources are freed. A hello costs the source a checkpoint entry and a place among the silent newcomers of
+   each stream it names, nothing more: the merge waits for a stream's silent newcomers through one join entry
+   (``JOIN_WINDOW_SOURCE``, see "rule 11: newcomers that have not spoken" below), and a newcomer's own merge entry
+   and reorderer come with its first event, heartbeat or expectation on that stream. Once a source's last
+   connection closed (``source_disconnected``) and ``idle_source_retention_us`` passed, ``poll`` frees its
+   per-stream state if it holds nothing (``forget_idle_sources``, counted as ``sources_forgotten``); its dedup floor
+   and next seq per stream stay, so it resumes where it left off. A source that never sent an event leaves the
+   checkpoint too.
 12. Time rules for heartbeats and timestamp ranges (docs/record-contract.md, "Timestamp ranges"). A heartbeat moves
    the merge's frontier only if its clock reading passes what an event's would: mapped at most ``max_future_us``
    ahead of the gateway clock and inside 0..2^63-1 (the pipeline's check), and, for a source with a clock
@@ -174,6 +179,7 @@ from contract.topics import TopicNames
 from contract.wire import messages
 from contract.wire.errors import InvalidMessage, InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
+from contract.wire.messages import MAX_SOURCE_ID_CHARS
 from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker
 from gateway.clock_state import clock_state_record
 from gateway.logs import limited_log
@@ -208,6 +214,12 @@ DEFAULT_CHECKPOINT_INTERVAL_US = 5_000_000
 SOURCE_RETENTION_US = 7 * 24 * 3600 * 1_000_000
 # A new source is in a checkpoint this soon after its hello (rule 6), so a shard's next owner waits for it.
 REGISTRATION_CHECKPOINT_DELAY_US = 100_000
+# ... but no sooner than this after the previous checkpoint: a wave of hellos rewrote every stream's checkpoint (each
+# listing every source) every 100 ms; now once a second while it lasts.
+REGISTRATION_CHECKPOINT_SPACING_US = 1_000_000
+# Rule 11: the one merge source that stands for a stream's newcomers that have not spoken on it yet. Longer than any
+# wire source id (MAX_SOURCE_ID_CHARS), so no source can be it.
+JOIN_WINDOW_SOURCE = "\x00" * (MAX_SOURCE_ID_CHARS + 1)
 # Rule 11: a source with no connection that holds nothing is freed this long after its last connection closed.
 IDLE_SOURCE_RETENTION_US = 60_000_000
 IDLE_SWEEP_INTERVAL_US = 1_000_000
@@ -576,6 +588,14 @@ class IngestCore:
         self._disconnected_since: dict[str, int] = {}
         self._next_idle_sweep_us = 0
         self._next_expiry_us = 0  # rule 6's retention sweep, at most once per checkpoint interval
+        self._last_checkpoint_us: int | None = None  # rule 6: when poll last wrote checkpoints
+        # Rule 11: per stream, the newcomers that named it at hello and have not spoken on it since, each with the end
+        # of the join wait it was given; the join window's end the stream's JOIN_WINDOW_SOURCE waits for, and how
+        # many of those newcomers were given that end and are still silent.
+        self._joining: dict[str, dict[str, int]] = {}
+        self._join_live: dict[str, set[str]] = {}  # those of them the join entry stands for
+        self._join_window: dict[str, tuple[int, int]] = {}
+        self._swept_outputs: list[PipelineOutput] = []  # what freeing sources released, published by poll
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -667,17 +687,146 @@ class IngestCore:
                 progress.next_seq[source_id] = 0
                 self._dirty_streams.add(stream)
                 due_us = now_us + REGISTRATION_CHECKPOINT_DELAY_US
+                if self._last_checkpoint_us is not None:
+                    due_us = max(due_us, self._last_checkpoint_us + REGISTRATION_CHECKPOINT_SPACING_US)
                 if self._next_checkpoint_us is None or due_us < self._next_checkpoint_us:
                     self._next_checkpoint_us = due_us  # soon, not at the next interval: one for a burst of hellos
-        actions = self._publish(self.pipeline.register(source_id, streams, now_us))
+        known = [s for s in streams if self._in_pipeline(source_id, s)]
+        outputs = self.pipeline.register(source_id, tuple(known), now_us) if known else []
+        if len(known) < len(streams):
+            self._join(source_id, [s for s in streams if s not in known], now_us, outputs)
+        actions = self._publish(outputs)
         if source_id in self._throttled:
             actions.append(PauseReading(source_id))
         return actions
 
+    def _in_pipeline(self, source_id: str, stream: str) -> bool:
+        """Whether the ordering pipeline holds state for the source on the stream: a reorderer (it sent an event or a
+        heartbeat there) or a merge entry. A newcomer that only named the stream at hello has neither (rule 11)."""
+        pipeline = self.pipeline._streams.get(stream)
+        return pipeline is not None and (source_id in pipeline.reorderers
+                                         or pipeline.merger.queued_of(source_id) is not None)
+
+    # -- rule 11: newcomers that have not spoken ----------------------------------------------------------------------
+    #
+    # The merge waits for a newcomer that named a stream at hello until it speaks there or its join wait ends
+    # (reorder.pipeline: join windows). A merge entry per (newcomer, stream) made at hello cost about 35 us and
+    # 1.3 KiB per stream named (a 64-stream hello: 2.2 ms with 2,000 sources registered, most of it the garbage
+    # collector walking the entries already made). Instead the stream's silent newcomers are kept here, and the merge
+    # holds ONE entry for all of them, JOIN_WINDOW_SOURCE: registered like a newcomer whenever a newcomer would be
+    # given a later end than the entry waits for (so it gets the end of the join window a newcomer gets), and heard
+    # of at each hello (the merge gives up at once a source silent for longer than its whole wait). A newcomer gets
+    # its own merge entry, as its hello would have made it, just before its first event, heartbeat or expectation on
+    # the stream goes in; the join entry leaves the merge (a departure: nothing waits) once no newcomer it stands for
+    # is silent, and is forgotten once the stream has no silent newcomer at all. It stands for the newcomers that
+    # joined since the merge last gave it up: as the merge gives up every silent newcomer when it gives up their
+    # wait, and holds the punctuation back for those it has not (they have no frontier).
+    #
+    # Where it differs from an entry per newcomer, it waits longer, never less (no event goes late that would not
+    # have): the merge gives the join entry up at once only if the newest hello of its window is older than the wait
+    # itself, where it judged each newcomer by its own hello; and when the newcomer it waits for speaks while others
+    # of the window stay silent, it waits for the window's end without judging the others again.
+
+    def _join_state(self, stream: str) -> tuple[dict[str, int], set[str], bool]:
+        """The stream's silent newcomers (each with the end of its join wait), those the join entry stands for, and
+        whether the merge waits for them (the join entry is live). A join entry the merge gave up stands for none."""
+        joining = self._joining.setdefault(stream, {})
+        live = self._join_live.setdefault(stream, set())
+        pipeline = self.pipeline._streams.get(stream)
+        registered = pipeline is not None and pipeline.merger.queued_of(JOIN_WINDOW_SOURCE) is not None
+        if registered and pipeline is not None and pipeline.merger.is_timed_out(JOIN_WINDOW_SOURCE) and live:
+            live.clear()
+            until_us, _silent = self._join_window[stream]
+            self._join_window[stream] = (until_us, 0)
+        return joining, live, bool(live) or (registered and pipeline is not None
+                                            and not pipeline.merger.is_timed_out(JOIN_WINDOW_SOURCE))
+
+    def _join(self, source_id: str, streams: list[str], now_us: int, outputs: list[PipelineOutput]) -> None:
+        for stream in streams:
+            joining, live, waiting = self._join_state(stream)
+            window = self._join_window.get(stream)
+            merger = self.pipeline._stream(stream).merger
+            if (window is None or not waiting or now_us >= window[0]
+                    or (merger.waits_for(JOIN_WINDOW_SOURCE) and merger.next_deadline_us() != window[0])):
+                # The end this newcomer would be given is later than the one the join entry waits for (or it waits
+                # for none, or the merge gave its wait up already): registered again, it waits for the end a
+                # newcomer gets now.
+                outputs += self.pipeline.register(JOIN_WINDOW_SOURCE, (stream,), now_us)
+                window = (self.pipeline._streams[stream].expected_until[JOIN_WINDOW_SOURCE], 0)
+            else:
+                # Registering it again would change only when it was last heard of: that, without the registration's
+                # drain of the merge (which cannot release or punctuate while the entry waits).
+                merger._sources[JOIN_WINDOW_SOURCE].heard_us = now_us
+            until_us, silent = window
+            if source_id not in live or joining[source_id] != until_us:
+                silent += 1
+            joining[source_id] = until_us
+            live.add(source_id)
+            self._join_window[stream] = (until_us, silent)
+
+    def _speaking(self, source_id: str, streams: Sequence[str], now_us: int) -> list[PipelineOutput]:
+        """Before the pipeline takes an event, heartbeat or expectation of the source on ``streams``: where it is a
+        silent newcomer the join entry stands for, it gets the merge entry its hello would have made (waited for until
+        the end of the join wait it was given), then the join entry stops standing for it. Its own entry first, so
+        that the join entry leaving cannot let the watermark pass what it is about to send."""
+        outputs: list[PipelineOutput] = []
+        for stream in streams:
+            joining = self._joining.get(stream)
+            if joining is None or source_id not in joining:
+                continue
+            if source_id in self._join_state(stream)[1]:
+                pipeline = self.pipeline._streams[stream]
+                pipeline.expected_until[source_id] = joining[source_id]
+                self.pipeline._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), outputs)
+                self.pipeline._track(pipeline, "")
+            # Else the merge gave its wait up: it has no entry, as a given-up one counts for nothing, until its first
+            # release reaches the merge (which brings a given-up source back).
+            self._not_joining(source_id, stream, now_us, outputs)
+        return outputs
+
+    def _not_joining(self, source_id: str, stream: str, now_us: int, outputs: list[PipelineOutput]) -> bool:
+        """The source is no silent newcomer of the stream any more (it spoke, left or was freed). True if the merge
+        was waiting for it (the join entry stood for it)."""
+        joining, live, waiting = self._join_state(stream)
+        until_us = joining.pop(source_id)
+        stood_for = source_id in live
+        live.discard(source_id)
+        window_until_us, silent = self._join_window[stream]
+        if stood_for and until_us == window_until_us:
+            silent -= 1
+            self._join_window[stream] = (window_until_us, silent)
+        pipeline = self.pipeline._streams[stream]
+        if waiting and not live:
+            self.pipeline._merge_outputs(pipeline, pipeline.merger.leave(JOIN_WINDOW_SOURCE, now_us), outputs)
+            self.pipeline._track(pipeline, "")
+            pipeline.expected_until.pop(JOIN_WINDOW_SOURCE, None)
+        elif waiting and silent == 0 and stood_for and until_us == window_until_us:
+            # Only newcomers of earlier windows stay silent: their waits ended, as the join entry's does now.
+            pipeline.expected_until[JOIN_WINDOW_SOURCE] = max(joining[s] for s in live)
+        if not joining:
+            del self._joining[stream], self._join_live[stream], self._join_window[stream]
+            self.pipeline.forget_source(JOIN_WINDOW_SOURCE, (stream,))
+        return stood_for and waiting
+
+    def _holds_a_join_wait(self, source_id: str) -> bool:
+        """Whether the merge of one of the source's streams holds others' events for it alone: it is the last silent
+        newcomer the join entry stands for, and the merge waits for that entry. Freeing it then would lose that wait
+        (forget_source refuses a source the merge waits for, review B1): it is freed once the wait gave it up."""
+        for stream in self._streams_of.get(source_id, ()):
+            live = self._join_live.get(stream)
+            if (live is not None and live == {source_id}
+                    and self.pipeline._streams[stream].merger.waits_for(JOIN_WINDOW_SOURCE)):
+                return True
+        return False
+
     def source_left(self, source_id: str, now_us: int) -> list[IngestAction]:
         """Rule 14: every connection the source has open said ``bye`` (the shell waits for the last one)."""
         self.counters.byes += 1
-        return self._publish(self.pipeline.source_left(source_id, now_us))
+        outputs = self.pipeline.source_left(source_id, now_us)
+        for stream in self._streams_of.get(source_id, ()):
+            if source_id in self._joining.get(stream, {}) and self._not_joining(source_id, stream, now_us, outputs):
+                self.pipeline.counters.departures += 1  # as the merge counts a silent source's bye
+        return self._publish(outputs)
 
     def source_disconnected(self, source_id: str, now_us: int) -> None:
         """The source's last connection closed: rule 11's retention starts."""
@@ -701,9 +850,13 @@ class IngestCore:
             due = due[:limit]
         freed = []
         for source_id in due:
-            if not self.pipeline.forget_source(source_id, self._streams_of.get(source_id, ())):
+            if self._holds_a_join_wait(source_id) or not self.pipeline.forget_source(
+                    source_id, self._streams_of.get(source_id, ())):
                 continue  # it still holds events: kept until they leave
             del self._disconnected_since[source_id]
+            for stream in self._streams_of.get(source_id, ()):
+                if source_id in self._joining.get(stream, {}):
+                    self._not_joining(source_id, stream, now_us, self._swept_outputs)
             in_checkpoint: list[str] = []
             gone: list[str] = []
             for stream in self._streams_of.pop(source_id, ()):
@@ -737,6 +890,8 @@ class IngestCore:
         reacks: dict[str, int] | None = None
         counters = self.counters
         counters.events_received += len(events)
+        if self._joining:
+            outputs += self._speaking(source_id, list(dict.fromkeys(event.stream for event in events)), arrival_us)
         for event in events:
             if type(event.payload) is messages.RejectedPayload:
                 counters.invalid_payloads += 1
@@ -841,8 +996,9 @@ class IngestCore:
                     source_id, None, None, RESYNC_REASON,
                     f"heartbeat source_ts_us={heartbeat.source_ts_us} maps {ahead_us} us ahead of its arrival "
                     f"(error bound {error_us} us): a clock step")])
-        return actions + self._publish(
-            self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, now_us))
+        outputs = self._speaking(source_id, list(heartbeat.next_seq), now_us) if self._joining else []
+        outputs += self.pipeline.heartbeat(source_id, heartbeat.next_seq, heartbeat.source_ts_us, now_us)
+        return actions + self._publish(outputs)
 
     # -- Kafka --------------------------------------------------------------------------------------------------
 
@@ -976,6 +1132,9 @@ class IngestCore:
             actions += self._release_resolved(now_us)
         if self._disconnected_since and now_us >= self._next_idle_sweep_us:
             swept = self.forget_idle_sources(now_us, IDLE_SWEEP_BATCH)
+            if self._swept_outputs:
+                outputs, self._swept_outputs = self._swept_outputs, []
+                actions += self._publish(outputs)
             # A full batch: more may be due, go on at the next poll.
             self._next_idle_sweep_us = now_us if len(swept) == IDLE_SWEEP_BATCH else now_us + IDLE_SWEEP_INTERVAL_US
         if self._next_pressure_check_us is None or now_us >= self._next_pressure_check_us:
@@ -991,6 +1150,7 @@ class IngestCore:
             if expire:
                 self._next_expiry_us = now_us + self.config.checkpoint_interval_us
             actions += self.checkpoint_dirty_streams(now_us if expire else None)
+            self._last_checkpoint_us = now_us
         return actions
 
     def current_acks(self, source_id: str) -> list[SendToSource]:
@@ -1097,7 +1257,10 @@ class IngestCore:
         actions.append(SendToSource(source_id, encode_frame(messages.build_resync(RESYNC_REASON, event.stream,
                                                                                   event.seq))))
         # The merge waits for the held source (bounded): released behind the watermark, its events would be late.
-        for stream in self._streams_of.get(source_id, (event.stream,)):
+        streams = self._streams_of.get(source_id, (event.stream,))
+        if self._joining:
+            outputs += self._speaking(source_id, streams, arrival_us)
+        for stream in streams:
             outputs += self.pipeline.expect(source_id, stream, arrival_us)
         return None
 
@@ -1199,7 +1362,10 @@ class IngestCore:
         watch.hold_until_us = min(now_us + self.config.clock_step_hold_us,
                                   watch.since_us + self.config.clock_step_give_up_us)
         log.info("%s: no re-sync %d ms after the request: asked again", source_id, (now_us - watch.since_us) // 1000)
-        for stream in self._streams_of.get(source_id, (trigger.event.stream,)):
+        streams = self._streams_of.get(source_id, (trigger.event.stream,))
+        if self._joining:
+            outputs += self._speaking(source_id, streams, now_us)
+        for stream in streams:
             outputs += self.pipeline.expect(source_id, stream, now_us)
         return [SendToSource(source_id, encode_frame(messages.build_resync(
             RESYNC_REASON, trigger.event.stream, trigger.event.seq))), *self._publish(outputs)]

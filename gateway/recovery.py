@@ -9,10 +9,11 @@ checkpoint interval rather than the topic size.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 
 from broker.client import KafkaClientConfig, Servers
-from broker.reader import scan_partition
+from broker.reader import PartitionScan, scan_partition
 from contract.records import (
     PROGRESS_KEY_PREFIX,
     EventRecord,
@@ -51,14 +52,52 @@ def recover_stream_from(servers: Servers, events_topic: str, stream: str, checkp
                         timeout_s: float = 60.0, *, partition: int = 0) -> StreamProgress:
     """``recover_stream`` given the stream's checkpoint (None: none yet): the scan of the events partition from the
     checkpointed offset to its end (read_committed)."""
-    progress = StreamProgress(stream)
-    if checkpoint is not None:
-        progress = StreamProgress(stream, checkpoint.next_offset, checkpoint.next_seq, checkpoint.watermark_us,
-                                  checkpoint.seen_us)
-    consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery")
+    scan = StreamScan(servers, events_topic, stream, checkpoint, partition=partition)
     try:
-        for offset, _key, value in scan_partition(consumer, events_topic, progress.next_offset, timeout_s,
-                                                      partition=partition):
+        return scan.read_to_end(timeout_s)
+    finally:
+        scan.close()
+
+
+# A scan that waits at the last stable offset for the fencing has a fetch parked at the broker, which answers it
+# after fetch.wait.max.ms (librdkafka: 500 ms) if no record came, and a broker answers a connection's requests in
+# order: the next read's end-offset request waited behind it (0.5-0.6 s of a takeover, issue 24 item 10).
+_HELD_SCAN_CONSUMER = {"fetch.wait.max.ms": 20}
+
+
+class StreamScan:
+    """``recover_stream_from`` in steps, on one consumer: a new owner reads each stream's partition while its
+    fencing runs (up to the last stable offset: the previous owner's open transaction is not there yet), then on to
+    the end once the fencing decided that transaction (committed by a paused owner just before, or aborted). The
+    progress after the last read is the one ``recover_stream_from`` returns."""
+
+    def __init__(self, servers: Servers, events_topic: str, stream: str, checkpoint: ProgressRecord | None, *,
+                 partition: int = 0) -> None:
+        self.progress = StreamProgress(stream)
+        if checkpoint is not None:
+            self.progress = StreamProgress(stream, checkpoint.next_offset, checkpoint.next_seq,
+                                           checkpoint.watermark_us, checkpoint.seen_us)
+        self._consumer = KafkaClientConfig.of(servers).consumer("skewless-recovery", _HELD_SCAN_CONSUMER)
+        self._scan = PartitionScan(self._consumer, events_topic, self.progress.next_offset, partition)
+        # Reads and close run in executor threads: a close (the takeover cancelled) waits for a read still running.
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def read_to_end(self, timeout_s: float = 60.0) -> StreamProgress:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the stream scan is closed")
+            return self._read_to_end(timeout_s)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._consumer.close()
+
+    def _read_to_end(self, timeout_s: float) -> StreamProgress:
+        progress = self.progress
+        for offset, _key, value in self._scan.read_to_end(timeout_s):
             record = decode_record(value)
             if isinstance(record, EventRecord):
                 progress.observe(record.source_id, record.seq, offset, record.release_ts_us)
@@ -70,9 +109,7 @@ def recover_stream_from(servers: Servers, events_topic: str, stream: str, checkp
                 if isinstance(record, PunctuationRecord):
                     progress.promise(record.watermark_us)
                 progress.next_offset = max(progress.next_offset, offset + 1)
-    finally:
-        consumer.close()
-    return progress
+        return progress
 
 
 @dataclass

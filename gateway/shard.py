@@ -50,9 +50,10 @@ from gateway.ingest import (
     ResumeReading,
     SendFrame,
     SendToSource,
+    StreamProgress,
     WriteCheckpoint,
 )
-from gateway.recovery import recover_shard, recover_stream, recover_stream_from
+from gateway.recovery import ShardState, StreamScan, recover_shard, recover_stream, recover_stream_from
 from timesync.clocks import ClockUs, ReferenceMapping
 from timesync.store import SourceInfo, SourceInfoStore
 
@@ -76,6 +77,9 @@ COMMIT_STALL_US = 250_000
 # is shorter): the commit goes through once Kafka is back and no source is cut off. The price: a gateway that dies
 # with nobody taking its shard over holds committed readers of its partitions back this long.
 TRANSACTION_TIMEOUT_MS = 60_000
+# A takeover reads at most this many streams beside the fencing, each holding its consumer (a librdkafka client)
+# until the fencing returns; the others are read after it, as many at a time as the executor has threads.
+EARLY_SCANNED_STREAMS_MAX = 16
 OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode()))
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
@@ -131,6 +135,14 @@ class ShardSettings:
     ingest: IngestConfig
     transactional: bool = True
     commit_interval_s: float = 0.1
+
+
+@dataclass
+class _Takeover:
+    """When (loop time) a takeover's scans beside the fencing were done, for its log line."""
+
+    sources_scanned_s: float
+    events_scanned_s: float = 0.0
 
 
 @dataclass
@@ -193,42 +205,48 @@ class ShardRuntime:
         """Fence the previous owner, recover the shard's clock state and streams, then serve."""
         loop = asyncio.get_running_loop()
         started_s = loop.time()
-        # The sources partition is scanned while the fencing runs (each takes a few hundred ms on a busy broker):
-        # read_committed stops short of a transaction the previous owner was still committing, so a checkpoint in it
-        # may be missed, which only makes the events scans below start from an older checkpoint (they run after the
-        # fencing, when nothing of the previous owner is left in flight); a clock state missed is an older estimate.
-        shard_scan = loop.run_in_executor(None, partial(
-            recover_shard, self.settings.kafka_client, self.topics.sources, partition=self.shard))
+        # The recovery scans run while the fencing runs (issue 24 item 10: the takeover is on the failover's path,
+        # and the fencing alone takes 0.5-1 s when the previous owner died inside a transaction: librdkafka asks
+        # the coordinator again only every 500 ms while it aborts that transaction). See _recover for what that
+        # changes for what the scans can see.
+        fencing = asyncio.ensure_future(self._fence())
+        recovery = asyncio.ensure_future(self._recover(fencing))
+        try:
+            await asyncio.wait([fencing, recovery])
+        except BaseException:
+            fencing.cancel()
+            recovery.cancel()
+            raise
+        if fencing.cancelled() or fencing.exception() is not None:
+            if not recovery.cancelled():
+                recovery.exception()  # the recovery stopped for the fencing's failure, which is the one raised
+            if fencing.cancelled():
+                raise asyncio.CancelledError
+            error = fencing.exception()
+            assert error is not None
+            if isinstance(error, ProducerFenced):
+                raise ShardFenced(f"shard {self.shard}: fenced while taking it over: {error}") from error
+            raise error
+        fenced_s = fencing.result()
+        state, progresses, timing = recovery.result()
         if isinstance(self._publisher, TransactionalPublisher):
-            publisher = self._publisher
-            try:
-                await loop.run_in_executor(None, publisher.init, TRANSACTION_CALL_TIMEOUT_S)
-            except ProducerFenced as exc:
-                await asyncio.wait([shard_scan])
-                raise ShardFenced(f"shard {self.shard}: fenced while taking it over: {exc}") from exc
-            except BaseException:
-                await asyncio.wait([shard_scan])
-                raise
-            publisher.begin()
+            self._publisher.begin()
             self._in_transaction = True
-        state = await shard_scan
         for source_id, (estimate, last_sync_us) in state.clocks.items():
             self.store.update(source_id, estimate, last_sync_us)
         if state.clocks:
             log.info("shard %d: recovered the clock state of %d sources", self.shard, len(state.clocks))
-        # The streams the shard had (those with a checkpoint) are recovered now, in parallel: after a failover the
-        # first source back would otherwise wait for its stream's scans, one stream at a time, and the failover
-        # (kill -> first ack) grows by them. Streams without a checkpoint yet are recovered at their first hello.
-        streams = sorted(state.checkpoints)
-        progresses = await asyncio.gather(*(loop.run_in_executor(None, partial(
-            recover_stream_from, self.settings.kafka_client, self.topics.events(stream), stream,
-            state.checkpoints[stream], partition=self.shard)) for stream in streams))
         recovered_actions: list[IngestAction] = []
         for progress in progresses:
             recovered_actions += self.core.stream_recovered(progress, self._clock_us())
-        if streams:
-            log.info("shard %d: recovered %d streams (%d sources) in %.2f s", self.shard, len(streams),
+        if progresses:
+            log.info("shard %d: recovered %d streams (%d sources) in %.2f s", self.shard, len(progresses),
                      sum(len(p.next_seq) for p in progresses), loop.time() - started_s)
+        now_s = loop.time()
+        log.info("shard %d: takeover %.2f s: fencing %.2f s; beside it the sources scan %.2f s and the events scans "
+                 "to the open transaction %.2f s; then on to the end %.2f s", self.shard, now_s - started_s,
+                 fenced_s - started_s, timing.sources_scanned_s - started_s,
+                 timing.events_scanned_s - timing.sources_scanned_s, now_s - max(fenced_s, timing.events_scanned_s))
         self._producer_task = self._start_task(self._produce_forever(), f"kafka-produce-{self.shard}")
         self._start_task(self._poll_forever(), f"kafka-poll-{self.shard}")
         self._start_task(self._fire_deadlines(), f"pipeline-deadlines-{self.shard}")
@@ -241,6 +259,58 @@ class ShardRuntime:
         self._deadline_changed.set()
         self.serving = True
         self.ready.set()
+
+    async def _fence(self) -> float:
+        """Register the shard's transactional id (fences the previous owner and decides its open transaction);
+        returns when it did (loop time). Without transactions there is nothing to fence."""
+        loop = asyncio.get_running_loop()
+        if isinstance(self._publisher, TransactionalPublisher):
+            await loop.run_in_executor(None, partial(self._publisher.init, TRANSACTION_CALL_TIMEOUT_S,
+                                                     connect_topic=self.topics.sources))
+        return loop.time()
+
+    async def _recover(self, fencing: asyncio.Future[float]) -> tuple[ShardState, list[StreamProgress], _Takeover]:
+        """The shard's clock state and checkpoints (one scan of its sources partition), then every stream that has a
+        checkpoint, in parallel: after a failover the first source back would otherwise wait for its stream's
+        scans, one stream at a time. Streams without a checkpoint yet are recovered at their first hello.
+
+        Before the fencing returns, read_committed stops short of the previous owner's open transaction, which a
+        paused owner may still commit: a checkpoint missed in it only makes the events scans start from an older
+        one, and a clock state missed is an older estimate; the events scans read on to the end the fencing left
+        (``StreamScan``), so an event committed that way is never missed (a resend of it would be a duplicate)."""
+        loop = asyncio.get_running_loop()
+        client = self.settings.kafka_client
+        state = await loop.run_in_executor(None, partial(
+            recover_shard, client, self.topics.sources, partition=self.shard))
+        timing = _Takeover(sources_scanned_s=loop.time())
+        streams = sorted(state.checkpoints)
+        early = set(streams[:EARLY_SCANNED_STREAMS_MAX])
+
+        async def recover(stream: str) -> StreamProgress:
+            checkpoint = state.checkpoints[stream]
+            if stream not in early:
+                await asyncio.wait([fencing])
+                if fencing.cancelled() or fencing.exception() is not None:
+                    return StreamProgress(stream)  # not used: the takeover fails with the fencing's error
+                return await loop.run_in_executor(None, partial(
+                    recover_stream_from, client, self.topics.events(stream), stream, checkpoint,
+                    partition=self.shard))
+            scan = await loop.run_in_executor(None, partial(
+                StreamScan, client, self.topics.events(stream), stream, checkpoint, partition=self.shard))
+            try:
+                await loop.run_in_executor(None, scan.read_to_end)
+                timing.events_scanned_s = max(timing.events_scanned_s, loop.time())
+                await asyncio.wait([fencing])
+                if fencing.cancelled() or fencing.exception() is not None:
+                    return scan.progress  # not used: the takeover fails with the fencing's error
+                return await loop.run_in_executor(None, scan.read_to_end)
+            finally:
+                # Not waited for (tens of ms on a busy machine, on the failover's path); a failure is only logged.
+                loop.run_in_executor(None, scan.close).add_done_callback(_log_close_failure)
+
+        progresses = list(await asyncio.gather(*(recover(stream) for stream in streams)))
+        timing.events_scanned_s = max(timing.events_scanned_s, timing.sources_scanned_s)
+        return state, progresses, timing
 
     async def stop(self, flush_timeout_s: float, graceful: bool = True) -> int:
         """Stop serving. Graceful: publish and commit what the core already released (its acks are sent before the
@@ -641,3 +711,7 @@ def _fail_batch(batch: _ProduceBatch, error: BaseException) -> None:
     else:
         batch.done.cancel()
 
+
+def _log_close_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("closing a recovery consumer failed: %r", future.exception())

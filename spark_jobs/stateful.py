@@ -459,26 +459,19 @@ class CoreJobOptions(Protocol):
 
 def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topic: str, checkpoint_dir: str,
                   console: bool, available_now: bool, processing_time: str) -> Any:
-    """Results to `skewless.results.<job>` (and the console); returns the started query."""
+    """Results to `skewless.results.<job>` (and the console), each micro-batch in one Kafka transaction that
+    also records its batch id, so a batch Spark replays after a driver failure is written once
+    (spark_jobs.results_sink); returns the started query."""
+    from broker.batch_sink import sink_fault_from_env
+    from spark_jobs.contract import kafka_client_config
+    from spark_jobs.results_sink import ResultsSink
 
-    from spark_jobs.contract import kafka_sink_options
-
-    # Read from the session's conf once, not on every micro-batch (foreachBatch runs on the driver).
-    sink = kafka_sink_options(results.sparkSession, bootstrap_servers)
-
-    def write_batch(batch: Any, batch_id: int) -> None:
-        if not console:
-            batch.write.format("kafka").options(**sink).option("topic", output_topic).save()
-            return
-        # Two actions on one micro-batch would run the stateful operator twice: collect once, write what was seen.
-        rows = batch.collect()
-        for row in rows:
-            print(f"[{job} batch {batch_id}] {row['value']}", flush=True)
-        if rows:
-            (batch.sparkSession.createDataFrame(rows, OUTPUT_SCHEMA).write.format("kafka")
-             .options(**sink).option("topic", output_topic).save())
-
-    writer = (results.writeStream.outputMode("append").foreachBatch(write_batch).queryName(job)
+    # Read once, not on every micro-batch (foreachBatch runs on the driver). The sink is a confluent-kafka
+    # client: the session's spark.skewless.librdkafka.* settings configure it.
+    spark = results.sparkSession
+    sink = ResultsSink(spark, job=job, servers=kafka_client_config(spark, bootstrap_servers),
+                       output_topic=output_topic, console=console, fault=sink_fault_from_env())
+    writer = (results.writeStream.outputMode("append").foreachBatch(sink).queryName(job)
               .option("checkpointLocation", checkpoint_dir))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time)
     return writer.start()

@@ -25,6 +25,7 @@ from reorder.eval.traces import (
     write_trace,
 )
 from reorder.pipeline import ReordererFactory
+from reorder.sequence import DEFAULT_MAX_BUFFERED
 
 __all__ = ["CORES", "parse_duration_us", "register"]
 
@@ -127,6 +128,12 @@ def replay_cmd(
     min_gap_timeout: Annotated[
         str, typer.Option(help="sequence: never give up on a gap sooner (the gateway runs 200ms).")
     ] = "0",
+    max_latency_threshold: Annotated[
+        str, typer.Option(help="sequence: how far the latency threshold may learn (0: fixed at --latency-threshold).")
+    ] = "60s",
+    max_buffered: Annotated[
+        int, typer.Option(help="sequence, thesis: early events one reorderer may hold before giving its gap up.")
+    ] = DEFAULT_MAX_BUFFERED,
     k: Annotated[str, typer.Option(help="kslack: fixed K.")] = "100ms",
     error_threshold: Annotated[
         float, typer.Option(help="aqkslack: relative error threshold (Siddhi akslack's default).")] = 0.03,
@@ -167,6 +174,8 @@ def replay_cmd(
         drop_late=drop_late,
         target_accuracy=target_accuracy,
         min_gap_timeout_us=parse_duration_us(min_gap_timeout),
+        max_latency_threshold_us=parse_duration_us(max_latency_threshold),
+        max_buffered=max_buffered,
         k_us=parse_duration_us(k),
         sync=sync,
         heartbeats=heartbeats,

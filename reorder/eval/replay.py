@@ -13,7 +13,8 @@ dropped as a duplicate (``duplicate_events``). ``released + late + duplicate = e
 
 Metrics (thesis section 5.2.2, on each stream's main output):
 
-* latency of an event = release time - arrival time (the delay the reorderer adds);
+* latency of an event = release time - arrival time (the delay the reorderer adds); ``p99_latency_ms`` is the
+  latency no more than 1 % of the released events exceed (nearest rank);
 * an output event is *out of order* when the event released just before it on the same stream has a
   larger ``true_ts_us``; an event diverted to the late side output (never released) also counts as out
   of order, so dropping late events cannot buy accuracy; a dropped duplicate does not (its first copy was
@@ -29,6 +30,7 @@ arriving at the deadline is in time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -42,7 +44,12 @@ from reorder.eval.traces import TraceEvent
 from reorder.merger import VIRTUAL_TIME_FLOOR_US, MergerConfig
 from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord, ReordererFactory
 from reorder.records import Late, Released, SourceEvent
-from reorder.sequence import DEFAULT_WARMUP_MIN_TIMEOUT_US, SequenceConfig
+from reorder.sequence import (
+    DEFAULT_MAX_BUFFERED,
+    DEFAULT_MAX_LATENCY_THRESHOLD_US,
+    DEFAULT_WARMUP_MIN_TIMEOUT_US,
+    SequenceConfig,
+)
 from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
 from timesync.estimator import ClockEstimate
 
@@ -69,6 +76,10 @@ class ReplayOptions:
     warmup_min_timeout_us: int = DEFAULT_WARMUP_MIN_TIMEOUT_US
     """``sequence``: until the gap quantile rests on 1 / (1 - target_accuracy) samples, never give up on a gap sooner
     (:data:`reorder.sequence.DEFAULT_WARMUP_MIN_TIMEOUT_US`; 0 turns the warm-up floor off)."""
+    max_latency_threshold_us: int = DEFAULT_MAX_LATENCY_THRESHOLD_US
+    """``sequence``: how far the latency threshold may learn (:class:`SequenceConfig`; 0: the threshold is fixed)."""
+    max_buffered: int = DEFAULT_MAX_BUFFERED
+    """``sequence``, ``thesis``: early events one reorderer may hold before it gives its head gap up."""
     k_us: int = 100_000
     """Fixed K of ``kslack``."""
     sync: bool = True
@@ -208,6 +219,14 @@ def _accuracy(injected: int, remaining: int) -> float:
     return 100.0 if remaining == 0 else 0.0
 
 
+def _nearest_rank(values: list[int], q: float) -> int:
+    """The ``q``-quantile of ``values`` by nearest rank (the ceil(q * n)-th smallest); 0 for none."""
+    if not values:
+        return 0
+    values.sort()
+    return values[max(0, math.ceil(round(q * len(values), 9)) - 1)]
+
+
 def _peak_in_flight(events: Sequence[TraceEvent], col: _Collector) -> int:
     marks: list[tuple[int, int]] = []
     for i, e in enumerate(events):
@@ -230,13 +249,15 @@ def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
     cap = opts.latency_threshold_us
     if opts.approach == "thesis":
         sequence = SequenceConfig.thesis(latency_threshold_us=500_000 if cap is None else cap,
-                                         alpha=opts.alpha, beta=opts.beta)
+                                         alpha=opts.alpha, beta=opts.beta, max_buffered=opts.max_buffered)
         merger = MergerConfig(mode="thesis")
     else:
         sequence = SequenceConfig(latency_threshold_us=2_000_000 if cap is None else cap, alpha=opts.alpha,
                                   beta=opts.beta, target_accuracy=opts.target_accuracy,
                                   min_timeout_us=opts.min_gap_timeout_us,
-                                  warmup_min_timeout_us=opts.warmup_min_timeout_us)
+                                  warmup_min_timeout_us=opts.warmup_min_timeout_us,
+                                  max_latency_threshold_us=opts.max_latency_threshold_us,
+                                  max_buffered=opts.max_buffered)
         merger = MergerConfig(mode="watermark", learn_wait=opts.learn_merge_wait)
     # Virtual time starts at 0 with source clocks behind it: references below the record contract's 0 are normal.
     config = PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late,
@@ -460,11 +481,13 @@ def _finish(
     total = 0
     peak = 0
     buckets: dict[int, list[int]] = {}
+    latencies: list[int] = []
     for i, rel in enumerate(col.release_us):
         if rel is None:
             continue
         e = events[i]
         lat = rel - e.arrival_ts_us
+        latencies.append(lat)
         total += lat
         peak = max(peak, lat)
         b = buckets.get(e.arrival_ts_us // opts.bucket_us)
@@ -489,6 +512,7 @@ def _finish(
         "duplicate_events": col.duplicates,
         "late_passed_events": col.late_passed,
         "avg_latency_ms": round(total / n / 1000.0, 4) if n else 0.0,
+        "p99_latency_ms": round(_nearest_rank(latencies, 0.99) / 1000.0, 3),
         "max_latency_ms": round(peak / 1000.0, 3),
         "avg_max_latency_ms": round(sum(s[2] for s in series) / len(series), 3) if series else 0.0,
         "out_of_order_events": ooo,

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -482,6 +484,32 @@ async def first_acks_after(clients: dict[str, SkewlessClient], moved: list[str],
     return firsts
 
 
+_LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \S+ (.*)")
+
+
+def failover_phases(logs: list[Path], shards: set[int], killed_unix_s: float) -> tuple[float, float]:
+    """From the survivors' logs, seconds after the kill: the latest the group assigned one of ``shards`` (the
+    session timeout and the rebalance), and the longest takeover of one of them (fencing and recovery scans)."""
+    assigned_s: dict[int, float] = {}
+    takeover_s: dict[int, float] = {}
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            parsed = _LOG_LINE.match(line)
+            if parsed is None:
+                continue
+            # The gateway logs its local time, as time.mktime reads it back.
+            at_s = time.mktime(time.strptime(parsed[1], "%Y-%m-%d %H:%M:%S")) + int(parsed[2]) / 1000 - killed_unix_s
+            if at_s < 0:
+                continue
+            if assigned := re.search(r": assigned shards \[([\d, ]*)\]", parsed[3]):
+                for shard in (int(k) for k in assigned[1].split(",") if k.strip()):
+                    if shard in shards:
+                        assigned_s.setdefault(shard, at_s)
+            elif (took := re.match(r"shard (\d+): takeover ([\d.]+) s", parsed[3])) and int(took[1]) in shards:
+                takeover_s[int(took[1])] = float(took[2])
+    return max(assigned_s.values(), default=-1.0), max(takeover_s.values(), default=-1.0)
+
+
 @pytest.mark.timeout(300)
 async def test_sigkill_with_defaults_acks_again_within_session_timeout_plus_2s_nothing_late_no_redirect_loops(
         kafka, topic_prefix, tmp_path):
@@ -506,6 +534,7 @@ async def test_sigkill_with_defaults_acks_again_within_session_timeout_plus_2s_n
             await asyncio.sleep(DEFAULT_EVENTS_PER_SOURCE * SEND_INTERVAL_S / 3)
             killed_at = time.monotonic()
             measured["killed_at"] = killed_at
+            measured["killed_unix_s"] = time.time()
             victim.process.send_signal(signal.SIGKILL)
             firsts = await first_acks_after(clients, moved, killed_at)
             measured["firsts"] = firsts
@@ -520,6 +549,8 @@ async def test_sigkill_with_defaults_acks_again_within_session_timeout_plus_2s_n
     summary = default_summary(kafka.bootstrap_servers, topic_prefix, sources)
     firsts = sorted(measured["firsts"].values())
     to_dead = sum(1 for at, target in redirects.targets if target == victim_id and at >= measured["killed_at"])
+    survivors = [tmp_path / f"gateway-{i}.log" for i in range(3) if gateways[i] is not victim]
+    reassigned_s, takeover_s = failover_phases(survivors, victim_shards, measured["killed_unix_s"])
     record_outcome(
         "Gateway cluster: SIGKILL with the defaults", group="cluster",
         injected=f"3 gateway processes, {SHARDS} shards, {DEFAULT_SOURCES} SDK sources, gateway and SDK defaults "
@@ -530,8 +561,11 @@ async def test_sigkill_with_defaults_acks_again_within_session_timeout_plus_2s_n
                 "redirects naming the dead gateway after the kill",
         outcome={**summary, "moved_sources": len(moved), "failover_first_ack_s_max": round(firsts[-1], 2),
                  "failover_first_ack_s_median": round(statistics.median(firsts), 2),
-                 "failover_target_s": FAILOVER_BOUND_S, "redirects_to_dead_owner": to_dead})
-    print("sigkill defaults:", summary, firsts, "redirects to dead", to_dead)
+                 "failover_target_s": FAILOVER_BOUND_S, "reassigned_after_kill_s_max": round(reassigned_s, 2),
+                 "takeover_s_max": round(takeover_s, 2), "redirects_to_dead_owner": to_dead,
+                 "load_average_1m": round(os.getloadavg()[0], 1)})
+    print("sigkill defaults:", summary, firsts, "redirects to dead", to_dead, f"reassigned {reassigned_s:.2f} s",
+          f"takeover {takeover_s:.2f} s", f"load {os.getloadavg()}")
     for at, line in redirects.lines:  # the moved sources' side of the failover, seconds after the kill
         if at >= measured["killed_at"] and any(line.startswith(s) for s in moved):
             print(f"  +{at - measured['killed_at']:.2f} s {line[:160]}")

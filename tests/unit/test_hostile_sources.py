@@ -9,7 +9,7 @@ import tracemalloc
 from contract.topics import TopicNames
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import IncomingEvent
-from gateway.ingest import ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
+from gateway.ingest import JOIN_WINDOW_SOURCE, ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
 from gateway.session import CloseConnection, GatewaySession, SendBytes, SourceRegistered
 
 T0 = 1_700_000_000_000_000
@@ -17,8 +17,10 @@ TOPICS = TopicNames("t")
 CONN = ConnectionId(1)
 STREAMS = tuple(f"s{i}" for i in range(64))
 RETENTION_US = 60_000_000
-# The documented cost of a hello (docs/operations.md, "Limits"): at most this much per stream it names.
-HELLO_BYTES_PER_STREAM = 1_536
+# The documented cost of a hello (docs/operations.md, "Limits"): at most this much per stream it names (measured
+# about 120 B: its checkpoint entry and its place among the stream's silent newcomers; a merge entry per stream made
+# at hello cost 1.3 KiB).
+HELLO_BYTES_PER_STREAM = 256
 
 
 def make_core(streams: tuple[str, ...] = STREAMS) -> IngestCore:
@@ -58,6 +60,9 @@ def test_a_source_that_only_says_hello_costs_at_most_the_documented_bytes_per_st
     per_source = sum(stat.size_diff for stat in after.compare_to(before, "filename")) / sources
     # c005711: 530 KB per source (a reorderer with its estimators per declared stream).
     assert per_source <= HELLO_BYTES_PER_STREAM * len(STREAMS), per_source
+    # The merge holds one join entry per stream for all of them, not one entry per newcomer (rule 11).
+    for stream in STREAMS:
+        assert core.pipeline._streams[stream].merger.sources() == [JOIN_WINDOW_SOURCE]
 
 
 def test_a_hello_only_source_is_forgotten_after_the_idle_retention_and_leaves_the_checkpoint():
@@ -201,3 +206,204 @@ def test_a_trickle_of_silent_newcomers_holds_a_good_sources_events_at_most_one_j
     waits = [released_at[seq] - (T0 + seq * 100_000) for seq in released_at]
     assert sorted(released_at) == list(range(100))
     assert max(waits) <= grace_us, max(waits)
+
+
+# -- issue 24 item 4: a duplicate flood's reads are bounded by bytes, not by their count ---------------------------
+
+# uvloop reads up to this many bytes at a time (measured: a 64 MiB burst on loopback arrived in reads of 256,000).
+UVLOOP_READ_BYTES = 256_000
+# The documented decoded size of what a connection read and has not processed (docs/operations.md, "Limits"): at
+# most MAX_PENDING_READ_BYTES plus one read, each byte of one-event frames about 5.3 bytes once decoded (392 B per
+# 74-byte frame, tracemalloc, CPython 3.11): 6.6 MiB. This allows 6 times the raw bytes.
+DECODED_BYTES_PER_READ_BYTE = 6
+
+
+async def test_a_duplicate_flood_is_not_read_past_the_pending_bytes_and_what_it_holds_decoded_is_bounded():
+    """The duplicate flood of tests/reliability/test_hostile_peers.py grew the gateway by 44 MiB, beyond the
+    documented formula: the connection stopped reading at 64 queued reads, each up to 256,000 bytes of 74-byte frames
+    decoded at once into 3,459 frames (392 B each): up to 83 MiB per connection. Bounded by bytes, reading stops once
+    a megabyte waits, and what waits decoded stays within the documented bound."""
+    import asyncio
+
+    from contract.wire.messages import build_event, build_events
+    from gateway.connection import MAX_PENDING_READ_BYTES, ConnectionHandler
+    from tests.unit.test_gateway_connection import FakeTransport
+
+    release = asyncio.Event()
+    processed: list[int] = []
+    all_processed = asyncio.Event()
+    frames_read = 0
+
+    class BlockedOwner:
+        """The core is busy: no read is processed until ``release`` (the flooder outruns the worker)."""
+
+        def attach(self, connection: ConnectionHandler) -> ConnectionId:
+            return CONN
+
+        def detach(self, connection: ConnectionHandler) -> None:
+            pass
+
+        async def register_source(self, connection: ConnectionHandler, hello: object) -> None:
+            pass
+
+        async def receive_events(self, connection: ConnectionHandler, received: object, arrival_us: int) -> None:
+            await release.wait()
+            processed.append(1)
+            if len(processed) == frames_read:
+                all_processed.set()
+
+    frame = encode_frame(build_events([build_event("s", 0, T0, {"i": 0})]))
+    read = frame * (UVLOOP_READ_BYTES // len(frame))
+    handler = ConnectionHandler(BlockedOwner(), GatewaySession(now_us=T0), clock_us=lambda: T0)  # type: ignore[arg-type]
+    transport = FakeTransport()
+    handler.connection_made(transport)  # type: ignore[arg-type]
+    handler.data_received(encode_frame({"type": "hello", "version": 1, "source_id": "flooder", "streams": ["s"]}))
+    await asyncio.sleep(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        reads = 0
+        while transport.reading:  # the kernel hands the gateway a read whenever it reads
+            handler.data_received(read)
+            reads += 1
+            assert reads < 64, "still reading after 64 reads"
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # Paused at the first read that took the queue to a megabyte: 5 reads of 256,000 bytes, not 64.
+    assert reads == -(-MAX_PENDING_READ_BYTES // len(read)), reads
+    assert held <= DECODED_BYTES_PER_READ_BYTE * (MAX_PENDING_READ_BYTES + len(read)), held
+    # The worker catches up: reading resumes, and every frame read reaches the core.
+    frames_read = reads * (len(read) // len(frame))
+    release.set()
+    await asyncio.wait_for(all_processed.wait(), 30)
+    assert transport.reading
+    assert len(processed) == frames_read
+
+
+# -- issue 24 item 5: a hello costs no merge entry per stream; the merge waits as if it had made them ---------------
+
+
+class RegisteringAtHello(IngestCore):
+    """The reference: every newcomer gets its merge entry per stream at its hello, as before the join entry."""
+
+    def _join(self, source_id: str, streams: list[str], now_us: int, outputs: list) -> None:  # type: ignore[type-arg]
+        outputs += self.pipeline.register(source_id, tuple(streams), now_us)
+
+
+def _published(actions: list[IngestAction]) -> list[tuple[str, bytes]]:
+    """What reaches Kafka, in order: each record's topic and value (event records carry their release time)."""
+    return [(a.topic, a.value) for a in actions if isinstance(a, Produce)]
+
+
+def _scenario(seed: int, core: IngestCore) -> list[tuple[str, bytes]]:
+    """Random hellos (some naming streams they never use, some never speaking), events in order or with a gap,
+    heartbeats, byes, disconnections with a short retention, and the deadlines as they fall due."""
+    import random
+
+    from contract.wire.messages import Heartbeat
+
+    rng = random.Random(seed)
+    streams = ("s0", "s1", "s2")
+    for stream in streams:
+        core.stream_created(stream)
+    sources = [f"src{k}" for k in range(6)]
+    next_seq: dict[tuple[str, str], int] = {}
+    named: dict[str, tuple[str, ...]] = {}
+    out: list[tuple[str, bytes]] = []
+    now = T0
+    for _step in range(300):
+        now += rng.choice((1_000, 50_000, 300_000, 900_000))
+        due = core.next_deadline_us()
+        while due is not None and due <= now:
+            actions = core.advance(due)
+            deliver(core, actions, due)
+            out += _published(actions)
+            nxt = core.next_deadline_us()
+            due = nxt if nxt is not None and nxt > due else None
+        source = rng.choice(sources)
+        roll = rng.random()
+        if roll < 0.2 or source not in named:
+            named[source] = tuple(rng.sample(streams, rng.randint(1, 3)))
+            actions = core.source_registered(source, named[source], now)
+        elif roll < 0.75:
+            stream = rng.choice(named[source])
+            seq = next_seq.get((source, stream), 0)
+            batch = list(range(seq, seq + rng.randint(1, 4)))
+            if rng.random() < 0.1 and len(batch) > 1:
+                batch.pop(0)  # a gap before the batch, filled (or given up) later
+            next_seq[(source, stream)] = batch[-1] + 1
+            frame = tuple(IncomingEvent(stream, q, now - rng.randint(0, 20_000), q) for q in batch)
+            actions = core.events_received(CONN, source, frame, now)
+        elif roll < 0.85:
+            stream = rng.choice(named[source])
+            actions = core.heartbeat_received(
+                source, Heartbeat(now - 1_000, {stream: next_seq.get((source, stream), 0)}), now)
+        elif roll < 0.92:
+            actions = core.source_left(source, now)
+        else:
+            core.source_disconnected(source, now)
+            actions = []
+        deliver(core, actions, now)
+        out += _published(actions)
+        actions = core.poll(now)
+        deliver(core, actions, now)
+        out += _published(actions)
+    # The end: every wait runs out and what the merge still holds is released.
+    while (due := core.next_deadline_us()) is not None:
+        actions = core.advance(max(due, now))
+        now = max(due, now) + 1
+        deliver(core, actions, now)
+        out += _published(actions)
+    return out
+
+
+def _outcome(published: list[tuple[str, bytes]]) -> tuple[set[tuple[str, str, int]], set[tuple[str, str, int]]]:
+    """The events topic's and the late topics' (stream, source, seq), after checking the events topic keeps its
+    promises: per source in seq order, and no event record below a punctuation published before it on its stream."""
+    import orjson
+
+    on_time: set[tuple[str, str, int]] = set()
+    late: set[tuple[str, str, int]] = set()
+    watermark: dict[str, int] = {}
+    last_seq: dict[tuple[str, str], int] = {}
+    for topic, value in published:
+        record = orjson.loads(value)
+        if record["kind"] == "punctuation":
+            assert record["watermark_us"] >= watermark.get(record["stream"], 0)
+            watermark[record["stream"]] = record["watermark_us"]
+            continue
+        key = (record["stream"], record["source_id"], record["seq"])
+        if ".late." in topic:
+            late.add(key)
+            continue
+        stream_key = (record["stream"], record["source_id"])
+        assert record["seq"] > last_seq.get(stream_key, -1), record
+        last_seq[stream_key] = record["seq"]
+        assert record["ref_ts_us"] >= watermark.get(record["stream"], 0), record
+        on_time.add(key)
+    return on_time, late
+
+
+def test_the_join_entry_waits_for_silent_newcomers_at_least_as_one_merge_entry_per_newcomer_did():
+    """The merge waits for silent newcomers through one join entry per stream (rule 11) instead of an entry per
+    (newcomer, stream) made at hello. On random runs of hellos (some naming streams they never use, some never
+    speaking), events with gaps, heartbeats, byes and freed sources against the reference that registers each
+    newcomer at hello: the events topic keeps its order and punctuation promises, nothing is lost or duplicated, and
+    no event goes late that did not go late in the reference. (The join entry gives up a newcomer's join wait at once
+    only when the newest hello of its window is older than the wait itself, where the reference judges each
+    newcomer by its own hello: it may hold the others up to the window's end instead, never less.)"""
+    config = IngestConfig(idle_source_retention_us=2_000_000)
+    identical = 0
+    for seed in range(60):
+        joined = _scenario(seed, IngestCore(TOPICS, _identity(), config))
+        reference = _scenario(seed, RegisteringAtHello(TOPICS, _identity(), config))
+        on_time, late = _outcome(joined)
+        reference_on_time, reference_late = _outcome(reference)
+        assert on_time | late == reference_on_time | reference_late, seed
+        assert not on_time & late, seed
+        assert late <= reference_late, seed
+        identical += joined == reference
+    assert identical >= 20, identical  # most runs publish exactly the same records, release times included

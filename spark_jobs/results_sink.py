@@ -1,0 +1,102 @@
+"""The jobs' ``foreachBatch`` results sink: each micro-batch in one Kafka transaction, a replayed one skipped.
+
+The decisions are broker.batch_ledger's, the Kafka IO broker.batch_sink's; this module only hands them Spark's
+micro-batches. The transactional id comes from the query's id, which Spark keeps in the checkpoint: found once,
+at the first batch, among the session's active queries by the query's name (the job's name; Spark refuses two
+active queries of one name in a session).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker.batch_ledger import BatchDecision, sink_transactional_id
+from broker.batch_sink import StepHook, TransactionalBatchSink
+
+if TYPE_CHECKING:
+    from broker.client import Servers
+
+log = logging.getLogger("skewless.spark")
+
+# Per SparkSession: the open sinks by the run id of their query (a restarted query keeps its id, not its run
+# id: the end of the previous run must not close the new run's sink), closed when that run terminates.
+_SESSION_ATTRIBUTE = "_skewless_results_sinks"
+
+
+class ResultsSink:
+    """The ``foreachBatch`` function of one job's query."""
+
+    def __init__(self, spark: Any, *, job: str, servers: Servers, output_topic: str, console: bool,
+                 fault: StepHook | None = None) -> None:
+        self.spark = spark
+        self.job = job
+        self.servers = servers
+        self.output_topic = output_topic
+        self.console = console
+        self.fault = fault
+        self._sink: TransactionalBatchSink | None = None
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        # One action per micro-batch, also for a replay that is then skipped: each action runs the stateful
+        # operator, and running it is what writes the state version of this batch again.
+        rows = batch.collect()
+        records = [(str(row["key"]).encode(), str(row["value"]).encode()) for row in rows]
+        decision = self._open_sink().write(batch_id, records, on_step=self.fault)
+        if not self.console:
+            return
+        if decision is BatchDecision.SKIP:
+            print(f"[{self.job} batch {batch_id}] a replay of a committed batch: its {len(rows)} results are on "
+                  f"{self.output_topic} already", flush=True)
+            return
+        for row in rows:
+            print(f"[{self.job} batch {batch_id}] {row['value']}", flush=True)
+
+    def _open_sink(self) -> TransactionalBatchSink:
+        if self._sink is None:
+            query_id, run_id = self._query_ids()
+            sink = TransactionalBatchSink(self.servers, self.output_topic,
+                                          sink_transactional_id(self.output_topic, query_id))
+            _register(self.spark, run_id, sink)
+            sink.open()
+            self._sink = sink
+        return self._sink
+
+    def _query_ids(self) -> tuple[str, str]:
+        """(id, run id) of this job's query: the id persists across restarts from the checkpoint."""
+        for query in self.spark.streams.active:
+            if query.name == self.job:
+                return str(query.id), str(query.runId)
+        raise RuntimeError(f"no active streaming query named {self.job!r} in this session: the results sink "
+                           f"derives its transactional id from the query's id")
+
+
+def _register(spark: Any, run_id: str, sink: TransactionalBatchSink) -> None:
+    sinks: dict[str, TransactionalBatchSink] | None = getattr(spark, _SESSION_ATTRIBUTE, None)
+    if sinks is None:
+        sinks = {}
+        setattr(spark, _SESSION_ATTRIBUTE, sinks)
+        spark.streams.addListener(_listener(sinks))
+    sinks[run_id] = sink
+
+
+def _listener(sinks: dict[str, TransactionalBatchSink]) -> Any:
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class SinkCloser(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            # A producer per ended query would keep its broker connections (and log their loss) until exit.
+            sink = sinks.pop(str(event.runId), None)
+            if sink is not None:
+                sink.close()
+
+    return SinkCloser()
