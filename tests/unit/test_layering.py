@@ -40,6 +40,7 @@ PURE_CORES = (
     "reorder.eval.kslack", "reorder.eval.oracle", "reorder.eval.syncsim", "reorder.eval.replay",
     "cep",
     "gateway.session", "gateway.acks", "gateway.auth", "gateway.ingest",
+    "broker.batch_ledger",
 )
 
 
