@@ -55,7 +55,7 @@ bench: setup ## run every benchmark; figures and plots land in docs/
 	for b in benchmarks/*.py; do case $$b in */__init__.py) ;; *) $(BIN)/python $$b || exit 1;; esac; done
 
 reliability: setup ## the reliability campaign (fast + long suites, load run); regenerates docs/reliability.md
-	$(BIN)/python scripts/reliability.py
+	$(BIN)/python -m benchmarks.harness.campaign
 
 clean: ## remove the venv and fetched jars
 	rm -rf $(VENV) .cache

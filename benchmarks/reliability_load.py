@@ -1,6 +1,6 @@
 """Load figures for docs/reliability.md: 1,000 concurrent sources on 10,000 connections for a bounded time.
 
-Starts its own single-node broker, then runs tests/reliability/load.py's `run_load` (a `skewless gateway` process,
+Starts its own single-node broker, then runs benchmarks/harness/load.py's `run_load` (a `skewless gateway` process,
 a load generator process, /proc sampling and /healthz probes every 100 ms), prints the figures, stores the time
 series in artifacts/reliability/load-samples-<sources>.json and rebuilds docs/reliability.md (with
 docs/reliability-load.png) from whatever campaign rows are in artifacts/reliability/.
@@ -24,10 +24,10 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.harness.load import run_load  # noqa: E402
+from benchmarks.harness.report import render  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
 from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
-from tests.reliability.load import run_load  # noqa: E402
-from tests.reliability.report import render  # noqa: E402
 
 OUT = REPO / "artifacts" / "reliability"
 

@@ -1,31 +1,34 @@
-"""Shared pieces of the reliability campaign: real gateway processes, exactly-once checks, the outcome log.
+"""Shared pieces of the reliability campaign: the outcome log here; real gateway processes, exactly-once checks and
+/proc readings in benchmarks/harness/processes.py (benchmarks use them too).
 
-Every scenario ends with `record_outcome(...)`: when SKEWLESS_RELIABILITY_OUT names a directory (scripts/reliability.py
-sets it), one JSON file per scenario lands there and becomes a row of docs/reliability.md.
+Every scenario ends with `record_outcome(...)`: when SKEWLESS_RELIABILITY_OUT names a directory (`make reliability`,
+benchmarks/harness/campaign.py, sets it), one JSON file per scenario lands there and becomes a row of
+docs/reliability.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import signal
 import time
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from broker.netutil import free_tcp_port
-from broker.reader import read_stream
-from contract.topics import TopicNames
-from gateway.launch import GatewayLaunchError, spawn_gateway_async
+from benchmarks.harness.processes import (  # noqa: F401  (the campaign's tests import them from here)
+    REPO,
+    Delivery,
+    GatewayProcess,
+    child_env,
+    http_get,
+    http_get_json,
+    open_fds,
+    read_delivery,
+    rss_kib,
+)
 from tests.conditions import wait_until  # noqa: F401  (the campaign's tests import it from here)
 
-REPO = Path(__file__).resolve().parents[2]
 OUT_ENV = "SKEWLESS_RELIABILITY_OUT"
 
 
@@ -40,159 +43,3 @@ def record_outcome(scenario: str, injected: str, checked: str, outcome: dict[str
     row = {"scenario": scenario, "group": group, "injected": injected, "checked": checked, "outcome": outcome,
            "recorded_unix_s": time.time()}
     (path / f"{slug}.json").write_bytes(orjson.dumps(row, option=orjson.OPT_INDENT_2))
-
-
-def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-
-
-@dataclass
-class GatewayProcess:
-    """`skewless gateway` as its own process (so it can be SIGKILLed), on fixed ports so a restart keeps them."""
-
-    bootstrap: str
-    prefix: str
-    log_dir: Path
-    port: int = field(default_factory=free_tcp_port)
-    metrics_port: int = field(default_factory=free_tcp_port)
-    host: str = "127.0.0.1"
-    timesync_port: int | None = None
-    extra_args: Sequence[str] = ()
-    netns_prefix: Sequence[str] = ()
-    process: asyncio.subprocess.Process | None = None
-    starts: int = 0
-    drainers: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def start(self, timeout_s: float = 60.0) -> None:
-        self.starts += 1
-        args = ["--host", self.host, "--port", str(self.port), "--bootstrap", self.bootstrap, "--prefix", self.prefix,
-                "--metrics-port", str(self.metrics_port), *self.extra_args]
-        if self.timesync_port is None:
-            args.append("--no-timesync")
-        else:
-            args += ["--timesync-port", str(self.timesync_port)]
-        stderr = (self.log_dir / f"gateway-{self.starts}.log").open("wb")
-        try:
-            self.process, _addresses = await spawn_gateway_async(
-                args, wrapper=self.netns_prefix, env=child_env(), cwd=REPO, stderr=stderr, timeout_s=timeout_s)
-        except GatewayLaunchError as exc:
-            raise AssertionError(f"{exc}; see {self.log_dir}") from exc
-        finally:
-            stderr.close()
-        # Keep draining stdout so the gateway never blocks on a full pipe.
-        self.drainers.append(asyncio.get_running_loop().create_task(self._drain_stdout()))
-
-    async def _drain_stdout(self) -> None:
-        process = self.process
-        if process is None or process.stdout is None:
-            return
-        while await process.stdout.readline():
-            pass
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    async def kill(self) -> None:
-        """SIGKILL: no flush, no checkpoint, no goodbye."""
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGKILL)
-            await self.process.wait()
-
-    async def stop(self) -> str:
-        """SIGTERM (graceful), returns the gateway's log."""
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(30):
-                    await self.process.wait()
-            except TimeoutError:
-                await self.kill()
-        return self.log()
-
-    def log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("gateway-*.log")))
-
-    async def health(self) -> tuple[int, dict[str, Any]]:
-        return await http_get_json(self.host, self.metrics_port, "/healthz")
-
-    async def metrics(self) -> dict[str, float]:
-        status, body = await http_get(self.host, self.metrics_port, "/metrics")
-        assert status == 200
-        values: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#") and "{" not in line:
-                name, _, value = line.partition(" ")
-                values[name.removesuffix("_total")] = float(value)
-        return values
-
-
-async def http_get(host: str, port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-    async with asyncio.timeout(timeout_s):
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.write(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
-            data = await reader.read()
-        finally:
-            writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
-
-
-async def http_get_json(host: str, port: int, path: str, timeout_s: float = 5.0) -> tuple[int, dict[str, Any]]:
-    status, body = await http_get(host, port, path, timeout_s)
-    return status, orjson.loads(body)
-
-
-@dataclass
-class Delivery:
-    """What Kafka holds for one stream, and the exactly-once verdict per source."""
-
-    events: list[dict[str, Any]]
-    late: list[dict[str, Any]]
-
-    def seqs(self, source_id: str) -> list[int]:
-        return [r["seq"] for r in self.events if r["source_id"] == source_id]
-
-    def lost(self, source_id: str, n: int) -> int:
-        seen = {r["seq"] for r in self.events + self.late if r["source_id"] == source_id}
-        return len(set(range(n)) - seen)
-
-    def duplicated(self, source_id: str) -> int:
-        counts = Counter(r["seq"] for r in self.events + self.late if r["source_id"] == source_id)
-        return sum(c - 1 for c in counts.values() if c > 1)
-
-    def summary(self, expected: dict[str, int]) -> dict[str, Any]:
-        return {"events_expected": sum(expected.values()), "events_in_kafka": len(self.events),
-                "late_records": len(self.late),
-                "lost": sum(self.lost(s, n) for s, n in expected.items()),
-                "duplicated": sum(self.duplicated(s) for s in expected),
-                "sources_in_exact_seq_order": sum(self.seqs(s) == list(range(n)) for s, n in expected.items()),
-                "sources": len(expected)}
-
-    def assert_exactly_once_in_order(self, expected: dict[str, int]) -> None:
-        summary = self.summary(expected)
-        assert summary["lost"] == 0, summary
-        assert summary["duplicated"] == 0, summary
-        for source_id, n in expected.items():
-            assert self.seqs(source_id) == list(range(n)), (source_id, summary)
-        assert len(self.events) == sum(expected.values()), summary
-
-
-def read_delivery(bootstrap: str, prefix: str, stream: str) -> Delivery:
-    topics = TopicNames(prefix)
-    events, _punctuations = read_stream(bootstrap, topics.events(stream))
-    late, _ = read_stream(bootstrap, topics.late(stream), timeout_s=10.0)
-    return Delivery(events, late)
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))

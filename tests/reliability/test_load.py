@@ -1,5 +1,5 @@
 """Load: 1,000 concurrent sources on 10,000 connections (long suite; 100 on 1,000 in the fast one) for a bounded time
-against a real gateway process. Details and figures: tests/reliability/load.py, docs/reliability.md."""
+against a real gateway process. Details and figures: benchmarks/harness/load.py, docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from benchmarks.harness.load import run_load
 from tests.reliability.harness import OUT_ENV, record_outcome
-from tests.reliability.load import run_load
 
 
 def _dump(path: Path, data: bytes) -> None:

@@ -127,6 +127,9 @@ def check_floor_plan(root: Path) -> list[Violation]:
             if name == DYNAMIC:
                 violations.append(Violation("dynamic", where, f"{module} imports a module named at run time"))
                 continue
+            if top == "tests":
+                violations.append(Violation("tests", where, f"{module} imports the test suite's {name}"))
+                continue
             pure = any(_in(module, core) for core in PURE_CORES)
             if pure and top in IO_MODULES:
                 violations.append(Violation("io-in-core", where, f"{module} imports {name}"))
@@ -237,6 +240,9 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
       "reorder/sequence.py": "from timesync.clocks import ReferenceMapping, system_time_us\n"}, "clock-in-core"),
     ({"timesync/__init__.py": "", "timesync/clocks.py": "", "cep/__init__.py": "",
       "cep/windows.py": "import timesync.clocks.for_time_sync\n"}, "clock-in-core"),
+    ({"benchmarks/__init__.py": "", "benchmarks/reliability_load.py": "from tests.reliability.load import run\n"},
+     "tests"),
+    ({"scripts/__init__.py": "", "scripts/reliability.py": "import tests.reliability.report\n"}, "tests"),
     ({"contract/__init__.py": "", "contract/wire.py": "__import__('gateway.server')\n",
       "gateway/__init__.py": "", "gateway/server.py": ""}, "upward"),
     ({"cep/__init__.py": "", "cep/a.py": "import importlib\nimportlib.import_module('broker.admin')\n",

@@ -117,9 +117,9 @@ def _pct(values: list[float], q: float) -> float:
 
 async def run_load(bootstrap: str, prefix: str, workdir: Path, sources: int, pool: int, rate: float,
                    duration_s: float) -> dict[str, Any]:
+    from benchmarks.harness.processes import REPO, GatewayProcess, child_env, http_get_json, open_fds, rss_kib
     from broker.reader import read_stream
     from contract.topics import TopicNames
-    from tests.reliability.harness import REPO, GatewayProcess, child_env, http_get_json, open_fds, rss_kib
 
     raise_fd_limit()
     os.makedirs(workdir, exist_ok=True)
@@ -162,7 +162,7 @@ async def run_load(bootstrap: str, prefix: str, workdir: Path, sources: int, poo
         rss_idle = rss_kib(gateway.pid)
         fds_idle = open_fds(gateway.pid)
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.reliability.load", "generate", "--port", str(gateway.port), "--sources",
+            sys.executable, "-m", "benchmarks.harness.load", "generate", "--port", str(gateway.port), "--sources",
             str(sources), "--pool", str(pool), "--rate", str(rate), "--duration-s", str(duration_s),
             stdout=asyncio.subprocess.PIPE, env=child_env(), cwd=str(REPO))
         assert child.stdout is not None
@@ -234,4 +234,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "generate":
         generate_main(sys.argv[2:])
     else:
-        raise SystemExit("usage: python -m tests.reliability.load generate ...")
+        raise SystemExit("usage: python -m benchmarks.harness.load generate ...")

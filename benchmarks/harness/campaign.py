@@ -1,7 +1,7 @@
 """`make reliability`: run the whole reliability campaign (fast + long suites) and regenerate docs/reliability.md.
 
 Each scenario of tests/reliability/ writes its outcome row into artifacts/reliability/ (SKEWLESS_RELIABILITY_OUT);
-the long suite's load test also leaves its time series there. tests/reliability/report.py turns the rows into the
+the long suite's load test also leaves its time series there. benchmarks/harness/report.py turns the rows into the
 document and docs/reliability-load.png. Exits non-zero if any scenario failed (the document is still rebuilt from
 the rows that were written).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "artifacts" / "reliability"
 
 
@@ -31,8 +31,7 @@ def run_suite(marker: str) -> tuple[int, float]:
 
 
 def main() -> int:
-    sys.path.insert(0, str(REPO))
-    from tests.reliability.report import render
+    from benchmarks.harness.report import render
 
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
