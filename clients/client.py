@@ -10,21 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl as ssl_module
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self, TypedDict, Unpack
+from typing import Any, Self, Unpack
 
 import msgpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
 from clients.core import (
-    DEFAULT_KEEPALIVE_S,
-    DEFAULT_LIVENESS_TIMEOUT_S,
-    DEFAULT_MAX_REDIRECTS,
     Backoff,
     DeliveryWatch,
     GatewayAddress,
@@ -55,7 +51,15 @@ from clients.errors import (
     SkewlessError,
     TimeSyncError,
 )
-from clients.spool import DEFAULT_SPOOL_MAX_BYTES, FileSpool
+from clients.options import (
+    DEFAULT_BATCH_EVENTS,
+    DEFAULT_MAX_UNACKED,
+    ClientOptions,
+    ClientSettings,
+    ConnectOptions,
+    keyword_signature,
+)
+from clients.spool import FileSpool
 from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from contract.wire.messages import (
@@ -82,7 +86,7 @@ from contract.wire.messages import (
 )
 from timesync.client import DEFAULT_COUNT, PeriodicSync
 from timesync.client import TimeSyncError as _AnyTimeSyncError
-from timesync.clocks import ClockUs, for_time_sync, system_time_us
+from timesync.clocks import for_time_sync
 from timesync.estimator import ClockEstimate
 
 __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "ClientOptions", "ClientStats",
@@ -91,13 +95,6 @@ __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "Clien
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_EVENTS = 500
-# 100k events of ~100 bytes: ~10 MB of memory per source, ~0.5 s of a fast source's output.
-DEFAULT_MAX_UNACKED = 100_000
-DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
-DEFAULT_RESYNC_INTERVAL_S = 60.0
-# How long the sender waits for a batch to fill before writing a partial one.
-DEFAULT_LINGER_S = 0.002
 _READ_CHUNK = 65536
 # The integers msgpack can encode (int64 and uint64).
 _MIN_MSGPACK_INT = -(2**63)
@@ -267,85 +264,23 @@ class SkewlessClient:
     exponential backoff and jitter, and the events written on it that were not acknowledged are written again; the
     gateway drops duplicates. ``send()`` blocks while ``max_unacked`` events are outstanding.
 
-    Parameters (keyword-only after ``streams``):
-        gateways: more gateway addresses ``(host, port)`` of the same cluster, tried after ``host:port``.
-        max_redirects: redirects followed in a row before backing off and starting again from the list.
-        time_sync: sync the source clock with the owner gateway's time-sync server (default on); False never syncs.
-        udp_port: the time-sync UDP port to use when the gateway announces none (its welcome, or a redirect naming
-            it, carries ``timesync_port`` whenever it runs a time-sync server, and that port wins). None: only the
-            announced port; a gateway that announces none and no ``udp_port`` means no time server to sync with.
-        sync_attempts: requests per sync burst (the thesis' 10).
-        resync_interval_s: seconds between background re-syncs; None syncs only once, at ``connect()``.
-        sync_timeout_s: how long one sync request waits for its reply.
-        timesync_key: key authenticating the time-sync extension, when the time-sync server requires one.
-        clock_us: the source clock (integer µs since the epoch); inject a ``SimulatedClock`` to simulate drift.
-        token: the hello's static token, or a callable returning one per connection attempt.
-        hmac_secret: sign an HMAC token per connection attempt instead (see ``clients.auth``).
-        ssl: a client ``ssl.SSLContext`` for TLS; ``server_hostname`` overrides the name it checks.
-        pool_size: TCP connections of this source; batches go round-robin over the live ones.
-        batch_events: events per frame at most (frames are also kept under the gateway's ``max_frame_bytes``).
-        linger_s: how long a partial batch waits for more events before it is written.
-        max_unacked: bound on events kept for resend; ``send()`` blocks at the bound.
-        heartbeat_interval_s: idle time of the whole source (no connection of the pool wrote) after which one
-            connection sends a heartbeat; None disables heartbeats (and keepalives).
-        liveness_timeout_s: a connection that owes an answer (an ack for events it carried, the answer to a
-            heartbeat) and received nothing for this long is taken for a dead gateway (paused, frozen, cut off
-            without a reset): it is dropped, its unacknowledged events are resent through the cluster, and that
-            gateway is dialed last for twice this long (docs/sdk.md, "Gateway liveness"). None disables the check.
-        keepalive_interval_s: idle time after which any one pool connection writes a heartbeat anyway, below the
-            gateway's idle timeout (120 s).
-        backoff: reconnect policy (each pool connection gets its own copy); ``max_attempts`` bounds retries.
-        connect_timeout_s: bound on one TCP connect + handshake (the gateway creates missing topics before it
-            answers the hello, which can take seconds on a busy broker).
-        spool_path: append-only file keeping unacked events across restarts (``clients.spool``).
-        spool_max_bytes, spool_fsync: the spool's bound and whether each batch is fsynced.
+    Options (keyword-only after ``streams``): :class:`clients.options.ClientSettings` has each one's default,
+    unit and meaning; ``self.settings`` holds the checked values.
     """
 
-    def __init__(self, host: str, port: int, source_id: str, streams: Sequence[str], *,
-                 gateways: Sequence[tuple[str, int]] = (), max_redirects: int = DEFAULT_MAX_REDIRECTS,
-                 time_sync: bool = True, udp_port: int | None = None, sync_attempts: int = DEFAULT_COUNT,
-                 resync_interval_s: float | None = DEFAULT_RESYNC_INTERVAL_S, sync_timeout_s: float = 0.5,
-                 timesync_key: bytes | None = None,
-                 clock_us: ClockUs = system_time_us,
-                 token: str | TokenProvider | None = None, hmac_secret: bytes | None = None,
-                 ssl: ssl_module.SSLContext | None = None, server_hostname: str | None = None,
-                 pool_size: int = 1, batch_events: int = DEFAULT_BATCH_EVENTS, linger_s: float = DEFAULT_LINGER_S,
-                 max_unacked: int = DEFAULT_MAX_UNACKED,
-                 heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
-                 keepalive_interval_s: float = DEFAULT_KEEPALIVE_S,
-                 liveness_timeout_s: float | None = DEFAULT_LIVENESS_TIMEOUT_S,
-                 backoff: Backoff | None = None, connect_timeout_s: float = 60.0,
-                 spool_path: str | os.PathLike[str] | None = None, spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
-                 spool_fsync: bool = False) -> None:
+    def __init__(self, host: str, port: int, source_id: str, streams: Sequence[str],
+                 **options: Unpack[ClientOptions]) -> None:
         if not streams:
             raise ValueError("declare at least one stream")
-        if batch_events < 1:
-            raise ValueError("batch_events must be >= 1")
-        if sync_attempts < 1:
-            raise ValueError("sync_attempts must be >= 1")
-        if token is not None and hmac_secret is not None:
-            raise ValueError("pass either token or hmac_secret, not both")
+        self.settings = settings = ClientSettings(**options)
         self.host = host
         self.port = port
-        self.gateways = [(str(h), int(p)) for h, p in gateways]
-        self._router = GatewayRouter([(host, port), *self.gateways], max_redirects)
-        self.time_sync = time_sync
-        self.udp_port = udp_port
+        self.gateways = list(settings.gateways)
+        self._router = GatewayRouter([(host, port), *self.gateways], settings.max_redirects)
         self.source_id = source_id
         self.streams = list(dict.fromkeys(streams))
         self._declared = frozenset(self.streams)
-        self.clock_us = clock_us
-        self.sync_attempts = sync_attempts
-        self.resync_interval_s = resync_interval_s
-        self.sync_timeout_s = sync_timeout_s
-        self.timesync_key = timesync_key
-        self.ssl = ssl
-        self.server_hostname = server_hostname
-        self.pool_size = pool_size
-        self.batch_events = batch_events
-        self.linger_s = linger_s
-        self.max_unacked = max_unacked
-        self.connect_timeout_s = connect_timeout_s
+        self.clock_us = settings.clock_us
         self.stats = ClientStats()
         self.refused: deque[RefusedEvent] = deque(maxlen=REFUSED_KEPT)
         # The gateway's gap notices, newest last (docs/sdk.md, "Gaps"): which seqs it gave up and acked past.
@@ -355,43 +290,44 @@ class SkewlessClient:
         self._refused_unacked: set[tuple[str, int]] = set()
         # Delivery futures of the events sent with send_tracked(); empty (and free) when it is never used.
         self._deliveries: DeliveryWatch[asyncio.Future[int]] = DeliveryWatch()
-        self._hmac_secret = hmac_secret is not None
+        self._hmac_secret = settings.hmac_secret is not None
         self._token: TokenProvider | None
-        if hmac_secret is not None:
-            self._token = hmac_provider(hmac_secret, source_id, self.reference_now_us)
-        elif isinstance(token, str):
-            self._token = static_token(token)
+        if settings.hmac_secret is not None:
+            self._token = hmac_provider(settings.hmac_secret, source_id, self.reference_now_us)
+        elif isinstance(settings.token, str):
+            self._token = static_token(settings.token)
         else:
-            self._token = token
+            self._token = settings.token
 
         self._spool: FileSpool | None = None
         start_seq: dict[str, int] = {}
         acked: dict[str, int] = {}
         recovered: list[tuple[str, int, int, Any]] = []
         recovered_intervals: dict[tuple[str, int], EventInterval] = {}
-        if spool_path is not None:
-            self._spool = FileSpool(spool_path, source_id, max_bytes=spool_max_bytes, fsync=spool_fsync)
+        if settings.spool_path is not None:
+            self._spool = FileSpool(settings.spool_path, source_id, max_bytes=settings.spool_max_bytes,
+                                    fsync=settings.spool_fsync)
             state = self._spool.state
             undeclared = (set(state.next_seq) | {e[0] for e in state.events}) - set(self.streams)
             if undeclared:
                 self._spool.close()
-                raise ValueError(f"spool {spool_path} holds streams {sorted(undeclared)} that are not declared")
+                raise ValueError(f"spool {settings.spool_path} holds streams {sorted(undeclared)} that are not "
+                                 "declared")
             start_seq, acked, recovered = state.next_seq, state.acked_through, state.events
             recovered_intervals = state.intervals
         self._seqs = SeqAssigner(self.streams, start_seq)
         # Recovered events may exceed max_unacked: they were accepted before the restart.
-        self._store = UnackedStore(self.streams, max_unacked, acked)
+        self._store = UnackedStore(self.streams, settings.max_unacked, acked)
         for stream, seq, ts_us, payload in recovered:
             self._store.add_recovered(stream, seq, ts_us, payload, recovered_intervals.get((stream, seq)))
         self.stats.recovered_from_spool = len(recovered)
 
+        pool_size, heartbeat_interval_s = settings.pool_size, settings.heartbeat_interval_s
         self._scheduler = PoolScheduler(pool_size)
-        self._idle = IdleTimer(pool_size, heartbeat_interval_s, keepalive_interval_s)
+        self._idle = IdleTimer(pool_size, heartbeat_interval_s, settings.keepalive_interval_s)
         # A heartbeat probes a connection that has waited this long for an ack (Kafka may be slow, the gateway not).
-        self._liveness = GatewayLiveness(pool_size, liveness_timeout_s,
-                                         heartbeat_interval_s if heartbeat_interval_s is not None else None)
-        self.liveness_timeout_s = liveness_timeout_s
-        base_backoff = backoff if backoff is not None else Backoff()
+        self._liveness = GatewayLiveness(pool_size, settings.liveness_timeout_s, heartbeat_interval_s)
+        base_backoff = settings.backoff if settings.backoff is not None else Backoff()
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._acked_streams: set[str] = set()
         self._sync: PeriodicSync | None = None
@@ -507,11 +443,11 @@ class SkewlessClient:
             return
         self._events()
         try:
-            if self.time_sync and self.udp_port is not None and self._hmac_secret:
+            if self.settings.time_sync and self.settings.udp_port is not None and self._hmac_secret:
                 # An HMAC token is stamped with the synced clock, so this source syncs before its first hello (with
                 # the first gateway of the list that answers: any gateway's clock makes a fresh token), then again
                 # with the owner once it knows it.
-                await self._presync(self.udp_port)
+                await self._presync(self.settings.udp_port)
             for slot in self._slots:
                 await self._open_at_connect(slot)
         except RemoteProtocolError as exc:
@@ -534,10 +470,11 @@ class SkewlessClient:
         def on_estimate(_estimate: ClockEstimate) -> None:
             self.stats.syncs += 1
 
-        interval = self.resync_interval_s
-        sync = PeriodicSync(host, udp_port, self.source_id, for_time_sync(self.clock_us), count=self.sync_attempts,
-                            interval_s=interval if interval is not None else 1.0, timeout_s=self.sync_timeout_s,
-                            key=self.timesync_key, on_estimate=on_estimate)
+        settings = self.settings
+        interval = settings.resync_interval_s
+        sync = PeriodicSync(host, udp_port, self.source_id, for_time_sync(self.clock_us), count=settings.sync_attempts,
+                            interval_s=interval if interval is not None else 1.0, timeout_s=settings.sync_timeout_s,
+                            key=settings.timesync_key, on_estimate=on_estimate)
         try:
             if interval is None:
                 await sync.sync_now()
@@ -563,12 +500,12 @@ class SkewlessClient:
         """Where this source syncs its clock: the owner's announced time-sync port, else the configured ``udp_port``
         on the owner's host (the first address while no owner is known); None when time sync is off or neither is
         known."""
-        if not self.time_sync:
+        if not self.settings.time_sync:
             return None
         owner = owner if owner is not None else self._router.owner
         if owner is None:
-            return None if self.udp_port is None else (self.host, self.udp_port)
-        port = owner.timesync_port if owner.timesync_port is not None else self.udp_port
+            return None if self.settings.udp_port is None else (self.host, self.settings.udp_port)
+        port = owner.timesync_port if owner.timesync_port is not None else self.settings.udp_port
         return None if port is None else (owner.host, port)
 
     async def _follow_owner_time(self, owner: GatewayAddress, owner_knows_clock: bool = False) -> None:
@@ -578,7 +515,7 @@ class SkewlessClient:
         (``clients.core.plan_owner_sync``)."""
         target = self._time_endpoint(owner)
         if target is None:
-            if self.time_sync and self._sync is None and not self._warned_no_time_server:
+            if self.settings.time_sync and self._sync is None and not self._warned_no_time_server:
                 self._warned_no_time_server = True
                 log.info("%s: %s:%d announces no time-sync server and no udp_port is set: events go unsynced",
                          self.source_id, owner.host, owner.port)
@@ -887,9 +824,9 @@ class SkewlessClient:
                     async with asyncio.timeout(timeout):
                         await wake.wait()
             wake.clear()
-            if (self._store.pending_count and self._store.pending_count < self.batch_events and self.linger_s > 0
-                    and not self._flush_now):
-                await asyncio.sleep(self.linger_s)
+            pending = self._store.pending_count
+            if pending and pending < self.settings.batch_events and self.settings.linger_s > 0 and not self._flush_now:
+                await asyncio.sleep(self.settings.linger_s)
             before = self._store.pending_count
             wrote = await self._write_pending(loop)
             self._send_heartbeats(loop)
@@ -901,7 +838,7 @@ class SkewlessClient:
     async def _write_pending(self, loop: asyncio.AbstractEventLoop) -> bool:
         wrote = False
         while self._store.pending_count and self._scheduler.live:
-            events = self._store.take_batch(self.batch_events)
+            events = self._store.take_batch(self.settings.batch_events)
             if not events:
                 break
             # Until the gateway acked a stream, its first seqs must not race each other over two sockets.
@@ -911,7 +848,7 @@ class SkewlessClient:
             slot = self._slots[index]
             writer = slot.writer
             assert writer is not None
-            frames = encode_batches(events, self.batch_events, slot.max_frame_bytes)
+            frames = encode_batches(events, self.settings.batch_events, slot.max_frame_bytes)
             if self._spool is not None:
                 self._spool.flush()  # on disk before the gateway can have seen them
             for chunk, frame in frames:
@@ -969,9 +906,9 @@ class SkewlessClient:
             gateway = slot.gateway
             log.warning("%s conn%d: gateway %s sent nothing for %.1f s while owing an answer: taken for dead, "
                         "reconnecting", self.source_id, index,
-                        "?" if gateway is None else f"{gateway.host}:{gateway.port}", self.liveness_timeout_s)
-            if gateway is not None and self.liveness_timeout_s is not None:
-                self._router.suspect(gateway, now + 2 * self.liveness_timeout_s)
+                        "?" if gateway is None else f"{gateway.host}:{gateway.port}", self.settings.liveness_timeout_s)
+            if gateway is not None and self.settings.liveness_timeout_s is not None:
+                self._router.suspect(gateway, now + 2 * self.settings.liveness_timeout_s)
             if slot.writer is not None:
                 slot.writer.transport.abort()  # close() would wait to flush to a peer that does not read
 
@@ -984,7 +921,7 @@ class SkewlessClient:
         """``connect()``'s opening of one connection: a wrong address or credentials fail at once, but a cluster that
         says "not now" (a shard error, redirects still moving) is retried with backoff for ``connect_timeout_s``."""
         loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + self.connect_timeout_s
+        deadline_s = loop.time() + self.settings.connect_timeout_s
         while True:
             try:
                 await self._open(slot)
@@ -1061,10 +998,10 @@ class SkewlessClient:
             asyncio.StreamReader, asyncio.StreamWriter, FrameDecoder, Welcome | Redirect, list[dict[str, Any]]]:
         """Connect to ``target`` and say hello; the answer is a welcome or a redirect, an error frame raises."""
         started = asyncio.get_running_loop().time()
-        async with asyncio.timeout(self.connect_timeout_s):
+        async with asyncio.timeout(self.settings.connect_timeout_s):
             reader, writer = await asyncio.open_connection(
-                target.host, target.port, ssl=self.ssl,
-                server_hostname=self.server_hostname if self.ssl is not None else None)
+                target.host, target.port, ssl=self.settings.ssl,
+                server_hostname=self.settings.server_hostname if self.settings.ssl is not None else None)
             decoder = FrameDecoder(DEFAULT_MAX_FRAME_BYTES)
             try:
                 _write_or_raise(writer, encode_frame(self._hello()))
@@ -1383,43 +1320,6 @@ async def _read_first_frames(reader: asyncio.StreamReader, decoder: FrameDecoder
             return messages
 
 
-class ConnectOptions(TypedDict, total=False):
-    """``SkewlessClient``'s keyword options but ``udp_port`` and ``sync_attempts`` (``connect()`` takes those
-    positionally, as Sample Code 4.1 does): ``**options: Unpack[ConnectOptions]`` lets mypy check every name and
-    type, so a misspelled ``pool_sise=2`` is an error. A test keeps this in step with ``SkewlessClient.__init__``."""
-
-    gateways: Sequence[tuple[str, int]]
-    max_redirects: int
-    time_sync: bool
-    resync_interval_s: float | None
-    sync_timeout_s: float
-    timesync_key: bytes | None
-    clock_us: ClockUs
-    token: str | TokenProvider | None
-    hmac_secret: bytes | None
-    ssl: ssl_module.SSLContext | None
-    server_hostname: str | None
-    pool_size: int
-    batch_events: int
-    linger_s: float
-    max_unacked: int
-    heartbeat_interval_s: float | None
-    keepalive_interval_s: float
-    liveness_timeout_s: float | None
-    backoff: Backoff | None
-    connect_timeout_s: float
-    spool_path: str | os.PathLike[str] | None
-    spool_max_bytes: int
-    spool_fsync: bool
-
-
-class ClientOptions(ConnectOptions, total=False):
-    """Every keyword option of ``SkewlessClient`` (``SyncSkewlessClient`` takes them as ``**options``)."""
-
-    udp_port: int | None
-    sync_attempts: int
-
-
 async def connect(host: str, tcp_port: int, udp_port: int | None, source_id: str,
                   sync_attempts: int = DEFAULT_COUNT, *, streams: Sequence[str],
                   **options: Unpack[ConnectOptions]) -> SkewlessClient:
@@ -1434,3 +1334,8 @@ async def connect(host: str, tcp_port: int, udp_port: int | None, source_id: str
     await client.connect()
     return client
 
+
+
+# help() and inspect show every option with its default, from the one place they are written.
+SkewlessClient.__init__.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    SkewlessClient.__init__, ClientSettings)
