@@ -28,15 +28,12 @@ from clients.core import (
     GatewayRouter,
     HeartbeatPromise,
     IdleTimer,
-    OwnerSync,
     PoolScheduler,
-    ResyncGate,
     SeqAssigner,
     UnackedStore,
     encode_batches,
     heartbeat_next_seq,
     payload_fits,
-    plan_owner_sync,
 )
 from clients.errors import (
     ClientClosed,
@@ -49,7 +46,6 @@ from clients.errors import (
     GatewayUnreachable,
     InvalidPayload,
     SkewlessError,
-    TimeSyncError,
 )
 from clients.options import (
     DEFAULT_BATCH_EVENTS,
@@ -60,6 +56,8 @@ from clients.options import (
     keyword_signature,
 )
 from clients.spool import FileSpool
+from clients.stats import ClientStats
+from clients.time_sync import OwnerTimeSync
 from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from contract.wire.messages import (
@@ -84,9 +82,8 @@ from contract.wire.messages import (
     parse_gateway_message,
     payload_problem,
 )
-from timesync.client import DEFAULT_COUNT, PeriodicSync
+from timesync.client import DEFAULT_COUNT
 from timesync.client import TimeSyncError as _AnyTimeSyncError
-from timesync.clocks import for_time_sync
 from timesync.estimator import ClockEstimate
 
 __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "ClientOptions", "ClientStats",
@@ -109,8 +106,6 @@ REFUSED_KEPT = 1000
 # past the session timeout), not the source's: the client reconnects and resends what was not acknowledged, as on a
 # lost connection. Every other fatal code means the same hello or frames would be refused again.
 RETRYABLE_ERROR_CODES = frozenset({"internal_error", "timeout"})
-# How long close() waits for the time-sync task to stop before cancelling it again (see _close_time_sync).
-_SYNC_CLOSE_WAIT_S = 0.2
 # Not a wire code: the client's own, when redirects did not settle within max_redirects hops.
 TOO_MANY_REDIRECTS = "too_many_redirects"
 # Not a wire code either: a redirect named a gateway this source found dead (the liveness timeout, or a refused
@@ -182,51 +177,6 @@ class RefusedEvent:
     seq: int
     code: str
     message: str
-
-
-@dataclass
-class ClientStats:
-    """Counters of one client (read them any time)."""
-
-    events_sent: int = 0
-    """Events written to a socket, resends included."""
-    events_resent: int = 0
-    """Events written again after their connection was lost (or recovered from the spool)."""
-    events_acked: int = 0
-    """Events the gateway acknowledged, refused ones included (they are done with too)."""
-    events_refused: int = 0
-    """Events the gateway refused (``SkewlessClient.refused`` has the latest, with the reason)."""
-    frames_sent: int = 0
-    heartbeats_sent: int = 0
-    connects: int = 0
-    reconnects: int = 0
-    connection_losses: int = 0
-    liveness_timeouts: int = 0
-    """Connections dropped because their gateway owed an answer for ``liveness_timeout_s`` and sent nothing."""
-    redirects_to_suspects: int = 0
-    """Redirects naming a gateway this source found dead, waited out instead of followed."""
-    syncs: int = 0
-    resyncs_requested: int = 0  # resync requests from the gateway (a clock step it saw), each obeyed or covered
-    recovered_from_spool: int = 0
-    redirects: int = 0
-    """Redirects followed: a gateway that does not own the source's shard named the owner."""
-    shard_moves: int = 0
-    """``shard_moved`` errors: the owner stopped serving the shard (revoked, fenced, restarting); the client went
-    back through its address list and resent what was not acknowledged."""
-    shard_unavailable: int = 0
-    """``shard_unavailable`` errors: no gateway served the shard at that moment (recovery, failover)."""
-    time_sync_moves: int = 0
-    """Times the time sync moved to another gateway's time-sync server (the owner changed)."""
-    seqs_given_up: int = 0
-    """Seqs the gateway gave up (``gap`` notices, docs/wire-protocol.md "Gaps"): the acks moved past them. Those never
-    sent (an explicit ``seq=`` that skipped some) count here only."""
-    events_given_up: int = 0
-    """Events of those seqs this client held, or was given after the notice (a replay's late arrival): their futures
-    fail with ``EventGivenUp``, each is written once more (the gateway publishes it on the late topic), and ``flush()``
-    does not wait for them."""
-    conflicts: int = 0
-    """Events refused with ``seq_conflict`` (also in ``events_refused``): their seq was accepted with another payload
-    or ``source_ts_us``, from another sender with this source id or an earlier run of this one."""
 
 
 @dataclass
@@ -330,12 +280,7 @@ class SkewlessClient:
         base_backoff = settings.backoff if settings.backoff is not None else Backoff()
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._acked_streams: set[str] = set()
-        self._sync: PeriodicSync | None = None
-        # One time-sync move at a time: several pool connections may learn the same new owner together.
-        self._time_lock = asyncio.Lock()
-        self._resync_gate = ResyncGate()
-        self._resync_task: asyncio.Task[None] | None = None
-        self._move_sync_task: asyncio.Task[None] | None = None  # a burst with a new owner that already maps this clock
+        self._time = OwnerTimeSync(settings, source_id, self._router, self.stats, self._task_done)
         self._sender: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._progress: asyncio.Event | None = None
@@ -347,7 +292,6 @@ class SkewlessClient:
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         # What heartbeats may claim, from the stamps sent so far and their send lags.
         self._promise = HeartbeatPromise()
-        self._warned_no_time_server = False
 
     # -- properties ------------------------------------------------------------------------------------------------
 
@@ -369,7 +313,7 @@ class SkewlessClient:
     @property
     def clock_estimate(self) -> ClockEstimate | None:
         """The latest time-sync estimate (``t_ref = t_source + offset_us``), None before the first sync."""
-        return None if self._sync is None else self._sync.estimate
+        return self._time.estimate
 
     @property
     def owner(self) -> GatewayAddress | None:
@@ -406,6 +350,10 @@ class SkewlessClient:
         now = self.clock_us()
         estimate = self.clock_estimate
         return now if estimate is None else estimate.to_reference_us(now)
+
+    @property
+    def _move_sync_task(self) -> asyncio.Task[None] | None:
+        return self._time.move_task
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -447,7 +395,7 @@ class SkewlessClient:
                 # An HMAC token is stamped with the synced clock, so this source syncs before its first hello (with
                 # the first gateway of the list that answers: any gateway's clock makes a fresh token), then again
                 # with the owner once it knows it.
-                await self._presync(self.settings.udp_port)
+                await self._time.presync(self.settings.udp_port)
             for slot in self._slots:
                 await self._open_at_connect(slot)
         except RemoteProtocolError as exc:
@@ -465,114 +413,10 @@ class SkewlessClient:
         self._sender.add_done_callback(self._task_done)
         self._wake_sender()
 
-    async def _start_sync(self, host: str, udp_port: int) -> None:
-        """The first sync burst (raising when it gets no usable reply), then the periodic re-syncs."""
-        def on_estimate(_estimate: ClockEstimate) -> None:
-            self.stats.syncs += 1
-
-        settings = self.settings
-        interval = settings.resync_interval_s
-        sync = PeriodicSync(host, udp_port, self.source_id, for_time_sync(self.clock_us), count=settings.sync_attempts,
-                            interval_s=interval if interval is not None else 1.0, timeout_s=settings.sync_timeout_s,
-                            key=settings.timesync_key, on_estimate=on_estimate)
-        try:
-            if interval is None:
-                await sync.sync_now()
-            else:
-                await sync.start()
-        except _AnyTimeSyncError as exc:
-            raise _sdk_time_sync_error(exc, host, udp_port) from exc
-        self._sync = sync
-
-    async def _presync(self, udp_port: int) -> None:
-        failure: BaseException | None = None
-        for address in self._router.addresses:
-            try:
-                await self._start_sync(address.host, udp_port)
-                return
-            except (_AnyTimeSyncError, OSError) as exc:
-                log.info("%s: no time sync at %s:%d: %s", self.source_id, address.host, udp_port, exc)
-                failure = exc
-        assert failure is not None
-        raise failure
-
-    def _time_endpoint(self, owner: GatewayAddress | None = None) -> tuple[str, int] | None:
-        """Where this source syncs its clock: the owner's announced time-sync port, else the configured ``udp_port``
-        on the owner's host (the first address while no owner is known); None when time sync is off or neither is
-        known."""
-        if not self.settings.time_sync:
-            return None
-        owner = owner if owner is not None else self._router.owner
-        if owner is None:
-            return None if self.settings.udp_port is None else (self.host, self.settings.udp_port)
-        port = owner.timesync_port if owner.timesync_port is not None else self.settings.udp_port
-        return None if port is None else (owner.host, port)
-
-    async def _follow_owner_time(self, owner: GatewayAddress, owner_knows_clock: bool = False) -> None:
-        """Sync with the owner's time-sync server before anything is sent to it: the first burst (raising, so that
-        ``connect()`` fails as it always did), or a move of the existing sync when the owner changed — awaited when
-        the owner has no estimate of this clock, beside the sending when its welcome says ``clock_known``
-        (``clients.core.plan_owner_sync``)."""
-        target = self._time_endpoint(owner)
-        if target is None:
-            if self.settings.time_sync and self._sync is None and not self._warned_no_time_server:
-                self._warned_no_time_server = True
-                log.info("%s: %s:%d announces no time-sync server and no udp_port is set: events go unsynced",
-                         self.source_id, owner.host, owner.port)
-            return
-        async with self._time_lock:
-            sync = self._sync
-            plan = plan_owner_sync(None if sync is None else (sync.host, sync.port), target,
-                                   owner_knows_clock=owner_knows_clock)
-            if plan is OwnerSync.FIRST_BURST:
-                await self._start_sync(*target)
-                return
-            assert sync is not None
-            if plan is OwnerSync.STAY:
-                return
-            log.info("%s: time sync moves from %s:%d to the owner's %s:%d (%s)", self.source_id, sync.host, sync.port,
-                     *target, "it knows this clock: resending beside the burst"
-                     if plan is OwnerSync.MOVE_BESIDE_SENDING else "before sending")
-            self.stats.time_sync_moves += 1
-            sync.host, sync.port = target
-            # Another gateway, maybe another reference clock: the old server's samples must not bend the new line
-            # (the estimate itself stays until the new burst replaces it).
-            sync.exchange.estimator.reset()
-            if plan is OwnerSync.MOVE_BESIDE_SENDING:
-                # The owner maps this source's events with the estimate it restored: the unacked ones go now, the
-                # burst runs beside them (the connection's other slots find the sync already moved).
-                if self._move_sync_task is not None:
-                    self._move_sync_task.cancel()  # a burst with an owner this source already left
-                self._move_sync_task = asyncio.create_task(self._move_burst(sync, target),
-                                                           name=f"skewless-{self.source_id}-move-sync")
-                self._move_sync_task.add_done_callback(self._task_done)
-                return
-            await self._move_burst(sync, target)
-
-    async def _move_burst(self, sync: PeriodicSync, target: tuple[str, int]) -> None:
-        try:
-            await sync.sync_now()
-        except (_AnyTimeSyncError, OSError) as exc:
-            # Not fatal: the periodic re-sync (and any resync request) tries the new server again.
-            log.warning("%s: time sync with the new owner %s:%d failed: %s", self.source_id, *target, exc)
-
     async def sync_now(self) -> ClockEstimate:
         """Run one sync burst now with the owner's time-sync server (raises ``TimeSyncError`` when it gets no usable
         reply, or when no server is known: ``time_sync=False``, or no announced port and no ``udp_port``)."""
-        if self._sync is None:
-            target = self._time_endpoint()
-            if target is None:
-                raise TimeSyncError("no time-sync server: time_sync is off, or the gateway announced none and no "
-                                    "udp_port is set")
-            await self._start_sync(*target)
-            assert self._sync is not None
-            estimate = self._sync.estimate
-            assert estimate is not None
-            return estimate
-        try:
-            return await self._sync.sync_now()
-        except _AnyTimeSyncError as exc:
-            raise _sdk_time_sync_error(exc, self._sync.host, self._sync.port) from exc
+        return await self._time.sync_now()
 
     async def close(self) -> None:
         """Say ``bye`` on every live connection and stop. Unacknowledged events stay in the spool, if any."""
@@ -607,18 +451,10 @@ class SkewlessClient:
                 future.exception()
 
     async def _teardown(self) -> None:
-        if self._move_sync_task is not None:
-            self._move_sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._move_sync_task
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync_task
+        await self._time.stop_tasks()
         for slot in self._slots:
             await self._drop(slot)
-        if self._sync is not None:
-            await _close_time_sync(self._sync)
+        await self._time.close()
         if self._spool is not None:
             self._spool.close()
 
@@ -978,7 +814,7 @@ class SkewlessClient:
                 continue
             owner = self._router.welcomed(target, reply.timesync_port)
             try:
-                await self._follow_owner_time(owner, reply.clock_known)
+                await self._time.follow_owner(owner, reply.clock_known)
             except BaseException:
                 writer.close()
                 raise
@@ -1169,7 +1005,7 @@ class SkewlessClient:
         elif isinstance(message, GapNotice):
             self._on_gap(message)
         elif isinstance(message, ResyncRequest):
-            self._on_resync_request(message)
+            self._time.on_resync_request(message, self._closed)
         elif isinstance(message, Redirect):
             # Only an answer to a hello should carry one; later it still means the owner is elsewhere: go there.
             self.stats.redirects += 1
@@ -1250,34 +1086,6 @@ class SkewlessClient:
                     refused.code, refused.message)
 
 
-    def _on_resync_request(self, request: ResyncRequest) -> None:
-        """The gateway saw this source's clock step and holds its events until a sync after the step: one burst now
-        (clients.core.ResyncGate decides when), beside the periodic ones; sending goes on meanwhile."""
-        self.stats.resyncs_requested += 1
-        if self._sync is None or self._closed:
-            return  # no time sync: the gateway has no estimate of this clock to renew
-        log.warning("%s: the gateway asks for a re-sync (%s at %s seq %s)", self.source_id, request.reason,
-                    request.stream, request.seq)
-        delay_s = self._resync_gate.request(asyncio.get_running_loop().time())
-        if delay_s is not None:
-            self._resync_task = asyncio.create_task(self._resync(delay_s), name=f"skewless-{self.source_id}-resync")
-            self._resync_task.add_done_callback(self._task_done)
-
-    async def _resync(self, delay_s: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        while delay_s is not None and self._sync is not None:
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
-            self._resync_gate.started(loop.time())
-            try:
-                await self._sync.sync_now()
-            except (_AnyTimeSyncError, OSError) as exc:
-                # Not fatal: the gateway sends its held events to the late topic when its hold runs out, and the
-                # periodic re-sync tries again.
-                log.warning("%s: the re-sync the gateway asked for failed: %s", self.source_id, exc)
-            delay_s = self._resync_gate.finished(loop.time())
-
-
 def _earliest(*waits_s: float | None) -> float | None:
     known = [w for w in waits_s if w is not None]
     return min(known) if known else None
@@ -1290,24 +1098,6 @@ async def _flush_deadline(timeout_s: float, client: SkewlessClient) -> AsyncIter
             yield
     except TimeoutError as exc:
         raise FlushTimeout(f"{client.unacked_count} events still unacknowledged after {timeout_s} s") from exc
-
-
-def _sdk_time_sync_error(exc: _AnyTimeSyncError, host: str, udp_port: int) -> TimeSyncError:
-    return exc if isinstance(exc, TimeSyncError) else TimeSyncError(f"time sync with {host}:{udp_port}: {exc}")
-
-
-async def _close_time_sync(sync: PeriodicSync) -> None:
-    """``sync.close()``, bounded. Python 3.11's ``asyncio.wait_for`` (which a sync burst awaits each reply with)
-    swallows a cancellation that lands in the loop iteration where the reply arrived: the re-sync task then goes on to
-    its next sleep and ``close()`` would wait for it forever. Cancelling the pending ``close()`` cancels the task it
-    awaits a second time, which that sleep does not swallow."""
-    closing = asyncio.ensure_future(sync.close())
-    done, _pending = await asyncio.wait({closing}, timeout=_SYNC_CLOSE_WAIT_S)
-    if not done:
-        log.debug("the time-sync task ignored a cancellation; cancelling it again")
-        closing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await closing
 
 
 async def _read_first_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list[dict[str, Any]]:
