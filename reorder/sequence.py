@@ -240,8 +240,8 @@ class SequenceReorderer:
         if cfg.mode == "thesis":
             return cfg.latency_threshold_us
         # A gap that closed after D proves this source's gaps can take D: a fixed cap below it gives up every such
-        # gap however often they come (Dataset 3: 35 of 41 misses were gaps of 2.6-28 s skipped at the 2 s cap,
-        # while the quantile already said 25-46 s). The cap only bounds the quantile's wait; it never shrinks.
+        # gap however often they come (Dataset 3: 35 of 41 misses were gaps of 3.9-28 s skipped at the 2 s cap,
+        # while 2 x the quantile already said 5.3-47 s). The cap only bounds the quantile's wait; it never shrinks.
         learned_us = min(cfg.max_latency_threshold_us, int(cfg.timeout_factor * self._longest_gap_delay_us))
         return max(cfg.latency_threshold_us, learned_us)
 

@@ -86,8 +86,8 @@ def test_before_200_samples_the_cap_and_after_10000_the_learned_timeout() -> Non
 
 
 def test_the_cap_learns_twice_the_longest_gap_delay_and_never_shrinks() -> None:
-    # Dataset 3: 35 of 41 misses were gaps of 2.6-28 s given up at the fixed 2 s cap while the source's quantile
-    # already said 25-46 s. A gap that closed after D shows this source's gaps can take D: the cap becomes 2 x D.
+    # Dataset 3: 35 of 41 misses were gaps of 3.9-28 s given up at the fixed 2 s cap while 2 x the source's quantile
+    # already said 5.3-47 s. A gap that closed after D shows this source's gaps can take D: the cap becomes 2 x D.
     assert DEFAULT_MAX_LATENCY_THRESHOLD_US == 60_000_000
     r = SequenceReorderer("D1", "R1")
     assert (r.longest_gap_delay_us, r.effective_latency_threshold_us(), r.timeout_us()) == (0, 2_000_000, 2_000_000)
