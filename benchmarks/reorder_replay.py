@@ -19,7 +19,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from benchmarks.reorder_report import write_report
-from benchmarks.reorder_thesis import ALL, APPROACH_LABEL, DRIFTS, MULTI_SOURCE_RUNS, PROFILE_RUNS, SKEW_PPM
+from benchmarks.reorder_thesis import (
+    ALL,
+    APPROACH_LABEL,
+    DRIFTS,
+    EXTRA_SEEDS,
+    MULTI_SOURCE_RUNS,
+    PROFILE_RUNS,
+    PROFILE_SIZES,
+    SKEW_PPM,
+)
 from contract.wire.messages import IncomingEvent
 from reorder.eval.kslack import MPKSlack
 from reorder.eval.progress import progress_bar, progress_enabled
@@ -72,18 +81,18 @@ def build_jobs(scale: float) -> list[Job]:
     # the same two with the merge waiting only as long as the source's reorderer says (before issue 12 item 7)
     base["sequence-fixedwait"] = replace(base["sequence"], learn_merge_wait=False)
     base["sequence-gateway-fixedwait"] = replace(base["sequence-gateway"], learn_merge_wait=False)
+    # the rule before issue 25 item 5's last change: the 2 s threshold never learns, room for 100k early events
+    base["sequence-fixed"] = replace(base["sequence"], max_latency_threshold_us=0, max_buffered=100_000)
     all_runs = tuple((a, base[a]) for a in PROFILE_RUNS)
-    jobs = [
-        Job("dataset1", TraceSpec(PROFILES["dataset1"], events_per_source=n(500_000), payload=False), all_runs),
-        Job("dataset2", TraceSpec(PROFILES["dataset2"], events_per_source=n(500_000), payload=False), all_runs),
-        Job(
-            "dataset3",
-            TraceSpec(PROFILES["dataset3"], events_per_source=n(1_000_000), payload=False),
-            (*all_runs, ("sequence-cap30s", replace(base["sequence"], latency_threshold_us=30_000_000))),
-        ),
-        Job("heavytail", TraceSpec(PROFILES["heavytail"], events_per_source=n(300_000), payload=False), all_runs),
-        Job("pool", TraceSpec(PROFILES["pool"], events_per_source=n(300_000), payload=False), all_runs),
-    ]
+    jobs = []
+    for prof, size in PROFILE_SIZES.items():
+        spec = TraceSpec(PROFILES[prof], events_per_source=n(size), payload=False)
+        runs = (*all_runs, ("sequence-fixed", base["sequence-fixed"])) if prof == "dataset3" else all_runs
+        jobs.append(Job(prof, spec, runs))
+        # issue 25 item 5: sequence against MP-K-slack on more seeds of every profile
+        for seed in EXTRA_SEEDS:
+            jobs.append(Job(f"{prof}-seed{seed}", replace(spec, seed=seed),
+                            (("sequence", base["sequence"]), ("mpkslack", base["mpkslack"]))))
     multi = tuple((a, base[a]) for a in ("sequence", "thesis", "mpkslack", "aqkslack", "oracle"))
     for k in (1, 2, 5, 10, 20):
         spec = TraceSpec(PROFILES["dataset3"], events_per_source=n(40_000), sources=k, payload=False)

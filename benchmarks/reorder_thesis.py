@@ -44,6 +44,7 @@ APPROACH_LABEL = {
     "mpkslack": "MP-K-slack (Siddhi kslack)",
     "aqkslack": "AQ-K-slack (Siddhi akslack)",
     "oracle": "Oracle (100 % order)",
+    "sequence-fixed": "Sequence (ours), 2 s threshold not learned, 100k buffer",
 }
 ALL: tuple[Approach, ...] = ("sequence", "thesis", "kslack", "mpkslack", "aqkslack", "oracle")
 # the per-profile runs: every approach, and the sequence approach as the gateway configures it
@@ -54,3 +55,7 @@ MULTI_SOURCE_RUNS = ("sequence", "sequence-fixedwait", "sequence-gateway", "sequ
 # Table 5.10: source s1's clock offset per row; it also runs SKEW_PPM fast (except at 0 ms)
 DRIFTS = {"0ms": 0, "1ms": 1_000, "5ms": 5_000, "10ms": 10_000, "1min": 60_000_000, "1h": 3_600_000_000}
 SKEW_PPM = 20.0
+# the per-profile traces (events, seed 1) and the further seeds sequence and MP-K-slack run on (issue 25 item 5)
+PROFILE_SIZES = {"dataset1": 500_000, "dataset2": 500_000, "dataset3": 1_000_000, "heavytail": 300_000,
+                 "pool": 300_000}  # fmt: skip
+EXTRA_SEEDS = (2, 3)
