@@ -11,13 +11,10 @@ import asyncio
 import contextlib
 import logging
 import ssl as ssl_module
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, Unpack
-
-import msgpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
 from clients.core import (
@@ -26,26 +23,18 @@ from clients.core import (
     GatewayAddress,
     GatewayLiveness,
     GatewayRouter,
-    HeartbeatPromise,
     IdleTimer,
     PoolScheduler,
-    SeqAssigner,
     UnackedStore,
     encode_batches,
     heartbeat_next_seq,
-    payload_fits,
 )
 from clients.errors import (
     ClientClosed,
-    EventGivenUp,
-    EventRefused,
-    EventTooLarge,
     FlushTimeout,
     GatewayFailed,
     GatewayRejected,
     GatewayUnreachable,
-    InvalidPayload,
-    SkewlessError,
 )
 from clients.options import (
     DEFAULT_BATCH_EVENTS,
@@ -55,24 +44,19 @@ from clients.options import (
     ConnectOptions,
     keyword_signature,
 )
-from clients.spool import FileSpool
 from clients.stats import ClientStats
 from clients.time_sync import OwnerTimeSync
+from clients.window import InvalidInterval, RefusedEvent, SendWindow, interval_endpoint, is_int
 from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from contract.wire.messages import (
     ENDPOINT_END,
     ENDPOINT_START,
-    MAX_INTERVAL_ID_CHARS,
     MAX_SEQ,
-    SEQ_CONFLICT,
-    SEQ_JUMP,
     Ack,
     AtomicInterval,
     ErrorReply,
-    EventInterval,
     GapNotice,
-    IntervalEndpoint,
     Redirect,
     ResyncRequest,
     Welcome,
@@ -80,7 +64,6 @@ from contract.wire.messages import (
     build_heartbeat,
     build_hello,
     parse_gateway_message,
-    payload_problem,
 )
 from timesync.client import DEFAULT_COUNT
 from timesync.client import TimeSyncError as _AnyTimeSyncError
@@ -93,15 +76,6 @@ __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "Clien
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 65536
-# The integers msgpack can encode (int64 and uint64).
-_MIN_MSGPACK_INT = -(2**63)
-_MAX_MSGPACK_INT = 2**64 - 1
-# What InvalidPayload says a payload may hold (docs/wire-protocol.md, "Payloads").
-_PAYLOAD_ACCEPTED = ("a payload holds None, bool, int (64 bits), finite float, str, lists and maps with string keys "
-                     "(send a time as integer microseconds or an ISO 8601 string)")
-# SkewlessClient.refused keeps the most recent refusals only: a source that sends nothing but bad payloads must not
-# grow the client's memory without bound (stats.events_refused counts them all).
-REFUSED_KEPT = 1000
 # Fatal errors that are the gateway's fault (a bug contained to the connection) or the network's (a frame stalled
 # past the session timeout), not the source's: the client reconnects and resends what was not acknowledged, as on a
 # lost connection. Every other fatal code means the same hello or frames would be refused again.
@@ -139,22 +113,6 @@ def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
         raise ConnectionError("the connection closed before the write")
 
 
-class InvalidInterval(SkewlessError, ValueError):
-    """An interval event the SDK will not send: a start after its end, a time outside ``[0, 2**63)``, or an interval
-    id that is not a string of 1..128 characters (the gateway would refuse the frame)."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _endpoint(interval_id: object, endpoint: str) -> IntervalEndpoint:
-    if not isinstance(interval_id, str) or not 1 <= len(interval_id) <= MAX_INTERVAL_ID_CHARS:
-        raise InvalidInterval(f"interval_id must be a string of 1..{MAX_INTERVAL_ID_CHARS} characters, got "
-                              f"{interval_id!r:.60}")
-    return IntervalEndpoint(interval_id, endpoint)
-
-
 class GatewayRerouted(GatewayFailed):
     """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
     the gateway, a redirect after the welcome, or redirects that did not settle (``too_many_redirects``). Handled as
@@ -166,17 +124,6 @@ class GatewayRerouted(GatewayFailed):
         super().__init__(code, message)
         self.retry_after_ms = retry_after_ms
         self.gateway = gateway
-
-
-@dataclass(frozen=True, slots=True)
-class RefusedEvent:
-    """An event the gateway refused on its own (``invalid_payload``: its payload cannot travel in a JSON record).
-    It is acknowledged with the events around it and never resent; it is not in Kafka."""
-
-    stream: str
-    seq: int
-    code: str
-    message: str
 
 
 @dataclass
@@ -229,17 +176,8 @@ class SkewlessClient:
         self._router = GatewayRouter([(host, port), *self.gateways], settings.max_redirects)
         self.source_id = source_id
         self.streams = list(dict.fromkeys(streams))
-        self._declared = frozenset(self.streams)
         self.clock_us = settings.clock_us
         self.stats = ClientStats()
-        self.refused: deque[RefusedEvent] = deque(maxlen=REFUSED_KEPT)
-        # The gateway's gap notices, newest last (docs/sdk.md, "Gaps"): which seqs it gave up and acked past.
-        self.gaps: deque[GapNotice] = deque(maxlen=REFUSED_KEPT)
-        # Refused seqs not acked yet, so that the refusal of a resend (the connection dropped before the ack) is
-        # not counted twice; pruned by the acks.
-        self._refused_unacked: set[tuple[str, int]] = set()
-        # Delivery futures of the events sent with send_tracked(); empty (and free) when it is never used.
-        self._deliveries: DeliveryWatch[asyncio.Future[int]] = DeliveryWatch()
         self._hmac_secret = settings.hmac_secret is not None
         self._token: TokenProvider | None
         if settings.hmac_secret is not None:
@@ -249,28 +187,10 @@ class SkewlessClient:
         else:
             self._token = settings.token
 
-        self._spool: FileSpool | None = None
-        start_seq: dict[str, int] = {}
-        acked: dict[str, int] = {}
-        recovered: list[tuple[str, int, int, Any]] = []
-        recovered_intervals: dict[tuple[str, int], EventInterval] = {}
-        if settings.spool_path is not None:
-            self._spool = FileSpool(settings.spool_path, source_id, max_bytes=settings.spool_max_bytes,
-                                    fsync=settings.spool_fsync)
-            state = self._spool.state
-            undeclared = (set(state.next_seq) | {e[0] for e in state.events}) - set(self.streams)
-            if undeclared:
-                self._spool.close()
-                raise ValueError(f"spool {settings.spool_path} holds streams {sorted(undeclared)} that are not "
-                                 "declared")
-            start_seq, acked, recovered = state.next_seq, state.acked_through, state.events
-            recovered_intervals = state.intervals
-        self._seqs = SeqAssigner(self.streams, start_seq)
-        # Recovered events may exceed max_unacked: they were accepted before the restart.
-        self._store = UnackedStore(self.streams, settings.max_unacked, acked)
-        for stream, seq, ts_us, payload in recovered:
-            self._store.add_recovered(stream, seq, ts_us, payload, recovered_intervals.get((stream, seq)))
-        self.stats.recovered_from_spool = len(recovered)
+        self._window = SendWindow(settings, source_id, self.streams, self.stats)
+        self.refused = self._window.refused
+        # The gateway's gap notices, newest last (docs/sdk.md, "Gaps"): which seqs it gave up and acked past.
+        self.gaps = self._window.gaps
 
         pool_size, heartbeat_interval_s = settings.pool_size, settings.heartbeat_interval_s
         self._scheduler = PoolScheduler(pool_size)
@@ -279,31 +199,21 @@ class SkewlessClient:
         self._liveness = GatewayLiveness(pool_size, settings.liveness_timeout_s, heartbeat_interval_s)
         base_backoff = settings.backoff if settings.backoff is not None else Backoff()
         self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
-        self._acked_streams: set[str] = set()
         self._time = OwnerTimeSync(settings, source_id, self._router, self.stats, self._task_done)
         self._sender: asyncio.Task[None] | None = None
-        self._wake: asyncio.Event | None = None
-        self._progress: asyncio.Event | None = None
-        self._room: asyncio.Event | None = None
-        self._flush_now = False
-        self._error: BaseException | None = None
         self._connected = False
-        self._closed = False
-        self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
-        # What heartbeats may claim, from the stamps sent so far and their send lags.
-        self._promise = HeartbeatPromise()
 
     # -- properties ------------------------------------------------------------------------------------------------
 
     @property
     def unacked_count(self) -> int:
         """Events handed to ``send()`` and not yet acknowledged (queued, on the wire, or waiting for Kafka)."""
-        return len(self._store)
+        return len(self._window.store)
 
     @property
     def pending_count(self) -> int:
         """Events not yet written to any connection."""
-        return self._store.pending_count
+        return self._window.store.pending_count
 
     @property
     def connected_count(self) -> int:
@@ -324,15 +234,15 @@ class SkewlessClient:
     @property
     def error(self) -> BaseException | None:
         """Why the client failed (a fatal gateway error, reconnect attempts used up), or None."""
-        return self._error
+        return self._window.error
 
     def next_seq(self, stream: str) -> int:
         """The seq the stream's next event will carry."""
-        return self._seqs.peek(stream)
+        return self._window.seqs.peek(stream)
 
     def acked_through(self, stream: str) -> int:
         """Highest seq of the stream the gateway acknowledged (cumulatively), -1 if none."""
-        return self._store.acked_through(stream)
+        return self._window.store.acked_through(stream)
 
     def heartbeat_ts_us(self) -> int | None:
         """The source time a heartbeat carries, None before the first event (then no heartbeat is sent).
@@ -343,13 +253,25 @@ class SkewlessClient:
         an event's stamp and its ``send()``. An application whose stamps run slower than ``clock_us()`` should pass
         the clock its stamps follow as ``clock_us``.
         """
-        return self._promise.promise_us(self.clock_us())
+        return self._window.promise.promise_us(self.clock_us())
 
     def reference_now_us(self) -> int:
         """The source's best idea of the reference clock now: its clock mapped through the latest sync estimate."""
         now = self.clock_us()
         estimate = self.clock_estimate
         return now if estimate is None else estimate.to_reference_us(now)
+
+    @property
+    def _store(self) -> UnackedStore:
+        return self._window.store
+
+    @property
+    def _deliveries(self) -> DeliveryWatch[asyncio.Future[int]]:
+        return self._window.deliveries
+
+    @property
+    def _acked_streams(self) -> set[str]:
+        return self._window.acked_streams
 
     @property
     def _move_sync_task(self) -> asyncio.Task[None] | None:
@@ -369,12 +291,6 @@ class SkewlessClient:
         finally:
             await self.close()
 
-    def _events(self) -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
-        if self._wake is None or self._progress is None or self._room is None:
-            self._wake, self._progress, self._room = asyncio.Event(), asyncio.Event(), asyncio.Event()
-            self._room.set()
-        return self._wake, self._progress, self._room
-
     async def connect(self) -> None:
         """Find the owning gateway, sync the clock with it (unless ``time_sync=False`` or it has no time-sync
         server), open the pool, start the background tasks.
@@ -385,11 +301,11 @@ class SkewlessClient:
         ``ConnectionRefusedError``, ``TimeoutError``, ``ssl.SSLError``...) as the OS raised it if no gateway address
         could be reached.
         """
-        if self._closed:
+        if self._window.closed:
             raise ClientClosed("client is closed")
         if self._connected:
             return
-        self._events()
+        self._window.signals()
         try:
             if self.settings.time_sync and self.settings.udp_port is not None and self._hmac_secret:
                 # An HMAC token is stamped with the synced clock, so this source syncs before its first hello (with
@@ -411,7 +327,7 @@ class SkewlessClient:
             slot.task.add_done_callback(self._task_done)
         self._sender = asyncio.create_task(self._run_sender(), name=f"skewless-{self.source_id}-sender")
         self._sender.add_done_callback(self._task_done)
-        self._wake_sender()
+        self._window.wake_sender()
 
     async def sync_now(self) -> ClockEstimate:
         """Run one sync burst now with the owner's time-sync server (raises ``TimeSyncError`` when it gets no usable
@@ -420,9 +336,9 @@ class SkewlessClient:
 
     async def close(self) -> None:
         """Say ``bye`` on every live connection and stop. Unacknowledged events stay in the spool, if any."""
-        if self._closed:
+        if self._window.closed:
             return
-        self._closed = True
+        self._window.closed = True
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -438,25 +354,15 @@ class SkewlessClient:
                     if _write(slot.writer, encode_frame(build_bye())):
                         await slot.writer.drain()
         await self._teardown()
-        self._settle_deliveries(ClientClosed("the client closed with this event unacknowledged"))
-        if self._room is not None:
-            self._room.set()
-
-    def _settle_deliveries(self, exc: BaseException) -> None:
-        """Fail every delivery future still waiting: no ack will come for them from this client."""
-        for future in self._deliveries.drain():
-            if not future.done():
-                future.set_exception(exc)
-                # Retrieved here so that a future the application dropped does not log "exception never retrieved".
-                future.exception()
+        self._window.closing()
 
     async def _teardown(self) -> None:
         await self._time.stop_tasks()
         for slot in self._slots:
             await self._drop(slot)
         await self._time.close()
-        if self._spool is not None:
-            self._spool.close()
+        if self._window.spool is not None:
+            self._window.spool.close()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
@@ -464,15 +370,7 @@ class SkewlessClient:
         exc = task.exception()
         if exc is not None:
             log.error("%s: background task %s died: %r", self.source_id, task.get_name(), exc)
-            self._fail(exc)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-        self._settle_deliveries(exc)
-        for event in (self._wake, self._progress, self._room):
-            if event is not None:
-                event.set()
+            self._window.fail(exc)
 
     # -- sending ---------------------------------------------------------------------------------------------------
 
@@ -482,8 +380,8 @@ class SkewlessClient:
         ``source_ts_us`` defaults to ``clock_us()`` now. ``seq`` is for replaying recorded traces (events with
         their original seqs, in any order); normally the client assigns the next seq of the stream.
         """
-        await self._wait_for_room()
-        return self._enqueue(stream, payload, source_ts_us, seq, None)
+        await self._window.wait_for_room()
+        return self._window.enqueue(stream, payload, source_ts_us, seq, None)
 
     async def send_interval(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
                             seq: int | None = None) -> int:
@@ -492,77 +390,26 @@ class SkewlessClient:
         gateway maps both endpoints to the reference clock, and the events topic orders it by its end
         (docs/wire-protocol.md, "Interval events"). Raises :class:`InvalidInterval` for a start after the end or a
         time outside ``[0, 2**63)``; otherwise like ``send()``."""
-        if not (_is_int(start_ts_us) and _is_int(end_ts_us) and 0 <= start_ts_us <= end_ts_us <= MAX_SEQ):
+        if not (is_int(start_ts_us) and is_int(end_ts_us) and 0 <= start_ts_us <= end_ts_us <= MAX_SEQ):
             raise InvalidInterval(f"an interval needs integer times 0 <= start_ts_us <= end_ts_us < 2**63, got "
                                   f"start_ts_us={start_ts_us!r}, end_ts_us={end_ts_us!r}")
-        await self._wait_for_room()
-        return self._enqueue(stream, payload, end_ts_us, seq, AtomicInterval(start_ts_us))
+        await self._window.wait_for_room()
+        return self._window.enqueue(stream, payload, end_ts_us, seq, AtomicInterval(start_ts_us))
 
     async def send_interval_start(self, stream: str, interval_id: str, payload: Any,
                                   source_ts_us: int | None = None, *, seq: int | None = None) -> int:
         """Queue the start of interval ``interval_id`` as an event of its own (IO3's model: each endpoint arrives on
         its own, paired downstream by id); ``source_ts_us`` defaults to now. Returns its seq."""
-        interval = _endpoint(interval_id, ENDPOINT_START)
-        await self._wait_for_room()
-        return self._enqueue(stream, payload, source_ts_us, seq, interval)
+        interval = interval_endpoint(interval_id, ENDPOINT_START)
+        await self._window.wait_for_room()
+        return self._window.enqueue(stream, payload, source_ts_us, seq, interval)
 
     async def send_interval_end(self, stream: str, interval_id: str, payload: Any,
                                 source_ts_us: int | None = None, *, seq: int | None = None) -> int:
         """Queue the end of interval ``interval_id`` (see :meth:`send_interval_start`). Returns its seq."""
-        interval = _endpoint(interval_id, ENDPOINT_END)
-        await self._wait_for_room()
-        return self._enqueue(stream, payload, source_ts_us, seq, interval)
-
-    async def _wait_for_room(self) -> None:
-        _wake, _progress, room = self._events()
-        while True:
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise ClientClosed("client is closed")
-            if self._store.has_room and (self._spool is None or self._spool.has_room):
-                return
-            room.clear()
-            await room.wait()
-
-    def _enqueue(self, stream: str, payload: Any, source_ts_us: int | None, seq: int | None,
-                 interval: EventInterval | None) -> int:
-        if stream not in self._declared:
-            raise ValueError(f"stream {stream!r} was not declared; declared: {self.streams}")
-        if (isinstance(payload, int) and not isinstance(payload, bool)
-                and not _MIN_MSGPACK_INT <= payload <= _MAX_MSGPACK_INT):
-            # packb raises OverflowError for a nested one too; this message names the value.
-            raise OverflowError(f"integer payload {payload} is beyond msgpack's 64 bits")
-        # Encoded once, here: the frames reuse these bytes (clients/core.py encode_batches), resends too.
-        try:
-            payload_msgpack: bytes = msgpack.packb(payload, use_bin_type=True)
-        except TypeError:
-            raise InvalidPayload(f"stream {stream!r}: cannot send {payload_problem(payload)}; "
-                                 f"{_PAYLOAD_ACCEPTED}") from None
-        if not payload_fits(len(payload_msgpack), self._max_frame_bytes):
-            raise EventTooLarge(f"payload of {len(payload_msgpack)} bytes does not fit a "
-                                f"{self._max_frame_bytes}-byte frame")
-        if seq is None:
-            seq = self._seqs.next(stream)
-        else:
-            self._seqs.claim(stream, seq)
-        if source_ts_us is None:
-            ts_us = self.clock_us()
-            self._promise.sent(ts_us, ts_us)
-        else:
-            ts_us = source_ts_us
-            if not 0 <= ts_us <= MAX_SEQ:
-                raise ValueError(f"source_ts_us {ts_us} is outside [0, 2**63)")
-            self._promise.sent(ts_us, self.clock_us())
-        event = self._store.add(stream, seq, ts_us, payload, interval, payload_msgpack)
-        if event.gap_reason is not None:
-            self.stats.events_given_up += 1
-            log.info("%s: %s seq %d was given up by the gateway before it was sent; sent once for the late topic",
-                     self.source_id, stream, seq)
-        elif self._spool is not None:  # a given-up seq is written once, never resent: nothing to recover
-            self._spool.append_event(stream, seq, ts_us, payload, interval)
-        self._wake_sender()
-        return seq
+        interval = interval_endpoint(interval_id, ENDPOINT_END)
+        await self._window.wait_for_room()
+        return self._window.enqueue(stream, payload, source_ts_us, seq, interval)
 
     async def send_tracked(self, stream: str, payload: Any, source_ts_us: int | None = None, *,
                            seq: int | None = None) -> asyncio.Future[int]:
@@ -573,55 +420,42 @@ class SkewlessClient:
         The future exists only for events sent this way, until their ack: ``send()`` pays nothing for it, and at
         most ``max_unacked`` futures are ever pending.
         """
-        return self._track(stream, await self.send(stream, payload, source_ts_us, seq=seq))
+        return self._window.track(stream, await self.send(stream, payload, source_ts_us, seq=seq))
 
     async def send_interval_tracked(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
                                     seq: int | None = None) -> asyncio.Future[int]:
         """``send_interval()`` with a delivery future, as ``send_tracked()`` gives one."""
-        return self._track(stream, await self.send_interval(stream, payload, start_ts_us, end_ts_us, seq=seq))
+        return self._window.track(stream, await self.send_interval(stream, payload, start_ts_us, end_ts_us, seq=seq))
 
     async def send_interval_start_tracked(self, stream: str, interval_id: str, payload: Any,
                                           source_ts_us: int | None = None, *,
                                           seq: int | None = None) -> asyncio.Future[int]:
         """``send_interval_start()`` with a delivery future, as ``send_tracked()`` gives one."""
-        return self._track(stream, await self.send_interval_start(stream, interval_id, payload, source_ts_us,
+        return self._window.track(stream, await self.send_interval_start(stream, interval_id, payload, source_ts_us,
                                                                   seq=seq))
 
     async def send_interval_end_tracked(self, stream: str, interval_id: str, payload: Any,
                                         source_ts_us: int | None = None, *,
                                         seq: int | None = None) -> asyncio.Future[int]:
         """``send_interval_end()`` with a delivery future, as ``send_tracked()`` gives one."""
-        return self._track(stream, await self.send_interval_end(stream, interval_id, payload, source_ts_us, seq=seq))
-
-    def _track(self, stream: str, sent_seq: int) -> asyncio.Future[int]:
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        if sent_seq <= self._store.acked_through(stream):
-            # Sent into a gap the gateway gave up before (UnackedStore.add): no ack will ever cover it.
-            future.set_exception(EventGivenUp(stream, sent_seq, self._gap_reason(stream, sent_seq), True))
-            return future
-        # The send returned without yielding after queueing the event, so its ack cannot have been handled yet.
-        self._deliveries.watch(stream, sent_seq, future)
-        return future
-
-    def _wake_sender(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        seq = await self.send_interval_end(stream, interval_id, payload, source_ts_us, seq=seq)
+        return self._window.track(stream, seq)
 
     async def send_pending(self) -> None:
         """Write every queued event to a connection now (no linger) and wait until they are written."""
-        _wake, progress, _room = self._events()
-        self._flush_now = True
+        _wake, progress, _room = self._window.signals()
+        self._window.flush_now = True
         try:
-            while self._store.pending_count and self._sender is not None and not self._sender.done():
-                if self._error is not None:
-                    raise self._error
+            while self._window.store.pending_count and self._sender is not None and not self._sender.done():
+                if self._window.error is not None:
+                    raise self._window.error
                 progress.clear()
-                self._wake_sender()
+                self._window.wake_sender()
                 await progress.wait()
         finally:
-            self._flush_now = False
-        if self._error is not None:
-            raise self._error
+            self._window.flush_now = False
+        if self._window.error is not None:
+            raise self._window.error
 
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until the gateway acknowledged every event sent so far (reconnecting as needed).
@@ -629,27 +463,27 @@ class SkewlessClient:
         Raises ``FlushTimeout`` (a ``TimeoutError``) after ``timeout_s``, or the client's fatal error. Before
         ``connect()`` it raises ``RuntimeError`` when events are pending, since nothing could deliver them.
         """
-        _wake, progress, _room = self._events()
-        if not self._connected and len(self._store):
+        _wake, progress, _room = self._window.signals()
+        if not self._connected and len(self._window.store):
             raise RuntimeError("flush() before connect(): nothing can deliver the queued events")
-        self._flush_now = True
+        self._window.flush_now = True
         try:
             async with _flush_deadline(timeout_s, self):
-                while len(self._store):
-                    if self._error is not None:
-                        raise self._error
-                    if self._closed:
+                while len(self._window.store):
+                    if self._window.error is not None:
+                        raise self._window.error
+                    if self._window.closed:
                         raise ClientClosed("client closed with events unacknowledged")
                     progress.clear()
-                    self._wake_sender()
+                    self._window.wake_sender()
                     await progress.wait()
         finally:
-            self._flush_now = False
-        if self._error is not None:
-            raise self._error
+            self._window.flush_now = False
+        if self._window.error is not None:
+            raise self._window.error
 
     async def _run_sender(self) -> None:
-        wake, progress, _room = self._events()
+        wake, progress, _room = self._window.signals()
         loop = asyncio.get_running_loop()
         while True:
             live = self._scheduler.live
@@ -660,33 +494,34 @@ class SkewlessClient:
                     async with asyncio.timeout(timeout):
                         await wake.wait()
             wake.clear()
-            pending = self._store.pending_count
-            if pending and pending < self.settings.batch_events and self.settings.linger_s > 0 and not self._flush_now:
+            pending = self._window.store.pending_count
+            if (pending and pending < self.settings.batch_events and self.settings.linger_s > 0
+                    and not self._window.flush_now):
                 await asyncio.sleep(self.settings.linger_s)
-            before = self._store.pending_count
+            before = self._window.store.pending_count
             wrote = await self._write_pending(loop)
             self._send_heartbeats(loop)
             self._check_liveness(loop)
             # Only real progress wakes flush()/send_pending(): while no connection is up they wait for one.
-            if wrote or self._store.pending_count != before:
+            if wrote or self._window.store.pending_count != before:
                 progress.set()
 
     async def _write_pending(self, loop: asyncio.AbstractEventLoop) -> bool:
         wrote = False
-        while self._store.pending_count and self._scheduler.live:
-            events = self._store.take_batch(self.settings.batch_events)
+        while self._window.store.pending_count and self._scheduler.live:
+            events = self._window.store.take_batch(self.settings.batch_events)
             if not events:
                 break
             # Until the gateway acked a stream, its first seqs must not race each other over two sockets.
-            pinned = any(e.stream not in self._acked_streams for e in events)
+            pinned = any(e.stream not in self._window.acked_streams for e in events)
             index = self._scheduler.next_slot(pinned=pinned)
             assert index is not None
             slot = self._slots[index]
             writer = slot.writer
             assert writer is not None
             frames = encode_batches(events, self.settings.batch_events, slot.max_frame_bytes)
-            if self._spool is not None:
-                self._spool.flush()  # on disk before the gateway can have seen them
+            if self._window.spool is not None:
+                self._window.spool.flush()  # on disk before the gateway can have seen them
             for chunk, frame in frames:
                 # If the connection is gone, its supervisor requeues what was marked sent on it.
                 if _write(writer, frame):
@@ -694,7 +529,7 @@ class SkewlessClient:
                     self.stats.events_sent += len(chunk)
             resent = sum(1 for e in events if e.resend)
             self.stats.events_resent += resent
-            self._store.mark_sent(events, index)
+            self._window.store.mark_sent(events, index)
             self._idle.wrote(index, loop.time())
             self._liveness.wrote(index, loop.time(), True)
             wrote = True
@@ -709,7 +544,7 @@ class SkewlessClient:
         now = loop.time()
         live = self._scheduler.live
         due = self._idle.due(live, now)
-        if self._store.pending_count:
+        if self._window.store.pending_count:
             return  # a heartbeat must not claim seqs still queued here; they go out first
         probes = self._liveness.probe_due(live, now)
         if probes:
@@ -721,9 +556,9 @@ class SkewlessClient:
             for index in due:
                 self._idle.wrote(index, now)
             return
-        frame = encode_frame(build_heartbeat(ts_us, heartbeat_next_seq(self._seqs, self._store)))
+        frame = encode_frame(build_heartbeat(ts_us, heartbeat_next_seq(self._window.seqs, self._window.store)))
         # The gateway answers a heartbeat with the source's cumulative acks, which exist once one was acked.
-        answerable = any(self._store.acked_through(stream) >= 0 for stream in self.streams)
+        answerable = any(self._window.store.acked_through(stream) >= 0 for stream in self.streams)
         for index in due:
             writer = self._slots[index].writer
             if writer is not None and _write(writer, frame):
@@ -868,7 +703,7 @@ class SkewlessClient:
                  writer: asyncio.StreamWriter, decoder: FrameDecoder, welcome: Welcome,
                  rest: list[dict[str, Any]]) -> None:
         slot.max_frame_bytes = welcome.max_frame_bytes
-        self._max_frame_bytes = min(s.max_frame_bytes for s in self._slots)
+        self._window.max_frame_bytes = min(s.max_frame_bytes for s in self._slots)
         slot.reader, slot.writer, slot.decoder, slot.gateway = reader, writer, decoder, owner
         self._scheduler.up(slot.index)
         self._idle.wrote(slot.index, asyncio.get_running_loop().time())
@@ -877,9 +712,8 @@ class SkewlessClient:
         self.stats.connects += 1
         for message in rest:
             self._on_message(message)
-        self._wake_sender()
-        if self._progress is not None:
-            self._progress.set()
+        self._window.wake_sender()
+        self._window.progressed()
 
     def _shard_error(self, reply: ErrorReply, gateway: GatewayAddress | None) -> GatewayRerouted:
         if reply.code == SHARD_MOVED:
@@ -904,11 +738,11 @@ class SkewlessClient:
         was_up = self._scheduler.is_up(slot.index)
         self._scheduler.down(slot.index)
         if was_up:
-            requeued = self._store.connection_lost(slot.index)
+            requeued = self._window.store.connection_lost(slot.index)
             if requeued:
                 log.info("%s conn%d lost; %d unacked events requeued", self.source_id, slot.index, requeued)
             # A new connection may land on a gateway that restarted: start pinned again.
-            self._acked_streams.clear()
+            self._window.acked_streams.clear()
         writer, slot.writer, slot.reader = slot.writer, None, None
         if writer is not None:
             writer.close()
@@ -917,7 +751,7 @@ class SkewlessClient:
 
     async def _supervise(self, slot: _Slot) -> None:
         """Read one connection until it breaks, then reconnect with backoff; forever, until closed or failed."""
-        while not self._closed:
+        while not self._window.closed:
             if slot.reader is not None:
                 try:
                     await self._read_until_closed(slot)
@@ -927,11 +761,11 @@ class SkewlessClient:
                     log.info("%s conn%d: %r", self.source_id, slot.index, exc)
                 self.stats.connection_losses += 1
                 await self._drop(slot)
-                if self._error is not None:
+                if self._window.error is not None:
                     return
             delay = slot.backoff.next_delay()
             if delay is None:
-                self._fail(GatewayUnreachable(f"gateway {self._describe_addresses()} unreachable after "
+                self._window.fail(GatewayUnreachable(f"gateway {self._describe_addresses()} unreachable after "
                                            f"{slot.backoff.attempts} reconnect attempts"))
                 return
             delay, slot.retry_after_s = max(delay, slot.retry_after_s), 0.0
@@ -939,7 +773,7 @@ class SkewlessClient:
             try:
                 await self._open(slot)
             except GatewayRejected as exc:
-                self._fail(exc)
+                self._window.fail(exc)
                 return
             except GatewayRerouted as exc:
                 self._rerouted(slot, exc)
@@ -965,13 +799,13 @@ class SkewlessClient:
             self._heard_from(slot, loop.time())
             for message in slot.decoder.feed(data):
                 self._on_message(message)
-                if self._error is not None:
+                if self._window.error is not None:
                     return
 
     def _heard_from(self, slot: _Slot, now_s: float) -> None:
         """Bytes from ``slot``'s gateway: it is alive, for every pool connection open to it (an answer may come on
         another connection of the source than the one that asked)."""
-        outstanding = len(self._store) > self._store.pending_count
+        outstanding = len(self._window.store) > self._window.store.pending_count
         for index in self._scheduler.live:
             other = self._slots[index]
             if other is slot or (slot.gateway is not None and slot.gateway.same_gateway(other.gateway)):
@@ -985,27 +819,11 @@ class SkewlessClient:
             log.warning("%s: ignored a gateway message: %s", self.source_id, exc)
             return
         if isinstance(message, Ack):
-            stream, seq = message.stream, message.seq
-            released = self._store.ack(stream, seq)
-            self._acked_streams.add(stream)
-            if len(self._deliveries):
-                for acked_seq, future in self._deliveries.acked(stream, seq):
-                    if not future.done():
-                        future.set_result(acked_seq)
-            if self._refused_unacked:
-                self._refused_unacked = {r for r in self._refused_unacked if r[0] != stream or r[1] > seq}
-            if released:
-                self.stats.events_acked += released
-                if self._spool is not None:
-                    self._spool.append_ack(stream, seq)
-                if self._room is not None:
-                    self._room.set()
-                if self._progress is not None:
-                    self._progress.set()
+            self._window.on_ack(message)
         elif isinstance(message, GapNotice):
-            self._on_gap(message)
+            self._window.on_gap(message)
         elif isinstance(message, ResyncRequest):
-            self._time.on_resync_request(message, self._closed)
+            self._time.on_resync_request(message, self._window.closed)
         elif isinstance(message, Redirect):
             # Only an answer to a hello should carry one; later it still means the owner is elsewhere: go there.
             self.stats.redirects += 1
@@ -1022,69 +840,14 @@ class SkewlessClient:
             error = GatewayRejected(message.code, message.message)
             if message.fatal:
                 log.error("%s: gateway error %s", self.source_id, error)
-                self._fail(error)
+                self._window.fail(error)
             elif message.stream is not None and message.seq is not None:
-                self._refused_event(RefusedEvent(message.stream, message.seq, message.code, message.message))
+                self._window.on_refused(RefusedEvent(message.stream, message.seq, message.code, message.message))
             else:
                 log.warning("%s: gateway warning %s", self.source_id, error)
 
     def _describe_addresses(self) -> str:
         return ", ".join(f"{a.host}:{a.port}" for a in self._router.addresses)
-
-    def _gap_reason(self, stream: str, seq: int) -> str:
-        return next((g.reason for g in reversed(self.gaps) if g.stream == stream and g.first_seq <= seq <= g.last_seq),
-                    "timeout")
-
-    def _on_gap(self, gap: GapNotice) -> None:
-        """The gateway gave ``first_seq..last_seq`` up: its acks move past them. The events of them still held here
-        fail their futures with ``EventGivenUp`` and are written once more (the gateway publishes each, once, on the
-        late topic); ``flush()`` stops waiting for them (docs/sdk.md, "Gaps")."""
-        if gap.stream not in self._declared:
-            return
-        self.gaps.append(gap)
-        self.stats.seqs_given_up += gap.last_seq - gap.first_seq + 1
-        given_up = self._store.give_up(gap.stream, gap.first_seq, gap.last_seq, gap.reason)
-        for event in given_up:
-            future = self._deliveries.refused(event.stream, event.seq)
-            if future is not None and not future.done():
-                future.set_exception(EventGivenUp(event.stream, event.seq, gap.reason, True))
-                future.exception()  # retrieved: logged below
-        self.stats.events_given_up += len(given_up)
-        log.warning("%s: the gateway gave up %s seqs %d..%d (%s); %d of them resent once for the late topic",
-                    self.source_id, gap.stream, gap.first_seq, gap.last_seq, gap.reason, len(given_up))
-        if given_up:
-            self._wake_sender()
-            if self._room is not None:
-                self._room.set()
-            if self._progress is not None:
-                self._progress.set()
-
-    def _refused_event(self, refused: RefusedEvent) -> None:
-        key = (refused.stream, refused.seq)
-        if (refused.stream not in self._declared or refused.seq <= self._store.acked_through(refused.stream)
-                or key in self._refused_unacked):
-            return  # a resend's refusal: counted the first time
-        if refused.code == SEQ_JUMP:
-            # Never acknowledged (the ack cannot pass a seq the gateway refused to accept): forgotten here, or flush()
-            # would wait for it forever.
-            if self._store.forget(refused.stream, refused.seq):
-                if self._room is not None:
-                    self._room.set()
-                if self._progress is not None:
-                    self._progress.set()
-        else:
-            self._refused_unacked.add(key)
-        if refused.code == SEQ_CONFLICT:
-            self.stats.conflicts += 1
-        future = self._deliveries.refused(refused.stream, refused.seq)
-        if future is not None and not future.done():
-            future.set_exception(EventRefused(refused.stream, refused.seq, refused.code, refused.message))
-            future.exception()  # retrieved: the refusal is logged below, a dropped future need not log it again
-        self.stats.events_refused += 1
-        self.refused.append(refused)
-        log.warning("%s: the gateway refused %s seq %d (%s): %s", self.source_id, refused.stream, refused.seq,
-                    refused.code, refused.message)
-
 
 def _earliest(*waits_s: float | None) -> float | None:
     known = [w for w in waits_s if w is not None]

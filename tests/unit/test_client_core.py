@@ -208,8 +208,8 @@ def test_frames_from_wire_bytes_equal_the_frames_of_the_message_maps(specs, max_
 async def test_the_sdk_encodes_each_payload_once_through_send_frame_and_resend(monkeypatch) -> None:
     import msgpack
 
-    import clients.client
     import clients.core
+    import clients.window
     from clients import SkewlessClient
 
     payload = {"reading": [1.5, 2.5], "unit": "kPa"}
@@ -220,7 +220,7 @@ async def test_the_sdk_encodes_each_payload_once_through_send_frame_and_resend(m
         calls.append(value)
         return real(value, **kwargs)
 
-    monkeypatch.setattr(clients.client.msgpack, "packb", counting)
+    monkeypatch.setattr(clients.window.msgpack, "packb", counting)
     monkeypatch.setattr(clients.core.msgpack, "packb", counting)
     client = SkewlessClient("127.0.0.1", 9, "src", ["s"])
     await client.send("s", payload)
