@@ -53,7 +53,8 @@ SCHEMA: dict[str, str] = {
     "handshake_timeout_s": _SECONDS, "idle_timeout_s": _SECONDS, "partial_frame_timeout_s": _SECONDS,
     # Ordering waits: how long a gap or a silent source is waited for before the gateway gives up on it. A
     # deployment that must ride out network partitions of N seconds sets them above N.
-    "gap_timeout_min_s": _SECONDS, "gap_timeout_max_s": _SECONDS, "merge_timeout_s": _SECONDS,
+    "gap_timeout_min_s": _SECONDS, "gap_timeout_max_s": _SECONDS, "gap_timeout_learned_max_s": _SECONDS,
+    "merge_timeout_s": _SECONDS,
     "reconnect_grace_s": _SECONDS, "join_grace_s": _SECONDS, "clock_step_hold_s": _SECONDS,
     "session_timeout_s": _SECONDS, "commit_interval_s": _SECONDS, "source_retention_s": _SECONDS,
     "idle_punctuation_lag_s": _SECONDS,
@@ -397,6 +398,9 @@ def _with_ordering_waits(pipeline: PipelineConfig, settings: Mapping[str, Any]) 
         sequence = replace(sequence, min_timeout_us=low)
     if (high := us("gap_timeout_max_s")) is not None:
         sequence = replace(sequence, latency_threshold_us=high)
+    if (learned := us("gap_timeout_learned_max_s")) is not None:
+        # 0 (or anything up to gap_timeout_max_s): no learning, gap_timeout_max_s is a hard maximum.
+        sequence = replace(sequence, max_latency_threshold_us=learned)
     if sequence.min_timeout_us > sequence.latency_threshold_us:
         raise ConfigError("gap_timeout_min_s must not exceed gap_timeout_max_s")
     merger = pipeline.merger

@@ -31,7 +31,15 @@ from timesync.clocks import ReferenceMapping
 # A live gateway sees stalls a replay does not (event-loop pauses, a pool connection falling behind): gaps get at
 # least 200 ms before they are skipped. In-order events never wait, so this costs latency only on lost events.
 GATEWAY_MIN_GAP_TIMEOUT_US = 200_000
-GATEWAY_SEQUENCE_DEFAULTS = SequenceConfig(drop_late=True, min_timeout_us=GATEWAY_MIN_GAP_TIMEOUT_US)
+# Per (source, stream): the reorder buffer behind a gap (then the gap is given up, `buffer_full`). The replay's
+# traces want more room (reorder.sequence.DEFAULT_MAX_BUFFERED); a gateway keeps one source's memory to this bound
+# (docs/operations.md, "Limits"), far below max_buffered_events, which pauses every source holding events.
+GATEWAY_MAX_BUFFERED = 100_000
+# A gateway does not learn a longer gap wait by default: the merge waits for a source as long as its reorderer
+# holds a gap, so a learned wait (up to 2 x the longest gap a source showed) would hold every source of the stream,
+# and a hostile source could lengthen it at will. `gap_timeout_learned_max_s` turns learning on.
+GATEWAY_SEQUENCE_DEFAULTS = SequenceConfig(drop_late=True, min_timeout_us=GATEWAY_MIN_GAP_TIMEOUT_US,
+                                           max_buffered=GATEWAY_MAX_BUFFERED, max_latency_threshold_us=0)
 # A clock more than a minute ahead of the gateway is broken, not early: quarantined so it cannot drag the
 # merge and the watermark into the future.
 DEFAULT_MAX_FUTURE_US = 60_000_000

@@ -110,6 +110,28 @@ def test_ordering_waits_from_file_and_env(tmp_path: Path):
     assert (pipeline.join_grace_us, pipeline.reconnect_grace_us) == (250_000, 30_000_000)
 
 
+def test_the_learned_gap_timeout_is_off_unless_asked_and_one_source_buffers_100k() -> None:
+    """The adaptive cap can learn twice the longest gap delay a source showed (reorder/sequence.py), up to
+    gap_timeout_learned_max_s; a gateway does not by default (the merge would wait as long for every source of the
+    stream). A gateway's reorder buffer stays 100,000 per (source, stream), the bound docs/operations.md gives,
+    whatever the replay's default."""
+    from reorder.sequence import SequenceReorderer
+
+    default = build_config({}).pipeline.sequence
+    assert (default.max_latency_threshold_us, default.max_buffered) == (0, 100_000)
+    off = build_config({"gap_timeout_max_s": 2, "gap_timeout_learned_max_s": 0}).pipeline.sequence
+    assert (off.latency_threshold_us, off.max_latency_threshold_us) == (2_000_000, 0)
+    reorderer = SequenceReorderer("a", "s", off)
+    reorderer._longest_gap_delay_us = 10_000_000  # a source that once closed a 10 s gap
+    assert reorderer.effective_latency_threshold_us() == 2_000_000
+    ten = build_config({"gap_timeout_learned_max_s": 10}).pipeline.sequence
+    learning = SequenceReorderer("a", "s", ten)
+    learning._longest_gap_delay_us = 10_000_000
+    assert learning.effective_latency_threshold_us() == 10_000_000
+    with pytest.raises(ConfigError, match="gap_timeout_learned_max_s must be >= 0"):
+        build_config({"gap_timeout_learned_max_s": -1})
+
+
 def test_ordering_waits_are_checked():
     with pytest.raises(ConfigError, match="gap_timeout_min_s must not exceed gap_timeout_max_s"):
         build_config({"gap_timeout_min_s": 5, "gap_timeout_max_s": 1})
