@@ -1,8 +1,11 @@
 """Async client SDK for event sources: time sync, a pool of connections, per-stream seqs, acks, resend.
 
 The logic lives in the sans-IO core (``clients.core``: seqs, the unacked store, batching, pool scheduling,
-backoff, idleness; ``clients.spool``: the file spool); this module is the asyncio shell that moves bytes and owns
-the background tasks (one sender, one supervisor per pool connection, the time-sync re-sync).
+backoff, idleness; ``clients.spool``: the file spool). The asyncio shell is in rooms, one concept each:
+``clients.options`` (every option, once), ``clients.connection`` (handshake, redirects, supervision, liveness),
+``clients.time_sync`` (the clock follows the shard's owner), ``clients.window`` (the send/ack window),
+``clients.sender`` (batches and heartbeats onto the pool). This module is the facade that composes them and owns
+their lifecycle.
 """
 
 from __future__ import annotations
@@ -10,32 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl as ssl_module
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, Unpack
 
 from clients.auth import TokenProvider, hmac_provider, static_token
-from clients.core import (
-    Backoff,
-    DeliveryWatch,
-    GatewayAddress,
-    GatewayLiveness,
-    GatewayRouter,
-    IdleTimer,
-    PoolScheduler,
-    UnackedStore,
-    encode_batches,
-    heartbeat_next_seq,
-)
-from clients.errors import (
-    ClientClosed,
-    FlushTimeout,
-    GatewayFailed,
-    GatewayRejected,
-    GatewayUnreachable,
-)
+from clients.connection import GatewayPool, GatewayRerouted, PoolConnection
+from clients.core import DeliveryWatch, GatewayAddress, GatewayRouter, IdleTimer, UnackedStore
+from clients.errors import ClientClosed, FlushTimeout, GatewayFailed, GatewayRejected
 from clients.options import (
     DEFAULT_BATCH_EVENTS,
     DEFAULT_MAX_UNACKED,
@@ -44,29 +29,13 @@ from clients.options import (
     ConnectOptions,
     keyword_signature,
 )
+from clients.sender import Sender
 from clients.stats import ClientStats
 from clients.time_sync import OwnerTimeSync
 from clients.window import InvalidInterval, RefusedEvent, SendWindow, interval_endpoint, is_int
-from contract.wire.errors import ROUTING_ERROR_CODES, SHARD_MOVED, SHARD_UNAVAILABLE, RemoteProtocolError
-from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from contract.wire.messages import (
-    ENDPOINT_END,
-    ENDPOINT_START,
-    MAX_SEQ,
-    Ack,
-    AtomicInterval,
-    ErrorReply,
-    GapNotice,
-    Redirect,
-    ResyncRequest,
-    Welcome,
-    build_bye,
-    build_heartbeat,
-    build_hello,
-    parse_gateway_message,
-)
+from contract.wire.errors import RemoteProtocolError
+from contract.wire.messages import ENDPOINT_END, ENDPOINT_START, MAX_SEQ, AtomicInterval, build_hello
 from timesync.client import DEFAULT_COUNT
-from timesync.client import TimeSyncError as _AnyTimeSyncError
 from timesync.estimator import ClockEstimate
 
 __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "ClientOptions", "ClientStats",
@@ -74,73 +43,6 @@ __all__ = ["DEFAULT_BATCH_EVENTS", "DEFAULT_MAX_UNACKED", "ClientClosed", "Clien
            "SkewlessClient", "connect"]
 
 log = logging.getLogger(__name__)
-
-_READ_CHUNK = 65536
-# Fatal errors that are the gateway's fault (a bug contained to the connection) or the network's (a frame stalled
-# past the session timeout), not the source's: the client reconnects and resends what was not acknowledged, as on a
-# lost connection. Every other fatal code means the same hello or frames would be refused again.
-RETRYABLE_ERROR_CODES = frozenset({"internal_error", "timeout"})
-# Not a wire code: the client's own, when redirects did not settle within max_redirects hops.
-TOO_MANY_REDIRECTS = "too_many_redirects"
-# Not a wire code either: a redirect named a gateway this source found dead (the liveness timeout, or a refused
-# connection); the cluster has not moved the shard yet. Waited out like ``shard_unavailable``.
-OWNER_UNRESPONSIVE = "owner_unresponsive"
-# Between two dialing rounds while the cluster names an owner this source found dead (as a ``shard_unavailable``'s
-# retry_after_ms would).
-UNRESPONSIVE_OWNER_RETRY_S = 0.5
-# A gateway that refused the connection is a suspect this long: the redirects still naming it (the cluster has not
-# noticed yet) are waited out instead of followed into a loop; a restarted gateway is dialed again soon after.
-REFUSED_SUSPECT_S = 1.0
-
-
-def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
-    """Write unless the connection is already gone; False then.
-
-    asyncio's own loop drops a write to a closed transport with a log line, uvloop raises RuntimeError ("the handler
-    is closed"): without this, a connection lost under uvloop killed the sender task and failed the whole client
-    instead of reconnecting."""
-    if writer.transport.is_closing():
-        return False
-    try:
-        writer.write(data)
-    except (ConnectionError, OSError, RuntimeError):
-        return False
-    return True
-
-
-def _write_or_raise(writer: asyncio.StreamWriter, data: bytes) -> None:
-    if not _write(writer, data):
-        raise ConnectionError("the connection closed before the write")
-
-
-class GatewayRerouted(GatewayFailed):
-    """The source's shard is not served where this connection went: ``shard_unavailable`` or ``shard_moved`` from
-    the gateway, a redirect after the welcome, or redirects that did not settle (``too_many_redirects``). Handled as
-    a lost connection, except that the gateway is no longer taken for the owner and the next attempt waits at least
-    ``retry_after_ms`` and starts from the address list."""
-
-    def __init__(self, code: str, message: str, retry_after_ms: int | None = None,
-                 gateway: GatewayAddress | None = None) -> None:
-        super().__init__(code, message)
-        self.retry_after_ms = retry_after_ms
-        self.gateway = gateway
-
-
-@dataclass
-class _Slot:
-    """One pool connection."""
-
-    index: int
-    backoff: Backoff
-    reader: asyncio.StreamReader | None = None
-    writer: asyncio.StreamWriter | None = None
-    decoder: FrameDecoder = field(default_factory=FrameDecoder)
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    task: asyncio.Task[None] | None = None
-    gateway: GatewayAddress | None = None
-    """The gateway this connection is (or was last) open to."""
-    retry_after_s: float = 0.0
-    """The least wait before the next dialing round (a shard error's ``retry_after_ms``)."""
 
 
 class SkewlessClient:
@@ -192,14 +94,9 @@ class SkewlessClient:
         # The gateway's gap notices, newest last (docs/sdk.md, "Gaps"): which seqs it gave up and acked past.
         self.gaps = self._window.gaps
 
-        pool_size, heartbeat_interval_s = settings.pool_size, settings.heartbeat_interval_s
-        self._scheduler = PoolScheduler(pool_size)
-        self._idle = IdleTimer(pool_size, heartbeat_interval_s, settings.keepalive_interval_s)
-        # A heartbeat probes a connection that has waited this long for an ack (Kafka may be slow, the gateway not).
-        self._liveness = GatewayLiveness(pool_size, settings.liveness_timeout_s, heartbeat_interval_s)
-        base_backoff = settings.backoff if settings.backoff is not None else Backoff()
-        self._slots = [_Slot(i, base_backoff.copy()) for i in range(pool_size)]
         self._time = OwnerTimeSync(settings, source_id, self._router, self.stats, self._task_done)
+        self._pool = GatewayPool(settings, source_id, self._router, self.stats, self._window, self._time, self._hello)
+        self._sending = Sender(settings, self._pool, self._window, self.stats, self.heartbeat_ts_us)
         self._sender: asyncio.Task[None] | None = None
         self._connected = False
 
@@ -218,7 +115,7 @@ class SkewlessClient:
     @property
     def connected_count(self) -> int:
         """Pool connections currently up."""
-        return len(self._scheduler.live)
+        return len(self._pool.scheduler.live)
 
     @property
     def clock_estimate(self) -> ClockEstimate | None:
@@ -261,6 +158,8 @@ class SkewlessClient:
         estimate = self.clock_estimate
         return now if estimate is None else estimate.to_reference_us(now)
 
+    # The rooms' state under the names the tests and benchmarks reach for.
+
     @property
     def _store(self) -> UnackedStore:
         return self._window.store
@@ -272,6 +171,18 @@ class SkewlessClient:
     @property
     def _acked_streams(self) -> set[str]:
         return self._window.acked_streams
+
+    @property
+    def _slots(self) -> list[PoolConnection]:
+        return self._pool.connections
+
+    @property
+    def _idle(self) -> IdleTimer:
+        return self._pool.idle
+
+    @_idle.setter
+    def _idle(self, idle: IdleTimer) -> None:
+        self._pool.idle = idle
 
     @property
     def _move_sync_task(self) -> asyncio.Task[None] | None:
@@ -312,8 +223,8 @@ class SkewlessClient:
                 # the first gateway of the list that answers: any gateway's clock makes a fresh token), then again
                 # with the owner once it knows it.
                 await self._time.presync(self.settings.udp_port)
-            for slot in self._slots:
-                await self._open_at_connect(slot)
+            for conn in self._pool.connections:
+                await self._pool.open_at_connect(conn)
         except RemoteProtocolError as exc:
             # The gateway's own frames broke the protocol (a malformed or oversized frame in the handshake).
             await self._teardown()
@@ -322,10 +233,11 @@ class SkewlessClient:
             await self._teardown()
             raise
         self._connected = True
-        for slot in self._slots:
-            slot.task = asyncio.create_task(self._supervise(slot), name=f"skewless-{self.source_id}-conn{slot.index}")
-            slot.task.add_done_callback(self._task_done)
-        self._sender = asyncio.create_task(self._run_sender(), name=f"skewless-{self.source_id}-sender")
+        for conn in self._pool.connections:
+            conn.task = asyncio.create_task(self._pool.supervise(conn),
+                                            name=f"skewless-{self.source_id}-conn{conn.index}")
+            conn.task.add_done_callback(self._task_done)
+        self._sender = asyncio.create_task(self._sending.run(), name=f"skewless-{self.source_id}-sender")
         self._sender.add_done_callback(self._task_done)
         self._window.wake_sender()
 
@@ -343,23 +255,14 @@ class SkewlessClient:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
-        for slot in self._slots:
-            if slot.task is not None:
-                slot.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await slot.task
-        for slot in self._slots:
-            if slot.writer is not None and self._scheduler.is_up(slot.index):
-                with contextlib.suppress(ConnectionError, OSError):
-                    if _write(slot.writer, encode_frame(build_bye())):
-                        await slot.writer.drain()
+        await self._pool.stop()
         await self._teardown()
         self._window.closing()
 
     async def _teardown(self) -> None:
         await self._time.stop_tasks()
-        for slot in self._slots:
-            await self._drop(slot)
+        for conn in self._pool.connections:
+            await self._pool.drop(conn)
         await self._time.close()
         if self._window.spool is not None:
             self._window.spool.close()
@@ -431,8 +334,8 @@ class SkewlessClient:
                                           source_ts_us: int | None = None, *,
                                           seq: int | None = None) -> asyncio.Future[int]:
         """``send_interval_start()`` with a delivery future, as ``send_tracked()`` gives one."""
-        return self._window.track(stream, await self.send_interval_start(stream, interval_id, payload, source_ts_us,
-                                                                  seq=seq))
+        seq = await self.send_interval_start(stream, interval_id, payload, source_ts_us, seq=seq)
+        return self._window.track(stream, seq)
 
     async def send_interval_end_tracked(self, stream: str, interval_id: str, payload: Any,
                                         source_ts_us: int | None = None, *,
@@ -482,376 +385,13 @@ class SkewlessClient:
         if self._window.error is not None:
             raise self._window.error
 
-    async def _run_sender(self) -> None:
-        wake, progress, _room = self._window.signals()
-        loop = asyncio.get_running_loop()
-        while True:
-            live = self._scheduler.live
-            now_s = loop.time()
-            timeout = _earliest(self._idle.next_due_in(live, now_s), self._liveness.next_due_in(live, now_s))
-            if not wake.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await wake.wait()
-            wake.clear()
-            pending = self._window.store.pending_count
-            if (pending and pending < self.settings.batch_events and self.settings.linger_s > 0
-                    and not self._window.flush_now):
-                await asyncio.sleep(self.settings.linger_s)
-            before = self._window.store.pending_count
-            wrote = await self._write_pending(loop)
-            self._send_heartbeats(loop)
-            self._check_liveness(loop)
-            # Only real progress wakes flush()/send_pending(): while no connection is up they wait for one.
-            if wrote or self._window.store.pending_count != before:
-                progress.set()
-
-    async def _write_pending(self, loop: asyncio.AbstractEventLoop) -> bool:
-        wrote = False
-        while self._window.store.pending_count and self._scheduler.live:
-            events = self._window.store.take_batch(self.settings.batch_events)
-            if not events:
-                break
-            # Until the gateway acked a stream, its first seqs must not race each other over two sockets.
-            pinned = any(e.stream not in self._window.acked_streams for e in events)
-            index = self._scheduler.next_slot(pinned=pinned)
-            assert index is not None
-            slot = self._slots[index]
-            writer = slot.writer
-            assert writer is not None
-            frames = encode_batches(events, self.settings.batch_events, slot.max_frame_bytes)
-            if self._window.spool is not None:
-                self._window.spool.flush()  # on disk before the gateway can have seen them
-            for chunk, frame in frames:
-                # If the connection is gone, its supervisor requeues what was marked sent on it.
-                if _write(writer, frame):
-                    self.stats.frames_sent += 1
-                    self.stats.events_sent += len(chunk)
-            resent = sum(1 for e in events if e.resend)
-            self.stats.events_resent += resent
-            self._window.store.mark_sent(events, index)
-            self._idle.wrote(index, loop.time())
-            self._liveness.wrote(index, loop.time(), True)
-            wrote = True
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.drain()  # a lost connection: its supervisor requeues what it carried
-            # drain() returns at once while the socket takes everything: yield, or a long queue goes out in one go
-            # while the other clients of this event loop (a replay's sources) send nothing.
-            await asyncio.sleep(0)
-        return wrote
-
-    def _send_heartbeats(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        live = self._scheduler.live
-        due = self._idle.due(live, now)
-        if self._window.store.pending_count:
-            return  # a heartbeat must not claim seqs still queued here; they go out first
-        probes = self._liveness.probe_due(live, now)
-        if probes:
-            due = sorted({*due, *probes})
-        if not due:
-            return
-        ts_us = self.heartbeat_ts_us()
-        if ts_us is None:
-            for index in due:
-                self._idle.wrote(index, now)
-            return
-        frame = encode_frame(build_heartbeat(ts_us, heartbeat_next_seq(self._window.seqs, self._window.store)))
-        # The gateway answers a heartbeat with the source's cumulative acks, which exist once one was acked.
-        answerable = any(self._window.store.acked_through(stream) >= 0 for stream in self.streams)
-        for index in due:
-            writer = self._slots[index].writer
-            if writer is not None and _write(writer, frame):
-                self.stats.heartbeats_sent += 1
-                self._liveness.wrote(index, now, answerable, heartbeat=True)
-            self._idle.wrote(index, now)
-
-    def _check_liveness(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Abort the connections whose gateway owes an answer past ``liveness_timeout_s``: their supervisors see
-        the loss, requeue what they carried and dial the cluster again, that gateway last."""
-        now = loop.time()
-        for index in self._liveness.dead(self._scheduler.live, now):
-            slot = self._slots[index]
-            self.stats.liveness_timeouts += 1
-            self._liveness.opened(index)  # judged once; the supervisor drops it
-            gateway = slot.gateway
-            log.warning("%s conn%d: gateway %s sent nothing for %.1f s while owing an answer: taken for dead, "
-                        "reconnecting", self.source_id, index,
-                        "?" if gateway is None else f"{gateway.host}:{gateway.port}", self.settings.liveness_timeout_s)
-            if gateway is not None and self.settings.liveness_timeout_s is not None:
-                self._router.suspect(gateway, now + 2 * self.settings.liveness_timeout_s)
-            if slot.writer is not None:
-                slot.writer.transport.abort()  # close() would wait to flush to a peer that does not read
-
     # -- connections -----------------------------------------------------------------------------------------------
 
     def _hello(self) -> dict[str, Any]:
         return build_hello(self.source_id, self.streams, None if self._token is None else self._token())
 
-    async def _open_at_connect(self, slot: _Slot) -> None:
-        """``connect()``'s opening of one connection: a wrong address or credentials fail at once, but a cluster that
-        says "not now" (a shard error, redirects still moving) is retried with backoff for ``connect_timeout_s``."""
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + self.settings.connect_timeout_s
-        while True:
-            try:
-                await self._open(slot)
-            except GatewayRerouted as exc:
-                self._rerouted(slot, exc)
-                if exc.retry_after_ms is not None:
-                    slot.backoff.reset()  # paced by the cluster's retry_after_ms (as in _supervise)
-                delay = slot.backoff.next_delay()
-                if delay is None or loop.time() + max(delay, slot.retry_after_s) > deadline_s:
-                    raise
-                await asyncio.sleep(max(delay, slot.retry_after_s))
-                slot.retry_after_s = 0.0
-                continue
-            slot.backoff.reset()
-            return
-
-    async def _open(self, slot: _Slot) -> None:
-        """Open one pool connection: one dialing round (``clients.core.RouteRound``: the owner, else the address
-        list in order, following redirects), then the owner's time sync, then the connection goes live.
-
-        Raises the last dialing failure when no gateway welcomed it, ``GatewayRerouted`` for a shard error or too
-        many redirects, ``GatewayRejected`` for a refusal."""
-        loop = asyncio.get_running_loop()
-        route = self._router.round(loop.time())
-        failure: BaseException | None = None
-        while (target := route.next_target()) is not None:
-            try:
-                reader, writer, decoder, reply, rest = await self._handshake(slot, target)
-            except GatewayRerouted:
-                raise  # the cluster answered: another address would say the same now
-            except (ConnectionError, OSError, TimeoutError) as exc:
-                log.info("%s conn%d: %s:%d: %r", self.source_id, slot.index, target.host, target.port, exc)
-                route.unreachable(target)
-                if isinstance(exc, ConnectionRefusedError):
-                    # Nobody listens there now: redirects naming it are waited out, not followed in a loop.
-                    self._router.suspect(target, loop.time() + REFUSED_SUSPECT_S)
-                failure = exc
-                continue
-            if isinstance(reply, Redirect):
-                writer.close()
-                self.stats.redirects += 1
-                to = GatewayAddress(reply.host, reply.port, reply.timesync_port)
-                log.info("%s conn%d: %s:%d redirects shard %d to %s at %s:%d", self.source_id, slot.index,
-                         target.host, target.port, reply.shard, reply.gateway_id, to.host, to.port)
-                if route.redirect_to_suspect(to):
-                    # The cluster still names a gateway this source found dead: its shard has not moved yet.
-                    self.stats.redirects_to_suspects += 1
-                    raise GatewayRerouted(OWNER_UNRESPONSIVE, f"redirected to {to.host}:{to.port}, which did not "
-                                          "answer: waiting for the cluster to move the shard",
-                                          round(UNRESPONSIVE_OWNER_RETRY_S * 1000), target)
-                if not route.redirected(to):
-                    raise GatewayRerouted(TOO_MANY_REDIRECTS, f"more than {self._router.max_redirects} redirects in a "
-                                          f"row, the last to {to.host}:{to.port}")
-                continue
-            owner = self._router.welcomed(target, reply.timesync_port)
-            try:
-                await self._time.follow_owner(owner, reply.clock_known)
-            except BaseException:
-                writer.close()
-                raise
-            try:
-                self._go_live(slot, owner, reader, writer, decoder, reply, rest)
-            except BaseException:
-                # A frame that came with the welcome ended the session (a shard_moved, say): undo the slot.
-                await self._drop(slot)
-                raise
-            return
-        if failure is not None:
-            # The OS's own error (refused, timed out, a TLS certificate refused) names the cause best.
-            raise failure
-        raise GatewayUnreachable(f"no gateway address left to dial of {self._describe_addresses()}")
-
-    async def _handshake(self, slot: _Slot, target: GatewayAddress) -> tuple[
-            asyncio.StreamReader, asyncio.StreamWriter, FrameDecoder, Welcome | Redirect, list[dict[str, Any]]]:
-        """Connect to ``target`` and say hello; the answer is a welcome or a redirect, an error frame raises."""
-        started = asyncio.get_running_loop().time()
-        async with asyncio.timeout(self.settings.connect_timeout_s):
-            reader, writer = await asyncio.open_connection(
-                target.host, target.port, ssl=self.settings.ssl,
-                server_hostname=self.settings.server_hostname if self.settings.ssl is not None else None)
-            decoder = FrameDecoder(DEFAULT_MAX_FRAME_BYTES)
-            try:
-                _write_or_raise(writer, encode_frame(self._hello()))
-                messages = await _read_first_frames(reader, decoder)
-            except BaseException:
-                writer.close()
-                raise
-        elapsed_s = asyncio.get_running_loop().time() - started
-        if elapsed_s > 5.0:
-            log.warning("%s conn%d: the gateway took %.1f s to answer the hello", self.source_id, slot.index, elapsed_s)
-        try:
-            reply = parse_gateway_message(messages[0])
-        except RemoteProtocolError as exc:
-            writer.close()
-            raise GatewayRejected(exc.code, f"expected welcome: {exc}") from exc
-        if isinstance(reply, Welcome | Redirect):
-            return reader, writer, decoder, reply, messages[1:]
-        writer.close()
-        if isinstance(reply, ErrorReply):
-            if reply.code in ROUTING_ERROR_CODES:
-                raise self._shard_error(reply, target)
-            if reply.code in RETRYABLE_ERROR_CODES:
-                raise GatewayFailed(reply.code, reply.message)
-            raise GatewayRejected(reply.code, reply.message)
-        raise GatewayRejected("unexpected_reply", f"expected welcome, got {messages[0].get('type')!r}")
-
-    def _go_live(self, slot: _Slot, owner: GatewayAddress, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, decoder: FrameDecoder, welcome: Welcome,
-                 rest: list[dict[str, Any]]) -> None:
-        slot.max_frame_bytes = welcome.max_frame_bytes
-        self._window.max_frame_bytes = min(s.max_frame_bytes for s in self._slots)
-        slot.reader, slot.writer, slot.decoder, slot.gateway = reader, writer, decoder, owner
-        self._scheduler.up(slot.index)
-        self._idle.wrote(slot.index, asyncio.get_running_loop().time())
-        self._liveness.opened(slot.index)
-        self._router.cleared(owner)
-        self.stats.connects += 1
-        for message in rest:
-            self._on_message(message)
-        self._window.wake_sender()
-        self._window.progressed()
-
-    def _shard_error(self, reply: ErrorReply, gateway: GatewayAddress | None) -> GatewayRerouted:
-        if reply.code == SHARD_MOVED:
-            self.stats.shard_moves += 1
-        elif reply.code == SHARD_UNAVAILABLE:
-            self.stats.shard_unavailable += 1
-        log.warning("%s: gateway %s: %s: %s", self.source_id,
-                    "?" if gateway is None else f"{gateway.host}:{gateway.port}", reply.code, reply.message)
-        return GatewayRerouted(reply.code, reply.message, reply.retry_after_ms, gateway)
-
-    def _rerouted(self, slot: _Slot, exc: GatewayRerouted) -> None:
-        """A shard error or unsettled redirects: that gateway is no longer taken for the owner, and the next dialing
-        round of this connection waits at least the gateway's ``retry_after_ms``."""
-        gateway = exc.gateway if exc.gateway is not None else slot.gateway
-        if gateway is not None and exc.code != "redirect":
-            self._router.forget(gateway)
-        if exc.retry_after_ms is not None:
-            slot.retry_after_s = max(slot.retry_after_s, exc.retry_after_ms / 1000)
-
-    async def _drop(self, slot: _Slot) -> None:
-        """Forget one connection: requeue what it carried, close the socket."""
-        was_up = self._scheduler.is_up(slot.index)
-        self._scheduler.down(slot.index)
-        if was_up:
-            requeued = self._window.store.connection_lost(slot.index)
-            if requeued:
-                log.info("%s conn%d lost; %d unacked events requeued", self.source_id, slot.index, requeued)
-            # A new connection may land on a gateway that restarted: start pinned again.
-            self._window.acked_streams.clear()
-        writer, slot.writer, slot.reader = slot.writer, None, None
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(ConnectionError, OSError, ssl_module.SSLError):
-                await writer.wait_closed()
-
-    async def _supervise(self, slot: _Slot) -> None:
-        """Read one connection until it breaks, then reconnect with backoff; forever, until closed or failed."""
-        while not self._window.closed:
-            if slot.reader is not None:
-                try:
-                    await self._read_until_closed(slot)
-                except GatewayRerouted as exc:
-                    self._rerouted(slot, exc)
-                except (ConnectionError, OSError, RemoteProtocolError) as exc:
-                    log.info("%s conn%d: %r", self.source_id, slot.index, exc)
-                self.stats.connection_losses += 1
-                await self._drop(slot)
-                if self._window.error is not None:
-                    return
-            delay = slot.backoff.next_delay()
-            if delay is None:
-                self._window.fail(GatewayUnreachable(f"gateway {self._describe_addresses()} unreachable after "
-                                           f"{slot.backoff.attempts} reconnect attempts"))
-                return
-            delay, slot.retry_after_s = max(delay, slot.retry_after_s), 0.0
-            await asyncio.sleep(delay)
-            try:
-                await self._open(slot)
-            except GatewayRejected as exc:
-                self._window.fail(exc)
-                return
-            except GatewayRerouted as exc:
-                self._rerouted(slot, exc)
-                if exc.retry_after_ms is not None:
-                    # The cluster answered and said when to ask again: that, not a growing backoff, paces the
-                    # retries, so the source is back within retry_after_ms of the shard being served again.
-                    slot.backoff.reset()
-                continue
-            except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, _AnyTimeSyncError) as exc:
-                log.info("%s conn%d reconnect failed: %r", self.source_id, slot.index, exc)
-                continue
-            slot.backoff.reset()
-            self.stats.reconnects += 1
-
-    async def _read_until_closed(self, slot: _Slot) -> None:
-        reader = slot.reader
-        assert reader is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            data = await reader.read(_READ_CHUNK)
-            if not data:
-                return
-            self._heard_from(slot, loop.time())
-            for message in slot.decoder.feed(data):
-                self._on_message(message)
-                if self._window.error is not None:
-                    return
-
-    def _heard_from(self, slot: _Slot, now_s: float) -> None:
-        """Bytes from ``slot``'s gateway: it is alive, for every pool connection open to it (an answer may come on
-        another connection of the source than the one that asked)."""
-        outstanding = len(self._window.store) > self._window.store.pending_count
-        for index in self._scheduler.live:
-            other = self._slots[index]
-            if other is slot or (slot.gateway is not None and slot.gateway.same_gateway(other.gateway)):
-                self._liveness.received(index, now_s, outstanding)
-
     def _on_message(self, raw: dict[str, Any]) -> None:
-        try:
-            message = parse_gateway_message(raw)
-        except RemoteProtocolError as exc:
-            # A newer gateway may send types this client does not know: ignored, not fatal.
-            log.warning("%s: ignored a gateway message: %s", self.source_id, exc)
-            return
-        if isinstance(message, Ack):
-            self._window.on_ack(message)
-        elif isinstance(message, GapNotice):
-            self._window.on_gap(message)
-        elif isinstance(message, ResyncRequest):
-            self._time.on_resync_request(message, self._window.closed)
-        elif isinstance(message, Redirect):
-            # Only an answer to a hello should carry one; later it still means the owner is elsewhere: go there.
-            self.stats.redirects += 1
-            self._router.owner = GatewayAddress(message.host, message.port, message.timesync_port)
-            raise GatewayRerouted("redirect", f"redirected to {message.host}:{message.port} after the welcome")
-        elif isinstance(message, ErrorReply):
-            if message.fatal and message.code in ROUTING_ERROR_CODES:
-                # Raised to the connection's supervisor: dropped, the list dialed again after retry_after_ms, the
-                # unacked events resent to whichever gateway owns the shard now.
-                raise self._shard_error(message, None)
-            if message.fatal and message.code in RETRYABLE_ERROR_CODES:
-                # Raised to the connection's supervisor: dropped, re-opened, its unacked events resent.
-                raise GatewayFailed(message.code, message.message)
-            error = GatewayRejected(message.code, message.message)
-            if message.fatal:
-                log.error("%s: gateway error %s", self.source_id, error)
-                self._window.fail(error)
-            elif message.stream is not None and message.seq is not None:
-                self._window.on_refused(RefusedEvent(message.stream, message.seq, message.code, message.message))
-            else:
-                log.warning("%s: gateway warning %s", self.source_id, error)
-
-    def _describe_addresses(self) -> str:
-        return ", ".join(f"{a.host}:{a.port}" for a in self._router.addresses)
-
-def _earliest(*waits_s: float | None) -> float | None:
-    known = [w for w in waits_s if w is not None]
-    return min(known) if known else None
+        self._pool.on_message(raw)
 
 
 @contextlib.asynccontextmanager
@@ -861,16 +401,6 @@ async def _flush_deadline(timeout_s: float, client: SkewlessClient) -> AsyncIter
             yield
     except TimeoutError as exc:
         raise FlushTimeout(f"{client.unacked_count} events still unacknowledged after {timeout_s} s") from exc
-
-
-async def _read_first_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list[dict[str, Any]]:
-    while True:
-        data = await reader.read(_READ_CHUNK)
-        if not data:
-            raise ConnectionError("gateway closed the connection during the handshake")
-        messages = decoder.feed(data)
-        if messages:
-            return messages
 
 
 async def connect(host: str, tcp_port: int, udp_port: int | None, source_id: str,
@@ -886,7 +416,6 @@ async def connect(host: str, tcp_port: int, udp_port: int | None, source_id: str
                             **options)
     await client.connect()
     return client
-
 
 
 # help() and inspect show every option with its default, from the one place they are written.

@@ -1,5 +1,5 @@
 """Every error the SDK raises on its own account derives from :class:`SkewlessError` (``GatewayRerouted``, which
-names a ``clients.core.GatewayAddress``, lives in ``clients.client``).
+names a ``clients.core.GatewayAddress``, lives in ``clients.connection``; ``InvalidInterval`` in ``clients.window``).
 
 Each class also keeps the builtin base it had before the hierarchy existed (``ConnectionError``, ``ValueError``,
 ``RuntimeError``, ``TimeoutError``, the time-sync module's ``TimeSyncError``), so an ``except`` written against those
