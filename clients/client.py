@@ -71,7 +71,7 @@ class SkewlessClient:
                  **options: Unpack[ClientOptions]) -> None:
         if not streams:
             raise ValueError("declare at least one stream")
-        self.settings = settings = ClientSettings(**options)
+        self.settings = settings = ClientSettings.of("SkewlessClient.__init__", options)
         self.host = host
         self.port = port
         self.gateways = list(settings.gateways)

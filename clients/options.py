@@ -94,6 +94,14 @@ class ClientSettings:
     spool_fsync: bool = False
     """Whether each spooled batch is fsynced."""
 
+    @classmethod
+    def of(cls, caller: str, options: ClientOptions) -> ClientSettings:
+        """``ClientSettings(**options)``, with the ``TypeError`` Python gives ``caller`` for a keyword it lacks."""
+        unknown = [name for name in options if name not in _OPTION_NAMES]
+        if unknown:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        return cls(**options)
+
     def __post_init__(self) -> None:
         if self.batch_events < 1:
             raise ValueError("batch_events must be >= 1")
@@ -102,6 +110,9 @@ class ClientSettings:
         if self.token is not None and self.hmac_secret is not None:
             raise ValueError("pass either token or hmac_secret, not both")
         object.__setattr__(self, "gateways", tuple((str(h), int(p)) for h, p in self.gateways))
+
+
+_OPTION_NAMES = frozenset(f.name for f in fields(ClientSettings))
 
 
 class ConnectOptions(TypedDict, total=False):
