@@ -233,6 +233,10 @@ def sequence_command(
     early_alerts: Annotated[bool, typer.Option(
         help="With --constraint: an early_alert record once a match is certain. Sound only if every trace of the "
              "constraint spans less than the query's WITHIN window (your promise).")] = False,
+    key_groups: Annotated[int | None, typer.Option(
+        min=1, help="Key groups per stream: the query's equality key (a.id = b.id = ...) spread over this many "
+                    "Spark groups (default: spark.sql.shuffle.partitions; one group without a key, with "
+                    "--k-slack-ms, aggressive mode or --constraint). Fixed in the checkpoint.")] = None,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
@@ -262,7 +266,8 @@ def sequence_command(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
         k_slack_us=k_slack_us, allowed_lateness_us=allowed_lateness_us, constraint=constraint,
-        constraint_checker=constraint_checker, early_alerts=early_alerts, checkpoint_dir=checkpoint,
+        constraint_checker=constraint_checker, early_alerts=early_alerts, key_groups=key_groups,
+        checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, started)
 

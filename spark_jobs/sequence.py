@@ -15,10 +15,12 @@ An event's type is the payload field named by `--type-field` (default `type`); i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cep.key_groups import sequence_partition_key
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.sase import (
     EngineConfig,
@@ -45,9 +47,17 @@ from contract.records import (
     result_value,
 )
 from spark_jobs.pattern import partition_text
-from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
+from spark_jobs.stateful import (
+    EventBatch,
+    KeyGroups,
+    decode_payload,
+    json_field,
+    key_group_column,
+    start_core_job,
+)
 
 JOB_NAME = "sequence"
+log = logging.getLogger("skewless.spark")
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
 RECORD_OF_OUTPUT: dict[OutputKind, str] = {
@@ -69,6 +79,8 @@ class SequenceOptions:
     constraint: str | None = None
     constraint_checker: Literal["basic", "lightweight"] = "lightweight"
     early_alerts: bool = False
+    key_groups: int | None = None
+    """G: key groups per stream (None: the session's spark.sql.shuffle.partitions; spark_jobs/stateful.py)."""
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
@@ -181,13 +193,59 @@ def constraint_problem(query: Query, constraint: str, checker: Literal["basic", 
     return None
 
 
+def key_groups_plan(query: Query, options: SequenceOptions, default_groups: int) -> tuple[int, str]:
+    """G for the job and why: the query's equality key spread over ``options.key_groups`` (default:
+    ``default_groups``), or one group when there is no key, or when the engine reads its CLOCK across keys."""
+    requested = default_groups if options.key_groups is None else options.key_groups
+    if requested < 1:
+        raise ValueError(f"key groups must be at least 1, got {requested}")
+    key = sequence_partition_key(query)
+    if key is None:
+        return 1, "one key group per stream: the query's WHERE has no equality class covering every element"
+    # The engine's CLOCK (the largest timestamp it has seen) is per engine, so in a key group it is the group's:
+    # a K-slack low watermark, aggressive mode's match/add choice and the constraint monitor read it across keys.
+    if options.k_slack_us is not None:
+        return 1, "one key group per stream: a K-slack bound needs the stream's largest timestamp in one engine"
+    if options.mode == "aggressive":
+        return 1, "one key group per stream: aggressive mode tells match from add by the stream's largest timestamp"
+    if options.constraint is not None:
+        return 1, "one key group per stream: key groups are not yet checked with a constraint monitor"
+    attrs = ", ".join(f"{t}.{a}" for t, a in sorted(key.attribute_of_type.items()))
+    return requested, f"{requested} key group(s) per stream, keyed by {attrs}"
+
+
+def sequence_key_groups(query: Query, type_field: str, groups: int, events_topic_prefix: str) -> KeyGroups | None:
+    """The Spark routing of a keyed query's events over ``groups`` key groups (None: one group)."""
+    from pyspark.sql import functions as F
+
+    key = sequence_partition_key(query)
+    if key is None or groups < 2:
+        return None
+    payload = F.col("payload")
+    event_type = json_field(payload, type_field)
+    key_text: Any = None
+    for event_type_name, attr in sorted(key.attribute_of_type.items()):
+        branch = json_field(payload, attr)
+        key_text = (F.when(event_type == event_type_name, branch) if key_text is None
+                    else key_text.when(event_type == event_type_name, branch))
+    fallback = key.trace_attribute
+    key_text = key_text.otherwise(json_field(payload, fallback) if fallback is not None else F.lit(None))
+    return KeyGroups(groups, key_group_column(key_text, groups), events_topic_prefix)
+
+
 def start(spark: Any, options: SequenceOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
+    from contract.topics import TopicNames
+
     query = parse_query(options.query)
     config = engine_config(options)
     SequenceEngine(query, config)  # a bad constraint fails here, on the driver, not in every task
+    groups, why = key_groups_plan(query, options, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    log.info("sequence: %s", why)
+    events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 
     def factory(stream: str, blob: bytes | None) -> SequenceStreamCore:
         return SequenceStreamCore(stream, query, config, options.type_field, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory)
+    return start_core_job(spark, JOB_NAME, options, factory,
+                          key_groups=sequence_key_groups(query, options.type_field, groups, events_topic_prefix))

@@ -88,6 +88,9 @@ class StreamProgress:
     """Latest punctuation per partition."""
     rtt_us: dict[str, int] = field(default_factory=dict)
     """Latest clock round trip per source (from its events' ``rtt_us``)."""
+    key_groups: int = 1
+    """G the state was made with: a key's state lives in the group G routed it to, so G is fixed by the
+    checkpoint (a restart with another G is refused, not silently re-routed)."""
 
     def observe_punctuation(self, partition: int, watermark_us: int) -> None:
         if 0 < self.partitions <= partition:
@@ -111,7 +114,7 @@ class StreamProgress:
         packed: bytes = msgpack.packb({
             "v": _STATE_VERSION, "partitions": self.partitions, "events_topic": self.events_topic,
             "promised_us": self.promised_us,
-            "rtt_us": self.rtt_us, "core": core_blob}, use_bin_type=True)
+            "rtt_us": self.rtt_us, "key_groups": self.key_groups, "core": core_blob}, use_bin_type=True)
         return packed
 
     @classmethod
@@ -120,7 +123,8 @@ class StreamProgress:
         if state.get("v") != _STATE_VERSION:
             raise ValueError(f"unsupported stream state version {state.get('v')!r}")
         progress = cls(state["partitions"], state["events_topic"],
-                       {int(p): w for p, w in state["promised_us"].items()}, dict(state["rtt_us"]))
+                       {int(p): w for p, w in state["promised_us"].items()}, dict(state["rtt_us"]),
+                       int(state.get("key_groups", 1)))
         return progress, bytes(state["core"])
 
 
@@ -329,8 +333,9 @@ def worker_live_cores() -> LiveCores:
 
 def make_stream_function(job: str, factory: CoreFactory,
                          partitions_of: Callable[[str], tuple[str, int]],
-                         live_cores: LiveCores | None = None) -> Callable[..., Any]:
-    """The function for ``applyInPandasWithState(..., outputMode="append", timeoutConf=NoTimeout)``."""
+                         live_cores: LiveCores | None = None, key_groups: int = 1) -> Callable[..., Any]:
+    """The function for ``applyInPandasWithState(..., outputMode="append", timeoutConf=NoTimeout)``; the
+    grouping key is (stream,) or, with key groups, (stream, key group) of ``key_groups`` per stream."""
     # Made on the driver, the same in every task of this query: a kept core is only ever reused by its own query
     # (the factory's options are not in the blob).
     owner = uuid.uuid4().hex
@@ -339,6 +344,8 @@ def make_stream_function(job: str, factory: CoreFactory,
         import pandas as pd
 
         stream = str(key[0])
+        # The key group (absent: a plan grouped by stream only). Each group of a stream has its own state and core.
+        slot = stream if len(key) < 2 else f"{stream}#{int(key[1])}"
         columns = columns_of_frames(frames)
         if stream == UNPARSED_GROUP:
             names = list(columns)
@@ -348,14 +355,19 @@ def make_stream_function(job: str, factory: CoreFactory,
         else:
             cores = worker_live_cores() if live_cores is None else live_cores
             blob = bytes(state.get[0]) if state.exists else None
-            live = cores.take(owner, stream, blob)
+            live = cores.take(owner, slot, blob)
             if live is not None:
                 progress, core = live
             elif blob is not None:
                 progress, core_blob = StreamProgress.from_blob(blob)
+                if progress.key_groups != key_groups:
+                    raise ValueError(
+                        f"{job}: the checkpoint's state of stream {stream!r} was made with {progress.key_groups} "
+                        f"key group(s), this run has {key_groups}: keep --key-groups {progress.key_groups} or "
+                        "start from a fresh checkpoint")
                 core = factory(stream, core_blob)
             else:
-                progress = StreamProgress(0)
+                progress = StreamProgress(0, key_groups=key_groups)
                 core = factory(stream, None)
             if progress.partitions == 0:
                 # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
@@ -364,7 +376,7 @@ def make_stream_function(job: str, factory: CoreFactory,
             outputs = run_stream_columns(progress, core, columns, job=job, stream=stream)
             blob = progress.to_blob(core.snapshot())
             state.update((blob,))
-            cores.keep(owner, stream, blob, progress, core)
+            cores.keep(owner, slot, blob, progress, core)
         if outputs:
             yield pd.DataFrame({"key": [k for k, _ in outputs],
                                 "value": [orjson.dumps(v).decode() for _, v in outputs]})
@@ -392,20 +404,74 @@ def read_contract_records(spark: Any, bootstrap_servers: str, topics: Sequence[s
 def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
                        partitions_of: Callable[[str], tuple[str, int]],
                        extra_columns: Mapping[str, Any] | None = None,
-                       input_columns: Sequence[str] = INPUT_COLUMNS) -> Any:
+                       input_columns: Sequence[str] = INPUT_COLUMNS,
+                       key_groups: KeyGroups | None = None) -> Any:
     """Group the records by stream and run the cores. ``extra_columns`` (name -> Spark column) are computed in the
-    JVM and handed to the cores too; a job that needs fewer contract columns ships fewer (``input_columns``)."""
+    JVM and handed to the cores too; a job that needs fewer contract columns ships fewer (``input_columns``).
+
+    With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: each event goes to
+    the group of its key, and every punctuation of the stream's events topic goes to every group, so each group's
+    core advances with the stream's whole promise W(stream), unchanged."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     keyed = records.withColumn("group_key", F.coalesce(F.col("stream"), F.lit(UNPARSED_GROUP)))
     extras = [column.alias(name) for name, column in (extra_columns or {}).items()]
+    group_columns = ["group_key"]
+    groups = 1 if key_groups is None else key_groups.groups
+    if key_groups is not None and groups > 1:
+        promise = (F.col("kind") == F.lit(PUNCTUATION)) & (
+            F.col("topic") == F.concat(F.lit(key_groups.events_topic_prefix), F.col("stream")))
+        every_group = F.sequence(F.lit(0), F.lit(key_groups.groups - 1))
+        keyed = keyed.withColumn("key_group", F.explode(
+            F.when(promise, every_group).otherwise(F.array(key_groups.group_column))))
+        group_columns.append("key_group")
     return (
-        keyed.select("group_key", *input_columns, *extras)
-        .groupBy("group_key")
-        .applyInPandasWithState(make_stream_function(job, factory, partitions_of), OUTPUT_SCHEMA, STATE_SCHEMA,
+        keyed.select(*group_columns, *input_columns, *extras)
+        .groupBy(*group_columns)
+        .applyInPandasWithState(make_stream_function(job, factory, partitions_of, key_groups=groups),
+                                OUTPUT_SCHEMA, STATE_SCHEMA,
                                 "append", GroupStateTimeout.NoTimeout)
     )
+
+
+@dataclass(frozen=True)
+class KeyGroups:
+    """How a job spreads each stream over key groups (:func:`apply_stream_cores`)."""
+
+    groups: int
+    """G: key groups per stream (1: one group per stream, today's plan)."""
+    group_column: Any
+    """Spark column: an event row's key group in [0, G) (e.g. :func:`key_group_column`)."""
+    events_topic_prefix: str
+    """``<prefix>.events.``: a punctuation on ``<this><stream>`` is a promise and goes to every group."""
+
+
+def json_field(payload: Any, name: str) -> Any:
+    """Spark column: the top-level payload field ``name`` as text (``get_json_object``; strings unquoted)."""
+    from pyspark.sql import functions as F
+
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return F.get_json_object(payload, f"$.{name}")
+    if "'" in name or "]" in name:
+        raise ValueError(f"cannot route by payload field {name!r}: it holds a quote or bracket")
+    return F.get_json_object(payload, f"$['{name}']")
+
+
+def key_group_column(key_text: Any, groups: int) -> Any:
+    """Spark column: the key group of a key given as JSON text (a column; null: no key), the same number
+    :func:`cep.key_groups.key_group` gives for the canonical text.
+
+    Canonical text: the engines compare keys as Python values, where ``1 == 1.0 == True``; every JSON value that
+    reads as a number (and true/false as 1/0) routes by that number as a double, anything else by its text, so
+    equal keys always share a group (a few unequal ones, such as ``"1"`` and ``1``, also do: harmless)."""
+    from pyspark.sql import functions as F
+
+    numeric = F.when(key_text == "true", F.lit("1")).when(key_text == "false", F.lit("0")).otherwise(key_text)
+    number = numeric.try_cast("double")
+    # + 0.0 turns -0.0 (equal to 0 in Python) into 0.0.
+    text = F.when(number.isNotNull(), (number + F.lit(0.0)).cast("string")).otherwise(F.coalesce(key_text, F.lit("")))
+    return F.pmod(F.crc32(text.cast("binary")), F.lit(groups)).cast("int")
 
 
 def job_topics(topic_names: Any, streams: Sequence[str]) -> str:
