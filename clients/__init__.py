@@ -12,16 +12,8 @@
 """
 
 from clients.auth import hmac_token
-from clients.client import (
-    ClientOptions,
-    ClientStats,
-    ConnectOptions,
-    GatewayRerouted,
-    InvalidInterval,
-    RefusedEvent,
-    SkewlessClient,
-    connect,
-)
+from clients.client import SkewlessClient, connect
+from clients.connection import GatewayRerouted
 from clients.core import Backoff, GatewayAddress
 from clients.errors import (
     ClientClosed,
@@ -37,7 +29,10 @@ from clients.errors import (
     SpoolError,
     TimeSyncError,
 )
+from clients.options import ClientOptions, ConnectOptions
+from clients.stats import ClientStats
 from clients.sync import SyncSkewlessClient, connect_sync
+from clients.window import InvalidInterval, RefusedEvent
 from timesync.clocks import SimulatedClock
 
 __all__ = [

@@ -14,7 +14,9 @@ from concurrent.futures import Future as ConcurrentFuture
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
-from clients.client import ClientOptions, ClientStats, ConnectOptions, SkewlessClient
+from clients.client import SkewlessClient
+from clients.options import ClientOptions, ConnectOptions
+from clients.stats import ClientStats
 from timesync.client import DEFAULT_COUNT
 from timesync.clocks import ClockUs
 from timesync.estimator import ClockEstimate
