@@ -45,7 +45,7 @@ FIXES = [
      "connections took hundreds of ms: probes took 2-4 s and some timed out. The metrics/health server now runs its "
      "own event loop on a thread (state reads retried if a dict changes size mid-read): p99 under 0.3 s at 10,000 "
      "connections."),
-    ("clients/client.py", "Under uvloop, writing to a connection that had just closed raised RuntimeError (\"the "
+    ("clients/connection.py (write_frame)", "Under uvloop, writing to a connection that had just closed raised RuntimeError (\"the "
      "handler is closed\") and killed the sender task, failing the whole client instead of reconnecting (seen on "
      "1,000 sources when the gateway went away). Writes now check the transport and treat that error as a lost "
      "connection; the supervisor requeues what it carried."),
