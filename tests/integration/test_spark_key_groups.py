@@ -1,0 +1,121 @@
+"""The sequence job's key groups on real Kafka + Spark: G = 1 and G = 4 give the pure engine's records."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from broker.reader import read_topic
+from cep.key_groups import key_group
+from cep.sase import parse_query
+from contract.topics import TopicNames
+from spark_jobs import sequence as sequence_job
+from spark_jobs.stateful import StreamProgress, run_stream_batch
+from tests.integration.spark_job_support import BASE_US, event_record, produce, punctuation_record
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+MS = 1_000
+QUERY = "EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = e.id WITHIN 300 ms"
+LATENESS_US = 30_000
+
+
+def trace(seed: int) -> list[list[dict[str, Any]]]:
+    """Two batches of one stream: ids of several JSON types (1 and 1.0 are one key to the engine), events up to
+    150 ms behind the newest (late and too late across the batches), each batch closed by a punctuation."""
+    rnd = random.Random(seed)
+    batches, seq, now_us = [], 0, 0
+    for number in range(2):
+        rows: list[dict[str, Any]] = []
+        if number:
+            # Behind the first batch's punctuation (now - 100 ms): within the allowed lateness, and past it.
+            for behind_us, event_type in ((110 * MS, "EXIT"), (140 * MS, "SHELF")):
+                for item in (1, 2, 3, 4, 5, 6):
+                    late_payload: dict[str, Any] = {"type": event_type, "id": item}
+                    rows.append(event_record("store", "rfid-late", seq, BASE_US + now_us - behind_us, 0, late_payload))
+                    seq += 1
+        for _ in range(120):
+            now_us += rnd.randrange(0, 20 * MS)
+            ts = max(0, now_us - rnd.choice([0, 0, 0, 40 * MS, 150 * MS]))
+            payload: dict[str, Any] = {"type": rnd.choice(["SHELF", "SHELF", "CHECKOUT", "EXIT", "OTHER"]),
+                                       "id": rnd.choice([1, 1.0, 2, 3, 4, 5, 6, "7", "x", True])}
+            rows.append(event_record("store", f"rfid-{seq % 3}", seq, BASE_US + ts, 0, payload))
+            seq += 1
+        rows.append(punctuation_record("store", BASE_US + now_us - 100 * MS))
+        batches.append(rows)
+    return batches
+
+
+def expected_records(batches: list[list[dict[str, Any]]], events_topic: str) -> list[tuple[str, dict[str, Any]]]:
+    """The pure core over the same records, batch by batch, as the job's single-partition topic holds them."""
+    query = parse_query(QUERY)
+    config = sequence_job.engine_config(options("", "", 1))
+    progress = StreamProgress(1, events_topic)
+    core = sequence_job.SequenceStreamCore("store", query, config, "type", None)
+    outputs: list[tuple[str, dict[str, Any]]] = []
+    offset = 0
+    for batch in batches:
+        rows = []
+        for record in batch:
+            payload = record.get("payload")
+            rows.append({**record, "payload": None if payload is None else orjson.dumps(payload).decode(),
+                         "topic": events_topic, "partition": 0, "offset": offset})
+            offset += 1
+        outputs += run_stream_batch(progress, core, rows, job="sequence", stream="store")
+    return outputs
+
+
+def options(servers: str, prefix: str, groups: int, checkpoint: str | None = None) -> sequence_job.SequenceOptions:
+    return sequence_job.SequenceOptions(
+        bootstrap_servers=servers, query=QUERY, topic_prefix=prefix, streams=("store",),
+        allowed_lateness_us=LATENESS_US, key_groups=groups, checkpoint_dir=checkpoint, available_now=True,
+        console=False)
+
+
+def multiset(records: list[tuple[str, dict[str, Any]]], *, clock: bool) -> Counter[tuple[str, bytes]]:
+    """Records regardless of order; without ``clock`` the engine's ``emitted_at`` (its CLOCK, the largest
+    timestamp its key group has seen) is set aside: the one field a group does not share with the stream."""
+    return Counter((key, orjson.dumps({k: v for k, v in value.items() if clock or k != "emitted_at"},
+                                      option=orjson.OPT_SORT_KEYS)) for key, value in records)
+
+
+def test_g1_and_g4_give_the_pure_engines_records(kafka: Any, spark: Any, topic_prefix: str, tmp_path: Path) -> None:
+    batches = trace(seed=3)
+    results: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for groups in (1, 4):
+        topics = TopicNames(f"{topic_prefix}g{groups}")
+        for batch in batches:  # two runs from one checkpoint: two micro-batches, as the pure core is fed
+            produce(kafka.bootstrap_servers, topics.events("store"), batch)
+            query = sequence_job.start(spark, options(kafka.bootstrap_servers, topics.prefix, groups,
+                                                      str(tmp_path / f"ckpt-{groups}")))
+            query.awaitTermination()
+            assert query.exception() is None
+            # One state row per (stream, key group): every group got the punctuation, so every group has state.
+            assert query.lastProgress["stateOperators"][0]["numRowsTotal"] == groups
+        results[groups] = [((k or b"").decode(), orjson.loads(v))
+                           for k, v in read_topic(kafka.bootstrap_servers, topics.results("sequence"))]
+    expected = expected_records(batches, TopicNames(f"{topic_prefix}g1").events("store"))
+    kinds = Counter(v["record"] for _, v in expected)
+    assert kinds["match"] > 0 and kinds["late_match"] > 0 and kinds["too_late"] > 0
+    assert multiset(results[1], clock=True) == multiset(expected, clock=True)
+    assert multiset(results[4], clock=False) == multiset(expected, clock=False)
+
+
+@pytest.mark.parametrize(("text", "canonical"), [
+    ("1", "1.0"), ("1.0", "1.0"), ("1e0", "1.0"), ("true", "1.0"), ("false", "0.0"), ("-0.0", "0.0"),
+    ("x", "x"), ("007", "7.0"), (None, ""),
+])
+def test_the_jvm_routes_a_key_by_its_canonical_text_as_key_group_does(spark: Any, text: str | None,
+                                                                      canonical: str) -> None:
+    from pyspark.sql import functions as F
+
+    from spark_jobs.stateful import key_group_column
+
+    frame = spark.createDataFrame([(text,)], "t string")
+    got = frame.select(key_group_column(F.col("t"), 7).alias("g")).collect()[0]["g"]
+    assert got == key_group(canonical, 7)
