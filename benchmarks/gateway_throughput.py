@@ -346,7 +346,7 @@ def summarize_py_spy(raw: Path, top: int = 40) -> str:
         for frame in set(frames):
             inclusive[frame] = inclusive.get(frame, 0) + samples
         own[frames[-1]] = own.get(frames[-1], 0) + samples
-    skip = ("typer", "click", "runpy", "skewless/", "gateway/cli.py", "asyncio/", "threading.py", "concurrent/")
+    skip = ("typer", "click", "runpy", "skewless/", "asyncio/", "threading.py", "concurrent/")
 
     def table(counts: dict[str, int]) -> str:
         rows = sorted(((n, f) for f, n in counts.items() if not any(k in f for k in skip)), reverse=True)[:top]

@@ -1,6 +1,6 @@
 """The one way to run `skewless gateway` as its own process and wait until it is ready.
 
-Once everything listens, the CLI (gateway/cli.py) prints the addresses it serves, the ready line last:
+Once everything listens, the CLI (skewless/cli_gateway.py) prints the addresses it serves, the ready line last:
 
     timesync udp HOST:PORT              unless --no-timesync
     metrics http://HOST:PORT/metrics    with --metrics-port (or metrics_port in the config)

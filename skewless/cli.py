@@ -1,4 +1,5 @@
-"""The `skewless` command line: one typer app, each package contributes its own subcommands.
+"""The `skewless` command line: one typer app over the subcommands of skewless/cli_*.py (and, until they move
+here, broker/cli.py and spark_jobs/cli.py).
 
 Every error ends the command with one line on stderr, ``error: what (where): how to fix``, and a non-zero exit
 code (2: a bad command line or configuration, 1: a failure while running); ``--debug`` (anywhere on the command
@@ -75,13 +76,12 @@ _registered: list[bool] = []
 
 
 def _register_subcommands() -> None:
-    # Each package owns its commands; importing them here keeps `skewless --help` one place.
     if _registered:  # main() may run more than once in a process (tests)
         return
     _registered.append(True)
     from broker.cli import register as register_kafka
-    from gateway.cli import register as register_gateway
-    from reorder.eval.cli import register as register_replay
+    from skewless.cli_gateway import register as register_gateway
+    from skewless.cli_replay import register as register_replay
     from skewless.cli_source import register as register_source
     from skewless.cli_timesync import register as register_timesync
     from skewless.demo import demo
@@ -90,7 +90,7 @@ def _register_subcommands() -> None:
 
     register_kafka(app)
     app.command("demo")(demo)
-    register_replay(app, cores=reorderer_cores())  # floor 2 may not import the native module: its cores come in
+    register_replay(app, cores=reorderer_cores())  # the replay harness (floor 2) takes its cores injected
     for register in (register_timesync, register_gateway, register_spark, register_source):
         register(app)
 

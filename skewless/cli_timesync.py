@@ -10,12 +10,29 @@ import typer
 
 from contract.units import duration_parser
 from skewless.cli_numbers import finite_float
-from timesync.cli import load_keys, run_server, run_with_uvloop
 from timesync.estimator import DEFAULT_BURST_SIZE
 from timesync.responder import ResponderConfig
 from timesync.server import DEFAULT_PORT, ServerConfig
+from timesync.standalone import run_server, run_with_uvloop
 
-__all__ = ["register"]
+__all__ = ["load_keys", "register"]
+
+
+def load_keys(path: Path) -> dict[str, bytes]:
+    """Read ``source_id = hex-key`` lines (``#`` comments allowed)."""
+    keys: dict[str, bytes] = {}
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        source_id, sep, hex_key = (part.strip() for part in line.partition("="))
+        if not sep or not source_id or not hex_key:
+            raise typer.BadParameter(f"{path}:{lineno}: expected 'source_id = hexkey'", param_hint="'--keys-file'")
+        try:
+            keys[source_id] = bytes.fromhex(hex_key)
+        except ValueError:
+            raise typer.BadParameter(f"{path}:{lineno}: key is not hex", param_hint="'--keys-file'") from None
+    return keys
 
 
 def _ref_id(text: str) -> bytes:

@@ -49,7 +49,7 @@ FIXES = [
      "handler is closed\") and killed the sender task, failing the whole client instead of reconnecting (seen on "
      "1,000 sources when the gateway went away). Writes now check the transport and treat that error as a lost "
      "connection; the supervisor requeues what it carried."),
-    ("gateway/cli.py", "The gateway raises its soft RLIMIT_NOFILE to the hard limit at start (one descriptor per "
+    ("skewless/cli_gateway.py", "The gateway raises its soft RLIMIT_NOFILE to the hard limit at start (one descriptor per "
      "connection)."),
 ]
 

@@ -19,7 +19,7 @@ import typer
 import typer.main
 import yaml
 
-from gateway import cli as gateway_cli
+from skewless import cli_gateway as gateway_cli
 from spark_jobs import cli as spark_cli
 from spark_jobs.session import installed_kafka_connector_coordinate
 

@@ -13,7 +13,7 @@ import pytest
 
 from broker import cli as broker_cli
 from broker.client import KafkaClientConfig
-from gateway import cli as gateway_cli
+from skewless import cli_gateway as gateway_cli
 from skewless.cli import main
 from spark_jobs import cli as spark_cli
 

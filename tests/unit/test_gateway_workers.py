@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.cli import worker_arguments
 from gateway.config import build_config
+from skewless.cli_gateway import worker_arguments
 
 
 def test_each_worker_gets_its_own_ports_and_ids_and_the_rest_unchanged() -> None:

@@ -31,6 +31,11 @@ IO_MODULES = ("asyncio", "socket", "time", "datetime", "threading", "confluent_k
 # timesync.clocks is pure except these: each reads the machine's clock (a core takes a clock injected instead).
 CLOCK_READERS = ("timesync.clocks.system_time_us", "timesync.clocks.for_time_sync", "timesync.clocks.ReferenceClock",
                  "timesync.clocks._KernelStampedClock")
+# Every command lives on floor 4 (the floor plan): typer (and click under it) is imported only in skewless/.
+CLI_MODULES = ("typer", "click")
+CLI_FLOOR = "skewless"
+# Not moved yet (issue 29 item 3): each leaves this set when it moves to skewless/.
+CLI_NOT_YET_MOVED = {"broker.cli", "spark_jobs.cli", "spark_jobs.submit"}
 # A name an import-by-string call was given that is not a constant: the floor plan cannot be checked there.
 DYNAMIC = "<dynamic>"
 PURE_CORES = (
@@ -130,6 +135,9 @@ def check_floor_plan(root: Path) -> list[Violation]:
             if top == "tests":
                 violations.append(Violation("tests", where, f"{module} imports the test suite's {name}"))
                 continue
+            if top in CLI_MODULES and package != CLI_FLOOR and module not in CLI_NOT_YET_MOVED:
+                violations.append(Violation("cli-below-top", where, f"{module} imports {name}: commands live in "
+                                                                    f"{CLI_FLOOR}/"))
             pure = any(_in(module, core) for core in PURE_CORES)
             if pure and top in IO_MODULES:
                 violations.append(Violation("io-in-core", where, f"{module} imports {name}"))
@@ -254,6 +262,11 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
     ({"cep/__init__.py": "", "cep/patterns.py": "from datetime import datetime\n"}, "io-in-core"),
     ({"contract/__init__.py": "", "contract/wire.py": "from skewless_native import decode_frame\n"}, "upward"),
     ({"reorder/__init__.py": "", "reorder/sequence.py": "import skewless_native\n"}, "upward"),
+    ({"gateway/__init__.py": "", "gateway/cli.py": "import typer\n"}, "cli-below-top"),
+    ({"timesync/__init__.py": "", "timesync/standalone.py": "def f():\n    from typer import echo\n"},
+     "cli-below-top"),
+    ({"reorder/__init__.py": "", "reorder/eval/__init__.py": "", "reorder/eval/progress.py": "import click\n"},
+     "cli-below-top"),
 ])
 def test_planted_violations_are_caught(tmp_path: Path, files: dict[str, str], rule: str) -> None:
     violations = check_floor_plan(_plant(tmp_path, files))
@@ -265,7 +278,8 @@ def test_a_clean_planted_tree_passes(tmp_path: Path) -> None:
         "contract/__init__.py": "", "contract/wire.py": "import msgpack\n",
         "gateway/__init__.py": "", "gateway/server.py": "import asyncio\nfrom contract import wire\n",
         "gateway/ingest.py": "from contract.wire import x\nimport skewless_native\n",
-        "skewless/__init__.py": "", "skewless/cli.py": "from gateway import server\n__import__('gateway.server')\n",
+        "skewless/__init__.py": "",
+        "skewless/cli.py": "import typer\nfrom gateway import server\n__import__('gateway.server')\n",
         "timesync/__init__.py": "", "timesync/clocks.py": "",
         "reorder/__init__.py": "", "reorder/merger.py": "from timesync.clocks import ReferenceMapping\n",
     })

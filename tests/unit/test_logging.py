@@ -177,8 +177,8 @@ def test_under_json_the_error_line_is_a_json_record_too(capsys: pytest.CaptureFi
 
 
 def test_gateway_workers_start_with_the_log_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway import cli as gateway_cli
     from gateway.config import build_config, load_settings
+    from skewless import cli_gateway as gateway_cli
 
     class Spawned(Exception):
         pass

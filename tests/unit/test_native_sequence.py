@@ -323,7 +323,7 @@ def test_the_cli_runs_the_native_core_by_default_and_python_on_request(tmp_path:
     import typer
     from typer.testing import CliRunner
 
-    from reorder.eval import cli
+    from skewless import cli_replay as cli
     from skewless.native_cores import reorderer_cores
 
     app = typer.Typer()

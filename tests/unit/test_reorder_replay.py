@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from reorder.eval.cli import parse_duration_us
 from reorder.eval.replay import APPROACHES, Approach, ReplayOptions, replay
 from reorder.eval.syncsim import SourceClockModel, SyncPlan, plan_sync
 from reorder.eval.traces import PROFILES, TraceEvent, TraceFormatError, TraceSpec, generate, read_trace, write_trace
+from skewless.cli_replay import parse_duration_us
 
 
 def te(seq: int, true_us: int, arrival_us: int, source: str = "s0") -> TraceEvent:
@@ -154,7 +154,7 @@ def test_parse_duration() -> None:
 def test_cli_generate_and_replay_json(tmp_path: Path) -> None:
     import typer
 
-    from reorder.eval.cli import register
+    from skewless.cli_replay import register
 
     app = typer.Typer()
     register(app)
@@ -345,7 +345,7 @@ def test_a_silent_source_is_waited_for_as_its_silences_say_not_as_its_gaps_say()
 def test_cli_replays_the_issues_multi_source_trace_with_and_without_the_learned_merge_wait(tmp_path: Path) -> None:
     import typer
 
-    from reorder.eval.cli import register
+    from skewless.cli_replay import register
 
     app = typer.Typer()
     register(app)

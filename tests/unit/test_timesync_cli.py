@@ -8,8 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from skewless.cli_timesync import register
-from timesync.cli import load_keys
+from skewless.cli_timesync import load_keys, register
 
 
 def _app() -> typer.Typer:

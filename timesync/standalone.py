@@ -1,40 +1,21 @@
-"""What ``skewless timesync`` runs (the command itself is skewless/cli_timesync.py: its options use
-contract.units, a floor this package does not import): the key file, the server loop and its JSON report."""
+"""What ``skewless timesync`` runs (the command itself, and the key file it reads, are skewless/cli_timesync.py):
+the server loop and its JSON report on stderr."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
-
-import typer
 
 from timesync.server import ServerConfig, TimeSyncServer, start_server
 from timesync.store import SourceInfoStore
 
-__all__ = ["load_keys", "run_server", "run_with_uvloop"]
+__all__ = ["run_server", "run_with_uvloop"]
 
 log = logging.getLogger("timesync")
-
-
-def load_keys(path: Path) -> dict[str, bytes]:
-    """Read ``source_id = hex-key`` lines (``#`` comments allowed)."""
-    keys: dict[str, bytes] = {}
-    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        source_id, sep, hex_key = (part.strip() for part in line.partition("="))
-        if not sep or not source_id or not hex_key:
-            raise typer.BadParameter(f"{path}:{lineno}: expected 'source_id = hexkey'", param_hint="'--keys-file'")
-        try:
-            keys[source_id] = bytes.fromhex(hex_key)
-        except ValueError:
-            raise typer.BadParameter(f"{path}:{lineno}: key is not hex", param_hint="'--keys-file'") from None
-    return keys
 
 
 def _report(server: TimeSyncServer) -> str:
@@ -65,11 +46,8 @@ async def run_server(config: ServerConfig, stats_interval_s: float = 0.0, durati
     """Run until cancelled (or ``duration_s`` elapsed), logging stats every ``stats_interval_s``."""
     server = await start_server(config, store=SourceInfoStore())
     host, port = server.address
-    typer.echo(
-        f"timesync: serving NTP on {host}:{port} (kernel timestamps: {server.kernel_timestamps_enabled}, "
-        f"clock offset {config.clock_offset_us} us)",
-        err=True,
-    )
+    print(f"timesync: serving NTP on {host}:{port} (kernel timestamps: {server.kernel_timestamps_enabled}, "
+          f"clock offset {config.clock_offset_us} us)", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + duration_s if duration_s > 0 else None
     try:
@@ -79,9 +57,9 @@ async def run_server(config: ServerConfig, stats_interval_s: float = 0.0, durati
                 step = min(step, max(stop_at - loop.time(), 0.0))
             await asyncio.sleep(step)
             if stats_interval_s > 0:
-                typer.echo(_report(server), err=True)
+                print(_report(server), file=sys.stderr, flush=True)
     finally:
-        typer.echo(_report(server), err=True)
+        print(_report(server), file=sys.stderr, flush=True)
         await server.close()
 
 

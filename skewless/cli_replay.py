@@ -29,9 +29,9 @@ from reorder.sequence import DEFAULT_MAX_BUFFERED
 
 __all__ = ["CORES", "parse_duration_us", "register"]
 
-#: The reorderer cores ``skewless replay --core`` can run (``sequence``, ``thesis``): ``python`` is this floor's own
-#: (None: the pipeline's default); ``native`` is given by the CLI on floor 4 (:func:`register`), which may import the
-#: compiled module, when it is built. Set by the last :func:`register`.
+#: The reorderer cores ``skewless replay --core`` can run (``sequence``, ``thesis``): ``python`` is
+#: reorder/sequence.py's (None: the pipeline's default); ``native`` is given to :func:`register`
+#: (skewless/native_cores.py) when the compiled module is built. Set by the last :func:`register`.
 CORES: dict[str, ReordererFactory | None] = {"python": None}
 
 def parse_duration_us(text: str) -> int:
