@@ -1,14 +1,16 @@
 """Job `sequence`: SASE sequence queries (EVENT SEQ(...) WHERE ... WITHIN ...) over the ordered stream.
 
-Spark groups the stream's records (events and late topics) by stream and runs one cep.sase SequenceEngine per
-stream (it partitions by the query's equality attributes itself). The engine's low watermark is the stream's
-promise (spark_jobs/stateful.py): purge and release are exact, no K has to be guessed (a K-slack bound can still be
-set for inputs that are not ordered upstream). Records on `skewless.results.sequence`, key
-`<stream>|<partition value>|<event ids>` (one key per matched sequence): `record` = `match`, `retract` (-) or `add`
-(+) (aggressive mode's compensations), what the engine did with a late event (docs/sase.md), `too_late` (an event
-behind the watermark past what the engine can still act on) or `rejected` (an event the query cannot use), always
-with a reason. With a constraint (`--constraint`, docs/constraints.md) also `monitor_terminated` (a trace that can
-no longer match: released, the rest of it ignored) and, with `--early-alerts`, `early_alert` (a match is certain).
+Spark groups the stream's records (events and late topics) by stream and key group and runs one cep.sase
+SequenceEngine per group (it partitions by the query's equality attributes itself): the query's equality key is
+spread over `--key-groups` groups, each of which gets every punctuation of the stream (docs/spark-jobs.md). The
+engine's low watermark is the stream's promise (spark_jobs/stateful.py): purge and release are exact, no K has to be
+guessed (a K-slack bound can still be set for inputs that are not ordered upstream). Records on
+`skewless.results.sequence`, key `<stream>|<partition value>|<event ids>` (one key per matched sequence): `record` =
+`match`, `retract` (-) or `add` (+) (aggressive mode's compensations), what the engine did with a late event
+(docs/sase.md), `too_late` (an event behind the watermark past what the engine can still act on) or `rejected` (an
+event the query cannot use), always with a reason. With a constraint (`--constraint`, docs/constraints.md) also
+`monitor_terminated` (a trace that can no longer match: released, the rest of it ignored) and, with
+`--early-alerts`, `early_alert` (a match is certain).
 
 An event's type is the payload field named by `--type-field` (default `type`); its attributes are the payload.
 """
