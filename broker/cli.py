@@ -1,4 +1,4 @@
-"""`skewless setup` and `skewless kafka start|stop|status|topics`, and what every Kafka-facing command shares:
+"""What every Kafka-facing command shares (the commands themselves are skewless/cli_*.py and spark_jobs/cli.py):
 the Kafka client configuration (``--bootstrap``/``SKEWLESS_BOOTSTRAP``, the ``[kafka]`` table of a ``--config``
 file, repeatable ``--kafka-property KEY=VALUE``), a bounded reachability probe, and one-line errors."""
 
@@ -14,23 +14,17 @@ from typing import Annotated, Any
 import typer
 from confluent_kafka import KafkaException
 
-from broker.admin import TopicConfigError
 from broker.client import KafkaClientConfig
-from broker.cluster import ClusterConfigError, ensure_partitions
-from broker.jars import JarFetchError, ensure_kafka_jars, ensure_spark_jars
-from broker.launcher import KafkaBroker
 from contract.topics import InvalidStreamName, TopicNames, validate_stream_name
-from contract.units import duration_parser
 
 __all__ = ["BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "CommandError", "check_streams_exist", "kafka_client_config",
            "parse_kafka_properties",
-           "probe_kafka", "read_kafka_table", "register", "validate_streams"]
+           "probe_kafka", "read_kafka_table", "validate_streams"]
 
 BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
 # The tables of the one config file every command may read (gateway/config.py reads [gateway] too).
 CONFIG_TABLES = ("gateway", "kafka")
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-DEFAULT_KAFKA_PORT = 9092
 # How long a command waits for Kafka's metadata before it reports the broker unreachable (one line, not
 # librdkafka's retry log).
 KAFKA_PROBE_TIMEOUT_S = 10.0
@@ -44,10 +38,6 @@ class CommandError(typer.TyperException):
         self.exit_code = exit_code
 
 
-kafka_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                        help="Run a local single-node Apache Kafka broker (KRaft); create topics.")
-
-WorkDir = Annotated[Path | None, typer.Option("--dir", help="Broker state/data directory (default: .cache/kafka).")]
 Bootstrap = Annotated[str, typer.Option(help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}).",
                                         envvar=BOOTSTRAP_ENV, show_envvar=False)]
 KafkaConfigFile = Annotated[Path | None, typer.Option(
@@ -175,89 +165,3 @@ def validate_streams(streams: Iterable[str], option: str) -> list[str]:
         except InvalidStreamName as exc:
             raise typer.BadParameter(str(exc), param_hint=option) from None
     return checked
-
-
-@kafka_app.command("start")
-def kafka_start(
-    work_dir: WorkDir = None,
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Client port on 127.0.0.1; 0 = any free port.")]
-    = DEFAULT_KAFKA_PORT,
-    group_min_session_timeout_ms: Annotated[int | None, typer.Option(
-        "--group-min-session-timeout", metavar="DURATION", parser=duration_parser("ms"),
-        help="The broker's group.min.session.timeout.ms, e.g. 1s: the shortest session_timeout_s a gateway may "
-             "use (a bare number is milliseconds) [Kafka's 6s].")] = None,
-) -> None:
-    """Format storage, start the broker in the background and wait until it answers; prints its bootstrap address.
-    The gateways create their topics (one partition per shard) when they start."""
-    try:
-        state = KafkaBroker(work_dir, port=port or None,
-                            group_min_session_timeout_ms=(None if group_min_session_timeout_ms is None
-                                                          else group_min_session_timeout_ms // 1000)).start()
-    except JarFetchError as exc:
-        raise CommandError(_first_line(exc)) from None
-    typer.echo(state.bootstrap_servers)
-
-
-@kafka_app.command("stop")
-def kafka_stop(work_dir: WorkDir = None) -> None:
-    """Stop the broker cleanly (SIGTERM, then SIGKILL after 30 s)."""
-    stopped = KafkaBroker(work_dir).stop()
-    typer.echo("stopped" if stopped else "not running")
-
-
-@kafka_app.command("status")
-def kafka_status(work_dir: WorkDir = None) -> None:
-    """Print `running pid=PID bootstrap=HOST:PORT` if the broker of --dir runs; `not running` and exit 1 if
-    not (`skewless kafka start` prints the bare address)."""
-    state = KafkaBroker(work_dir).running_state()
-    if state is None:
-        typer.echo("not running")
-        raise typer.Exit(1)
-    typer.echo(f"running pid={state.pid} bootstrap={state.bootstrap_servers}")
-
-
-@kafka_app.command("topics")
-def kafka_topics(
-    streams: Annotated[list[str], typer.Argument(help="Stream names whose events/late topics to create.")],
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
-    partitions: Annotated[int, typer.Option(
-        "--partitions", "--shards", min=1,
-        help="Partitions of each topic = the deployment's shard count (docs/cluster.md).")] = 1,
-    replication_factor: Annotated[int | None, typer.Option(
-        min=1, help="Replicas of each topic (default: min(3, brokers in the cluster)).")] = None,
-    config_file: KafkaConfigFile = None,
-    kafka_property: KafkaProperties = None,
-) -> None:
-    """Create the events and late topics of the given streams, one partition per shard (docs/cluster.md)."""
-    names = TopicNames(prefix)
-    checked = validate_streams(streams, "'STREAMS...'")
-    client = kafka_client_config(bootstrap, config_file, kafka_property)
-    probe_kafka(client)
-    try:
-        ensure_partitions(client, [t for s in checked for t in (names.events(s), names.late(s))], partitions,
-                          replication_factor=replication_factor)
-    except (ClusterConfigError, TopicConfigError) as exc:
-        raise CommandError(str(exc), 2) from None
-
-
-def _first_line(exc: Exception) -> str:
-    """A multi-line failure (mvn's output) as one line: its headline and the last line of detail."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    if len(lines) > 1:
-        return f"{lines[0]} {lines[-1]}"
-    return lines[0] if lines else type(exc).__name__
-
-
-def setup() -> None:
-    """Fetch the Kafka broker and Spark Kafka-connector jars from Maven Central (idempotent)."""
-    try:
-        typer.echo(f"kafka jars: {ensure_kafka_jars()}")
-        typer.echo(f"spark connector jars: {ensure_spark_jars()}")
-    except JarFetchError as exc:
-        raise CommandError(_first_line(exc)) from None
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(kafka_app, name="kafka")
-    app.command("setup")(setup)

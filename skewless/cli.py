@@ -1,5 +1,5 @@
-"""The `skewless` command line: one typer app over the subcommands of skewless/cli_*.py (and, until they move
-here, broker/cli.py and spark_jobs/cli.py).
+"""The `skewless` command line: one typer app over the subcommands of skewless/cli_*.py (and, until it moves
+here, spark_jobs/cli.py).
 
 Every error ends the command with one line on stderr, ``error: what (where): how to fix``, and a non-zero exit
 code (2: a bad command line or configuration, 1: a failure while running); ``--debug`` (anywhere on the command
@@ -79,8 +79,8 @@ def _register_subcommands() -> None:
     if _registered:  # main() may run more than once in a process (tests)
         return
     _registered.append(True)
-    from broker.cli import register as register_kafka
     from skewless.cli_gateway import register as register_gateway
+    from skewless.cli_kafka import register as register_kafka
     from skewless.cli_replay import register as register_replay
     from skewless.cli_source import register as register_source
     from skewless.cli_timesync import register as register_timesync

@@ -422,8 +422,8 @@ def test_a_float_option_that_is_not_a_finite_number_is_refused_at_the_option(cap
 
 def test_kafka_start_sets_the_group_min_session_timeout(capsys, monkeypatch, tmp_path):
     # issue 28 item 6: a gateway's session_timeout_s below Kafka's 6 s floor needs the broker's floor lowered.
-    from broker import cli as broker_cli
     from broker.launcher import BrokerState, KafkaBroker, _server_properties
+    from skewless import cli_kafka as broker_cli
 
     made: list[KafkaBroker] = []
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from broker import cli as broker_cli
 from broker.client import KafkaClientConfig
 from skewless import cli_gateway as gateway_cli
+from skewless import cli_kafka as broker_cli
 from skewless.cli import main
 from spark_jobs import cli as spark_cli
 
