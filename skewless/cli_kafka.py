@@ -23,7 +23,7 @@ from broker.cluster import ClusterConfigError, ensure_partitions
 from broker.jars import JarFetchError, ensure_kafka_jars, ensure_spark_jars
 from broker.launcher import KafkaBroker
 from contract.topics import TopicNames
-from contract.units import duration_parser
+from skewless.cli_common import DURATION_BARE_MS
 
 __all__ = ["register"]
 
@@ -41,7 +41,7 @@ def kafka_start(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Client port on 127.0.0.1; 0 = any free port.")]
     = DEFAULT_KAFKA_PORT,
     group_min_session_timeout_ms: Annotated[int | None, typer.Option(
-        "--group-min-session-timeout", metavar="DURATION", parser=duration_parser("ms"),
+        "--group-min-session-timeout", metavar="DURATION", parser=DURATION_BARE_MS,
         help="The broker's group.min.session.timeout.ms, e.g. 1s: the shortest session_timeout_s a gateway may "
              "use (a bare number is milliseconds) [Kafka's 6s].")] = None,
 ) -> None:

@@ -21,12 +21,11 @@ from broker.cli import CommandError
 from clients.client import SkewlessClient
 from clients.core import Backoff
 from contract.topics import InvalidStreamName, validate_stream_name
-from contract.units import duration_parser
 from contract.wire.messages import SEQ_CONFLICT
 from gateway.logs import quiet_unless_chosen
 from reorder.eval.progress import progress_bar, progress_enabled
 from reorder.eval.traces import TraceEvent, read_trace
-from skewless.cli_numbers import finite_float
+from skewless.cli_common import DURATION_BARE_MS, DURATION_BARE_US, SIGNED_DURATION_BARE_US, finite_float
 from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
 __all__ = ["PlannedSend", "ReplayOptions", "ReplayRepeated", "ReplaySummary", "plan_replay", "register",
@@ -222,9 +221,6 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
         resent=sum(c.stats.events_resent for c in clients.values()))
 
 
-_US = duration_parser("us")
-
-
 @source_app.command("replay")
 def replay(
     trace: Annotated[Path, typer.Argument(help="JSON Lines trace (docs/traces.md): source_id, stream, seq, "
@@ -250,25 +246,25 @@ def replay(
     limit: Annotated[int | None, typer.Option(min=0, help="Replay at most this many events (first by arrival).")
                      ] = None,
     offset_us: Annotated[int, typer.Option(
-        metavar="DURATION", parser=duration_parser("us", allow_negative=True), show_default="0",
+        metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
         help="Clock offset injected into every source, e.g. 250ms or -1.5s (positive = the source clock is "
              "ahead); a bare number is microseconds.")] = 0,
     offset_spread_us: Annotated[int, typer.Option(
-        metavar="DURATION", parser=_US, show_default="0",
+        metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
         help="Plus a per-source uniform offset in ±this; a bare number is microseconds.")] = 0,
     skew_ppm: Annotated[float, typer.Option(callback=finite_float(),
                                             help="Clock skew injected into every source (ppm).")] = 0.0,
     skew_spread_ppm: Annotated[float, typer.Option(callback=finite_float(at_least=0),
                                                    help="Plus a per-source uniform skew in ±this (ppm).")] = 0.0,
     jitter_us: Annotated[int, typer.Option(
-        metavar="DURATION", parser=_US, show_default="0",
+        metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
         help="Extra send delay per event, uniform in [0, this] (reorders close events); a bare number is "
              "microseconds.")] = 0,
     pool: Annotated[int, typer.Option(min=1, help="TCP connections per source; batches interleave round-robin.")
                     ] = 1,
     batch_events: Annotated[int, typer.Option(min=1, help="Events per frame at most.")] = 50,
     linger_us: Annotated[int, typer.Option(
-        "--linger-ms", metavar="DURATION", parser=duration_parser("ms"), show_default="2",
+        "--linger-ms", metavar="DURATION", parser=DURATION_BARE_MS, show_default="2",
         help="How long a partial batch waits for more events; a bare number is milliseconds.")] = 2_000,
     keep_seqs: Annotated[bool, typer.Option(help="Send the trace's seqs (the gateway sees its disorder); "
                                                  "--no-keep-seqs lets the SDK number events in send order.")]

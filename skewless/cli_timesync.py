@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from contract.units import duration_parser
-from skewless.cli_numbers import finite_float
+from skewless.cli_common import DURATION_BARE_S, SIGNED_DURATION_BARE_US, finite_float
 from timesync.estimator import DEFAULT_BURST_SIZE
 from timesync.responder import ResponderConfig
 from timesync.server import DEFAULT_PORT, ServerConfig
@@ -43,9 +42,6 @@ def _ref_id(text: str) -> bytes:
     return text.encode("ascii").ljust(4, b"\x00")
 
 
-_SECONDS = duration_parser("s")
-
-
 def register(app: typer.Typer) -> None:
     @app.command("timesync")
     def timesync_command(
@@ -53,7 +49,7 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option(min=0, max=65535, help="UDP port (123 needs root; 0 = any free port).")
                         ] = DEFAULT_PORT,
         clock_offset_us: Annotated[int, typer.Option(
-            metavar="DURATION", parser=duration_parser("us", allow_negative=True), show_default="0",
+            metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
             help="Shift the reference clock by this much, e.g. 250ms or -1.5s; a bare number is microseconds "
                  "(demos).")] = 0,
         clock_skew_ppm: Annotated[
@@ -76,16 +72,16 @@ def register(app: typer.Typer) -> None:
             list[str] | None, typer.Option(help="Discipline the reference clock against this NTP server.")
         ] = None,
         upstream_interval_us: Annotated[int, typer.Option(
-            "--upstream-interval-s", metavar="DURATION", parser=_SECONDS, show_default="64s",
+            "--upstream-interval-s", metavar="DURATION", parser=DURATION_BARE_S, show_default="64s",
             help="Upstream poll interval; a bare number is seconds.")] = 64_000_000,
         kernel_timestamps: Annotated[
             bool, typer.Option(help="Use SO_TIMESTAMPNS receive timestamps for T2.")
         ] = True,
         stats_interval_us: Annotated[int, typer.Option(
-            "--stats-interval-s", metavar="DURATION", parser=_SECONDS, show_default="0",
+            "--stats-interval-s", metavar="DURATION", parser=DURATION_BARE_S, show_default="0",
             help="Print JSON stats this often (0: at exit); a bare number is seconds.")] = 0,
         duration_us: Annotated[int, typer.Option(
-            "--duration-s", metavar="DURATION", parser=_SECONDS, show_default="0",
+            "--duration-s", metavar="DURATION", parser=DURATION_BARE_S, show_default="0",
             help="Stop after this long (0: run forever); a bare number is seconds.")] = 0,
     ) -> None:
         """Run the NTP-compatible time-sync server on its own (the gateway command runs it too)."""

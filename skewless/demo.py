@@ -28,7 +28,7 @@ from broker.reader import read_stream, read_topic
 from clients import SimulatedClock, connect
 from contract.topics import TopicNames
 from gateway.launch import spawn_gateway
-from skewless.cli_numbers import finite_float
+from skewless.cli_common import finite_float
 from skewless.demo_cep import run_cep_jobs
 from timesync.clocks import system_time_us
 
