@@ -182,6 +182,10 @@ def pattern_command(
     stream: Streams = None,
     ta_us: TaUs = None,
     allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
+    key_groups: Annotated[int | None, typer.Option(
+        min=1, help="Key groups per stream: the PARTITION BY key spread over this many Spark groups (default: "
+                    "spark.sql.shuffle.partitions; one group without PARTITION BY, or in thesis mode without "
+                    "--ta-us). Fixed in the checkpoint.")] = None,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
@@ -203,7 +207,7 @@ def pattern_command(
     spark = _session("skewless-pattern", shuffle_partitions, conf)
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=streams, ta_us=ta_us,
-        allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
+        allowed_lateness_us=allowed_lateness_us, key_groups=key_groups, checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, query)
 

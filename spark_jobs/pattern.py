@@ -1,11 +1,12 @@
 """Job `pattern`: SEQ patterns under clock uncertainty (Pseudocode 3.1, Query 4.6/5.9, and any n).
 
-Spark groups the stream's records (events and late topics) by stream; each stream keeps one cep.patterns
-UncertainPatternMatcher per PARTITION BY value, advanced by the stream's promise (spark_jobs/stateful.py). Every
-match goes to `skewless.results.pattern` with its confidence (Confirmed/Uncertain), the matched events, the gaps
-that decided it and `late` (a late event completed it); key `<stream>|<partition value>|<source:seq of each event>`.
-T_a for thesis mode is read from the records while the job runs (the maximum round trip over the stream's sources),
-or fixed with `ta_us`.
+Spark groups the stream's records (events and late topics) by stream and key group (the PARTITION BY value spread
+over `--key-groups` groups, each of which gets every punctuation of the stream: docs/spark-jobs.md); each group
+keeps one cep.patterns UncertainPatternMatcher per PARTITION BY value, advanced by the stream's promise
+(spark_jobs/stateful.py). Every match goes to `skewless.results.pattern` with its confidence (Confirmed/Uncertain),
+the matched events, the gaps that decided it and `late` (a late event completed it); key `<stream>|<partition
+value>|<source:seq of each event>`. T_a for thesis mode is read from the records while the job runs (the maximum
+round trip over the stream's sources), or fixed with `ta_us`.
 
 Nothing is cut short silently: when an event completes more matches than the pattern's `max_matches_per_event`, the
 matches past it are counted and one `truncated` record says so (reason `max_matches_per_event`, `truncated_matches`,
@@ -16,6 +17,7 @@ seq>`. The totals stay in the state (`truncated_matches()`, `dropped_candidates(
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from cep.key_groups import pattern_partition_key
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.patterns import PatternMatch, PatternSpec, UncertainPatternMatcher
 from contract.records import (
@@ -33,9 +36,10 @@ from contract.records import (
     result_key,
     result_value,
 )
-from spark_jobs.stateful import EventBatch, decode_payload, start_core_job
+from spark_jobs.stateful import EventBatch, KeyGroups, decode_payload, json_field, key_group_column, start_core_job
 
 JOB_NAME = "pattern"
+log = logging.getLogger("skewless.spark")
 REASON_MAX_MATCHES = "max_matches_per_event"
 REASON_MAX_CANDIDATES = "max_candidates"
 
@@ -48,6 +52,8 @@ class PatternOptions:
     streams: tuple[str, ...] = ()
     ta_us: int | None = None
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
+    key_groups: int | None = None
+    """G: key groups per stream (None: the session's spark.sql.shuffle.partitions; spark_jobs/stateful.py)."""
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
@@ -190,12 +196,43 @@ class PatternStreamCore:
                                                                  **match.to_dict())
 
 
+def key_groups_plan(spec: PatternSpec, options: PatternOptions, default_groups: int) -> tuple[int, str]:
+    """G for the job and why: the PARTITION BY key spread over ``options.key_groups`` (default:
+    ``default_groups``), or one group when there is no key, or when thesis mode reads T_a live (the maximum round
+    trip over all the stream's sources: a group sees only its own keys' events)."""
+    requested = default_groups if options.key_groups is None else options.key_groups
+    if requested < 1:
+        raise ValueError(f"key groups must be at least 1, got {requested}")
+    key = pattern_partition_key(spec)
+    if key is None:
+        return 1, "one key group per stream: the pattern has no PARTITION BY"
+    if spec.mode == "thesis" and options.ta_us is None:
+        return 1, "one key group per stream: thesis mode reads T_a from every source of the stream (fix --ta-us)"
+    return requested, f"{requested} key group(s) per stream, keyed by PARTITION BY {spec.partition_by}"
+
+
+def pattern_key_groups(spec: PatternSpec, groups: int, events_topic_prefix: str) -> KeyGroups | None:
+    """The Spark routing of a partitioned pattern's events over ``groups`` key groups (None: one group)."""
+    from pyspark.sql import functions as F
+
+    key = pattern_partition_key(spec)
+    if key is None or groups < 2:
+        return None
+    return KeyGroups(groups, key_group_column(json_field(F.col("payload"), key), groups), events_topic_prefix)
+
+
 def start(spark: Any, options: PatternOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
+    from contract.topics import TopicNames
+
     spec = PatternSpec.parse(options.pattern)
+    groups, why = key_groups_plan(spec, options, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    log.info("pattern: %s", why)
+    events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 
     def factory(stream: str, blob: bytes | None) -> PatternStreamCore:
         return PatternStreamCore(stream, spec, options.ta_us or 0, options.ta_us is not None,
                                  options.allowed_lateness_us, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory)
+    return start_core_job(spark, JOB_NAME, options, factory,
+                          key_groups=pattern_key_groups(spec, groups, events_topic_prefix))

@@ -447,15 +447,20 @@ class KeyGroups:
     """``<prefix>.events.``: a punctuation on ``<this><stream>`` is a promise and goes to every group."""
 
 
-def json_field(payload: Any, name: str) -> Any:
-    """Spark column: the top-level payload field ``name`` as text (``get_json_object``; strings unquoted)."""
+def json_field(payload: Any, name: str | Sequence[str]) -> Any:
+    """Spark column: the payload field ``name`` (a top-level name, or a path of names) as text
+    (``get_json_object``; strings unquoted, null when it is missing or the payload is not JSON)."""
     from pyspark.sql import functions as F
 
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        return F.get_json_object(payload, f"$.{name}")
-    if "'" in name or "]" in name:
-        raise ValueError(f"cannot route by payload field {name!r}: it holds a quote or bracket")
-    return F.get_json_object(payload, f"$['{name}']")
+    path = "$"
+    for part in (name,) if isinstance(name, str) else name:
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            path += f".{part}"
+        elif "'" in part or "]" in part:
+            raise ValueError(f"cannot route by payload field {part!r}: it holds a quote or bracket")
+        else:
+            path += f"['{part}']"
+    return F.get_json_object(payload, path)
 
 
 def key_group_column(key_text: Any, groups: int) -> Any:

@@ -172,3 +172,69 @@ def test_a_checkpoint_made_with_other_key_groups_is_refused() -> None:
     two = make_stream_function("sequence", factory, lambda _s: ("p.events.s", 1), key_groups=2)
     with pytest.raises(ValueError, match="made with 4 key group"):
         list(two(("s", 1), iter([rows]), _FakeState(blob)))
+
+
+PATTERN = "SEQ(a: type == 'SHELF', b: type == 'EXIT') PARTITION BY id WITHIN 60 ms"
+
+
+@pytest.mark.parametrize(("pattern", "ta_us", "groups"), [
+    (PATTERN, None, 1),  # thesis mode reads T_a live from every source of the stream
+    (PATTERN, 2_000, 4),
+    (f"{PATTERN} MODE per_event", None, 4),
+    ("SEQ(a: type == 'SHELF', b: type == 'EXIT') WITHIN 60 ms MODE per_event", None, 1),
+])
+def test_the_pattern_plan_spreads_a_partitioned_pattern_unless_t_a_is_read_live(pattern: str, ta_us: int | None,
+                                                                                 groups: int) -> None:
+    from spark_jobs.pattern import PatternOptions
+    from spark_jobs.pattern import key_groups_plan as pattern_plan
+
+    planned, why = pattern_plan(PatternSpec.parse(pattern), PatternOptions("", pattern, ta_us=ta_us, key_groups=4),
+                                default_groups=2)
+    assert planned == groups
+    assert why.startswith("one key group" if groups == 1 else "4 key group(s) per stream, keyed by PARTITION BY id")
+
+
+def _canonical(value: Any) -> str:
+    """The key text the Spark routing uses (spark_jobs.stateful.key_group_column), for the values used here."""
+    try:
+        return str(float(value) + 0.0)
+    except ValueError:
+        return str(value)
+
+
+@pytest.mark.parametrize(("pattern", "ta_us"), [(f"{PATTERN} MODE per_event MAX_UNCERTAINTY 5 ms", 0),
+                                                (PATTERN, 3_000)])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_pattern_split_by_key_gives_the_whole_streams_records_exactly(pattern: str, ta_us: int,
+                                                                        seed: int) -> None:
+    from spark_jobs.pattern import PatternStreamCore
+
+    spec = PatternSpec.parse(pattern)
+    groups = 4
+    rnd = random.Random(seed)
+    batches = _stream(seed)
+    for rows in batches:
+        for row in rows:
+            if row["kind"] == "event":
+                row["uncertainty_us"] = rnd.randrange(0, 4_000)
+                row["rtt_us"] = rnd.randrange(0, 9_000)  # per event mode must not read it; thesis has T_a fixed
+
+    def group_of(row: dict[str, Any]) -> int:
+        return key_group(_canonical(orjson.loads(row["payload"])["id"]), groups)
+
+    def core() -> PatternStreamCore:
+        return PatternStreamCore("s", spec, ta_us, spec.mode == "thesis", 30_000, None)  # as the job builds it
+
+    whole = (StreamProgress(2), core())
+    parts = [(StreamProgress(2), core()) for _ in range(groups)]
+    expected: list[tuple[str, dict[str, Any]]] = []
+    got: list[tuple[str, dict[str, Any]]] = []
+    for rows in batches:
+        expected += run_stream_batch(*whole, rows, job="pattern", stream="s")
+        for g, (progress, part_core) in enumerate(parts):
+            mine = [r for r in rows if r["kind"] == "punctuation" or group_of(r) == g]
+            got += run_stream_batch(progress, part_core, mine, job="pattern", stream="s")
+    kinds = Counter(v["record"] for _, v in expected)
+    assert kinds["match"] > 0 and kinds["too_late"] > 0
+    records = Counter(orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in got)
+    assert records == Counter(orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in expected)
