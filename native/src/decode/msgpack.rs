@@ -249,8 +249,11 @@ impl<'a> Parser<'a> {
     fn ext(&mut self, n: usize) -> Result<Value<'a>, DecodeError> {
         let code = self.be::<1>()?[0] as i8;
         let data = self.take(n)?;
-        if code != -1 {
+        if code >= 0 {
             return Ok(Value::Ext(code, data));
+        }
+        if code != -1 {
+            return Err(DecodeError::Value); // msgpack.ExtType refuses codes below 0
         }
         let (seconds, nanoseconds) = match data.len() {
             4 => (
@@ -396,6 +399,7 @@ mod tests {
             Err(DecodeError::Value)
         );
         assert_eq!(decode(b"\xd4\x05\x00"), Ok(Value::Ext(5, b"\x00")));
+        assert_eq!(decode(b"\xd4\x80\x00"), Err(DecodeError::Value));
         assert_eq!(decode(b"\xdd\xff\xff\xff\xff"), Err(DecodeError::Value));
     }
 
