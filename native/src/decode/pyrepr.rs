@@ -4,13 +4,26 @@
 use std::fmt::Write as _;
 
 /// The shortest digits that read back as `x` (finite, sign ignored) and the decimal exponent of the first:
-/// |x| = d1.d2d3... * 10^exp. Rust's `{:e}` picks the same digits as Python's repr and orjson: the shortest, and
-/// of those the closest to the exact value.
+/// |x| = d1.d2d3... * 10^exp, as Python's repr and orjson pick them: the shortest, and of those the closest to the
+/// exact value, a tie going to the even last digit. Rust's `{:e}` breaks such a tie upwards (1113178120592002.25
+/// gives ...002.3 where both write ...002.2), so the same number of digits is asked again of its exactly rounded
+/// (half-even) formatting, taken when it reads back as `x` too.
 pub fn shortest_digits(x: f64) -> (String, i32) {
-    let text = format!("{:e}", x.abs());
-    let (mantissa, exp) = text.split_once('e').unwrap_or((text.as_str(), "0"));
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    (digits, exp.parse().unwrap_or(0))
+    let x = x.abs();
+    let text = format!("{x:e}");
+    let (digits, exp) = split_sci(&text);
+    if digits.len() > 1 {
+        let exact = format!("{:.*e}", digits.len() - 1, x);
+        if exact.parse::<f64>() == Ok(x) {
+            return split_sci(&exact);
+        }
+    }
+    (digits, exp)
+}
+
+fn split_sci(text: &str) -> (String, i32) {
+    let (mantissa, exp) = text.split_once('e').unwrap_or((text, "0"));
+    (mantissa.chars().filter(char::is_ascii_digit).collect(), exp.parse().unwrap_or(0))
 }
 
 /// `digits` * 10^(exp - len + 1) written out without an exponent, always with a fraction ("1.0", "0.001").
@@ -169,6 +182,8 @@ mod tests {
             (f64::NAN, "nan"),
             (f64::NEG_INFINITY, "-inf"),
             (123.456, "123.456"),
+            (1113178120592002.25, "1113178120592002.2"), // a tie: the even digit
+            (111659285584252.125, "111659285584252.12"),
         ] {
             assert_eq!(float_repr(x), want, "{x}");
         }
