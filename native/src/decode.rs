@@ -312,12 +312,12 @@ impl From<&ParsedEvent<'_, '_>> for OwnedEvent {
 
 /// orjson's bytes for a payload that payload_problem accepted (str keys, ints within i64, finite floats).
 pub fn payload_json(out: &mut Vec<u8>, value: &Value<'_>) {
-    use crate::records::{write_f64, write_str};
+    use crate::records::{write_f64, write_i64, write_str, write_u64};
     match value {
         Value::Nil => out.extend_from_slice(b"null"),
         Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-        Value::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
-        Value::UInt(u) => out.extend_from_slice(u.to_string().as_bytes()),
+        Value::Int(i) => write_i64(out, *i),
+        Value::UInt(u) => write_u64(out, *u),
         Value::Float(f) => write_f64(out, *f),
         Value::Str(s) => write_str(out, s),
         Value::Array(items) => {
@@ -640,6 +640,25 @@ impl PyConnectionDecoder {
 
     fn fail(&mut self) {
         self.core.fail();
+    }
+
+    /// For benchmarks: buffers `data` and decodes it into Rust-side events (payloads as record JSON, what the
+    /// native pipeline will take) without making Python objects; the number of events, or -1 at an error.
+    fn _decode_rust_only(&mut self, data: &[u8]) -> PyResult<i64> {
+        self.guarded("ConnectionDecoder._decode_rust_only", |s| {
+            s.core.receive_data(data);
+            let mut events = 0i64;
+            while let Some(message) = s.core.next_owned() {
+                match message {
+                    Ok(OwnedMessage::Events(batch)) => {
+                        events += i64::try_from(batch.len()).unwrap_or(i64::MAX)
+                    }
+                    Ok(_) => {}
+                    Err(_) => return Ok(-1),
+                }
+            }
+            Ok(events)
+        })
     }
 
     /// Panics inside the guard: tests check that it surfaces as a RuntimeError and poisons the decoder.

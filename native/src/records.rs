@@ -72,8 +72,35 @@ pub fn write_int(out: &mut Vec<u8>, value: i128) -> Result<(), NotNative> {
     if value < i128::from(i64::MIN) || value > i128::from(u64::MAX) {
         return Err(NotNative); // orjson: "Integer exceeds 64-bit range"
     }
-    out.extend_from_slice(value.to_string().as_bytes());
+    if value < 0 {
+        out.push(b'-');
+    }
+    write_u64(
+        out,
+        u64::try_from(value.unsigned_abs()).map_err(|_| NotNative)?,
+    );
     Ok(())
+}
+
+pub fn write_i64(out: &mut Vec<u8>, value: i64) {
+    if value < 0 {
+        out.push(b'-');
+    }
+    write_u64(out, value.unsigned_abs());
+}
+
+pub fn write_u64(out: &mut Vec<u8>, mut value: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 pub fn write_f64(out: &mut Vec<u8>, x: f64) {
@@ -135,7 +162,7 @@ fn key(out: &mut Vec<u8>, name: &str) {
 /// EventRecord.to_json.
 pub fn write_event_record(out: &mut Vec<u8>, r: &EventRecordFields<'_>) -> Result<(), NotNative> {
     out.extend_from_slice(b"{\"v\":");
-    out.extend_from_slice(CONTRACT_VERSION.to_string().as_bytes());
+    write_u64(out, u64::from(CONTRACT_VERSION));
     out.extend_from_slice(b",\"kind\":\"event\"");
     key(out, "stream");
     write_str(out, r.stream);
@@ -203,7 +230,7 @@ pub fn write_punctuation_record(
     release_ts_us: i128,
 ) -> Result<(), NotNative> {
     out.extend_from_slice(b"{\"v\":");
-    out.extend_from_slice(CONTRACT_VERSION.to_string().as_bytes());
+    write_u64(out, u64::from(CONTRACT_VERSION));
     out.extend_from_slice(b",\"kind\":\"punctuation\"");
     key(out, "stream");
     write_str(out, stream);
@@ -258,8 +285,7 @@ pub fn write_py(
     } else if let Ok(b) = value.cast_exact::<PyBool>() {
         out.extend_from_slice(if b.is_true() { b"true" } else { b"false" });
     } else if value.is_exact_instance_of::<PyInt>() {
-        let v: i128 = value.extract().map_err(|_| NotNative)?;
-        write_int(out, v)?;
+        write_int(out, py_int(value).ok_or(NotNative)?)?;
     } else if let Ok(f) = value.cast_exact::<PyFloat>() {
         write_f64(out, f.value());
     } else if let Ok(d) = value.cast_exact::<PyDict>() {
@@ -298,12 +324,27 @@ pub fn write_py(
     Ok(())
 }
 
-fn int_attr(record: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<Option<i128>> {
-    let value = record.getattr(name)?;
+/// An int within [-2^63, 2^64 - 1] (PyO3's i128 extraction goes through Python calls under abi3: slow).
+fn py_int(value: &Bound<'_, PyAny>) -> Option<i128> {
+    match value.extract::<i64>() {
+        Ok(v) => Some(i128::from(v)),
+        Err(_) => value.extract::<u64>().ok().map(i128::from),
+    }
+}
+
+/// An exact int of 64 bits, or NotNative.
+fn exact_int(value: &Bound<'_, PyAny>) -> Result<i128, NotNative> {
     if !value.is_exact_instance_of::<PyInt>() {
+        return Err(NotNative);
+    }
+    py_int(value).ok_or(NotNative)
+}
+
+fn opt_int(value: &Bound<'_, PyAny>) -> Result<Option<i128>, NotNative> {
+    if value.is_none() {
         return Ok(None);
     }
-    Ok(value.extract::<i128>().ok())
+    exact_int(value).map(Some)
 }
 
 static HEADER_NAMES: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
@@ -331,7 +372,8 @@ fn header_names(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
 /// punctuations, caching each source's headers as _publish does.
 #[pyclass(module = "skewless_native")]
 pub struct RecordBuilder {
-    headers: std::collections::HashMap<(String, bool), Py<PyTuple>>,
+    /// Per source: its events-topic and late-topic headers.
+    headers: std::collections::HashMap<String, [Option<Py<PyTuple>>; 2]>,
     punctuation_headers: Option<Py<PyTuple>>,
     /// Records whose JSON orjson wrote (see the module doc).
     #[pyo3(get)]
@@ -396,7 +438,11 @@ impl RecordBuilder {
         source_id: &str,
         late: bool,
     ) -> PyResult<Py<PyTuple>> {
-        if let Some(h) = self.headers.get(&(source_id.to_owned(), late)) {
+        if let Some(Some(h)) = self
+            .headers
+            .get(source_id)
+            .map(|pair| &pair[usize::from(late)])
+        {
             return Ok(h.clone_ref(py));
         }
         let names = header_names(py)?;
@@ -423,98 +469,60 @@ impl RecordBuilder {
             ],
         )?
         .unbind();
-        self.headers
-            .insert((source_id.to_owned(), late), headers.clone_ref(py));
+        self.headers.entry(source_id.to_owned()).or_default()[usize::from(late)] =
+            Some(headers.clone_ref(py));
         Ok(headers)
     }
 
-    /// The record's JSON written natively, or NotNative.
-    fn native_json(
-        py: Python<'_>,
-        a: &Attrs,
-        record: &Bound<'_, PyAny>,
-        out: &mut Vec<u8>,
-    ) -> PyResult<Result<(), NotNative>> {
-        let get = |i: usize| record.getattr(a.name(py, i));
-        let mut ints = [0i128; 6];
-        for (slot, i) in ints.iter_mut().zip(2..8) {
-            match int_attr(record, a.name(py, i))? {
-                Some(v) => *slot = v,
-                None => return Ok(Err(NotNative)),
-            }
-        }
-        let opt_int = |i: usize| -> PyResult<Result<Option<i128>, NotNative>> {
-            let v = get(i)?;
-            if v.is_none() {
-                return Ok(Ok(None));
-            }
-            Ok(int_attr(record, a.name(py, i))?.map(Some).ok_or(NotNative))
-        };
-        let (stream, source_id) = (get(0)?, get(1)?);
-        let (Ok(Some(stream)), Ok(Some(source_id))) = (opt_str(&stream), opt_str(&source_id))
-        else {
-            return Ok(Err(NotNative));
-        };
-        let late = get(8)?;
-        let Ok(late) = late.cast_exact::<PyBool>().map(|b| b.is_true()) else {
-            return Ok(Err(NotNative));
-        };
-        let mut payload_json = Vec::new();
-        if write_py(&mut payload_json, &get(9)?, 1).is_err() {
-            return Ok(Err(NotNative));
-        }
-        let (Ok(late_reason), Ok(interval_id), Ok(endpoint)) =
-            (opt_str(&get(10)?), opt_str(&get(15)?), opt_str(&get(16)?))
-        else {
-            return Ok(Err(NotNative));
-        };
-        let (Ok(rtt_us), Ok(start_ts_us), Ok(start_unc), Ok(source_start)) =
-            (opt_int(11)?, opt_int(12)?, opt_int(13)?, opt_int(14)?)
-        else {
-            return Ok(Err(NotNative));
-        };
-        let extra = get(17)?;
-        let Ok(extra) = extra.cast_exact::<PyDict>() else {
-            return Ok(Err(NotNative));
-        };
-        let mut extra_keys = Vec::with_capacity(extra.len());
+    /// The record's JSON written natively from its fields (`f`, in ATTR_NAMES' order), or NotNative.
+    fn native_json(f: &[Bound<'_, PyAny>], out: &mut Vec<u8>) -> Result<(), NotNative> {
+        let stream = f[0].cast_exact::<PyString>().map_err(|_| NotNative)?;
+        let source_id = f[1].cast_exact::<PyString>().map_err(|_| NotNative)?;
+        let stream = stream.to_str().map_err(|_| NotNative)?;
+        let source_id = source_id.to_str().map_err(|_| NotNative)?;
+        let late = f[8]
+            .cast_exact::<PyBool>()
+            .map_err(|_| NotNative)?
+            .is_true();
+        let mut payload_json = Vec::with_capacity(64);
+        write_py(&mut payload_json, &f[9], 1)?;
+        let (late_reason, interval_id, endpoint) =
+            (opt_str(&f[10])?, opt_str(&f[15])?, opt_str(&f[16])?);
+        let extra = f[17].cast_exact::<PyDict>().map_err(|_| NotNative)?;
+        let mut extra_json = Vec::with_capacity(extra.len());
         for (k, v) in extra.iter() {
-            let Ok(Some(k)) = opt_str(&k) else {
-                return Ok(Err(NotNative));
-            };
+            let k = opt_str(&k)?.ok_or(NotNative)?;
             if RECORD_KEYS.contains(&k.as_str()) {
-                return Ok(Err(NotNative));
+                return Err(NotNative);
             }
             let mut json = Vec::new();
-            if write_py(&mut json, &v, 1).is_err() {
-                return Ok(Err(NotNative));
-            }
-            extra_keys.push((k, json));
+            write_py(&mut json, &v, 1)?;
+            extra_json.push((k, json));
         }
         let fields = EventRecordFields {
-            stream: &stream,
-            source_id: &source_id,
-            seq: ints[0],
-            source_ts_us: ints[1],
-            ref_ts_us: ints[2],
-            uncertainty_us: ints[3],
-            arrival_ts_us: ints[4],
-            release_ts_us: ints[5],
+            stream,
+            source_id,
+            seq: exact_int(&f[2])?,
+            source_ts_us: exact_int(&f[3])?,
+            ref_ts_us: exact_int(&f[4])?,
+            uncertainty_us: exact_int(&f[5])?,
+            arrival_ts_us: exact_int(&f[6])?,
+            release_ts_us: exact_int(&f[7])?,
             late,
             payload_json: &payload_json,
             late_reason: late_reason.as_deref(),
-            rtt_us,
-            start_ts_us,
-            start_uncertainty_us: start_unc,
-            source_start_ts_us: source_start,
+            rtt_us: opt_int(&f[11])?,
+            start_ts_us: opt_int(&f[12])?,
+            start_uncertainty_us: opt_int(&f[13])?,
+            source_start_ts_us: opt_int(&f[14])?,
             interval_id: interval_id.as_deref(),
             endpoint: endpoint.as_deref(),
-            extra_json: extra_keys
+            extra_json: extra_json
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.clone()))
                 .collect(),
         };
-        Ok(write_event_record(out, &fields))
+        write_event_record(out, &fields)
     }
 }
 
@@ -545,40 +553,47 @@ impl RecordBuilder {
             let attrs = Attrs::get(py);
             let out = PyList::empty(py);
             let mut buf = Vec::with_capacity(512);
+            let mut fields = Vec::with_capacity(ATTR_NAMES.len());
             for (record, &on_late) in records.iter().zip(&late) {
+                fields.clear();
+                for i in 0..ATTR_NAMES.len() {
+                    fields.push(record.getattr(attrs.name(py, i))?);
+                }
                 buf.clear();
-                let value: Bound<'py, PyAny> =
-                    match Self::native_json(py, &attrs, record, &mut buf)? {
-                        Ok(()) => PyBytes::new(py, &buf).into_any(),
-                        Err(NotNative) => {
-                            self.fallbacks += 1;
-                            match record.call_method0("to_json") {
-                                Ok(v) => v,
-                                Err(e)
-                                    if e.is_instance_of::<PyTypeError>(py)
-                                        || e.is_instance_of::<PyValueError>(py) =>
-                                {
-                                    e.into_value(py).into_bound(py).into_any()
-                                }
-                                Err(e) => return Err(e),
+                let value: Bound<'py, PyAny> = match Self::native_json(&fields, &mut buf) {
+                    Ok(()) => PyBytes::new(py, &buf).into_any(),
+                    Err(NotNative) => {
+                        self.fallbacks += 1;
+                        match record.call_method0("to_json") {
+                            Ok(v) => v,
+                            Err(e)
+                                if e.is_instance_of::<PyTypeError>(py)
+                                    || e.is_instance_of::<PyValueError>(py) =>
+                            {
+                                e.into_value(py).into_bound(py).into_any()
                             }
+                            Err(e) => return Err(e),
                         }
-                    };
-                let source_id = record.getattr(attrs.name(py, 1))?;
-                let key = record.getattr("key")?;
-                let headers = match source_id.cast_exact::<PyString>() {
-                    Ok(s) => self
-                        .event_headers(py, s.to_str()?, on_late)?
-                        .into_bound(py)
-                        .into_any(),
-                    Err(_) => {
-                        return Err(PyTypeError::new_err(
-                            "an EventRecord's source_id must be a str",
-                        ))
                     }
                 };
-                let ref_us = record.getattr(attrs.name(py, 4))?.extract::<i128>()?;
-                let release_us = record.getattr(attrs.name(py, 7))?.extract::<i128>()?;
+                let Ok(source_id) = fields[1].cast_exact::<PyString>() else {
+                    return Err(PyTypeError::new_err(
+                        "an EventRecord's source_id must be a str",
+                    ));
+                };
+                // EventRecord.key is source_id.encode(): the same bytes, without the property call.
+                let key = match source_id.to_str() {
+                    Ok(text) => PyBytes::new(py, text.as_bytes()).into_any(),
+                    Err(_) => record.getattr("key")?,
+                };
+                let headers = self
+                    .event_headers(py, source_id.to_str()?, on_late)?
+                    .into_bound(py)
+                    .into_any();
+                let (ref_us, release_us) = match (py_int(&fields[4]), py_int(&fields[7])) {
+                    (Some(r), Some(l)) => (r, l),
+                    _ => (fields[4].extract::<i128>()?, fields[7].extract::<i128>()?),
+                };
                 let ts = kafka_timestamp_ms(ref_us, release_us);
                 out.append(PyTuple::new(
                     py,

@@ -340,6 +340,14 @@ fn same_key(a: &Value<'_>, b: &Value<'_>) -> bool {
 
 /// Python dict semantics for repeated keys (str and bytes never equal each other).
 fn dedup<'a>(entries: Vec<(Value<'a>, Value<'a>)>) -> Vec<(Value<'a>, Value<'a>)> {
+    if entries.len() <= DEDUP_SCAN_MAX {
+        // The usual map has no repeated key: found so without building another.
+        let repeated = (1..entries.len())
+            .any(|i| entries[..i].iter().any(|(k, _)| same_key(k, &entries[i].0)));
+        if !repeated {
+            return entries;
+        }
+    }
     let mut out: Vec<(Value<'a>, Value<'a>)> = Vec::with_capacity(entries.len());
     if entries.len() <= DEDUP_SCAN_MAX {
         for (key, value) in entries {

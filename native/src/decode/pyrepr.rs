@@ -12,7 +12,9 @@ pub fn shortest_digits(x: f64) -> (String, i32) {
     let x = x.abs();
     let text = format!("{x:e}");
     let (digits, exp) = split_sci(&text);
-    if digits.len() > 1 {
+    // Both neighbours of a tie read back as `x` only if an ulp spans a unit of the last digit: 16 digits or more
+    // (an ulp is at most 2.2e-16 of the value).
+    if digits.len() >= 15 {
         let exact = format!("{:.*e}", digits.len() - 1, x);
         if exact.parse::<f64>() == Ok(x) {
             return split_sci(&exact);
@@ -23,7 +25,10 @@ pub fn shortest_digits(x: f64) -> (String, i32) {
 
 fn split_sci(text: &str) -> (String, i32) {
     let (mantissa, exp) = text.split_once('e').unwrap_or((text, "0"));
-    (mantissa.chars().filter(char::is_ascii_digit).collect(), exp.parse().unwrap_or(0))
+    (
+        mantissa.chars().filter(char::is_ascii_digit).collect(),
+        exp.parse().unwrap_or(0),
+    )
 }
 
 /// `digits` * 10^(exp - len + 1) written out without an exponent, always with a fraction ("1.0", "0.001").
@@ -168,6 +173,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::excessive_precision)] // the ties are written as their exact values
     fn float_repr_matches_python() {
         for (x, want) in [
             (0.0, "0.0"),
