@@ -539,7 +539,7 @@ impl RecordBuilder {
 
     /// One (key, value, timestamp_ms, headers) per EventRecord, `late[i]` saying whether it goes to the late
     /// topic. A value orjson refuses is that exception (TypeError or ValueError, as `to_json` raises it), not
-    /// bytes: the batch goes on.
+    /// bytes: the batch goes on; timestamp_ms is None when ref_ts_us or release_ts_us exceeds 64 bits.
     fn build_events<'py>(
         &mut self,
         py: Python<'py>,
@@ -590,15 +590,14 @@ impl RecordBuilder {
                     .event_headers(py, source_id.to_str()?, on_late)?
                     .into_bound(py)
                     .into_any();
-                let (ref_us, release_us) = match (py_int(&fields[4]), py_int(&fields[7])) {
-                    (Some(r), Some(l)) => (r, l),
-                    _ => (fields[4].extract::<i128>()?, fields[7].extract::<i128>()?),
+                // Times beyond 64 bits make to_json fail (orjson): such a record is refused, it has no timestamp.
+                let ts = match (py_int(&fields[4]), py_int(&fields[7])) {
+                    (Some(ref_us), Some(release_us)) => kafka_timestamp_ms(ref_us, release_us)
+                        .into_pyobject(py)?
+                        .into_any(),
+                    _ => py.None().into_bound(py),
                 };
-                let ts = kafka_timestamp_ms(ref_us, release_us);
-                out.append(PyTuple::new(
-                    py,
-                    [key, value, ts.into_pyobject(py)?.into_any(), headers],
-                )?)?;
+                out.append(PyTuple::new(py, [key, value, ts, headers])?)?;
             }
             Ok(out)
         })

@@ -314,3 +314,20 @@ def test_a_panic_is_a_runtime_error_and_poisons_the_decoder() -> None:
 def test_max_frame_bytes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_frame_bytes must be positive"):
         skewless_native.ConnectionDecoder(0)
+
+
+def test_the_deepest_hello_fits_a_thread_with_a_small_stack() -> None:
+    """msgpack-python's 1,024 nested containers, recursed natively (decode/msgpack.rs says how much stack)."""
+    import threading
+
+    body = b"\x82\xa4type\xa5hello\xa1v" + b"\x91" * 1022 + b"\x90"
+    got: list[Any] = []
+    previous = threading.stack_size(1024 * 1024)
+    try:
+        thread = threading.Thread(target=lambda: got.extend(skewless_native.ConnectionDecoder().receive_data(
+            frame(body))))
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(previous)
+    assert len(got) == 1 and type(got[0]) is dict

@@ -132,3 +132,11 @@ def test_headers_are_cached_per_source_and_topic() -> None:
 def test_mismatched_lengths_are_refused() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         skewless_native.RecordBuilder().build_events([EventRecord("s", "src", 0, 0, 0, 0, 0, 0)], [])
+
+
+def test_times_beyond_64_bits_are_orjsons_error_and_no_timestamp() -> None:
+    record = EventRecord("s", "src", 0, 0, 2**64, 0, 0, 0)
+    ((_, value, ts, _),) = skewless_native.RecordBuilder().build_events([record], [False])
+    with pytest.raises(TypeError) as expected:
+        record.to_json()
+    assert (type(value), str(value), ts) == (type(expected.value), str(expected.value), None)

@@ -99,7 +99,9 @@ impl DecodeError {
     }
 }
 
-/// msgpack-python's C unpacker keeps a fixed stack of this many open containers.
+/// msgpack-python's C unpacker keeps a fixed stack of this many open containers. This parser recurses once per
+/// container: 1024 levels took between 256 and 512 KiB of a thread's stack (measured, release build; a hello is
+/// also converted to Python objects recursively), well inside the 8 MiB main thread and Python's default threads.
 const MAX_NESTED_CONTAINERS: usize = 1024;
 /// Above this many entries a map's repeated keys are found with a hash set instead of a scan.
 const DEDUP_SCAN_MAX: usize = 16;
