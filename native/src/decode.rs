@@ -642,6 +642,46 @@ impl PyConnectionDecoder {
         self.core.fail();
     }
 
+    /// For benchmarks: as `_decode_rust_only`, then each event's record value (EventRecord.to_json's bytes, its
+    /// reference time taken as its source time, the other times fixed) written into one reused buffer: the floor
+    /// of the all-native path from bytes to record bytes, before reordering and merging. The bytes written.
+    fn _decode_and_build_rust_only(&mut self, data: &[u8], source_id: &str) -> PyResult<i64> {
+        self.guarded("ConnectionDecoder._decode_and_build_rust_only", |s| {
+            s.core.receive_data(data);
+            let mut written = 0i64;
+            let mut value = Vec::with_capacity(512);
+            while let Some(message) = s.core.next_owned() {
+                let Ok(OwnedMessage::Events(batch)) = message else {
+                    continue;
+                };
+                for event in &batch {
+                    let Ok(payload_json) = &event.payload else {
+                        continue;
+                    };
+                    let ts = i128::from(event.source_ts_us);
+                    let fields = crate::records::EventRecordFields {
+                        stream: &event.stream,
+                        source_id,
+                        seq: i128::from(event.seq),
+                        source_ts_us: ts,
+                        ref_ts_us: ts,
+                        uncertainty_us: 250,
+                        arrival_ts_us: ts + 900,
+                        release_ts_us: ts + 5_000,
+                        payload_json,
+                        rtt_us: Some(400),
+                        ..Default::default()
+                    };
+                    value.clear();
+                    if crate::records::write_event_record(&mut value, &fields).is_ok() {
+                        written += i64::try_from(value.len()).unwrap_or(0);
+                    }
+                }
+            }
+            Ok(written)
+        })
+    }
+
     /// For benchmarks: buffers `data` and decodes it into Rust-side events (payloads as record JSON, what the
     /// native pipeline will take) without making Python objects; the number of events, or -1 at an error.
     fn _decode_rust_only(&mut self, data: &[u8]) -> PyResult<i64> {
