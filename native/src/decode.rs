@@ -414,8 +414,120 @@ fn py_types(py: Python<'_>) -> PyResult<&PyTypes> {
     })
 }
 
+/// Containers nested deeper than this are converted by `to_py_deep` (a hello may nest 1,024 levels; a valid payload
+/// at most 32).
+const MAX_RECURSIVE_DEPTH: usize = 48;
+
 /// The Python object msgpack-python (with frames._map_from_pairs) decodes `value` to.
-fn to_py<'py>(py: Python<'py>, t: &PyTypes, value: &Value<'_>) -> PyResult<Bound<'py, PyAny>> {
+fn to_py<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    value: &Value<'_>,
+    depth: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Array(_) | Value::Map(_) if depth >= MAX_RECURSIVE_DEPTH => {
+            return to_py_deep(py, t, value)
+        }
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(to_py(py, t, item, depth + 1)?)?;
+            }
+            list.into_any()
+        }
+        Value::Map(map) => {
+            let mut pairs = Vec::with_capacity(map.entries.len() * 2);
+            for (k, v) in &map.entries {
+                pairs.push(to_py(py, t, k, depth + 1)?);
+                pairs.push(to_py(py, t, v, depth + 1)?);
+            }
+            map_to_py(py, t, map.string_keys, pairs)?
+        }
+        scalar => scalar_to_py(py, t, scalar)?,
+    })
+}
+
+/// to_py of a map, without copying it (a clone of a deep value would recurse).
+fn map_value_to_py<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    map: &Map<'_>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut parts = Vec::with_capacity(map.entries.len() * 2);
+    for (k, v) in &map.entries {
+        parts.push(to_py(py, t, k, 1)?);
+        parts.push(to_py(py, t, v, 1)?);
+    }
+    map_to_py(py, t, map.string_keys, parts)
+}
+
+/// to_py without recursion: the thread's stack stays flat however deep the value.
+fn to_py_deep<'py>(py: Python<'py>, t: &PyTypes, root: &Value<'_>) -> PyResult<Bound<'py, PyAny>> {
+    enum Work<'v, 'a> {
+        Enter(&'v Value<'a>),
+        Build(&'v Value<'a>),
+    }
+    let mut work = vec![Work::Enter(root)];
+    let mut done: Vec<Bound<'py, PyAny>> = Vec::new();
+    while let Some(step) = work.pop() {
+        match step {
+            Work::Enter(value) => match value {
+                Value::Array(items) => {
+                    work.push(Work::Build(value));
+                    work.extend(items.iter().rev().map(Work::Enter));
+                }
+                Value::Map(map) => {
+                    work.push(Work::Build(value));
+                    for (k, v) in map.entries.iter().rev() {
+                        work.push(Work::Enter(v));
+                        work.push(Work::Enter(k));
+                    }
+                }
+                scalar => done.push(scalar_to_py(py, t, scalar)?),
+            },
+            Work::Build(Value::Array(items)) => {
+                let parts = done.split_off(done.len() - items.len());
+                done.push(PyList::new(py, parts)?.into_any());
+            }
+            Work::Build(Value::Map(map)) => {
+                let parts = done.split_off(done.len() - 2 * map.entries.len());
+                done.push(map_to_py(py, t, map.string_keys, parts)?);
+            }
+            Work::Build(_) => unreachable!("only containers are built"),
+        }
+    }
+    done.pop()
+        .ok_or_else(|| PyRuntimeError::new_err("skewless_native: to_py_deep produced nothing"))
+}
+
+/// A dict, or a NonStringKeyMap of (key, value) tuples, from keys and values alternating.
+fn map_to_py<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    string_keys: bool,
+    parts: Vec<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut parts = parts.into_iter();
+    if string_keys {
+        let dict = PyDict::new(py);
+        while let (Some(k), Some(v)) = (parts.next(), parts.next()) {
+            dict.set_item(k, v)?;
+        }
+        return Ok(dict.into_any());
+    }
+    let pairs = PyList::empty(py);
+    while let (Some(k), Some(v)) = (parts.next(), parts.next()) {
+        pairs.append(PyTuple::new(py, [k, v])?)?;
+    }
+    t.non_string_key_map.bind(py).call1((pairs,))
+}
+
+fn scalar_to_py<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    value: &Value<'_>,
+) -> PyResult<Bound<'py, PyAny>> {
     Ok(match value {
         Value::Nil => py.None().into_bound(py),
         Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
@@ -424,32 +536,12 @@ fn to_py<'py>(py: Python<'py>, t: &PyTypes, value: &Value<'_>) -> PyResult<Bound
         Value::Float(f) => pyo3::types::PyFloat::new(py, *f).into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
         Value::Bin(b) => PyBytes::new(py, b).into_any(),
-        Value::Array(items) => {
-            let list = PyList::empty(py);
-            for item in items {
-                list.append(to_py(py, t, item)?)?;
-            }
-            list.into_any()
-        }
-        Value::Map(map) if map.string_keys => {
-            let dict = PyDict::new(py);
-            for (k, v) in &map.entries {
-                dict.set_item(to_py(py, t, k)?, to_py(py, t, v)?)?;
-            }
-            dict.into_any()
-        }
-        Value::Map(map) => {
-            let pairs = PyList::empty(py);
-            for (k, v) in &map.entries {
-                pairs.append(PyTuple::new(py, [to_py(py, t, k)?, to_py(py, t, v)?])?)?;
-            }
-            t.non_string_key_map.bind(py).call1((pairs,))?
-        }
         Value::Ext(code, data) => t.ext_type.bind(py).call1((*code, PyBytes::new(py, data)))?,
         Value::Timestamp {
             seconds,
             nanoseconds,
         } => t.timestamp.bind(py).call1((*seconds, *nanoseconds))?,
+        Value::Array(_) | Value::Map(_) => to_py_deep(py, t, value)?,
     })
 }
 
@@ -493,9 +585,7 @@ impl PyConnectionDecoder {
                 .next_message(|m| -> PyResult<(Bound<'py, PyAny>, bool)> {
                     match m {
                         Err(e) => Ok((error_to_py(py, t, e)?, true)),
-                        Ok(Decoded::Hello(map)) => {
-                            Ok((to_py(py, t, &Value::Map(map.clone()))?, true))
-                        }
+                        Ok(Decoded::Hello(map)) => Ok((map_value_to_py(py, t, map)?, true)),
                         Ok(Decoded::Bye) => Ok((t.bye.bind(py).call0()?, true)),
                         Ok(Decoded::Heartbeat {
                             source_ts_us,
@@ -561,7 +651,7 @@ fn event_to_py<'py>(
     };
     let payload = match &e.payload {
         PayloadRef::Valid(None) => py.None().into_bound(py),
-        PayloadRef::Valid(Some(v)) => to_py(py, t, v)?,
+        PayloadRef::Valid(Some(v)) => to_py(py, t, v, 0)?,
         PayloadRef::Rejected(reason) => t.rejected_payload.bind(py).call1((reason.as_str(),))?,
     };
     let interval = match &e.interval {

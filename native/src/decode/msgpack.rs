@@ -99,31 +99,129 @@ impl DecodeError {
     }
 }
 
-/// msgpack-python's C unpacker keeps a fixed stack of this many open containers. This parser recurses once per
-/// container: 1024 levels took between 256 and 512 KiB of a thread's stack (measured, release build; a hello is
-/// also converted to Python objects recursively), well inside the 8 MiB main thread and Python's default threads.
+/// msgpack-python's C unpacker keeps a fixed stack of this many open containers. This parser keeps its open
+/// containers on the heap as well, so a deep body costs no thread stack.
 const MAX_NESTED_CONTAINERS: usize = 1024;
 /// Above this many entries a map's repeated keys are found with a hash set instead of a scan.
 const DEDUP_SCAN_MAX: usize = 16;
 
 /// The one value of `body`, as `msgpack.unpackb(body, raw=False, ...)` in contract/wire/frames.py decodes it.
 pub fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
-    let mut parser = Parser {
-        buf: body,
-        pos: 0,
-        depth: 0,
-    };
-    let value = parser.value()?;
-    if parser.pos < body.len() {
-        return Err(DecodeError::ExtraData);
+    let mut parser = Parser { buf: body, pos: 0 };
+    let mut open: Vec<Open<'_>> = Vec::new();
+    loop {
+        let mut value = match parser.item()? {
+            Item::Value(value) => value,
+            // The C unpacker checks its stack, then the length against the body's (max_array_len = len(body),
+            // max_map_len = len(body) // 2), both before reading any element.
+            Item::Array(_) | Item::Map(_) if open.len() >= MAX_NESTED_CONTAINERS => {
+                return Err(DecodeError::Stack)
+            }
+            Item::Array(n) if n > body.len() => return Err(DecodeError::Value),
+            Item::Map(n) if n > body.len() / 2 => return Err(DecodeError::Value),
+            Item::Array(0) => Value::Array(Vec::new()),
+            Item::Map(0) => Value::Map(Map {
+                entries: Vec::new(),
+                string_keys: true,
+            }),
+            Item::Array(n) => {
+                // A hostile header must not reserve more than the body can hold (an element takes a byte at least).
+                let items = Vec::with_capacity(n.min(body.len() - parser.pos));
+                open.push(Open::Array { items, left: n });
+                continue;
+            }
+            Item::Map(n) => {
+                let entries = Vec::with_capacity(n.min((body.len() - parser.pos) / 2));
+                open.push(Open::Map {
+                    entries,
+                    key: None,
+                    left: n,
+                    string_keys: true,
+                });
+                continue;
+            }
+        };
+        // Hand the value to its container, closing every container it completes.
+        loop {
+            match open.last_mut() {
+                None => {
+                    if parser.pos < body.len() {
+                        return Err(DecodeError::ExtraData);
+                    }
+                    return Ok(value);
+                }
+                Some(Open::Array { items, left }) => {
+                    items.push(value);
+                    *left -= 1;
+                    if *left > 0 {
+                        break;
+                    }
+                }
+                Some(Open::Map {
+                    entries,
+                    key,
+                    left,
+                    string_keys,
+                }) => {
+                    let Some(k) = key.take() else {
+                        *key = Some(value);
+                        break;
+                    };
+                    *string_keys &= matches!(k, Value::Str(_) | Value::Bin(_));
+                    entries.push((k, value));
+                    *left -= 1;
+                    if *left > 0 {
+                        break;
+                    }
+                }
+            }
+            value = match open.pop() {
+                Some(Open::Array { items, .. }) => Value::Array(items),
+                Some(Open::Map {
+                    entries,
+                    string_keys,
+                    ..
+                }) => {
+                    let entries = if string_keys && entries.len() > 1 {
+                        dedup(entries)
+                    } else {
+                        entries
+                    };
+                    Value::Map(Map {
+                        entries,
+                        string_keys,
+                    })
+                }
+                None => unreachable!("a container was just completed"),
+            };
+        }
     }
-    Ok(value)
+}
+
+/// A container still reading its elements.
+enum Open<'a> {
+    Array {
+        items: Vec<Value<'a>>,
+        left: usize,
+    },
+    Map {
+        entries: Vec<(Value<'a>, Value<'a>)>,
+        key: Option<Value<'a>>,
+        left: usize,
+        string_keys: bool,
+    },
+}
+
+/// What one msgpack header starts: a whole value, or a container of n elements.
+enum Item<'a> {
+    Value(Value<'a>),
+    Array(usize),
+    Map(usize),
 }
 
 struct Parser<'a> {
     buf: &'a [u8],
     pos: usize,
-    depth: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -155,14 +253,14 @@ impl<'a> Parser<'a> {
         usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::Value)
     }
 
-    fn value(&mut self) -> Result<Value<'a>, DecodeError> {
+    fn item(&mut self) -> Result<Item<'a>, DecodeError> {
         let marker = self.be::<1>()?[0];
-        Ok(match marker {
+        Ok(Item::Value(match marker {
             0x00..=0x7f => Value::Int(i64::from(marker)),
             0xe0..=0xff => Value::Int(i64::from(marker as i8)),
-            0x80..=0x8f => return self.map(usize::from(marker & 0x0f)),
-            0x90..=0x9f => return self.array(usize::from(marker & 0x0f)),
-            0xa0..=0xbf => return self.str(usize::from(marker & 0x1f)),
+            0x80..=0x8f => return Ok(Item::Map(usize::from(marker & 0x0f))),
+            0x90..=0x9f => return Ok(Item::Array(usize::from(marker & 0x0f))),
+            0xa0..=0xbf => return self.str(usize::from(marker & 0x1f)).map(Item::Value),
             0xc0 => Value::Nil,
             0xc1 => return Err(DecodeError::Format),
             0xc2 => Value::Bool(false),
@@ -181,15 +279,15 @@ impl<'a> Parser<'a> {
             }
             0xc7 => {
                 let n = self.len8()?;
-                return self.ext(n);
+                return self.ext(n).map(Item::Value);
             }
             0xc8 => {
                 let n = self.len16()?;
-                return self.ext(n);
+                return self.ext(n).map(Item::Value);
             }
             0xc9 => {
                 let n = self.len32()?;
-                return self.ext(n);
+                return self.ext(n).map(Item::Value);
             }
             0xca => Value::Float(f64::from(f32::from_be_bytes(self.be()?))),
             0xcb => Value::Float(f64::from_be_bytes(self.be()?)),
@@ -204,40 +302,40 @@ impl<'a> Parser<'a> {
             0xd1 => Value::Int(i64::from(i16::from_be_bytes(self.be()?))),
             0xd2 => Value::Int(i64::from(i32::from_be_bytes(self.be()?))),
             0xd3 => Value::Int(i64::from_be_bytes(self.be()?)),
-            0xd4 => return self.ext(1),
-            0xd5 => return self.ext(2),
-            0xd6 => return self.ext(4),
-            0xd7 => return self.ext(8),
-            0xd8 => return self.ext(16),
+            0xd4 => return self.ext(1).map(Item::Value),
+            0xd5 => return self.ext(2).map(Item::Value),
+            0xd6 => return self.ext(4).map(Item::Value),
+            0xd7 => return self.ext(8).map(Item::Value),
+            0xd8 => return self.ext(16).map(Item::Value),
             0xd9 => {
                 let n = self.len8()?;
-                return self.str(n);
+                return self.str(n).map(Item::Value);
             }
             0xda => {
                 let n = self.len16()?;
-                return self.str(n);
+                return self.str(n).map(Item::Value);
             }
             0xdb => {
                 let n = self.len32()?;
-                return self.str(n);
+                return self.str(n).map(Item::Value);
             }
             0xdc => {
                 let n = self.len16()?;
-                return self.array(n);
+                return Ok(Item::Array(n));
             }
             0xdd => {
                 let n = self.len32()?;
-                return self.array(n);
+                return Ok(Item::Array(n));
             }
             0xde => {
                 let n = self.len16()?;
-                return self.map(n);
+                return Ok(Item::Map(n));
             }
             0xdf => {
                 let n = self.len32()?;
-                return self.map(n);
+                return Ok(Item::Map(n));
             }
-        })
+        }))
     }
 
     fn str(&mut self, n: usize) -> Result<Value<'a>, DecodeError> {
@@ -285,50 +383,6 @@ impl<'a> Parser<'a> {
             seconds,
             nanoseconds,
         })
-    }
-
-    /// The C unpacker checks its stack, then the length against the body's (max_array_len = len(body),
-    /// max_map_len = len(body) // 2), both before reading any element.
-    fn open(&mut self, n: usize, max: usize) -> Result<(), DecodeError> {
-        if self.depth >= MAX_NESTED_CONTAINERS {
-            return Err(DecodeError::Stack);
-        }
-        if n > max {
-            return Err(DecodeError::Value);
-        }
-        self.depth += 1;
-        Ok(())
-    }
-
-    fn array(&mut self, n: usize) -> Result<Value<'a>, DecodeError> {
-        self.open(n, self.buf.len())?;
-        // A hostile header must not reserve more than the body can hold (each element takes a byte at least).
-        let mut items = Vec::with_capacity(n.min(self.buf.len() - self.pos));
-        for _ in 0..n {
-            items.push(self.value()?);
-        }
-        self.depth -= 1;
-        Ok(Value::Array(items))
-    }
-
-    fn map(&mut self, n: usize) -> Result<Value<'a>, DecodeError> {
-        self.open(n, self.buf.len() / 2)?;
-        let mut entries = Vec::with_capacity(n.min((self.buf.len() - self.pos) / 2));
-        let mut string_keys = true;
-        for _ in 0..n {
-            let key = self.value()?;
-            let value = self.value()?;
-            string_keys &= matches!(key, Value::Str(_) | Value::Bin(_));
-            entries.push((key, value));
-        }
-        self.depth -= 1;
-        if string_keys && entries.len() > 1 {
-            entries = dedup(entries);
-        }
-        Ok(Value::Map(Map {
-            entries,
-            string_keys,
-        }))
     }
 }
 
