@@ -103,10 +103,57 @@ pub fn write_u64(out: &mut Vec<u8>, mut value: u64) {
     out.extend_from_slice(&digits[at..]);
 }
 
+/// A fixed buffer for one formatted number (no allocation on the per-event path).
+struct NumberText {
+    bytes: [u8; 48],
+    len: usize,
+}
+
+impl std::fmt::Write for NumberText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        if end > self.bytes.len() {
+            return Err(std::fmt::Error);
+        }
+        self.bytes[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
 pub fn write_f64(out: &mut Vec<u8>, x: f64) {
+    use std::fmt::Write as _;
     if !x.is_finite() {
         out.extend_from_slice(b"null");
         return;
+    }
+    // The common case: orjson's plain range (1e-5 <= |x| < 1e16), where Rust's Display writes the same shortest
+    // digits without an exponent; under 15 significant digits no half-even tie can arise (see shortest_digits).
+    let a = x.abs();
+    if (1e-5..1e16).contains(&a) {
+        let mut text = NumberText {
+            bytes: [0; 48],
+            len: 0,
+        };
+        if write!(text, "{a}").is_ok() {
+            let t = &text.bytes[..text.len];
+            let significant = t.iter().filter(|c| c.is_ascii_digit()).count()
+                - t.iter()
+                    .take_while(|&&c| c == b'0' || c == b'.')
+                    .filter(|&&c| c == b'0')
+                    .count()
+                - t.iter().rev().take_while(|&&c| c == b'0').count();
+            if significant < 15 {
+                if x.is_sign_negative() {
+                    out.push(b'-');
+                }
+                out.extend_from_slice(t);
+                if !t.contains(&b'.') {
+                    out.extend_from_slice(b".0");
+                }
+                return;
+            }
+        }
     }
     let mut text = String::new();
     if x.is_sign_negative() {
