@@ -872,6 +872,27 @@ mod tests {
     }
 
     #[test]
+    fn payload_json_is_orjsons_for_the_dict_python_decodes() {
+        // {"b": [1, -2, 2.5e-7, "q\"\n\u{e9}"], "a": true, "b": {"z": null}}: the repeated "b" keeps its first
+        // place and its last value, as the dict msgpack-python builds.
+        let body = b"\x83\xa1b\x94\x01\xfe\xcb\x3e\x90\xc6\xf7\xa0\xb5\xed\x8d\xa5q\"\n\xc3\xa9\xa1a\xc3\xa1b\x81\xa1z\xc0";
+        let value = msgpack::decode(body).unwrap();
+        let mut json = Vec::new();
+        payload_json(&mut json, &value);
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            "{\"b\":{\"z\":null},\"a\":true}"
+        );
+        let array = msgpack::decode(&body[3..21]).unwrap(); // the first "b"'s array
+        let mut json = Vec::new();
+        payload_json(&mut json, &array);
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            "[1,-2,2.5e-7,\"q\\\"\\n\u{e9}\"]"
+        );
+    }
+
+    #[test]
     fn events_before_hello_are_unexpected() {
         let mut d = ConnectionDecoder::new(64, 10);
         d.receive_data(&frame(b"\x81\xa4type\xa6events"));
