@@ -732,6 +732,31 @@ impl PyConnectionDecoder {
         self.core.fail();
     }
 
+    /// For tests: buffers `data`, decodes it into Rust-side events and gives each event's payload as the Rust
+    /// path has it: its record JSON (bytes) or why it was refused (str).
+    fn _payload_json_rust_only<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.guarded("ConnectionDecoder._payload_json_rust_only", |s| {
+            s.core.receive_data(data);
+            let out = PyList::empty(py);
+            while let Some(message) = s.core.next_owned() {
+                let Ok(OwnedMessage::Events(batch)) = message else {
+                    continue;
+                };
+                for event in batch {
+                    match event.payload {
+                        Ok(json) => out.append(PyBytes::new(py, &json))?,
+                        Err(reason) => out.append(reason)?,
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// For benchmarks: as `_decode_rust_only`, then each event's record value (EventRecord.to_json's bytes, its
     /// reference time taken as its source time, the other times fixed) written into one reused buffer: the floor
     /// of the all-native path from bytes to record bytes, before reordering and merging. The bytes written.

@@ -10,6 +10,7 @@ import struct
 from typing import Any
 
 import msgpack
+import orjson
 import pytest
 import skewless_native
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from contract.wire.errors import MalformedFrame, RemoteProtocolError, UnexpectedMessage
 from contract.wire.frames import _decode_body, encode_frame
-from contract.wire.messages import Bye, EventBatch, IncomingEvent, RejectedPayload
+from contract.wire.messages import Bye, EventBatch, IncomingEvent, RejectedPayload, parse_events
 from tests.native_session import DECLARED, HELLO, canon, run_both
 
 # --------------------------------------------------------------------------------------------- msgpack building
@@ -333,3 +334,22 @@ def test_the_deepest_hello_fits_a_thread_with_a_small_stack() -> None:
     finally:
         threading.stack_size(previous)
     assert len(got) == 1 and type(got[0]) is dict
+
+
+@FUZZ
+@given(st.lists(BIG_PAYLOADS, min_size=1, max_size=5))
+def test_the_rust_side_payload_json_is_orjsons(payloads: list[Any]) -> None:
+    """The Rust path keeps an accepted payload as its record JSON: orjson's bytes for the object Python decodes."""
+    events = [Pairs([("stream", "s1"), ("seq", i), ("source_ts_us", 2), ("payload", p)])
+              for i, p in enumerate(payloads)]
+    body = pack({"type": "events", "events": events})
+    try:
+        batch = parse_events(_decode_body(body), 100, frozenset(DECLARED))
+    except RemoteProtocolError:
+        return  # a frame refused whole (by msgpack-python's limits): no events on either path
+    expected = [e.payload.reason if type(e.payload) is RejectedPayload else orjson.dumps(e.payload)
+                for e in batch.events]
+    rust = skewless_native.ConnectionDecoder()
+    rust.receive_data(frame(pack(HELLO)))
+    rust.accept_hello(DECLARED)
+    assert rust._payload_json_rust_only(frame(body)) == expected
