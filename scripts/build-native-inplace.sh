@@ -5,4 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cargo build --quiet --release --features extension-module --manifest-path "$root/native/Cargo.toml"
-cp "$root/native/target/release/libskewless_native.so" "$root/skewless_native.abi3.so"
+# Copied then renamed: overwriting the file in place would change the pages of a running process that loaded it
+# (a test run in another shell crashes with SIGSEGV).
+cp "$root/native/target/release/libskewless_native.so" "$root/.skewless_native.abi3.so.tmp"
+mv -f "$root/.skewless_native.abi3.so.tmp" "$root/skewless_native.abi3.so"

@@ -4,6 +4,8 @@
 
 use pyo3::prelude::*;
 
+pub mod decode;
+pub mod records;
 pub mod sequence;
 
 /// The ABI of this module: the Python side refuses a build whose version differs (a stale `maturin develop`).
@@ -13,5 +15,7 @@ pub const NATIVE_ABI: u32 = 1;
 fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NATIVE_ABI", NATIVE_ABI)?;
     sequence::py::register(m)?;
+    decode::register(m)?;
+    records::register(m)?;
     Ok(())
 }

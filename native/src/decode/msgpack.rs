@@ -1,0 +1,519 @@
+//! msgpack bodies decoded the way msgpack-python 1.x's C unpacker decodes them for contract/wire/frames.py
+//! (`unpackb(raw=False, strict_map_key=True)`, then with `object_pairs_hook` when a map key is neither str nor
+//! bin): the same values, the same map semantics, and the same exception type at the same byte, because the
+//! Python path quotes that type in its `malformed_frame` message.
+
+/// One decoded msgpack value, borrowing strings and bytes from the frame body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Nil,
+    Bool(bool),
+    /// Every msgpack integer that fits i64 (Python: int).
+    Int(i64),
+    /// A msgpack uint64 above i64::MAX (Python: int).
+    UInt(u64),
+    Float(f64),
+    Str(&'a str),
+    Bin(&'a [u8]),
+    Array(Vec<Value<'a>>),
+    Map(Map<'a>),
+    /// Any ext type but -1 (Python: msgpack.ExtType).
+    Ext(i8, &'a [u8]),
+    /// Ext type -1 (Python: msgpack.Timestamp).
+    Timestamp {
+        seconds: i64,
+        nanoseconds: u32,
+    },
+}
+
+/// A msgpack map. With every key a str or a bin it is a Python dict: a repeated key keeps its first position and
+/// its last value. Otherwise it is a NonStringKeyMap: its pairs as sent, repeats included.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Map<'a> {
+    pub entries: Vec<(Value<'a>, Value<'a>)>,
+    pub string_keys: bool,
+}
+
+impl<'a> Map<'a> {
+    /// dict.get for a str key (None: absent; a NonStringKeyMap has no get, callers check `string_keys` first).
+    pub fn get(&self, key: &str) -> Option<&Value<'a>> {
+        self.entries.iter().find_map(|(k, v)| match k {
+            Value::Str(s) if *s == key => Some(v),
+            _ => None,
+        })
+    }
+}
+
+impl Value<'_> {
+    /// Python's `type(value).__name__` for what msgpack-python decodes this to.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Nil => "NoneType",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::UInt(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bin(_) => "bytes",
+            Value::Array(_) => "list",
+            Value::Map(m) if m.string_keys => "dict",
+            Value::Map(_) => "NonStringKeyMap",
+            Value::Ext(..) => "ExtType",
+            Value::Timestamp { .. } => "Timestamp",
+        }
+    }
+
+    /// An exact (non-bool) Python int within i128.
+    pub fn as_int(&self) -> Option<i128> {
+        match self {
+            Value::Int(i) => Some(i128::from(*i)),
+            Value::UInt(u) => Some(i128::from(*u)),
+            _ => None,
+        }
+    }
+}
+
+/// Why a body is not valid msgpack, as the exception msgpack-python raises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    /// ValueError: incomplete input, a length above the body's, a bad timestamp.
+    Value,
+    /// FormatError: the byte 0xc1.
+    Format,
+    /// StackError: more than 1024 nested containers.
+    Stack,
+    /// UnicodeDecodeError: a str that is not UTF-8.
+    Unicode,
+    /// ExtraData: bytes after the first value.
+    ExtraData,
+}
+
+impl DecodeError {
+    pub fn type_name(self) -> &'static str {
+        match self {
+            DecodeError::Value => "ValueError",
+            DecodeError::Format => "FormatError",
+            DecodeError::Stack => "StackError",
+            DecodeError::Unicode => "UnicodeDecodeError",
+            DecodeError::ExtraData => "ExtraData",
+        }
+    }
+}
+
+/// msgpack-python's C unpacker keeps a fixed stack of this many open containers. This parser keeps its open
+/// containers on the heap as well, so a deep body costs no thread stack.
+const MAX_NESTED_CONTAINERS: usize = 1024;
+/// Above this many entries a map's repeated keys are found with a hash set instead of a scan.
+const DEDUP_SCAN_MAX: usize = 16;
+
+/// The one value of `body`, as `msgpack.unpackb(body, raw=False, ...)` in contract/wire/frames.py decodes it.
+pub fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
+    let mut parser = Parser { buf: body, pos: 0 };
+    let mut open: Vec<Open<'_>> = Vec::new();
+    loop {
+        let mut value = match parser.item()? {
+            Item::Value(value) => value,
+            // The C unpacker checks its stack, then the length against the body's (max_array_len = len(body),
+            // max_map_len = len(body) // 2), both before reading any element.
+            Item::Array(_) | Item::Map(_) if open.len() >= MAX_NESTED_CONTAINERS => {
+                return Err(DecodeError::Stack)
+            }
+            Item::Array(n) if n > body.len() => return Err(DecodeError::Value),
+            Item::Map(n) if n > body.len() / 2 => return Err(DecodeError::Value),
+            Item::Array(0) => Value::Array(Vec::new()),
+            Item::Map(0) => Value::Map(Map {
+                entries: Vec::new(),
+                string_keys: true,
+            }),
+            Item::Array(n) => {
+                // A hostile header must not reserve more than the body can hold (an element takes a byte at least).
+                let items = Vec::with_capacity(n.min(body.len() - parser.pos));
+                open.push(Open::Array { items, left: n });
+                continue;
+            }
+            Item::Map(n) => {
+                let entries = Vec::with_capacity(n.min((body.len() - parser.pos) / 2));
+                open.push(Open::Map {
+                    entries,
+                    key: None,
+                    left: n,
+                    string_keys: true,
+                });
+                continue;
+            }
+        };
+        // Hand the value to its container, closing every container it completes.
+        loop {
+            match open.last_mut() {
+                None => {
+                    if parser.pos < body.len() {
+                        return Err(DecodeError::ExtraData);
+                    }
+                    return Ok(value);
+                }
+                Some(Open::Array { items, left }) => {
+                    items.push(value);
+                    *left -= 1;
+                    if *left > 0 {
+                        break;
+                    }
+                }
+                Some(Open::Map {
+                    entries,
+                    key,
+                    left,
+                    string_keys,
+                }) => {
+                    let Some(k) = key.take() else {
+                        *key = Some(value);
+                        break;
+                    };
+                    *string_keys &= matches!(k, Value::Str(_) | Value::Bin(_));
+                    entries.push((k, value));
+                    *left -= 1;
+                    if *left > 0 {
+                        break;
+                    }
+                }
+            }
+            value = match open.pop() {
+                Some(Open::Array { items, .. }) => Value::Array(items),
+                Some(Open::Map {
+                    entries,
+                    string_keys,
+                    ..
+                }) => {
+                    let entries = if string_keys && entries.len() > 1 {
+                        dedup(entries)
+                    } else {
+                        entries
+                    };
+                    Value::Map(Map {
+                        entries,
+                        string_keys,
+                    })
+                }
+                None => unreachable!("a container was just completed"),
+            };
+        }
+    }
+}
+
+/// A container still reading its elements.
+enum Open<'a> {
+    Array {
+        items: Vec<Value<'a>>,
+        left: usize,
+    },
+    Map {
+        entries: Vec<(Value<'a>, Value<'a>)>,
+        key: Option<Value<'a>>,
+        left: usize,
+        string_keys: bool,
+    },
+}
+
+/// What one msgpack header starts: a whole value, or a container of n elements.
+enum Item<'a> {
+    Value(Value<'a>),
+    Array(usize),
+    Map(usize),
+}
+
+struct Parser<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.pos.checked_add(n).ok_or(DecodeError::Value)?;
+        if end > self.buf.len() {
+            return Err(DecodeError::Value); // "Unpack failed: incomplete input"
+        }
+        let bytes = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    fn be<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let bytes = self.take(N)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+
+    fn len8(&mut self) -> Result<usize, DecodeError> {
+        Ok(usize::from(self.be::<1>()?[0]))
+    }
+    fn len16(&mut self) -> Result<usize, DecodeError> {
+        Ok(usize::from(u16::from_be_bytes(self.be()?)))
+    }
+    fn len32(&mut self) -> Result<usize, DecodeError> {
+        // usize is at least 32 bits on every target this builds for.
+        usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::Value)
+    }
+
+    fn item(&mut self) -> Result<Item<'a>, DecodeError> {
+        let marker = self.be::<1>()?[0];
+        Ok(Item::Value(match marker {
+            0x00..=0x7f => Value::Int(i64::from(marker)),
+            0xe0..=0xff => Value::Int(i64::from(marker as i8)),
+            0x80..=0x8f => return Ok(Item::Map(usize::from(marker & 0x0f))),
+            0x90..=0x9f => return Ok(Item::Array(usize::from(marker & 0x0f))),
+            0xa0..=0xbf => return self.str(usize::from(marker & 0x1f)).map(Item::Value),
+            0xc0 => Value::Nil,
+            0xc1 => return Err(DecodeError::Format),
+            0xc2 => Value::Bool(false),
+            0xc3 => Value::Bool(true),
+            0xc4 => {
+                let n = self.len8()?;
+                Value::Bin(self.take(n)?)
+            }
+            0xc5 => {
+                let n = self.len16()?;
+                Value::Bin(self.take(n)?)
+            }
+            0xc6 => {
+                let n = self.len32()?;
+                Value::Bin(self.take(n)?)
+            }
+            0xc7 => {
+                let n = self.len8()?;
+                return self.ext(n).map(Item::Value);
+            }
+            0xc8 => {
+                let n = self.len16()?;
+                return self.ext(n).map(Item::Value);
+            }
+            0xc9 => {
+                let n = self.len32()?;
+                return self.ext(n).map(Item::Value);
+            }
+            0xca => Value::Float(f64::from(f32::from_be_bytes(self.be()?))),
+            0xcb => Value::Float(f64::from_be_bytes(self.be()?)),
+            0xcc => Value::Int(i64::from(self.be::<1>()?[0])),
+            0xcd => Value::Int(i64::from(u16::from_be_bytes(self.be()?))),
+            0xce => Value::Int(i64::from(u32::from_be_bytes(self.be()?))),
+            0xcf => {
+                let u = u64::from_be_bytes(self.be()?);
+                i64::try_from(u).map_or(Value::UInt(u), Value::Int)
+            }
+            0xd0 => Value::Int(i64::from(i8::from_be_bytes(self.be()?))),
+            0xd1 => Value::Int(i64::from(i16::from_be_bytes(self.be()?))),
+            0xd2 => Value::Int(i64::from(i32::from_be_bytes(self.be()?))),
+            0xd3 => Value::Int(i64::from_be_bytes(self.be()?)),
+            0xd4 => return self.ext(1).map(Item::Value),
+            0xd5 => return self.ext(2).map(Item::Value),
+            0xd6 => return self.ext(4).map(Item::Value),
+            0xd7 => return self.ext(8).map(Item::Value),
+            0xd8 => return self.ext(16).map(Item::Value),
+            0xd9 => {
+                let n = self.len8()?;
+                return self.str(n).map(Item::Value);
+            }
+            0xda => {
+                let n = self.len16()?;
+                return self.str(n).map(Item::Value);
+            }
+            0xdb => {
+                let n = self.len32()?;
+                return self.str(n).map(Item::Value);
+            }
+            0xdc => {
+                let n = self.len16()?;
+                return Ok(Item::Array(n));
+            }
+            0xdd => {
+                let n = self.len32()?;
+                return Ok(Item::Array(n));
+            }
+            0xde => {
+                let n = self.len16()?;
+                return Ok(Item::Map(n));
+            }
+            0xdf => {
+                let n = self.len32()?;
+                return Ok(Item::Map(n));
+            }
+        }))
+    }
+
+    fn str(&mut self, n: usize) -> Result<Value<'a>, DecodeError> {
+        let bytes = self.take(n)?;
+        // Python's strict UTF-8 codec and Rust's accept the same set (no surrogates, no overlongs).
+        std::str::from_utf8(bytes)
+            .map(Value::Str)
+            .map_err(|_| DecodeError::Unicode)
+    }
+
+    fn ext(&mut self, n: usize) -> Result<Value<'a>, DecodeError> {
+        let code = self.be::<1>()?[0] as i8;
+        let data = self.take(n)?;
+        if code >= 0 {
+            return Ok(Value::Ext(code, data));
+        }
+        if code != -1 {
+            return Err(DecodeError::Value); // msgpack.ExtType refuses codes below 0
+        }
+        let (seconds, nanoseconds) = match data.len() {
+            4 => (
+                i64::from(u32::from_be_bytes(
+                    data.try_into().map_err(|_| DecodeError::Value)?,
+                )),
+                0u32,
+            ),
+            8 => {
+                let v = u64::from_be_bytes(data.try_into().map_err(|_| DecodeError::Value)?);
+                // 30 bits of nanoseconds over 34 bits of seconds: both fit their targets.
+                ((v & 0x3_ffff_ffff) as i64, (v >> 34) as u32)
+            }
+            12 => {
+                let nanos =
+                    u32::from_be_bytes(data[..4].try_into().map_err(|_| DecodeError::Value)?);
+                let secs =
+                    i64::from_be_bytes(data[4..].try_into().map_err(|_| DecodeError::Value)?);
+                (secs, nanos)
+            }
+            _ => return Err(DecodeError::Value), // "invalid timestamp data"
+        };
+        if nanoseconds > 999_999_999 {
+            return Err(DecodeError::Value); // msgpack.Timestamp refuses it
+        }
+        Ok(Value::Timestamp {
+            seconds,
+            nanoseconds,
+        })
+    }
+}
+
+fn same_key(a: &Value<'_>, b: &Value<'_>) -> bool {
+    match (a, b) {
+        (Value::Str(x), Value::Str(y)) => x == y,
+        (Value::Bin(x), Value::Bin(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Python dict semantics for repeated keys (str and bytes never equal each other).
+fn dedup<'a>(entries: Vec<(Value<'a>, Value<'a>)>) -> Vec<(Value<'a>, Value<'a>)> {
+    if entries.len() <= DEDUP_SCAN_MAX {
+        // The usual map has no repeated key: found so without building another.
+        let repeated = (1..entries.len())
+            .any(|i| entries[..i].iter().any(|(k, _)| same_key(k, &entries[i].0)));
+        if !repeated {
+            return entries;
+        }
+    }
+    let mut out: Vec<(Value<'a>, Value<'a>)> = Vec::with_capacity(entries.len());
+    if entries.len() <= DEDUP_SCAN_MAX {
+        for (key, value) in entries {
+            match out.iter_mut().find(|(k, _)| same_key(k, &key)) {
+                Some(slot) => slot.1 = value,
+                None => out.push((key, value)),
+            }
+        }
+        return out;
+    }
+    let mut index: std::collections::HashMap<(bool, &'a [u8]), usize> =
+        std::collections::HashMap::with_capacity(entries.len());
+    for (key, value) in entries {
+        let id = match key {
+            Value::Str(s) => (true, s.as_bytes()),
+            Value::Bin(b) => (false, b),
+            _ => unreachable!("dedup is only called on maps whose keys are all str or bin"),
+        };
+        match index.get(&id) {
+            Some(&i) => out[i].1 = value,
+            None => {
+                index.insert(id, out.len());
+                out.push((key, value));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalars_and_errors_match_msgpack_python() {
+        assert_eq!(decode(b"\x01"), Ok(Value::Int(1)));
+        assert_eq!(decode(b"\xff"), Ok(Value::Int(-1)));
+        assert_eq!(
+            decode(b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff"),
+            Ok(Value::UInt(u64::MAX))
+        );
+        assert_eq!(decode(b"\xc1"), Err(DecodeError::Format));
+        assert_eq!(decode(b"\x91"), Err(DecodeError::Value));
+        assert_eq!(decode(b"\x01\x02"), Err(DecodeError::ExtraData));
+        assert_eq!(decode(b"\xa2\xff\xfe"), Err(DecodeError::Unicode));
+        assert_eq!(decode(b"\xa3\xed\xa0\x80"), Err(DecodeError::Unicode)); // an encoded surrogate
+        assert_eq!(decode(b"\xd4\xff\x00"), Err(DecodeError::Value));
+        assert_eq!(
+            decode(b"\xd6\xff\x00\x00\x00\x01"),
+            Ok(Value::Timestamp {
+                seconds: 1,
+                nanoseconds: 0
+            })
+        );
+        assert_eq!(
+            decode(b"\xd7\xff\xff\xff\xff\xfc\x00\x00\x00\x01"),
+            Err(DecodeError::Value)
+        );
+        assert_eq!(decode(b"\xd4\x05\x00"), Ok(Value::Ext(5, b"\x00")));
+        assert_eq!(decode(b"\xd4\x80\x00"), Err(DecodeError::Value));
+        assert_eq!(decode(b"\xdd\xff\xff\xff\xff"), Err(DecodeError::Value));
+    }
+
+    #[test]
+    fn the_1025th_nested_container_is_a_stack_error() {
+        let mut ok = vec![0x91u8; 1023];
+        ok.push(0x90);
+        assert!(decode(&ok).is_ok());
+        let mut deep = vec![0x91u8; 1024];
+        deep.push(0x90);
+        assert_eq!(decode(&deep), Err(DecodeError::Stack));
+        // The stack is checked before the length.
+        let mut both = vec![0x91u8; 1024];
+        both.extend_from_slice(b"\xdd\xff\xff\xff\xff");
+        assert_eq!(decode(&both), Err(DecodeError::Stack));
+    }
+
+    #[test]
+    fn repeated_keys_keep_the_first_position_and_the_last_value() {
+        let Value::Map(map) = decode(b"\x83\xa1a\x01\xa1b\x02\xa1a\x03").unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            map.entries,
+            vec![
+                (Value::Str("a"), Value::Int(3)),
+                (Value::Str("b"), Value::Int(2))
+            ]
+        );
+        let Value::Map(map) = decode(b"\x82\xa1a\x01\xc4\x01a\x02").unwrap() else {
+            panic!()
+        };
+        assert_eq!(map.entries.len(), 2); // "a" and b"a" differ
+        let Value::Map(map) = decode(b"\x82\x01\x01\x01\x02").unwrap() else {
+            panic!()
+        };
+        assert!(!map.string_keys);
+        assert_eq!(map.entries.len(), 2); // a NonStringKeyMap keeps its pairs
+    }
+
+    #[test]
+    fn many_repeated_keys_take_the_hashed_path() {
+        let mut body = vec![0xde, 0x00, 40];
+        for i in 0..40u8 {
+            body.extend_from_slice(&[0xa1, b'a' + (i % 20), i]);
+        }
+        let Value::Map(map) = decode(&body).unwrap() else {
+            panic!()
+        };
+        assert_eq!(map.entries.len(), 20);
+        assert_eq!(map.entries[0], (Value::Str("a"), Value::Int(20)));
+    }
+}
