@@ -12,6 +12,7 @@ import pytest
 
 from broker.reader import read_topic
 from cep.key_groups import key_group
+from cep.patterns import PatternSpec
 from cep.sase import parse_query
 from contract.topics import TopicNames
 from spark_jobs import sequence as sequence_job
@@ -119,3 +120,37 @@ def test_the_jvm_routes_a_key_by_its_canonical_text_as_key_group_does(spark: Any
     frame = spark.createDataFrame([(text,)], "t string")
     got = frame.select(key_group_column(F.col("t"), 7).alias("g")).collect()[0]["g"]
     assert got == key_group(canonical, 7)
+
+
+PATTERN = "SEQ(a: type == 'SHELF', b: type == 'EXIT') PARTITION BY id WITHIN 60 ms MODE per_event MAX_UNCERTAINTY 5 ms"
+
+
+def test_pattern_job_with_g1_and_g4_gives_the_pure_cores_records(kafka: Any, spark: Any, topic_prefix: str,
+                                                                 tmp_path: Path) -> None:
+    from spark_jobs import pattern as pattern_job
+
+    rows = [record for batch in trace(seed=5) for record in batch]
+    for i, record in enumerate(rows):
+        if record["kind"] == "event":
+            record["uncertainty_us"] = (i * 7919) % (4 * MS)
+    results: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for groups in (1, 4):
+        topics = TopicNames(f"{topic_prefix}p{groups}")
+        produce(kafka.bootstrap_servers, topics.events("store"), rows)
+        query = pattern_job.start(spark, pattern_job.PatternOptions(
+            bootstrap_servers=kafka.bootstrap_servers, pattern=PATTERN, topic_prefix=topics.prefix,
+            streams=("store",), allowed_lateness_us=LATENESS_US, key_groups=groups,
+            checkpoint_dir=str(tmp_path / f"ckpt-p{groups}"), available_now=True, console=False))
+        query.awaitTermination()
+        assert query.lastProgress["stateOperators"][0]["numRowsTotal"] == groups
+        results[groups] = [((k or b"").decode(), orjson.loads(v))
+                           for k, v in read_topic(kafka.bootstrap_servers, topics.results("pattern"))]
+    events_topic = TopicNames(f"{topic_prefix}p1").events("store")
+    core = pattern_job.PatternStreamCore("store", PatternSpec.parse(PATTERN), 0, False, LATENESS_US, None)
+    expected = run_stream_batch(StreamProgress(1, events_topic), core, [
+        {**record, "payload": orjson.dumps(record["payload"]).decode() if "payload" in record else None,
+         "topic": events_topic, "partition": 0, "offset": offset} for offset, record in enumerate(rows)],
+        job="pattern", stream="store")
+    assert Counter(v["record"] for _, v in expected)["match"] > 0
+    assert multiset(results[1], clock=True) == multiset(expected, clock=True)
+    assert multiset(results[4], clock=True) == multiset(expected, clock=True)
