@@ -1,6 +1,9 @@
 """What every Kafka-facing command shares (the commands themselves are skewless/cli_*.py and spark_jobs/cli.py):
 the Kafka client configuration (``--bootstrap``/``SKEWLESS_BOOTSTRAP``, the ``[kafka]`` table of a ``--config``
-file, repeatable ``--kafka-property KEY=VALUE``), a bounded reachability probe, and one-line errors."""
+file, repeatable ``--kafka-property KEY=VALUE``), a bounded reachability probe, and one-line errors.
+
+Below floor 4 because spark_jobs/cli.py takes these options too, and spark-submit runs it without the skewless
+package (spark_jobs/submit.py; the executors' --py-files hold spark_jobs, cep, contract and broker)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The `skewless` command line: one typer app over the subcommands of skewless/cli_*.py (and, until it moves
-here, spark_jobs/cli.py).
+"""The `skewless` command line: one typer app over the subcommands of skewless/cli_*.py (and spark_jobs/cli.py,
+which spark-submit runs too).
 
 Every error ends the command with one line on stderr, ``error: what (where): how to fix``, and a non-zero exit
 code (2: a bad command line or configuration, 1: a failure while running); ``--debug`` (anywhere on the command
