@@ -239,8 +239,8 @@ def sequence_command(
              "constraint spans less than the query's WITHIN window (your promise).")] = False,
     key_groups: Annotated[int | None, typer.Option(
         min=1, help="Key groups per stream: the query's equality key (a.id = b.id = ...) spread over this many "
-                    "Spark groups (default: spark.sql.shuffle.partitions; one group without a key, with "
-                    "--k-slack-ms, aggressive mode or --constraint). Fixed in the checkpoint.")] = None,
+                    "Spark groups (default 1; one group also without a key, with --k-slack-ms, aggressive mode or "
+                    "--constraint). A record's emitted_at is then its group's CLOCK. Fixed in the checkpoint.")] = None,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,

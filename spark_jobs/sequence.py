@@ -2,13 +2,13 @@
 
 Spark groups the stream's records (events and late topics) by stream and key group and runs one cep.sase
 SequenceEngine per group (it partitions by the query's equality attributes itself): the query's equality key is
-spread over `--key-groups` groups, each of which gets every punctuation of the stream (docs/spark-jobs.md). The
-engine's low watermark is the stream's promise (spark_jobs/stateful.py): purge and release are exact, no K has to be
-guessed (a K-slack bound can still be set for inputs that are not ordered upstream). Records on
-`skewless.results.sequence`, key `<stream>|<partition value>|<event ids>` (one key per matched sequence): `record` =
-`match`, `retract` (-) or `add` (+) (aggressive mode's compensations), what the engine did with a late event
-(docs/sase.md), `too_late` (an event behind the watermark past what the engine can still act on) or `rejected` (an
-event the query cannot use), always with a reason. With a constraint (`--constraint`, docs/constraints.md) also
+spread over `--key-groups` groups (default one), each of which gets every punctuation of the stream
+(docs/spark-jobs.md). The engine's low watermark is the stream's promise (spark_jobs/stateful.py): purge and release
+are exact, no K has to be guessed (a K-slack bound can still be set for inputs that are not ordered upstream).
+Records on `skewless.results.sequence`, key `<stream>|<partition value>|<event ids>` (one key per matched sequence):
+`record` = `match`, `retract` (-) or `add` (+) (aggressive mode's compensations), what the engine did with a late
+event (docs/sase.md), `too_late` (an event behind the watermark past what the engine can still act on) or `rejected`
+(an event the query cannot use), always with a reason. With a constraint (`--constraint`, docs/constraints.md) also
 `monitor_terminated` (a trace that can no longer match: released, the rest of it ignored) and, with
 `--early-alerts`, `early_alert` (a match is certain).
 
@@ -82,7 +82,7 @@ class SequenceOptions:
     constraint_checker: Literal["basic", "lightweight"] = "lightweight"
     early_alerts: bool = False
     key_groups: int | None = None
-    """G: key groups per stream (None: the session's spark.sql.shuffle.partitions; spark_jobs/stateful.py)."""
+    """G: key groups per stream (None: one; :func:`key_groups_plan`, spark_jobs/stateful.py)."""
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
@@ -195,10 +195,16 @@ def constraint_problem(query: Query, constraint: str, checker: Literal["basic", 
     return None
 
 
-def key_groups_plan(query: Query, options: SequenceOptions, default_groups: int) -> tuple[int, str]:
-    """G for the job and why: the query's equality key spread over ``options.key_groups`` (default:
-    ``default_groups``), or one group when there is no key, or when the engine reads its CLOCK across keys."""
-    requested = default_groups if options.key_groups is None else options.key_groups
+def key_groups_plan(query: Query, options: SequenceOptions) -> tuple[int, str]:
+    """G for the job and why: the query's equality key spread over ``options.key_groups``, or one group when it is
+    not given, when there is no key, or when the engine reads its CLOCK across keys.
+
+    One group unless asked (unlike the pattern job, whose default is the shuffle partitions): a record's
+    ``emitted_at`` is the engine's CLOCK, and a group's engine sees only its own keys' timestamps, so G > 1 changes
+    that field (every other field and every key stay the same)."""
+    if options.key_groups is None:
+        return 1, "one key group per stream: --key-groups not given (G > 1 makes emitted_at the group's CLOCK)"
+    requested = options.key_groups
     if requested < 1:
         raise ValueError(f"key groups must be at least 1, got {requested}")
     key = sequence_partition_key(query)
@@ -242,7 +248,7 @@ def start(spark: Any, options: SequenceOptions) -> Any:
     query = parse_query(options.query)
     config = engine_config(options)
     SequenceEngine(query, config)  # a bad constraint fails here, on the driver, not in every task
-    groups, why = key_groups_plan(query, options, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    groups, why = key_groups_plan(query, options)
     log.info("sequence: %s", why)
     events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 

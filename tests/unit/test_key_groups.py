@@ -73,7 +73,7 @@ QUERY = "EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = 
 
 
 @pytest.mark.parametrize(("options", "groups"), [
-    (SequenceOptions("", QUERY), 6),
+    (SequenceOptions("", QUERY), 1),  # not asked for: emitted_at would become the group's CLOCK
     (SequenceOptions("", QUERY, key_groups=4), 4),
     (SequenceOptions("", "EVENT SEQ(A a, B b) WITHIN 10 s", key_groups=4), 1),
     (SequenceOptions("", QUERY, key_groups=4, mode="aggressive"), 1),
@@ -82,7 +82,7 @@ QUERY = "EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = 
 ])
 def test_the_plan_spreads_a_keyed_conservative_query_and_says_why_otherwise(options: SequenceOptions,
                                                                             groups: int) -> None:
-    planned, why = key_groups_plan(parse_query(options.query), options, default_groups=6)
+    planned, why = key_groups_plan(parse_query(options.query), options)
     assert planned == groups
     assert why.startswith("one key group" if groups == 1 else f"{groups} key group(s) per stream, keyed by")
 
