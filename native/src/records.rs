@@ -316,6 +316,23 @@ const RECORD_KEYS: [&str; 20] = [
 
 // ------------------------------------------------------------------------------------------------ Python view
 
+/// A list's or tuple's items as one JSON array (orjson writes both alike).
+fn write_py_array<'py>(
+    out: &mut Vec<u8>,
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    depth: usize,
+) -> Result<(), NotNative> {
+    out.push(b'[');
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_py(out, &item, depth + 1)?;
+    }
+    out.push(b']');
+    Ok(())
+}
+
 /// orjson's bytes for a Python value of the exact JSON types.
 pub fn write_py(
     out: &mut Vec<u8>,
@@ -348,23 +365,9 @@ pub fn write_py(
         }
         out.push(b'}');
     } else if let Ok(l) = value.cast_exact::<PyList>() {
-        out.push(b'[');
-        for (i, item) in l.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_py(out, &item, depth + 1)?;
-        }
-        out.push(b']');
+        write_py_array(out, l.iter(), depth)?;
     } else if let Ok(t) = value.cast_exact::<PyTuple>() {
-        out.push(b'[');
-        for (i, item) in t.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_py(out, &item, depth + 1)?;
-        }
-        out.push(b']');
+        write_py_array(out, t.iter(), depth)?;
     } else {
         return Err(NotNative);
     }

@@ -489,15 +489,7 @@ impl<P: Clone> SequenceReorderer<P> {
 
     fn buffer_early(&mut self, seq: Seq, payload: P, now_us: Micros, out: &mut Vec<Output<P>>) {
         if self.buffer.contains_key(&seq) {
-            self.counters.duplicates += 1;
-            out.push(Output::Late {
-                payload,
-                seq,
-                arrival_us: now_us,
-                reason: LateReason::Duplicate,
-                lateness_us: 0,
-                passed: false,
-            });
+            self.duplicate(seq, payload, now_us, out);
             return;
         }
         if seq > self.max_seen {
@@ -525,6 +517,19 @@ impl<P: Clone> SequenceReorderer<P> {
         }
     }
 
+    /// A seq seen before (buffered, or released): reported late, never passed on.
+    fn duplicate(&mut self, seq: Seq, payload: P, now_us: Micros, out: &mut Vec<Output<P>>) {
+        self.counters.duplicates += 1;
+        out.push(Output::Late {
+            payload,
+            seq,
+            arrival_us: now_us,
+            reason: LateReason::Duplicate,
+            lateness_us: 0,
+            passed: false,
+        });
+    }
+
     fn late(&mut self, seq: Seq, payload: P, now_us: Micros, out: &mut Vec<Output<P>>) {
         let passed = !self.config.drop_late;
         let (reason, lateness_us) = if let Some((opened_us, skipped_us)) = self.skipped.pop(seq) {
@@ -534,15 +539,7 @@ impl<P: Clone> SequenceReorderer<P> {
         } else if seq < self.first_seq {
             (LateReason::BeforeStart, 0)
         } else {
-            self.counters.duplicates += 1;
-            out.push(Output::Late {
-                payload,
-                seq,
-                arrival_us: now_us,
-                reason: LateReason::Duplicate,
-                lateness_us: 0,
-                passed: false,
-            });
+            self.duplicate(seq, payload, now_us, out);
             return;
         };
         self.counters.late += 1;
