@@ -43,6 +43,7 @@ class CommandError(typer.TyperException):
 
 Bootstrap = Annotated[str, typer.Option(help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}).",
                                         envvar=BOOTSTRAP_ENV, show_envvar=False)]
+Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
 KafkaConfigFile = Annotated[Path | None, typer.Option(
     "--config", help="TOML file whose [kafka] table holds librdkafka properties shared by every Kafka client "
                      "(security.protocol, sasl.*, ssl.*, client.id, ...).")]

@@ -15,6 +15,7 @@ from broker.cli import (
     CommandError,
     KafkaConfigFile,
     KafkaProperties,
+    Prefix,
     kafka_client_config,
     probe_kafka,
     validate_streams,
@@ -78,7 +79,7 @@ def kafka_status(work_dir: WorkDir = None) -> None:
 def kafka_topics(
     streams: Annotated[list[str], typer.Argument(help="Stream names whose events/late topics to create.")],
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "skewless",
+    prefix: Prefix = "skewless",
     partitions: Annotated[int, typer.Option(
         "--partitions", "--shards", min=1,
         help="Partitions of each topic = the deployment's shard count (docs/cluster.md).")] = 1,

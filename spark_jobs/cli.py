@@ -8,10 +8,11 @@ from typing import Annotated, Any, Literal
 import typer
 
 from broker.cli import (
-    BOOTSTRAP_ENV,
     DEFAULT_BOOTSTRAP,
+    Bootstrap,
     KafkaConfigFile,
     KafkaProperties,
+    Prefix,
     check_streams_exist,
     kafka_client_config,
     parse_kafka_properties,
@@ -33,8 +34,6 @@ spark_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exce
 _UNIT_REQUIRED = duration_parser(None)
 _MS = duration_parser("ms")
 
-Bootstrap = Annotated[str, typer.Option(help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}).", envvar=BOOTSTRAP_ENV,
-                                        show_envvar=False)]
 SparkKafkaProperties = Annotated[list[str] | None, typer.Option(
     "--spark-kafka-property", metavar="KEY=VALUE",
     help="A property of Spark's Kafka source and sink (Kafka's Java client: sasl.jaas.config, "
@@ -42,7 +41,6 @@ SparkKafkaProperties = Annotated[list[str] | None, typer.Option(
          "clients); their security.protocol and sasl.mechanism reach Spark's client too.")]
 ReplicationFactor = Annotated[int | None, typer.Option(
     min=1, help="Replicas of the results topic the job creates (default: min(3, brokers in the cluster)).")]
-Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
 Streams = Annotated[list[str] | None, typer.Option("--stream", help="Stream(s) to read (default: every stream).")]
 AllowedLateness = Annotated[int, typer.Option(
     "--allowed-lateness", metavar="DURATION", parser=_UNIT_REQUIRED, show_default="1h",
