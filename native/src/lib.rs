@@ -4,11 +4,14 @@
 
 use pyo3::prelude::*;
 
+pub mod merger;
+
 /// The ABI of this module: the Python side refuses a build whose version differs (a stale `maturin develop`).
 pub const NATIVE_ABI: u32 = 1;
 
 #[pymodule]
 fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NATIVE_ABI", NATIVE_ABI)?;
+    merger::python::register(m)?;
     Ok(())
 }
