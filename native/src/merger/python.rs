@@ -68,7 +68,7 @@ fn config_from(config: Option<&Bound<'_, PyAny>>) -> PyResult<MergerConfig> {
         "thesis" => Mode::Thesis,
         other => {
             return Err(PyValueError::new_err(format!(
-                "MergerConfig: mode {other:?} is not watermark or thesis"
+                "MergerConfig: mode '{other}' is not watermark or thesis"
             )))
         }
     };
