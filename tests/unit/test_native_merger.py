@@ -42,6 +42,9 @@ class PerSourceMapping:
     def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
         return source_ts_us + self.offsets_us.get(source_id, 0), self.errors_us.get(source_id, 0)
 
+    def rtt_us(self, source_id: str) -> int | None:
+        return None
+
 
 class Twin:
     """A Python and a native merger fed the same calls, compared after each."""
@@ -244,12 +247,15 @@ def test_a_late_event_and_the_records_it_makes_come_back_tagged_by_kind() -> Non
 
 def test_the_native_config_check_says_what_the_python_one_says_and_refuses_what_it_would_fail_on_later() -> None:
     fields = {f.name: getattr(MergerConfig(), f.name) for f in dataclasses.fields(MergerConfig)}
-    for bad, message in [({"wait_quantile": 1.0}, "wait_quantile must be in (0, 1)"),
-                         ({"learned_wait_cap_us": -1}, "learned_wait_cap_us must be >= 0"),
-                         ({"min_wait_samples": -1}, "min_wait_samples must be >= 0"),
-                         ({"wait_half_life": 0.0}, "wait_half_life must be finite and > 0"),
-                         ({"mode": "fifo"}, "mode 'fifo' is not watermark or thesis"),
-                         ({"default_timeout_us": 1 << 62}, "default_timeout_us")]:
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"wait_quantile": 1.0}, "wait_quantile must be in (0, 1)"),
+        ({"learned_wait_cap_us": -1}, "learned_wait_cap_us must be >= 0"),
+        ({"min_wait_samples": -1}, "min_wait_samples must be >= 0"),
+        ({"wait_half_life": 0.0}, "wait_half_life must be finite and > 0"),
+        ({"mode": "fifo"}, "mode 'fifo' is not watermark or thesis"),
+        ({"default_timeout_us": 1 << 62}, "default_timeout_us"),
+    ]
+    for bad, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):
             native.MultiSourceMerger("R", PerSourceMapping({}, {}), SimpleNamespace(**{**fields, **bad}))
 
