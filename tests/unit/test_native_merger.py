@@ -282,3 +282,32 @@ def test_an_error_in_timeout_for_reaches_the_caller() -> None:
     m.register("b", 0)
     with pytest.raises(LookupError, match="b"):
         m.push(SourceEvent("a", "R", 0, 5), 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 79), st.sampled_from(["beat"] * 3 + ["forget"] * 4 + ["push", "leave", "register"]),
+                          st.integers(0, 30)), min_size=100, max_size=600),
+       st.booleans())
+def test_sources_joining_and_being_forgotten_by_the_hundred(
+        ops: list[tuple[int, str, int]], learn_wait: bool) -> None:
+    """Churn: the native core compacts its source list as sources are forgotten; order (registration order, which the
+    watermark scan and sources() follow) and every decision stay the Python core's."""
+    config = MergerConfig(default_timeout_us=50, punctuation_interval_us=3, learn_wait=learn_wait,
+                          learned_wait_cap_us=80, min_wait_samples=2)
+    twin = Twin(config, PerSourceMapping({}, {}), None)
+    seqs: dict[str, int] = {}
+    now = 0
+    for index, op, step in ops:
+        now += step
+        source_id = f"s{index:02d}"
+        if op == "beat":
+            twin.call("heartbeat", source_id, seqs.get(source_id, 0) - 1, now + index, now)
+        elif op == "push":
+            seqs[source_id] = seqs.get(source_id, 0) + 1
+            twin.call("push", SourceEvent(source_id, "R", seqs[source_id], now + index), now, now)
+        elif op == "forget":
+            twin.call("forget", source_id)
+        else:
+            twin.call(op, source_id, now)
+        twin.call("advance", now)
+    twin.call("flush", now + 10**6)
