@@ -284,9 +284,12 @@ def test_an_error_in_timeout_for_reaches_the_caller() -> None:
         m.push(SourceEvent("a", "R", 0, 5), 0, 0)
 
 
+CHURN_OPS = ["beat"] * 3 + ["forget"] * 4 + ["push", "leave", "register"]
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 79), st.sampled_from(["beat"] * 3 + ["forget"] * 4 + ["push", "leave", "register"]),
-                          st.integers(0, 30)), min_size=100, max_size=600),
+@given(st.lists(st.tuples(st.integers(0, 79), st.sampled_from(CHURN_OPS), st.integers(0, 30)),
+                min_size=100, max_size=600),
        st.booleans())
 def test_sources_joining_and_being_forgotten_by_the_hundred(
         ops: list[tuple[int, str, int]], learn_wait: bool) -> None:
