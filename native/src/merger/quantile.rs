@@ -30,7 +30,9 @@ const RECOMPUTE_EVERY: u32 = 32;
 impl DecayedQuantile {
     /// `q` in (0, 1), `half_life_samples` > 0 and finite, `max_us` >= 2 (the caller validates: MergerConfig).
     pub fn new(q: f64, half_life_samples: f64, max_us: i64) -> Self {
-        let growth = DEFAULT_GROWTH;
+        // black_box: computed at run time by libm, as Python does, never folded by the compiler or rewritten
+        // (LLVM turns pow(2.0, x) into exp2(x), which may round differently in the last bit).
+        let growth = std::hint::black_box(DEFAULT_GROWTH);
         let inv_log_growth = 1.0 / growth.ln();
         let n_buckets = ((max_us as f64).ln() * inv_log_growth).ceil() as usize + 2;
         DecayedQuantile {
@@ -39,7 +41,7 @@ impl DecayedQuantile {
             inv_log_growth,
             n_buckets,
             counts: Vec::new(),
-            gain: 2.0_f64.powf(1.0 / half_life_samples),
+            gain: std::hint::black_box(2.0_f64).powf(1.0 / half_life_samples),
             weight: 1.0,
             total: 0.0,
             count: 0,
