@@ -132,7 +132,7 @@ def wait_policy(kind: int) -> Callable[[str, int], int] | None:
     return lambda source_id, now_us: 0 if source_id < "c" else 150
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(st.data(), configs(), st.integers(0, 2), st.sampled_from([0, -5_000, 1_700_000_000_000_000]))
 def test_native_merger_decides_exactly_as_the_python_core(
         data: st.DataObject, config: MergerConfig, policy: int, epoch_us: int) -> None:
