@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 pub mod decode;
+pub mod merger;
 pub mod records;
 pub mod sequence;
 
@@ -17,5 +18,6 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sequence::py::register(m)?;
     decode::register(m)?;
     records::register(m)?;
+    merger::python::register(m)?;
     Ok(())
 }

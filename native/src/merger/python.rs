@@ -1,0 +1,499 @@
+//! The Python face of the compiled merger: `skewless_native.MultiSourceMerger`, with `reorder.merger`'s API (the
+//! same methods, arguments and results), so the differential tests drive both with the same calls.
+//!
+//! Events are opaque: the merger reads an event's `source_id`, `seq` (and `source_ts_us` to map it when no
+//! `mapped` is given) and hands the object itself back. Results are tuples tagged by kind, each the fields of the
+//! `reorder.records` record in order: `(MERGED, event, arrival_us, release_us, ref_ts_us, raised_us)`,
+//! `(PUNCTUATION, stream, watermark_us, at_us)`, `(SOURCE_TIMED_OUT, stream, source_id, at_us)`,
+//! `(LATE, event, arrival_us, reason, lateness_us, passed)`.
+//!
+//! A panic in the core never unwinds into the interpreter: it becomes a `RuntimeError` and the merger refuses every
+//! later call (its state is no longer trusted). Bad input (a time outside +-2^61 us, a malformed event) raises
+//! `ValueError`/`TypeError` before anything changes.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use super::{
+    MergeError, MergeOutput, MergerConfig, MergerCounters, Mode, MultiSourceMerger, RunEvent,
+    WaitPolicy, TIME_LIMIT_US, VIRTUAL_TIME_FLOOR_US,
+};
+
+const MERGED: u8 = 0;
+const PUNCTUATION: u8 = 1;
+const SOURCE_TIMED_OUT: u8 = 2;
+const LATE: u8 = 3;
+
+fn value_error(err: MergeError) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}
+
+/// `timeout_for(source_id, now_us)` called back into Python; its first error is kept and raised after the call
+/// (the wait falls back to the default meanwhile).
+struct PythonWait<'a, 'py> {
+    callable: Option<&'a Bound<'py, PyAny>>,
+    error: Option<PyErr>,
+}
+
+impl WaitPolicy for PythonWait<'_, '_> {
+    fn wait_us(&mut self, source_id: &str, now_us: i64) -> Option<i64> {
+        let callable = self.callable?;
+        if self.error.is_some() {
+            return None;
+        }
+        match callable
+            .call1((source_id, now_us))
+            .and_then(|wait| wait.extract::<i64>())
+        {
+            Ok(wait) => Some(wait),
+            Err(err) => {
+                self.error = Some(err);
+                None
+            }
+        }
+    }
+}
+
+fn config_from(config: Option<&Bound<'_, PyAny>>) -> PyResult<MergerConfig> {
+    let Some(config) = config.filter(|c| !c.is_none()) else {
+        return Ok(MergerConfig::default());
+    };
+    let mode: String = config.getattr("mode")?.extract()?;
+    let mode = match mode.as_str() {
+        "watermark" => Mode::Watermark,
+        "thesis" => Mode::Thesis,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "MergerConfig: mode '{other}' is not watermark or thesis"
+            )))
+        }
+    };
+    let parsed = MergerConfig {
+        mode,
+        default_timeout_us: config.getattr("default_timeout_us")?.extract()?,
+        punctuation_interval_us: config.getattr("punctuation_interval_us")?.extract()?,
+        max_queued_per_source: config.getattr("max_queued_per_source")?.extract()?,
+        learn_wait: config.getattr("learn_wait")?.extract()?,
+        learned_wait_cap_us: config.getattr("learned_wait_cap_us")?.extract()?,
+        wait_quantile: config.getattr("wait_quantile")?.extract()?,
+        wait_factor: config.getattr("wait_factor")?.extract()?,
+        wait_half_life: config.getattr("wait_half_life")?.extract()?,
+        min_wait_samples: config.getattr("min_wait_samples")?.extract()?,
+        min_watermark_us: config.getattr("min_watermark_us")?.extract()?,
+    };
+    parsed.validate().map_err(value_error)?;
+    Ok(parsed)
+}
+
+/// `reorder.merger.MergerCounters`, read at one instant.
+#[pyclass(
+    name = "MergerCounters",
+    module = "skewless_native",
+    frozen,
+    get_all,
+    eq
+)]
+#[derive(PartialEq)]
+pub struct PyMergerCounters {
+    merged: u64,
+    timeouts: u64,
+    late: u64,
+    punctuations: u64,
+    heartbeats: u64,
+    peak_queued: u64,
+    raised: u64,
+    stamp_regressions: u64,
+    after_give_up: u64,
+    departures: u64,
+}
+
+impl From<&MergerCounters> for PyMergerCounters {
+    fn from(c: &MergerCounters) -> Self {
+        PyMergerCounters {
+            merged: c.merged,
+            timeouts: c.timeouts,
+            late: c.late,
+            punctuations: c.punctuations,
+            heartbeats: c.heartbeats,
+            peak_queued: c.peak_queued,
+            raised: c.raised,
+            stamp_regressions: c.stamp_regressions,
+            after_give_up: c.after_give_up,
+            departures: c.departures,
+        }
+    }
+}
+
+#[pymethods]
+impl PyMergerCounters {
+    /// The counters by name, as `dataclasses.asdict` gives the Python core's.
+    fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (name, value) in [
+            ("merged", self.merged),
+            ("timeouts", self.timeouts),
+            ("late", self.late),
+            ("punctuations", self.punctuations),
+            ("heartbeats", self.heartbeats),
+            ("peak_queued", self.peak_queued),
+            ("raised", self.raised),
+            ("stamp_regressions", self.stamp_regressions),
+            ("after_give_up", self.after_give_up),
+            ("departures", self.departures),
+        ] {
+            dict.set_item(name, value)?;
+        }
+        Ok(dict)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("MergerCounters({})", self.as_dict(py)?.repr()?))
+    }
+}
+
+/// `reorder.merger.MultiSourceMerger`, compiled.
+#[pyclass(name = "MultiSourceMerger", module = "skewless_native")]
+pub struct PyMerger {
+    core: MultiSourceMerger<Py<PyAny>>,
+    stream: Py<PyString>,
+    clock: Py<PyAny>,
+    config: Py<PyAny>,
+    timeout_for: Option<Py<PyAny>>,
+    /// Set by a panic in the core: every later call raises.
+    broken: bool,
+}
+
+impl PyMerger {
+    /// Runs one core call: policy errors raised after it, a panic turned into a RuntimeError (and the merger
+    /// refusing every later call), the outputs converted to tagged tuples.
+    fn run<'py, F>(&mut self, py: Python<'py>, call: F) -> PyResult<Bound<'py, PyList>>
+    where
+        F: FnOnce(
+            &mut MultiSourceMerger<Py<PyAny>>,
+            &mut PythonWait<'_, 'py>,
+            &mut Vec<MergeOutput<Py<PyAny>>>,
+        ) -> Result<(), MergeError>,
+    {
+        if self.broken {
+            return Err(PyRuntimeError::new_err(
+                "skewless_native.MultiSourceMerger: an earlier call failed inside the native core; this merger's state \
+                 is no longer trusted",
+            ));
+        }
+        let timeout_for = self.timeout_for.as_ref().map(|f| f.bind(py).clone());
+        let mut policy = PythonWait {
+            callable: timeout_for.as_ref(),
+            error: None,
+        };
+        let mut out = Vec::new();
+        let core = &mut self.core;
+        let result = catch_unwind(AssertUnwindSafe(|| call(core, &mut policy, &mut out)));
+        match result {
+            Err(panic) => {
+                self.broken = true;
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                return Err(PyRuntimeError::new_err(format!(
+                    "skewless_native.MultiSourceMerger: internal error in the native core ({what}); the merger refuses \
+                     further calls"
+                )));
+            }
+            Ok(Err(err)) => return Err(value_error(err)),
+            Ok(Ok(())) => {}
+        }
+        if let Some(err) = policy.error {
+            return Err(err);
+        }
+        self.outputs(py, out)
+    }
+
+    fn outputs<'py>(
+        &self,
+        py: Python<'py>,
+        out: Vec<MergeOutput<Py<PyAny>>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for item in out {
+            let tuple = match item {
+                MergeOutput::Merged {
+                    event,
+                    arrival_us,
+                    release_us,
+                    ref_ts_us,
+                    raised_us,
+                } => (MERGED, event, arrival_us, release_us, ref_ts_us, raised_us)
+                    .into_pyobject(py)?,
+                MergeOutput::Punctuation {
+                    watermark_us,
+                    at_us,
+                } => (PUNCTUATION, self.stream.clone_ref(py), watermark_us, at_us)
+                    .into_pyobject(py)?,
+                MergeOutput::SourceTimedOut { source_id, at_us } => (
+                    SOURCE_TIMED_OUT,
+                    self.stream.clone_ref(py),
+                    &*source_id,
+                    at_us,
+                )
+                    .into_pyobject(py)?,
+                MergeOutput::Late {
+                    event,
+                    arrival_us,
+                    reason,
+                    lateness_us,
+                } => (LATE, event, arrival_us, reason.as_str(), lateness_us, false)
+                    .into_pyobject(py)?,
+            };
+            list.append(tuple)?;
+        }
+        Ok(list)
+    }
+
+    fn map(
+        &self,
+        py: Python<'_>,
+        source_id: &Bound<'_, PyAny>,
+        source_ts_us: &Bound<'_, PyAny>,
+    ) -> PyResult<(i64, i64)> {
+        self.clock
+            .bind(py)
+            .call_method1(intern!(py, "to_reference"), (source_id, source_ts_us))?
+            .extract()
+    }
+}
+
+#[pymethods]
+impl PyMerger {
+    #[classattr]
+    const MERGED: u8 = MERGED;
+    #[classattr]
+    const PUNCTUATION: u8 = PUNCTUATION;
+    #[classattr]
+    const SOURCE_TIMED_OUT: u8 = SOURCE_TIMED_OUT;
+    #[classattr]
+    const LATE: u8 = LATE;
+    #[classattr]
+    const TIME_LIMIT_US: i64 = TIME_LIMIT_US;
+    #[classattr]
+    const VIRTUAL_TIME_FLOOR_US: i64 = VIRTUAL_TIME_FLOOR_US;
+
+    /// `timeout_for(source_id, now_us)` gives how long to wait for that silent source; `clock.to_reference` maps an
+    /// event or heartbeat given without `mapped`.
+    #[new]
+    #[pyo3(signature = (stream, clock, config=None, timeout_for=None))]
+    fn new(
+        stream: &Bound<'_, PyString>,
+        clock: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyAny>>,
+        timeout_for: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let parsed = config_from(config)?;
+        let py = stream.py();
+        Ok(PyMerger {
+            core: MultiSourceMerger::new(parsed).map_err(value_error)?,
+            stream: stream.clone().unbind(),
+            clock: clock.clone().unbind(),
+            config: config.map_or_else(|| py.None(), |c| c.clone().unbind()),
+            timeout_for: timeout_for
+                .filter(|f| !f.is_none())
+                .map(|f| f.clone().unbind()),
+            broken: false,
+        })
+    }
+
+    #[getter]
+    fn stream(&self, py: Python<'_>) -> Py<PyString> {
+        self.stream.clone_ref(py)
+    }
+
+    #[getter]
+    fn clock(&self, py: Python<'_>) -> Py<PyAny> {
+        self.clock.clone_ref(py)
+    }
+
+    /// The config object given (None if none was: the defaults).
+    #[getter]
+    fn config(&self, py: Python<'_>) -> Py<PyAny> {
+        self.config.clone_ref(py)
+    }
+
+    #[getter]
+    fn counters(&self) -> PyMergerCounters {
+        self.core.counters().into()
+    }
+
+    #[getter]
+    fn watermark_us(&self) -> Option<i64> {
+        self.core.watermark_us()
+    }
+
+    #[getter]
+    fn queued(&self) -> u64 {
+        self.core.queued()
+    }
+
+    fn queued_by_source<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (source_id, queued) in self.core.queued_by_source() {
+            dict.set_item(&*source_id, queued)?;
+        }
+        Ok(dict)
+    }
+
+    fn sources(&self) -> Vec<&str> {
+        self.core.sources().collect()
+    }
+
+    fn is_timed_out(&self, source_id: &str) -> PyResult<bool> {
+        self.core
+            .is_timed_out(source_id)
+            .ok_or_else(|| PyKeyError::new_err(source_id.to_string()))
+    }
+
+    fn next_deadline_us(&self) -> Option<i64> {
+        self.core.next_deadline_us()
+    }
+
+    fn queued_of(&self, source_id: &str) -> Option<usize> {
+        self.core.queued_of(source_id)
+    }
+
+    fn waits_for(&self, source_id: &str) -> bool {
+        self.core.waits_for(source_id)
+    }
+
+    fn forget(&mut self, source_id: &str) -> bool {
+        self.core.forget(source_id)
+    }
+
+    fn restore_watermark(&mut self, watermark_us: i64) -> PyResult<()> {
+        self.core
+            .restore_watermark(watermark_us)
+            .map_err(value_error)
+    }
+
+    #[pyo3(signature = (event, arrival_us, now_us, *, late=false, mapped=None))]
+    fn push<'py>(
+        &mut self,
+        event: &Bound<'py, PyAny>,
+        arrival_us: i64,
+        now_us: i64,
+        late: bool,
+        mapped: Option<(i64, i64)>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = event.py();
+        let source = event.getattr(intern!(py, "source_id"))?;
+        let source = source.cast::<PyString>()?;
+        let seq: i64 = event.getattr(intern!(py, "seq"))?.extract()?;
+        let mapped = match mapped {
+            Some(mapped) => mapped,
+            None => self.map(
+                py,
+                source.as_any(),
+                &event.getattr(intern!(py, "source_ts_us"))?,
+            )?,
+        };
+        let source_id = source.to_str()?;
+        let handle = event.clone().unbind();
+        self.run(py, |core, policy, out| {
+            core.push(
+                source_id, seq, handle, arrival_us, now_us, late, mapped, policy, out,
+            )
+        })
+    }
+
+    /// `run`: `(event, arrival_us, (ref_us, error_us))` per event, in seq order. Checked whole before any is taken.
+    fn push_run<'py>(
+        &mut self,
+        source_id: &Bound<'py, PyString>,
+        run: &Bound<'py, PyAny>,
+        now_us: i64,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = source_id.py();
+        let seq_name = intern!(py, "seq");
+        let mut events = Vec::with_capacity(run.len().unwrap_or(0));
+        for item in run.try_iter()? {
+            let item = item?;
+            let item = item.cast::<PyTuple>()?;
+            let (event, arrival_us, (ref_us, error_us)): (Bound<'py, PyAny>, i64, (i64, i64)) =
+                item.extract()?;
+            let seq: i64 = event.getattr(seq_name)?.extract()?;
+            events.push(RunEvent {
+                seq,
+                event: event.unbind(),
+                arrival_us,
+                ref_us,
+                error_us,
+            });
+        }
+        let source_id = source_id.to_str()?;
+        self.run(py, |core, policy, out| {
+            core.push_run(source_id, events, now_us, policy, out)
+        })
+    }
+
+    fn register<'py>(
+        &mut self,
+        py: Python<'py>,
+        source_id: &str,
+        now_us: i64,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.run(py, |core, policy, out| {
+            core.register(source_id, now_us, policy, out)
+        })
+    }
+
+    #[pyo3(signature = (source_id, seq, source_ts_us, now_us, *, caught_up=false, mapped=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn heartbeat<'py>(
+        &mut self,
+        source_id: &Bound<'py, PyString>,
+        seq: i64,
+        source_ts_us: &Bound<'py, PyAny>,
+        now_us: i64,
+        caught_up: bool,
+        mapped: Option<(i64, i64)>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = source_id.py();
+        let mapped = match mapped {
+            Some(mapped) => mapped,
+            None => self.map(py, source_id.as_any(), source_ts_us)?,
+        };
+        let source_id = source_id.to_str()?;
+        self.run(py, |core, policy, out| {
+            core.heartbeat(source_id, seq, now_us, caught_up, mapped, policy, out)
+        })
+    }
+
+    fn leave<'py>(
+        &mut self,
+        py: Python<'py>,
+        source_id: &str,
+        now_us: i64,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.run(py, |core, policy, out| {
+            core.leave(source_id, now_us, policy, out)
+        })
+    }
+
+    fn advance<'py>(&mut self, py: Python<'py>, now_us: i64) -> PyResult<Bound<'py, PyList>> {
+        self.run(py, |core, policy, out| core.advance(now_us, policy, out))
+    }
+
+    fn flush<'py>(&mut self, py: Python<'py>, now_us: i64) -> PyResult<Bound<'py, PyList>> {
+        self.run(py, |core, _policy, out| core.flush(now_us, out))
+    }
+}
+
+/// Adds this module's classes to `skewless_native`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyMerger>()?;
+    m.add_class::<PyMergerCounters>()?;
+    Ok(())
+}
