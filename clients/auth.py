@@ -16,14 +16,12 @@ good for a short while.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Callable
+
+from contract.wire import auth as wire_auth
 
 __all__ = ["TokenProvider", "derive_source_key", "hmac_provider", "hmac_token", "parse_hmac_token", "static_token"]
 
-# Domain separation of derived keys (the gateway's gateway.auth.SOURCE_KEY_CONTEXT).
-SOURCE_KEY_CONTEXT = "skewless source key v1:"
 
 TokenProvider = Callable[[], str]
 """Called once per connection attempt; returns the hello's ``token``."""
@@ -35,8 +33,7 @@ def hmac_token(secret: bytes, source_id: str, ts_us: int) -> str:
         raise ValueError("the HMAC secret must not be empty")
     if ts_us < 0:
         raise ValueError("ts_us must be >= 0")
-    digest = hmac.new(secret, f"{source_id}:{ts_us}".encode(), hashlib.sha256).hexdigest()
-    return f"{ts_us}:{digest}"
+    return wire_auth.hmac_token(secret, source_id, ts_us)
 
 
 def derive_source_key(master: bytes, source_id: str) -> str:
@@ -44,7 +41,7 @@ def derive_source_key(master: bytes, source_id: str) -> str:
     v1:" + source_id) (pure). For provisioning: a source needs only its own key, never the master."""
     if not master:
         raise ValueError("the master secret must not be empty")
-    return hmac.new(master, (SOURCE_KEY_CONTEXT + source_id).encode(), hashlib.sha256).hexdigest()
+    return wire_auth.derive_source_key(master, source_id)
 
 
 def parse_hmac_token(token: str) -> tuple[int, str]:

@@ -19,17 +19,19 @@ With none configured every source is accepted (development mode); `allowed_sourc
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import hmac
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from contract.wire.auth import derive_source_key, hmac_token
 from contract.wire.errors import RemoteProtocolError
 
+# derive_source_key and hmac_token are the wire's (contract/wire/auth.py), re-exported for the gateway's callers.
+__all__ = ["DEFAULT_HMAC_MAX_SKEW_US", "AuthenticationFailed", "ReplayGuard", "SourceAuthenticator", "UnknownSource",
+           "derive_source_key", "hmac_token"]
+
 DEFAULT_HMAC_MAX_SKEW_US = 300_000_000  # 5 minutes, as Kerberos and most signed-request schemes allow
-# Domain separation: a derived source key is never equal to an HMAC this scheme computes for anything else.
-SOURCE_KEY_CONTEXT = "skewless source key v1:"
 
 
 class AuthenticationFailed(RemoteProtocolError):
@@ -38,17 +40,6 @@ class AuthenticationFailed(RemoteProtocolError):
 
 class UnknownSource(RemoteProtocolError):
     code = "unknown_source"
-
-
-def hmac_token(secret: bytes, source_id: str, ts_us: int) -> str:
-    digest = hmac.new(secret, f"{source_id}:{ts_us}".encode(), hashlib.sha256).hexdigest()
-    return f"{ts_us}:{digest}"
-
-
-def derive_source_key(master: bytes, source_id: str) -> str:
-    """The source's own HMAC key: hex of HMAC-SHA256(master, "skewless source key v1:" + source_id) (pure; the SDK's
-    clients.auth.derive_source_key computes the same)."""
-    return hmac.new(master, (SOURCE_KEY_CONTEXT + source_id).encode(), hashlib.sha256).hexdigest()
 
 
 class ReplayGuard:
