@@ -472,7 +472,7 @@ time, one round.)
 What changed (issue 14): the state function no longer turns every row into a Python dict
 (`DataFrame.to_dict("records")`, a copy per event to normalize its integers, two sorts by key functions):
 `spark_jobs/stateful.py` takes each pandas column with one `tolist()`, sorts row indices with numpy `lexsort`, and
-hands the cores an `EventBatch` of columns (`on_events`: each job reads only the columns it needs). Cores are kept
+hands the cores an `MicroBatchColumns` of columns (`on_events`: each job reads only the columns it needs). Cores are kept
 alive in the Python worker between micro-batches and reused only when Spark hands back byte for byte the state
 blob they were snapshotted to (`LiveCores`), so restoring the blob is off the hot path. The events reach the cores
 in the same order with the same punctuations and T_a, so the records are the same: a unit test runs every job's

@@ -28,15 +28,22 @@ from reorder.eval.traces import TraceEvent, read_trace
 from skewless.cli_common import DURATION_BARE_MS, DURATION_BARE_US, SIGNED_DURATION_BARE_US, finite_float
 from timesync.clocks import MAX_SKEW_PPM, SimulatedClock, system_time_us
 
-__all__ = ["PlannedSend", "ReplayOptions", "ReplayRepeated", "ReplaySummary", "plan_replay", "register",
-           "replay_trace"]
+__all__ = [
+    "PlannedSend",
+    "ReplayRepeated",
+    "ReplaySummary",
+    "SourceReplayOptions",
+    "plan_replay",
+    "register",
+    "replay_trace",
+]
 
 source_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Run event sources through the SDK (trace replay).")
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayOptions:
+class SourceReplayOptions:
     """How to turn a trace into live sources. Offsets and skews follow ``SimulatedClock`` (positive = ahead)."""
 
     speed: float = 1.0
@@ -78,7 +85,7 @@ class PlannedSend:
     payload: Any
 
 
-def source_clocks(source_ids: Sequence[str], options: ReplayOptions, start_us: int,
+def source_clocks(source_ids: Sequence[str], options: SourceReplayOptions, start_us: int,
                   base: Any = system_time_us) -> dict[str, SimulatedClock]:
     """One simulated clock per source: the common offset/skew plus a seeded per-source spread."""
     rng = random.Random(options.seed)
@@ -93,7 +100,7 @@ def source_clocks(source_ids: Sequence[str], options: ReplayOptions, start_us: i
     return clocks
 
 
-def plan_replay(events: Sequence[TraceEvent], options: ReplayOptions, start_us: int,
+def plan_replay(events: Sequence[TraceEvent], options: SourceReplayOptions, start_us: int,
                 clocks: dict[str, SimulatedClock]) -> list[PlannedSend]:
     """Every send of the replay, in send order (pure).
 
@@ -160,7 +167,7 @@ def _repeated(client: SkewlessClient) -> ReplayRepeated:
     return ReplayRepeated(client.source_id, conflict.stream, conflict.seq)
 
 
-async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, options: ReplayOptions, *,
+async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, options: SourceReplayOptions, *,
                        timesync_port: int | None = None, time_sync: bool = True, sync_attempts: int = 10,
                        pool_size: int = 1,
                        batch_events: int = 50, linger_s: float = 0.002, token: str | None = None,
@@ -301,9 +308,10 @@ def replay(
             validate_stream_name(event.stream)
         except InvalidStreamName as exc:
             raise typer.BadParameter(f"{trace}: {exc}", param_hint="'TRACE'") from None
-    options = ReplayOptions(speed=speed, offset_us=offset_us, offset_spread_us=offset_spread_us, skew_ppm=skew_ppm,
-                            skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us, keep_seqs=keep_seqs,
-                            sources=tuple(source or ()), limit=limit, seed=seed, source_suffix=source_suffix)
+    options = SourceReplayOptions(speed=speed, offset_us=offset_us, offset_spread_us=offset_spread_us,
+                                  skew_ppm=skew_ppm, skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us,
+                                  keep_seqs=keep_seqs, sources=tuple(source or ()), limit=limit, seed=seed,
+                                  source_suffix=source_suffix)
     handlers = logging.getLogger().handlers
     for handler in handlers:
         handler.addFilter(_not_a_seq_conflict)

@@ -57,7 +57,7 @@ from contract.records import (
     result_key,
 )
 from contract.records import result_value as contract_result_value
-from spark_jobs.stateful import INPUT_COLUMNS, EventBatch, decode_payload, start_core_job
+from spark_jobs.stateful import INPUT_COLUMNS, MicroBatchColumns, decode_payload, start_core_job
 
 JOB_NAME = "iseq"
 # Contract v2 columns the core reads besides the shell's (start_ts_us is coalesced to ref_ts_us in the JVM: v1).
@@ -203,7 +203,7 @@ class IseqStreamCore:
                            row.get("seq"), row.get("interval_id"), row.get("endpoint"), outputs)
         return outputs
 
-    def on_events(self, batch: EventBatch) -> list[Output]:
+    def on_events(self, batch: MicroBatchColumns) -> list[Output]:
         outputs: list[Output] = []
         on_event = self._on_event
         for payload, ref, start, source_id, seq, interval_id, endpoint in zip(

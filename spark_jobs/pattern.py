@@ -36,7 +36,14 @@ from contract.records import (
     result_key,
     result_value,
 )
-from spark_jobs.stateful import EventBatch, KeyGroups, decode_payload, json_field, key_group_column, start_core_job
+from spark_jobs.stateful import (
+    KeyGroups,
+    MicroBatchColumns,
+    decode_payload,
+    json_field,
+    key_group_column,
+    start_core_job,
+)
 
 JOB_NAME = "pattern"
 log = logging.getLogger("skewless.spark")
@@ -105,7 +112,7 @@ class PatternStreamCore:
                            row.get("seq"), outputs)
         return outputs
 
-    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+    def on_events(self, batch: MicroBatchColumns) -> list[tuple[str, dict[str, Any]]]:
         """The batch's events as columns (the shell's columnar path): no row dict per event."""
         outputs: list[tuple[str, dict[str, Any]]] = []
         on_event = self._on_event

@@ -50,8 +50,8 @@ from contract.records import (
 )
 from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import (
-    EventBatch,
     KeyGroups,
+    MicroBatchColumns,
     decode_payload,
     json_field,
     key_group_column,
@@ -105,7 +105,7 @@ class SequenceStreamCore:
             self._on_event(row.get("payload"), int(row["ref_ts_us"]), row.get("source_id"), row.get("seq"), outputs)
         return outputs
 
-    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+    def on_events(self, batch: MicroBatchColumns) -> list[tuple[str, dict[str, Any]]]:
         """The batch's events as columns (the shell's columnar path): no row dict per event."""
         outputs: list[tuple[str, dict[str, Any]]] = []
         on_event = self._on_event

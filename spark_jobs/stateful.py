@@ -76,7 +76,7 @@ CoreFactory = Callable[[str, bytes | None], StreamCore]
 
 
 @dataclass
-class StreamProgress:
+class StreamReadProgress:
     """The stream's promise and clock facts, as far as the job has read them."""
 
     partitions: int
@@ -118,7 +118,7 @@ class StreamProgress:
         return packed
 
     @classmethod
-    def from_blob(cls, blob: bytes) -> tuple[StreamProgress, bytes]:
+    def from_blob(cls, blob: bytes) -> tuple[StreamReadProgress, bytes]:
         state = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         if state.get("v") != _STATE_VERSION:
             raise ValueError(f"unsupported stream state version {state.get('v')!r}")
@@ -140,7 +140,7 @@ def _int_or_none(value: Any) -> int | None:
 _INT_COLUMNS = ("seq", "ref_ts_us", "uncertainty_us", "watermark_us", "rtt_us", "partition", "offset")
 
 
-def run_stream_batch(progress: StreamProgress, core: StreamCore, rows: Sequence[Mapping[str, Any]],
+def run_stream_batch(progress: StreamReadProgress, core: StreamCore, rows: Sequence[Mapping[str, Any]],
                      *, job: str, stream: str) -> list[Output]:
     """One micro-batch of one stream given as rows (tests, small inputs): see :func:`run_stream_columns`."""
     return run_stream_columns(progress, core, columns_of_rows(rows), job=job, stream=stream)
@@ -176,7 +176,7 @@ def columns_of_frames(frames: Iterable[Any]) -> dict[str, list[Any]]:
     return columns
 
 
-class EventBatch:
+class MicroBatchColumns:
     """The events of one micro-batch of one stream in reference-time order (ties: topic, partition, offset), as
     columns: a core reads only the columns it needs (:meth:`column`), or rows if it has no columnar path."""
 
@@ -213,9 +213,9 @@ class EventBatch:
 
 
 class ColumnarCore(StreamCore, Protocol):
-    """A core that takes a micro-batch's events as columns (:class:`EventBatch`) instead of rows."""
+    """A core that takes a micro-batch's events as columns (:class:`MicroBatchColumns`) instead of rows."""
 
-    def on_events(self, batch: EventBatch) -> list[Output]: ...
+    def on_events(self, batch: MicroBatchColumns) -> list[Output]: ...
 
 
 def _sorted_indices(indices: Sequence[int], *keys: list[Any]) -> list[int]:
@@ -239,7 +239,7 @@ def _sorted_indices(indices: Sequence[int], *keys: list[Any]) -> list[int]:
     return ordered
 
 
-def run_stream_columns(progress: StreamProgress, core: StreamCore, columns: Mapping[str, list[Any]],
+def run_stream_columns(progress: StreamReadProgress, core: StreamCore, columns: Mapping[str, list[Any]],
                        *, job: str, stream: str) -> list[Output]:
     """One micro-batch of one stream: T_a, events in reference-time order, then the stream's promise.
 
@@ -277,7 +277,7 @@ def run_stream_columns(progress: StreamProgress, core: StreamCore, columns: Mapp
     if progress.ta_us != ta_before:
         core.set_ta_us(progress.ta_us)
     if events:
-        batch = EventBatch(columns, _sorted_indices(events, refs, topics, partitions, offsets))
+        batch = MicroBatchColumns(columns, _sorted_indices(events, refs, topics, partitions, offsets))
         on_events = getattr(core, "on_events", None)
         outputs.extend(on_events(batch) if on_events is not None else core.on_rows(batch.rows()))
     watermark = progress.watermark_us
@@ -306,16 +306,16 @@ class LiveCores:
 
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[str, str], tuple[bytes, StreamProgress, StreamCore]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[bytes, StreamReadProgress, StreamCore]] = OrderedDict()
 
-    def take(self, owner: str, stream: str, blob: bytes | None) -> tuple[StreamProgress, StreamCore] | None:
+    def take(self, owner: str, stream: str, blob: bytes | None) -> tuple[StreamReadProgress, StreamCore] | None:
         """The live progress and core whose state is ``blob``, or None (restore from the blob)."""
         entry = self._entries.pop((owner, stream), None)
         if entry is None or blob is None or entry[0] != blob:
             return None
         return entry[1], entry[2]
 
-    def keep(self, owner: str, stream: str, blob: bytes, progress: StreamProgress, core: StreamCore) -> None:
+    def keep(self, owner: str, stream: str, blob: bytes, progress: StreamReadProgress, core: StreamCore) -> None:
         self._entries[(owner, stream)] = (blob, progress, core)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
@@ -359,7 +359,7 @@ def make_stream_function(job: str, factory: CoreFactory,
             if live is not None:
                 progress, core = live
             elif blob is not None:
-                progress, core_blob = StreamProgress.from_blob(blob)
+                progress, core_blob = StreamReadProgress.from_blob(blob)
                 if progress.key_groups != key_groups:
                     raise ValueError(
                         f"{job}: the checkpoint's state of stream {stream!r} was made with {progress.key_groups} "
@@ -367,7 +367,7 @@ def make_stream_function(job: str, factory: CoreFactory,
                         "start from a fresh checkpoint")
                 core = factory(stream, core_blob)
             else:
-                progress = StreamProgress(0, key_groups=key_groups)
+                progress = StreamReadProgress(0, key_groups=key_groups)
                 core = factory(stream, None)
             if progress.partitions == 0:
                 # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
 from contract.records import RESULT_FINAL, RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import INPUT_COLUMNS, EventBatch, decode_payload, start_core_job
+from spark_jobs.stateful import INPUT_COLUMNS, MicroBatchColumns, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
 
@@ -77,7 +77,7 @@ class ThreeWindowCore:
             outputs.extend(self._too_late_record(item, row) for item in late)
         return outputs
 
-    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+    def on_events(self, batch: MicroBatchColumns) -> list[tuple[str, dict[str, Any]]]:
         """The batch's events as columns: one ``add`` per event, no row dict (the shell's columnar path)."""
         outputs: list[tuple[str, dict[str, Any]]] = []
         if "value" in batch.names:

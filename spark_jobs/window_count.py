@@ -17,7 +17,7 @@ from typing import Any
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.window_count import TooLate, TumblingWindowCounter, WindowCount
 from contract.records import RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import EventBatch, start_core_job
+from spark_jobs.stateful import MicroBatchColumns, start_core_job
 
 JOB_NAME = "window_count"
 
@@ -58,7 +58,7 @@ class WindowCountCore:
             ref_ts_us=row.get("ref_ts_us"), window_start_us=too_late.window_start_us,
             reason=too_late.reason, gateway_late_reason=row.get("late_reason"))
 
-    def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+    def on_events(self, batch: MicroBatchColumns) -> list[tuple[str, dict[str, Any]]]:
         """The batch's events as columns (the shell's columnar path): only their times, no row dict."""
         add = self.counter.add
         late = [(i, too_late) for i, ts in enumerate(batch.column("ref_ts_us")) if (too_late := add(ts)) is not None]

@@ -18,7 +18,7 @@ from contract.topics import TopicNames
 from gateway.config import GatewayConfig
 from gateway.server import Gateway
 from reorder.eval.traces import PROFILES, TraceSpec, generate
-from skewless.cli_source import ReplayOptions, replay_trace
+from skewless.cli_source import SourceReplayOptions, replay_trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -154,10 +154,10 @@ async def test_spool_survives_a_client_restart(gateway: Gateway, kafka, topic_pr
     assert [r["payload"]["i"] for r in records] == list(range(400))
 
 
-def replay_options(jitter_us: int) -> ReplayOptions:
+def replay_options(jitter_us: int) -> SourceReplayOptions:
     # Source clocks an hour behind the gateway (±5 ms, ±100 ppm around 100 ppm): ahead would be quarantined as
     # future-dated, since this gateway fixture does not run time sync.
-    return ReplayOptions(speed=20.0, offset_us=-3_600_000_000, offset_spread_us=5_000, skew_ppm=100.0,
+    return SourceReplayOptions(speed=20.0, offset_us=-3_600_000_000, offset_spread_us=5_000, skew_ppm=100.0,
                          skew_spread_ppm=100.0, jitter_us=jitter_us)
 
 

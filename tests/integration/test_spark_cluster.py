@@ -40,7 +40,7 @@ from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window
 from spark_jobs.package import write_pyfiles_zip
 from spark_jobs.session import connector_jars
-from spark_jobs.stateful import INPUT_COLUMNS, StreamProgress, run_stream_batch
+from spark_jobs.stateful import INPUT_COLUMNS, StreamReadProgress, run_stream_batch
 from tests.integration.spark_cluster import LOOPBACK, SparkCluster, pyspark_home, standalone_cluster
 from tests.integration.spark_job_support import BASE_US
 
@@ -118,7 +118,7 @@ def spark_row(record: dict[str, Any]) -> dict[str, Any]:
 def pure_results(prefix: str, job: str, rows: list[dict[str, Any]], core: Any) -> list[tuple[str, bytes]]:
     """The core alone on the same records, as one micro-batch with the stream's 2-partition promise (an
     available-now run reads them in one: far below its 200,000 records per micro-batch)."""
-    progress = StreamProgress(2, TopicNames(prefix).events(STREAM))
+    progress = StreamReadProgress(2, TopicNames(prefix).events(STREAM))
     return [(key, orjson.dumps(value)) for key, value in run_stream_batch(progress, core, rows, job=job,
                                                                           stream=STREAM)]
 

@@ -26,7 +26,7 @@ from broker.batch_sink import SINK_FAULT_ENV, SINK_FAULT_EXIT_CODE
 from broker.launcher import BrokerState
 from broker.reader import read_topic
 from contract.topics import TopicNames
-from spark_jobs.stateful import StreamProgress, run_stream_batch
+from spark_jobs.stateful import StreamReadProgress, run_stream_batch
 from spark_jobs.window_count import JOB_NAME, WindowCountCore, WindowCountOptions
 from tests.integration.spark_job_support import BASE_US, event_record, punctuation_record
 
@@ -72,7 +72,7 @@ def write(bootstrap: str, topics: TopicNames, records: list[tuple[str, dict[str,
 def core_results(parts: list[list[tuple[str, dict[str, Any]]]], topics: TopicNames) -> list[tuple[bytes, bytes]]:
     """The pure core's records over the same records, one micro-batch per part, as the job's sink encodes them."""
     core = WindowCountCore(STREAM, WindowCountOptions(bootstrap_servers=""), None)
-    progress = StreamProgress(1, topics.events(STREAM))
+    progress = StreamReadProgress(1, topics.events(STREAM))
     offsets = {"events": 0, "late": 0}
     out: list[tuple[bytes, bytes]] = []
     for part in parts:

@@ -16,7 +16,7 @@ from cep.patterns import PatternSpec
 from cep.sase import parse_query
 from contract.topics import TopicNames
 from spark_jobs import sequence as sequence_job
-from spark_jobs.stateful import StreamProgress, run_stream_batch
+from spark_jobs.stateful import StreamReadProgress, run_stream_batch
 from tests.integration.spark_job_support import BASE_US, event_record, produce, punctuation_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -56,7 +56,7 @@ def expected_records(batches: list[list[dict[str, Any]]], events_topic: str) -> 
     """The pure core over the same records, batch by batch, as the job's single-partition topic holds them."""
     query = parse_query(QUERY)
     config = sequence_job.engine_config(options("", "", 1))
-    progress = StreamProgress(1, events_topic)
+    progress = StreamReadProgress(1, events_topic)
     core = sequence_job.SequenceStreamCore("store", query, config, "type", None)
     outputs: list[tuple[str, dict[str, Any]]] = []
     offset = 0
@@ -147,7 +147,7 @@ def test_pattern_job_with_g1_and_g4_gives_the_pure_cores_records(kafka: Any, spa
                            for k, v in read_topic(kafka.bootstrap_servers, topics.results("pattern"))]
     events_topic = TopicNames(f"{topic_prefix}p1").events("store")
     core = pattern_job.PatternStreamCore("store", PatternSpec.parse(PATTERN), 0, False, LATENESS_US, None)
-    expected = run_stream_batch(StreamProgress(1, events_topic), core, [
+    expected = run_stream_batch(StreamReadProgress(1, events_topic), core, [
         {**record, "payload": orjson.dumps(record["payload"]).decode() if "payload" in record else None,
          "topic": events_topic, "partition": 0, "offset": offset} for offset, record in enumerate(rows)],
         job="pattern", stream="store")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from reorder.eval.traces import PROFILES, TraceEvent, TraceSpec, generate, write_trace
 from skewless.cli import _register_subcommands, app
-from skewless.cli_source import ReplayOptions, plan_replay, replay_trace, source_clocks
+from skewless.cli_source import SourceReplayOptions, plan_replay, replay_trace, source_clocks
 from tests.unit.test_client_loopback import FakeGateway
 
 START_US = 1_800_000_000_000_000
@@ -25,13 +25,13 @@ TRACE = [ev("a", 1, 2_000, 9_000), ev("a", 0, 1_000, 3_000), ev("b", 0, 1_500, 4
          ev("a", 2, 3_000, 5_000)]
 
 
-def plan(options: ReplayOptions, trace: list[TraceEvent] = TRACE):
+def plan(options: SourceReplayOptions, trace: list[TraceEvent] = TRACE):
     clocks = source_clocks(sorted({e.source_id for e in trace}), options, START_US, base=lambda: START_US)
     return plan_replay(trace, options, START_US, clocks)
 
 
 def test_plan_follows_arrival_order_and_rebases_the_trace_to_now():
-    steps = plan(ReplayOptions())
+    steps = plan(SourceReplayOptions())
     assert [(p.source_id, p.seq) for p in steps] == [("a", 0), ("b", 0), ("a", 2), ("a", 1)]
     assert [p.at_s for p in steps] == [0.002, 0.003, 0.004, 0.008]  # arrival - first instant (true 1000)
     assert [p.source_ts_us for p in steps] == [START_US, START_US + 500 + 200, START_US + 2_000, START_US + 1_000]
@@ -39,41 +39,41 @@ def test_plan_follows_arrival_order_and_rebases_the_trace_to_now():
 
 
 def test_plan_speed_compresses_the_whole_timeline():
-    steps = plan(ReplayOptions(speed=2.0))
+    steps = plan(SourceReplayOptions(speed=2.0))
     assert [p.at_s for p in steps] == [0.001, 0.0015, 0.002, 0.004]
     assert steps[-1].source_ts_us == START_US + 500
 
 
 def test_plan_injects_offset_and_skew_per_source():
-    steps = plan(ReplayOptions(offset_us=3_600_000_000, skew_ppm=200.0))
+    steps = plan(SourceReplayOptions(offset_us=3_600_000_000, skew_ppm=200.0))
     a_late = next(p for p in steps if p.seq == 2)
     # true time START + 2000 µs; 200 ppm of 2000 µs is 0.4 µs -> rounds to 0
     assert a_late.source_ts_us == START_US + 2_000 + 3_600_000_000
-    spread = source_clocks(["a", "b", "c"], ReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
+    spread = source_clocks(["a", "b", "c"], SourceReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
                            START_US, base=lambda: START_US)
     assert len({c.ahead_us for c in spread.values()}) == 3
     assert all(abs(c.ahead_us) <= 1_000 and abs(c.skew_ppm) <= 50 for c in spread.values())
-    again = source_clocks(["a", "b", "c"], ReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
+    again = source_clocks(["a", "b", "c"], SourceReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
                           START_US, base=lambda: START_US)
     assert [c.ahead_us for c in again.values()] == [c.ahead_us for c in spread.values()]  # seeded
 
 
 def test_plan_filters_limits_renumbers_and_jitters():
-    assert [(p.source_id, p.seq) for p in plan(ReplayOptions(sources=("b",)))] == [("b", 0)]
-    assert len(plan(ReplayOptions(limit=2))) == 2
-    assert {p.seq for p in plan(ReplayOptions(keep_seqs=False))} == {None}
-    jittered = plan(ReplayOptions(jitter_us=10_000, seed=5))
+    assert [(p.source_id, p.seq) for p in plan(SourceReplayOptions(sources=("b",)))] == [("b", 0)]
+    assert len(plan(SourceReplayOptions(limit=2))) == 2
+    assert {p.seq for p in plan(SourceReplayOptions(keep_seqs=False))} == {None}
+    jittered = plan(SourceReplayOptions(jitter_us=10_000, seed=5))
     assert [p.at_s for p in jittered] == sorted(p.at_s for p in jittered)
     assert [(p.source_id, p.seq) for p in jittered] != [("a", 0), ("b", 0), ("a", 2), ("a", 1)]
-    assert plan(ReplayOptions(), trace=[]) == []
+    assert plan(SourceReplayOptions(), trace=[]) == []
     with pytest.raises(ValueError, match="speed"):
-        plan(ReplayOptions(speed=0))
+        plan(SourceReplayOptions(speed=0))
 
 
 async def test_replay_delivers_the_trace_with_its_seqs_through_a_pool():
     trace = generate(TraceSpec(PROFILES["dataset1"], events_per_source=300, sources=3, seed=2))
     async with FakeGateway() as gw:
-        summary = await replay_trace(trace, "127.0.0.1", gw.port, ReplayOptions(speed=50.0), pool_size=2,
+        summary = await replay_trace(trace, "127.0.0.1", gw.port, SourceReplayOptions(speed=50.0), pool_size=2,
                                      batch_events=10)
     assert summary.events == 900
     assert summary.acked == 900

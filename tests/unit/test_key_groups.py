@@ -16,7 +16,7 @@ from cep.key_groups import SequenceKey, key_group, pattern_partition_key, sequen
 from cep.patterns import PatternSpec
 from cep.sase import parse_query
 from spark_jobs.sequence import SequenceOptions, SequenceStreamCore, engine_config, key_groups_plan
-from spark_jobs.stateful import StreamProgress, make_stream_function, run_stream_batch
+from spark_jobs.stateful import StreamReadProgress, make_stream_function, run_stream_batch
 
 
 def test_the_equality_class_covering_every_element_is_the_sequence_key() -> None:
@@ -131,8 +131,8 @@ def test_a_stream_split_by_key_with_its_punctuations_in_every_group_gives_the_wh
         attr = key.attribute(payload["type"])
         return key_group(str(float(payload[attr])), groups) if attr else 0
 
-    whole = (StreamProgress(2), SequenceStreamCore("s", query, config, "type", None))
-    parts = [(StreamProgress(2), SequenceStreamCore("s", query, config, "type", None)) for _ in range(groups)]
+    whole = (StreamReadProgress(2), SequenceStreamCore("s", query, config, "type", None))
+    parts = [(StreamReadProgress(2), SequenceStreamCore("s", query, config, "type", None)) for _ in range(groups)]
     expected: list[tuple[str, dict[str, Any]]] = []
     got: list[tuple[str, dict[str, Any]]] = []
     for rows in _stream(seed):
@@ -168,7 +168,7 @@ def test_a_checkpoint_made_with_other_key_groups_is_refused() -> None:
     list(four(("s", 3), iter([rows]), state))
     assert state.get is not None
     blob = state.get[0]
-    assert StreamProgress.from_blob(blob)[0].key_groups == 4
+    assert StreamReadProgress.from_blob(blob)[0].key_groups == 4
     two = make_stream_function("sequence", factory, lambda _s: ("p.events.s", 1), key_groups=2)
     with pytest.raises(ValueError, match="made with 4 key group"):
         list(two(("s", 1), iter([rows]), _FakeState(blob)))
@@ -225,8 +225,8 @@ def test_a_pattern_split_by_key_gives_the_whole_streams_records_exactly(pattern:
     def core() -> PatternStreamCore:
         return PatternStreamCore("s", spec, ta_us, spec.mode == "thesis", 30_000, None)  # as the job builds it
 
-    whole = (StreamProgress(2), core())
-    parts = [(StreamProgress(2), core()) for _ in range(groups)]
+    whole = (StreamReadProgress(2), core())
+    parts = [(StreamReadProgress(2), core()) for _ in range(groups)]
     expected: list[tuple[str, dict[str, Any]]] = []
     got: list[tuple[str, dict[str, Any]]] = []
     for rows in batches:

@@ -11,7 +11,7 @@ import pytest
 
 from cep.intervals import Interval, parse_iseq, reference_keys
 from spark_jobs.iseq import IseqOptions, IseqStreamCore, engine_config, parse_levels
-from spark_jobs.stateful import StreamProgress, run_stream_batch
+from spark_jobs.stateful import StreamReadProgress, run_stream_batch
 
 BASE = 1_700_000_000_000_000
 MS = 1_000
@@ -51,11 +51,11 @@ def core(query: str = GAP, blob: bytes | None = None, **options: Any) -> IseqStr
 def run(batches: list[list[dict[str, Any]]], *, partitions: int = 1, restore_between: bool = False,
         **options: Any) -> list[tuple[str, dict[str, Any]]]:
     """The shell's loop over micro-batches; with ``restore_between`` every batch starts from the previous snapshot."""
-    progress, the_core = StreamProgress(partitions), core(**options)
+    progress, the_core = StreamReadProgress(partitions), core(**options)
     outputs: list[tuple[str, dict[str, Any]]] = []
     for rows in batches:
         if restore_between:
-            progress, blob = StreamProgress.from_blob(progress.to_blob(the_core.snapshot()))
+            progress, blob = StreamReadProgress.from_blob(progress.to_blob(the_core.snapshot()))
             the_core = core(blob=blob, **options)
         outputs += run_stream_batch(progress, the_core, rows, job="iseq", stream="s")
     return outputs

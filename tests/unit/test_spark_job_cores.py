@@ -82,19 +82,19 @@ def test_the_sequence_engine_timer_and_idleness() -> None:
 
 
 def test_thesis_t_a_follows_the_records_round_trips_while_the_job_runs() -> None:
-    from spark_jobs.stateful import StreamProgress, run_stream_batch
+    from spark_jobs.stateful import StreamReadProgress, run_stream_batch
 
     options = ThreeWindowOptions(bootstrap_servers="", width_us=1_000_000, shift_mode="thesis")
     live, fixed = ThreeWindowCore("s", options, 0, None), ThreeWindowCore(
         "s", ThreeWindowOptions(bootstrap_servers="", shift_mode="thesis", ta_us=9_000), 9_000, None)
-    progress = StreamProgress(1)
+    progress = StreamReadProgress(1)
     batch = [{**r, "rtt_us": 4_000 + 1_000 * i, "source_id": f"src-{i % 2}", "topic": "t"}
              for i, r in enumerate(sorted(rows(), key=lambda r: r["offset"]))]
     run_stream_batch(progress, live, batch[:2], job="three_window", stream="s")
     assert live.aggregator.ta_us == 5_000  # src-0 4 ms, src-1 5 ms
     run_stream_batch(progress, live, batch[2:], job="three_window", stream="s")
     assert live.aggregator.ta_us == 7_000  # src-0 re-synced at 6 ms, src-1 at 7 ms
-    run_stream_batch(StreamProgress(1), fixed, batch, job="three_window", stream="s")
+    run_stream_batch(StreamReadProgress(1), fixed, batch, job="three_window", stream="s")
     assert fixed.aggregator.ta_us == 9_000  # --ta-us wins
 
 
@@ -176,7 +176,7 @@ def mixed_stream_batches() -> list[list[dict[str, Any]]]:
 
 def run_both_paths(make: Any) -> tuple[list[Any], list[Any]]:
     """The same batches through the columnar path (on_events) and through the rows path (on_rows)."""
-    from spark_jobs.stateful import StreamProgress, run_stream_batch
+    from spark_jobs.stateful import StreamReadProgress, run_stream_batch
 
     class RowsOnly:
         def __init__(self, inner: Any) -> None:
@@ -197,7 +197,7 @@ def run_both_paths(make: Any) -> tuple[list[Any], list[Any]]:
     columnar, by_rows = make(), RowsOnly(make())
     assert hasattr(columnar, "on_events")
     out_columns, out_rows = [], []
-    progress_c, progress_r = StreamProgress(1, "p.events.s"), StreamProgress(1, "p.events.s")
+    progress_c, progress_r = StreamReadProgress(1, "p.events.s"), StreamReadProgress(1, "p.events.s")
     for batch in mixed_stream_batches():
         out_columns += run_stream_batch(progress_c, columnar, batch, job="j", stream="s")
         out_rows += run_stream_batch(progress_r, by_rows, batch, job="j", stream="s")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_jobs.monitor import WatermarkDropReport, dropped_by_watermark
-from spark_jobs.stateful import StreamProgress, run_stream_batch
+from spark_jobs.stateful import StreamReadProgress, run_stream_batch
 
 
 class RecordingCore:
@@ -46,18 +46,18 @@ def punctuation(watermark_us: int, offset: int, partition: int = 0) -> dict[str,
             "topic": "p.events.s", "ref_ts_us": None, "seq": None}
 
 
-def run(progress: StreamProgress, core: RecordingCore, rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+def run(progress: StreamReadProgress, core: RecordingCore, rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return run_stream_batch(progress, core, rows, job="test", stream="s")
 
 
 def test_events_are_fed_in_reference_time_then_release_order_and_the_promise_comes_last() -> None:
     core = RecordingCore()
-    outputs = run(StreamProgress(1), core, [event(2, 30, 5), event(0, 10, 9), punctuation(20, 3), event(1, 10, 7)])
+    outputs = run(StreamReadProgress(1), core, [event(2, 30, 5), event(0, 10, 9), punctuation(20, 3), event(1, 10, 7)])
     assert outputs == [("rows", {"seqs": [1, 0, 2]}), ("wm", {"watermark_us": 20})]
 
 
 def test_the_stream_watermark_is_the_minimum_over_every_partition_and_waits_for_each() -> None:
-    progress, core = StreamProgress(2), RecordingCore()
+    progress, core = StreamReadProgress(2), RecordingCore()
     run(progress, core, [punctuation(500, 0, partition=0)])
     assert core.watermarks == []  # partition 1 has promised nothing yet: nothing is known of it
     run(progress, core, [punctuation(300, 0, partition=1)])
@@ -68,13 +68,13 @@ def test_the_stream_watermark_is_the_minimum_over_every_partition_and_waits_for_
 
 
 def test_a_partition_the_job_did_not_know_of_joins_the_minimum() -> None:
-    progress, core = StreamProgress(1), RecordingCore()
+    progress, core = StreamReadProgress(1), RecordingCore()
     run(progress, core, [punctuation(500, 0, partition=0), punctuation(100, 0, partition=1)])
     assert (progress.partitions, core.watermarks) == (2, [100])
 
 
 def test_t_a_is_the_largest_latest_round_trip_over_the_sources_and_follows_resyncs() -> None:
-    progress, core = StreamProgress(1), RecordingCore()
+    progress, core = StreamReadProgress(1), RecordingCore()
     run(progress, core, [event(0, 10, 0, rtt_us=900, source_id="a"), event(1, 11, 1, rtt_us=4000, source_id="b")])
     run(progress, core, [event(2, 12, 2, rtt_us=1500, source_id="b")])
     run(progress, core, [event(3, 13, 3, rtt_us=1500, source_id="b")])  # unchanged: not set again
@@ -83,7 +83,7 @@ def test_t_a_is_the_largest_latest_round_trip_over_the_sources_and_follows_resyn
 
 def test_rows_that_are_not_events_are_reported_with_their_place_in_kafka() -> None:
     core = RecordingCore()
-    outputs = run(StreamProgress(1), core, [{"kind": None, "topic": "p.events.s", "partition": 0, "offset": 7}])
+    outputs = run(StreamReadProgress(1), core, [{"kind": None, "topic": "p.events.s", "partition": 0, "offset": 7}])
     assert len(outputs) == 1
     key, value = outputs[0]
     assert (value["record"], value["reason"], value["offset"]) == ("rejected", "not_an_event", 7)
@@ -93,20 +93,20 @@ def test_rows_that_are_not_events_are_reported_with_their_place_in_kafka() -> No
 
 def test_float_columns_from_pandas_become_ints_again() -> None:
     core = RecordingCore()
-    run(StreamProgress(1), core, [event(3.0, 10.0, 1.0)])  # type: ignore[arg-type]
+    run(StreamReadProgress(1), core, [event(3.0, 10.0, 1.0)])  # type: ignore[arg-type]
     assert core.seen == [(3, 10)] and isinstance(core.seen[0][0], int)
 
 
 def test_punctuations_outside_the_events_topic_are_not_promises() -> None:
-    progress, core = StreamProgress(1, "p.events.s"), RecordingCore()
+    progress, core = StreamReadProgress(1, "p.events.s"), RecordingCore()
     outputs = run(progress, core, [{**punctuation(500, 0), "topic": "p.late.s"}])
     assert [v["reason"] for _k, v in outputs] == ["misplaced_punctuation"]
     assert progress.watermark_us is None
 
 
 def test_progress_round_trips_through_the_state_blob() -> None:
-    progress = StreamProgress(3, "p.events.s", {0: 5, 2: 7}, {"a": 10})
-    again, core_blob = StreamProgress.from_blob(progress.to_blob(b"xyz"))
+    progress = StreamReadProgress(3, "p.events.s", {0: 5, 2: 7}, {"a": 10})
+    again, core_blob = StreamReadProgress.from_blob(progress.to_blob(b"xyz"))
     assert (again, core_blob) == (progress, b"xyz")
 
 
@@ -139,7 +139,7 @@ def test_no_event_is_ever_fed_below_a_watermark_already_given(stream: tuple[int,
     below a watermark it was given (Spark's max-over-rows watermark breaks this, see the test below)."""
     partitions, logs = stream
     positions = [0] * partitions
-    progress, core = StreamProgress(partitions), RecordingCore()
+    progress, core = StreamReadProgress(partitions), RecordingCore()
     total = sum(len(log) for log in logs)
     fed = 0
     while fed < total:
@@ -161,7 +161,7 @@ def test_a_max_over_rows_watermark_cuts_a_legal_inversion() -> None:
     rows = [event(0, 100, 0), punctuation(50, 1), event(1, 60, 2)]
     spark_watermark = max(r["ref_ts_us"] for r in rows[:2] if r["kind"] == "event")
     assert rows[2]["ref_ts_us"] < spark_watermark  # Spark would drop seq 1
-    progress, core = StreamProgress(1), RecordingCore()
+    progress, core = StreamReadProgress(1), RecordingCore()
     run(progress, core, rows[:2])
     run(progress, core, rows[2:])
     assert [seq for seq, _ in core.seen] == [0, 1]
@@ -182,7 +182,7 @@ def test_watermark_drops_in_a_progress_become_one_counted_record() -> None:
 
 
 def test_while_the_partition_count_is_unknown_nothing_is_promised() -> None:
-    progress, core = StreamProgress(0), RecordingCore()
+    progress, core = StreamReadProgress(0), RecordingCore()
     run(progress, core, [event(0, 10, 0), punctuation(500, 1, partition=0)])
     assert (progress.partitions, core.watermarks, core.seen) == (0, [], [(0, 10)])
     progress.partitions = 2  # the topic was found: two partitions, one of which has punctuated
@@ -202,13 +202,13 @@ class FakeGroupState:
 
 
 def window_count_function(live_cores: Any) -> tuple[Any, list[bytes | None]]:
-    from spark_jobs.stateful import EventBatch, make_stream_function
+    from spark_jobs.stateful import MicroBatchColumns, make_stream_function
     from spark_jobs.window_count import WindowCountCore, WindowCountOptions
 
     built: list[bytes | None] = []  # the blob of every core the factory had to build (None: a new stream)
 
     class FailingOnSeq99(WindowCountCore):
-        def on_events(self, batch: EventBatch) -> list[tuple[str, dict[str, Any]]]:
+        def on_events(self, batch: MicroBatchColumns) -> list[tuple[str, dict[str, Any]]]:
             outputs = super().on_events(batch)  # counted first: a failure after the core changed
             if 99 in batch.column("seq"):
                 raise RuntimeError("the task dies half way")
@@ -255,10 +255,10 @@ def test_a_kept_core_is_reused_only_for_the_blob_it_was_snapshotted_to() -> None
 
 
 def _core_blob(blob: bytes | None) -> bytes:
-    from spark_jobs.stateful import StreamProgress
+    from spark_jobs.stateful import StreamReadProgress
 
     assert blob is not None
-    return StreamProgress.from_blob(blob)[1]
+    return StreamReadProgress.from_blob(blob)[1]
 
 
 def test_a_batch_that_fails_half_way_leaves_no_kept_core() -> None:
@@ -284,7 +284,7 @@ def test_live_cores_keep_a_bounded_number_of_streams() -> None:
 
     cores, core = LiveCores(capacity=2), RecordingCore()
     for stream in ("a", "b", "c"):
-        cores.keep("q", stream, stream.encode(), StreamProgress(1), core)
+        cores.keep("q", stream, stream.encode(), StreamReadProgress(1), core)
     assert cores.take("q", "a", b"a") is None  # the oldest went
     assert cores.take("q", "c", b"c") is not None
     assert cores.take("q", "c", b"c") is None  # taken out while in use
