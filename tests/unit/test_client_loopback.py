@@ -534,3 +534,23 @@ def test_sync_wrapper_runs_the_client_on_its_own_thread():
         thread.join()
         loop.close()
     assert gw.events_of("s1", "a") == [0, 1, 2, 3]
+
+
+async def test_flush_writes_a_given_up_seqs_one_send_before_it_returns():
+    """A seq the gateway gave up before the application sent it is not unacknowledged, but its one send is queued:
+    flush() returns only once it is written, so close() right after cannot drop it (a replay's late arrival)."""
+    from contract.wire.messages import build_ack, build_gap
+
+    async with FakeGateway() as gw, SkewlessClient("127.0.0.1", gw.port, "s1", ["s"], linger_s=5.0,
+                                               batch_events=100) as client:
+        await client.send("s", "zero", seq=0)
+        await client.send("s", "two", seq=2)
+        await client.send_pending()
+        await until(lambda: 2 in gw.received[("s1", "s")])
+        client._on_message(build_gap("s", 1, 1, "timeout"))
+        client._on_message(build_ack("s", 2))
+        assert client.unacked_count == 0
+        await client.send("s", "one, late", seq=1)  # lingers up to 5 s unless flushed
+        await client.flush(timeout_s=2.0)
+        # Written by flush (the linger would hold it 5 s): the fake gateway reads it at once.
+        await until(lambda: 1 in gw.received[("s1", "s")])
