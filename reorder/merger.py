@@ -384,6 +384,16 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
+    def hear(self, source_id: str, now_us: int) -> list[MergeOutput]:
+        """The source spoke, yet nothing of it reached the merge (its reorderer holds what it sent behind a gap): the
+        merge waits for it afresh from now, a wait it had given up included. The silence measured for its learned
+        wait goes on until its next release, the thing the merge waits for."""
+        src = self._source(source_id)
+        self._revive(source_id, src, now_us, silence_ends=False)
+        out: list[MergeOutput] = []
+        self._drain(now_us, out)
+        return out
+
     def queued_of(self, source_id: str) -> int | None:
         """Events queued for ``source_id``; None if the merge does not know it (O(1), unlike queued_by_source)."""
         src = self._sources.get(source_id)
@@ -511,9 +521,9 @@ class MultiSourceMerger:
             heapq.heappush(self._empty, (src.frontier, source_id))
         return src
 
-    def _revive(self, source_id: str, src: _Source, now_us: int) -> None:
+    def _revive(self, source_id: str, src: _Source, now_us: int, silence_ends: bool = True) -> None:
         src.heard_us = now_us
-        if src.waited_since is not None:
+        if silence_ends and src.waited_since is not None:
             # the silence the merge waited through ends here, whether or not the wait had given up
             if src.silences is not None:
                 src.silences.add(now_us - src.waited_since)

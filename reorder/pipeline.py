@@ -306,8 +306,19 @@ class IngestPipeline:
         out: list[PipelineOutput] = []
         self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
                               source_event if mapped is not None else None, mapped)
+        self._heard_behind_a_gap(pipeline, source_id, reorderer, arrival_us, out)
         self._track(pipeline, source_id)
         return out
+
+    def _heard_behind_a_gap(self, pipeline: _StreamPipeline, source_id: str, reorderer: SequenceCore, now_us: int,
+                            out: list[PipelineOutput]) -> None:
+        """An event its reorderer holds behind a gap reached no merge, yet the source spoke: the merge hears of it,
+        so its wait for the source starts again from now and covers the gap's hold (``merge_wait_us``). Otherwise a
+        wait set before (a newcomer's join wait, a wait that began while it was silent) could end while the gap is
+        still held, and the others' releases would run the watermark past everything behind the gap. Watermark mode
+        only: the thesis' merge waits Eq. 3.11 from when it started waiting, whatever arrives meanwhile."""
+        if reorderer.buffered and self.config.merger.mode == "watermark":
+            self._merge_outputs(pipeline, pipeline.merger.hear(source_id, now_us), out)
 
     def push_many(self, source_id: str, events: list[IncomingEvent], arrival_us: int,
                   mappings: list[tuple[int, int]] | None = None) -> list[PipelineOutput]:
@@ -365,6 +376,7 @@ class IngestPipeline:
                                        event.interval)
             self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
                                   source_event if given is not None else None, given)
+            self._heard_behind_a_gap(pipeline, source_id, reorderer, arrival_us, out)
         if run:
             assert pipeline is not None
             self._push_run(pipeline, source_id, run, arrival_us, out)

@@ -498,7 +498,7 @@ impl<E> MultiSourceMerger<E> {
         check_mapping(ref_us, err)?;
         let slot = self.source(source_id);
         self.src_mut(slot).error_us = err;
-        self.revive(slot, now_us);
+        self.revive(slot, now_us, true);
         let watermark_mode = self.config.mode == Mode::Watermark;
         let promised = self.emitted_watermark;
         let released_max = self.released_max;
@@ -604,7 +604,7 @@ impl<E> MultiSourceMerger<E> {
             check_mapping(item.ref_us, item.error_us)?;
         }
         let slot = self.source(source_id);
-        self.revive(slot, now_us);
+        self.revive(slot, now_us, true);
         let watermark_mode = self.config.mode == Mode::Watermark;
         let limit = self.config.max_queued_per_source;
         let mut start = self.src(slot).queue.len();
@@ -719,7 +719,23 @@ impl<E> MultiSourceMerger<E> {
     ) -> Result<(), MergeError> {
         check_time("now_us", now_us)?;
         let slot = self.source(source_id);
-        self.revive(slot, now_us);
+        self.revive(slot, now_us, true);
+        self.drain(now_us, policy, out);
+        Ok(())
+    }
+
+    /// `hear`: the source spoke, yet nothing of it reached the merge (its reorderer holds it behind a gap): the
+    /// merge waits for it afresh from now; its measured silence goes on until its next release.
+    pub fn hear<P: WaitPolicy + ?Sized>(
+        &mut self,
+        source_id: &str,
+        now_us: i64,
+        policy: &mut P,
+        out: &mut Vec<MergeOutput<E>>,
+    ) -> Result<(), MergeError> {
+        check_time("now_us", now_us)?;
+        let slot = self.source(source_id);
+        self.revive(slot, now_us, false);
         self.drain(now_us, policy, out);
         Ok(())
     }
@@ -772,7 +788,7 @@ impl<E> MultiSourceMerger<E> {
             || !(src.timed_out || src.wait_deadline.is_some());
         self.counters.heartbeats += 1;
         if revive {
-            self.revive(slot, now_us);
+            self.revive(slot, now_us, true);
         }
         // Otherwise the merge waits for this source (or gave it up) and the heartbeat promises nothing beyond its
         // frontier: reviving it would restart the wait at every heartbeat.
@@ -915,16 +931,18 @@ impl<E> MultiSourceMerger<E> {
         self.watermark_holder = self.watermark_holder.map(|slot| remap[slot as usize]);
     }
 
-    fn revive(&mut self, slot: u32, now_us: i64) {
+    fn revive(&mut self, slot: u32, now_us: i64, silence_ends: bool) {
         if self.blocker == Some(slot) {
             self.blocker = None;
         }
         let src = live(&mut self.slots, slot);
         src.heard_us = Some(now_us);
-        if let Some(since) = src.waited_since.take() {
-            // the silence the merge waited through ends here, whether or not the wait had given up
-            if let Some(silences) = src.silences.as_mut() {
-                silences.add(now_us - since);
+        if silence_ends {
+            if let Some(since) = src.waited_since.take() {
+                // the silence the merge waited through ends here, whether or not the wait had given up
+                if let Some(silences) = src.silences.as_mut() {
+                    silences.add(now_us - since);
+                }
             }
         }
         src.wait_deadline = None;

@@ -687,3 +687,39 @@ def test_a_resync_beyond_both_bounds_is_still_a_stamp_regression():
     assert _late(out) == [("a", 1, "stamp_regression", 11_001)]
     assert [(r[1], r[2] - T0) for r in records(out)] == [(0, 20_000), (2, 20_000)]
 
+
+
+def _run_until(pipe: IngestPipeline, until_us: int, step_us: int, feed) -> list:
+    """Virtual time from T0 to ``until_us`` in ``step_us`` steps: ``feed(now)`` pushes, then due deadlines run."""
+    out: list = []
+    now = T0
+    while now <= until_us:
+        out += feed(now)
+        out += pipe.advance(now)
+        now += step_us
+    return out
+
+
+def test_a_newcomer_whose_first_event_waits_behind_a_gap_holds_the_merge_past_its_join_wait():
+    # A newcomer says hello (a 2 s join wait) and speaks 1.9 s later with seq 1: seq 0 never comes. Its reorderer
+    # holds seq 1 for the gap timeout, which ends after the join wait. The merge must wait for that gap (the
+    # pipeline's promise: it waits for a source as long as its reorderer holds a gap), not give the newcomer up
+    # when its join wait ends: that let a good source's events run the watermark past seq 1, and 21 events of an
+    # SDK source that skipped seq 0 went late (`after_punctuation`) in a CI run on 7e58ccf.
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(join_grace_us=2_000_000))
+    pipe.register("good", ("s",), T0)
+    pipe.register("skipper", ("s",), T0)
+    good_seq = iter(range(10**6))
+
+    def feed(now: int) -> list:
+        out = pipe.push("good", ev(next(good_seq), now), now)
+        if now == T0 + 1_900_000:
+            out += pipe.push("skipper", ev(1, now), now)
+        return out
+
+    out = _run_until(pipe, T0 + 5_000_000, 10_000, feed)
+    assert pipe.counters.gaps == 1
+    assert records(out, "late") == []
+    assert ("skipper", 1, T0 + 1_900_000) in records(out)
+    refs = [ref for _source, _seq, ref in records(out)]
+    assert refs == sorted(refs)

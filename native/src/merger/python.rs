@@ -449,6 +449,17 @@ impl PyMerger {
         })
     }
 
+    fn hear<'py>(
+        &mut self,
+        py: Python<'py>,
+        source_id: &str,
+        now_us: i64,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.run(py, |core, policy, out| {
+            core.hear(source_id, now_us, policy, out)
+        })
+    }
+
     #[pyo3(signature = (source_id, seq, source_ts_us, now_us, *, caught_up=false, mapped=None))]
     #[allow(clippy::too_many_arguments)]
     fn heartbeat<'py>(
