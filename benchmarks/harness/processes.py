@@ -138,8 +138,12 @@ class Delivery:
         return [r["seq"] for r in self.events if r["source_id"] == source_id]
 
     def lost(self, source_id: str, n: int) -> int:
+        return len(self.missing(source_id, n))
+
+    def missing(self, source_id: str, n: int) -> list[int]:
+        """The seqs below ``n`` of the source on neither topic."""
         seen = {r["seq"] for r in self.events + self.late if r["source_id"] == source_id}
-        return len(set(range(n)) - seen)
+        return sorted(set(range(n)) - seen)
 
     def duplicated(self, source_id: str) -> int:
         counts = Counter(r["seq"] for r in self.events + self.late if r["source_id"] == source_id)

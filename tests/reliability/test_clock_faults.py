@@ -72,7 +72,7 @@ async def test_clock_jump_and_500ppm_skew_are_corrected_or_quarantined_never_poi
 
     delivery = read_delivery(kafka.bootstrap_servers, topic_prefix, "s")
     _events, punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
-    assert delivery.summary(sent)["lost"] == 0
+    assert delivery.summary(sent)["lost"] == 0, {name: delivery.missing(name, n)[:5] for name, n in sent.items()}
     assert delivery.summary(sent)["duplicated"] == 0
     # The healthy and the drifting source: everything ordered, in seq order, nothing late, mapped within the bound.
     errors_us: dict[str, list[int]] = {}

@@ -111,7 +111,8 @@ async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_pe
         outcome={"events": total, "late": len(delivery.late), "late_reasons": dict(late_reasons),
                  "lost": counts["lost"], "duplicated": counts["duplicated"], **clock,
                  "replay_s": round(replay_s, 1), "gateway_rss_kib": rss, "replay_summary": summary})
-    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    missing = {source_id: delivery.missing(source_id, n)[:5] for source_id, n in expected.items()}
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, (counts, missing, summary, log[-3000:])
     assert (clock["clock_steps"], clock["clock_step_false_alarms"], clock["clock_step_unresolved"]) == (0, 0, 0), (
         clock, [line for line in log.splitlines() if "clock" in line][:10])
     assert late_reasons["clock_step_unresolved"] == 0
