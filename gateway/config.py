@@ -14,6 +14,7 @@ from typing import Any
 from contract.units import DurationError, parse_duration_us
 from contract.wire.messages import MAX_STREAMS_PER_SOURCE
 from gateway.auth import SourceAuthenticator
+from gateway.native import NativeCoreMissing, resolve_core
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
 from reorder.pipeline import PipelineConfig
@@ -67,6 +68,8 @@ SCHEMA: dict[str, str] = {
     # The reorderer (docs/reorder.md): "sequence" (adaptive) or "thesis" (Eq. 3.11), its smoothing factors, and
     # whether late events pass on the events topic flagged late (Query 4.3's 7th parameter) instead of the late topic.
     "reorder_mode": _STR, "reorder_alpha": _FRACTION, "reorder_beta": _FRACTION, "pass_late": _BOOL,
+    # The per-event cores (gateway.native): "auto" (native when built), "native" (Rust) or "python".
+    "core": _STR,
 }
 KNOWN_KEYS = frozenset(SCHEMA)
 # Earlier spellings, still read (one release) so existing files and deployments keep working.
@@ -284,6 +287,12 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
     if "max_future_s" in settings:
         config.pipeline = replace(config.pipeline, max_future_us=round(float(settings["max_future_s"]) * 1_000_000))
     config.pipeline = _with_ordering_waits(_with_reorderer(config.pipeline, settings), settings)
+    if "core" in settings:
+        try:
+            resolve_core(settings["core"])
+        except (ValueError, NativeCoreMissing) as exc:
+            raise ConfigError(f"core: {exc}") from None
+        config.core = settings["core"]
     cert, key = settings.get("tls_cert"), settings.get("tls_key")
     if (cert is None) != (key is None):
         raise ConfigError("tls_cert and tls_key go together")

@@ -66,6 +66,7 @@ from gateway.ingest import (
 from gateway.logs import LIMITER as LOG_LIMITER
 from gateway.logs import limited_log
 from gateway.metrics import MetricsServer, make_registry
+from gateway.native import NativeGatewaySession, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from reorder.pipeline import IngestPipeline, PipelineConfig
@@ -192,6 +193,9 @@ class GatewayConfig:
     slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US
     # A seq more than this above its (source, stream)'s highest is refused with seq_jump (gateway.ingest, rule 13).
     max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP
+    # The per-event cores (gateway.native): "native" (Rust: the connection decoder and the sequence reorderers),
+    # "python" (their executable specification), "auto" (native when the extension module is built).
+    core: str = "auto"
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -223,8 +227,11 @@ class Gateway:
         if config.reference_error_us or config.reference_error_from_chrony:
             mapping = ReferenceErrorMapping(mapping, lambda: self.reference_error_us)
         self._mapping = mapping
+        self.core_name = resolve_core(config.core)
+        self._session_type = NativeGatewaySession if self.core_name == "native" else GatewaySession
         self._ingest_config = IngestConfig(
-            pipeline=config.pipeline, max_buffered_events=max(1, config.max_buffered_events // config.shards),
+            pipeline=with_core(config.pipeline, self.core_name),
+            max_buffered_events=max(1, config.max_buffered_events // config.shards),
             checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
             clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
             gateway_pause_us=GATEWAY_PAUSE_US,  # the shard polls every 2 ms: a longer gap is the gateway's own pause
@@ -323,8 +330,9 @@ class Gateway:
             self._metrics = MetricsServer(make_registry(self, self.labeled_counters), self.health)
             await self._metrics.start(self.config.metrics_host, self.config.metrics_port)
         await self._wait_settled(self.config.session_timeout_s + JOIN_WAIT_EXTRA_S)
-        log.info("gateway %s joined cluster %s (%d shards) on prefix %s, serving shards %s", self.gateway_id,
-                 self.config.cluster, self.config.shards, self.config.topic_prefix, sorted(self._shards))
+        log.info("gateway %s joined cluster %s (%d shards) on prefix %s, serving shards %s (%s cores)",
+                 self.gateway_id, self.config.cluster, self.config.shards, self.config.topic_prefix,
+                 sorted(self._shards), self.core_name)
 
     async def _wait_settled(self, timeout_s: float) -> None:
         """Until the group gave this gateway its shards and it serves them, or every shard has an owner elsewhere
@@ -650,7 +658,7 @@ class Gateway:
     # -- what connections ask (gateway.connection.ConnectionOwner) ----------------------------------------------
 
     def _new_connection(self) -> ConnectionHandler:
-        session = GatewaySession(self.config.max_frame_bytes, authenticator=self.config.authenticator,
+        session = self._session_type(self.config.max_frame_bytes, authenticator=self.config.authenticator,
                                  timeouts=self.config.timeouts, now_us=self._clock_us(),
                                  max_streams_per_source=self.config.max_streams_per_source,
                                  allowed_streams=self.config.allowed_streams)

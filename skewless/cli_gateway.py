@@ -80,6 +80,9 @@ def gateway(
     pass_late: Annotated[bool | None, typer.Option(
         "--pass-late/--drop-late", help="Publish late events on the events topic flagged late, instead of the late "
                                         "topic only [--drop-late].")] = None,
+    core: Annotated[str | None, typer.Option(
+        help="The per-event cores: 'native' (Rust: connection decoder, sequence reorderers), 'python' (their "
+             "specification) or 'auto' (native when built) [auto].")] = None,
     workers: Annotated[int, typer.Option(
         help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
              "metrics ports).", min=1)] = 1,
@@ -110,6 +113,7 @@ def gateway(
             "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
             "session_timeout_s": session_timeout_s,
             "reference_clock_error": reference_clock_error, "reorder_mode": reorder_mode, "pass_late": pass_late,
+            "core": core,
         })
         config = build_config(settings)
     except ConfigError as exc:

@@ -9,74 +9,18 @@ import math
 from typing import Any
 
 import msgpack
-import skewless_native
 
-from contract.wire.errors import RemoteProtocolError
 from contract.wire.frames import NonStringKeyMap
-from contract.wire.messages import Bye, EventBatch, Heartbeat
-from gateway.session import (
-    DrainRequested,
-    EventsReceived,
-    GatewaySession,
-    HeartbeatReceived,
-    SessionAction,
-    SessionState,
-)
+from gateway.native import NativeGatewaySession
+from gateway.session import GatewaySession
 
 DECLARED = ["s1", "s2", "s-3"]
 HELLO = {"type": "hello", "version": 1, "source_id": "src", "streams": DECLARED}
 
 
-class NativeSession(GatewaySession):
-    """GatewaySession with the native decoder in its receive_data loop: hellos still go through the session's own
-    _handle (parse_hello, auth, limits), everything else is the native decoder's."""
-
-    def __init__(self, max_frame_bytes: int, max_events_per_batch: int) -> None:
-        super().__init__(max_frame_bytes=max_frame_bytes, max_events_per_batch=max_events_per_batch)
-        self.native = skewless_native.ConnectionDecoder(max_frame_bytes, max_events_per_batch)
-
-    @property
-    def buffered_bytes(self) -> int:
-        return self.native.buffered_bytes
-
-    def receive_data(self, data: bytes, now_us: int = 0) -> list[SessionAction]:
-        if self.state in (SessionState.CLOSED, SessionState.ERROR):
-            return []
-        actions: list[SessionAction] = []
-        items = self.native.receive_data(data)
-        try:
-            while items:
-                item, items = items[0], items[1:]
-                if not isinstance(item, RemoteProtocolError) or item.code not in ("frame_too_large",
-                                                                                   "malformed_frame"):
-                    self._last_activity_us = now_us  # as the Python loop: once a frame decoded
-                if isinstance(item, RemoteProtocolError):
-                    raise item
-                if type(item) is dict:
-                    try:
-                        actions.extend(self._handle(item, now_us))
-                    except RemoteProtocolError:
-                        self.native.fail()
-                        raise
-                    self.native.accept_hello(sorted(self.streams))
-                    items = self.native.decode()
-                elif type(item) is EventBatch:
-                    assert self.source_id is not None
-                    actions.append(EventsReceived(self.source_id, item.events))
-                elif type(item) is Heartbeat:
-                    assert self.source_id is not None
-                    actions.append(HeartbeatReceived(self.source_id, item))
-                else:
-                    assert type(item) is Bye
-                    actions.append(DrainRequested())
-                    self.state = SessionState.DRAINING
-        except RemoteProtocolError as exc:
-            actions.extend(self._fail(exc))
-        if self.native.buffered_bytes == 0:
-            self._partial_since_us = None
-        elif self._partial_since_us is None:
-            self._partial_since_us = now_us
-        return actions
+def NativeSession(max_frame_bytes: int, max_events_per_batch: int) -> NativeGatewaySession:
+    """The session with the native decoder the gateway runs (gateway.native), as the tests build it."""
+    return NativeGatewaySession(max_frame_bytes=max_frame_bytes, max_events_per_batch=max_events_per_batch)
 
 
 def canon(value: Any) -> Any:

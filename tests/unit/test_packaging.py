@@ -15,6 +15,9 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 OUR_PACKAGES = {"contract", "broker", "skewless", "gateway", "timesync", "reorder", "spark_jobs", "clients", "cep"}
+# Our compiled extension (native/, built by `make native` or the Dockerfile's rust stage, not a requirement): the
+# gateway runs it when it imports (core = "auto") and the Python cores otherwise.
+OUR_EXTENSIONS = {"skewless_native"}
 # Import name -> distribution name, where they differ.
 DISTRIBUTION_OF = {"yaml": "pyyaml", "confluent_kafka": "confluent-kafka", "prometheus_client": "prometheus-client"}
 
@@ -55,7 +58,7 @@ def third_party_imports(roots: list[str]) -> set[str]:
                 if top in OUR_PACKAGES:
                     if _module_file(name) is not None:
                         todo.append(name)
-                elif top not in sys.stdlib_module_names:
+                elif top not in sys.stdlib_module_names and top not in OUR_EXTENSIONS:
                     found.add(top)
     return found
 

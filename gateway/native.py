@@ -1,0 +1,136 @@
+"""The compiled cores (native/, ``skewless_native``) in the gateway: the connection decoder in each session and
+the sequence reorderer in each (source, stream) of the ordering pipeline.
+
+The Python cores stay the executable specification: the native ones are driven side by side with them by the
+differential tests (tests/unit/test_native_decode.py, test_native_sequence.py), and ``core = "python"`` runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import replace
+from typing import Literal
+
+from contract.wire.errors import RemoteProtocolError
+from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES
+from contract.wire.messages import MAX_STREAMS_PER_SOURCE, Bye, EventBatch, Heartbeat
+from gateway.auth import SourceAuthenticator
+from gateway.session import (
+    DEFAULT_MAX_EVENTS_PER_BATCH,
+    DrainRequested,
+    EventsReceived,
+    GatewaySession,
+    HeartbeatReceived,
+    SessionAction,
+    SessionState,
+    SessionTimeouts,
+)
+from reorder.pipeline import PipelineConfig, SequenceCore
+from reorder.records import GapSkipped, Late, Released
+from reorder.sequence import SequenceConfig
+
+Core = Literal["native", "python"]
+CORES: tuple[Core, ...] = ("native", "python")
+
+
+class NativeCoreMissing(RuntimeError):
+    """``core = "native"`` on an install whose extension module was not built."""
+
+
+def native_available() -> bool:
+    try:
+        import skewless_native  # noqa: F401  (only whether it imports)
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
+def resolve_core(core: str) -> Core:
+    """"auto": native when the extension is built, else python. "native" on an install without it is refused."""
+    if core == "auto":
+        return "native" if native_available() else "python"
+    if core == "native":
+        if not native_available():
+            raise NativeCoreMissing("the native core (skewless_native) is not built: run `make native`, or set "
+                                    "core = \"python\" to run the Python cores")
+        return "native"
+    if core == "python":
+        return "python"
+    raise ValueError(f"core must be one of 'auto', 'native', 'python', got {core!r}")
+
+
+def native_sequence_reorderer(source_id: str, stream: str, config: SequenceConfig) -> SequenceCore:
+    """The Rust reorderer of (source_id, stream), with the Python core's API and output records."""
+    import skewless_native
+
+    return skewless_native.SequenceReorderer(source_id, stream, config, records=(Released, Late, GapSkipped))
+
+
+def with_core(pipeline: PipelineConfig, core: Core) -> PipelineConfig:
+    """The pipeline config whose reorderers are the given core's."""
+    if core == "native":
+        return replace(pipeline, reorderer_factory=native_sequence_reorderer)
+    return pipeline
+
+
+class NativeGatewaySession(GatewaySession):
+    """GatewaySession with the native decoder in its receive_data loop: frame split, msgpack decode and the
+    validation of events, heartbeats and byes (the same errors, codes and limits). Hellos still go through the
+    session's own ``_handle`` (parse_hello, auth, limits), then the decoder is told the declared streams."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH,
+                 authenticator: SourceAuthenticator | None = None,
+                 timeouts: SessionTimeouts | None = None, now_us: int = 0,
+                 max_streams_per_source: int = MAX_STREAMS_PER_SOURCE,
+                 allowed_streams: Collection[str] | None = None) -> None:
+        import skewless_native
+
+        super().__init__(max_frame_bytes, max_events_per_batch, authenticator, timeouts, now_us,
+                         max_streams_per_source, allowed_streams)
+        self.native = skewless_native.ConnectionDecoder(max_frame_bytes, max_events_per_batch)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return int(self.native.buffered_bytes)
+
+    def receive_data(self, data: bytes, now_us: int = 0) -> list[SessionAction]:
+        if self.state in (SessionState.CLOSED, SessionState.ERROR):
+            return []
+        actions: list[SessionAction] = []
+        items = self.native.receive_data(data)
+        index = 0
+        try:
+            while index < len(items):
+                item = items[index]
+                index += 1
+                if not isinstance(item, RemoteProtocolError) or item.code not in ("frame_too_large",
+                                                                                   "malformed_frame"):
+                    self._last_activity_us = now_us  # as the Python loop: once a frame decoded
+                if isinstance(item, RemoteProtocolError):
+                    raise item
+                if type(item) is dict:
+                    try:
+                        actions.extend(self._handle(item, now_us))
+                    except RemoteProtocolError:
+                        self.native.fail()
+                        raise
+                    self.native.accept_hello(sorted(self.streams))
+                    items, index = self.native.decode(), 0
+                elif type(item) is EventBatch:
+                    assert self.source_id is not None
+                    actions.append(EventsReceived(self.source_id, item.events))
+                elif type(item) is Heartbeat:
+                    assert self.source_id is not None
+                    actions.append(HeartbeatReceived(self.source_id, item))
+                else:
+                    assert type(item) is Bye
+                    actions.append(DrainRequested())
+                    self.state = SessionState.DRAINING
+        except RemoteProtocolError as exc:
+            actions.extend(self._fail(exc))
+        if self.native.buffered_bytes == 0:
+            self._partial_since_us = None
+        elif self._partial_since_us is None:
+            self._partial_since_us = now_us
+        return actions
