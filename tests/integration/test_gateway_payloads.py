@@ -131,9 +131,15 @@ async def test_a_failing_connection_worker_is_answered_counted_and_does_not_bloc
             await gateway.stop()
 
 
+# Where each core's session can be made to raise while it decodes an events frame.
+SESSION_FAULT_POINT = {"python": "gateway.session.messages.parse_events", "native": "gateway.native.EventsReceived"}
+
+
+@pytest.mark.parametrize("core", ["python", "native"])
 async def test_a_session_that_raises_is_answered_and_counted_and_other_connections_go_on(kafka, topic_prefix,
-                                                                                       monkeypatch):
-    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix))
+                                                                                       monkeypatch, core: str):
+    gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
+                                    core=core))
     await gateway.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
@@ -148,7 +154,7 @@ async def test_a_session_that_raises_is_answered_and_counted_and_other_connectio
 
         # A parser bug raises inside asyncio's data_received: before, asyncio closed the socket with no error
         # frame, no count and no log line naming the source.
-        monkeypatch.setattr("gateway.session.messages.parse_events", broken)
+        monkeypatch.setattr(SESSION_FAULT_POINT[core], broken)
         writer.write(encode_frame(build_events([build_event("s", 0, 1_000, {"i": 0})])))
         await writer.drain()
         await _read_until(reader, decoder, replies, lambda rs: False)
