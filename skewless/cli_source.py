@@ -44,11 +44,12 @@ source_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 
 @dataclass(frozen=True, slots=True)
 class SourceReplayOptions:
-    """How to turn a trace into live sources. Offsets and skews follow ``SimulatedClock`` (positive = ahead)."""
+    """How to turn a trace into live sources. Clocks follow ``SimulatedClock``: ``ahead_us`` is how far a source
+    clock reads ahead of its base (its ``offset_us``, in the one sign of timesync.clocks, is ``-ahead_us``)."""
 
     speed: float = 1.0
-    offset_us: int = 0
-    offset_spread_us: int = 0
+    ahead_us: int = 0
+    ahead_spread_us: int = 0
     skew_ppm: float = 0.0
     skew_spread_ppm: float = 0.0
     jitter_us: int = 0
@@ -87,16 +88,16 @@ class PlannedSend:
 
 def source_clocks(source_ids: Sequence[str], options: SourceReplayOptions, start_us: int,
                   base: Any = system_time_us) -> dict[str, SimulatedClock]:
-    """One simulated clock per source: the common offset/skew plus a seeded per-source spread."""
+    """One simulated clock per source: the common ahead/skew plus a seeded per-source spread."""
     rng = random.Random(options.seed)
     clocks: dict[str, SimulatedClock] = {}
     for source_id in sorted(source_ids):
-        offset = options.offset_us + (rng.randint(-options.offset_spread_us, options.offset_spread_us)
-                                      if options.offset_spread_us else 0)
+        ahead_us = options.ahead_us + (rng.randint(-options.ahead_spread_us, options.ahead_spread_us)
+                                       if options.ahead_spread_us else 0)
         skew = options.skew_ppm + (rng.uniform(-options.skew_spread_ppm, options.skew_spread_ppm)
                                    if options.skew_spread_ppm else 0.0)
         skew = max(-MAX_SKEW_PPM, min(MAX_SKEW_PPM, skew))
-        clocks[source_id] = SimulatedClock(offset, skew, base=base, origin_us=start_us)
+        clocks[source_id] = SimulatedClock(ahead_us, skew, base=base, origin_us=start_us)
     return clocks
 
 
@@ -252,13 +253,14 @@ def replay(
     = None,
     limit: Annotated[int | None, typer.Option(min=0, help="Replay at most this many events (first by arrival).")
                      ] = None,
-    offset_us: Annotated[int, typer.Option(
-        metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
-        help="Clock offset injected into every source, e.g. 250ms or -1.5s (positive = the source clock is "
-             "ahead); a bare number is microseconds.")] = 0,
-    offset_spread_us: Annotated[int, typer.Option(
-        metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
-        help="Plus a per-source uniform offset in ±this; a bare number is microseconds.")] = 0,
+    ahead_us: Annotated[int, typer.Option(
+        "--ahead-us", "--offset-us", metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
+        help="How far every source clock reads ahead of the system clock, e.g. 250ms or -1.5s (negative = "
+             "behind); a bare number is microseconds. --offset-us is a deprecated spelling of it.")] = 0,
+    ahead_spread_us: Annotated[int, typer.Option(
+        "--ahead-spread-us", "--offset-spread-us", metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
+        help="Plus a per-source amount ahead, uniform in ±this; a bare number is microseconds. "
+             "--offset-spread-us is a deprecated spelling of it.")] = 0,
     skew_ppm: Annotated[float, typer.Option(callback=finite_float(),
                                             help="Clock skew injected into every source (ppm).")] = 0.0,
     skew_spread_ppm: Annotated[float, typer.Option(callback=finite_float(at_least=0),
@@ -290,7 +292,7 @@ def replay(
 ) -> None:
     """Replay a trace as live sources (one SDK client per source_id) in arrival order, paced in real time.
 
-    Each source gets a simulated clock (offset, skew) and syncs it with the gateway (at the time-sync port the
+    Each source gets a simulated clock (ahead, skew) and syncs it with the gateway (at the time-sync port the
     gateway announces, else --timesync-port) unless --no-timesync.
 
     Events keep the trace's disorder, plus jitter and pool interleaving; a summary follows the last ack.
@@ -308,7 +310,7 @@ def replay(
             validate_stream_name(event.stream)
         except InvalidStreamName as exc:
             raise typer.BadParameter(f"{trace}: {exc}", param_hint="'TRACE'") from None
-    options = SourceReplayOptions(speed=speed, offset_us=offset_us, offset_spread_us=offset_spread_us,
+    options = SourceReplayOptions(speed=speed, ahead_us=ahead_us, ahead_spread_us=ahead_spread_us,
                                   skew_ppm=skew_ppm, skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us,
                                   keep_seqs=keep_seqs, sources=tuple(source or ()), limit=limit, seed=seed,
                                   source_suffix=source_suffix)

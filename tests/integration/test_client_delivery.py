@@ -157,7 +157,7 @@ async def test_spool_survives_a_client_restart(gateway: Gateway, kafka, topic_pr
 def replay_options(jitter_us: int) -> SourceReplayOptions:
     # Source clocks an hour behind the gateway (±5 ms, ±100 ppm around 100 ppm): ahead would be quarantined as
     # future-dated, since this gateway fixture does not run time sync.
-    return SourceReplayOptions(speed=20.0, offset_us=-3_600_000_000, offset_spread_us=5_000, skew_ppm=100.0,
+    return SourceReplayOptions(speed=20.0, ahead_us=-3_600_000_000, ahead_spread_us=5_000, skew_ppm=100.0,
                          skew_spread_ppm=100.0, jitter_us=jitter_us)
 
 

@@ -7,6 +7,7 @@ import threading
 from collections import defaultdict
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from reorder.eval.traces import PROFILES, TraceEvent, TraceSpec, generate, write_trace
@@ -45,15 +46,15 @@ def test_plan_speed_compresses_the_whole_timeline():
 
 
 def test_plan_injects_offset_and_skew_per_source():
-    steps = plan(SourceReplayOptions(offset_us=3_600_000_000, skew_ppm=200.0))
+    steps = plan(SourceReplayOptions(ahead_us=3_600_000_000, skew_ppm=200.0))
     a_late = next(p for p in steps if p.seq == 2)
     # true time START + 2000 µs; 200 ppm of 2000 µs is 0.4 µs -> rounds to 0
     assert a_late.source_ts_us == START_US + 2_000 + 3_600_000_000
-    spread = source_clocks(["a", "b", "c"], SourceReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
+    spread = source_clocks(["a", "b", "c"], SourceReplayOptions(ahead_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
                            START_US, base=lambda: START_US)
     assert len({c.ahead_us for c in spread.values()}) == 3
     assert all(abs(c.ahead_us) <= 1_000 and abs(c.skew_ppm) <= 50 for c in spread.values())
-    again = source_clocks(["a", "b", "c"], SourceReplayOptions(offset_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
+    again = source_clocks(["a", "b", "c"], SourceReplayOptions(ahead_spread_us=1_000, skew_spread_ppm=50.0, seed=3),
                           START_US, base=lambda: START_US)
     assert [c.ahead_us for c in again.values()] == [c.ahead_us for c in spread.values()]  # seeded
 
@@ -132,3 +133,14 @@ def test_a_replay_sends_a_given_up_seq_instead_of_taking_it_for_a_repeat():
     assert [_given_up(client, send("sensors", q)) for q in (1601, 1602, 1603, 1819, 1820, 1822, 1823)] == [
         False, True, False, False, True, True, False]
     assert not _given_up(client, send("other", 1602))
+
+
+@pytest.mark.parametrize(("flag", "spread_flag"), [("--ahead-us", "--ahead-spread-us"),
+                                                   ("--offset-us", "--offset-spread-us")])  # deprecated spelling
+def test_replay_ahead_flags_and_their_deprecated_spellings(tmp_path, flag, spread_flag):
+    _register_subcommands()
+    path = tmp_path / "trace.jsonl"
+    write_trace(path, [ev("a", 0, 1_000, 1_500)])
+    replay_command = typer.main.get_command(app).commands["source"].commands["replay"]
+    ctx = replay_command.make_context("replay", [str(path), flag, "-1.5s", spread_flag, "5ms"])
+    assert (ctx.params["ahead_us"], ctx.params["ahead_spread_us"]) == (-1_500_000, 5_000)
