@@ -34,7 +34,7 @@ from timesync.clocks import system_time_us
 
 WINDOW_US = 1_000_000
 STREAM = "sensors"
-# (offset_us, skew_ppm) of each simulated source clock against true time.
+# (ahead_us, skew_ppm) of each simulated source clock against true time (positive ahead_us: the clock reads ahead).
 CLOCKS = [(0, 0.0), (250_000, 80.0), (-1_500_000, -150.0)]
 
 
@@ -91,7 +91,7 @@ def start_gateway_process(bootstrap: str) -> tuple[subprocess.Popen[bytes], int,
 
 
 async def run_sources(port: int, sync_port: int, events: int, rate: float) -> list[SentEvent]:
-    clocks = [SimulatedClock(offset_us, skew_ppm) for offset_us, skew_ppm in CLOCKS]
+    clocks = [SimulatedClock(ahead_us, skew_ppm) for ahead_us, skew_ppm in CLOCKS]
     clients = [await connect("127.0.0.1", port, sync_port, f"sensor-{i}", 10, streams=[STREAM],
                              clock_us=clock, batch_events=20)
                for i, clock in enumerate(clocks)]
@@ -147,12 +147,12 @@ def report(bootstrap: str, sent: list[SentEvent], spark_counts: dict[int, int]) 
     records, _punctuations = read_stream(bootstrap, TopicNames().events(STREAM))
     true_us = {(e.source_id, e.seq): e.true_us for e in sent}
     typer.echo("\nper source: injected clock error vs what the gateway measured")
-    for index, (offset_us, skew_ppm) in enumerate(CLOCKS):
+    for index, (ahead_us, skew_ppm) in enumerate(CLOCKS):
         mine = [r for r in records if r["source_id"] == f"sensor-{index}"]
         measured = sorted(r["source_ts_us"] - r["ref_ts_us"] for r in mine)[len(mine) // 2]
         inside = sum(abs(r["ref_ts_us"] - true_us[(r["source_id"], r["seq"])]) <= r["uncertainty_us"]
                      for r in mine)
-        typer.echo(f"  sensor-{index}: clock {offset_us / 1000:+9.1f} ms {skew_ppm:+6.1f} ppm | measured "
+        typer.echo(f"  sensor-{index}: clock {ahead_us / 1000:+9.1f} ms {skew_ppm:+6.1f} ppm | measured "
                    f"{measured / 1000:+9.3f} ms | true time within the reported uncertainty: "
                    f"{inside}/{len(mine)}")
     by_ref = Counter(_window(r["ref_ts_us"]) for r in records)
