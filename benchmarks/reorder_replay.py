@@ -98,7 +98,7 @@ def build_jobs(scale: float) -> list[Job]:
         spec = TraceSpec(PROFILES["dataset3"], events_per_source=n(40_000), sources=k, payload=False)
         jobs.append(Job(f"sources{k}", spec, multi))
     for label, drift in DRIFTS.items():
-        spec = TraceSpec(PROFILES["dataset3"], events_per_source=n(100_000), sources=2, drift_us=drift,
+        spec = TraceSpec(PROFILES["dataset3"], events_per_source=n(100_000), sources=2, ahead_us=drift,
                          skew_ppm=SKEW_PPM if drift else 0.0, payload=False)  # fmt: skip
         runs = (("sync", base["sequence"]), ("nosync", replace(base["sequence"], sync=False)))
         jobs.append(Job(f"drift{label}", spec, runs))

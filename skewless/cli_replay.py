@@ -73,7 +73,10 @@ def generate_cmd(
     independent: Annotated[
         bool, typer.Option("--independent", help="Draw each source's delays independently (default: shared).")
     ] = False,
-    drift: Annotated[str, typer.Option(help="Clock offset of every source but s0, e.g. 5ms, 1min, 1h.")] = "0",
+    ahead: Annotated[str, typer.Option(
+        "--ahead", "--drift", help="How far the clock of every source but s0 reads ahead (the thesis' drift; "
+                                   "negative: behind), e.g. 5ms, 1min, 1h. --drift is a deprecated spelling of "
+                                   "it.")] = "0",
     skew_ppm: Annotated[float, typer.Option(help="Source k runs k*skew_ppm fast.")] = 0.0,
     connections: Annotated[
         int | None, typer.Option(help="TCP connections per source (pool interleaving); default per profile.")
@@ -105,7 +108,7 @@ def generate_cmd(
         sources=sources,
         seed=seed,
         same_disorder=not independent,
-        drift_us=parse_duration_us(drift),
+        ahead_us=parse_duration_us(ahead),
         skew_ppm=skew_ppm,
         payload=payload,
     )

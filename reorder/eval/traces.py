@@ -218,13 +218,15 @@ class TraceSpec:
     """Section 5.1.2: source k publishes the same data k * 3 ms later."""
     same_disorder: bool = True
     """Section 5.1.2 replays one dataset per source, so every source shares one delay pattern."""
-    drift_us: int = 0
-    """Clock offset of every source but the first: ``source_ts = true_ts + drift + skew * true_ts``."""
+    ahead_us: int = 0
+    """How far the clock of every source but the first reads ahead (the thesis' drift, section 5.1.3):
+    ``source_ts = true_ts + ahead + skew * true_ts``; its ``offset_us`` (``t_ref = t_source + offset_us``) is
+    ``-ahead_us``."""
     skew_ppm: float = 0.0
     """Source k (k >= 1) runs ``k * skew_ppm`` fast."""
-    offsets_us: tuple[int, ...] = ()
-    """Clock offset of source k, for the sources it lists (it replaces ``drift_us`` for them): several sources whose
-    clocks disagree by different amounts, as unsynchronised devices do."""
+    per_source_ahead_us: tuple[int, ...] = ()
+    """How far the clock of source k reads ahead, for the sources it lists (it replaces ``ahead_us`` for them):
+    several sources whose clocks disagree by different amounts, as unsynchronised devices do."""
     time_scale: int = 1
     """Every reading's true time is multiplied by this: 30 turns the 15,200 events/s DEBS feed into a 507 events/s
     source, so a delay of half a second is overtaken by hundreds of events, not by seven thousand."""
@@ -235,11 +237,13 @@ class TraceSpec:
 
 #: The multi-source traces of the replay benchmark: 507 events/s per source (DEBS x 1/30), independent disorder.
 MULTI_SOURCE_SPECS: dict[str, TraceSpec] = {
-    # the trace of issue 12 item 7: 5 sources, 25,000 events, offsets up to 120 ms
+    # the trace of issue 12 item 7: 5 sources, 25,000 events, clocks up to 120 ms ahead or behind
     "multitail": TraceSpec(PROFILES["multitail"], events_per_source=5_000, sources=5, same_disorder=False,
-                           offsets_us=(0, 120_000, -75_000, 40_000, -110_000), time_scale=30, payload=False),
+                           per_source_ahead_us=(0, 120_000, -75_000, 40_000, -110_000), time_scale=30,
+                           payload=False),
     "multistall": TraceSpec(PROFILES["multistall"], events_per_source=3_000, sources=10, same_disorder=False,
-                            offsets_us=(0, 50_000, -30_000, 20_000, -45_000, 10_000, 35_000, -15_000, 5_000, -50_000),
+                            per_source_ahead_us=(0, 50_000, -30_000, 20_000, -45_000, 10_000, 35_000, -15_000,
+                                                 5_000, -50_000),
                             time_scale=30, payload=False),
 }  # fmt: skip
 
@@ -356,12 +360,12 @@ def generate(spec: TraceSpec) -> list[TraceEvent]:
         else:
             arrivals = shared_arrivals
         shift = k * spec.source_shift_us
-        offset = spec.offsets_us[k] if k < len(spec.offsets_us) else spec.drift_us if k >= 1 else 0
+        ahead = spec.per_source_ahead_us[k] if k < len(spec.per_source_ahead_us) else spec.ahead_us if k >= 1 else 0
         rate = k * spec.skew_ppm * 1e-6
         sid = f"s{k}"
         for seq, ((t, sensor), arr) in enumerate(zip(readings, arrivals, strict=True)):
             true_ts = t + shift
-            source_ts = true_ts + offset + int(rate * true_ts)
+            source_ts = true_ts + ahead + int(rate * true_ts)
             payload = _payload(t, sensor) if spec.payload else {"sid": sensor, "v": 100_000 + (t * 7919) % 4_000_000}
             events.append(TraceEvent(sid, spec.stream, seq, true_ts, source_ts, arr + shift, payload))
     events.sort(key=lambda e: (e.arrival_ts_us, e.source_id, e.seq))

@@ -103,7 +103,7 @@ def test_generator_is_seeded_and_shaped_like_the_profiles() -> None:
 
 
 def test_multi_source_and_drift_variants() -> None:
-    t = generate(TraceSpec(PROFILES["dataset3"], events_per_source=1000, sources=3, drift_us=60_000_000, skew_ppm=10))
+    t = generate(TraceSpec(PROFILES["dataset3"], events_per_source=1000, sources=3, ahead_us=60_000_000, skew_ppm=10))
     by_source = {s: [e for e in t if e.source_id == s] for s in ("s0", "s1", "s2")}
     e0, e2 = by_source["s0"][0], by_source["s2"][0]
     first0 = min(by_source["s0"], key=lambda e: e.seq)
@@ -126,7 +126,7 @@ def test_sync_simulation_recovers_offset_and_skew_within_tens_of_microseconds() 
 
 
 def test_with_sync_drifted_sources_stay_ordered_without_it_they_do_not() -> None:
-    spec = TraceSpec(PROFILES["dataset1"], events_per_source=4000, sources=2, drift_us=10_000)
+    spec = TraceSpec(PROFILES["dataset1"], events_per_source=4000, sources=2, ahead_us=10_000)
     trace = generate(spec)
     synced = replay(trace, ReplayOptions()).metrics
     raw = replay(trace, ReplayOptions(sync=False)).metrics
@@ -397,3 +397,19 @@ def test_a_gap_as_long_as_one_seen_before_is_waited_beyond_the_2_s_threshold() -
     assert (fixed["out_of_order_events"], fixed["gaps_skipped"]) == (2, 2)
     assert (mp["out_of_order_events"], seq["out_of_order_events"], seq["gaps_skipped"]) == (1, 1, 1)
     assert float(seq["avg_latency_ms"]) < float(mp["avg_latency_ms"])
+
+
+@pytest.mark.parametrize("flag", ["--ahead", "--drift"])  # --drift: the deprecated spelling
+def test_traces_generate_ahead_flag_and_its_deprecated_spelling(tmp_path: Path, flag: str) -> None:
+    import typer
+
+    from skewless.cli_replay import register
+
+    app = typer.Typer()
+    register(app)
+    out = tmp_path / "t.jsonl"
+    res = CliRunner().invoke(app, ["traces", "generate", "--profile", "dataset1", "--events", "50", "--sources", "2",
+                                   flag, "-5ms", "--no-payload", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    spec = TraceSpec(PROFILES["dataset1"], events_per_source=50, sources=2, ahead_us=-5_000, payload=False)
+    assert read_trace(out) == generate(spec)
