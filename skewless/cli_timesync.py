@@ -50,8 +50,8 @@ def register(app: typer.Typer) -> None:
                         ] = DEFAULT_PORT,
         clock_offset_us: Annotated[int, typer.Option(
             metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
-            help="Shift the reference clock by this much, e.g. 250ms or -1.5s; a bare number is microseconds "
-                 "(demos).")] = 0,
+            help="Shift the reference clock by this much, e.g. 250ms or -1.5s: it reads the system clock plus "
+                 "this (positive: ahead); a bare number is microseconds (demos).")] = 0,
         clock_skew_ppm: Annotated[
             float, typer.Option(callback=finite_float(),
                                 help="Let the reference clock run this many ppm fast (demos, benchmarks).")

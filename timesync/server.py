@@ -58,6 +58,9 @@ class ServerConfig:
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
     clock_offset_us: int = 0
+    """The reference clock reads ``CLOCK_REALTIME + clock_offset_us`` (demos): the system clock's ``offset_us``
+    against the reference, in the one sign of timesync.clocks (``t_ref = t_source + offset_us``), and so how far
+    the reference reads ahead of the system clock (``ReferenceClock.ahead_us``)."""
     clock_skew_ppm: float = 0.0
     kernel_timestamps: bool = True
     burst_size: int = DEFAULT_BURST_SIZE
@@ -294,7 +297,7 @@ async def start_server(
 ) -> TimeSyncServer:
     """Create, bind and start a server in the running loop.  ``await server.close()`` stops it."""
     config = config or ServerConfig()
-    clock = clock or ReferenceClock(config.clock_offset_us, config.clock_skew_ppm)
+    clock = clock or ReferenceClock(ahead_us=config.clock_offset_us, skew_ppm=config.clock_skew_ppm)
     burst_size = config.burst_size
     responder = Responder(
         config.responder, store=store, estimator_factory=lambda: ClockEstimator(burst_size=burst_size)
