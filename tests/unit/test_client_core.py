@@ -352,15 +352,15 @@ def test_hmac_token_matches_the_gateway_vector():
     assert provider().startswith("20:")
 
 
-@pytest.mark.parametrize(("offset_us", "skew_ppm"), [(1_000, 0.0), (3_600_000_000, 200.0), (-3_600_000_000, -200.0),
-                                                      (-1_000, 37.5)])
-def test_simulated_clock_offset_and_skew(offset_us, skew_ppm):
+@pytest.mark.parametrize(("ahead_us", "skew_ppm"), [(1_000, 0.0), (3_600_000_000, 200.0), (-3_600_000_000, -200.0),
+                                                     (-1_000, 37.5)])
+def test_simulated_clock_ahead_and_skew(ahead_us, skew_ppm):
     now = [1_700_000_000_000_000]
-    clock = SimulatedClock(offset_us, skew_ppm, base=lambda: now[0])
-    assert clock() == now[0] + offset_us
+    clock = SimulatedClock(ahead_us, skew_ppm, base=lambda: now[0])
+    assert clock() == now[0] + ahead_us
     now[0] += 10_000_000  # 10 s of base time
-    assert clock() == now[0] + offset_us + round(skew_ppm * 10)
-    assert clock.ahead_of_base_us(now[0]) == offset_us + round(skew_ppm * 10)
+    assert clock() == now[0] + ahead_us + round(skew_ppm * 10)
+    assert clock.ahead_of_base_us(now[0]) == ahead_us + round(skew_ppm * 10)
     assert clock.at(now[0]) == clock()
 
 

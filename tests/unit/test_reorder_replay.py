@@ -256,11 +256,11 @@ def test_a_newcomer_holds_the_merge_from_its_hello_until_it_speaks() -> None:
 
 @st.composite
 def small_traces(draw: st.DrawFn) -> list[TraceEvent]:
-    """A few sources and streams; random delays (so random disorder), lost seqs, duplicates, clock offsets."""
+    """A few sources and streams; random delays (so random disorder), lost seqs, duplicates, clocks ahead/behind."""
     events: list[TraceEvent] = []
     for k in range(draw(st.integers(1, 3))):
         source = f"s{k}"
-        offset_us = draw(st.sampled_from([0, 0, 3_000, -2_000, 90_000_000]))  # 90 s ahead: future-dated unsynced
+        ahead_us = draw(st.sampled_from([0, 0, 3_000, -2_000, 90_000_000]))  # 90 s ahead: future-dated unsynced
         for stream in ("A", "B")[: draw(st.integers(1, 2))]:
             n = draw(st.integers(0, 12))
             true_us = draw(st.integers(0, 5_000))
@@ -269,7 +269,7 @@ def small_traces(draw: st.DrawFn) -> list[TraceEvent]:
                 if draw(st.integers(0, 9)) == 0:
                     continue  # lost: a gap that never closes
                 delay_us = draw(st.one_of(st.integers(100, 2_000), st.integers(2_000, 3_000_000)))
-                event = TraceEvent(source, stream, seq, true_us, true_us + offset_us, true_us + delay_us, {"v": seq})
+                event = TraceEvent(source, stream, seq, true_us, true_us + ahead_us, true_us + delay_us, {"v": seq})
                 events.append(event)
                 if draw(st.integers(0, 7)) == 0:  # resent: the same event once more, later
                     events.append(event._replace(arrival_ts_us=event.arrival_ts_us + draw(st.integers(0, 50_000))))
