@@ -43,7 +43,7 @@ DOCS = ROOT / "docs"
 WINDOW_US = 10_000_000
 WINDOWS = 7  # Table 5.11 has seven windows
 RATE_HZ = 1_000  # per source (DEBS 2013 sensors report at 200 Hz and 2000 Hz)
-OFFSET_US = (0, 5_000)  # source clock minus true time: source 1 is 5 ms ahead ("5 ms drift")
+AHEAD_US = (0, 5_000)  # source clock minus true time: source 1 is 5 ms ahead ("5 ms drift")
 # Extra one-way uplink delay on each source's sync path: the thesis setup delays the drifted source only; the
 # second scenario delays both, so every source's estimate sits near the edge of its bound.
 SCENARIOS = {"drifted source delayed (thesis)": (0, 125), "both sources delayed": (125, 125)}
@@ -56,11 +56,11 @@ THESIS_THREE = (0, 0.22, 0.21, -0.36, 0.57, -0.60, 0.04)  # Table 5.12
 
 @dataclass(frozen=True)
 class Clock:
-    offset_us: int
+    ahead_us: int
     skew_ppm: float
 
     def read(self, true_us: float) -> int:
-        return round(true_us + self.offset_us + true_us * self.skew_ppm * 1e-6)
+        return round(true_us + self.ahead_us + true_us * self.skew_ppm * 1e-6)
 
 
 def sync_rounds(clock: Clock, transport_us: int, end_us: int, rng: random.Random) -> list[tuple[int, ClockEstimate]]:
@@ -117,7 +117,7 @@ def run_seed(seed: int, transport_us: tuple[int, int]) -> SeedResult:
     ta = 0
     offset_errors = []
     for src in (0, 1):
-        clock = Clock(OFFSET_US[src], SKEW_PPM[src])
+        clock = Clock(AHEAD_US[src], SKEW_PPM[src])
         rounds = sync_rounds(clock, transport_us[src], end, rng)
         period = 1e6 / RATE_HZ
         # The stream runs one second past both ends, so the first and last windows have neighbours like the rest.

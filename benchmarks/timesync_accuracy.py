@@ -6,7 +6,7 @@ Run as root (network namespaces, tc netem, chronyd)::
     .venv/bin/python benchmarks/timesync_accuracy.py --quick    # shorter runs, for a smoke test
 
 Ground truth.  The server's reference clock is CLOCK_REALTIME shifted by ``SHIFT_US`` and running
-``REF_SKEW_PPM`` fast (``ReferenceClock(offset_us, skew_ppm)``), so the true offset of the
+``REF_SKEW_PPM`` fast (``ReferenceClock(ahead_us=SHIFT_US, skew_ppm=REF_SKEW_PPM)``), so the true offset of the
 reference against the system clock at any instant is known exactly.  chronyd runs with ``-x``
 (never touches the clock) and measures that offset; our client measures it too, from a source
 clock that is either the system clock or a simulated one with its own offset and skew.  Every
@@ -62,7 +62,7 @@ REF_SKEW_PPM = 30.0
 BURST_INTERVAL_S = 2.5
 BURST_COUNT = 10
 EVAL_PERIOD_S = 0.5
-SRC_OFFSET_C_US = -3_600_000_000
+SRC_AHEAD_C_US = -3_600_000_000
 SRC_SKEW_C_PPM = -120.0
 
 
@@ -120,15 +120,15 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def client(args: argparse.Namespace) -> None:
     origin = args.origin_us
-    src_off, src_skew = args.src_offset_us, args.src_skew_ppm
-    sim = SimulatedClock(src_off, src_skew, origin_us=origin)
+    src_ahead, src_skew = args.src_ahead_us, args.src_skew_ppm
+    sim = SimulatedClock(src_ahead, src_skew, origin_us=origin)
     # A SimulatedClock on the system clock converts kernel receive timestamps (T4 from SO_TIMESTAMPNS); a plain function
     # makes the client read T4 in the event loop.
     source_clock: Any = for_time_sync(sim) if not args.no_kernel_ts else sim.__call__
 
     def truth_offset(t_sys: int) -> float:
         # t_ref = t_source + offset  =>  offset = (sys + ref_truth) - (sys + src part)
-        return float(ref_truth_us(t_sys, origin) - (src_off + src_skew * 1e-6 * (t_sys - origin)))
+        return float(ref_truth_us(t_sys, origin) - (src_ahead + src_skew * 1e-6 * (t_sys - origin)))
 
     out = sys.stdout
 
@@ -328,7 +328,7 @@ class Scenario:
     duration_s: float
     netns: tuple[str, str] | None = None  # (uplink netem delay, downlink netem delay)
     kernel_ts: bool = True
-    src_offset_us: int = 0
+    src_ahead_us: int = 0
     src_skew_ppm: float = 0.0
     chronyd: bool = True
 
@@ -423,7 +423,7 @@ def run_scenario(sc: Scenario, tmp_root: Path) -> dict[str, Any]:
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("server did not start")
         cli_cmd = [*cli_prefix, PY, SCRIPT, "client", "--host", host, "--port", str(port), "--origin-us",
-                   str(origin), "--duration-s", str(sc.duration_s), "--src-offset-us", str(sc.src_offset_us),
+                   str(origin), "--duration-s", str(sc.duration_s), "--src-ahead-us", str(sc.src_ahead_us),
                    "--src-skew-ppm", str(sc.src_skew_ppm), *cli_extra]
         chrony_rows: list[dict[str, float]] = []
         with chronyd_proc(cli_prefix, host, port, tmp) if sc.chronyd else contextlib.nullcontext() as sock:
@@ -763,7 +763,7 @@ def main_bench(args: argparse.Namespace) -> None:
         Scenario("veth-asym", "(b) veth, delay up 1.5 ms +-200 us, down 0.3 ms +-50 us", 65 * k,
                  netns=("1500:200", "300:50")),
         Scenario("skewed-source", "(c) loopback, source 1 h off, -120 ppm", 75 * k,
-                 src_offset_us=SRC_OFFSET_C_US, src_skew_ppm=SRC_SKEW_C_PPM),
+                 src_ahead_us=SRC_AHEAD_C_US, src_skew_ppm=SRC_SKEW_C_PPM),
     ]
     if args.only:
         scenarios = [s for s in scenarios if s.key in args.only.split(",")]
@@ -806,7 +806,7 @@ def main() -> None:
     c.add_argument("--port", type=int, required=True)
     c.add_argument("--origin-us", type=int, required=True)
     c.add_argument("--duration-s", type=float, required=True)
-    c.add_argument("--src-offset-us", type=int, default=0)
+    c.add_argument("--src-ahead-us", type=int, default=0)
     c.add_argument("--src-skew-ppm", type=float, default=0.0)
     c.add_argument("--no-kernel-ts", action="store_true")
     r = sub.add_parser("relay")

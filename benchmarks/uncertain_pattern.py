@@ -5,7 +5,7 @@ Pure simulation (no Kafka, no Spark), a few seconds::
     .venv/bin/python benchmarks/uncertain_pattern.py [--trials 400] [--no-write]
 
 Setup, as in Sec. 5.2.3.2: the pattern is ``e1 -> e2`` with e1 (a shot seen by source 0) and e2 (the ball in the
-goal area, seen by source 1) 44 ms apart in true time.  Source 1's clock is 1 s off.  Both sources sync with the
+goal area, seen by source 1) 44 ms apart in true time.  Source 1's clock is 1 s ahead.  Both sources sync with the
 gateway's estimator (``timesync.estimator``, a burst of 8 NTP-style exchanges); the transport delay ``d`` is
 asymmetric, which is the one thing Eq. 3.13 cannot measure: it shifts a source's offset estimate by up to ``d/2``
 while its RTT, hence ``T_a``, grows by ``d``.
@@ -45,6 +45,7 @@ JITTER_MEAN_US = 30
 SPEC = PatternSpec.parse(
     "SEQ(e1: source == 0 AND kind == 'shot', e2: source == 1 AND kind == 'goal') WITHIN 1 s MODE thesis"
 )
+# (the thesis' row name, ahead_us of source 1's clock (its drift), transport delay in us)
 CASES: list[tuple[str, int, int | None]] = [
     ("two sources, no drift", 0, None),
     ("1 s drift", 1_000_000, None),
@@ -59,11 +60,11 @@ THESIS_ROWS = ["Detected", "Detected", "Detected", "Detected", "Detected", "Not 
 
 @dataclass(frozen=True)
 class Clock:
-    offset_us: int
+    ahead_us: int
     skew_ppm: float
 
     def read(self, true_us: float) -> int:
-        return round(true_us + self.offset_us + true_us * self.skew_ppm * 1e-6)
+        return round(true_us + self.ahead_us + true_us * self.skew_ppm * 1e-6)
 
 
 def sync(clock: Clock, delay_us: int, uplink_share: float, rng: random.Random, jitter: bool) -> ClockEstimate:
@@ -92,9 +93,9 @@ class Outcome:
 
 
 def trial(
-    drift_us: int, delay_us: int | None, shares: tuple[float, float], rng: random.Random, *, jitter: bool, goal: bool
+    ahead_us: int, delay_us: int | None, shares: tuple[float, float], rng: random.Random, *, jitter: bool, goal: bool
 ) -> Outcome:
-    clocks = (Clock(0, 0.0), Clock(drift_us, 5.0 if drift_us else 0.0))
+    clocks = (Clock(0, 0.0), Clock(ahead_us, 5.0 if ahead_us else 0.0))
     d = delay_us or 0
     estimates = [sync(clocks[i], d, shares[i], rng, jitter) for i in (0, 1)]
     ta = max(e.rtt_us for e in estimates)
@@ -140,11 +141,11 @@ class Row:
     neg_confirmed: float
 
 
-def run_case(name: str, drift_us: int, delay_us: int | None, trials: int, seed: int) -> Row:
+def run_case(name: str, ahead_us: int, delay_us: int | None, trials: int, seed: int) -> Row:
     rng = random.Random(f"{seed}/{name}")
-    worst = trial(drift_us, delay_us, (1.0, 0.0), rng, jitter=False, goal=True)
-    pos = [trial(drift_us, delay_us, (rng.random(), rng.random()), rng, jitter=True, goal=True) for _ in range(trials)]
-    neg = [trial(drift_us, delay_us, (rng.random(), rng.random()), rng, jitter=True, goal=False) for _ in range(trials)]
+    worst = trial(ahead_us, delay_us, (1.0, 0.0), rng, jitter=False, goal=True)
+    pos = [trial(ahead_us, delay_us, (rng.random(), rng.random()), rng, jitter=True, goal=True) for _ in range(trials)]
+    neg = [trial(ahead_us, delay_us, (rng.random(), rng.random()), rng, jitter=True, goal=False) for _ in range(trials)]
     n = float(trials)
     return Row(
         name,
@@ -166,8 +167,8 @@ def main() -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = [run_case(name, drift, delay, args.trials, args.seed)
-            for name, drift, delay in track(CASES, "cases", enabled=progress_enabled(not args.no_progress))]
+    rows = [run_case(name, ahead_us, delay, args.trials, args.seed)
+            for name, ahead_us, delay in track(CASES, "cases", enabled=progress_enabled(not args.no_progress))]
     print(f"pattern e1 -> e2, true gap {GAP_US / 1000:.0f} ms; {args.trials} random trials per case")
     print(
         f"{'case':28} {'thesis':>12} | worst case: gap   T_a   plain  aware       | random: plain  aware "
