@@ -7,7 +7,7 @@
 * interval events (docs/wire-protocol.md, "Interval events"): ``send_interval`` (an interval sent once it ended),
   ``send_interval_start`` / ``send_interval_end`` (each endpoint on its own, paired by id), each with a
   ``*_tracked`` variant; :class:`InvalidInterval` for arguments the gateway would refuse;
-* :class:`SimulatedClock` — a source clock with an offset and a skew, for demos and tests;
+* :class:`SimulatedClock` — a source clock ``ahead_us`` ahead that runs ``skew_ppm`` fast, for demos and tests;
 * :func:`hmac_token` — the hello's HMAC credentials.
 """
 

@@ -21,7 +21,7 @@ __all__ = ["DURATION_BARE_MS", "DURATION_BARE_S", "DURATION_BARE_US", "DURATION_
 DURATION_BARE_US = duration_parser("us")
 DURATION_BARE_MS = duration_parser("ms")
 DURATION_BARE_S = duration_parser("s")
-# A clock offset: either way round.
+# A clock shift (how far ahead, or an offset): either sign.
 SIGNED_DURATION_BARE_US = duration_parser("us", allow_negative=True)
 DURATION_UNIT_REQUIRED = duration_parser(None)
 
