@@ -168,9 +168,9 @@ async def test_seq_jumps_of_a_million_on_64_streams_cost_the_gateway_o_of_the_fr
                  "acks_past_the_gaps_after_s": round(settled_s, 2), **delivery.summary({"good": good.sent})})
 
 
-# In the long suite since a fresh-clone run on 7e58ccf found none of the skipper's 21 acked events on the events
-# topic (passed on 8602a96 and before): an intermittent loss or misrouting under investigation (closing note).
-@pytest.mark.reliability_long
+# A fresh-clone run on 7e58ccf found the skipper's 21 events on the late topic (after_punctuation): its join wait
+# ended while its reorderer still held seq 1 behind the gap, and the merge gave it up. Fixed by MultiSourceMerger.hear
+# (test_a_newcomer_whose_first_event_waits_behind_a_gap_holds_the_merge_past_its_join_wait).
 async def test_a_source_that_skipped_a_seq_is_acked_past_it_and_flushes_through_the_sdk(kafka, topic_prefix,
                                                                                        tmp_path: Path):
     """c005711: through the SDK, `send(seq=1)` first then automatic seqs: flush() raised FlushTimeout with
