@@ -22,8 +22,8 @@ commits every 100 ms and acks sources at commits), time sync off. All in one run
 Prints the measured tables of docs/cluster-benchmark.md (the prose around them is written by hand from the run)
 and writes docs/cluster-benchmark.png.
 
-Run: .venv/bin/python benchmarks/gateway_cluster.py [--events 200000] [--shards 4] [--session-timeouts 6 10]
-     .venv/bin/python benchmarks/gateway_cluster.py --plot-from-doc   # only re-draw the PNG from the doc
+Run: .venv/bin/python -m benchmarks.gateway_cluster [--events 200000] [--shards 4] [--session-timeouts 6 10]
+     .venv/bin/python -m benchmarks.gateway_cluster --plot-from-doc   # only re-draw the PNG from the doc
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import os
 import platform
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -47,6 +46,8 @@ from typing import IO, Any
 import orjson
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.stats import percentile
+from benchmarks.plotstyle import axis_labels, pyplot, save
 from broker.client import KafkaClientConfig
 from broker.cluster import ensure_partitions
 from broker.launcher import KafkaBroker
@@ -68,9 +69,6 @@ from contract.wire.messages import (
 )
 from gateway.launch import GatewayAddresses, spawn_gateway_async
 from reorder.eval.progress import progress_bar, progress_enabled
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
-from benchmarks.plotstyle import axis_labels, pyplot, save
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 STREAM = "bench"
@@ -376,11 +374,6 @@ class LoadResult:
 
 # A load: runs the sources on their open connections, appends ack latencies (ms), returns the events sent.
 LoadRun = Callable[[list[Connection], list[float]], Awaitable[int]]
-
-
-def percentile(values: list[float] | list[int], q: float) -> float:
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else float("nan")
 
 
 async def gateway_load(bootstrap: str, broker_pid: int, gateways: int, shards: int, source_ids: list[str],

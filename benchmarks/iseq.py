@@ -1,8 +1,8 @@
 """Benchmark of the ISEQ interval engine: Li 2010 section 5.5's sweeps and IO3 section 5's out-of-order sweep.
 
-    .venv/bin/python benchmarks/iseq.py            # a few minutes on 2 cores
-    .venv/bin/python benchmarks/iseq.py --quick    # smaller streams, smoke test
-    .venv/bin/python benchmarks/iseq.py --plot-from-doc   # only re-draw the PNGs from docs/iseq-benchmark.md
+    .venv/bin/python -m benchmarks.iseq            # a few minutes on 2 cores
+    .venv/bin/python -m benchmarks.iseq --quick    # smaller streams, smoke test
+    .venv/bin/python -m benchmarks.iseq --plot-from-doc   # only re-draw the PNGs from docs/iseq-benchmark.md
 
 Li 2010 5.5 (in-order input, K = 0): three approaches on the same stream, reported as ratios against the naive one
 (CPU time by ``time.process_time``, best of ``--repeat``; memory as Li's *accumulated memory*: the number of
@@ -39,18 +39,14 @@ import os
 import platform
 import random
 import re
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.plotstyle import axis_labels, pyplot, save  # noqa: E402
-from cep.intervals import (  # noqa: E402
+from benchmarks.plotstyle import axis_labels, pyplot, save
+from cep.intervals import (
     Interval,
     IntervalBegin,
     IntervalEngine,
@@ -61,11 +57,12 @@ from cep.intervals import (  # noqa: E402
     parse_iseq,
     reference_keys,
 )
-from cep.intervals.engine import IndexingProfile  # noqa: E402
-from cep.intervals.events import Item  # noqa: E402
-from cep.intervals.metrics import accuracy, compensation, latency, net_results  # noqa: E402
-from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
+from cep.intervals.engine import IndexingProfile
+from cep.intervals.events import Item
+from cep.intervals.metrics import accuracy, compensation, latency, net_results
+from reorder.eval.progress import progress_bar, progress_enabled
 
+ROOT = Path(__file__).resolve().parents[1]
 W_US = 30_000_000
 TYPES = [f"T{i:02d}" for i in range(20)]
 APPROACHES: list[IndexingProfile] = ["naive", "ais", "ibp"]

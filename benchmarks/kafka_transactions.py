@@ -15,8 +15,8 @@ Two phases per mode:
 
 Writes docs/transactions-benchmark.md and docs/transactions-benchmark.png.
 
-Run: .venv/bin/python benchmarks/kafka_transactions.py [--rounds 5] [--saturated-s 2] [--paced-s 2] [--rate 5000]
-     .venv/bin/python benchmarks/kafka_transactions.py --plot-from-doc   # only re-draw the PNG from the doc
+Run: .venv/bin/python -m benchmarks.kafka_transactions [--rounds 5] [--saturated-s 2] [--paced-s 2] [--rate 5000]
+     .venv/bin/python -m benchmarks.kafka_transactions --plot-from-doc   # only re-draw the PNG from the doc
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -35,6 +34,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.stats import percentile
+from benchmarks.plotstyle import axis_labels, pyplot, save
 from broker.client import PRODUCER_DEFAULTS
 from broker.cluster import ensure_partitions
 from broker.launcher import KafkaBroker
@@ -42,9 +43,6 @@ from broker.producer import KafkaPublisher, QueueFull
 from broker.transactions import TransactionalPublisher
 from contract.records import EventRecord
 from reorder.eval.progress import progress_bar, progress_enabled
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
-from benchmarks.plotstyle import axis_labels, pyplot, save
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SOURCES = 100
@@ -67,11 +65,6 @@ def make_values(count: int = 1000) -> list[tuple[bytes, bytes, int]]:
                              rtt_us=830)
         out.append((record.key, record.to_json(), source % PARTITIONS))
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 @dataclass

@@ -5,7 +5,7 @@ a load generator process, /proc sampling and /healthz probes every 100 ms), prin
 series in artifacts/reliability/load-samples-<sources>.json and rebuilds docs/reliability.md (with
 docs/reliability-load.png) from whatever campaign rows are in artifacts/reliability/.
 
-Run: .venv/bin/python benchmarks/reliability_load.py [--sources 1000 --pool 10 --rate 10 --duration-s 20]
+Run: .venv/bin/python -m benchmarks.reliability_load [--sources 1000 --pool 10 --rate 10 --duration-s 20]
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,14 +20,12 @@ from typing import Any
 
 import orjson
 
+from benchmarks.harness.load import run_load
+from benchmarks.harness.report import render
+from broker.launcher import KafkaBroker
+from reorder.eval.progress import progress_bar, progress_enabled
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.harness.load import run_load  # noqa: E402
-from benchmarks.harness.report import render  # noqa: E402
-from broker.launcher import KafkaBroker  # noqa: E402
-from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
-
 OUT = REPO / "artifacts" / "reliability"
 
 

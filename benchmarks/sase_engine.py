@@ -1,7 +1,7 @@
 """Benchmark of the SASE out-of-order sequence engine, Li et al. 2007 Figures 6-9 style.
 
-    .venv/bin/python benchmarks/sase_engine.py            # ~1-2 minutes on 2 cores
-    .venv/bin/python benchmarks/sase_engine.py --quick    # smaller streams, smoke test
+    .venv/bin/python -m benchmarks.sase_engine            # ~1-2 minutes on 2 cores
+    .venv/bin/python -m benchmarks.sase_engine --quick    # smaller streams, smoke test
 
 Every comparison runs the approaches side by side in one process on the same generated stream and reports
 ratios (CPU time by ``time.process_time``, best of ``--repeat`` runs); nothing here asserts on timings.
@@ -35,7 +35,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -43,10 +42,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cep.sase import (  # noqa: E402
+from cep.sase import (
     EngineConfig,
     InOrderSequenceEngine,
     SaseEvent,
@@ -54,9 +50,10 @@ from cep.sase import (  # noqa: E402
     SequenceEngine,
     parse_query,
 )
-from cep.sase.engine import Mode  # noqa: E402
-from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
+from cep.sase.engine import Mode
+from reorder.eval.progress import progress_bar, progress_enabled
 
+ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 TYPES = "ABCDEF"
 W = 20
@@ -364,7 +361,7 @@ def report(args: argparse.Namespace, f6: list[dict[str, Any]], f78: list[dict[st
         "reported as ratios: gains and overheads are the median over the repeats of the ratio of two runs made "
         "back to back (robust to the load changing between repeats; the times shown are each variant's best). The pre-generated input is hidden from the garbage collector during a measurement "
         "(`gc.freeze()`, as a streaming job does not hold its input in memory); the engines' own objects are "
-        "collected normally. Re-run with `.venv/bin/python benchmarks/sase_engine.py`.",
+        "collected normally. Re-run with `.venv/bin/python -m benchmarks.sase_engine`.",
         "",
         "## Method",
         "",

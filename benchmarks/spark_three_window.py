@@ -12,7 +12,7 @@ windows, 250 ms trigger) -> results topic. Per event: the Kafka timestamp of its
 wall time the client sent it (a 1 s window alone makes an event wait 0.5 s on average before its window closes).
 
 Writes docs/spark-benchmark.md and docs/spark-three-window.png (the profile of the state functions: see
-benchmarks/spark_cep_profile.py). Run: .venv/bin/python benchmarks/spark_three_window.py [--before-json F]
+benchmarks/spark_cep_profile.py). Run: .venv/bin/python -m benchmarks.spark_three_window [--before-json F]
 (``--throughput-json F`` only measures, e.g. on a checkout of the code before a change; ``--report-from F``
 writes the docs from such figures.)
 """
@@ -35,8 +35,6 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.spark_cep_profile, when run as a script
-
 from broker.admin import ensure_topics
 from broker.launcher import KafkaBroker
 from contract.records import PUNCTUATION_KEY, RESULT_WINDOW, EventRecord, PunctuationRecord
@@ -44,7 +42,8 @@ from contract.topics import TopicNames
 from gateway.launch import spawn_gateway
 from reorder.eval.progress import progress_bar, progress_enabled
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 BASE_US = 1_700_000_000_000_000
 
 
@@ -307,8 +306,8 @@ def latency(spark: Any, bootstrap: str, sources: int, rate: float, seconds: floa
         # The sources run in their own process: in this one they would compete with the Spark driver's Python
         # callbacks (foreachBatch) for the GIL and slow every micro-batch down.
         sent_file = Path(tempfile.mkdtemp()) / "sent.json"
-        subprocess.run([sys.executable, __file__, "--sources-only", str(port), str(sources), str(rate), str(seconds),
-                        str(sent_file)], check=True)
+        subprocess.run([sys.executable, "-m", "benchmarks.spark_three_window", "--sources-only", str(port),
+                        str(sources), str(rate), str(seconds), str(sent_file)], check=True, cwd=ROOT)
         sent = {tuple(k.split("|", 1)): v for k, v in orjson.loads(sent_file.read_bytes()).items()}
         time.sleep(5)
     finally:

@@ -2,7 +2,7 @@
 
 Pure simulation (no Kafka, no Spark), ~30 s::
 
-    .venv/bin/python benchmarks/three_window_error.py [--seeds 12] [--no-write]
+    .venv/bin/python -m benchmarks.three_window_error [--seeds 12] [--no-write]
 
 Setup, as in Sec. 5.2.3.1: two sources send velocity readings; source 0's clock is right, source 1's is 5 ms
 ahead.  Each source syncs with the NTP-style exchanges of ``timesync.estimator`` (a burst of 8 every second, the
@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cep.three_window import FinalResult, ShiftMode, ThreeWindowAggregator
-from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
 from benchmarks.plotstyle import axis_labels, pyplot, save
+from cep.three_window import FinalResult, ShiftMode, ThreeWindowAggregator
 from reorder.eval.progress import progress_bar, progress_enabled
+from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -2,19 +2,21 @@
 
 Run as root (network namespaces, tc netem, chronyd)::
 
-    .venv/bin/python benchmarks/timesync_accuracy.py            # all scenarios, ~6 minutes
-    .venv/bin/python benchmarks/timesync_accuracy.py --quick    # shorter runs, for a smoke test
+    .venv/bin/python -m benchmarks.timesync_accuracy            # all scenarios, ~6 minutes
+    .venv/bin/python -m benchmarks.timesync_accuracy --quick    # shorter runs, for a smoke test
+
+(from the repository root, where ``benchmarks`` imports).
 
 Ground truth.  The server's reference clock is CLOCK_REALTIME shifted by ``SHIFT_US`` and running
 ``REF_SKEW_PPM`` fast (``ReferenceClock(ahead_us=SHIFT_US, skew_ppm=REF_SKEW_PPM)``), so the true offset of the
 reference against the system clock at any instant is known exactly.  chronyd runs with ``-x``
 (never touches the clock) and measures that offset; our client measures it too, from a source
-clock that is either the system clock or a simulated one with its own offset and skew.  Every
+clock that is either the system clock or a simulated one, shifted and skewed on its own.  Every
 process shares the one system clock, so each error is measured against the exact truth.
 
 Scenarios: (a) loopback, with and without kernel receive timestamps; (b) two network namespaces
 joined by a veth pair with tc netem delay + jitter, symmetric and asymmetric; (c) a source clock
-one hour off and -120 ppm skewed.  Also the server's request rate under a flood.
+one hour behind and -120 ppm skewed.  Also the server's request rate under a flood.
 
 Results: docs/timesync-benchmark.md and docs/timesync-*.png (written by this script).
 """
@@ -40,21 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.stats import percentile_nearest
+from benchmarks.plotstyle import axis_labels, pyplot, save
+from reorder.eval.progress import progress_bar, progress_enabled
+from timesync.client import sync_burst
+from timesync.clocks import SimulatedClock, for_time_sync
+from timesync.codec import NtpPacket, encode_packet, unix_us_to_ntp
+from timesync.estimator import ClockEstimator, SyncSample
+from timesync.exchange import ClientExchange
+from timesync.responder import ResponderConfig
+from timesync.server import ReferenceClock, ServerConfig, start_server
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.plotstyle import axis_labels, pyplot, save  # noqa: E402
-from reorder.eval.progress import progress_bar, progress_enabled  # noqa: E402
-from timesync.client import sync_burst  # noqa: E402
-from timesync.clocks import SimulatedClock, for_time_sync  # noqa: E402
-from timesync.codec import NtpPacket, encode_packet, unix_us_to_ntp  # noqa: E402
-from timesync.estimator import ClockEstimator, SyncSample  # noqa: E402
-from timesync.exchange import ClientExchange  # noqa: E402
-from timesync.responder import ResponderConfig  # noqa: E402
-from timesync.server import ReferenceClock, ServerConfig, start_server  # noqa: E402
-
 PY = sys.executable
-SCRIPT = str(Path(__file__).resolve())
+# The scenarios run this module again as server, client, relay and flood processes (from ROOT, where it imports).
+SELF = [PY, "-m", "benchmarks.timesync_accuracy"]
 DOCS = ROOT / "docs"
 
 SHIFT_US = 250_000
@@ -268,7 +270,7 @@ def relay(args: argparse.Namespace) -> None:
 
 
 def run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, cwd=ROOT)
 
 
 def _netem_args(spec: str) -> list[str]:
@@ -400,9 +402,9 @@ def run_scenario(sc: Scenario, tmp_root: Path) -> dict[str, Any]:
             srv_host = "127.0.0.1"
             relay_port = port + 1
             relay_proc = subprocess.Popen(
-                [*srv_prefix, PY, SCRIPT, "relay", "--listen-host", ns.server_ip, "--listen-port", str(relay_port),
+                [*srv_prefix, *SELF, "relay", "--listen-host", ns.server_ip, "--listen-port", str(relay_port),
                  "--target-port", str(port), "--up", sc.netns[0], "--down", sc.netns[1]],
-                stdout=subprocess.PIPE, text=True)
+                stdout=subprocess.PIPE, text=True, cwd=ROOT)
             assert relay_proc.stdout is not None
             relay_proc.stdout.readline()
             port = relay_port
@@ -412,22 +414,22 @@ def run_scenario(sc: Scenario, tmp_root: Path) -> dict[str, Any]:
     else:
         server_port = port
     dump = tmp / "server.json"
-    srv_cmd = [*srv_prefix, PY, SCRIPT, "serve", "--host", srv_host, "--port", str(server_port), "--origin-us",
+    srv_cmd = [*srv_prefix, *SELF, "serve", "--host", srv_host, "--port", str(server_port), "--origin-us",
                str(origin), "--dump", str(dump)]
     if not sc.kernel_ts:
         srv_cmd.append("--no-kernel-ts")
     cli_extra = [] if sc.kernel_ts else ["--no-kernel-ts"]
-    server = subprocess.Popen(srv_cmd, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(srv_cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert server.stdout is not None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("server did not start")
-        cli_cmd = [*cli_prefix, PY, SCRIPT, "client", "--host", host, "--port", str(port), "--origin-us",
+        cli_cmd = [*cli_prefix, *SELF, "client", "--host", host, "--port", str(port), "--origin-us",
                    str(origin), "--duration-s", str(sc.duration_s), "--src-ahead-us", str(sc.src_ahead_us),
                    "--src-skew-ppm", str(sc.src_skew_ppm), *cli_extra]
         chrony_rows: list[dict[str, float]] = []
         with chronyd_proc(cli_prefix, host, port, tmp) if sc.chronyd else contextlib.nullcontext() as sock:
-            ours = subprocess.Popen(cli_cmd, stdout=subprocess.PIPE, text=True)
+            ours = subprocess.Popen(cli_cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
             t0 = time.monotonic()
             while ours.poll() is None:
                 time.sleep(1.0)
@@ -485,12 +487,12 @@ def throughput(tmp_root: Path, duration_s: float) -> dict[str, Any]:
     print("== server requests/s (loopback flood)", flush=True)
     port = 19000 + os.getpid() % 500
     dump = tmp_root / "flood-server.json"
-    server = subprocess.Popen([PY, SCRIPT, "serve", "--host", "127.0.0.1", "--port", str(port), "--origin-us",
-                               str(now_us()), "--dump", str(dump)], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([*SELF, "serve", "--host", "127.0.0.1", "--port", str(port), "--origin-us",
+                               str(now_us()), "--dump", str(dump)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert server.stdout is not None
         server.stdout.readline()
-        res = run([PY, SCRIPT, "flood", "--host", "127.0.0.1", "--port", str(port), "--duration-s",
+        res = run([*SELF, "flood", "--host", "127.0.0.1", "--port", str(port), "--duration-s",
                    str(duration_s)])
         fl = json.loads(res.stdout)
     finally:
@@ -501,13 +503,6 @@ def throughput(tmp_root: Path, duration_s: float) -> dict[str, Any]:
 
 
 # -- report -----------------------------------------------------------------------------------
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 def summarize(r: dict[str, Any]) -> dict[str, Any]:
@@ -526,13 +521,13 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "title": r["title"],
         "key": r["key"],
         "link": r.get("link", ""),
-        "ours_p50": pct(abs_err, 50), "ours_p90": pct(abs_err, 90), "ours_p99": pct(abs_err, 99),
+        "ours_p50": percentile_nearest(abs_err, 50), "ours_p90": percentile_nearest(abs_err, 90), "ours_p99": percentile_nearest(abs_err, 99),
         "ours_max": max(abs_err, default=float("nan")),
         "ours_coverage": sum(cover) / len(cover) if cover else float("nan"), "ours_n": len(cover),
         "sample_coverage": sum(s["inside"] for s in samples) / len(samples) if samples else float("nan"),
         "samples_n": len(samples),
         "median_rtt": statistics.median([s["rtt"] for s in samples]) if samples else float("nan"),
-        "chrony_p50": pct(ch_err, 50), "chrony_p90": pct(ch_err, 90), "chrony_p99": pct(ch_err, 99),
+        "chrony_p50": percentile_nearest(ch_err, 50), "chrony_p90": percentile_nearest(ch_err, 90), "chrony_p99": percentile_nearest(ch_err, 99),
         "chrony_max": max(ch_err, default=float("nan")),
         "chrony_coverage": sum(ch_cover) / len(ch_cover) if ch_cover else float("nan"),
         "chrony_n": len(r["chrony"]),
@@ -592,7 +587,7 @@ def write_report(summaries: list[dict[str, Any]], flood_res: dict[str, Any], wal
         "",
         f"Generated by `benchmarks/timesync_accuracy.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
         f"({os.cpu_count()} CPUs, shared machine, wall time {wall_s:.0f} s). "
-        "Re-run with `sudo .venv/bin/python benchmarks/timesync_accuracy.py`.",
+        "Re-run with `sudo .venv/bin/python -m benchmarks.timesync_accuracy`.",
         "",
         "## Method",
         "",

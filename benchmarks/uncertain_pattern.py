@@ -2,7 +2,7 @@
 
 Pure simulation (no Kafka, no Spark), a few seconds::
 
-    .venv/bin/python benchmarks/uncertain_pattern.py [--trials 400] [--no-write]
+    .venv/bin/python -m benchmarks.uncertain_pattern [--trials 400] [--no-write]
 
 Setup, as in Sec. 5.2.3.2: the pattern is ``e1 -> e2`` with e1 (a shot seen by source 0) and e2 (the ball in the
 goal area, seen by source 1) 44 ms apart in true time.  Source 1's clock is 1 s ahead.  Both sources sync with the
@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cep.patterns import Confidence, PatternSpec, UncertainPatternMatcher
-from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.plotstyle, when run as a script
 from benchmarks.plotstyle import axis_labels, pyplot, save
+from cep.patterns import Confidence, PatternSpec, UncertainPatternMatcher
 from reorder.eval.progress import progress_enabled, track
+from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

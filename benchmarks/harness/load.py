@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from benchmarks.harness.stats import percentile
+
 
 def raise_fd_limit() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -106,13 +108,6 @@ def generate_main(argv: list[str]) -> None:
 
 
 # -- the orchestrating side ------------------------------------------------------------------------------------------
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 async def run_load(bootstrap: str, prefix: str, workdir: Path, sources: int, pool: int, rate: float,
@@ -211,14 +206,14 @@ async def run_load(bootstrap: str, prefix: str, workdir: Path, sources: int, poo
         "all_acked_after_s": done["all_acked_s"],
         "sources_exact": in_order, "duplicates": sum(max(0, counts[s] - n) for s, n in sent.items()),
         "lost": sum(max(0, n - counts[s]) for s, n in sent.items()),
-        "latency_ms": {"p50": round(_pct(latencies_ms, 0.5), 1), "p99": round(_pct(latencies_ms, 0.99), 1),
+        "latency_ms": {"p50": round(percentile(latencies_ms, 0.5), 1), "p99": round(percentile(latencies_ms, 0.99), 1),
                        "max": round(max(latencies_ms), 1)},
         "gateway_rss_mib": {"idle": round(rss_idle / 1024, 1), "connected": round(rss_connected / 1024, 1),
                             "peak": round(max(s["rss_kib"] for s in samples) / 1024, 1)},
         "memory_per_source_kib": round((rss_connected - rss_idle) / sources, 1),
         "memory_per_connection_kib": round((rss_connected - rss_idle) / max(1, events["connected"]["connections"]), 1),
         "gateway_fds": {"idle": fds_idle, "connected": fds_connected, "peak": max(s["fds"] for s in samples)},
-        "healthz_ms": {"p50": round(_pct(health_ms, 0.5), 1), "p99": round(_pct(health_ms, 0.99), 1),
+        "healthz_ms": {"p50": round(percentile(health_ms, 0.5), 1), "p99": round(percentile(health_ms, 0.99), 1),
                        "max": round(max(health_ms), 1), "probes": len(health_ms), "failures": health_failures,
                        "under_load_max": round(max((s["healthz_ms"] or 0) for s in load_samples), 1)
                        if load_samples else None},
