@@ -157,9 +157,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, NewType
+from typing import Literal, NewType, Protocol
 
 from contract.records import (
     CLOCK,
@@ -172,6 +172,7 @@ from contract.records import (
     PROGRESS,
     PUNCTUATION,
     PUNCTUATION_KEY,
+    EventRecord,
     ProgressRecord,
     PunctuationRecord,
 )
@@ -284,6 +285,18 @@ def event_headers(source_id: str, topic: Literal["events", "late"]) -> Headers:
             _VERSION_HEADER)
 
 
+BuiltRecord = tuple[bytes, bytes | Exception, int | None, tuple[tuple[str, bytes], ...]]
+"""What a RecordBuilderCore gives per record: key, value (or the exception the encoder raised), timestamp_ms (None
+past 64 bits) and headers."""
+
+
+class RecordBuilderCore(Protocol):
+    """Rule 7's record bytes for a batch of event records (``late[i]``: the record goes to the late topic), exactly
+    as ``EventRecord.to_json``, ``EventRecord.key``, ``event_headers`` and ``kafka_timestamp_ms`` give them."""
+
+    def build_events(self, records: list[EventRecord], late: list[bool]) -> list[BuiltRecord]: ...
+
+
 @dataclass(frozen=True)
 class IngestConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -312,6 +325,10 @@ class IngestConfig:
     idle_source_retention_us: int = IDLE_SOURCE_RETENTION_US
     clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
     clock_step_delay_margin_us: int = CLOCK_STEP_DELAY_MARGIN_US
+    # Rule 7's record bytes: None builds them here (EventRecord.to_json, event_headers, kafka_timestamp_ms, the
+    # specification); a factory of a RecordBuilderCore (gateway.native: the Rust one) builds each call's records in
+    # one batch, with the same bytes.
+    record_builder: Callable[[], RecordBuilderCore] | None = None
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -584,6 +601,7 @@ class IngestCore:
         self.clock_step_holds: deque[ClockStepHold] = deque(maxlen=RECENT_CLOCK_STEPS)
         self._topic_names: dict[tuple[str, str], str] = {}
         self._event_headers: dict[tuple[str, str], Headers] = {}
+        self._record_builder = None if self.config.record_builder is None else self.config.record_builder()
         # Rule 11: sources with no connection left, since when; swept every IDLE_SWEEP_INTERVAL_US by poll.
         self._disconnected_since: dict[str, int] = {}
         self._next_idle_sweep_us = 0
@@ -1413,12 +1431,32 @@ class IngestCore:
                     if source_id not in self._watches or not self._watches[source_id].paused]
         return []
 
+    def _given_up_reason(self, record: EventRecord, kind: Literal["events", "late"]) -> EventRecord:
+        if (kind == "late" and record.late_reason in _GIVEN_UP_LATE_REASONS
+                and self.tracker.take_given_up(record.source_id, record.stream, record.seq)
+                and record.late_reason != LATE_AFTER_SKIP):
+            # A given-up seq the reorderer no longer remembered (rule 13): late after its skip all the same.
+            return replace(record, late_reason=LATE_AFTER_SKIP)
+        return record
+
+    def _built_records(self, outputs: list[PipelineOutput],
+                       builder: RecordBuilderCore) -> list[tuple[EventRecord, BuiltRecord]]:
+        """The records ``_publish`` will produce, in order, each with its bytes from one call of the builder."""
+        records: list[EventRecord] = []
+        late: list[bool] = []
+        for output in outputs:
+            if type(output) is PublishRecord and type(output.record.payload) is not messages.RejectedPayload:
+                records.append(self._given_up_reason(output.record, output.topic))
+                late.append(output.topic == "late")
+        return list(zip(records, builder.build_events(records, late), strict=True)) if records else []
+
     def _publish(self, outputs: list[PipelineOutput]) -> list[IngestAction]:
         gaps = self.pipeline.gaps_given_up
         actions: list[IngestAction] = self._gaps_given_up(gaps) if gaps else []
         topics = self._topic_names
         headers_of = self._event_headers
         max_record_bytes = self.config.max_record_bytes
+        built = None if self._record_builder is None else iter(self._built_records(outputs, self._record_builder))
         for output in outputs:
             if type(output) is PublishRecord:
                 record = output.record
@@ -1429,26 +1467,30 @@ class IngestCore:
                 if type(record.payload) is messages.RejectedPayload:
                     self._settle_unpublished(record.source_id, record.stream, record.seq)
                     continue
-                if (kind == "late" and record.late_reason in _GIVEN_UP_LATE_REASONS
-                        and self.tracker.take_given_up(record.source_id, record.stream, record.seq)
-                        and record.late_reason != LATE_AFTER_SKIP):
-                    # A given-up seq the reorderer no longer remembered (rule 13): late after its skip all the same.
-                    record = replace(record, late_reason=LATE_AFTER_SKIP)
-                try:
-                    value = record.to_json()
-                except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
-                    actions.append(self._encode_failed(record.source_id, record.stream, record.seq, exc))
+                source_id = record.source_id
+                if built is None:
+                    record = self._given_up_reason(record, kind)
+                    try:
+                        value: bytes | Exception = record.to_json()
+                    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+                        value = exc
+                    key = record.key
+                    timestamp_ms: int | None = kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us)
+                    headers = headers_of.get((source_id, kind))
+                    if headers is None:
+                        headers = headers_of[(source_id, kind)] = event_headers(source_id, kind)
+                else:
+                    record, (key, value, timestamp_ms, headers) = next(built)
+                if isinstance(value, Exception):
+                    actions.append(self._encode_failed(source_id, record.stream, record.seq, value))
                     continue
                 if len(value) > max_record_bytes:
-                    actions.append(self._too_large(record.source_id, record.stream, record.seq, len(value)))
+                    actions.append(self._too_large(source_id, record.stream, record.seq, len(value)))
                     continue
-                source_id = record.source_id
-                headers = headers_of.get((source_id, kind))
-                if headers is None:
-                    headers = headers_of[(source_id, kind)] = event_headers(source_id, kind)
+                if timestamp_ms is None:
+                    timestamp_ms = kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us)
                 delivery = DeliveryRef(source_id, record.stream, record.seq, kind, record.release_ts_us)
-                actions.append(Produce(topic, record.key, value, delivery,
-                                       kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us), headers))
+                actions.append(Produce(topic, key, value, delivery, timestamp_ms, headers))
             elif type(output) is PublishRefused:
                 actions.append(self._refused(output))
             else:

@@ -1,5 +1,5 @@
-"""The compiled cores (native/, ``skewless_native``) in the gateway: the connection decoder in each session and
-the sequence reorderer in each (source, stream) of the ordering pipeline.
+"""The compiled cores (native/, ``skewless_native``) in the gateway: the connection decoder in each session, the
+sequence reorderer in each (source, stream) of the ordering pipeline, and the builder of the Kafka record bytes.
 
 The Python cores stay the executable specification: the native ones are driven side by side with them by the
 differential tests (tests/unit/test_native_decode.py, test_native_sequence.py), and ``core = "python"`` runs them.
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES
 from contract.wire.messages import MAX_STREAMS_PER_SOURCE, Bye, EventBatch, Heartbeat
 from gateway.auth import SourceAuthenticator
+from gateway.ingest import RecordBuilderCore
 from gateway.session import (
     DEFAULT_MAX_EVENTS_PER_BATCH,
     DrainRequested,
@@ -64,6 +65,13 @@ def native_sequence_reorderer(source_id: str, stream: str, config: SequenceConfi
     import skewless_native
 
     return skewless_native.SequenceReorderer(source_id, stream, config, records=(Released, Late, GapSkipped))
+
+
+def native_record_builder() -> RecordBuilderCore:
+    """The Rust builder of rule 7's record bytes (key, value, timestamp, headers), one call per batch."""
+    import skewless_native
+
+    return cast(RecordBuilderCore, skewless_native.RecordBuilder())
 
 
 def with_core(pipeline: PipelineConfig, core: Core) -> PipelineConfig:

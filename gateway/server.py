@@ -66,7 +66,7 @@ from gateway.ingest import (
 from gateway.logs import LIMITER as LOG_LIMITER
 from gateway.logs import limited_log
 from gateway.metrics import MetricsServer, make_registry
-from gateway.native import NativeGatewaySession, resolve_core, with_core
+from gateway.native import NativeGatewaySession, native_record_builder, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from reorder.pipeline import IngestPipeline, PipelineConfig
@@ -193,8 +193,8 @@ class GatewayConfig:
     slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US
     # A seq more than this above its (source, stream)'s highest is refused with seq_jump (gateway.ingest, rule 13).
     max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP
-    # The per-event cores (gateway.native): "native" (Rust: the connection decoder and the sequence reorderers),
-    # "python" (their executable specification), "auto" (native when the extension module is built).
+    # The per-event cores (gateway.native): "native" (Rust: the connection decoder, the sequence reorderers and the
+    # record bytes), "python" (their executable specification), "auto" (native when the extension is built).
     core: str = "auto"
 
     @property
@@ -236,7 +236,8 @@ class Gateway:
             clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
             gateway_pause_us=GATEWAY_PAUSE_US,  # the shard polls every 2 ms: a longer gap is the gateway's own pause
             source_retention_us=config.source_retention_us,
-            idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump)
+            idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump,
+            record_builder=native_record_builder if self.core_name == "native" else None)
         self.gateway_id = config.gateway_id or ""
         self.instance_id: str | None = None
         self._server: asyncio.Server | None = None
