@@ -137,8 +137,5 @@ class NativeGatewaySession(GatewaySession):
                     self.state = SessionState.DRAINING
         except RemoteProtocolError as exc:
             actions.extend(self._fail(exc))
-        if self.native.buffered_bytes == 0:
-            self._partial_since_us = None
-        elif self._partial_since_us is None:
-            self._partial_since_us = now_us
+        self._note_partial_frame(now_us)
         return actions

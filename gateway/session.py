@@ -136,11 +136,15 @@ class GatewaySession:
                 actions.extend(self._handle(raw, now_us))
         except RemoteProtocolError as exc:
             actions.extend(self._fail(exc))
-        if self._decoder.buffered_bytes == 0:
+        self._note_partial_frame(now_us)
+        return actions
+
+    def _note_partial_frame(self, now_us: int) -> None:
+        """Since when a frame has stayed incomplete (the partial-frame timeout), after the bytes just received."""
+        if self.buffered_bytes == 0:
             self._partial_since_us = None
         elif self._partial_since_us is None:
             self._partial_since_us = now_us
-        return actions
 
     def check_timeouts(self, now_us: int) -> list[SessionAction]:
         """Call periodically; fails the session if a peer is too slow or silent."""
