@@ -7,7 +7,7 @@ NATIVE_STAMP := $(VENV)/.native-built
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs native/src/*/*.rs)
 CARGO ?= $(shell command -v cargo || echo $(HOME)/.cargo/bin/cargo)
 
-.PHONY: help native setup demo test test-long test-unit test-integration lint bench reliability clean
+.PHONY: help native setup demo test test-long test-unit test-integration lint bench reliability docs-settings clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ bench: setup ## run every benchmark; figures and plots land in docs/
 
 reliability: setup ## the reliability campaign (fast + long suites, load run); regenerates docs/reliability.md
 	$(BIN)/python -m benchmarks.harness.campaign
+
+docs-settings: $(STAMP) ## rewrite docs/operations.md's gateway settings tables from gateway/settings.py
+	$(BIN)/python -m scripts.settings_doc
 
 clean: ## remove the venv and fetched jars
 	rm -rf $(VENV) .cache

@@ -17,19 +17,28 @@ from gateway.auth import SourceAuthenticator
 from gateway.native import NativeCoreMissing, resolve_core
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
+from gateway.settings import (
+    BOOL,
+    BY_NAME,
+    COUNT,
+    DEPRECATED_ALIASES,
+    DURATION_TEXT,
+    ENV_PREFIX,
+    FRACTION,
+    LIST,
+    MICROS,
+    PORT,
+    POSITIVE,
+    SECONDS,
+    SETTINGS,
+    TABLE,
+)
 from reorder.pipeline import PipelineConfig
 from reorder.sequence import SequenceConfig
 from timesync.responder import ResponderConfig
 from timesync.server import DEFAULT_PORT as DEFAULT_SYNC_PORT
 from timesync.server import ServerConfig
 
-ENV_PREFIX = "SKEWLESS_GATEWAY_"
-# The names every command shares (one name per concept): the same variables configure `skewless kafka topics`,
-# `skewless spark ...` and `skewless source replay`.
-BOOTSTRAP_ENV = "SKEWLESS_BOOTSTRAP"
-HMAC_SECRET_ENV = "SKEWLESS_HMAC_SECRET"
-# The master secret per-source keys are derived from (gateway.auth): the gateway keeps it, sources get their own key.
-HMAC_MASTER_ENV = "SKEWLESS_HMAC_MASTER"
 # Tables a config file may hold: the gateway's settings and the librdkafka properties every Kafka client shares.
 TABLES = ("gateway", "kafka")
 # Query 5.3's Eq. 3.11 threshold (the replay's `thesis` approach).
@@ -37,43 +46,9 @@ THESIS_LATENCY_THRESHOLD_US = 500_000
 # /metrics and /healthz: outside Prometheus' own 9090-9094 and the exporters' 9100+ (docs/operations.md).
 DEFAULT_METRICS_PORT = 7780
 
-# The type of every setting; durations ("_s" keys) are numbers of seconds or strings with a unit ("250ms", "2m").
-_PORT, _POSITIVE, _STR, _BOOL, _TABLE, _LIST, _SECONDS, _MICROS, _DURATION_TEXT = (
-    "port", "positive int", "str", "bool", "table", "list", "seconds", "micros", "duration text")
-_COUNT, _FRACTION = "count", "fraction"  # an int >= 0; a number in (0, 1]
-SCHEMA: dict[str, str] = {
-    "host": _STR, "port": _PORT, "bootstrap": _STR, "topic_prefix": _STR, "max_frame_bytes": _POSITIVE,
-    "metrics_host": _STR, "metrics_port": _PORT, "metrics": _BOOL, "tls_cert": _STR, "tls_key": _STR,
-    "auth_tokens": _TABLE,
-    "hmac_secret": _STR, "allowed_sources": _LIST, "kafka": _TABLE, "producer": _TABLE, "timesync": _BOOL,
-    "timesync_host": _STR, "timesync_port": _PORT, "sync_keys": _TABLE, "upstream_ntp": _LIST,
-    "merge_wait_learned": _BOOL, "cluster": _STR, "gateway_id": _STR, "advertised_host": _STR, "instance_id": _STR,
-    "transactions": _BOOL, "reference_clock_error": _DURATION_TEXT, "clock_offset_us": _MICROS,
-    "max_future_s": _SECONDS,
-    "clock_step_max_held": _POSITIVE, "shards": _POSITIVE, "replication_factor": _POSITIVE,
-    "handshake_timeout_s": _SECONDS, "idle_timeout_s": _SECONDS, "partial_frame_timeout_s": _SECONDS,
-    # Ordering waits: how long a gap or a silent source is waited for before the gateway gives up on it. A
-    # deployment that must ride out network partitions of N seconds sets them above N.
-    "gap_timeout_min_s": _SECONDS, "gap_timeout_max_s": _SECONDS, "gap_timeout_learned_max_s": _SECONDS,
-    "merge_timeout_s": _SECONDS,
-    "reconnect_grace_s": _SECONDS, "join_grace_s": _SECONDS, "clock_step_hold_s": _SECONDS,
-    "session_timeout_s": _SECONDS, "commit_interval_s": _SECONDS, "source_retention_s": _SECONDS,
-    "idle_punctuation_lag_s": _SECONDS,
-    # Limits on what one source can make the gateway hold or create (docs/operations.md, "Limits").
-    "max_streams_per_source": _POSITIVE, "max_streams": _COUNT, "allowed_streams": _LIST,
-    "idle_source_retention_s": _SECONDS, "write_buffer_max_bytes": _POSITIVE, "slow_reader_timeout_s": _SECONDS,
-    "max_seq_jump": _POSITIVE,
-    # Per-source HMAC keys (docs/wire-protocol.md, "Authentication").
-    "hmac_master": _STR, "source_keys": _TABLE, "source_keys_file": _STR,
-    # The reorderer (docs/reorder.md): "sequence" (adaptive) or "thesis" (Eq. 3.11), its smoothing factors, and
-    # whether late events pass on the events topic flagged late (Query 4.3's 7th parameter) instead of the late topic.
-    "reorder_mode": _STR, "reorder_alpha": _FRACTION, "reorder_beta": _FRACTION, "pass_late": _BOOL,
-    # The per-event cores (gateway.native): "auto" (native when built), "native" (Rust) or "python".
-    "core": _STR,
-}
+# The kind of every setting (gateway.settings); durations are numbers in their unit or strings with a unit.
+SCHEMA: dict[str, str] = {setting.name: setting.kind for setting in SETTINGS}
 KNOWN_KEYS = frozenset(SCHEMA)
-# Earlier spellings, still read (one release) so existing files and deployments keep working.
-DEPRECATED_ALIASES = {"bootstrap_servers": "bootstrap", "auth_hmac_secret": "hmac_secret"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
@@ -91,7 +66,7 @@ def coerce(key: str, value: Any, where: str) -> Any:
     ConfigError names ``where`` it came from (a file and table, an environment variable, a flag)."""
     kind = SCHEMA[key]
     text = value.strip() if isinstance(value, str) else None
-    if kind == _FRACTION:
+    if kind == FRACTION:
         try:
             number = float(text if text is not None else value)
         except (TypeError, ValueError):
@@ -99,45 +74,45 @@ def coerce(key: str, value: Any, where: str) -> Any:
         if isinstance(value, bool) or not 0.0 < number <= 1.0:
             raise ConfigError(f"{where}: {key} must be in (0, 1], got {value!r}")
         return number
-    if kind in (_PORT, _POSITIVE, _COUNT):
+    if kind in (PORT, POSITIVE, COUNT):
         if isinstance(value, bool) or not isinstance(value, int):
             try:
                 value = int(text) if text is not None else int("not an int")
             except ValueError:
                 raise ConfigError(f"{where}: {key} must be an integer, got {value!r}") from None
-        if kind == _PORT and not 0 <= value <= 65535:
+        if kind == PORT and not 0 <= value <= 65535:
             raise ConfigError(f"{where}: {key} must be a port in 0..65535 (0 = any free port), got {value}")
-        if kind == _POSITIVE and value < 1:
+        if kind == POSITIVE and value < 1:
             raise ConfigError(f"{where}: {key} must be >= 1, got {value}")
-        if kind == _COUNT and value < 0:
+        if kind == COUNT and value < 0:
             raise ConfigError(f"{where}: {key} must be >= 0, got {value}")
         return value
-    if kind in (_SECONDS, _MICROS):
+    if kind in (SECONDS, MICROS):
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise ConfigError(f"{where}: {key} must be a duration (a number, or e.g. \"250ms\", \"5s\", \"2m\")")
-        bare = "s" if kind == _SECONDS else "us"
+        bare = "s" if kind == SECONDS else "us"
         try:
             us = parse_duration_us(str(value), bare_unit=bare, allow_negative=True)
         except DurationError as exc:
             raise ConfigError(f"{where}: {key}: {exc}") from None
-        return us / 1_000_000 if kind == _SECONDS else us
-    if kind == _BOOL:
+        return us / 1_000_000 if kind == SECONDS else us
+    if kind == BOOL:
         if isinstance(value, bool):
             return value
         if text is not None and text.lower() in _TRUE | _FALSE:
             return text.lower() in _TRUE
         raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
-    if kind == _TABLE:
+    if kind == TABLE:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: {key} must be a table ([gateway.{key}] in the file)")
         return dict(value)
-    if kind == _LIST:
+    if kind == LIST:
         if text is not None:
             return [part.strip() for part in text.split(",") if part.strip()]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
         raise ConfigError(f"{where}: {key} must be a list of strings or a comma-separated string")
-    if kind == _DURATION_TEXT and value == 0 and not isinstance(value, bool):
+    if kind == DURATION_TEXT and value == 0 and not isinstance(value, bool):
         return value  # reference_clock_error = 0: checked in build_config with its "chrony" alternative
     if not isinstance(value, str):
         raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
@@ -200,34 +175,69 @@ def load_settings(config_file: Path | None, env: Mapping[str, str] | None = None
     for variable, value in sorted(environ.items()):
         if variable.startswith(ENV_PREFIX):
             put(variable[len(ENV_PREFIX):].lower(), value, variable)
-    for variable, key in ((BOOTSTRAP_ENV, "bootstrap"), (HMAC_SECRET_ENV, "hmac_secret"),
-                          (HMAC_MASTER_ENV, "hmac_master")):
-        if variable in environ:
-            put(key, environ[variable], variable)
+    for setting in SETTINGS:  # the variables every command shares win over SKEWLESS_GATEWAY_<NAME>
+        if setting.shared_env is not None and setting.shared_env in environ:
+            put(setting.name, environ[setting.shared_env], setting.shared_env)
     for name, value in (overrides or {}).items():
         if value is not None:
-            put(name, value, f"--{name.replace('_', '-')}")
+            put(name, value, _flag_of(name))
     return settings
 
 
+def _flag_of(name: str) -> str:
+    setting = BY_NAME.get(DEPRECATED_ALIASES.get(name, name))
+    flag = setting.flag_name if setting is not None else None
+    return flag or f"--{name.replace('_', '-')}"
+
+
 def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
+    """The gateway's configuration from ``settings`` (load_settings' result, or a dict of plain values); each
+    setting with a ``config_field`` in gateway.settings is copied unchanged, the others are converted here."""
+    settings = _without_aliases(settings)
     config = GatewayConfig()
     config.metrics_port = DEFAULT_METRICS_PORT
-    for name in ("host", "port", "topic_prefix", "max_frame_bytes", "metrics_host",
-                 "metrics_port", "clock_step_max_held", "shards", "cluster", "gateway_id", "advertised_host",
-                 "instance_id"):
-        if name in settings:
-            setattr(config, name, settings[name])
+    for setting in SETTINGS:
+        if setting.config_field is not None and setting.name in settings:
+            setattr(config, setting.config_field, settings[setting.name])
     if not _truthy(settings.get("metrics", True)):  # metrics = false (--no-metrics): no endpoint at all
         config.metrics_port = None
-    bootstrap = settings.get("bootstrap", settings.get("bootstrap_servers"))
-    if bootstrap is not None:
-        config.bootstrap_servers = bootstrap
-    # None: broker.admin's default, min(3, brokers in the cluster).
-    # GatewayConfig.replication_factor (the kafka helper's field) reaches broker.admin's topic creation.
-    setattr(config, "replication_factor", settings.get("replication_factor"))  # noqa: B010
     if config.shards < 1:
         raise ConfigError(f"shards must be >= 1, got {config.shards}")
+    if config.clock_step_max_held < 1:
+        raise ConfigError(f"clock_step_max_held must be >= 1, got {config.clock_step_max_held}")
+    _cluster(config, settings)
+    config.kafka_settings = dict(settings.get("kafka", {}))
+    config.producer_config = dict(settings.get("producer", {}))
+    config.authenticator = _authenticator(settings)
+    _limits(config, settings)
+    defaults = SessionTimeouts()
+    config.timeouts = SessionTimeouts(
+        handshake_us=int(settings.get("handshake_timeout_s", defaults.handshake_us / 1e6) * 1_000_000),
+        partial_frame_us=int(settings.get("partial_frame_timeout_s", defaults.partial_frame_us / 1e6) * 1_000_000),
+        idle_us=int(settings.get("idle_timeout_s", defaults.idle_us / 1e6) * 1_000_000),
+    )
+    _timesync(config, settings)
+    if "max_future_s" in settings:
+        config.pipeline = replace(config.pipeline, max_future_us=round(float(settings["max_future_s"]) * 1_000_000))
+    config.pipeline = _with_ordering_waits(_with_reorderer(config.pipeline, settings), settings)
+    if "core" in settings:
+        try:
+            resolve_core(settings["core"])
+        except (ValueError, NativeCoreMissing) as exc:
+            raise ConfigError(f"core: {exc}") from None
+        config.core = settings["core"]
+    config.ssl_context = _tls(settings)
+    return config
+
+
+def _without_aliases(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` under today's names; a setting given under both names keeps today's value."""
+    renamed = {DEPRECATED_ALIASES[name]: value for name, value in settings.items() if name in DEPRECATED_ALIASES}
+    return {**renamed, **{name: value for name, value in settings.items() if name not in DEPRECATED_ALIASES}}
+
+
+def _cluster(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
+    """The checkpoints, the reference clock's error and the Kafka group and transactions (docs/cluster.md)."""
     if "idle_punctuation_lag_s" in settings:
         lag_s = float(settings["idle_punctuation_lag_s"])
         # 0 (or less) turns rule 10 off: a deployment whose every shard always has live sources of every stream.
@@ -252,58 +262,47 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         if hold_s < 0:
             raise ConfigError(f"clock_step_hold_s must be >= 0, got {hold_s}")
         config.clock_step_hold_us = round(hold_s * 1_000_000)
-    if config.clock_step_max_held < 1:
-        raise ConfigError(f"clock_step_max_held must be >= 1, got {config.clock_step_max_held}")
-    config.kafka_settings = dict(settings.get("kafka", {}))
-    config.producer_config = dict(settings.get("producer", {}))
-    secret = settings.get("hmac_secret", settings.get("auth_hmac_secret"))
+
+
+def _authenticator(settings: Mapping[str, Any]) -> SourceAuthenticator:
+    secret, master = settings.get("hmac_secret"), settings.get("hmac_master")
     allowed = settings.get("allowed_sources")
     if isinstance(allowed, str):
         allowed = [s for s in allowed.split(",") if s]
-    master = settings.get("hmac_master")
-    config.authenticator = SourceAuthenticator(
+    return SourceAuthenticator(
         tokens=dict(settings.get("auth_tokens", {})),
         hmac_secret=secret.encode() if isinstance(secret, str) else None,
         allowed_sources=frozenset(allowed) if allowed is not None else None,
         hmac_master=master.encode() if isinstance(master, str) and master else None,
         source_keys=_source_keys(settings),
     )
-    _limits(config, settings)
-    defaults = SessionTimeouts()
-    config.timeouts = SessionTimeouts(
-        handshake_us=int(settings.get("handshake_timeout_s", defaults.handshake_us / 1e6) * 1_000_000),
-        partial_frame_us=int(settings.get("partial_frame_timeout_s", defaults.partial_frame_us / 1e6) * 1_000_000),
-        idle_us=int(settings.get("idle_timeout_s", defaults.idle_us / 1e6) * 1_000_000),
-    )
-    if _truthy(settings.get("timesync", True)):
-        keys = {k: v.encode() for k, v in dict(settings.get("sync_keys", {})).items()}
-        upstream = settings.get("upstream_ntp", ())
-        if isinstance(upstream, str):
-            upstream = [u for u in upstream.split(",") if u]
-        config.timesync = ServerConfig(
-            host=settings.get("timesync_host", config.host), port=settings.get("timesync_port", DEFAULT_SYNC_PORT),
-            clock_offset_us=settings.get("clock_offset_us", 0), responder=ResponderConfig(keys=keys),
-            upstream_servers=tuple(upstream))
-    if "max_future_s" in settings:
-        config.pipeline = replace(config.pipeline, max_future_us=round(float(settings["max_future_s"]) * 1_000_000))
-    config.pipeline = _with_ordering_waits(_with_reorderer(config.pipeline, settings), settings)
-    if "core" in settings:
-        try:
-            resolve_core(settings["core"])
-        except (ValueError, NativeCoreMissing) as exc:
-            raise ConfigError(f"core: {exc}") from None
-        config.core = settings["core"]
+
+
+def _timesync(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
+    if not _truthy(settings.get("timesync", True)):
+        return
+    keys = {k: v.encode() for k, v in dict(settings.get("sync_keys", {})).items()}
+    upstream = settings.get("upstream_ntp", ())
+    if isinstance(upstream, str):
+        upstream = [u for u in upstream.split(",") if u]
+    config.timesync = ServerConfig(
+        host=settings.get("timesync_host", config.host), port=settings.get("timesync_port", DEFAULT_SYNC_PORT),
+        clock_offset_us=settings.get("clock_offset_us", 0), responder=ResponderConfig(keys=keys),
+        upstream_servers=tuple(upstream))
+
+
+def _tls(settings: Mapping[str, Any]) -> ssl.SSLContext | None:
     cert, key = settings.get("tls_cert"), settings.get("tls_key")
     if (cert is None) != (key is None):
         raise ConfigError("tls_cert and tls_key go together")
-    if cert is not None:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            context.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"tls_cert/tls_key: cannot load {cert} with {key}: {exc}") from None
-        config.ssl_context = context
-    return config
+    if cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls_cert/tls_key: cannot load {cert} with {key}: {exc}") from None
+    return context
 
 
 def _source_keys(settings: Mapping[str, Any]) -> dict[str, str]:
@@ -346,10 +345,6 @@ def _limits(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
         if retention_s <= 0:
             raise ConfigError(f"idle_source_retention_s must be > 0, got {retention_s}")
         config.idle_source_retention_us = round(retention_s * 1_000_000)
-    if "write_buffer_max_bytes" in settings:
-        config.write_buffer_max_bytes = settings["write_buffer_max_bytes"]
-    if "max_seq_jump" in settings:
-        config.max_seq_jump = settings["max_seq_jump"]
     if "slow_reader_timeout_s" in settings:
         timeout_s = float(settings["slow_reader_timeout_s"])
         if timeout_s <= 0:

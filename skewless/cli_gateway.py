@@ -4,85 +4,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from broker.admin import TopicConfigError
 from broker.cli import CommandError, KafkaProperties, parse_kafka_properties, probe_kafka
 from gateway.auth import derive_source_key
-from gateway.config import BOOTSTRAP_ENV, HMAC_MASTER_ENV, HMAC_SECRET_ENV, ConfigError, build_config, load_settings
+from gateway.config import ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
 from gateway.logs import LogLevel, child_env, configure_logging, current_log_format, current_log_level
 from gateway.server import ClusterConfigError, Gateway, GatewayConfig
+from gateway.settings import (
+    BOOL,
+    BY_NAME,
+    COUNT,
+    HMAC_MASTER_ENV,
+    MICROS,
+    PATH,
+    PORT,
+    POSITIVE,
+    SECONDS,
+    SETTINGS,
+    TABLE,
+    Setting,
+)
 
 
 def gateway(
     config_file: Annotated[Path | None, typer.Option(
-        "--config", help="TOML file with a [gateway] table (settings: docs/architecture.md) and a [kafka] table of "
+        "--config", help="TOML file with a [gateway] table (settings: docs/operations.md) and a [kafka] table of "
                          "librdkafka properties shared by every Kafka client.")] = None,
-    host: Annotated[str | None, typer.Option(help="TCP listen address [127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option(help="TCP listen port, 0 = any free port [7700].")] = None,
-    bootstrap: Annotated[str | None, typer.Option(
-        help=f"Kafka bootstrap servers (env {BOOTSTRAP_ENV}) [127.0.0.1:9092].")] = None,
-    kafka_property: KafkaProperties = None,
-    replication_factor: Annotated[int | None, typer.Option(
-        help="Replicas of every topic the gateway creates [min(3, brokers in the cluster)].")] = None,
-    prefix: Annotated[str | None, typer.Option(help="Topic prefix [skewless].")] = None,
-    max_frame_bytes: Annotated[int | None, typer.Option(help="Largest accepted frame body [1 MiB].")] = None,
-    metrics_port: Annotated[int | None, typer.Option(
-        help="Serve /metrics and /healthz on this port, 0 = any free port [7780].")] = None,
-    metrics: Annotated[bool | None, typer.Option(
-        "--metrics/--no-metrics", help="Serve /metrics and /healthz (docs/operations.md) [on].")] = None,
-    metrics_host: Annotated[str | None, typer.Option(help="Address of the metrics endpoint [127.0.0.1].")] = None,
-    tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate: enables TLS.")] = None,
-    tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
-    hmac_secret: Annotated[str | None, typer.Option(
-        help=f"Require HMAC tokens made with this secret (env {HMAC_SECRET_ENV}).")] = None,
     auth_hmac_secret: Annotated[str | None, typer.Option(hidden=True, help="Deprecated spelling of --hmac-secret.")
                                 ] = None,
-    timesync: Annotated[bool | None, typer.Option(
-        "--timesync/--no-timesync", help="Run the NTP-format time-sync server and map source clocks [on].")] = None,
-    timesync_port: Annotated[int | None, typer.Option(help="UDP port of the time-sync server [7452].")] = None,
-    clock_offset_us: Annotated[str | None, typer.Option(
-        metavar="DURATION", help="Shift the gateway's reference clock by this much, e.g. 250ms or -1.5s; a bare "
-                                 "number is microseconds (demos of a skewed reference).")] = None,
-    max_future_s: Annotated[str | None, typer.Option(
-        metavar="DURATION", help="Quarantine events whose reference time is this far ahead of the gateway clock; "
-                                 "a bare number is seconds [60s].")] = None,
-    shards: Annotated[int | None, typer.Option(
-        help="Shards of the deployment (S): fixed for its life; every stream's topics get S partitions [1].")] = None,
-    cluster: Annotated[str | None, typer.Option(
-        help="Name of the deployment; a second cluster on the same topic prefix is refused [skewless].")] = None,
-    gateway_id: Annotated[str | None, typer.Option(help="This gateway's id in logs and redirects [address+random].")
-                          ] = None,
-    advertised_host: Annotated[str | None, typer.Option(
-        help="Address sources are redirected to [--host, or the host name for a wildcard --host].")] = None,
-    instance_id: Annotated[str | None, typer.Option(
-        help="Kafka static membership id: a restart with the same id takes its shards back at once.")] = None,
-    session_timeout_s: Annotated[str | None, typer.Option(
-        metavar="DURATION", help="Kafka group session timeout: a gateway silent this long loses its shards to the "
-                                 "others (the failover time); at least 1s and within the broker's "
-                                 "group.min/max.session.timeout.ms; a bare number is seconds [6s].")] = None,
-    reference_clock_error: Annotated[str | None, typer.Option(
-        help="This host's clock error against common time, added to every event's uncertainty: a duration "
-             "(2ms), or 'chrony' to read chronyd's bound [0: gateways share one host's clock].")] = None,
-    reorder_mode: Annotated[str | None, typer.Option(
-        help="The reorderer: 'sequence' (adaptive) or 'thesis' (Eq. 3.11's gap timeout and the thesis' merge) "
-             "[sequence].")] = None,
-    pass_late: Annotated[bool | None, typer.Option(
-        "--pass-late/--drop-late", help="Publish late events on the events topic flagged late, instead of the late "
-                                        "topic only [--drop-late].")] = None,
-    core: Annotated[str | None, typer.Option(
-        help="The per-event cores: 'native' (Rust: connection decoder, sequence reorderers), 'python' (their "
-             "specification) or 'auto' (native when built) [auto].")] = None,
     workers: Annotated[int, typer.Option(
         help="Gateway processes on this host, one cluster (ports --port, --port+1, ...; same for the time-sync and "
              "metrics ports).", min=1)] = 1,
@@ -90,6 +53,7 @@ def gateway(
         "--log-json", help="Same as `skewless --log-format json gateway ...`.")] = None,
     log_level: Annotated[LogLevel | None, typer.Option(
         case_sensitive=False, help="Same as `skewless --log-level LEVEL gateway ...`.")] = None,
+    **flags: Any,
 ) -> None:
     """Accept events from sources over TCP and publish them to Kafka; prints `listening HOST:PORT` when ready (after
     the time-sync and metrics addresses, if any).
@@ -101,21 +65,10 @@ def gateway(
     if log_json is not None or log_level is not None:  # the older spellings of the root command's options
         configure_logging((log_level or current_log_level()).upper(),
                           json_format=log_json if log_json is not None else current_log_format() == "json")
+    overrides = {name: _flag_value(BY_NAME[name], value) for name, value in flags.items()}
+    overrides["hmac_secret"] = overrides["hmac_secret"] or auth_hmac_secret
     try:
-        settings = load_settings(config_file, overrides={
-            "host": host, "port": port, "bootstrap": bootstrap, "topic_prefix": prefix,
-            "kafka": parse_kafka_properties(kafka_property) if kafka_property else None,
-            "replication_factor": replication_factor, "max_frame_bytes": max_frame_bytes,
-            "metrics_port": metrics_port, "metrics": metrics, "metrics_host": metrics_host,
-            "tls_cert": str(tls_cert) if tls_cert else None, "tls_key": str(tls_key) if tls_key else None,
-            "hmac_secret": hmac_secret or auth_hmac_secret, "timesync": timesync, "timesync_port": timesync_port,
-            "clock_offset_us": clock_offset_us, "max_future_s": max_future_s, "shards": shards, "cluster": cluster,
-            "gateway_id": gateway_id, "advertised_host": advertised_host, "instance_id": instance_id,
-            "session_timeout_s": session_timeout_s,
-            "reference_clock_error": reference_clock_error, "reorder_mode": reorder_mode, "pass_late": pass_late,
-            "core": core,
-        })
-        config = build_config(settings)
+        config = build_config(load_settings(config_file, overrides=overrides))
     except ConfigError as exc:
         raise CommandError(str(exc), 2) from None
     # Before any listener, producer or worker: an unreachable Kafka is one line after a bounded wait.
@@ -263,6 +216,53 @@ def keys_derive(
     if not master:
         raise CommandError(f"no master secret: set {HMAC_MASTER_ENV} or pass --master-file", 2)
     typer.echo(derive_source_key(master.encode(), source))
+
+
+def _flag_value(setting: Setting, value: Any) -> Any:
+    """A flag's value as load_settings takes it (None: the flag was not given)."""
+    if setting.kind == TABLE:  # --kafka-property KEY=VALUE ...
+        return parse_kafka_properties(value) if value else None
+    if setting.kind == PATH:
+        return str(value) if value else None
+    return value
+
+
+def _flag_help(setting: Setting) -> str:
+    text = setting.help
+    if setting.shared_env:
+        text += f" (env {setting.shared_env})"
+    if setting.kind in (SECONDS, MICROS):
+        text += f"; a bare number is {'seconds' if setting.kind == SECONDS else 'microseconds'}"
+    default = setting.default_text
+    if setting.kind == BOOL and not setting.shown and setting.flag:
+        on, off = setting.flag.split("/")
+        default = on if setting.default else off
+    return f"{text} [{default}]." if default else f"{text}."
+
+
+def _flag_parameter(setting: Setting) -> inspect.Parameter:
+    """The typer option of a setting with a flag; its value is None when the flag is not given."""
+    annotation: Any
+    if setting.kind == TABLE:  # the one shared with every command that talks to Kafka
+        annotation = KafkaProperties
+    else:
+        python_type = {PORT: int, POSITIVE: int, COUNT: int, BOOL: bool, PATH: Path}.get(setting.kind, str)
+        duration = setting.kind in (SECONDS, MICROS)
+        option = typer.Option(setting.flag, help=_flag_help(setting), metavar="DURATION" if duration else None)
+        annotation = Annotated[python_type | None, option]
+    return inspect.Parameter(setting.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+
+
+def _with_setting_flags(command: Callable[..., None]) -> None:
+    """Give ``command`` (whose ``**flags`` receives them) one option per setting that has a flag in
+    gateway.settings, after its first option (--config), in the table's order: typer reads the signature."""
+    own = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(command, eval_str=True).parameters.values()
+           if p.kind != p.VAR_KEYWORD]
+    flags = [_flag_parameter(setting) for setting in SETTINGS if setting.flag]
+    setattr(command, "__signature__", inspect.Signature([own[0], *flags, *own[1:]]))  # noqa: B010
+
+
+_with_setting_flags(gateway)
 
 
 def register(app: typer.Typer) -> None:
