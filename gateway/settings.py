@@ -235,7 +235,7 @@ def settings_markdown() -> str:
     """The docs' settings tables, one per group, in :data:`SETTINGS` order."""
     lines: list[str] = []
     for group in dict.fromkeys(setting.group for setting in SETTINGS):
-        lines += [f"#### {group}", "", "| setting | value | default | environment | flag | meaning |",
+        lines += [f"### {group}", "", "| setting | value | default | environment | flag | meaning |",
                   "|---|---|---|---|---|---|"]
         lines += [_row(setting) for setting in SETTINGS if setting.group == group]
         lines.append("")
