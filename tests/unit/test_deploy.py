@@ -171,9 +171,10 @@ def option(argv: list[str], name: str) -> str:
 def test_three_gateways_form_one_cluster(services: dict[str, dict[str, Any]]) -> None:
     params = gateway_params(services)
     assert len(params) == GATEWAY_COUNT, sorted(params)
-    for key in ("shards", "prefix", "cluster", "bootstrap", "reference_clock_error"):
+    # By setting name (gateway/settings.py): `--prefix` sets topic_prefix.
+    for key in ("shards", "topic_prefix", "cluster", "bootstrap", "reference_clock_error"):
         values = {p[key] for p in params.values()}
-        assert len(values) == 1 and None not in values, f"--{key.replace('_', '-')} differs or is missing: {values}"
+        assert len(values) == 1 and None not in values, f"setting {key} differs or is missing: {values}"
     shards = next(iter(params.values()))["shards"]
     assert shards >= GATEWAY_COUNT, "every gateway owns a shard"
     for name, p in params.items():
@@ -267,7 +268,7 @@ def test_jobs_are_submitted_to_the_master(services: dict[str, dict[str, Any]]) -
     assert {"window-count", "three-window"} <= set(jobs)
     master_url = services["spark-worker"]["command"][2]
     spark_env = dockerfile_env(SPARK_DOCKERFILE)
-    gateway_prefix = {p["prefix"] for p in gateway_params(services).values()}
+    gateway_prefix = {p["topic_prefix"] for p in gateway_params(services).values()}
     for name, service in jobs.items():
         assert built_from(service) == "../deploy/spark.Dockerfile"
         options, app_file, app_args = split_spark_submit(service["command"])
