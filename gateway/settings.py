@@ -165,8 +165,8 @@ SETTINGS: tuple[Setting, ...] = (
             "topic only", False, flag="--pass-late/--drop-late",
             details="Query 4.3's 7th parameter; an event older than a punctuation already emitted still goes to the "
                     "late topic."),
-    Setting("core", STR, _ORDER, "The per-event cores: 'native' (Rust: connection decoder, sequence reorderers), "
-            "'python' (their specification) or 'auto' (native when built)", "auto", flag="--core",
+    Setting("core", STR, _ORDER, "The per-event cores: 'native' (Rust: connection decoder, sequence reorderers, "
+            "record bytes), 'python' (their specification) or 'auto' (native when built)", "auto", flag="--core",
             details="`native` is refused with one line when the extension module is not built (docs/native.md)."),
     Setting("reorder_alpha", FRACTION, _ORDER, "Smoothing factor of Eq. 3.2-3.3", 0.6),
     Setting("reorder_beta", FRACTION, _ORDER, "Smoothing factor of Eq. 3.7-3.8", 0.6),
