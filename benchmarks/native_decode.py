@@ -26,10 +26,9 @@ from typing import Any
 
 import skewless_native
 
-from contract.records import EventRecord
+from contract.records import EventRecord, event_headers, kafka_timestamp_ms
 from contract.wire.frames import encode_frame
 from contract.wire.messages import build_event, build_events, build_hello
-from gateway.ingest import event_headers, kafka_timestamp_ms
 from gateway.session import GatewaySession
 
 BASE_US = 1_800_000_000_000_000

@@ -8,7 +8,7 @@ results topics one value per result with ``job`` and ``record``. All times are i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -38,6 +38,33 @@ LATE = "late"
 
 PUNCTUATION_KEY = b"__punctuation__"
 PROGRESS_KEY_PREFIX = "progress|"
+
+Headers = tuple[tuple[str, bytes], ...]
+"""A Kafka record's headers as written: (name, UTF-8 value) pairs."""
+_VERSION_HEADER = (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode())
+PUNCTUATION_HEADERS: Headers = ((HEADER_KIND, PUNCTUATION.encode()), _VERSION_HEADER)
+PROGRESS_HEADERS: Headers = ((HEADER_KIND, PROGRESS.encode()), _VERSION_HEADER)
+CLOCK_HEADERS: Headers = ((HEADER_KIND, CLOCK.encode()), _VERSION_HEADER)
+
+
+def event_headers(source_id: str, topic: Literal["events", "late"]) -> Headers:
+    """The headers of an event record of ``source_id`` on the events or the late topic."""
+    return ((HEADER_KIND, (EVENT if topic == "events" else LATE).encode()), (HEADER_SOURCE_ID, source_id.encode()),
+            _VERSION_HEADER)
+
+
+# A record's Kafka timestamp is its reference time (a punctuation's: its watermark), held within these bounds of its
+# release. Time-based retention counts from the timestamp: an event replayed from a long-held spool (or a test's
+# synthetic 1970 times) would be deleted at the broker's next retention check; and a broker bounding future
+# timestamps (log.message.timestamp.after.max.ms, 1 h by default since Kafka 4.0) would refuse a runaway clock's
+# record and fail the writer's transaction. Live events are well inside both bounds.
+KAFKA_TIMESTAMP_BEHIND_US = 3_600_000_000
+KAFKA_TIMESTAMP_AHEAD_US = 60_000_000
+
+
+def kafka_timestamp_ms(ref_us: int, release_us: int) -> int:
+    """The Kafka timestamp (ms) of a record with reference time ``ref_us`` released at ``release_us``."""
+    return max(release_us - KAFKA_TIMESTAMP_BEHIND_US, min(ref_us, release_us + KAFKA_TIMESTAMP_AHEAD_US)) // 1000
 
 # The range of every timestamp field of an event or punctuation record (ref_ts_us, start_ts_us, end_ts_us,
 # uncertainty_us, start_uncertainty_us, arrival_ts_us, release_ts_us, watermark_us): microseconds since the epoch

@@ -161,20 +161,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, NewType, Protocol
 
+# Rule 7: the record headers and Kafka timestamps are the record contract's.
 from contract.records import (
-    CLOCK,
-    CONTRACT_VERSION,
-    EVENT,
-    HEADER_CONTRACT_VERSION,
-    HEADER_KIND,
-    HEADER_SOURCE_ID,
-    LATE,
-    PROGRESS,
-    PUNCTUATION,
+    CLOCK_HEADERS,
+    PROGRESS_HEADERS,
+    PUNCTUATION_HEADERS,
     PUNCTUATION_KEY,
     EventRecord,
+    Headers,
     ProgressRecord,
     PunctuationRecord,
+    event_headers,
+    kafka_timestamp_ms,
 )
 from contract.topics import TopicNames
 from contract.wire import messages
@@ -257,34 +255,9 @@ REFUSAL_LOG_FIRST = 10
 REFUSAL_LOG_EVERY = 1000
 UNRESOLVED_REASON = "clock_step_unresolved"
 RECENT_CLOCK_STEPS = 256
-# Rule 7: a record's Kafka timestamp is its reference time (a punctuation's: its watermark), held within these
-# bounds of its release. Time-based retention counts from the timestamp: an event replayed from a long-held spool
-# (or a test's synthetic 1970 times) would be deleted at the broker's next retention check; and a broker bounding
-# future timestamps (log.message.timestamp.after.max.ms, 1 h by default since Kafka 4.0) would refuse a runaway
-# clock's record and fail the shard's transaction. Live events are well inside both bounds.
-KAFKA_TIMESTAMP_BEHIND_US = 3_600_000_000
-KAFKA_TIMESTAMP_AHEAD_US = 60_000_000
-
-
-def kafka_timestamp_ms(ref_us: int, release_us: int) -> int:
-    """Rule 7: the Kafka timestamp (ms) of a record with reference time ``ref_us`` released at ``release_us``."""
-    return max(release_us - KAFKA_TIMESTAMP_BEHIND_US, min(ref_us, release_us + KAFKA_TIMESTAMP_AHEAD_US)) // 1000
 # Rule 13: the reasons a reorderer gives a given-up seq it remembers (late_after_skip) or no longer does.
 LATE_AFTER_SKIP = "late_after_skip"
 _GIVEN_UP_LATE_REASONS = frozenset((LATE_AFTER_SKIP, "duplicate", "before_start"))
-# Rule 7's record headers, built once: an event record's are cached per source (a few hundred bytes per source).
-_VERSION_HEADER = (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode())
-PUNCTUATION_HEADERS: Headers = ((HEADER_KIND, PUNCTUATION.encode()), _VERSION_HEADER)
-PROGRESS_HEADERS: Headers = ((HEADER_KIND, PROGRESS.encode()), _VERSION_HEADER)
-CLOCK_HEADERS: Headers = ((HEADER_KIND, CLOCK.encode()), _VERSION_HEADER)
-
-
-def event_headers(source_id: str, topic: Literal["events", "late"]) -> Headers:
-    """The headers of an event record of ``source_id`` on the events or the late topic."""
-    return ((HEADER_KIND, (EVENT if topic == "events" else LATE).encode()), (HEADER_SOURCE_ID, source_id.encode()),
-            _VERSION_HEADER)
-
-
 BuiltRecord = tuple[bytes, bytes | Exception, int | None, tuple[tuple[str, bytes], ...]]
 """What a RecordBuilderCore gives per record: key, value (or the exception the encoder raised), timestamp_ms (None
 past 64 bits) and headers."""
@@ -362,7 +335,6 @@ class SendToSource:
     data: bytes
 
 
-Headers = tuple[tuple[str, bytes], ...]
 
 
 @dataclass(slots=True)  # built per event: not frozen, see DeliveryRef

@@ -1,5 +1,5 @@
 """The native record builder (native/src/records.rs) against its specification: contract.records' to_json (orjson)
-and key, gateway.ingest's event_headers, PUNCTUATION_HEADERS and kafka_timestamp_ms. Same records in, the same
+and key, contract.records' event_headers, PUNCTUATION_HEADERS and kafka_timestamp_ms. Same records in, the same
 key, value bytes, timestamp and headers out; a value orjson refuses is the same exception."""
 
 from __future__ import annotations
@@ -12,9 +12,15 @@ import skewless_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.records import CONTRACT_VERSION, EventRecord, PunctuationRecord
-from gateway import ingest
-from gateway.ingest import PUNCTUATION_HEADERS, event_headers, kafka_timestamp_ms
+from contract import records as contract_records
+from contract.records import (
+    CONTRACT_VERSION,
+    PUNCTUATION_HEADERS,
+    EventRecord,
+    PunctuationRecord,
+    event_headers,
+    kafka_timestamp_ms,
+)
 
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
@@ -113,7 +119,7 @@ def test_the_rust_constants_are_the_python_ones() -> None:
     ((_, value, _, _),) = skewless_native.RecordBuilder().build_events([record], [False])
     assert orjson.loads(value)["v"] == CONTRACT_VERSION
     # kafka_timestamp_ms at both of its clamps
-    behind, ahead = ingest.KAFKA_TIMESTAMP_BEHIND_US, ingest.KAFKA_TIMESTAMP_AHEAD_US
+    behind, ahead = contract_records.KAFKA_TIMESTAMP_BEHIND_US, contract_records.KAFKA_TIMESTAMP_AHEAD_US
     for ref_us in (0, 10 * behind):
         record = EventRecord("s", "src", 0, 0, ref_us, 0, 0, 5 * behind)
         ((_, _, ts, _),) = skewless_native.RecordBuilder().build_events([record], [False])
