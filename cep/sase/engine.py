@@ -50,6 +50,10 @@ SNAPSHOT_VERSION = 2
 TOO_LATE_REASON = "beyond_allowed_lateness"
 _NEVER = 2**63
 
+_FastRoute = tuple[tuple[int, ...], int, str | None, bool]
+"""In-order fast path of one event type: (positions, the position if it is the only one else -1, partition
+attribute, ends at the last position?)."""
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -141,6 +145,36 @@ class EngineCounters:
     candidates: int = 0
     partitions: int = 0
     rejections: dict[str, int] = field(default_factory=dict)
+
+
+_Route = tuple[tuple[int, ...], bool, tuple[int, ...], bool]
+"""Per event type: (positive positions, any constant predicate?, negated elements, any constant predicate?)."""
+
+
+def _routes(query: Query) -> dict[str, _Route]:
+    routes: dict[str, _Route] = {}
+    for etype in {*query.positions_by_type, *query.negations_by_type}:
+        pos = query.positions_by_type.get(etype, ())
+        neg = query.negations_by_type.get(etype, ())
+        routes[etype] = (
+            pos,
+            any(query.constant_predicates[p] for p in pos),
+            neg,
+            any(query.negations[k].constant_predicates for k in neg),
+        )
+    return routes
+
+
+def _fast_routes(query: Query, routes: Mapping[str, _Route]) -> dict[str, _FastRoute]:
+    """The event types AIS-CLOCK's append semantics can take without checks: no constant predicate, no negation
+    role."""
+    last = query.length - 1
+    fast: dict[str, _FastRoute] = {}
+    for etype, (pos, pos_filtered, neg, _) in routes.items():
+        if pos and not pos_filtered and not neg:
+            fast[etype] = (pos, pos[0] if len(pos) == 1 else -1, query.partition_attributes.get(etype),
+                           pos[-1] == last)
+    return fast
 
 
 class _Partition:
@@ -244,29 +278,10 @@ class SequenceEngine:
         self._checked_types = frozenset(t for t, attrs in query.required_attributes.items() if attrs)
         lag = self.config.purge_lag
         self._purge_lag = query.window // 4 if lag is None else lag
-        # Per event type: (positive positions, any constant predicate?, negated elements, any constant predicate?)
-        self._routes: dict[str, tuple[tuple[int, ...], bool, tuple[int, ...], bool]] = {}
-        for etype in {*query.positions_by_type, *query.negations_by_type}:
-            pos = query.positions_by_type.get(etype, ())
-            neg = query.negations_by_type.get(etype, ())
-            self._routes[etype] = (
-                pos,
-                any(query.constant_predicates[p] for p in pos),
-                neg,
-                any(query.negations[k].constant_predicates for k in neg),
-            )
-        # In-order fast path (AIS-CLOCK's append semantics): per event type without constant predicates or
-        # negation role, (positions, the position if it is the only one else -1, partition attribute, ends at
-        # the last position?).
-        last = query.length - 1
-        self._fast: dict[str, tuple[tuple[int, ...], int, str | None, bool]] = {}
-        if self.config.ais_clock:
-            for etype, (pos, pos_filtered, neg, _) in self._routes.items():
-                if pos and not pos_filtered and not neg:
-                    self._fast[etype] = (pos, pos[0] if len(pos) == 1 else -1, query.partition_attributes.get(etype),
-                                         pos[-1] == last)
+        self._routes = _routes(query)
+        self._fast = _fast_routes(query, self._routes) if self.config.ais_clock else {}
         # Construction straight to output events: no cross predicate to check, no negation filter to apply.
-        self._plain_matches = not query.negations and not any(query.checks[last])
+        self._plain_matches = not query.negations and not any(query.checks[query.length - 1])
         self._prune = self.config.ais_partition
         self._record_purges = self.config.record_purges
         # A purge is due once the oldest registered state is below L - A - W - purge_lag.
@@ -367,7 +382,7 @@ class SequenceEngine:
         # In-order fast path: an on-time event (ts >= CLOCK >= every AIS-CLOCK, not behind L) of a type that
         # only binds positive positions without constant predicates.  The same steps as the general path (CLOCK
         # update, due release and purge, partition, registration, append semantics, construction at the last
-        # position) without the checks that cannot apply to it, inline because it runs for nearly every event.
+        # position) without the checks that cannot apply to it, in one call because it runs for nearly every event.
         outs: list[SaseOutput]
         if ts > clock:
             self._clock = ts
@@ -379,22 +394,28 @@ class SequenceEngine:
             outs = self._on_time() if low is not None and low >= self._due_low else []
         else:
             outs = []
+        return self._append_in_order(event, ts, fast, outs)
+
+    def _append_in_order(
+        self, event: SaseEvent, ts: int, fast: _FastRoute, outs: list[SaseOutput]
+    ) -> list[SaseOutput]:
+        """AIS-CLOCK's append semantics for an on-time event of a fast-path type: partition, registration, push
+        with its RIP, then construction if it binds the last position."""
         positions, single, attr, at_last = fast
+        c = self.counters
         key: Hashable = None
         if attr is None:
             part = self._whole
             if part is None:
                 part = self._partitions.get(None)
                 if part is None:
-                    part = self._partitions[None] = _Partition(self.query)
-                    c.partitions += 1
+                    part = self._new_partition(None)
                 self._whole = part
         else:
             key = event.attrs[attr]
             part = self._partitions.get(key)
             if part is None:
-                part = self._partitions[key] = _Partition(self.query)
-                c.partitions += 1
+                part = self._new_partition(key)
         seq = self._seq
         self._seq = seq + 1
         registered = part.registered_ts
@@ -426,6 +447,15 @@ class SequenceEngine:
             c.instances += len(positions)
         if not at_last:
             return outs
+        return self._construct_in_order(part, key, inst, positions[-1], outs)
+
+    def _construct_in_order(
+        self, part: _Partition, key: Hashable, inst: Instance, position: int, outs: list[SaseOutput]
+    ) -> list[SaseOutput]:
+        """Construction from an in-order instance of the last stack: nothing newer exists, so only it can
+        complete sequences."""
+        c = self.counters
+        ais = part.ais
         before = ais.candidates
         if self._plain_matches and self._prune:
             # AIS partition: top down from each RIP to the divider, straight into event tuples.  Without the
@@ -435,16 +465,22 @@ class SequenceEngine:
                 n = len(found)
                 c.matches_constructed += n
                 c.emitted += n
+                ts = inst.ts
                 outs += [match_output(events, ts) for events in found]
             c.candidates += ais.candidates - before
             return outs
-        matches = ais.construct(positions[-1], inst, prune=self._prune)
+        matches = ais.construct(position, inst, prune=self._prune)
         c.candidates += ais.candidates - before
         for match in matches:
             out = self._accept(part, key, match, False, False)
             if out is not None:
                 outs.append(out)
         return outs
+
+    def _new_partition(self, key: Hashable) -> _Partition:
+        part = self._partitions[key] = _Partition(self.query)
+        self.counters.partitions += 1
+        return part
 
     # ---------------------------------------------------------------- constraint-aware execution (Algorithm 5)
 
@@ -658,20 +694,32 @@ class SequenceEngine:
         if not positions and not negs:
             c.ignored += 1
             return outs
-        attr = q.partition_attributes.get(event.event_type)
-        key: Hashable = attrs[attr] if attr is not None else None
+        return self._negate_then_scan(event, positions, negs, late, behind, outs)
+
+    def _negate_then_scan(
+        self,
+        event: SaseEvent,
+        positions: tuple[int, ...],
+        negs: tuple[int, ...],
+        late: bool,
+        behind: bool,
+        outs: list[SaseOutput],
+    ) -> list[SaseOutput]:
+        """An event that binds ``positions`` and negated elements ``negs`` (after constant predicates) in its
+        partition."""
+        attr = self.query.partition_attributes.get(event.event_type)
+        key: Hashable = event.attrs[attr] if attr is not None else None
         part = self._partitions.get(key)
         if part is None:
-            part = self._partitions[key] = _Partition(q)
-            c.partitions += 1
+            part = self._new_partition(key)
         seq = self._seq
         self._seq += 1
-        self._register(part, key, ts)
+        self._register(part, key, event.ts)
         # Negation first: the event invalidates held matches; a match it completes itself cannot contain it in
         # a negation range (ranges are open and exclude the match's own timestamps).
         for k in negs:
             part.neg[k].add(event, seq)
-            c.negation_events += 1
+            self.counters.negation_events += 1
             outs.extend(self._negate(part, k, event))
             if behind and part.released:
                 outs.extend(self._negate_released(part, k, event))
@@ -835,9 +883,24 @@ class SequenceEngine:
         if low is None:
             return []
         outs: list[SaseOutput] = []
-        release_heap, purge_heap, forget_heap = self._release_heap, self._purge_heap, self._forget_heap
         late_low = low - self._lateness
-        bound = late_low - self.query.window
+        self._release_final(low, outs)
+        self._forget_final(late_low)
+        self._purge_expired(late_low - self.query.window)
+        # Exact again: the lowest watermark at which one of the heaps has something due.
+        due = _NEVER
+        if self._release_heap:
+            due = self._release_heap[0][0]
+        if self._purge_heap:
+            due = min(due, self._purge_heap[0][0] + self._purge_due_us + 1)
+        if self._forget_heap:
+            due = min(due, self._forget_heap[0][0] + self._lateness)
+        self._due_low = due
+        return outs
+
+    def _release_final(self, low: int, outs: list[SaseOutput]) -> None:
+        """Held matches whose negation ranges all end at or before L: no on-time event can negate them now."""
+        release_heap = self._release_heap
         c = self.counters
         while release_heap and release_heap[0][0] <= low:
             _, mid, key = heapq.heappop(release_heap)
@@ -852,6 +915,11 @@ class SequenceEngine:
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
                 self._whole = None
+
+    def _forget_final(self, late_low: int) -> None:
+        """Released matches no late event within the allowed lateness can negate any more (hi <= L - A)."""
+        forget_heap = self._forget_heap
+        c = self.counters
         while forget_heap and forget_heap[0][0] <= late_low:
             _, mid, key = heapq.heappop(forget_heap)
             part = self._partitions.get(key)
@@ -861,6 +929,12 @@ class SequenceEngine:
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
                 self._whole = None
+
+    def _purge_expired(self, bound: int) -> None:
+        """K-slack purge (Algorithm 3) of the partitions registered below ``bound`` = L - A - W, late by at most
+        the purge lag; a partition keeps one heap entry, at its oldest remaining state."""
+        purge_heap = self._purge_heap
+        c = self.counters
         lag = self._purge_lag
         while purge_heap and purge_heap[0][0] + lag < bound:
             ts, _, key = heapq.heappop(purge_heap)
@@ -887,16 +961,6 @@ class SequenceEngine:
             elif not part.held and not part.released and not part.suspended:
                 del self._partitions[key]
                 self._whole = None
-        # Exact again: the lowest watermark at which one of the heaps has something due.
-        due = _NEVER
-        if release_heap:
-            due = release_heap[0][0]
-        if purge_heap:
-            due = min(due, purge_heap[0][0] + self._purge_due_us + 1)
-        if forget_heap:
-            due = min(due, forget_heap[0][0] + self._lateness)
-        self._due_low = due
-        return outs
 
     def _purge(self, part: _Partition, bound: int) -> None:
         """Drop state no event within the allowed lateness can use: ``bound`` is L - A - W."""
