@@ -229,66 +229,81 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
         resent=sum(c.stats.events_resent for c in clients.values()))
 
 
+# The options of `skewless source replay`, one alias each, so the command's signature reads as its option list.
+_Trace = Annotated[Path, typer.Argument(help="JSON Lines trace (docs/traces.md): source_id, stream, seq, "
+                                             "true_ts_us, source_ts_us, arrival_ts_us, optional payload.",
+                                        exists=True, dir_okay=False)]
+_Host = Annotated[str, typer.Option(help="Gateway host.")]
+_Port = Annotated[int, typer.Option(min=1, max=65535, help="Gateway TCP port.")]
+_TimesyncPort = Annotated[int | None, typer.Option(
+    min=1, max=65535, help="Time-sync UDP port if the gateway announces none (it announces its own in welcome).")]
+_Timesync = Annotated[bool, typer.Option(
+    "--timesync/--no-timesync", help="Sync each source's clock with the gateway (--no-timesync: never).")]
+_UdpPort = Annotated[int | None, typer.Option(hidden=True, help="Deprecated spelling of --timesync-port.")]
+_SyncAttempts = Annotated[int, typer.Option(min=1, help="Requests per time-sync burst.")]
+_Speed = Annotated[float, typer.Option(
+    callback=finite_float(above=0, meaning="2 plays the trace twice as fast"),
+    help="Replay speed factor: 2 plays the trace twice as fast (its timeline is compressed, timestamps included).")]
+_Source = Annotated[list[str] | None, typer.Option("--source", help="Replay only this source (repeatable).")]
+_Limit = Annotated[int | None, typer.Option(min=0, help="Replay at most this many events (first by arrival).")]
+_AheadUs = Annotated[int, typer.Option(
+    "--ahead-us", "--offset-us", metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
+    help="How far every source clock reads ahead of the system clock, e.g. 250ms or -1.5s (negative = behind); a "
+         "bare number is microseconds. --offset-us is a deprecated spelling of it.")]
+_AheadSpreadUs = Annotated[int, typer.Option(
+    "--ahead-spread-us", "--offset-spread-us", metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
+    help="Plus a per-source amount ahead, uniform in ±this; a bare number is microseconds. --offset-spread-us is a "
+         "deprecated spelling of it.")]
+_SkewPpm = Annotated[float, typer.Option(callback=finite_float(), help="Clock skew injected into every source (ppm).")]
+_SkewSpreadPpm = Annotated[float, typer.Option(callback=finite_float(at_least=0),
+                                               help="Plus a per-source uniform skew in ±this (ppm).")]
+_JitterUs = Annotated[int, typer.Option(
+    metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
+    help="Extra send delay per event, uniform in [0, this] (reorders close events); a bare number is microseconds.")]
+_Pool = Annotated[int, typer.Option(min=1, help="TCP connections per source; batches interleave round-robin.")]
+_BatchEvents = Annotated[int, typer.Option(min=1, help="Events per frame at most.")]
+_LingerUs = Annotated[int, typer.Option(
+    "--linger-ms", metavar="DURATION", parser=DURATION_BARE_MS, show_default="2",
+    help="How long a partial batch waits for more events; a bare number is milliseconds.")]
+_KeepSeqs = Annotated[bool, typer.Option(help="Send the trace's seqs (the gateway sees its disorder); "
+                                              "--no-keep-seqs lets the SDK number events in send order.")]
+_Token = Annotated[str | None, typer.Option(help="Static token for the hello (env SKEWLESS_TOKEN).",
+                                            envvar="SKEWLESS_TOKEN", show_envvar=False)]
+_HmacSecret = Annotated[str | None, typer.Option(help="Sign HMAC tokens with this secret (env SKEWLESS_HMAC_SECRET).",
+                                                 envvar="SKEWLESS_HMAC_SECRET", show_envvar=False)]
+_Seed = Annotated[int, typer.Option(help="Seed of the per-source spreads and the jitter.")]
+_SourceSuffix = Annotated[str, typer.Option(
+    metavar="TEXT", help="Append this to every source id, e.g. -2: replay a trace again to a gateway that already "
+                         "has it (it keeps each source's seqs and refuses seqs it has).")]
+_Progress = Annotated[bool, typer.Option(help="Show a progress bar on stderr (only when stderr is a terminal).")]
+
+
 @source_app.command("replay")
 def replay(
-    trace: Annotated[Path, typer.Argument(help="JSON Lines trace (docs/traces.md): source_id, stream, seq, "
-                                               "true_ts_us, source_ts_us, arrival_ts_us, optional payload.",
-                                          exists=True, dir_okay=False)],
-    host: Annotated[str, typer.Option(help="Gateway host.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway TCP port.")] = 7700,
-    timesync_port: Annotated[int | None, typer.Option(
-        min=1, max=65535, help="Time-sync UDP port if the gateway announces none (it announces its own in "
-                               "welcome).")] = None,
-    timesync: Annotated[bool, typer.Option(
-        "--timesync/--no-timesync", help="Sync each source's clock with the gateway (--no-timesync: never).")]
-    = True,
-    udp_port: Annotated[int | None, typer.Option(hidden=True, help="Deprecated spelling of --timesync-port.")]
-    = None,
-    sync_attempts: Annotated[int, typer.Option(min=1, help="Requests per time-sync burst.")] = 10,
-    speed: Annotated[float, typer.Option(
-        callback=finite_float(above=0, meaning="2 plays the trace twice as fast"),
-        help="Replay speed factor: 2 plays the trace twice as fast (its timeline is compressed, timestamps "
-             "included).")] = 1.0,
-    source: Annotated[list[str] | None, typer.Option("--source", help="Replay only this source (repeatable).")]
-    = None,
-    limit: Annotated[int | None, typer.Option(min=0, help="Replay at most this many events (first by arrival).")
-                     ] = None,
-    ahead_us: Annotated[int, typer.Option(
-        "--ahead-us", "--offset-us", metavar="DURATION", parser=SIGNED_DURATION_BARE_US, show_default="0",
-        help="How far every source clock reads ahead of the system clock, e.g. 250ms or -1.5s (negative = "
-             "behind); a bare number is microseconds. --offset-us is a deprecated spelling of it.")] = 0,
-    ahead_spread_us: Annotated[int, typer.Option(
-        "--ahead-spread-us", "--offset-spread-us", metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
-        help="Plus a per-source amount ahead, uniform in ±this; a bare number is microseconds. "
-             "--offset-spread-us is a deprecated spelling of it.")] = 0,
-    skew_ppm: Annotated[float, typer.Option(callback=finite_float(),
-                                            help="Clock skew injected into every source (ppm).")] = 0.0,
-    skew_spread_ppm: Annotated[float, typer.Option(callback=finite_float(at_least=0),
-                                                   help="Plus a per-source uniform skew in ±this (ppm).")] = 0.0,
-    jitter_us: Annotated[int, typer.Option(
-        metavar="DURATION", parser=DURATION_BARE_US, show_default="0",
-        help="Extra send delay per event, uniform in [0, this] (reorders close events); a bare number is "
-             "microseconds.")] = 0,
-    pool: Annotated[int, typer.Option(min=1, help="TCP connections per source; batches interleave round-robin.")
-                    ] = 1,
-    batch_events: Annotated[int, typer.Option(min=1, help="Events per frame at most.")] = 50,
-    linger_us: Annotated[int, typer.Option(
-        "--linger-ms", metavar="DURATION", parser=DURATION_BARE_MS, show_default="2",
-        help="How long a partial batch waits for more events; a bare number is milliseconds.")] = 2_000,
-    keep_seqs: Annotated[bool, typer.Option(help="Send the trace's seqs (the gateway sees its disorder); "
-                                                 "--no-keep-seqs lets the SDK number events in send order.")]
-    = True,
-    token: Annotated[str | None, typer.Option(help="Static token for the hello (env SKEWLESS_TOKEN).",
-                                              envvar="SKEWLESS_TOKEN", show_envvar=False)] = None,
-    hmac_secret: Annotated[str | None, typer.Option(help="Sign HMAC tokens with this secret (env "
-                                                         "SKEWLESS_HMAC_SECRET).",
-                                                    envvar="SKEWLESS_HMAC_SECRET", show_envvar=False)] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the per-source spreads and the jitter.")] = 0,
-    source_suffix: Annotated[str, typer.Option(
-        metavar="TEXT", help="Append this to every source id, e.g. -2: replay a trace again to a gateway that "
-                             "already has it (it keeps each source's seqs and refuses seqs it has).")] = "",
-    progress: Annotated[bool, typer.Option(
-        help="Show a progress bar on stderr (only when stderr is a terminal).")] = True,
+    trace: _Trace,
+    host: _Host = "127.0.0.1",
+    port: _Port = 7700,
+    timesync_port: _TimesyncPort = None,
+    timesync: _Timesync = True,
+    udp_port: _UdpPort = None,
+    sync_attempts: _SyncAttempts = 10,
+    speed: _Speed = 1.0,
+    source: _Source = None,
+    limit: _Limit = None,
+    ahead_us: _AheadUs = 0,
+    ahead_spread_us: _AheadSpreadUs = 0,
+    skew_ppm: _SkewPpm = 0.0,
+    skew_spread_ppm: _SkewSpreadPpm = 0.0,
+    jitter_us: _JitterUs = 0,
+    pool: _Pool = 1,
+    batch_events: _BatchEvents = 50,
+    linger_us: _LingerUs = 2_000,
+    keep_seqs: _KeepSeqs = True,
+    token: _Token = None,
+    hmac_secret: _HmacSecret = None,
+    seed: _Seed = 0,
+    source_suffix: _SourceSuffix = "",
+    progress: _Progress = True,
 ) -> None:
     """Replay a trace as live sources (one SDK client per source_id) in arrival order, paced in real time.
 
@@ -299,7 +314,20 @@ def replay(
     """
     # The SDK logs every failed connect at INFO; the summary or the one error line say it for a replay.
     quiet_unless_chosen("clients")
-    timesync_port = timesync_port if timesync_port is not None else udp_port
+    events = _read_named_trace(trace)
+    options = SourceReplayOptions(speed=speed, ahead_us=ahead_us, ahead_spread_us=ahead_spread_us,
+                                  skew_ppm=skew_ppm, skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us,
+                                  keep_seqs=keep_seqs, sources=tuple(source or ()), limit=limit, seed=seed,
+                                  source_suffix=source_suffix)
+    summary = _replay_or_say_why(events, host, port, options, timesync_port=(
+        timesync_port if timesync_port is not None else udp_port), time_sync=timesync, sync_attempts=sync_attempts,
+        pool_size=pool, batch_events=batch_events, linger_s=linger_us / 1e6, token=token,
+        hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress_enabled(progress))
+    typer.echo(summary.line())
+
+
+def _read_named_trace(trace: Path) -> list[TraceEvent]:
+    """The trace's events, or one line saying why the file is not a trace or which stream name is invalid."""
     try:
         events = read_trace(trace)
     except ValueError as exc:  # orjson's decode error is a ValueError too
@@ -310,19 +338,17 @@ def replay(
             validate_stream_name(event.stream)
         except InvalidStreamName as exc:
             raise typer.BadParameter(f"{trace}: {exc}", param_hint="'TRACE'") from None
-    options = SourceReplayOptions(speed=speed, ahead_us=ahead_us, ahead_spread_us=ahead_spread_us,
-                                  skew_ppm=skew_ppm, skew_spread_ppm=skew_spread_ppm, jitter_us=jitter_us,
-                                  keep_seqs=keep_seqs, sources=tuple(source or ()), limit=limit, seed=seed,
-                                  source_suffix=source_suffix)
+    return events
+
+
+def _replay_or_say_why(events: Sequence[TraceEvent], host: str, port: int, options: SourceReplayOptions,
+                       **client: Any) -> ReplaySummary:
+    """:func:`replay_trace` (``client``: its keyword arguments), a repeat or an unreachable gateway in one line."""
     handlers = logging.getLogger().handlers
     for handler in handlers:
         handler.addFilter(_not_a_seq_conflict)
     try:
-        summary = asyncio.run(replay_trace(
-            events, host, port, options, timesync_port=timesync_port, time_sync=timesync,
-            sync_attempts=sync_attempts, pool_size=pool,
-            batch_events=batch_events, linger_s=linger_us / 1e6, token=token,
-            hmac_secret=hmac_secret.encode() if hmac_secret else None, progress=progress_enabled(progress)))
+        return asyncio.run(replay_trace(events, host, port, options, **client))
     except ReplayRepeated as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
@@ -331,7 +357,6 @@ def replay(
     finally:
         for handler in handlers:
             handler.removeFilter(_not_a_seq_conflict)
-    typer.echo(summary.line())
 
 
 def register(app: typer.Typer) -> None:
