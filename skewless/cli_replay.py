@@ -116,88 +116,101 @@ def generate_cmd(
     typer.echo(f"wrote {n} events to {out}")
 
 
+# The options of `skewless replay`, one alias each, so the command's signature reads as its option list.
+_Trace = Annotated[Path, typer.Option("--trace", help="JSON Lines trace (docs/traces.md).")]
+_Approach = Annotated[str, typer.Option(help=f"One of {', '.join(APPROACHES)}.")]
+_LatencyThreshold = Annotated[
+    str | None, typer.Option(help="User latency threshold (Eq. 3.11) [sequence 2s, thesis 500ms].")]
+_Alpha = Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.2-3.3.")]
+_Beta = Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.7-3.8.")]
+_DropLate = Annotated[
+    bool, typer.Option("--drop-late", help="Late events only to the side output (as the gateway runs).")]
+_TargetAccuracy = Annotated[float, typer.Option(help="sequence: fraction of gaps to wait out.")]
+_MinGapTimeout = Annotated[str, typer.Option(help="sequence: never give up on a gap sooner (the gateway runs 200ms).")]
+_MaxLatencyThreshold = Annotated[
+    str, typer.Option(help="sequence: how far the latency threshold may learn (0: fixed at --latency-threshold).")]
+_MaxBuffered = Annotated[
+    int, typer.Option(help="sequence, thesis: early events one reorderer may hold before giving its gap up.")]
+_K = Annotated[str, typer.Option(help="kslack: fixed K.")]
+_ErrorThreshold = Annotated[float, typer.Option(help="aqkslack: relative error threshold (Siddhi akslack's default).")]
+_Confidence = Annotated[float, typer.Option(help="aqkslack: confidence level (Siddhi akslack's default).")]
+_BatchSize = Annotated[int, typer.Option(help="aqkslack: events per alpha estimate (Siddhi's default).")]
+_Sync = Annotated[bool, typer.Option("--sync/--no-sync", help="Simulated time sync of source clocks.")]
+_Heartbeats = Annotated[bool, typer.Option("--heartbeats/--no-heartbeats", help="Sync rounds prove liveness.")]
+_Seed = Annotated[int, typer.Option(help="Seed of the simulated sync network.")]
+_LearnMergeWait = Annotated[bool, typer.Option(
+    "--learn-merge-wait/--fixed-merge-wait",
+    help="sequence: wait for a silent source as long as its silences say, or only as its gaps say.")]
+_Core = Annotated[str | None, typer.Option(
+    help="sequence, thesis: the reorderer core, native (Rust, skewless_native) or python (its specification) "
+         "[native when built].")]
+_AsJson = Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")]
+_Emit = Annotated[Path | None, typer.Option(help="Also write released events, in release order.")]
+
+
 def replay_cmd(
-    trace: Annotated[Path, typer.Option("--trace", help="JSON Lines trace (docs/traces.md).")],
-    approach: Annotated[str, typer.Option(help=f"One of {', '.join(APPROACHES)}.")] = "sequence",
-    latency_threshold: Annotated[
-        str | None, typer.Option(help="User latency threshold (Eq. 3.11) [sequence 2s, thesis 500ms].")
-    ] = None,
-    alpha: Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.2-3.3.")] = 0.6,
-    beta: Annotated[float, typer.Option(help="Smoothing factor of Eq. 3.7-3.8.")] = 0.6,
-    drop_late: Annotated[
-        bool, typer.Option("--drop-late", help="Late events only to the side output (as the gateway runs).")
-    ] = False,
-    target_accuracy: Annotated[float, typer.Option(help="sequence: fraction of gaps to wait out.")] = 0.9999,
-    min_gap_timeout: Annotated[
-        str, typer.Option(help="sequence: never give up on a gap sooner (the gateway runs 200ms).")
-    ] = "0",
-    max_latency_threshold: Annotated[
-        str, typer.Option(help="sequence: how far the latency threshold may learn (0: fixed at --latency-threshold).")
-    ] = "60s",
-    max_buffered: Annotated[
-        int, typer.Option(help="sequence, thesis: early events one reorderer may hold before giving its gap up.")
-    ] = DEFAULT_MAX_BUFFERED,
-    k: Annotated[str, typer.Option(help="kslack: fixed K.")] = "100ms",
-    error_threshold: Annotated[
-        float, typer.Option(help="aqkslack: relative error threshold (Siddhi akslack's default).")] = 0.03,
-    confidence: Annotated[float, typer.Option(help="aqkslack: confidence level (Siddhi akslack's default).")] = 0.95,
-    batch_size: Annotated[int, typer.Option(help="aqkslack: events per alpha estimate (Siddhi's default).")] = 10_000,
-    sync: Annotated[bool, typer.Option("--sync/--no-sync", help="Simulated time sync of source clocks.")] = True,
-    heartbeats: Annotated[
-        bool, typer.Option("--heartbeats/--no-heartbeats", help="Sync rounds prove liveness.")
-    ] = True,
-    seed: Annotated[int, typer.Option(help="Seed of the simulated sync network.")] = 1,
-    learn_merge_wait: Annotated[
-        bool,
-        typer.Option("--learn-merge-wait/--fixed-merge-wait",
-                     help="sequence: wait for a silent source as long as its silences say, or only as its gaps say."),
-    ] = True,
-    core: Annotated[str | None, typer.Option(
-        help="sequence, thesis: the reorderer core, native (Rust, skewless_native) or python (its specification) "
-             "[native when built].")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as one JSON object.")] = False,
-    emit: Annotated[Path | None, typer.Option(help="Also write released events, in release order.")] = None,
+    trace: _Trace,
+    approach: _Approach = "sequence",
+    latency_threshold: _LatencyThreshold = None,
+    alpha: _Alpha = 0.6,
+    beta: _Beta = 0.6,
+    drop_late: _DropLate = False,
+    target_accuracy: _TargetAccuracy = 0.9999,
+    min_gap_timeout: _MinGapTimeout = "0",
+    max_latency_threshold: _MaxLatencyThreshold = "60s",
+    max_buffered: _MaxBuffered = DEFAULT_MAX_BUFFERED,
+    k: _K = "100ms",
+    error_threshold: _ErrorThreshold = 0.03,
+    confidence: _Confidence = 0.95,
+    batch_size: _BatchSize = 10_000,
+    sync: _Sync = True,
+    heartbeats: _Heartbeats = True,
+    seed: _Seed = 1,
+    learn_merge_wait: _LearnMergeWait = True,
+    core: _Core = None,
+    as_json: _AsJson = False,
+    emit: _Emit = None,
     progress: Progress = True,
 ) -> None:
     """Replay a trace in virtual time through one approach and print the thesis' metrics."""
     if approach not in APPROACHES:
         raise typer.BadParameter(f"unknown approach {approach!r}; choose from {', '.join(APPROACHES)}")
+    reorderer_factory = _core_factory(core)
+    opts = ReplayOptions(
+        approach=_approach(approach),
+        latency_threshold_us=None if latency_threshold is None else parse_duration_us(latency_threshold),
+        alpha=alpha, beta=beta, drop_late=drop_late, target_accuracy=target_accuracy,
+        min_gap_timeout_us=parse_duration_us(min_gap_timeout),
+        max_latency_threshold_us=parse_duration_us(max_latency_threshold),
+        max_buffered=max_buffered, k_us=parse_duration_us(k), sync=sync, heartbeats=heartbeats,
+        learn_merge_wait=learn_merge_wait, seed=seed,
+        aq=AQKSlackConfig(batch_size=batch_size, error_threshold=error_threshold, confidence=confidence),
+        emit=emit is not None, reorderer_factory=reorderer_factory,
+    )
+    _replay_and_print(trace, opts, emit, as_json=as_json, progress=progress_enabled(progress))
+
+
+def _core_factory(core: str | None) -> ReordererFactory | None:
+    """The reorderer factory of ``--core`` (None: native when built), or one line saying why there is none."""
     if core is None:
         core = "native" if "native" in CORES else "python"
     if core not in ("native", "python"):
         raise typer.BadParameter(f"unknown core {core!r}; choose from native, python")
     if core not in CORES:
         raise typer.BadParameter("the native core is not built (`make native`); --core python runs the Python one")
-    opts = ReplayOptions(
-        approach=_approach(approach),
-        latency_threshold_us=None if latency_threshold is None else parse_duration_us(latency_threshold),
-        alpha=alpha,
-        beta=beta,
-        drop_late=drop_late,
-        target_accuracy=target_accuracy,
-        min_gap_timeout_us=parse_duration_us(min_gap_timeout),
-        max_latency_threshold_us=parse_duration_us(max_latency_threshold),
-        max_buffered=max_buffered,
-        k_us=parse_duration_us(k),
-        sync=sync,
-        heartbeats=heartbeats,
-        learn_merge_wait=learn_merge_wait,
-        seed=seed,
-        aq=AQKSlackConfig(batch_size=batch_size, error_threshold=error_threshold, confidence=confidence),
-        emit=emit is not None,
-        reorderer_factory=CORES[core],
-    )
-    enabled = progress_enabled(progress)
+    return CORES[core]
+
+
+def _replay_and_print(trace: Path, opts: ReplayOptions, emit: Path | None, *, as_json: bool, progress: bool) -> None:
     # read_trace and the virtual-time replay are single calls without a hook: pulsing bars, one per stage.
-    with progress_bar(f"reading {trace.name}", None, enabled=enabled):
+    with progress_bar(f"reading {trace.name}", None, enabled=progress):
         events = read_trace(trace)
-    with progress_bar(f"replaying {len(events):,} events ({approach})", None, enabled=enabled):
+    with progress_bar(f"replaying {len(events):,} events ({opts.approach})", None, enabled=progress):
         result = replay(events, opts)
     if emit is not None:
         keys = ("source_id", "stream", "seq", "release_ts_us", "ref_ts_us")
         with emit.open("wb") as fh:
-            for row in track(result.emitted, f"writing {emit.name}", enabled=enabled):
+            for row in track(result.emitted, f"writing {emit.name}", enabled=progress):
                 fh.write(orjson.dumps(dict(zip(keys, row, strict=True))) + b"\n")
     if as_json:
         typer.echo(orjson.dumps(result.metrics, option=orjson.OPT_SORT_KEYS).decode())
