@@ -237,6 +237,32 @@ class _Check:
     equal: bool = False
 
 
+def _begin_predicates(
+    query: IntervalQuery, begin_attrs: frozenset[str]
+) -> tuple[dict[str, tuple[Predicate, ...]], dict[str, tuple[Predicate, ...]]]:
+    """The predicates of each negated element an IBP can decide, (constant, cross): those reading only trusted
+    attributes of it."""
+    constant: dict[str, tuple[Predicate, ...]] = {}
+    cross: dict[str, tuple[Predicate, ...]] = {}
+    for spec in query.negations:
+        def trusted(p: Predicate, alias: str = spec.alias) -> bool:
+            refs = [p.left, *([p.right] if isinstance(p.right, AttrRef) else [])]
+            return all(r.attr in begin_attrs for r in refs if r.alias == alias)
+        constant[spec.alias] = tuple(p for p in spec.constant_predicates if trusted(p))
+        cross[spec.alias] = tuple(p for p in spec.cross_predicates if trusted(p))
+    return constant, cross
+
+
+def _require_negation_bounds(query: IntervalQuery, punctuated_types: frozenset[str]) -> None:
+    """A negated element whose end is unbounded above could negate any result at any later time."""
+    for spec in query.negations:
+        if not spec.end_upper_bounds and not (
+                spec.start_upper_bounds and spec.event_type in punctuated_types):
+            raise IntervalError(
+                f"!{spec.alias} has no upper bound on its end (e.g. {spec.alias}.te < C.ts), and its start bound "
+                f"needs {spec.event_type} in punctuated_types: no result could ever be declared valid")
+
+
 class IntervalEngine:
     """ISEQ over a K-bounded out-of-order stream of intervals and IBPs."""
 
@@ -251,7 +277,6 @@ class IntervalEngine:
         self._seq = -1
         self._order = 0
         self._naive = cfg.indexing == "naive"
-        closure = query.closure
         tracked = cfg.indexing == "ibp"
         # -- indexed path: longest chain of endpoints of distinct elements linked by strict restrictions ---------
         allowed: list[EndpointRef] = [EndpointRef(a, "te") for a in query.positives]
@@ -264,55 +289,14 @@ class IntervalEngine:
         self._buffers: dict[str, _Buffer] = {
             a: _Buffer(on_path.get(a, "te"), a in on_path) for a in query.positives}
         self._neg: dict[str, list[_Entry]] = {a: [] for a in query.negatives}
-        # The predicates of each negated element an IBP can decide: those reading only trusted attributes of it.
-        self._begin_constant: dict[str, tuple[Predicate, ...]] = {}
-        self._begin_cross: dict[str, tuple[Predicate, ...]] = {}
-        for spec in query.negations:
-            def trusted(p: Predicate, alias: str = spec.alias) -> bool:
-                refs = [p.left, *([p.right] if isinstance(p.right, AttrRef) else [])]
-                return all(r.attr in cfg.begin_attrs for r in refs if r.alias == alias)
-            self._begin_constant[spec.alias] = tuple(p for p in spec.constant_predicates if trusted(p))
-            self._begin_cross[spec.alias] = tuple(p for p in spec.cross_predicates if trusted(p))
-        for spec in query.negations:
-            if not spec.end_upper_bounds and not (
-                    spec.start_upper_bounds and spec.event_type in cfg.punctuated_types):
-                raise IntervalError(
-                    f"!{spec.alias} has no upper bound on its end (e.g. {spec.alias}.te < C.ts), and its start bound "
-                    f"needs {spec.event_type} in punctuated_types: no result could ever be declared valid")
+        self._begin_constant, self._begin_cross = _begin_predicates(query, cfg.begin_attrs)
+        _require_negation_bounds(query, cfg.punctuated_types)
         # -- restrictions ----------------------------------------------------------------------------------------
-        self._checks: dict[tuple[str, str], list[_Check]] = {}
-        for a in query.positives:
-            for b in query.positives:
-                if a != b:
-                    self._checks[(a, b)] = self._pair_checks(a, b)
+        self._checks: dict[tuple[str, str], list[_Check]] = {
+            (a, b): self._pair_checks(a, b) for a in query.positives for b in query.positives if a != b}
         self._self_constraints: dict[str, list[Constraint]] = {
             a: [c for c in query.positive_constraints if c.left.alias == c.right.alias == a] for a in query.positives}
-        # partners[a]: (b, p, strict, q): b.p < a.q (or <=) is required; p observable (te, or ts of a tracked b).
-        self._partners: dict[str, list[tuple[str, str, bool, str]]] = {a: [] for a in query.positives}
-        # skip_trigger[a]: a.te < b.x strictly for another element: a later arrival completes every result with a.
-        self._skip_trigger: dict[str, bool] = {}
-        # last_end[a]: a.te > every endpoint of every other element (immediate purge after the join, K = 0).
-        self._last_end: dict[str, bool] = {}
-        for a in query.positives:
-            a_te = EndpointRef(a, "te")
-            skip = False
-            last = len(query.positives) > 1
-            for b in query.positives:
-                if b == a:
-                    continue
-                for p in ("ts", "te"):
-                    bp = EndpointRef(b, p)
-                    if closure.relation(a_te, bp) == "<":
-                        skip = True
-                    if closure.relation(bp, a_te) != "<":
-                        last = False
-                    if p == "te" or b in self._begins_tracked:
-                        for q in ("ts", "te"):
-                            r = closure.relation(bp, EndpointRef(a, q))
-                            if r is not None:
-                                self._partners[a].append((b, p, r == "<", q))
-            self._skip_trigger[a] = skip
-            self._last_end[a] = last
+        self._partners, self._skip_trigger, self._last_end = self._endpoint_roles()
         self._join_orders: dict[str, list[str]] = {a: self._join_order(a) for a in query.positives}
         # -- dynamic state ---------------------------------------------------------------------------------------
         self._open: dict[str, dict[str, _Entry]] = {}
@@ -339,6 +323,41 @@ class IntervalEngine:
                     chain = (*best[y], x)
             best[x] = chain
         return max(best.values(), key=len, default=())
+
+    def _endpoint_roles(
+        self,
+    ) -> tuple[dict[str, list[tuple[str, str, bool, str]]], dict[str, bool], dict[str, bool]]:
+        """Per positive element a, from the closure of the TList:
+
+        * partners[a]: (b, p, strict, q): b.p < a.q (or <=) is required; p observable (te, or ts of a tracked b);
+        * skip_trigger[a]: a.te < b.x strictly for another element: a later arrival completes every result with a;
+        * last_end[a]: a.te > every endpoint of every other element (immediate purge after the join, K = 0)."""
+        positives = self.query.positives
+        closure = self.query.closure
+        partners: dict[str, list[tuple[str, str, bool, str]]] = {a: [] for a in positives}
+        skip_trigger: dict[str, bool] = {}
+        last_end: dict[str, bool] = {}
+        for a in positives:
+            a_te = EndpointRef(a, "te")
+            skip = False
+            last = len(positives) > 1
+            for b in positives:
+                if b == a:
+                    continue
+                for p in ("ts", "te"):
+                    bp = EndpointRef(b, p)
+                    if closure.relation(a_te, bp) == "<":
+                        skip = True
+                    if closure.relation(bp, a_te) != "<":
+                        last = False
+                    if p == "te" or b in self._begins_tracked:
+                        for q in ("ts", "te"):
+                            r = closure.relation(bp, EndpointRef(a, q))
+                            if r is not None:
+                                partners[a].append((b, p, r == "<", q))
+            skip_trigger[a] = skip
+            last_end[a] = last
+        return partners, skip_trigger, last_end
 
     def _pair_checks(self, a: str, b: str) -> list[_Check]:
         """Restrictions between a (being bound) and b (bound): inferred ones, or only given ones when naive."""
@@ -425,44 +444,53 @@ class IntervalEngine:
             entry = opened.get(alias)
             if alias in self._neg:
                 self._negation_interval(alias, interval, uid, entry, out)
-                continue
-            if interval.length_us >= self._w or not self._admit(alias, interval.attrs, interval):
-                if entry is not None:
-                    self._buffers[alias].remove(entry)
-                    self._gauge(-1)
-                    removed = True
-                self.counters.ignored += 1
-                continue
-            if (alias, uid) in self._dropped_begins:
-                self.counters.dropped_on_arrival += 1
-                continue
-            if entry is not None:
-                entry.te = interval.end_ts_us
-                entry.seq = self._seq
-                entry.interval = interval
-                entry.attrs = interval.attrs
-            else:
-                entry = self._new_entry(uid, interval.start_ts_us, interval.end_ts_us, interval.attrs, interval)
-            if not self._naive and self._no_partner(alias, entry):
-                if alias in opened:
-                    self._buffers[alias].remove(entry)
-                    self._gauge(-1)
-                    removed = True  # only a buffer that changed can leave other entries without a partner
-                self.counters.dropped_on_arrival += 1
-                continue
-            if alias not in opened:
-                self._buffers[alias].insert(entry)
-                self._gauge(1)
-            if self._naive or not in_order or not self._skip_trigger[alias]:
-                self._join(alias, entry, in_order, out)
-            if not self._naive and self._k == 0 and self._last_end[alias]:
-                self._buffers[alias].remove(entry)
-                self._gauge(-1)
-                self.counters.immediate_purged += 1
+            elif self._insert_and_join(alias, interval, uid, opened, in_order, out):
                 removed = True
         self._after(removed, out)
         self.counters.accumulated_buffered += self.counters.buffered
         return out
+
+    def _insert_and_join(self, alias: str, interval: Interval, uid: str, opened: dict[str, _Entry], in_order: bool,
+                         out: list[IntervalOutput]) -> bool:
+        """An ended interval as positive element ``alias``: fill its IBP entry or insert it, unless an early-drop
+        rule applies, and trigger the join.  Returns whether a buffer lost an entry (only a buffer that changed
+        can leave other entries without a partner)."""
+        entry = opened.get(alias)
+        if interval.length_us >= self._w or not self._admit(alias, interval.attrs, interval):
+            self.counters.ignored += 1
+            if entry is not None:
+                self._buffers[alias].remove(entry)
+                self._gauge(-1)
+                return True
+            return False
+        if (alias, uid) in self._dropped_begins:
+            self.counters.dropped_on_arrival += 1
+            return False
+        if entry is not None:
+            entry.te = interval.end_ts_us
+            entry.seq = self._seq
+            entry.interval = interval
+            entry.attrs = interval.attrs
+        else:
+            entry = self._new_entry(uid, interval.start_ts_us, interval.end_ts_us, interval.attrs, interval)
+        if not self._naive and self._no_partner(alias, entry):
+            self.counters.dropped_on_arrival += 1
+            if alias in opened:
+                self._buffers[alias].remove(entry)
+                self._gauge(-1)
+                return True
+            return False
+        if alias not in opened:
+            self._buffers[alias].insert(entry)
+            self._gauge(1)
+        if self._naive or not in_order or not self._skip_trigger[alias]:
+            self._join(alias, entry, in_order, out)
+        if not self._naive and self._k == 0 and self._last_end[alias]:
+            self._buffers[alias].remove(entry)
+            self._gauge(-1)
+            self.counters.immediate_purged += 1
+            return True
+        return False
 
     def on_begin(self, begin: IntervalBegin) -> list[IntervalOutput]:
         """Process one arriving IBP (an interval's begin punctuation)."""
@@ -692,33 +720,12 @@ class IntervalEngine:
             self._emit_result(dict(binding), in_order, out)
             return
         alias = order[depth]
-        buf = self._buffers[alias]
         w = self._w
         checks = [(b, self._checks[(alias, b)]) for b in order[:depth]]
-        lo, lo_strict, hi, hi_strict = -_INF, False, _INF, False
-        if buf.indexed:
-            key_ep = buf.endpoint
-            for b, cs in checks:
-                be = binding[b]
-                for c in cs:
-                    if c.left_alias == alias and c.left_ep == key_ep:  # alias.key op b.x: upper bound
-                        v = be.value(c.right_ep)
-                        if v < hi or (v == hi and c.strict):
-                            hi, hi_strict = v, c.strict
-                    elif c.right_alias == alias and c.right_ep == key_ep:  # b.x op alias.key: lower bound
-                        v = be.value(c.left_ep)
-                        if v > lo or (v == lo and c.strict):
-                            lo, lo_strict = v, c.strict
-            # The window: every member ends before min_ts + W and starts after max_te - W.
-            if key_ep == "te":
-                if min_ts + w < hi or (min_ts + w == hi and not hi_strict):
-                    hi, hi_strict = min_ts + w, True
-            elif max_te - w > lo or (max_te - w == lo and not lo_strict):
-                lo, lo_strict = max_te - w, True
         used = {e.uid for e in binding.values()}
         cross = [p for p in self.query.cross_predicates
                  if alias in p.aliases() and all(a in binding or a == alias for a in p.aliases())]
-        for cand in buf.range(lo, lo_strict, hi, hi_strict):
+        for cand in self._candidates(alias, checks, binding, min_ts, max_te):
             self.counters.join_probes += 1
             te = cand.te
             if te is None or cand.uid in used:
@@ -751,6 +758,34 @@ class IntervalEngine:
             binding[alias] = cand
             self._extend(order, depth + 1, binding, new_min, new_max, in_order, out)
             del binding[alias]
+
+    def _candidates(self, alias: str, checks: list[tuple[str, list[_Check]]], binding: Mapping[str, _Entry],
+                    min_ts: int, max_te: int) -> list[_Entry]:
+        """The entries of ``alias`` its bound neighbours and the window allow: on an indexed buffer, the range
+        Li's RIP pointers delimit, found by binary search; otherwise the whole buffer."""
+        buf = self._buffers[alias]
+        lo, lo_strict, hi, hi_strict = -_INF, False, _INF, False
+        if buf.indexed:
+            key_ep = buf.endpoint
+            for b, cs in checks:
+                be = binding[b]
+                for c in cs:
+                    if c.left_alias == alias and c.left_ep == key_ep:  # alias.key op b.x: upper bound
+                        v = be.value(c.right_ep)
+                        if v < hi or (v == hi and c.strict):
+                            hi, hi_strict = v, c.strict
+                    elif c.right_alias == alias and c.right_ep == key_ep:  # b.x op alias.key: lower bound
+                        v = be.value(c.left_ep)
+                        if v > lo or (v == lo and c.strict):
+                            lo, lo_strict = v, c.strict
+            # The window: every member ends before min_ts + W and starts after max_te - W.
+            w = self._w
+            if key_ep == "te":
+                if min_ts + w < hi or (min_ts + w == hi and not hi_strict):
+                    hi, hi_strict = min_ts + w, True
+            elif max_te - w > lo or (max_te - w == lo and not lo_strict):
+                lo, lo_strict = max_te - w, True
+        return buf.range(lo, lo_strict, hi, hi_strict)
 
     # -- results, negation, compensation ----------------------------------------------------------------------
     def _key(self, binding: Mapping[str, _Entry]) -> tuple[str, ...]:
