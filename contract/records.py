@@ -144,6 +144,9 @@ class EventRecord:
     interval_id: str | None = None
     endpoint: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    lateness_us: int | None = None
+    """A late record's lateness: how far behind what was already promised (the watermark, its source's releases,
+    or its own arrival for an event diverted before the merge) its reference time lies. None on an on-time record."""
 
     @property
     def end_ts_us(self) -> int:
@@ -183,6 +186,8 @@ class EventRecord:
             value["late_reason"] = self.late_reason
         if self.rtt_us is not None:
             value["rtt_us"] = self.rtt_us
+        if self.lateness_us is not None:
+            value["lateness_us"] = self.lateness_us
         value.update(self.extra)
         return orjson.dumps(value)
 
@@ -219,13 +224,14 @@ class EventRecord:
                    start_uncertainty_us=uncertainty_us if start_uncertainty_us is None else start_uncertainty_us,
                    source_start_ts_us=source_ts_us if source_start_ts_us is None else source_start_ts_us,
                    interval_id=interval_id, endpoint=endpoint,
-                   extra={k: v for k, v in raw.items() if k not in _EVENT_FIELDS})
+                   extra={k: v for k, v in raw.items() if k not in _EVENT_FIELDS},
+                   lateness_us=_optional_int(raw, "lateness_us"))
 
 
 _EVENT_FIELDS = frozenset({
     "v", "kind", "stream", "source_id", "seq", "source_ts_us", "ref_ts_us", "uncertainty_us", "arrival_ts_us",
     "release_ts_us", "late", "payload", "late_reason", "rtt_us", "start_ts_us", "end_ts_us", "start_uncertainty_us",
-    "source_start_ts_us", "interval_id", "endpoint"})
+    "source_start_ts_us", "interval_id", "endpoint", "lateness_us"})
 # An endpoint event's "endpoint" (the wire's values: contract.wire.messages.ENDPOINTS).
 ENDPOINTS = ("start", "end")
 

@@ -619,8 +619,7 @@ class IngestPipeline:
                     counters.refs_raised += 1
                     record.extra = {REF_RAISED_US: item.raised_us}
                 if passed is not None and passed.event is event:  # drop_late=False: released although late
-                    record = replace(record, late=True, late_reason=passed.reason,
-                                     extra={**record.extra, "lateness_us": passed.lateness_us})
+                    record = replace(record, late=True, late_reason=passed.reason, lateness_us=passed.lateness_us)
                 out.append(PublishRecord(record, "events"))
             elif isinstance(item, Punctuation):
                 counters.punctuations += 1
@@ -658,7 +657,7 @@ class IngestPipeline:
             stream=event.stream, source_id=event.source_id, seq=event.seq, source_ts_us=event.source_ts_us,
             ref_ts_us=ref_us, uncertainty_us=error_us, arrival_ts_us=arrival_us, release_ts_us=now_us,
             late=True, payload=event.payload, late_reason=reason, rtt_us=self.clock.rtt_us(event.source_id),
-            extra={"lateness_us": lateness_us})
+            lateness_us=lateness_us)
         if event.interval is not None:
             self._add_interval(record, event)
         return PublishRecord(record, "late")

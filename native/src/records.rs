@@ -190,6 +190,8 @@ pub struct EventRecordFields<'a> {
     pub payload_json: &'a [u8],
     pub late_reason: Option<&'a str>,
     pub rtt_us: Option<i128>,
+    /// How far behind the watermark a late record arrived (written after rtt_us when set).
+    pub lateness_us: Option<i128>,
     pub start_ts_us: Option<i128>,
     pub start_uncertainty_us: Option<i128>,
     pub source_start_ts_us: Option<i128>,
@@ -261,6 +263,10 @@ pub fn write_event_record(out: &mut Vec<u8>, r: &EventRecordFields<'_>) -> Resul
         key(out, "rtt_us");
         write_int(out, rtt_us)?;
     }
+    if let Some(lateness_us) = r.lateness_us {
+        key(out, "lateness_us");
+        write_int(out, lateness_us)?;
+    }
     for (name, value) in &r.extra_json {
         key(out, name);
         out.extend_from_slice(value);
@@ -291,7 +297,7 @@ pub fn write_punctuation_record(
 
 /// The JSON keys EventRecord.to_json may write itself: an `extra` key among them replaces that value in place
 /// (dict.update), which the wrapper leaves to orjson.
-const RECORD_KEYS: [&str; 20] = [
+const RECORD_KEYS: [&str; 21] = [
     "v",
     "kind",
     "stream",
@@ -312,6 +318,7 @@ const RECORD_KEYS: [&str; 20] = [
     "endpoint",
     "late_reason",
     "rtt_us",
+    "lateness_us",
 ];
 
 // ------------------------------------------------------------------------------------------------ Python view
@@ -435,7 +442,7 @@ struct Attrs {
 }
 
 static ATTRS: PyOnceLock<Vec<Py<PyString>>> = PyOnceLock::new();
-const ATTR_NAMES: [&str; 18] = [
+const ATTR_NAMES: [&str; 19] = [
     "stream",
     "source_id",
     "seq",
@@ -454,6 +461,7 @@ const ATTR_NAMES: [&str; 18] = [
     "interval_id",
     "endpoint",
     "extra",
+    "lateness_us",
 ];
 
 impl Attrs {
@@ -562,6 +570,7 @@ impl RecordBuilder {
             payload_json: &payload_json,
             late_reason: late_reason.as_deref(),
             rtt_us: opt_int(&f[11])?,
+            lateness_us: opt_int(&f[18])?,
             start_ts_us: opt_int(&f[12])?,
             start_uncertainty_us: opt_int(&f[13])?,
             source_start_ts_us: opt_int(&f[14])?,

@@ -49,12 +49,12 @@ def test_point_record_leaves_the_interval_fields_out_and_reads_back_with_start_e
     assert decode_record(decoded.to_json()) == decoded
 
 
-def test_late_interval_record_keeps_lateness_in_extra() -> None:
+def test_late_interval_record_keeps_its_lateness() -> None:
     record = EventRecord("s", "a", 1, 10, 15, 4, 20, 21, late=True, late_reason="duplicate", start_ts_us=12,
-                         start_uncertainty_us=3, source_start_ts_us=7, extra={"lateness_us": 5})
+                         start_uncertainty_us=3, source_start_ts_us=7, lateness_us=5)
     decoded = decode_record(record.to_json())
     assert decoded == record
-    assert isinstance(decoded, EventRecord) and decoded.extra == {"lateness_us": 5}
+    assert isinstance(decoded, EventRecord) and (decoded.lateness_us, decoded.extra) == (5, {})
 
 
 def test_v1_record_reads_as_a_point_event() -> None:

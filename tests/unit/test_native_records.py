@@ -60,7 +60,8 @@ def event_records(draw: st.DrawFn, payloads: st.SearchStrategy[Any] = json_value
         seq=draw(times), source_ts_us=draw(times), ref_ts_us=draw(times), uncertainty_us=draw(times),
         arrival_ts_us=draw(times), release_ts_us=draw(times), late=draw(st.booleans()), payload=draw(payloads),
         late_reason=draw(st.none() | st.sampled_from(["late_after_skip", "duplicate", "é"])),
-        rtt_us=draw(st.none() | times), extra=draw(st.sampled_from([{}, {"ref_raised_us": 7}, {"seq": 1}])), **start)
+        rtt_us=draw(st.none() | times), lateness_us=draw(st.none() | times),
+        extra=draw(st.sampled_from([{}, {"ref_raised_us": 7}, {"seq": 1}, {"lateness_us": 3}])), **start)
 
 
 def python_built(record: EventRecord, late: bool) -> tuple[Any, ...]:

@@ -75,7 +75,7 @@ def test_gap_skipped_after_timeout_and_late_arrival_goes_to_late_topic():
     assert records(late) == []
     (record,) = [o.record for o in late if isinstance(o, PublishRecord) and o.topic == "late"]
     assert (record.seq, record.late, record.late_reason) == (1, True, "late_after_skip")
-    assert record.extra["lateness_us"] == 9_000 - 5_100
+    assert record.lateness_us == 9_000 - 5_100
 
 
 def test_future_dated_event_quarantined_not_merged():
@@ -83,7 +83,7 @@ def test_future_dated_event_quarantined_not_merged():
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 1_001), T0)
     (record,) = [o.record for o in out if isinstance(o, PublishRecord)]
-    assert (record.late_reason, record.extra["lateness_us"]) == ("future_dated", 1_001)
+    assert (record.late_reason, record.lateness_us) == ("future_dated", 1_001)
     assert pipe.counters.quarantined == 1
     # The next, sane event is not held back by the quarantined one.
     assert records(pipe.push("a", ev(1, T0 + 5), T0 + 1)) == [("a", 1, T0 + 5)]
@@ -153,7 +153,7 @@ def test_restored_watermark_sends_older_events_to_the_late_topic():
     pipe.restore_watermark("s", T0 + 100)
     pipe.register("a", ("s",), T0)
     out = pipe.push("a", ev(0, T0 + 99), T0)
-    assert [(o.record.late_reason, o.record.extra["lateness_us"]) for o in out
+    assert [(o.record.late_reason, o.record.lateness_us) for o in out
             if isinstance(o, PublishRecord) and o.topic == "late"] == [("after_punctuation", 1)]
     assert records(pipe.push("a", ev(1, T0 + 100), T0 + 1)) == [("a", 1, T0 + 100)]
 
@@ -202,8 +202,8 @@ def test_drop_late_false_publishes_a_late_event_once_flagged_on_the_events_topic
     pipe, out = _skip_then_late(config)
     (record,) = [o.record for o in out if isinstance(o, PublishRecord)]
     assert [o.topic for o in out if isinstance(o, PublishRecord)] == ["events"]
-    assert (record.seq, record.late, record.late_reason, record.extra) == (
-        1, True, "late_after_skip", {"lateness_us": 9_000 - 5_100})
+    assert (record.seq, record.late, record.late_reason, record.lateness_us, record.extra) == (
+        1, True, "late_after_skip", 9_000 - 5_100, {})
     assert (pipe.counters.released, pipe.counters.late) == (3, 0)
 
 
@@ -212,7 +212,7 @@ def test_drop_late_false_still_keeps_the_punctuation_promise():
     config = PipelineConfig(sequence=SequenceConfig(latency_threshold_us=5_000), drop_late=False,
                             merger=MergerConfig(punctuation_interval_us=0))
     pipe, out = _skip_then_late(config)
-    assert [(o.topic, o.record.seq, o.record.late_reason, o.record.extra["lateness_us"]) for o in out
+    assert [(o.topic, o.record.seq, o.record.late_reason, o.record.lateness_us) for o in out
             if isinstance(o, PublishRecord)] == [("late", 1, "after_punctuation", 1)]
     assert (pipe.counters.released, pipe.counters.late) == (2, 1)
 
@@ -372,7 +372,7 @@ def test_pushing_a_frame_at_once_releases_the_same_records_in_the_same_order_as_
     assert published(many) == as_records
     # c's seq 20 is stamped below c's own seq 19 (issue 24 item 6): late as a stamp regression, however far the
     # punctuation got, by how far it is behind c's frontier (seq 19), the same in both modes.
-    lateness = [o.record.extra["lateness_us"] for outputs in (single, many) for o in outputs
+    lateness = [o.record.lateness_us for outputs in (single, many) for o in outputs
                 if isinstance(o, PublishRecord) and o.record.late_reason == "stamp_regression"]
     assert lateness == [999_690, 999_690]
     late = [(r.source_id, r.seq, r.late_reason) for topic, r in as_records if topic == "late"]
@@ -399,7 +399,7 @@ MAX_TS_US = 2**63 - 1
 
 
 def _late(outputs):
-    return [(o.record.source_id, o.record.seq, o.record.late_reason, o.record.extra.get("lateness_us"))
+    return [(o.record.source_id, o.record.seq, o.record.late_reason, o.record.lateness_us)
             for o in outputs if isinstance(o, PublishRecord) and o.topic == "late"]
 
 

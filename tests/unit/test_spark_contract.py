@@ -174,9 +174,8 @@ def test_sparks_record_columns_are_the_record_contracts_fields_with_their_types(
     interval = EventRecord("s", "a", 2, 20, 21, 2, 22, 23, payload=[1], start_ts_us=15, start_uncertainty_us=3,
                            source_start_ts_us=14)
     endpoint = EventRecord("s", "a", 3, 30, 31, 2, 32, 33, payload="p", interval_id="i", endpoint="start")
-    # A late record carries its lateness (reorder/pipeline.py _late_record puts it in extra).
-    late = EventRecord("s", "a", 4, 40, 41, 2, 42, 43, late=True, late_reason="after_punctuation",
-                       extra={"lateness_us": 7})
+    # A late record carries its lateness (a field of the record contract).
+    late = EventRecord("s", "a", 4, 40, 41, 2, 42, 43, late=True, late_reason="after_punctuation", lateness_us=7)
     punctuation = PunctuationRecord("s", 50, 51)
     spark_type = {bool: "boolean", int: "long", str: "string"}
     written: dict[str, str] = {}
