@@ -135,9 +135,25 @@ async def test_a_failing_connection_worker_is_answered_counted_and_does_not_bloc
 SESSION_FAULT_POINT = {"python": "gateway.session.messages.parse_events", "native": "gateway.native.EventsReceived"}
 
 
-@pytest.mark.parametrize("core", ["python", "native"])
-async def test_a_session_that_raises_is_answered_and_counted_and_other_connections_go_on(kafka, topic_prefix,
-                                                                                       monkeypatch, core: str):
+def _parser_bug(*_args: object) -> object:
+    raise ZeroDivisionError("injected parser failure")
+
+
+def _rust_panic(*_args: object) -> object:
+    import skewless_native
+
+    # A real panic inside the extension, caught at its boundary: it reaches Python as a RuntimeError.
+    skewless_native.ConnectionDecoder()._panic_for_test()
+    raise AssertionError("the panic did not raise")
+
+
+@pytest.mark.parametrize(("core", "broken", "raised"), [
+    ("python", _parser_bug, "ZeroDivisionError"),
+    ("native", _parser_bug, "ZeroDivisionError"),
+    ("native", _rust_panic, "RuntimeError"),
+])
+async def test_a_session_that_raises_is_answered_and_counted_and_other_connections_go_on(
+        kafka, topic_prefix, monkeypatch, core: str, broken: Any, raised: str):
     gateway = Gateway(GatewayConfig(port=0, bootstrap_servers=kafka.bootstrap_servers, topic_prefix=topic_prefix,
                                     core=core))
     await gateway.start()
@@ -148,10 +164,6 @@ async def test_a_session_that_raises_is_answered_and_counted_and_other_connectio
         decoder = FrameDecoder()
         replies: list[dict] = []
         await _read_until(reader, decoder, replies, lambda rs: len(rs) == 1)
-
-        def broken(*_args: object) -> object:
-            raise ZeroDivisionError("injected parser failure")
-
         # A parser bug raises inside asyncio's data_received: before, asyncio closed the socket with no error
         # frame, no count and no log line naming the source.
         monkeypatch.setattr(SESSION_FAULT_POINT[core], broken)
@@ -159,8 +171,7 @@ async def test_a_session_that_raises_is_answered_and_counted_and_other_connectio
         await writer.drain()
         await _read_until(reader, decoder, replies, lambda rs: False)
         assert replies[1:] == [{"type": "error", "code": "internal_error", "fatal": True,
-                                "message": "the gateway failed processing this connection (session): "
-                                           "ZeroDivisionError"}]
+                                "message": f"the gateway failed processing this connection (session): {raised}"}]
         assert gateway.worker_errors["session"] == 1
         writer.close()
 
