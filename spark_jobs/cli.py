@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -26,6 +26,9 @@ from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
 from spark_jobs.session import SHUFFLE_PARTITIONS_ENV, create_spark_session, stop_spark
 from spark_jobs.stateful import remove_temporary_checkpoints
+
+if TYPE_CHECKING:
+    from cep.sase import Query
 
 # rich_markup_mode=None and no pretty exceptions also under spark-submit (spark_jobs/submit.py runs this app alone).
 spark_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -210,6 +213,12 @@ def pattern_command(
     _run(spark, query)
 
 
+_SequenceKeyGroups = Annotated[int | None, typer.Option(
+    min=1, help="Key groups per stream: the query's equality key (a.id = b.id = ...) spread over this many Spark "
+                "groups (default 1; one group also without a key, with --k-slack-ms, aggressive mode or "
+                "--constraint). A record's emitted_at is then its group's CLOCK. Fixed in the checkpoint.")]
+
+
 @spark_app.command("sequence")
 def sequence_command(
     query: Annotated[str, typer.Option(help="e.g. \"EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id "
@@ -235,10 +244,7 @@ def sequence_command(
     early_alerts: Annotated[bool, typer.Option(
         help="With --constraint: an early_alert record once a match is certain. Sound only if every trace of the "
              "constraint spans less than the query's WITHIN window (your promise).")] = False,
-    key_groups: Annotated[int | None, typer.Option(
-        min=1, help="Key groups per stream: the query's equality key (a.id = b.id = ...) spread over this many "
-                    "Spark groups (default 1; one group also without a key, with --k-slack-ms, aggressive mode or "
-                    "--constraint). A record's emitted_at is then its group's CLOCK. Fixed in the checkpoint.")] = None,
+    key_groups: _SequenceKeyGroups = None,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
@@ -254,12 +260,7 @@ def sequence_command(
         parsed = parse_query(query)
     except SaseError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--query'") from None
-    if constraint is not None:
-        problem = sequence_job.constraint_problem(parsed, constraint, constraint_checker, early_alerts)
-        if problem is not None:
-            raise typer.BadParameter(problem, param_hint="'--constraint'")
-    elif early_alerts:
-        raise typer.BadParameter("needs --constraint", param_hint="'--early-alerts'")
+    _check_constraint(parsed, constraint, constraint_checker, early_alerts)
     streams = _streams(stream)
     conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
                                replication_factor, prefix, _streams(stream))
@@ -272,6 +273,17 @@ def sequence_command(
         checkpoint_dir=checkpoint,
         available_now=available_now))
     _run(spark, started)
+
+
+def _check_constraint(parsed: Query, constraint: str | None, checker: Literal["basic", "lightweight"],
+                      early_alerts: bool) -> None:
+    """One line naming the option when --constraint does not fit the query, or --early-alerts comes without it."""
+    if constraint is not None:
+        problem = sequence_job.constraint_problem(parsed, constraint, checker, early_alerts)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint="'--constraint'")
+    elif early_alerts:
+        raise typer.BadParameter("needs --constraint", param_hint="'--early-alerts'")
 
 
 @spark_app.command("iseq")
