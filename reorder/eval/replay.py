@@ -478,32 +478,15 @@ def _finish(
     col: _Collector,
     extra: dict[str, float | int | str],
 ) -> ReplayResult:
-    total = 0
-    peak = 0
-    buckets: dict[int, list[int]] = {}
-    latencies: list[int] = []
-    for i, rel in enumerate(col.release_us):
-        if rel is None:
-            continue
-        e = events[i]
-        lat = rel - e.arrival_ts_us
-        latencies.append(lat)
-        total += lat
-        peak = max(peak, lat)
-        b = buckets.get(e.arrival_ts_us // opts.bucket_us)
-        if b is None:
-            buckets[e.arrival_ts_us // opts.bucket_us] = [lat, lat, 1]
-        else:
-            b[0] += lat
-            b[1] = max(b[1], lat)
-            b[2] += 1
+    latencies, series = _latency_series(events, col, opts.bucket_us)
+    total = sum(latencies)
+    peak = max([0, *latencies])
     n = col.released
     injected = _injected_out_of_order(events, order)
     ooo = col.out_of_order
     accuracy = _accuracy(injected, ooo)
     injected_ms = _injected_out_of_order(events, order, 1000)
     injected_tol = _injected_out_of_order(events, order, 1, opts.tolerance_us)
-    series = [(k * opts.bucket_us, v[0] / v[2] / 1000.0, v[1] / 1000.0) for k, v in sorted(buckets.items())]
     metrics: dict[str, float | int | str] = {
         "approach": opts.approach,
         "events": len(events),
@@ -532,3 +515,26 @@ def _finish(
         metrics[f"late_events_{reason}"] = count
     metrics.update(extra)
     return ReplayResult(metrics, col.emitted, series)
+
+
+def _latency_series(events: Sequence[TraceEvent], col: _Collector,
+                    bucket_us: int) -> tuple[list[int], list[tuple[int, float, float]]]:
+    """Each released event's latency (release - arrival, µs, in event order) and, per arrival bucket of
+    ``bucket_us``, its start (µs) with the average and max latency (ms) of the events that arrived in it."""
+    buckets: dict[int, list[int]] = {}
+    latencies: list[int] = []
+    for i, rel in enumerate(col.release_us):
+        if rel is None:
+            continue
+        e = events[i]
+        lat = rel - e.arrival_ts_us
+        latencies.append(lat)
+        b = buckets.get(e.arrival_ts_us // bucket_us)
+        if b is None:
+            buckets[e.arrival_ts_us // bucket_us] = [lat, lat, 1]
+        else:
+            b[0] += lat
+            b[1] = max(b[1], lat)
+            b[2] += 1
+    series = [(k * bucket_us, v[0] / v[2] / 1000.0, v[1] / 1000.0) for k, v in sorted(buckets.items())]
+    return latencies, series
