@@ -461,6 +461,26 @@ class UncertainPatternMatcher:
             return []
         cand = _Candidate(ts_us, self._width2(uncertainty_us), self._arrivals, event_ref)
         self._arrivals += 1
+        found = self._matches_with(cand, positions, late)
+        self._buffer_candidate(cand, positions, late)
+        for m in found:
+            self.counters.matches += 1
+            if m.confidence is Confidence.CONFIRMED:
+                self.counters.confirmed += 1
+            else:
+                self.counters.uncertain += 1
+        if late:
+            self.counters.late_matches += len(found)
+            return found
+        if spec.emit == "eager":
+            return found
+        self._held.extend(_Held(max(m.ts_us), m) for m in found)
+        return []
+
+    def _matches_with(self, cand: _Candidate, positions: list[int], late: bool) -> list[PatternMatch]:
+        """The matches the new candidate completes at any of its positions, at most ``max_matches_per_event``;
+        the rest are counted in ``last_truncated``."""
+        spec = self.spec
         found: list[PatternMatch] = []
         truncated = 0
         within_us = spec.within_us
@@ -476,6 +496,11 @@ class UncertainPatternMatcher:
                     truncated += 1
         self.last_truncated = truncated
         self.counters.matches_truncated += truncated
+        return found
+
+    def _buffer_candidate(self, cand: _Candidate, positions: list[int], late: bool) -> None:
+        """Keep the candidate for the events still to come, at every position it can take."""
+        spec = self.spec
         buckets = self._candidates
         wm = self.watermark_us
         if late and wm is not None and 2 * cand.ts_us + cand.width2_us < self._horizon2(wm):
@@ -490,19 +515,6 @@ class UncertainPatternMatcher:
                 bucket.pop(0)  # sorted: the oldest by reference time
                 self.counters.candidates_dropped += 1
                 self.last_candidates_dropped += 1
-        for m in found:
-            self.counters.matches += 1
-            if m.confidence is Confidence.CONFIRMED:
-                self.counters.confirmed += 1
-            else:
-                self.counters.uncertain += 1
-        if late:
-            self.counters.late_matches += len(found)
-            return found
-        if spec.emit == "eager":
-            return found
-        self._held.extend(_Held(max(m.ts_us), m) for m in found)
-        return []
 
     def _combinations(self, fixed: int, cand: _Candidate, late: bool) -> Iterator[list[_Candidate]]:
         """Every assignment of buffered candidates to the other positions that passes the pairwise necessary
