@@ -66,7 +66,7 @@ from gateway.ingest import (
 from gateway.logs import LIMITER as LOG_LIMITER
 from gateway.logs import limited_log
 from gateway.metrics import MetricsServer, make_registry
-from gateway.native import NativeGatewaySession, native_record_builder, resolve_core, with_core
+from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from reorder.pipeline import IngestPipeline, PipelineConfig
@@ -210,6 +210,20 @@ def sum_counters(parts: list[GatewayCounters]) -> GatewayCounters:
     return total
 
 
+def _shard_ingest_config(config: GatewayConfig, core_name: Core) -> IngestConfig:
+    """What each shard's ingest core runs with: ``config``'s settings, the event buffer split over the shards, and
+    the per-event cores of ``core_name`` ('native' or 'python')."""
+    return IngestConfig(
+        pipeline=with_core(config.pipeline, core_name),
+        max_buffered_events=max(1, config.max_buffered_events // config.shards),
+        checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
+        clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
+        gateway_pause_us=GATEWAY_PAUSE_US,  # the shard polls every 2 ms: a longer gap is the gateway's own pause
+        source_retention_us=config.source_retention_us,
+        idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump,
+        record_builder=native_record_builder if core_name == "native" else None)
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig, clock_us: ClockUs = system_time_us) -> None:
         if config.shards < 1:
@@ -229,15 +243,7 @@ class Gateway:
         self._mapping = mapping
         self.core_name = resolve_core(config.core)
         self._session_type = NativeGatewaySession if self.core_name == "native" else GatewaySession
-        self._ingest_config = IngestConfig(
-            pipeline=with_core(config.pipeline, self.core_name),
-            max_buffered_events=max(1, config.max_buffered_events // config.shards),
-            checkpoint_interval_us=round(config.checkpoint_interval_s * 1_000_000),
-            clock_step_hold_us=config.clock_step_hold_us, clock_step_max_held=config.clock_step_max_held,
-            gateway_pause_us=GATEWAY_PAUSE_US,  # the shard polls every 2 ms: a longer gap is the gateway's own pause
-            source_retention_us=config.source_retention_us,
-            idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump,
-            record_builder=native_record_builder if self.core_name == "native" else None)
+        self._ingest_config = _shard_ingest_config(config, self.core_name)
         self.gateway_id = config.gateway_id or ""
         self.instance_id: str | None = None
         self._server: asyncio.Server | None = None
