@@ -693,9 +693,7 @@ class IngestCore:
     def _in_pipeline(self, source_id: str, stream: str) -> bool:
         """Whether the ordering pipeline holds state for the source on the stream: a reorderer (it sent an event or a
         heartbeat there) or a merge entry. A newcomer that only named the stream at hello has neither (rule 11)."""
-        pipeline = self.pipeline._streams.get(stream)
-        return pipeline is not None and (source_id in pipeline.reorderers
-                                         or pipeline.merger.queued_of(source_id) is not None)
+        return self.pipeline.holds_state(source_id, stream)
 
     # -- rule 11: newcomers that have not spoken ----------------------------------------------------------------------
     #
@@ -723,31 +721,33 @@ class IngestCore:
         whether the merge waits for them (the join entry is live). A join entry the merge gave up stands for none."""
         joining = self._joining.setdefault(stream, {})
         live = self._join_live.setdefault(stream, set())
-        pipeline = self.pipeline._streams.get(stream)
-        registered = pipeline is not None and pipeline.merger.queued_of(JOIN_WINDOW_SOURCE) is not None
-        if registered and pipeline is not None and pipeline.merger.is_timed_out(JOIN_WINDOW_SOURCE) and live:
+        merger = self.pipeline.merger_of(stream)
+        registered = merger is not None and merger.queued_of(JOIN_WINDOW_SOURCE) is not None
+        if registered and merger is not None and merger.is_timed_out(JOIN_WINDOW_SOURCE) and live:
             live.clear()
             until_us, _silent = self._join_window[stream]
             self._join_window[stream] = (until_us, 0)
-        return joining, live, bool(live) or (registered and pipeline is not None
-                                            and not pipeline.merger.is_timed_out(JOIN_WINDOW_SOURCE))
+        return joining, live, bool(live) or (registered and merger is not None
+                                            and not merger.is_timed_out(JOIN_WINDOW_SOURCE))
 
     def _join(self, source_id: str, streams: list[str], now_us: int, outputs: list[PipelineOutput]) -> None:
         for stream in streams:
             joining, live, waiting = self._join_state(stream)
             window = self._join_window.get(stream)
-            merger = self.pipeline._stream(stream).merger
-            if (window is None or not waiting or now_us >= window[0]
+            merger = self.pipeline.merger_of(stream)
+            if (window is None or not waiting or now_us >= window[0] or merger is None
                     or (merger.waits_for(JOIN_WINDOW_SOURCE) and merger.next_deadline_us() != window[0])):
                 # The end this newcomer would be given is later than the one the join entry waits for (or it waits
                 # for none, or the merge gave its wait up already): registered again, it waits for the end a
                 # newcomer gets now.
                 outputs += self.pipeline.register(JOIN_WINDOW_SOURCE, (stream,), now_us)
-                window = (self.pipeline._streams[stream].expected_until[JOIN_WINDOW_SOURCE], 0)
+                until_us = self.pipeline.expected_until_us(JOIN_WINDOW_SOURCE, stream)
+                assert until_us is not None  # register just set it
+                window = (until_us, 0)
             else:
                 # Registering it again would change only when it was last heard of: that, without the registration's
                 # drain of the merge (which cannot release or punctuate while the entry waits).
-                merger._sources[JOIN_WINDOW_SOURCE].heard_us = now_us
+                merger.note_heard(JOIN_WINDOW_SOURCE, now_us)
             until_us, silent = window
             if source_id not in live or joining[source_id] != until_us:
                 silent += 1
@@ -766,10 +766,7 @@ class IngestCore:
             if joining is None or source_id not in joining:
                 continue
             if source_id in self._join_state(stream)[1]:
-                pipeline = self.pipeline._streams[stream]
-                pipeline.expected_until[source_id] = joining[source_id]
-                self.pipeline._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), outputs)
-                self.pipeline._track(pipeline, "")
+                outputs += self.pipeline.wait_until(source_id, stream, joining[source_id], now_us)
             # Else the merge gave its wait up: it has no entry, as a given-up one counts for nothing, until its first
             # release reaches the merge (which brings a given-up source back).
             self._not_joining(source_id, stream, now_us, outputs)
@@ -786,14 +783,11 @@ class IngestCore:
         if stood_for and until_us == window_until_us:
             silent -= 1
             self._join_window[stream] = (window_until_us, silent)
-        pipeline = self.pipeline._streams[stream]
         if waiting and not live:
-            self.pipeline._merge_outputs(pipeline, pipeline.merger.leave(JOIN_WINDOW_SOURCE, now_us), outputs)
-            self.pipeline._track(pipeline, "")
-            pipeline.expected_until.pop(JOIN_WINDOW_SOURCE, None)
+            outputs += self.pipeline.leave_merge(JOIN_WINDOW_SOURCE, stream, now_us)
         elif waiting and silent == 0 and stood_for and until_us == window_until_us:
             # Only newcomers of earlier windows stay silent: their waits ended, as the join entry's does now.
-            pipeline.expected_until[JOIN_WINDOW_SOURCE] = max(joining[s] for s in live)
+            self.pipeline.set_expected_until(JOIN_WINDOW_SOURCE, stream, max(joining[s] for s in live))
         if not joining:
             del self._joining[stream], self._join_live[stream], self._join_window[stream]
             self.pipeline.forget_source(JOIN_WINDOW_SOURCE, (stream,))
@@ -806,7 +800,8 @@ class IngestCore:
         for stream in self._streams_of.get(source_id, ()):
             live = self._join_live.get(stream)
             if (live is not None and live == {source_id}
-                    and self.pipeline._streams[stream].merger.waits_for(JOIN_WINDOW_SOURCE)):
+                    and (merger := self.pipeline.merger_of(stream)) is not None
+                    and merger.waits_for(JOIN_WINDOW_SOURCE)):
                 return True
         return False
 

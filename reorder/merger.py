@@ -384,6 +384,12 @@ class MultiSourceMerger:
         self._drain(now_us, out)
         return out
 
+    def note_heard(self, source_id: str, now_us: int) -> None:
+        """When the source was last heard of, and nothing else: its wait, if started, keeps its deadline; a wait that
+        starts later judges its silence from here (a source silent for longer than its whole wait is given up at
+        once)."""
+        self._sources[source_id].heard_us = now_us
+
     def hear(self, source_id: str, now_us: int) -> list[MergeOutput]:
         """The source spoke, yet nothing of it reached the merge (its reorderer holds what it sent behind a gap): the
         merge waits for it afresh from now, a wait it had given up included. The silence measured for its learned

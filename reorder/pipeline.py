@@ -265,6 +265,49 @@ class IngestPipeline:
             self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
         return out
 
+    # -- merge entries a caller manages itself (the gateway's join entry for silent newcomers, gateway.ingest) ------
+
+    def merger_of(self, stream: str) -> MultiSourceMerger | None:
+        """The stream's merge, for queries (None before the stream's first registration, event or heartbeat)."""
+        pipeline = self._streams.get(stream)
+        return None if pipeline is None else pipeline.merger
+
+    def holds_state(self, source_id: str, stream: str) -> bool:
+        """Whether the source has a reorderer (it sent an event or a heartbeat) or a merge entry on the stream."""
+        pipeline = self._streams.get(stream)
+        return pipeline is not None and (source_id in pipeline.reorderers
+                                         or pipeline.merger.queued_of(source_id) is not None)
+
+    def expected_until_us(self, source_id: str, stream: str) -> int | None:
+        """Until when the merge waits for the silent source on the stream (a join or reconnect grace), if it does."""
+        pipeline = self._streams.get(stream)
+        return None if pipeline is None else pipeline.expected_until.get(source_id)
+
+    def set_expected_until(self, source_id: str, stream: str, until_us: int) -> None:
+        """Change the end of the grace the merge gives the silent source on the stream (its wait, if started, keeps
+        the deadline it had: only a wait that starts later reads this)."""
+        self._stream(stream).expected_until[source_id] = until_us
+
+    def wait_until(self, source_id: str, stream: str, until_us: int, now_us: int) -> list[PipelineOutput]:
+        """The merge waits for the silent source on the stream until ``until_us``, as if it had said hello with that
+        grace (``register``'s entry with a deadline the caller chose)."""
+        pipeline = self._stream(stream)
+        pipeline.expected_until[source_id] = until_us
+        out: list[PipelineOutput] = []
+        self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
+        self._track(pipeline, "")
+        return out
+
+    def leave_merge(self, source_id: str, stream: str, now_us: int) -> list[PipelineOutput]:
+        """The source leaves the stream's merge as after a ``bye`` (nothing waits for it; what it queued still goes
+        out in order), and its grace is forgotten."""
+        pipeline = self._streams[stream]
+        out: list[PipelineOutput] = []
+        self._merge_outputs(pipeline, pipeline.merger.leave(source_id, now_us), out)
+        self._track(pipeline, "")
+        pipeline.expected_until.pop(source_id, None)
+        return out
+
     def forget_source(self, source_id: str, streams_of_source: Iterable[str] | None = None) -> bool:
         """Free a source's per-stream state (its reorderers and merge entries) once it holds nothing: its next
         seq per stream is kept as a hint, so a source that comes back resumes where it left off. False (and
