@@ -134,6 +134,22 @@ def query_dfa(pattern: SequencePattern, alphabet: Alphabet, *, edges: bool = Tru
     return complete(minimize(d)[0])
 
 
+def _specialised_intersection(raw: Dfa, tau_c: Dfa) -> tuple[Dfa, Dfa, list[int], list[int], list[bool]]:
+    """Steps 4 and 5 from the trimmed product τ_∩~: (τ_∩; the ordinarily minimised τ_∩~ that ``basic`` steps
+    through; τ_∩~ state -> its τ_∩ state; τ_∩ state -> its τ_C state, map(p); DER_EQUIVALENT of every τ_∩ state,
+    Algorithm 3's encoding, of which the start state's is the static verdict)."""
+    if raw.is_empty():
+        return raw, raw, [], [], []
+    pairs: list[tuple[int, int]] = [o for o in raw.origin]  # type: ignore[misc]
+    tau_i, blocks = minimize(raw, key=lambda s: (raw.accepting[s], pairs[s][0]))
+    map_c = [0] * tau_i.n_states
+    for s, b in enumerate(blocks):
+        map_c[b] = pairs[s][0]
+    tau_i_ordinary, _ = minimize(raw)
+    der_equivalent = [derivatives_equal(tau_i, p, tau_c, map_c[p]) for p in range(tau_i.n_states)]
+    return tau_i, tau_i_ordinary, blocks, map_c, der_equivalent
+
+
 class ConstraintChecker:
     """Sat/unsat checking of one query against one constraint; one :class:`TraceState` per trace."""
 
@@ -176,25 +192,8 @@ class ConstraintChecker:
         raw = trim(product(self.tau_c, self.tau_q))
         self.product = raw
         """τ_∩~: the trimmed cross product; origin[s] = (τ_C state, τ_Q state)"""
-        if raw.is_empty():
-            self.tau_i = raw
-            self.tau_i_ordinary = raw
-            self.map_c: list[int] = []
-            self.der_equivalent: list[bool] = []
-            self.product_block: list[int] = []
-        else:
-            pairs: list[tuple[int, int]] = [o for o in raw.origin]  # type: ignore[misc]
-            self.tau_i, blocks = minimize(raw, key=lambda s: (raw.accepting[s], pairs[s][0]))
-            self.product_block = blocks
-            """τ_∩~ state -> its τ_∩ state"""
-            self.map_c = [0] * self.tau_i.n_states
-            for s, b in enumerate(blocks):
-                self.map_c[b] = pairs[s][0]
-            self.tau_i_ordinary, _ = minimize(raw)
-            # Algorithm 3: precompute the encoding of every state (the start state's is the static verdict).
-            self.der_equivalent = [
-                derivatives_equal(self.tau_i, p, self.tau_c, self.map_c[p]) for p in range(self.tau_i.n_states)
-            ]
+        self.tau_i, self.tau_i_ordinary, self.product_block, self.map_c, self.der_equivalent = (
+            _specialised_intersection(raw, self.tau_c))
         self.static_verdict = self._static()
         self.counters = CheckerCounters()
         # Flat tables for the per-event path.
