@@ -880,12 +880,7 @@ class IngestCore:
             outputs += self._speaking(source_id, list(dict.fromkeys(event.stream for event in events)), arrival_us)
         for event in events:
             if type(event.payload) is messages.RejectedPayload:
-                counters.invalid_payloads += 1
-                # Per event: rate-limited (a flood once wrote 121 MiB of these); the counter keeps the exact total.
-                limited_log(log, logging.WARNING, "invalid_payload", "refused %s/%s seq %d: %s", source_id,
-                            event.stream, event.seq, event.payload.reason, now_us=arrival_us)
-                actions.append(SendFrame(connection, encode_frame(messages.build_error(
-                    InvalidPayload.code, event.payload.reason, False, event.stream, event.seq))))
+                actions.append(self._refuse_payload(connection, source_id, event, event.payload, arrival_us))
             admission = admit(source_id, event.stream, event.seq, (event.source_ts_us, event.payload))
             if admission is not ACCEPTED:
                 if admission is DUPLICATE:
@@ -927,6 +922,16 @@ class IngestCore:
             outputs += self.pipeline.push_many(source_id, accepted, arrival_us, mappings if watch is not None else None)
         actions += self._publish(outputs)
         return actions
+
+    def _refuse_payload(self, connection: ConnectionId, source_id: str, event: messages.IncomingEvent,
+                        rejected: messages.RejectedPayload, now_us: int) -> SendFrame:
+        """Rule 8: the source is told at once; the event is still admitted (its seq is settled at release)."""
+        self.counters.invalid_payloads += 1
+        # Per event: rate-limited (a flood once wrote 121 MiB of these); the counter keeps the exact total.
+        limited_log(log, logging.WARNING, "invalid_payload", "refused %s/%s seq %d: %s", source_id, event.stream,
+                    event.seq, rejected.reason, now_us=now_us)
+        return SendFrame(connection, encode_frame(messages.build_error(
+            InvalidPayload.code, rejected.reason, False, event.stream, event.seq)))
 
     def _refuse_seq(self, connection: ConnectionId, source_id: str, event: messages.IncomingEvent, conflict: bool,
                     now_us: int) -> SendFrame:

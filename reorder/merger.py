@@ -262,6 +262,14 @@ class MultiSourceMerger:
                     return out
                 raised, ref = floor - ref, floor
                 self.counters.raised += 1
+        self._enqueue(src, event, arrival_us, ref, err, raised, now_us, out)
+        self._drain(now_us, out)
+        return out
+
+    def _enqueue(self, src: _Source, event: SourceEvent, arrival_us: int, ref: int, err: int, raised: int,
+                 now_us: int, out: list[MergeOutput]) -> None:
+        """``push``'s in-order event joins its source's queue (a source that queues too much ends the wait for the
+        one the merge is blocked on)."""
         _advance_frontier(src, ref, err + raised)
         self._apply_pending_beat(event.source_id, src)
         was_empty = not src.queue
@@ -272,8 +280,6 @@ class MultiSourceMerger:
             heapq.heappush(self._heads, (ref, event.source_id))
         if len(src.queue) > self.config.max_queued_per_source and self._blocker is not None:
             self._time_out(self._blocker, now_us, out)
-        self._drain(now_us, out)
-        return out
 
     def push_run(self, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
                  now_us: int) -> list[MergeOutput]:
@@ -296,22 +302,19 @@ class MultiSourceMerger:
         for event, arrival_us, (ref, err) in run:
             src.error_us = err
             if watermark_mode and src.frontier - ref > err + src.frontier_error_us:
-                if len(queue) > start:
-                    self._end_stretch(source_id, src, start, now_us, out)
-                    start = len(queue)
+                start = self._close_stretch(source_id, src, start, now_us, out)
                 if src.last_seq is None or event.seq > src.last_seq:
                     src.last_seq = event.seq
                 self._regressed(src, event, arrival_us, ref, src.frontier, out)
                 continue
             promised = self._emitted_watermark
             if watermark_mode and ref < promised and promised > src.frontier:
-                if len(queue) > start:
-                    self._end_stretch(source_id, src, start, now_us, out)
-                    start = len(queue)
+                start = self._close_stretch(source_id, src, start, now_us, out)
                 self._after_punctuation(event, arrival_us, ref, out)
                 continue
             if src.last_seq is None or event.seq > src.last_seq:
                 src.last_seq = event.seq
+            raised, queued_ref = 0, ref
             if watermark_mode:
                 # Reference order: not below what was released, nor below this source's own queued events, nor below
                 # the punctuation (as in ``push``).
@@ -319,22 +322,16 @@ class MultiSourceMerger:
                 floor = max(floor, self._released_max, promised)
                 if ref < floor:
                     if floor - ref > _allowed_us(src, floor, err):
-                        if len(queue) > start:
-                            self._end_stretch(source_id, src, start, now_us, out)
-                            start = len(queue)
+                        start = self._close_stretch(source_id, src, start, now_us, out)
                         if ref < promised:
                             self._after_punctuation(event, arrival_us, ref, out)
                         else:
                             self._regressed(src, event, arrival_us, ref, floor, out)
                         continue
                     self.counters.raised += 1
-                    _advance_frontier(src, floor, err + floor - ref)
-                    queue.append((floor, event, arrival_us, floor - ref))
-                    if len(queue) > limit and self._blocker is not None:
-                        self._time_out(self._blocker, now_us, out)
-                    continue
-            _advance_frontier(src, ref, err)
-            queue.append((ref, event, arrival_us, 0))
+                    raised, queued_ref = floor - ref, floor
+            _advance_frontier(src, queued_ref, err + raised)
+            queue.append((queued_ref, event, arrival_us, raised))
             if len(queue) > limit and self._blocker is not None:
                 self._time_out(self._blocker, now_us, out)
         if len(queue) > start:
@@ -362,6 +359,13 @@ class MultiSourceMerger:
         else:
             self.counters.after_give_up += 1
             out.append(Late(event, arrival_us, "after_give_up", floor - ref, False))
+
+    def _close_stretch(self, source_id: str, src: _Source, start: int, now_us: int, out: list[MergeOutput]) -> int:
+        """Before an event that leaves ``push_run``'s stretch: the stretch queued so far goes out (if any); returns
+        where the next stretch starts in the source's queue."""
+        if len(src.queue) > start:
+            self._end_stretch(source_id, src, start, now_us, out)
+        return len(src.queue)
 
     def _end_stretch(self, source_id: str, src: _Source, start: int, now_us: int, out: list[MergeOutput]) -> None:
         """``push_run``: the source's queue grew from ``start`` events: account for them, then drain once."""

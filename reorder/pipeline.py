@@ -386,7 +386,6 @@ class IngestPipeline:
                 if run:
                     assert pipeline is not None
                     self._push_run(pipeline, source_id, run, arrival_us, out)
-                    run = []
                 pipeline = self._stream(event.stream)
                 if pipeline.expected_until:
                     pipeline.expected_until.pop(source_id, None)  # it spoke: its own adaptive waits apply from now on
@@ -408,13 +407,11 @@ class IngestPipeline:
                     continue
                 if run:
                     self._push_run(pipeline, source_id, run, arrival_us, out)
-                    run = []
                 self._to_merger(pipeline, Released(source_event, arrival_us, arrival_us), arrival_us, out,
                                 mapped=mapped)
                 continue
             if run:
                 self._push_run(pipeline, source_id, run, arrival_us, out)
-                run = []
             source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
                                        event.interval)
             self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
@@ -429,8 +426,10 @@ class IngestPipeline:
 
     def _push_run(self, pipeline: _StreamPipeline, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
                   now_us: int, out: list[PipelineOutput]) -> None:
+        """Hands the run to the merger and empties it (the caller collects the next run in the same list)."""
         merged = pipeline.merger.push_run(source_id, run, now_us)
         errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
+        run.clear()
         self._records(merged, out, None, None, None, errors)
 
     def heartbeat(self, source_id: str, next_seq: dict[str, int], source_ts_us: int,
