@@ -346,19 +346,9 @@ class SkewlessClient:
 
     async def send_pending(self) -> None:
         """Write every queued event to a connection now (no linger) and wait until they are written."""
-        _wake, progress, _room = self._window.signals()
-        self._window.flush_now = True
-        try:
+        with self._window.writing_now():
             while self._window.store.pending_count and self._sender is not None and not self._sender.done():
-                if self._window.error is not None:
-                    raise self._window.error
-                progress.clear()
-                self._window.wake_sender()
-                await progress.wait()
-        finally:
-            self._window.flush_now = False
-        if self._window.error is not None:
-            raise self._window.error
+                await self._window.next_progress()
 
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until the gateway acknowledged every event sent so far (reconnecting as needed), and every queued
@@ -367,26 +357,14 @@ class SkewlessClient:
         Raises ``FlushTimeout`` (a ``TimeoutError``) after ``timeout_s``, or the client's fatal error. Before
         ``connect()`` it raises ``RuntimeError`` when events are pending, since nothing could deliver them.
         """
-        _wake, progress, _room = self._window.signals()
         if not self._connected and len(self._window.store):
             raise RuntimeError("flush() before connect(): nothing can deliver the queued events")
-        self._window.flush_now = True
-        try:
+        with self._window.writing_now():
             async with _flush_deadline(timeout_s, self):
                 # A seq the gateway gave up is not unacknowledged, but its one send is still queued: written first,
                 # or close() right after flush() would drop it.
                 while len(self._window.store) or self._window.store.pending_count:
-                    if self._window.error is not None:
-                        raise self._window.error
-                    if self._window.closed:
-                        raise ClientClosed("client closed with events unacknowledged")
-                    progress.clear()
-                    self._window.wake_sender()
-                    await progress.wait()
-        finally:
-            self._window.flush_now = False
-        if self._window.error is not None:
-            raise self._window.error
+                    await self._window.next_progress(closed_fails=True)
 
     # -- connections -----------------------------------------------------------------------------------------------
 

@@ -9,8 +9,10 @@ encoding an event once, the spool, delivery futures, acks, refusals and gap noti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +202,33 @@ class SendWindow:
                 return
             room.clear()
             await room.wait()
+
+    @contextlib.contextmanager
+    def writing_now(self) -> Iterator[None]:
+        """The sender writes what is queued without lingering while the block runs; the client's fatal error is
+        raised after it, since the sender may have stopped on one while the block waited."""
+        self.flush_now = True
+        try:
+            yield
+        finally:
+            self.flush_now = False
+        if self.error is not None:
+            raise self.error
+
+    async def next_progress(self, *, closed_fails: bool = False) -> None:
+        """Wake the sender and wait until an event is written or acked (or the client fails).
+
+        Raises the client's fatal error first; with ``closed_fails``, ``ClientClosed`` once the client is closed
+        (``flush()``: the events it waits for can no longer be acknowledged).
+        """
+        if self.error is not None:
+            raise self.error
+        if closed_fails and self.closed:
+            raise ClientClosed("client closed with events unacknowledged")
+        _wake, progress, _room = self.signals()
+        progress.clear()
+        self.wake_sender()
+        await progress.wait()
 
     def enqueue(self, stream: str, payload: Any, source_ts_us: int | None, seq: int | None,
                 interval: EventInterval | None) -> int:
