@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from types import TracebackType
-from typing import Any, Self, TypeVar, Unpack
+from typing import Any, ParamSpec, Self, TypeVar, Unpack
 
 from clients.client import SkewlessClient
 from clients.options import ClientOptions, ConnectOptions
@@ -24,6 +24,7 @@ from timesync.estimator import ClockEstimate
 __all__ = ["SyncSkewlessClient", "connect_sync"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class SyncSkewlessClient:
@@ -53,6 +54,15 @@ class SyncSkewlessClient:
             coro.close()
             raise RuntimeError("client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def _run_tracked(self, send_tracked: Callable[P, Coroutine[Any, Any, asyncio.Future[int]]], *args: P.args,
+                     **kwargs: P.kwargs) -> ConcurrentFuture[int]:
+        """One of the client's ``*_tracked`` sends, called on its loop; its delivery future as a thread-safe one."""
+
+        async def submit() -> ConcurrentFuture[int]:
+            return _concurrent(await send_tracked(*args, **kwargs))
+
+        return self._run(submit())
 
     @property
     def client(self) -> SkewlessClient:
@@ -90,12 +100,7 @@ class SyncSkewlessClient:
                      seq: int | None = None) -> ConcurrentFuture[int]:
         """Blocking ``send_tracked``: returns a ``concurrent.futures.Future`` of the event's delivery (its seq once
         acked; ``EventRefused``, ``ClientClosed`` or the client's fatal error otherwise)."""
-
-        async def submit() -> ConcurrentFuture[int]:
-            future = await self._client.send_tracked(stream, payload, source_ts_us, seq=seq)
-            return _concurrent(future)
-
-        return self._run(submit())
+        return self._run_tracked(self._client.send_tracked, stream, payload, source_ts_us, seq=seq)
 
     def send_interval(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
                       seq: int | None = None) -> int:
@@ -115,36 +120,21 @@ class SyncSkewlessClient:
     def send_interval_tracked(self, stream: str, payload: Any, start_ts_us: int, end_ts_us: int, *,
                               seq: int | None = None) -> ConcurrentFuture[int]:
         """Blocking ``send_interval_tracked``: a ``concurrent.futures.Future`` of the interval's delivery."""
-
-        async def submit() -> ConcurrentFuture[int]:
-            future = await self._client.send_interval_tracked(stream, payload, start_ts_us, end_ts_us, seq=seq)
-            return _concurrent(future)
-
-        return self._run(submit())
+        return self._run_tracked(self._client.send_interval_tracked, stream, payload, start_ts_us, end_ts_us, seq=seq)
 
     def send_interval_start_tracked(self, stream: str, interval_id: str, payload: Any,
                                     source_ts_us: int | None = None, *,
                                     seq: int | None = None) -> ConcurrentFuture[int]:
         """Blocking ``send_interval_start_tracked``: a future of the start endpoint's delivery."""
-
-        async def submit() -> ConcurrentFuture[int]:
-            future = await self._client.send_interval_start_tracked(stream, interval_id, payload, source_ts_us,
-                                                                    seq=seq)
-            return _concurrent(future)
-
-        return self._run(submit())
+        return self._run_tracked(self._client.send_interval_start_tracked, stream, interval_id, payload, source_ts_us,
+                                 seq=seq)
 
     def send_interval_end_tracked(self, stream: str, interval_id: str, payload: Any,
                                   source_ts_us: int | None = None, *,
                                   seq: int | None = None) -> ConcurrentFuture[int]:
         """Blocking ``send_interval_end_tracked``: a future of the end endpoint's delivery."""
-
-        async def submit() -> ConcurrentFuture[int]:
-            future = await self._client.send_interval_end_tracked(stream, interval_id, payload, source_ts_us,
-                                                                  seq=seq)
-            return _concurrent(future)
-
-        return self._run(submit())
+        return self._run_tracked(self._client.send_interval_end_tracked, stream, interval_id, payload, source_ts_us,
+                                 seq=seq)
 
     def send_many(self, stream: str, payloads: Sequence[Any]) -> list[int]:
         """Send several events of one stream, stamped now, in one thread hop; returns their seqs."""
