@@ -1,6 +1,7 @@
-"""What the query parsers share (cep.sase.parser, cep.constraints.regex): the comparison operators and their
-literals, and a tokenizer over a parser's own token pattern.  A module of its own so cep.constraints can use it
-without importing the cep.sase package (whose engine imports cep.constraints)."""
+"""What the query parsers share (cep.sase.parser, cep.intervals.parser, cep.constraints.regex): the comparison
+operators and their literals, a tokenizer over a parser's own token pattern, and a cursor over its tokens.  A module
+of its own so cep.constraints can use it without importing the cep.sase package (whose engine imports
+cep.constraints)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COMPARISONS", "Scalar", "Token", "tokenize"]
+from contract.units import UNIT_US
+
+__all__ = ["COMPARISONS", "FLIPPED", "Scalar", "Token", "TokenCursor", "canonical_op", "is_literal",
+           "literal_value", "tokenize"]
 
 Scalar = int | float | str | bool | None
 
@@ -22,6 +26,14 @@ COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
 }
+# ``a op b`` is ``b FLIPPED[op] a``: how a condition written constant-first is stored attribute-first.
+FLIPPED: dict[str, str] = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_SPELLINGS = {"==": "=", "<>": "!="}
+
+
+def canonical_op(text: str) -> str:
+    """The comparison as :data:`COMPARISONS` spells it (``==`` is ``=``, ``<>`` is ``!=``)."""
+    return _SPELLINGS.get(text, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +43,17 @@ class Token:
     pos: int
 
 
-def tokenize(text: str, pattern: re.Pattern[str], error: Callable[[str, str, int], Exception]) -> list[Token]:
+def tokenize(text: str, pattern: re.Pattern[str], error: Callable[[str, str, int], Exception], *,
+             quote_char: bool = True) -> list[Token]:
     """``text`` as tokens of ``pattern``'s named groups (``ws`` skipped, ``badstring`` an unterminated string),
-    ending with an ``end`` token; each parser brings its own token pattern and error class."""
+    ending with an ``end`` token; each parser brings its own token pattern and error class.  ``quote_char=False``
+    keeps ISEQ's message, which has never named the character (its caret shows it)."""
     toks: list[Token] = []
     pos = 0
     while pos < len(text):
         m = pattern.match(text, pos)
         if m is None:
-            raise error(f"unexpected character {text[pos]!r}", text, pos)
+            raise error(f"unexpected character {text[pos]!r}" if quote_char else "unexpected character", text, pos)
         kind = m.lastgroup or ""
         if kind == "badstring":
             raise error("unterminated string", text, pos)
@@ -48,3 +62,64 @@ def tokenize(text: str, pattern: re.Pattern[str], error: Callable[[str, str, int
         pos = m.end()
     toks.append(Token("end", "", len(text)))
     return toks
+
+
+def is_literal(tok: Token) -> bool:
+    """A number, a quoted string, TRUE or FALSE (any case)."""
+    return tok.kind in ("number", "string") or (tok.kind == "name" and tok.text.upper() in ("TRUE", "FALSE"))
+
+
+def literal_value(tok: Token) -> Scalar:
+    """The value of a token :func:`is_literal` accepts: an int unless the number has a fraction."""
+    if tok.kind == "number":
+        return float(tok.text) if "." in tok.text else int(tok.text)
+    if tok.kind == "string":
+        return tok.text[1:-1]
+    return tok.text.upper() == "TRUE"
+
+
+class TokenCursor:
+    """A parser's position in its tokens; each grammar subclasses it and says how its errors read (:meth:`error`)."""
+
+    def __init__(self, text: str, toks: list[Token]) -> None:
+        self.text = text
+        self.toks = toks
+        self.i = 0
+
+    @property
+    def tok(self) -> Token:
+        return self.toks[self.i]
+
+    def error(self, message: str, tok: Token | None = None) -> Exception:
+        raise NotImplementedError
+
+    def advance(self) -> Token:
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def is_kw(self, word: str) -> bool:
+        return self.tok.kind == "name" and self.tok.text.upper() == word
+
+    def is_punct(self, ch: str) -> bool:
+        return self.tok.kind == "punct" and self.tok.text == ch
+
+    def expect_kw(self, word: str) -> Token:
+        if not self.is_kw(word):
+            raise self.error(f"expected {word}")
+        return self.advance()
+
+    def expect_punct(self, ch: str) -> Token:
+        if not self.is_punct(ch):
+            raise self.error(f"expected {ch!r}")
+        return self.advance()
+
+    def unit_factor(self) -> int:
+        """Microseconds per unit of an optional unit name after a window's number (1 without one)."""
+        if self.tok.kind != "name":
+            return 1
+        unit = self.tok.text.lower()
+        if unit not in UNIT_US:
+            raise self.error(f"unknown time unit (use one of {', '.join(UNIT_US)})")
+        self.advance()
+        return UNIT_US[unit]

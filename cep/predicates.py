@@ -17,23 +17,18 @@ number), is false rather than an error: an event that does not carry the field s
 
 from __future__ import annotations
 
-import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cep.lexer import COMPARISONS
 
 __all__ = ["And", "Cmp", "Condition", "Not", "Or", "parse_condition"]
 
 _MISSING = object()
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
+# This syntax spells equality ``==`` (``=`` is read as ``==``); otherwise the one comparison table.
+_OPS = {("==" if op == "=" else op): fn for op, fn in COMPARISONS.items()}
 
 
 def _lookup(payload: Mapping[str, Any], path: tuple[str, ...]) -> Any:

@@ -126,11 +126,11 @@ class _PatternParser(TokenStream):
         t = self.tok
         if t.kind != "name" or t.text.upper() != "SEQ":
             raise self.error("expected SEQ(")
-        self.next()
+        self.advance()
         self.expect("(", "'(' after SEQ")
         positions = [self._position()]
         while self.at(","):
-            self.next()
+            self.advance()
             positions.append(self._position())
         self.expect(")", "',' or ')'")
         if self.tok.kind != "end":
@@ -143,23 +143,23 @@ class _PatternParser(TokenStream):
     def _position(self) -> PatternPosition:
         negated = False
         if self.at("!"):
-            self.next()
+            self.advance()
             negated = True
         return PatternPosition(self._class(), negated)
 
     def _class(self) -> tuple[Sym, ...]:
         if self.at("("):
-            self.next()
+            self.advance()
             inner = self._class()
             self.expect(")", "')'")
             return inner
         t = self.tok
         if t.kind == "name" and t.text.upper() == "OR" and self.toks[self.i + 1].text == "(":
-            self.next()
-            self.next()
+            self.advance()
+            self.advance()
             syms = [self.symbol()]
             while self.at(","):
-                self.next()
+                self.advance()
                 syms.append(self.symbol())
             self.expect(")", "',' or ')' in OR(...)")
             return tuple(syms)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cep.lexer import COMPARISONS as _OPS
-from cep.lexer import Scalar
+from cep.lexer import Scalar, TokenCursor, canonical_op, is_literal, literal_value
 from cep.lexer import Token as Tok
 from cep.lexer import tokenize as _scan
 
@@ -141,22 +141,11 @@ def tokenize(text: str) -> list[Tok]:
     return _scan(text, _TOKEN, ConstraintError)
 
 
-class TokenStream:
+class TokenStream(TokenCursor):
     """Shared by the constraint parser and the pattern parser (cep.constraints.pattern)."""
 
     def __init__(self, text: str) -> None:
-        self.text = text
-        self.toks = tokenize(text)
-        self.i = 0
-
-    @property
-    def tok(self) -> Tok:
-        return self.toks[self.i]
-
-    def next(self) -> Tok:
-        t = self.toks[self.i]
-        self.i += 1
-        return t
+        super().__init__(text, tokenize(text))
 
     def at(self, text: str) -> bool:
         return self.tok.kind in ("punct", "op") and self.tok.text == text
@@ -164,7 +153,7 @@ class TokenStream:
     def expect(self, text: str, what: str) -> Tok:
         if not self.at(text):
             raise self.error(f"expected {what}")
-        return self.next()
+        return self.advance()
 
     def error(self, message: str, tok: Tok | None = None) -> ConstraintError:
         t = tok or self.tok
@@ -176,14 +165,14 @@ class TokenStream:
         t = self.tok
         if t.kind != "name":
             raise self.error("expected an event type")
-        self.next()
+        self.advance()
         conds: list[Cond] = []
         if self.at("["):
-            self.next()
+            self.advance()
             while True:
                 conds.append(self._cond())
                 if self.at(","):
-                    self.next()
+                    self.advance()
                     continue
                 self.expect("]", "',' or ']' after a condition")
                 break
@@ -193,24 +182,14 @@ class TokenStream:
         a = self.tok
         if a.kind != "name" or a.text.upper() in ("TRUE", "FALSE"):
             raise self.error("expected an attribute name")
-        self.next()
+        self.advance()
         o = self.tok
         if o.kind != "op":
             raise self.error("expected a comparison (= != < <= > >=)")
-        self.next()
-        op = {"==": "=", "<>": "!="}.get(o.text, o.text)
-        v = self.tok
-        value: Scalar
-        if v.kind == "number":
-            value = float(v.text) if "." in v.text else int(v.text)
-        elif v.kind == "string":
-            value = v.text[1:-1]
-        elif v.kind == "name" and v.text.upper() in ("TRUE", "FALSE"):
-            value = v.text.upper() == "TRUE"
-        else:
+        self.advance()
+        if not is_literal(self.tok):
             raise self.error("expected a literal (number, 'string', TRUE, FALSE)")
-        self.next()
-        return Cond(a.text, op, value)
+        return Cond(a.text, canonical_op(o.text), literal_value(self.advance()))
 
 
 class _Parser(TokenStream):
@@ -227,7 +206,7 @@ class _Parser(TokenStream):
     def _alternation(self) -> Node:
         options = [self._sequence()]
         while self.at("|"):
-            self.next()
+            self.advance()
             options.append(self._sequence())
         return options[0] if len(options) == 1 else Alt(tuple(options))
 
@@ -244,13 +223,13 @@ class _Parser(TokenStream):
     def _postfix(self) -> Node:
         node = self._atom()
         while self.at("*") or self.at("+") or self.at("?"):
-            op = self.next().text
+            op = self.advance().text
             node = Star(node) if op == "*" else Plus(node) if op == "+" else Opt(node)
         return node
 
     def _atom(self) -> Node:
         if self.at("("):
-            open_tok = self.next()
+            open_tok = self.advance()
             if self.at(")"):
                 raise self.error("empty parentheses")
             node = self._alternation()
@@ -261,7 +240,7 @@ class _Parser(TokenStream):
                     self.text,
                     self.tok.pos,
                 )
-            self.next()
+            self.advance()
             return node
         return self.symbol()
 

@@ -21,23 +21,13 @@ Without an alias an element's alias is its type name.  Errors are :class:`Interv
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import cast
 
-from contract.units import UNIT_US
+from cep.lexer import FLIPPED, Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, tokenize
+from cep.query_ast import PredOp
 
 from .events import IntervalError, IntervalSyntaxError
-from .query import (
-    AttrRef,
-    Constraint,
-    ConstraintOp,
-    Element,
-    IntervalQuery,
-    Predicate,
-    PredOp,
-    Scalar,
-    allen_constraints,
-)
+from .query import AttrRef, Constraint, ConstraintOp, Element, IntervalQuery, Predicate, allen_constraints
 from .relations import ALLEN_RELATIONS, EndpointRef
 
 __all__ = ["parse_iseq"]
@@ -58,91 +48,42 @@ _RELATIONS = {*ALLEN_RELATIONS, "overlap"}
 _ENDPOINT_WORDS = {"ts": "ts", "te": "te", "start": "ts", "end": "te"}
 
 
-@dataclass(frozen=True, slots=True)
-class _Tok:
-    kind: str
-    text: str
-    pos: int
-
-
-def _tokenize(text: str) -> list[_Tok]:
-    toks: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise IntervalSyntaxError("unexpected character", text, pos)
-        kind = m.lastgroup or ""
-        if kind != "ws":
-            toks.append(_Tok(kind, m.group(), pos))
-        pos = m.end()
-    toks.append(_Tok("end", "", len(text)))
-    return toks
-
-
-class _Parser:
+class _Parser(TokenCursor):
     def __init__(self, text: str) -> None:
-        self.text = text
-        self.toks = _tokenize(text)
-        self.i = 0
+        super().__init__(text, tokenize(text, _TOKEN, IntervalSyntaxError, quote_char=False))
 
-    @property
-    def tok(self) -> _Tok:
-        return self.toks[self.i]
-
-    def error(self, message: str, tok: _Tok | None = None) -> IntervalSyntaxError:
+    def error(self, message: str, tok: Token | None = None) -> IntervalSyntaxError:
         return IntervalSyntaxError(message, self.text, (tok or self.tok).pos)
 
-    def take(self) -> _Tok:
-        t = self.tok
-        self.i += 1
-        return t
-
-    def is_kw(self, word: str) -> bool:
-        return self.tok.kind == "name" and self.tok.text.upper() == word
-
-    def expect_kw(self, word: str) -> None:
-        if not self.is_kw(word):
-            raise self.error(f"expected {word}")
-        self.take()
-
-    def expect_punct(self, p: str) -> _Tok:
-        if self.tok.kind != "punct" or self.tok.text != p:
-            raise self.error(f"expected {p!r}")
-        return self.take()
-
-    def at_punct(self, p: str) -> bool:
-        return self.tok.kind == "punct" and self.tok.text == p
-
     def is_and(self) -> bool:
-        return self.is_kw("AND") or self.at_punct("∧")
+        return self.is_kw("AND") or self.is_punct("∧")
 
     # -- query ------------------------------------------------------------------------------------------------
     def parse(self) -> IntervalQuery:
         self.expect_kw("EVENT")
         self.expect_kw("ISEQ")
         self.expect_punct("[")
-        raw_atoms: list[list[_Tok]] = []
-        if not self.at_punct("]"):
+        raw_atoms: list[list[Token]] = []
+        if not self.is_punct("]"):
             raw_atoms.append(self.atom_tokens())
             while self.is_and():
-                self.take()
+                self.advance()
                 raw_atoms.append(self.atom_tokens())
         self.expect_punct("]")
         self.expect_punct("(")
         elements = [self.element()]
-        while self.at_punct(","):
-            self.take()
+        while self.is_punct(","):
+            self.advance()
             elements.append(self.element())
         self.expect_punct(";")
         window_us = self.window()
         self.expect_punct(")")
         predicates: list[Predicate] = []
         if self.is_kw("WHERE"):
-            self.take()
+            self.advance()
             predicates.append(self.condition())
             while self.is_kw("AND"):
-                self.take()
+                self.advance()
                 predicates.append(self.condition())
         if self.tok.kind != "end":
             raise self.error("unexpected text after the query")
@@ -155,19 +96,19 @@ class _Parser:
         except IntervalError as exc:
             raise IntervalSyntaxError(str(exc), self.text, 0) from None
 
-    def atom_tokens(self) -> list[_Tok]:
+    def atom_tokens(self) -> list[Token]:
         """The tokens of one TList atom (parsed once the aliases are known: the element list comes after)."""
-        out: list[_Tok] = []
+        out: list[Token] = []
         depth = 0
-        while not (depth == 0 and (self.is_and() or self.at_punct("]"))):
+        while not (depth == 0 and (self.is_and() or self.is_punct("]"))):
             if self.tok.kind == "end":
                 raise self.error("unterminated TList: expected ']'")
-            out.append(self.take())
+            out.append(self.advance())
         if not out:
             raise self.error("empty TList atom")
         return out
 
-    def atom(self, toks: list[_Tok], aliases: set[str]) -> list[Constraint]:
+    def atom(self, toks: list[Token], aliases: set[str]) -> list[Constraint]:
         if len(toks) == 3 and toks[1].kind == "name" and toks[1].text.lower() in _RELATIONS:
             for t in (toks[0], toks[2]):
                 if t.text not in aliases:
@@ -211,18 +152,18 @@ class _Parser:
 
     def element(self) -> Element:
         negated = False
-        if self.at_punct("!"):
-            self.take()
+        if self.is_punct("!"):
+            self.advance()
             negated = True
-        wrapped = self.at_punct("(")
+        wrapped = self.is_punct("(")
         if wrapped:
-            self.take()
+            self.advance()
         if self.tok.kind != "name":
             raise self.error("expected an event type")
-        event_type = self.take().text
+        event_type = self.advance().text
         alias = event_type
         if self.tok.kind == "name":
-            alias = self.take().text
+            alias = self.advance().text
         if wrapped:
             self.expect_punct(")")
         return Element(event_type, alias, negated)
@@ -231,36 +172,23 @@ class _Parser:
         t = self.tok
         if t.kind != "number":
             raise self.error("expected the window (a number, optionally with a unit)")
-        self.take()
-        factor = 1
-        if self.tok.kind == "name":
-            unit = self.tok.text.lower()
-            if unit not in UNIT_US:
-                raise self.error(f"unknown time unit (use one of {', '.join(UNIT_US)})")
-            factor = UNIT_US[unit]
-            self.take()
+        self.advance()
+        factor = self.unit_factor()
         value = float(t.text) * factor
         if value <= 0 or value != int(value):
             raise IntervalSyntaxError("the window must be a positive whole number of microseconds", self.text, t.pos)
         return int(value)
 
     def operand(self) -> AttrRef | Scalar:
+        if is_literal(self.tok):
+            return literal_value(self.advance())
         t = self.tok
-        if t.kind == "number":
-            self.take()
-            return float(t.text) if "." in t.text else int(t.text)
-        if t.kind == "string":
-            self.take()
-            return t.text[1:-1]
-        if t.kind == "name" and t.text.upper() in ("TRUE", "FALSE"):
-            self.take()
-            return t.text.upper() == "TRUE"
         if t.kind == "name":
-            self.take()
+            self.advance()
             self.expect_punct(".")
             if self.tok.kind != "name":
                 raise self.error("expected an attribute name")
-            return AttrRef(t.text, self.take().text)
+            return AttrRef(t.text, self.advance().text)
         raise self.error("expected alias.attr or a constant")
 
     def condition(self) -> Predicate:
@@ -268,14 +196,12 @@ class _Parser:
         left = self.operand()
         if self.tok.kind != "op":
             raise self.error("expected a comparison operator")
-        op = {"==": "=", "<>": "!="}.get(self.tok.text, self.tok.text)
-        self.take()
+        op = canonical_op(self.advance().text)
         right = self.operand()
-        flip = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
         if not isinstance(left, AttrRef):
             if not isinstance(right, AttrRef):
                 raise self.error("a condition needs at least one alias.attr", start)
-            left, right, op = right, left, flip[op]
+            left, right, op = right, left, FLIPPED[op]
         return Predicate(left, cast(PredOp, op), right)
 
 

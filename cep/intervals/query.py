@@ -19,10 +19,11 @@ Semantics (Li's equation 5.1, with negation and predicates added)::
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from cep.query_ast import AttrRef, Element, Predicate
 
 from .events import IntervalError
 from .relations import EndpointClosure, EndpointRef, Order
@@ -37,22 +38,7 @@ __all__ = [
     "allen_constraints",
 ]
 
-PredOp = Literal["=", "!=", "<", "<=", ">", ">="]
 ConstraintOp = Literal["<", "<=", "="]
-Scalar = int | float | str | bool | None
-
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Element:
-    """One argument of ``ISEQ(...)``: ``TYPE alias`` or ``!TYPE alias``."""
-
-    event_type: str
-    alias: str
-    negated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,41 +61,6 @@ class Constraint:
     def holds(self, values: Mapping[EndpointRef, float]) -> bool:
         a, b = values[self.left], values[self.right]
         return a < b if self.op == "<" else a <= b if self.op == "<=" else a == b
-
-
-@dataclass(frozen=True, slots=True)
-class AttrRef:
-    """``alias.attr``."""
-
-    alias: str
-    attr: str
-
-    def __str__(self) -> str:
-        return f"{self.alias}.{self.attr}"
-
-
-@dataclass(frozen=True, slots=True)
-class Predicate:
-    """``left op right`` over attributes; ``right`` is another element's attribute or a constant."""
-
-    left: AttrRef
-    op: PredOp
-    right: AttrRef | Scalar
-
-    def aliases(self) -> frozenset[str]:
-        return frozenset({self.left.alias} | ({self.right.alias} if isinstance(self.right, AttrRef) else set()))
-
-    def holds(self, attrs: Mapping[str, Mapping[str, Any]]) -> bool:
-        """Evaluate with ``attrs[alias]``; a missing or incomparable value makes it false, never raises."""
-        try:
-            left = attrs[self.left.alias][self.left.attr]
-            right = attrs[self.right.alias][self.right.attr] if isinstance(self.right, AttrRef) else self.right
-            return bool(_OPS[self.op](left, right))
-        except (KeyError, TypeError):
-            return False
-
-    def __str__(self) -> str:
-        return f"{self.left} {self.op} {self.right if isinstance(self.right, AttrRef) else repr(self.right)}"
 
 
 def allen_constraints(relation: str, x: str, y: str) -> list[Constraint]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from cep.lexer import Scalar, Token, tokenize
+from cep.lexer import Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, tokenize
 from contract.units import UNIT_US
 
 from .events import SaseError, SaseSyntaxError
@@ -45,42 +45,15 @@ _TOKEN = re.compile(
 _KEYWORDS = {"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"}
 
 
-class _Parser:
+class _Parser(TokenCursor):
     def __init__(self, text: str) -> None:
-        self.text = text
-        self.toks = tokenize(text, _TOKEN, SaseSyntaxError)
-        self.i = 0
+        super().__init__(text, tokenize(text, _TOKEN, SaseSyntaxError))
         self._element_toks: list[Token] = []
-
-    @property
-    def tok(self) -> Token:
-        return self.toks[self.i]
 
     def error(self, message: str, tok: Token | None = None) -> SaseSyntaxError:
         t = tok or self.tok
         found = "end of query" if t.kind == "end" else repr(t.text)
         return SaseSyntaxError(f"{message}, found {found}", self.text, t.pos)
-
-    def is_kw(self, word: str) -> bool:
-        return self.tok.kind == "name" and self.tok.text.upper() == word
-
-    def expect_kw(self, word: str) -> Token:
-        if not self.is_kw(word):
-            raise self.error(f"expected {word}")
-        return self.advance()
-
-    def expect_punct(self, ch: str) -> Token:
-        if self.tok.kind != "punct" or self.tok.text != ch:
-            raise self.error(f"expected {ch!r}")
-        return self.advance()
-
-    def advance(self) -> Token:
-        t = self.tok
-        self.i += 1
-        return t
-
-    def is_punct(self, ch: str) -> bool:
-        return self.tok.kind == "punct" and self.tok.text == ch
 
     def name(self, what: str) -> Token:
         if self.tok.kind != "name" or self.tok.text.upper() in _KEYWORDS:
@@ -154,8 +127,7 @@ class _Parser:
         left = self.operand(aliases)
         if self.tok.kind != "op":
             raise self.error("expected a comparison (=, !=, <, <=, >, >=)")
-        op = self.advance().text
-        op = {"==": "=", "<>": "!="}.get(op, op)
+        op = canonical_op(self.advance().text)
         right = self.operand(aliases)
         if not isinstance(left, AttrRef) and not isinstance(right, AttrRef):
             raise SaseSyntaxError("a condition must reference at least one alias.attr", self.text, start.pos)
@@ -169,16 +141,8 @@ class _Parser:
         return [normalize_predicate(left, op, right)]
 
     def operand(self, aliases: set[str]) -> AttrRef | Scalar:
-        t = self.tok
-        if t.kind == "number":
-            self.advance()
-            return float(t.text) if "." in t.text else int(t.text)
-        if t.kind == "string":
-            self.advance()
-            return t.text[1:-1]
-        if self.is_kw("TRUE") or self.is_kw("FALSE"):
-            self.advance()
-            return t.text.upper() == "TRUE"
+        if is_literal(self.tok):
+            return literal_value(self.advance())
         alias = self.name("alias.attr, a number or a string")
         if alias.text not in aliases:
             raise SaseSyntaxError(f"unknown alias {alias.text!r} (known: {', '.join(sorted(aliases))})", self.text,
@@ -192,13 +156,7 @@ class _Parser:
         if t.kind != "number" or t.text.startswith("-"):
             raise self.error("expected a positive window length")
         self.advance()
-        factor = 1
-        if self.tok.kind == "name":
-            unit = self.tok.text.lower()
-            if unit not in UNIT_US:
-                raise self.error(f"unknown time unit (use one of {', '.join(UNIT_US)})")
-            factor = UNIT_US[unit]
-            self.advance()
+        factor = self.unit_factor()
         value = float(t.text) * factor if "." in t.text else int(t.text) * factor
         if value != int(value) or int(value) <= 0:
             raise SaseSyntaxError("the window must be a positive whole number of time units", self.text, t.pos)

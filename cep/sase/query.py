@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from cep.lexer import COMPARISONS, Scalar
+from cep.lexer import COMPARISONS, FLIPPED, Scalar
+from cep.query_ast import AttrRef, Element, Predicate
 
 from .events import SaseError
 
@@ -31,19 +32,6 @@ __all__ = [
     "ref",
 ]
 
-Op = Literal["=", "!=", "<", "<=", ">", ">="]
-_FLIP: dict[str, str] = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-
-
-@dataclass(frozen=True, slots=True)
-class AttrRef:
-    """``alias.attr``: an attribute of the event bound to one element."""
-
-    alias: str
-    attr: str
-
-    def __str__(self) -> str:
-        return f"{self.alias}.{self.attr}"
 
 
 def ref(text: str) -> AttrRef:
@@ -52,29 +40,6 @@ def ref(text: str) -> AttrRef:
     if not dot or not alias or not attr:
         raise SaseError(f"attribute reference must be 'alias.attr', got {text!r}")
     return AttrRef(alias, attr)
-
-
-@dataclass(frozen=True, slots=True)
-class Element:
-    """One element of ``SEQ(...)``: ``TYPE alias`` or ``!(TYPE alias)``."""
-
-    event_type: str
-    alias: str
-    negated: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Predicate:
-    """``left op right``; ``right`` is an attribute of another element or a constant."""
-
-    left: AttrRef
-    op: Op
-    right: AttrRef | Scalar
-
-    def __str__(self) -> str:
-        return f"{self.left} {self.op} {self.right!r}" if not isinstance(self.right, AttrRef) else (
-            f"{self.left} {self.op} {self.right}"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,5 +342,5 @@ def normalize_predicate(left: AttrRef | Scalar, op: str, right: AttrRef | Scalar
     if isinstance(left, AttrRef):
         return Predicate(left, op, right)  # type: ignore[arg-type]
     if isinstance(right, AttrRef):
-        return Predicate(right, _FLIP[op], left)  # type: ignore[arg-type]
+        return Predicate(right, FLIPPED[op], left)  # type: ignore[arg-type]
     raise SaseError("a predicate needs at least one attribute reference")

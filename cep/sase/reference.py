@@ -7,19 +7,15 @@ predicates.  Exponential; for tests and small benchmark cross-checks only.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
+
+from cep.lexer import COMPARISONS
 
 from .events import SaseEvent
 from .query import AttrRef, Predicate, Query
 
 __all__ = ["reference_matches"]
-
-_CMP: dict[str, Callable[[Any, Any], Any]] = {
-    "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-}
-
 
 def _value(side: AttrRef | Any, binding: dict[str, SaseEvent]) -> tuple[bool, Any]:
     if isinstance(side, AttrRef):
@@ -40,7 +36,7 @@ def _holds(p: Predicate, binding: dict[str, SaseEvent]) -> bool | None:
     if not (ok_l and ok_r):
         return False
     try:
-        return bool(_CMP[p.op](lv, rv))
+        return bool(COMPARISONS[p.op](lv, rv))
     except TypeError:
         return False
 

@@ -1,0 +1,58 @@
+"""The query languages' shared AST (SASE's ``SEQ`` and ISEQ): attribute references, elements and the comparison
+predicates over them.  Comparisons use :data:`cep.lexer.COMPARISONS`, the one table all grammars read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cep.lexer import COMPARISONS, Scalar
+
+__all__ = ["AttrRef", "Element", "PredOp", "Predicate"]
+
+PredOp = Literal["=", "!=", "<", "<=", ">", ">="]
+
+
+@dataclass(frozen=True, slots=True)
+class AttrRef:
+    """``alias.attr``: an attribute of the event bound to one element."""
+
+    alias: str
+    attr: str
+
+    def __str__(self) -> str:
+        return f"{self.alias}.{self.attr}"
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One element of ``SEQ(...)`` or ``ISEQ[...](...)``: ``TYPE alias``, or negated ``!TYPE alias``."""
+
+    event_type: str
+    alias: str
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """``left op right``; ``right`` is an attribute of another element or a constant."""
+
+    left: AttrRef
+    op: PredOp
+    right: AttrRef | Scalar
+
+    def aliases(self) -> frozenset[str]:
+        return frozenset({self.left.alias} | ({self.right.alias} if isinstance(self.right, AttrRef) else set()))
+
+    def holds(self, attrs: Mapping[str, Mapping[str, Any]]) -> bool:
+        """Evaluate with ``attrs[alias]``; a missing or incomparable value makes it false, never raises."""
+        try:
+            left = attrs[self.left.alias][self.left.attr]
+            right = attrs[self.right.alias][self.right.attr] if isinstance(self.right, AttrRef) else self.right
+            return bool(COMPARISONS[self.op](left, right))
+        except (KeyError, TypeError):
+            return False
+
+    def __str__(self) -> str:
+        return f"{self.left} {self.op} {self.right if isinstance(self.right, AttrRef) else repr(self.right)}"
