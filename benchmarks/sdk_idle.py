@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.harness.processes import stop_process
 from broker.launcher import KafkaBroker
 from clients import FlushTimeout, SkewlessClient
 from clients.core import IdleTimer
@@ -258,12 +259,7 @@ def main() -> None:
             rows = asyncio.run(run(args, addresses.port, gateway.pid))
         finally:
             if gateway is not None:
-                gateway.terminate()
-                try:
-                    gateway.wait(30)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
-                    gateway.wait()
+                stop_process(gateway, 30)
             broker.stop()
     write_report(rows, args, args.out, args.out.with_suffix(".png"))
     print(f"wrote {args.out}")

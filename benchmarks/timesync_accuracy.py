@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.processes import stop_process
 from benchmarks.harness.stats import percentile_nearest
 from benchmarks.plotstyle import axis_labels, pyplot, save
 from reorder.eval.progress import progress_bar, progress_enabled
@@ -350,12 +351,7 @@ def chronyd_proc(prefix: list[str], server: str, port: int, tmp: Path) -> Iterat
     try:
         yield sock
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 5)
 
 
 def chronyc_tracking(sock: Path) -> dict[str, float] | None:

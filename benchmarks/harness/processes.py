@@ -1,5 +1,6 @@
 """Real processes for the reliability campaign and the benchmarks: a `skewless gateway` process that can be killed
-and restarted on its ports, HTTP probes of its /metrics and /healthz, exactly-once reads of a stream, /proc readings.
+and restarted on its ports, HTTP probes of its /metrics and /healthz, exactly-once reads of a stream, /proc readings,
+and the one way to stop a helper process.
 tests/reliability/ and benchmarks/ share these (the test suite imports them; nothing here imports the tests).
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -182,3 +184,13 @@ def rss_kib(pid: int) -> int:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def stop_process(process: subprocess.Popen[Any], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after ``timeout_s``; returns once it is reaped."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
