@@ -10,7 +10,8 @@ A job that took any one partition's promise (or the maximum) would release the [
 Both runs write the same results topic, one after the other (the jobs read `<prefix>.events.<stream>` and write
 `<prefix>.results.<job>`, so a second prefix would mean other input topics): the cluster run's records are what the
 topic holds beyond the local run's, and the topic must hold every local record exactly twice. No result field is
-run-specific (no wall-clock time, no host, no Spark id), so records are compared whole: key and value.
+run-specific (no wall-clock time, no host, no Spark id), so records are compared whole: key and value; but for the
+sequence job's `emitted_at`, since the cluster runs it in 2 key groups (issue 27 item 1) and local mode in one.
 """
 
 from __future__ import annotations
@@ -192,6 +193,11 @@ def common_args(bootstrap: str, prefix: str, checkpoint: Path) -> list[str]:
             "--checkpoint", str(checkpoint), "--shuffle-partitions", "2"]
 
 
+def without_clock(records: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    return [(key, orjson.dumps({k: v for k, v in orjson.loads(value).items() if k != "emitted_at"},
+                               option=orjson.OPT_SORT_KEYS)) for key, value in records]
+
+
 def twice(records: list[tuple[str, bytes]]) -> Counter[tuple[str, bytes]]:
     counts = Counter(records)
     return counts + counts
@@ -219,8 +225,10 @@ def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_
         submit(cluster, tmp_path, "three-window", [
             "three-window", *common_args(bootstrap, topic_prefix, tmp_path / "cluster-three"),
             "--width-ms", "1000", "--max-shift-ms", "50"]),
+        # On the cluster in 2 key groups (issue 27 item 1): the same matches as local mode's one group.
         submit(cluster, tmp_path, "sequence", [
-            "sequence", "--query", QUERY, *common_args(bootstrap, topic_prefix, tmp_path / "cluster-sequence")])]
+            "sequence", "--query", QUERY, "--key-groups", "2",
+            *common_args(bootstrap, topic_prefix, tmp_path / "cluster-sequence")])]
     try:
         three_s, sequence_s = (job.wait(cluster) for job in submitted)
     finally:
@@ -242,7 +250,9 @@ def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_
     all_three = results(bootstrap, topic_prefix, "three_window")
     all_sequence = results(bootstrap, topic_prefix, "sequence")
     assert Counter(all_three) == twice(local_three)
-    assert Counter(all_sequence) == twice(local_sequence)
+    # emitted_at set aside: the engine's clock is its key group's largest timestamp, the one field a group does not
+    # share with the stream (tests/integration/test_spark_key_groups.py).
+    assert Counter(without_clock(all_sequence)) == twice(without_clock(local_sequence))
     # ...and exactly the pure cores' records on the same input.
     pure_three = pure_results(topic_prefix, "three_window", [
         {**{k: v for k, v in row.items() if k != "payload"},
