@@ -28,8 +28,10 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmarks.plotstyle import axis_labels, pyplot, save
+from benchmarks.three_window_error import Clock, replace_section
 from cep.patterns import Confidence, PatternSpec, UncertainPatternMatcher
 from reorder.eval.progress import progress_enabled, track
 from timesync.estimator import ClockEstimate, ClockEstimator, SyncSample
@@ -53,15 +55,6 @@ CASES: list[tuple[str, int, int | None]] = [
     ("1 s drift, 100 ms delay", 1_000_000, 100_000),
 ]
 THESIS_ROWS = ["Detected", "Detected", "Detected", "Detected", "Detected", "Not detected", "(not run)"]
-
-
-@dataclass(frozen=True)
-class Clock:
-    ahead_us: int
-    skew_ppm: float
-
-    def read(self, true_us: float) -> int:
-        return round(true_us + self.ahead_us + true_us * self.skew_ppm * 1e-6)
 
 
 def sync(clock: Clock, delay_us: int, uplink_share: float, rng: random.Random, jitter: bool) -> ClockEstimate:
@@ -191,26 +184,29 @@ def plot(rows: list[Row]) -> None:
     delayed = rows[2:]
     x = [CASES[i + 2][2] / 1000 for i in range(len(delayed))]  # type: ignore[operator]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    ax1.semilogx(x, [100 * r.plain_rate for r in delayed], "o-", label="plain pattern")
-    ax1.semilogx(x, [100 * r.aware_rate for r in delayed], "s-", label="uncertainty-aware (Confirmed or Uncertain)")
-    ax1.semilogx(x, [100 * r.confirmed_rate for r in delayed], "^--", label="uncertainty-aware, Confirmed only")
-    axis_labels(ax1, ("transport delay, 1 s drift", "ms"), ("goals detected", "%"))
-    ax1.set_title("goal present (true gap +44 ms)")
-    ax1.set_ylim(-5, 105)
-    ax1.legend()
-    ax2.semilogx(x, [100 * r.neg_plain for r in delayed], "o-", label="plain pattern (false positive)")
-    ax2.semilogx(x, [100 * r.neg_uncertain for r in delayed], "s-", label="uncertainty-aware: Uncertain")
-    ax2.semilogx(x, [100 * r.neg_confirmed for r in delayed], "^--", label="uncertainty-aware: Confirmed")
-    axis_labels(ax2, ("transport delay, 1 s drift", "ms"), ("goals reported", "%"))
-    ax2.set_title("no goal (true gap -44 ms)")
-    ax2.set_ylim(-5, 105)
-    ax2.legend()
+    percent_panel(ax1, x, "goals detected", "goal present (true gap +44 ms)", [
+        ([r.plain_rate for r in delayed], "o-", "plain pattern"),
+        ([r.aware_rate for r in delayed], "s-", "uncertainty-aware (Confirmed or Uncertain)"),
+        ([r.confirmed_rate for r in delayed], "^--", "uncertainty-aware, Confirmed only")])
+    percent_panel(ax2, x, "goals reported", "no goal (true gap -44 ms)", [
+        ([r.neg_plain for r in delayed], "o-", "plain pattern (false positive)"),
+        ([r.neg_uncertain for r in delayed], "s-", "uncertainty-aware: Uncertain"),
+        ([r.neg_confirmed for r in delayed], "^--", "uncertainty-aware: Confirmed")])
     save(fig, DOCS / "cep-uncertain-pattern.png")
 
 
-def write_doc(rows: list[Row], trials: int) -> None:
-    from three_window_error import replace_section  # the shared document's section writer
+def percent_panel(ax: Any, delay_ms: list[float], quantity: str, title: str,
+                  lines: list[tuple[list[float], str, str]]) -> None:
+    """One panel: each line's shares (0..1) in percent over the transport delay, log scale."""
+    for shares, style, label in lines:
+        ax.semilogx(delay_ms, [100 * share for share in shares], style, label=label)
+    axis_labels(ax, ("transport delay, 1 s drift", "ms"), (quantity, "%"))
+    ax.set_title(title)
+    ax.set_ylim(-5, 105)
+    ax.legend()
 
+
+def write_doc(rows: list[Row], trials: int) -> None:
     worst = "\n".join(
         f"| {r.name} | {t} | {r.worst.observed_gap_us / 1000:.2f} | {r.worst.ta_us / 1000:.2f} | "
         f"{'detected' if r.worst.plain else 'not detected'} | {r.worst.aware or 'not detected'} |"
