@@ -14,7 +14,7 @@ from typing import Any
 from contract.units import UNIT_US
 
 __all__ = ["COMPARISONS", "FLIPPED", "Scalar", "Token", "TokenCursor", "canonical_op", "is_literal",
-           "literal_value", "tokenize"]
+           "literal_value", "token_pattern", "tokenize"]
 
 Scalar = int | float | str | bool | None
 
@@ -41,6 +41,23 @@ class Token:
     kind: str
     text: str
     pos: int
+
+
+def token_pattern(punct: str) -> re.Pattern[str]:
+    """The token grammar of SASE and constraint texts; ``punct`` is a regex character class of the grammar's own
+    punctuation."""
+    return re.compile(
+        rf"""
+        (?P<ws>\s+)
+      | (?P<number>-?\d+(?:\.\d+)?)
+      | (?P<string>'[^']*'|"[^"]*")
+      | (?P<badstring>['"])
+      | (?P<op><=|>=|!=|<>|==|=|<|>)
+      | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
+      | (?P<punct>{punct})
+        """,
+        re.VERBOSE,
+    )
 
 
 def tokenize(text: str, pattern: re.Pattern[str], error: Callable[[str, str, int], Exception], *,

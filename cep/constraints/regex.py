@@ -19,13 +19,12 @@ Errors are :class:`ConstraintError` with the 0-based ``position`` of the problem
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cep.lexer import COMPARISONS as _OPS
-from cep.lexer import Scalar, TokenCursor, canonical_op, is_literal, literal_value
+from cep.lexer import Scalar, TokenCursor, canonical_op, is_literal, literal_value, token_pattern
 from cep.lexer import Token as Tok
 from cep.lexer import tokenize as _scan
 
@@ -123,18 +122,7 @@ class Opt:
 Node = Sym | Cat | Alt | Star | Plus | Opt
 
 
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>\s+)
-  | (?P<number>-?\d+(?:\.\d+)?)
-  | (?P<string>'[^']*'|"[^"]*")
-  | (?P<badstring>['"])
-  | (?P<op><=|>=|!=|<>|==|=|<|>)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
-  | (?P<punct>[()|*+?\[\],!])
-    """,
-    re.VERBOSE,
-)
+_TOKEN = token_pattern(r"[()|*+?\[\],!]")
 
 
 def tokenize(text: str) -> list[Tok]:

@@ -20,9 +20,8 @@ Without an alias an element's alias is its type name.  Errors are :class:`SaseSy
 from __future__ import annotations
 
 import itertools
-import re
 
-from cep.lexer import Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, tokenize
+from cep.lexer import Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, token_pattern, tokenize
 from contract.units import UNIT_US
 
 from .events import SaseError, SaseSyntaxError
@@ -30,18 +29,7 @@ from .query import AttrRef, Element, Predicate, Query, normalize_predicate
 
 __all__ = ["UNIT_US", "parse_query"]
 
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>\s+)
-  | (?P<number>-?\d+(?:\.\d+)?)
-  | (?P<string>'[^']*'|"[^"]*")
-  | (?P<badstring>['"])
-  | (?P<op><=|>=|!=|<>|==|=|<|>)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
-  | (?P<punct>[(),!.\[\]])
-    """,
-    re.VERBOSE,
-)
+_TOKEN = token_pattern(r"[(),!.\[\]]")
 _KEYWORDS = {"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"}
 
 
