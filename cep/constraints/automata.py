@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .regex import Alt, Cat, Node, Opt, Plus, Star, Sym
 
@@ -167,6 +168,31 @@ def minimize(d: Dfa, key: Callable[[int], Hashable] | None = None) -> tuple[Dfa,
     return Dfa(d.n_symbols, delta, [d.accepting[rep[b]] for b in order], origin), mapping
 
 
+_State = TypeVar("_State", bound=Hashable)
+
+
+def _explore(
+    start: _State, moves: Callable[[_State], Iterable[tuple[int, _State]]]
+) -> tuple[list[_State], list[dict[int, int]]]:
+    """The states reachable from ``start`` through ``moves`` (symbol, next state), numbered in breadth-first order
+    of discovery (``start`` is 0), and each one's transitions by number."""
+    index = {start: 0}
+    states = [start]
+    delta: list[dict[int, int]] = [{}]
+    queue = deque([start])
+    while queue:
+        s = queue.popleft()
+        row = delta[index[s]]
+        for a, t in moves(s):
+            if t not in index:
+                index[t] = len(states)
+                states.append(t)
+                delta.append({})
+                queue.append(t)
+            row[a] = index[t]
+    return states, delta
+
+
 def nfa_to_dfa(
     n_symbols: int,
     start: frozenset[int],
@@ -174,23 +200,7 @@ def nfa_to_dfa(
     accepting: Callable[[frozenset[int]], bool],
 ) -> Dfa:
     """Subset construction; the empty set is not a state (its transitions stay undefined)."""
-    index = {start: 0}
-    sets = [start]
-    delta: list[dict[int, int]] = [{}]
-    queue = deque([start])
-    while queue:
-        s = queue.popleft()
-        row = delta[index[s]]
-        for a in range(n_symbols):
-            t = successors(s, a)
-            if not t:
-                continue
-            if t not in index:
-                index[t] = len(sets)
-                sets.append(t)
-                delta.append({})
-                queue.append(t)
-            row[a] = index[t]
+    sets, delta = _explore(start, lambda s: ((a, t) for a in range(n_symbols) for t in (successors(s, a),) if t))
     origin: list[Hashable] = [tuple(sorted(s)) for s in sets]
     return Dfa(n_symbols, delta, [accepting(s) for s in sets], origin)
 
@@ -256,21 +266,7 @@ def product(c: Dfa, q: Dfa) -> Dfa:
     accepting iff both are.  ``origin[s]`` is the pair.  Not trimmed: call :func:`trim`."""
     if not c.delta:
         return Dfa(c.n_symbols, [], [], [])
-    index = {(0, 0): 0}
-    pairs = [(0, 0)]
-    delta: list[dict[int, int]] = [{}]
-    queue = deque([(0, 0)])
-    while queue:
-        sc, sq = queue.popleft()
-        row = delta[index[(sc, sq)]]
-        for a, tc in sorted(c.delta[sc].items()):
-            t = (tc, q.delta[sq][a])
-            if t not in index:
-                index[t] = len(pairs)
-                pairs.append(t)
-                delta.append({})
-                queue.append(t)
-            row[a] = index[t]
+    pairs, delta = _explore((0, 0), lambda s: ((a, (tc, q.delta[s[1]][a])) for a, tc in sorted(c.delta[s[0]].items())))
     origin: list[Hashable] = list(pairs)
     return Dfa(c.n_symbols, delta, [c.accepting[a] and q.accepting[b] for a, b in pairs], origin)
 
