@@ -242,11 +242,8 @@ def _cluster(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
         lag_s = float(settings["idle_punctuation_lag_s"])
         # 0 (or less) turns rule 10 off: a deployment whose every shard always has live sources of every stream.
         config.idle_punctuation_lag_s = lag_s if lag_s > 0 else None
-    if "source_retention_s" in settings:
-        retention_s = float(settings["source_retention_s"])
-        if retention_s <= 0:
-            raise ConfigError(f"source_retention_s must be > 0, got {retention_s}")
-        config.source_retention_us = round(retention_s * 1_000_000)
+    if (source_retention_us := _positive_us(settings, "source_retention_s")) is not None:
+        config.source_retention_us = source_retention_us
     if "reference_clock_error" in settings:
         _reference_error(config, settings["reference_clock_error"])
     if "transactions" in settings:
@@ -340,16 +337,20 @@ def _limits(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
     allowed = settings.get("allowed_streams")
     if allowed is not None:
         config.allowed_streams = frozenset(allowed)
-    if "idle_source_retention_s" in settings:
-        retention_s = float(settings["idle_source_retention_s"])
-        if retention_s <= 0:
-            raise ConfigError(f"idle_source_retention_s must be > 0, got {retention_s}")
-        config.idle_source_retention_us = round(retention_s * 1_000_000)
-    if "slow_reader_timeout_s" in settings:
-        timeout_s = float(settings["slow_reader_timeout_s"])
-        if timeout_s <= 0:
-            raise ConfigError(f"slow_reader_timeout_s must be > 0, got {timeout_s}")
-        config.slow_reader_timeout_us = round(timeout_s * 1_000_000)
+    if (idle_retention_us := _positive_us(settings, "idle_source_retention_s")) is not None:
+        config.idle_source_retention_us = idle_retention_us
+    if (slow_reader_us := _positive_us(settings, "slow_reader_timeout_s")) is not None:
+        config.slow_reader_timeout_us = slow_reader_us
+
+
+def _positive_us(settings: Mapping[str, Any], name: str) -> int | None:
+    """A duration setting (seconds) that must be above 0, in microseconds; None when it is not set."""
+    if name not in settings:
+        return None
+    value_s = float(settings[name])
+    if value_s <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value_s}")
+    return round(value_s * 1_000_000)
 
 
 REORDER_MODES = ("sequence", "thesis")

@@ -69,6 +69,7 @@ from gateway.metrics import MetricsServer, make_registry
 from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
+from gateway.tasks import SupervisedTasks
 from reorder.pipeline import IngestPipeline, PipelineConfig
 from timesync.clocks import (
     ClockUs,
@@ -262,7 +263,7 @@ class Gateway:
         self._last_connection_id = 0
         self._known_streams: set[str] = set()
         self._stream_lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = SupervisedTasks(self._task_failed)
         self._failed_tasks: dict[str, str] = {}
         # Counters of the process (connections, sessions) and of shard runtimes that are gone: Prometheus counters
         # must not go down when a shard moves away.
@@ -439,17 +440,9 @@ class Gateway:
     # -- tasks --------------------------------------------------------------------------------------------------
 
     def _start_task(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coroutine, name=name)
-        task.add_done_callback(self._task_done)
-        self._tasks.append(task)
-        return task
+        return self._tasks.start(coroutine, name)
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is None:
-            return
+    def _task_failed(self, task: asyncio.Task[None], error: BaseException) -> None:
         log.error("gateway task %s died: %r", task.get_name(), error, exc_info=error)
         self._own_counters.task_failures += 1
         self._failed_tasks[task.get_name()] = repr(error)

@@ -54,6 +54,7 @@ from gateway.ingest import (
     WriteCheckpoint,
 )
 from gateway.recovery import ShardState, StreamScan, recover_shard, recover_stream, recover_stream_from
+from gateway.tasks import SupervisedTasks
 from timesync.clocks import ClockUs, ReferenceMapping
 from timesync.store import SourceInfo, SourceInfoStore
 
@@ -192,7 +193,7 @@ class ShardRuntime:
         self._deadline_changed = asyncio.Event()
         self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
         self._unproduced_records = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = SupervisedTasks(self._task_failed)
         self._producer_task: asyncio.Task[None] | None = None
         self.failure: str | None = None
         # Whether the runtime ended because a newer owner fenced it (the host counts it, not as a failure).
@@ -358,17 +359,9 @@ class ShardRuntime:
     # -- tasks --------------------------------------------------------------------------------------------------
 
     def _start_task(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coroutine, name=name)
-        task.add_done_callback(self._task_done)
-        self._tasks.append(task)
-        return task
+        return self._tasks.start(coroutine, name)
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is None:
-            return
+    def _task_failed(self, task: asyncio.Task[None], error: BaseException) -> None:
         if isinstance(error, ShardFenced | ProducerFenced) or self._fenced_after_all(error):
             # librdkafka reports fencing from whichever call comes first (a produce, a poll, the commit).
             self.fenced = True
