@@ -241,6 +241,11 @@ class _Partition:
         return part
 
 
+def _require_int_ts(ts: object, what: str) -> None:
+    if isinstance(ts, bool) or not isinstance(ts, int):
+        raise SaseInputError("bad_timestamp", f"{what} needs an int, got {ts!r}")
+
+
 class SequenceEngine:
     """Evaluates one sequence query over an out-of-order event stream.
 
@@ -327,23 +332,22 @@ class SequenceEngine:
 
     def advance_clock(self, ts: int) -> list[SaseOutput]:
         """Move CLOCK to ``ts`` without an event (K-slack purge and release); never goes backwards."""
-        if isinstance(ts, bool) or not isinstance(ts, int):
-            raise SaseInputError("bad_timestamp", f"advance_clock needs an int, got {ts!r}")
+        _require_int_ts(ts, "advance_clock")
         if self._clock is not None and ts <= self._clock:
             return []
         self._clock = ts
-        self._update_low()
-        if self._monitor is not None:
-            return self._monitor_drain() + self._on_time()
-        return self._on_time()
+        return self._low_moved()
 
     def on_punctuation(self, ts: int) -> list[SaseOutput]:
         """The stream is complete below ``ts``: no later event has a smaller timestamp (exact, no K guess)."""
-        if isinstance(ts, bool) or not isinstance(ts, int):
-            raise SaseInputError("bad_timestamp", f"punctuation needs an int, got {ts!r}")
+        _require_int_ts(ts, "punctuation")
         if self._punctuation is not None and ts <= self._punctuation:
             return []
         self._punctuation = ts
+        return self._low_moved()
+
+    def _low_moved(self) -> list[SaseOutput]:
+        """CLOCK or the punctuation advanced: recompute the low watermark and release what it passed."""
         self._update_low()
         if self._monitor is not None:
             return self._monitor_drain() + self._on_time()
