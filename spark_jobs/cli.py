@@ -85,7 +85,12 @@ def _kafka_session_conf(bootstrap: str, config_file: Path | None, kafka_property
     return conf
 
 
-def _session(name: str, shuffle_partitions: int | None, conf: dict[str, str]) -> Any:
+def _session(name: str, shuffle_partitions: int | None, bootstrap: str, config_file: Path | None,
+             kafka_property: list[str] | None, spark_kafka_property: list[str] | None,
+             replication_factor: int | None, prefix: str, stream: list[str] | None) -> Any:
+    """The job's Spark session, carrying the Kafka settings once they are checked (:func:`_kafka_session_conf`)."""
+    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
+                               replication_factor, prefix, _streams(stream))
     return create_spark_session(name, shuffle_partitions=shuffle_partitions, extra_conf=conf)
 
 
@@ -114,9 +119,8 @@ def window_count_command(
     options = window_count.WindowCountOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=_streams(stream), width_us=window_us,
         allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint, available_now=available_now)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor, prefix, _streams(stream))
-    spark = _session("skewless-window-count", shuffle_partitions, conf)
+    spark = _session("skewless-window-count", shuffle_partitions, bootstrap, config_file, kafka_property,
+                     spark_kafka_property, replication_factor, prefix, stream)
     _run(spark, window_count.start(spark, options))
 
 
@@ -162,9 +166,8 @@ def three_window_command(
 ) -> None:
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
     streams = _streams(stream)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor, prefix, _streams(stream))
-    spark = _session("skewless-three-window", shuffle_partitions, conf)
+    spark = _session("skewless-three-window", shuffle_partitions, bootstrap, config_file, kafka_property,
+                     spark_kafka_property, replication_factor, prefix, stream)
     query = three_window.start(spark, three_window.ThreeWindowOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, streams=streams, width_us=width_us,
         slide_us=slide_us, value_field=value_field, emit_early=emit_early,
@@ -203,9 +206,8 @@ def pattern_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--pattern'") from None
     streams = _streams(stream)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor, prefix, _streams(stream))
-    spark = _session("skewless-pattern", shuffle_partitions, conf)
+    spark = _session("skewless-pattern", shuffle_partitions, bootstrap, config_file, kafka_property,
+                     spark_kafka_property, replication_factor, prefix, stream)
     query = pattern_job.start(spark, pattern_job.PatternOptions(
         bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=streams, ta_us=ta_us,
         allowed_lateness_us=allowed_lateness_us, key_groups=key_groups, checkpoint_dir=checkpoint,
@@ -262,9 +264,8 @@ def sequence_command(
         raise typer.BadParameter(str(exc), param_hint="'--query'") from None
     _check_constraint(parsed, constraint, constraint_checker, early_alerts)
     streams = _streams(stream)
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor, prefix, _streams(stream))
-    spark = _session("skewless-sequence", shuffle_partitions, conf)
+    spark = _session("skewless-sequence", shuffle_partitions, bootstrap, config_file, kafka_property,
+                     spark_kafka_property, replication_factor, prefix, stream)
     started = sequence_job.start(spark, sequence_job.SequenceOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
@@ -340,9 +341,8 @@ def iseq_command(
     except IntervalError as exc:
         # A syntax error's message spans three lines (the text and a caret): the first says what and where.
         raise typer.BadParameter(str(exc).splitlines()[0], param_hint="'--query'") from None
-    conf = _kafka_session_conf(bootstrap, config_file, kafka_property, spark_kafka_property,
-                               replication_factor, prefix, _streams(stream))
-    spark = _session("skewless-iseq", shuffle_partitions, conf)
+    spark = _session("skewless-iseq", shuffle_partitions, bootstrap, config_file, kafka_property,
+                     spark_kafka_property, replication_factor, prefix, stream)
     _run(spark, iseq_job.start(spark, options))
 
 
