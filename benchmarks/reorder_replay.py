@@ -17,7 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from benchmarks.plotstyle import pyplot, save
 from benchmarks.reorder_report import write_report
 from benchmarks.reorder_thesis import (
     ALL,
@@ -191,8 +193,6 @@ def throughput(n: int) -> dict[str, float]:
 
 
 def plots(res: dict[str, JobResult]) -> list[str]:
-    from benchmarks.plotstyle import pyplot, save
-
     plt = pyplot()
 
     names = []
@@ -201,13 +201,9 @@ def plots(res: dict[str, JobResult]) -> list[str]:
     for a in ("sequence", "thesis", "mpkslack", "aqkslack", "oracle"):
         s = res["dataset1"].series[a]
         ax.plot([t / 1e6 for t, _, _ in s], [max(v, 1e-4) for _, v, _ in s], label=APPROACH_LABEL[a])
-    ax.set_yscale("log")
-    ax.set_xlabel("arrival time (s)")
-    ax.set_ylabel("average latency per second (ms, log scale)")
-    ax.set_title("Dataset 1 profile: average latency over time (cf. thesis Figure 5.7)")
-    ax.legend(fontsize=8)
-    save(fig, DOCS / "reorder-dataset1-latency.png")
-    names.append("reorder-dataset1-latency.png")
+    names.append(save_log_plot(fig, ax, "arrival time (s)", "average latency per second (ms, log scale)",
+                               "Dataset 1 profile: average latency over time (cf. thesis Figure 5.7)",
+                               "reorder-dataset1-latency.png"))
     # Figures 5.8 / 5.9: latency and out-of-order per dataset
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     datasets = ("dataset1", "dataset2", "dataset3", "heavytail", "pool")
@@ -227,34 +223,25 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax.set_ylabel(ylabel)
     ax1.legend(fontsize=7)
     fig.suptitle("Per profile (cf. thesis Figures 5.8 and 5.9)")
-    save(fig, DOCS / "reorder-datasets.png")
-    names.append("reorder-datasets.png")
+    names.append(save_as(fig, "reorder-datasets.png"))
     # Figures 5.10 / 5.11: sources
     fig, ax = plt.subplots(figsize=(7, 4))
     ks = (1, 2, 5, 10, 20)
     for a in ("sequence", "thesis", "mpkslack", "aqkslack", "oracle"):
         ax.plot(ks, [max(float(res[f"sources{k}"].results[a]["avg_latency_ms"]), 1e-3) for k in ks], "o-",
                 label=APPROACH_LABEL[a])  # fmt: skip
-    ax.set_yscale("log")
-    ax.set_xlabel("number of sources")
-    ax.set_ylabel("average latency (ms, log scale)")
-    ax.set_title("Multiple sources, Dataset 3 profile (cf. thesis Figures 5.10, 5.11)")
-    ax.legend(fontsize=8)
-    save(fig, DOCS / "reorder-sources.png")
-    names.append("reorder-sources.png")
+    names.append(save_log_plot(fig, ax, "number of sources", "average latency (ms, log scale)",
+                               "Multiple sources, Dataset 3 profile (cf. thesis Figures 5.10, 5.11)",
+                               "reorder-sources.png"))
     # Figure 5.13: drift
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = list(DRIFTS)
     for mode, style in (("sync", "o-"), ("nosync", "s--")):
         ax.plot(labels, [max(int(res[f"drift{d}"].results[mode]["out_of_order_events_ms"]), 0.5) for d in labels],
                 style, label=f"sequence, {'with' if mode == 'sync' else 'without'} time sync")  # fmt: skip
-    ax.set_yscale("log")
-    ax.set_xlabel("clock offset of source s1, plus 20 ppm skew")
-    ax.set_ylabel("out-of-order events (count at ms resolution, log scale)")
-    ax.set_title("Two sources with drift (cf. thesis Figure 5.13)")
-    ax.legend(fontsize=8)
-    save(fig, DOCS / "reorder-drift.png")
-    names.append("reorder-drift.png")
+    names.append(save_log_plot(fig, ax, "clock offset of source s1, plus 20 ppm skew",
+                               "out-of-order events (count at ms resolution, log scale)",
+                               "Two sources with drift (cf. thesis Figure 5.13)", "reorder-drift.png"))
     # latency versus accuracy
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, prof in zip(axes, ("dataset1", "heavytail"), strict=True):
@@ -278,8 +265,7 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax.set_title(f"{prof} profile")
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("Latency versus accuracy: adaptive sequence mode vs the thesis' timeout")
-    save(fig, DOCS / "reorder-latency-accuracy.png")
-    names.append("reorder-latency-accuracy.png")
+    names.append(save_as(fig, "reorder-latency-accuracy.png"))
     # issue 12 item 7: sources whose uplink stalls, merge wait learned or not
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     keys = ("multitail", "multistall")
@@ -301,9 +287,24 @@ def plots(res: dict[str, JobResult]) -> list[str]:
         ax.set_ylabel(ylabel)
     fig.legend(loc="outside lower center", ncol=3, fontsize=7)
     fig.suptitle("Sources whose uplink stalls: learned merge wait (issue 12 item 7)")
-    save(fig, DOCS / "reorder-multisource.png")
-    names.append("reorder-multisource.png")
+    names.append(save_as(fig, "reorder-multisource.png"))
     return names
+
+
+def save_as(fig: Any, name: str) -> str:
+    """Write ``fig`` to DOCS/``name`` and return the name (for the report's list of plots)."""
+    save(fig, DOCS / name)
+    return name
+
+
+def save_log_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, name: str) -> str:
+    """Finish a one-axes plot whose y axis is logarithmic, and save it as :func:`save_as` does."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save_as(fig, name)
 
 
 def cpu_name() -> str:
