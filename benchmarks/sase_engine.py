@@ -308,43 +308,41 @@ def plots(f6: list[dict[str, Any]], f78: list[dict[str, Any]], f9: list[dict[str
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["share"] * 100 for r in f6], [r["gain"] * 100 for r in f6], "o-")
-    ax.set_xlabel("out-of-order events (% of stream)")
-    ax.set_ylabel("CPU gain of AIS-CLOCK (%)")
-    ax.set_title("AIS-CLOCK (Li et al. Fig. 6 style)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "sase-ais-clock.png", dpi=150)
-    plt.close(fig)
+    label_axes(ax, "out-of-order events (% of stream)", "CPU gain of AIS-CLOCK (%)", "AIS-CLOCK (Li et al. Fig. 6 style)")
+    save_png(plt, fig, "sase-ais-clock.png")
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     ks = [r["k"] for r in f78]
     a1.semilogy(ks, [r["cand_off"] for r in f78], "o-", label="without partition")
     a1.semilogy(ks, [r["cand_on"] for r in f78], "s-", label="with AIS partition")
-    a1.set_xlabel("K (time units), W = 20")
-    a1.set_ylabel("intermediate sequences built")
-    a1.set_title("AIS partition: memory (Fig. 7 style)")
-    a1.legend()
-    a1.grid(alpha=0.3)
+    label_axes(a1, "K (time units), W = 20", "intermediate sequences built", "AIS partition: memory (Fig. 7 style)",
+               legend=True)
     a2.plot(ks, [r["cpu_gain"] * 100 for r in f78], "o-")
-    a2.set_xlabel("K (time units), W = 20")
-    a2.set_ylabel("CPU gain of AIS partition (%)")
-    a2.set_title("AIS partition: CPU (Fig. 8 style)")
-    a2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "sase-ais-partition.png", dpi=150)
-    plt.close(fig)
+    label_axes(a2, "K (time units), W = 20", "CPU gain of AIS partition (%)", "AIS partition: CPU (Fig. 8 style)")
+    save_png(plt, fig, "sase-ais-partition.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = [r["n"] / 1000 for r in f9]
     ax.plot(ns, [r["base"] for r in f9], "o-", label="in-order SASE (append only)")
     ax.plot(ns, [r["ooo"] for r in f9], "s-", label="out-of-order engine (K = 10)")
-    ax.set_xlabel("events (thousands), 0 % out of order")
-    ax.set_ylabel("CPU seconds")
-    ax.set_title("Overhead of out-of-order handling (Fig. 9 style)")
-    ax.legend()
+    label_axes(ax, "events (thousands), 0 % out of order", "CPU seconds",
+               "Overhead of out-of-order handling (Fig. 9 style)", legend=True)
+    save_png(plt, fig, "sase-overhead.png")
+
+
+def label_axes(ax: Any, xlabel: str, ylabel: str, title: str, *, legend: bool = False) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend()
     ax.grid(alpha=0.3)
+
+
+def save_png(plt: Any, fig: Any, name: str) -> None:
+    """Write ``fig`` to DOCS/``name`` at 150 dpi and close it."""
     fig.tight_layout()
-    fig.savefig(DOCS / "sase-overhead.png", dpi=150)
+    fig.savefig(DOCS / name, dpi=150)
     plt.close(fig)
 
 
