@@ -32,6 +32,7 @@ from pathlib import Path
 import orjson
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.stats import percentile
 from broker.admin import ensure_topics
 from broker.client import KafkaClientConfig
 from broker.launcher import KafkaBroker
@@ -233,11 +234,6 @@ def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_e
     return {"sources": sources, "events_per_s": events / seconds, "frame_ms": frame_every_s * 1e3,
             "p50_ms": percentile(delays, 0.5) / 1e3, "p99_ms": percentile(delays, 0.99) / 1e3,
             "max_ms": max(delays) / 1e3, "gap_p50_ms": percentile(gaps, 0.5), "gap_p99_ms": percentile(gaps, 0.99)}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def one_run(bootstrap: str, sources: int, total_events: int, producer: dict[str, int] | None = None,
