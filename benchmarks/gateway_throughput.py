@@ -417,10 +417,10 @@ def cores_side_by_side(results: list[RunResult], limit: PlainResult) -> str:
         cpu.append(f"**not less** at {counts(dearer)}")
     return f"""## The python core and the native core, side by side (same broker, same run)
 
-`skewless gateway --core python` runs the Python cores; `--core native` replaces two of them with the Rust ones
-of native/ (gateway/native.py): the connection decoder (frame split, msgpack decode, validation) in each session
-and the sequence reorderer of each (source, stream). The merger, the record bytes and the per-record produce loop
-run in Python with either core. At each source count the two ran one after the other, in alternating order.
+`skewless gateway --core python` runs the Python cores; `--core native` replaces three of them with the Rust ones
+of native/ (gateway/native.py): the connection decoder (frame split, msgpack decode, validation) in each session,
+the sequence reorderer of each (source, stream) and the record bytes (one RecordBuilder call per batch). Dedup, the
+reference mapping, the merger and the per-record produce loop run in Python with either core. At each source count the two ran one after the other, in alternating order.
 
 | sources | python core events/s | native core events/s | native / python | python of plain producer | native of plain producer | python CPU us/event | native CPU us/event | native / python CPU |
 |---|---|---|---|---|---|---|---|---|
