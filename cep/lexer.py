@@ -98,6 +98,9 @@ def literal_value(tok: Token) -> Scalar:
 class TokenCursor:
     """A parser's position in its tokens; each grammar subclasses it and says how its errors read (:meth:`error`)."""
 
+    keywords: frozenset[str] = frozenset()
+    """Upper-case words that :meth:`name` does not take as a name."""
+
     def __init__(self, text: str, toks: list[Token]) -> None:
         self.text = text
         self.toks = toks
@@ -120,6 +123,15 @@ class TokenCursor:
 
     def is_punct(self, ch: str) -> bool:
         return self.tok.kind == "punct" and self.tok.text == ch
+
+    def at_name(self) -> bool:
+        return self.tok.kind == "name" and self.tok.text.upper() not in self.keywords
+
+    def name(self, what: str) -> Token:
+        """A name that is not one of :attr:`keywords`; else the error ``expected <what>``."""
+        if not self.at_name():
+            raise self.error(f"expected {what}")
+        return self.advance()
 
     def expect_kw(self, word: str) -> Token:
         if not self.is_kw(word):

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cep.lexer import COMPARISONS, Scalar
+from cep.lexer import COMPARISONS, Scalar, Token, TokenCursor
 
-__all__ = ["AttrRef", "Element", "PredOp", "Predicate"]
+__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "parse_element"]
 
 PredOp = Literal["=", "!=", "<", "<=", ">", ">="]
 
@@ -56,3 +56,19 @@ class Predicate:
 
     def __str__(self) -> str:
         return f"{self.left} {self.op} {self.right if isinstance(self.right, AttrRef) else repr(self.right)}"
+
+
+def parse_element(cursor: TokenCursor) -> tuple[Element, Token]:
+    """``['!'] ( '(' TYPE [alias] ')' | TYPE [alias] )`` at the cursor, the alias being the type's name without
+    one; with the token that names the alias (for errors about it)."""
+    negated = cursor.is_punct("!")
+    if negated:
+        cursor.advance()
+    paren = cursor.is_punct("(")
+    if paren:
+        cursor.advance()
+    type_tok = cursor.name("an event type")
+    alias_tok = cursor.advance() if cursor.at_name() else type_tok
+    if paren:
+        cursor.expect_punct(")")
+    return Element(type_tok.text, alias_tok.text, negated), alias_tok

@@ -24,7 +24,7 @@ import re
 from typing import cast
 
 from cep.lexer import FLIPPED, Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, tokenize
-from cep.query_ast import PredOp
+from cep.query_ast import PredOp, parse_element
 
 from .events import IntervalError, IntervalSyntaxError
 from .query import AttrRef, Constraint, ConstraintOp, Element, IntervalQuery, Predicate, allen_constraints
@@ -151,22 +151,7 @@ class _Parser(TokenCursor):
         return out
 
     def element(self) -> Element:
-        negated = False
-        if self.is_punct("!"):
-            self.advance()
-            negated = True
-        wrapped = self.is_punct("(")
-        if wrapped:
-            self.advance()
-        if self.tok.kind != "name":
-            raise self.error("expected an event type")
-        event_type = self.advance().text
-        alias = event_type
-        if self.tok.kind == "name":
-            alias = self.advance().text
-        if wrapped:
-            self.expect_punct(")")
-        return Element(event_type, alias, negated)
+        return parse_element(self)[0]
 
     def window(self) -> int:
         t = self.tok

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 
 from cep.lexer import Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, token_pattern, tokenize
+from cep.query_ast import parse_element
 from contract.units import UNIT_US
 
 from .events import SaseError, SaseSyntaxError
@@ -30,10 +31,9 @@ from .query import AttrRef, Element, Predicate, Query, normalize_predicate
 __all__ = ["UNIT_US", "parse_query"]
 
 _TOKEN = token_pattern(r"[(),!.\[\]]")
-_KEYWORDS = {"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"}
-
-
 class _Parser(TokenCursor):
+    keywords = frozenset({"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"})
+
     def __init__(self, text: str) -> None:
         super().__init__(text, tokenize(text, _TOKEN, SaseSyntaxError))
         self._element_toks: list[Token] = []
@@ -42,11 +42,6 @@ class _Parser(TokenCursor):
         t = tok or self.tok
         found = "end of query" if t.kind == "end" else repr(t.text)
         return SaseSyntaxError(f"{message}, found {found}", self.text, t.pos)
-
-    def name(self, what: str) -> Token:
-        if self.tok.kind != "name" or self.tok.text.upper() in _KEYWORDS:
-            raise self.error(f"expected {what}")
-        return self.advance()
 
     def parse(self) -> Query:
         self.expect_kw("EVENT")
@@ -87,19 +82,9 @@ class _Parser(TokenCursor):
             raise SaseSyntaxError(str(exc), self.text, 0) from exc
 
     def element(self) -> Element:
-        negated = False
-        if self.is_punct("!"):
-            self.advance()
-            negated = True
-        paren = self.is_punct("(")
-        if paren:
-            self.advance()
-        type_tok = self.name("an event type")
-        alias_tok = self.advance() if self.tok.kind == "name" and self.tok.text.upper() not in _KEYWORDS else None
-        if paren:
-            self.expect_punct(")")
-        self._element_toks.append(alias_tok or type_tok)
-        return Element(type_tok.text, alias_tok.text if alias_tok else type_tok.text, negated)
+        element, alias_tok = parse_element(self)
+        self._element_toks.append(alias_tok)
+        return element
 
     def condition(self, elements: list[Element]) -> list[Predicate]:
         aliases = {e.alias for e in elements}
