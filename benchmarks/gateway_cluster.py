@@ -46,6 +46,7 @@ from typing import IO, Any
 import orjson
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.producing import produce_waiting
 from benchmarks.harness.stats import percentile
 from benchmarks.plotstyle import axis_labels, pyplot, save
 from broker.client import KafkaClientConfig
@@ -486,15 +487,8 @@ def plain_producer(bootstrap: str, broker_pid: int, source_topic: str, shards: i
     started = time.perf_counter()
     for i, (key, value, partition) in enumerate(records):
         produced_at = time.perf_counter()
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=partition,
-                                 on_delivery=partial(on_delivery, produced_at))
-                break
-            except BufferError:
-                producer.poll(0.001)
-        if i % 1000 == 0:
-            producer.poll(0)
+        produce_waiting(producer, i, topic, value, key, partition=partition,
+                        on_delivery=partial(on_delivery, produced_at))
     remaining = producer.flush(120)
     seconds = time.perf_counter() - started
     assert remaining == 0 and not failures and len(delivery_ms) == len(records), (remaining, failures[:3])

@@ -32,6 +32,7 @@ from pathlib import Path
 import orjson
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.producing import RunRates, produce_waiting
 from benchmarks.harness.stats import percentile
 from broker.admin import ensure_topics
 from broker.client import KafkaClientConfig
@@ -55,7 +56,7 @@ LoadAverages = dict[str, list[float]]  # "start"/"end": the 1-, 5- and 15-minute
 
 
 @dataclass
-class RunResult:
+class RunResult(RunRates):
     sources: int
     events: int
     seconds: float
@@ -69,14 +70,6 @@ class RunResult:
     late: int = 0
     label: str = ""
     core: str = ""  # the --core the gateway was spawned with; "" for its default (auto) or a --before tree
-
-    @property
-    def events_per_s(self) -> float:
-        return self.events / self.seconds
-
-    @property
-    def cpu_us_per_event(self) -> float:
-        return self.cpu_s * 1e6 / self.events
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -278,19 +271,11 @@ def one_run(bootstrap: str, sources: int, total_events: int, producer: dict[str,
 
 
 @dataclass
-class PlainResult:
+class PlainResult(RunRates):
     headers: bool
     events: int
     seconds: float
     cpu_s: float
-
-    @property
-    def events_per_s(self) -> float:
-        return self.events / self.seconds
-
-    @property
-    def cpu_us_per_event(self) -> float:
-        return self.cpu_s * 1e6 / self.events
 
 
 def plain_producer(bootstrap: str, records: list[tuple[bytes | None, bytes]], headers: bool) -> PlainResult:
@@ -325,15 +310,8 @@ def plain_producer(bootstrap: str, records: list[tuple[bytes | None, bytes]], he
     cpu0 = time.process_time()
     started = time.perf_counter()
     for i, (key, value, timestamp_ms, record_headers) in enumerate(prepared):
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=0, on_delivery=on_delivery,
-                                 timestamp=timestamp_ms, headers=record_headers)
-                break
-            except BufferError:
-                producer.poll(0.001)
-        if i % 1000 == 0:
-            producer.poll(0)
+        produce_waiting(producer, i, topic, value, key, partition=0, on_delivery=on_delivery,
+                        timestamp=timestamp_ms, headers=record_headers)
     remaining = producer.flush(120)
     seconds = time.perf_counter() - started
     assert remaining == 0 and not failures and delivered[0] == len(records), (remaining, failures[:3])
