@@ -717,25 +717,23 @@ impl<E> MultiSourceMerger<E> {
         policy: &mut P,
         out: &mut Vec<MergeOutput<E>>,
     ) -> Result<(), MergeError> {
-        check_time("now_us", now_us)?;
-        let slot = self.source(source_id);
-        self.revive(slot, now_us, true);
-        self.drain(now_us, policy, out);
-        Ok(())
+        self.heard(source_id, now_us, true, policy, out)
     }
 
-    /// `hear`: the source spoke, yet nothing of it reached the merge (its reorderer holds it behind a gap): the
-    /// merge waits for it afresh from now; its measured silence goes on until its next release.
-    pub fn hear<P: WaitPolicy + ?Sized>(
+    /// `hear` (`silence_ends` false): the source spoke, yet nothing of it reached the merge (its reorderer holds it
+    /// behind a gap): the merge waits for it afresh from now; its measured silence goes on until its next release.
+    /// `register` (true): announced, its silence ends here.
+    pub fn heard<P: WaitPolicy + ?Sized>(
         &mut self,
         source_id: &str,
         now_us: i64,
+        silence_ends: bool,
         policy: &mut P,
         out: &mut Vec<MergeOutput<E>>,
     ) -> Result<(), MergeError> {
         check_time("now_us", now_us)?;
         let slot = self.source(source_id);
-        self.revive(slot, now_us, false);
+        self.revive(slot, now_us, silence_ends);
         self.drain(now_us, policy, out);
         Ok(())
     }

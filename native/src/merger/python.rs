@@ -445,10 +445,11 @@ impl PyMerger {
         now_us: i64,
     ) -> PyResult<Bound<'py, PyList>> {
         self.run(py, |core, policy, out| {
-            core.register(source_id, now_us, policy, out)
+            core.heard(source_id, now_us, true, policy, out)
         })
     }
 
+    /// `register` whose silence goes on (MultiSourceMerger.hear).
     fn hear<'py>(
         &mut self,
         py: Python<'py>,
@@ -456,7 +457,7 @@ impl PyMerger {
         now_us: i64,
     ) -> PyResult<Bound<'py, PyList>> {
         self.run(py, |core, policy, out| {
-            core.hear(source_id, now_us, policy, out)
+            core.heard(source_id, now_us, false, policy, out)
         })
     }
 
