@@ -52,6 +52,7 @@ import msgpack
 
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.windows import WINDOW_TYPES, WindowType, sliding_starts, type_offset_us
+from contract.records import RESULT_TOO_LATE
 
 __all__ = [
     "DEFAULT_ALLOWED_LATENESS_US",
@@ -65,8 +66,8 @@ __all__ = [
 ]
 
 ShiftMode = Literal["per_event", "thesis"]
-"""One hour of reference time: how long a released window keeps accepting corrections by default."""
-TOO_LATE = "too_late"
+# A late event past the allowed lateness: the record contract's reason (its window's state is gone).
+TOO_LATE = RESULT_TOO_LATE
 _SNAPSHOT_VERSION = 2
 _LEGACY_SNAPSHOT_VERSION = 1
 

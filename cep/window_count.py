@@ -27,11 +27,12 @@ from typing import Any
 import msgpack
 
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
+from contract.records import RESULT_TOO_LATE
 
 __all__ = ["DEFAULT_ALLOWED_LATENESS_US", "TOO_LATE", "TooLate", "TumblingWindowCounter", "WindowCount"]
 
-"""One hour of reference time: how long a released window keeps accepting corrections by default."""
-TOO_LATE = "too_late"
+# A late event past the allowed lateness: the record contract's reason (its window's state is gone).
+TOO_LATE = RESULT_TOO_LATE
 _SNAPSHOT_VERSION = 1
 
 
