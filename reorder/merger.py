@@ -391,8 +391,10 @@ class MultiSourceMerger:
     def note_heard(self, source_id: str, now_us: int) -> None:
         """When the source was last heard of, and nothing else: its wait, if started, keeps its deadline; a wait that
         starts later judges its silence from here (a source silent for longer than its whole wait is given up at
-        once)."""
-        self._sources[source_id].heard_us = now_us
+        once). An unknown source is no-op."""
+        src = self._sources.get(source_id)
+        if src is not None:
+            src.heard_us = now_us
 
     def hear(self, source_id: str, now_us: int) -> list[MergeOutput]:
         """The source spoke, yet nothing of it reached the merge (its reorderer holds what it sent behind a gap): the

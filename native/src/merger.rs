@@ -738,6 +738,14 @@ impl<E> MultiSourceMerger<E> {
         Ok(())
     }
 
+    /// `note_heard`: when the source was last heard of, and nothing else (a wait already started keeps its
+    /// deadline); an unknown source is no-op.
+    pub fn note_heard(&mut self, source_id: &str, now_us: i64) {
+        if let Some(&slot) = self.by_name.get(source_id) {
+            live(&mut self.slots, slot).heard_us = Some(now_us);
+        }
+    }
+
     /// Drop a source that holds nothing; refused (false) while its queue is not empty or the merge waits for it.
     pub fn forget(&mut self, source_id: &str) -> bool {
         let Some(&slot) = self.by_name.get(source_id) else {

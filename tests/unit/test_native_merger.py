@@ -166,7 +166,7 @@ def test_native_merger_decides_exactly_as_the_python_core(
         source_id = data.draw(st.sampled_from(names))
         op = data.draw(st.sampled_from(
             ["push"] * 6 + ["run"] * 3 + ["beat"] * 3 + ["advance"] * 3
-            + ["register", "hear", "leave", "forget", "flush", "restart", "restore"]))
+            + ["register", "hear", "heard", "leave", "forget", "flush", "restart", "restore"]))
         if op == "push":
             event = next_event(source_id)
             late = data.draw(st.booleans()) and data.draw(st.booleans())
@@ -194,6 +194,8 @@ def test_native_merger_decides_exactly_as_the_python_core(
             twin.call("register", source_id, now)
         elif op == "hear":
             twin.call("hear", source_id, now)
+        elif op == "heard":
+            twin.call("note_heard", source_id, now)
         elif op == "leave":
             twin.call("leave", source_id, now)
         elif op == "forget":

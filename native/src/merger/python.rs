@@ -372,6 +372,10 @@ impl PyMerger {
         self.core.forget(source_id)
     }
 
+    fn note_heard(&mut self, source_id: &str, now_us: i64) {
+        self.core.note_heard(source_id, now_us);
+    }
+
     fn restore_watermark(&mut self, watermark_us: i64) -> PyResult<()> {
         self.core
             .restore_watermark(watermark_us)
