@@ -24,7 +24,7 @@ from typing import Any
 
 from cep.lexer import COMPARISONS
 
-__all__ = ["And", "Cmp", "Condition", "Not", "Or", "parse_condition"]
+__all__ = ["And", "Cmp", "Condition", "ConditionSyntaxError", "Not", "Or", "parse_condition"]
 
 _MISSING = object()
 # This syntax spells equality ``==`` (``=`` is read as ``==``); otherwise the one comparison table.
@@ -132,36 +132,53 @@ _TOKEN = re.compile(
 _KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
 
 
-def _tokenize(text: str) -> list[tuple[str, str]]:
-    tokens: list[tuple[str, str]] = []
+class ConditionSyntaxError(ValueError):
+    """A condition that does not parse; ``position`` is the 0-based character offset of the problem, shown with a
+    caret under the text, as the other query languages' errors are (cep.sase.events.SaseSyntaxError)."""
+
+    def __init__(self, message: str, text: str, position: int) -> None:
+        self.message, self.text, self.position = message, text, position
+        super().__init__(f"{message} at column {position + 1} of the condition {text!r}\n  {text}\n  {' ' * position}^")
+
+
+def _tokenize(text: str) -> list[tuple[str, str, int]]:
+    """(kind, value, offset) per token, ending with ("end", "", len(text))."""
+    tokens: list[tuple[str, str, int]] = []
     pos = 0
     while pos < len(text):
         if text[pos:].strip() == "":
             break
         m = _TOKEN.match(text, pos)
         if m is None:
-            raise ValueError(f"cannot parse condition at {text[pos:]!r}")
+            start = len(text) - len(text[pos:].lstrip())
+            raise ConditionSyntaxError(f"unexpected character {text[start]!r}", text, start)
         kind = m.lastgroup or ""
-        value = m.group(kind)
+        value, start = m.group(kind), m.start(kind)
         if kind == "name" and value.lower() in _KEYWORDS:
             kind, value = "kw", value.lower()
-        tokens.append((kind, value))
+        tokens.append((kind, value, start))
         pos = m.end()
+    tokens.append(("end", "", len(text)))
     return tokens
 
 
 class _Parser:
     def __init__(self, text: str) -> None:
+        self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
 
     def peek(self) -> tuple[str, str] | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
+        kind, value, _pos = self.tokens[self.i]
+        return None if kind == "end" else (kind, value)
+
+    def error(self, message: str) -> ConditionSyntaxError:
+        return ConditionSyntaxError(message, self.text, self.tokens[self.i][2])
 
     def take(self, kind: str, value: str | None = None) -> str:
         tok = self.peek()
         if tok is None or tok[0] != kind or (value is not None and tok[1] != value):
-            raise ValueError(f"expected {value or kind}, got {tok[1] if tok else 'end of condition'!r}")
+            raise self.error(f"expected {value or kind}, got {tok[1] if tok else 'end of condition'!r}")
         self.i += 1
         return tok[1]
 
@@ -174,8 +191,9 @@ class _Parser:
 
     def parse(self) -> Condition:
         cond = self.parse_or()
-        if self.peek() is not None:
-            raise ValueError(f"unexpected {self.peek()[1]!r}")  # type: ignore[index]
+        tok = self.peek()
+        if tok is not None:
+            raise self.error(f"unexpected {tok[1]!r}")
         return cond
 
     def parse_or(self) -> Condition:
@@ -211,16 +229,18 @@ class _Parser:
     def literal(self) -> Any:
         tok = self.peek()
         if tok is None:
-            raise ValueError("expected a literal, got end of condition")
+            raise self.error("expected a literal, got end of condition")
         kind, value = tok
-        self.i += 1
         if kind == "str":
+            self.i += 1
             return re.sub(r"\\(.)", r"\1", value[1:-1])
         if kind == "num":
+            self.i += 1
             return float(value) if any(c in value for c in ".eE") else int(value)
         if kind == "kw" and value in ("true", "false", "null"):
+            self.i += 1
             return {"true": True, "false": False, "null": None}[value]
-        raise ValueError(f"expected a literal, got {value!r}")
+        raise self.error(f"expected a literal, got {value!r}")
 
 
 def parse_condition(text: str) -> Condition:

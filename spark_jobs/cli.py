@@ -204,7 +204,8 @@ def pattern_command(
     try:
         PatternSpec.parse(pattern)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--pattern'") from None
+        # One line: a condition's syntax error shows its column there (its caret lines follow).
+        raise typer.BadParameter(str(exc).splitlines()[0], param_hint="'--pattern'") from None
     streams = _streams(stream)
     spark = _session("skewless-pattern", shuffle_partitions, bootstrap, config_file, kafka_property,
                      spark_kafka_property, replication_factor, prefix, stream)

@@ -50,3 +50,20 @@ def test_errors(bad: str) -> None:
 def test_unknown_operator() -> None:
     with pytest.raises(ValueError, match="operator"):
         Cmp("a", "~", 1)
+
+
+@pytest.mark.parametrize(("bad", "message", "position"), [
+    ("a ==", "expected a literal, got end of condition", 4),
+    ("a == 1 b", "unexpected 'b'", 7),
+    ("(a == 1", "expected ), got 'end of condition'", 7),
+    ("a ~ 1", "unexpected character '~'", 2),
+    ("a in (1, b)", "expected a literal, got 'b'", 9),
+])
+def test_a_syntax_error_names_its_position_with_a_caret(bad: str, message: str, position: int) -> None:
+    from cep.predicates import ConditionSyntaxError
+
+    with pytest.raises(ConditionSyntaxError) as raised:
+        parse_condition(bad)
+    assert (raised.value.message, raised.value.position) == (message, position)
+    caret = " " * position + "^"
+    assert str(raised.value) == f"{message} at column {position + 1} of the condition {bad!r}\n  {bad}\n  {caret}"
