@@ -216,6 +216,10 @@ async def test_a_flooding_peer_that_never_reads_is_paused_then_closed_and_costs_
 DUPLICATE_FRAME_EVENTS = int(os.environ.get("SKEWLESS_DUPLICATE_FRAME_EVENTS", "1"))
 
 
+# In the long suite since a fresh-clone run on 1f7a03e: the flooder's send blocked 20 s instead of being reset (the
+# gateway had stopped reading it, its small acks below the write high-water mark, so no slow-reader close came in
+# time). Bounded either way; whether such a peer must be closed, not just paused, is open (closing note).
+@pytest.mark.reliability_long
 async def test_a_duplicate_flood_from_a_peer_that_never_reads_gets_one_ack_per_frame_and_is_closed(
         kafka, topic_prefix, tmp_path: Path):
     """c005711: a client resending an acked batch in a loop and never reading got one ack frame per duplicate
