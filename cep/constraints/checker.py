@@ -234,15 +234,7 @@ class ConstraintChecker:
         trace.events += 1
         if not self._lightweight:
             return self._step_basic(trace, sym)
-        # Algorithm 2 inlined (the per-event path): one τ_∩ lookup, then the new state's encoding.
-        p = trace.p
-        nxt = self._delta_i[p].get(sym)
-        if nxt is None:
-            return self._fall_out(trace, p, sym)
-        trace.p = nxt
-        if nxt != p and self._enc_sat[nxt]:
-            return self._decide(trace, _SATISFIABLE)
-        return _UNDECIDED
+        return self._step_lightweight(trace, sym)
 
     def step_symbol(self, trace: TraceState, sym: int) -> Verdict:
         """:meth:`step` with the event already classified."""
@@ -255,6 +247,7 @@ class ConstraintChecker:
         return self._step_basic(trace, sym)
 
     def _step_lightweight(self, trace: TraceState, sym: int) -> Verdict:
+        # Algorithm 2 (the per-event path): one τ_∩ lookup, then the new state's encoding.
         p = trace.p
         nxt = self._delta_i[p].get(sym)
         if nxt is None:
