@@ -137,15 +137,15 @@ class GroupMembership:
             self._changes.append(SharesAssigned(added))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consumer.incremental_unassign(partitions)
-        removed = self._mine(partitions) & self._owned
-        self._owned -= removed
-        if removed:
-            self._changes.append(SharesRevoked(removed))
+        self._unassign(consumer, partitions, SharesRevoked)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._unassign(consumer, partitions, SharesLost)
+
+    def _unassign(self, consumer: Consumer, partitions: list[TopicPartition],
+                  change: type[SharesRevoked | SharesLost]) -> None:
         consumer.incremental_unassign(partitions)
         removed = self._mine(partitions) & self._owned
         self._owned -= removed
         if removed:
-            self._changes.append(SharesLost(removed))
+            self._changes.append(change(removed))
