@@ -14,9 +14,10 @@ import logging
 import random
 import socket
 from collections.abc import Callable
-from types import TracebackType
+from typing import Any
 
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
+from timesync._udp import StartCloseContext, close_udp_reader, open_udp_reader
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import DEFAULT_BURST_SIZE, ClockEstimate, ClockEstimator
 from timesync.exchange import ClientExchange
@@ -54,20 +55,12 @@ class _Channel:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-        family, _, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, socket.SOCK_DGRAM, proto)
-        try:
-            sock.setblocking(False)
-            sock.connect(sockaddr)  # UDP: no handshake; filters replies from other addresses
-            if self._from_realtime is not None:
-                self.kernel_timestamps = enable_rx_timestamps(sock)
-            loop.add_reader(sock.fileno(), self._on_readable)
-        except BaseException:
-            sock.close()
-            raise
-        self._sock, self._loop = sock, loop
+        self._sock, self._loop = await open_udp_reader(host, port, self._connect, self._on_readable)
+
+    def _connect(self, sock: socket.socket, _family: int, sockaddr: Any) -> None:
+        sock.connect(sockaddr)  # UDP: no handshake; filters replies from other addresses
+        if self._from_realtime is not None:
+            self.kernel_timestamps = enable_rx_timestamps(sock)
 
     def send(self, data: bytes) -> None:
         if self._sock is None:
@@ -77,11 +70,7 @@ class _Channel:
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        if self._loop is not None:
-            self._loop.remove_reader(sock.fileno())
-        sock.close()
+        close_udp_reader(self._loop, sock)
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -171,7 +160,7 @@ async def sync_burst(
 EstimateCallback = Callable[[ClockEstimate], None]
 
 
-class PeriodicSync:
+class PeriodicSync(StartCloseContext):
     """Initial burst, then background re-syncs; owns its task (``async with`` or start/close).
 
     ``count`` requests per burst; the minimum filter considers all of them.  ``burst_size`` is the
@@ -266,18 +255,6 @@ class PeriodicSync:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def __aenter__(self) -> PeriodicSync:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -24,9 +24,10 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
+from typing import Any
 
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
+from timesync._udp import StartCloseContext, close_udp_reader, open_udp_reader
 from timesync.clocks import ReferenceClock
 from timesync.estimator import DEFAULT_BURST_SIZE, ClockEstimator
 from timesync.responder import Responder, ResponderConfig
@@ -91,7 +92,7 @@ class ServerStats:
         }
 
 
-class TimeSyncServer:
+class TimeSyncServer(StartCloseContext):
     """One UDP socket serving NTP and registering sources; use :func:`start_server`."""
 
     def __init__(
@@ -127,33 +128,24 @@ class TimeSyncServer:
     async def start(self) -> None:
         if self._sock is not None:
             return
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)
-        family, _, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, socket.SOCK_DGRAM, proto)
-        try:
-            sock.setblocking(False)
-            if family == socket.AF_INET6:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            try:
-                sock.bind(sockaddr)
-            except OSError as exc:
-                # Name the address, as asyncio's create_server does for TCP: "address in use" alone does not say
-                # which of a command's ports is taken (issue 28 item 5).
-                raise OSError(exc.errno, f"error while attempting to bind on udp address {sockaddr[:2]!r}: "
-                                         f"{(exc.strerror or str(exc)).lower()}") from None
-            if self._want_kernel_ts:
-                self.kernel_timestamps_enabled = enable_rx_timestamps(sock)
-                if not self.kernel_timestamps_enabled:
-                    log.info("SO_TIMESTAMPNS unavailable; T2 is read in the event loop")
-            loop.add_reader(sock.fileno(), self._on_readable)
-        except BaseException:
-            sock.close()
-            raise
-        self._sock = sock
-        self._loop = loop
+        self._sock, self._loop = await open_udp_reader(self.host, self.port, self._bind, self._on_readable)
         log.info("timesync listening on %s:%d", *self.address[:2])
+
+    def _bind(self, sock: socket.socket, family: int, sockaddr: Any) -> None:
+        if family == socket.AF_INET6:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            sock.bind(sockaddr)
+        except OSError as exc:
+            # Name the address, as asyncio's create_server does for TCP: "address in use" alone does not say
+            # which of a command's ports is taken (issue 28 item 5).
+            raise OSError(exc.errno, f"error while attempting to bind on udp address {sockaddr[:2]!r}: "
+                                     f"{(exc.strerror or str(exc)).lower()}") from None
+        if self._want_kernel_ts:
+            self.kernel_timestamps_enabled = enable_rx_timestamps(sock)
+            if not self.kernel_timestamps_enabled:
+                log.info("SO_TIMESTAMPNS unavailable; T2 is read in the event loop")
 
     def attach_discipline(self, discipline: UpstreamDiscipline) -> None:
         self._discipline = discipline
@@ -163,23 +155,7 @@ class TimeSyncServer:
             await self._discipline.close()
             self._discipline = None
         sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        if self._loop is not None:
-            self._loop.remove_reader(sock.fileno())
-        sock.close()
-
-    async def __aenter__(self) -> TimeSyncServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        close_udp_reader(self._loop, sock)
 
     async def serve_forever(self) -> None:
         await self.start()
