@@ -46,6 +46,7 @@ from typing import IO, Any
 import orjson
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.args import parse_or_redraw
 from benchmarks.harness.producing import produce_waiting
 from benchmarks.harness.stats import percentile
 from benchmarks.plotstyle import axis_labels, pyplot, save
@@ -784,12 +785,9 @@ def main() -> None:
     parser.add_argument("--paced-s", type=float, default=5.0)
     parser.add_argument("--session-timeouts", type=float, nargs="+", default=[6.0, 10.0])
     parser.add_argument("--log-dir", type=Path, help="keep the gateways' logs here [a temporary directory]")
-    parser.add_argument("--plot-from-doc", action="store_true",
-                        help="only re-draw docs/cluster-benchmark.png from docs/cluster-benchmark.md")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
-    args = parser.parse_args()
-    if args.plot_from_doc:
-        plot_from_doc()
+    args = parse_or_redraw(parser, lambda _args: plot_from_doc(),
+                           "docs/cluster-benchmark.png from docs/cluster-benchmark.md")
+    if args is None:
         return
     conditions = run_conditions()
     started = time.monotonic()

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks.harness.args import parse_or_redraw
 from benchmarks.plotstyle import axis_labels, pyplot, save
 from cep.intervals import (
     Interval,
@@ -311,11 +312,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
-    ap.add_argument("--plot-from-doc", action="store_true", help="only re-draw the PNGs from OUT/iseq-benchmark.md")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
-    args = ap.parse_args()
-    if args.plot_from_doc:
-        plot_from_doc(args.out)
+    args = parse_or_redraw(ap, lambda parsed: plot_from_doc(parsed.out), "the PNGs from OUT/iseq-benchmark.md")
+    if args is None:
         return
     quick = args.quick
     repeat = 1 if quick else args.repeat

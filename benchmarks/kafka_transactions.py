@@ -34,6 +34,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.args import parse_or_redraw
 from benchmarks.harness.stats import percentile
 from benchmarks.plotstyle import axis_labels, pyplot, save
 from broker.client import PRODUCER_DEFAULTS
@@ -365,12 +366,9 @@ def main() -> None:
     parser.add_argument("--saturated-s", type=float, default=2.0)
     parser.add_argument("--paced-s", type=float, default=2.0)
     parser.add_argument("--rate", type=float, default=5000.0)
-    parser.add_argument("--plot-from-doc", action="store_true",
-                        help="only re-draw docs/transactions-benchmark.png from docs/transactions-benchmark.md")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
-    args = parser.parse_args()
-    if args.plot_from_doc:
-        plot_from_doc()
+    args = parse_or_redraw(parser, lambda _args: plot_from_doc(),
+                           "docs/transactions-benchmark.png from docs/transactions-benchmark.md")
+    if args is None:
         return
     values = make_values()
     assert 200 <= sum(len(v) for _k, v, _p in values) / len(values) <= 300, "records must stay ~250 B"
