@@ -16,8 +16,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from timesync._io import StartCloseContext, cancel_owned_task, close_udp_reader, open_udp_reader
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
-from timesync._udp import StartCloseContext, close_udp_reader, open_udp_reader
 from timesync.clocks import ClockUs, for_time_sync, system_time_us
 from timesync.estimator import DEFAULT_BURST_SIZE, ClockEstimate, ClockEstimator
 from timesync.exchange import ClientExchange
@@ -251,10 +251,7 @@ class PeriodicSync(StartCloseContext):
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_owned_task(task)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

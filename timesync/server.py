@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from timesync._io import StartCloseContext, cancel_owned_task, close_udp_reader, open_udp_reader
 from timesync._sockopt import CMSG_SPACE_TIMESTAMP, enable_rx_timestamps, rx_timestamp_ns
-from timesync._udp import StartCloseContext, close_udp_reader, open_udp_reader
 from timesync.clocks import ReferenceClock
 from timesync.estimator import DEFAULT_BURST_SIZE, ClockEstimator
 from timesync.responder import Responder, ResponderConfig
@@ -228,10 +228,7 @@ class UpstreamDiscipline:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_owned_task(task)
 
     def _query(self, server: str) -> int:
         import ntplib

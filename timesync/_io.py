@@ -1,14 +1,16 @@
-"""The UDP socket both ends of time sync read from the event loop, and their ``async with`` lifecycle."""
+"""IO-shell pieces both ends of time sync share: the UDP socket read from the event loop, the ``async with``
+lifecycle and the end of an owned task."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
-__all__ = ["StartCloseContext", "close_udp_reader", "open_udp_reader"]
+__all__ = ["StartCloseContext", "cancel_owned_task", "close_udp_reader", "open_udp_reader"]
 
 # Connects (client) or binds (server) the fresh socket; called with the socket, its family and its address.
 SocketSetup = Callable[[socket.socket, int, Any], None]
@@ -39,6 +41,15 @@ def close_udp_reader(loop: asyncio.AbstractEventLoop | None, sock: socket.socket
     if loop is not None:
         loop.remove_reader(sock.fileno())
     sock.close()
+
+
+async def cancel_owned_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` and wait for its end; an error it died of before is raised here, to the closer."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class StartCloseContext:
