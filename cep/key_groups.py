@@ -6,6 +6,8 @@ is read from the query, never guessed:
 
 * a SASE sequence query: the equality class of its WHERE that names one attribute per element (``a.id = b.id =
   c.id``), exactly the class the engine partitions its AIS by (``Query.partition_attributes``);
+* an ISEQ query: the equality class of its WHERE that names one attribute per element, the same way (an
+  interval's attributes are its payload; a level interval made from a source's readings carries ``source``);
 * a pattern: its ``PARTITION BY`` path.
 
 A query without such a key has none (``None``): it runs as one group.
@@ -19,15 +21,17 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+from cep.intervals.query import IntervalQuery
 from cep.patterns import PatternSpec
+from cep.query_ast import equality_key_attributes
 from cep.sase.query import Query
 
-__all__ = ["SequenceKey", "key_group", "pattern_partition_key", "sequence_partition_key"]
+__all__ = ["EqualityKey", "iseq_partition_key", "key_group", "pattern_partition_key", "sequence_partition_key"]
 
 
 @dataclass(frozen=True)
-class SequenceKey:
-    """Where a sequence query's key is in an event: the attribute per event type of the query."""
+class EqualityKey:
+    """Where a query's equality key is in an event: the attribute per event type of the query."""
 
     attribute_of_type: dict[str, str]
     """Event type -> the attribute of the equality class (every element of the query has one)."""
@@ -45,12 +49,20 @@ class SequenceKey:
         return self.attribute_of_type.get(event_type, self.trace_attribute)
 
 
-def sequence_partition_key(query: Query) -> SequenceKey | None:
+def sequence_partition_key(query: Query) -> EqualityKey | None:
     """The key of a SASE sequence query: the equality class of its WHERE that covers every element with one
     attribute per event type, or None when the equalities do not connect every element."""
     if not query.partition_attributes:
         return None
-    return SequenceKey(dict(query.partition_attributes))
+    return EqualityKey(dict(query.partition_attributes))
+
+
+def iseq_partition_key(query: IntervalQuery) -> EqualityKey | None:
+    """The key of an ISEQ query: the equality class of its WHERE that covers every element, negated ones
+    included, with one attribute per event type (``a.id = b.id AND b.id = d.id``), or None.  With it, a result
+    and every interval that can negate it share the key's value (a missing attribute makes a condition false)."""
+    attributes = equality_key_attributes(query.elements, query.predicates)
+    return EqualityKey(attributes) if attributes else None
 
 
 def pattern_partition_key(spec: PatternSpec) -> tuple[str, ...] | None:

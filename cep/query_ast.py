@@ -3,13 +3,13 @@ predicates over them.  Comparisons use :data:`cep.lexer.COMPARISONS`, the one ta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cep.lexer import COMPARISONS, Scalar, Token, TokenCursor
 
-__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "parse_element"]
+__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "equality_key_attributes", "parse_element"]
 
 PredOp = Literal["=", "!=", "<", "<=", ">", ">="]
 
@@ -72,3 +72,42 @@ def parse_element(cursor: TokenCursor) -> tuple[Element, Token]:
     if paren:
         cursor.expect_punct(")")
     return Element(type_tok.text, alias_tok.text, negated), alias_tok
+
+
+def equality_key_attributes(elements: Sequence[Element], predicates: Sequence[Predicate]) -> dict[str, str]:
+    """Event type -> attribute of an equality class of the ``=`` predicates that names one attribute per element
+    and covers all of them (positive and negated): then events only combine within equal values of it (SASE's
+    partitioned AIS, a key group's key); empty when there is none.  Every element of one event type must use the
+    same attribute, because routing happens per event type."""
+    parent: dict[AttrRef, AttrRef] = {}
+
+    def find(x: AttrRef) -> AttrRef:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for p in predicates:
+        if p.op == "=" and isinstance(p.right, AttrRef):
+            parent[find(p.left)] = find(p.right)
+    classes: dict[AttrRef, list[AttrRef]] = {}
+    for x in list(parent):
+        classes.setdefault(find(x), []).append(x)
+    alias_type = {e.alias: e.event_type for e in elements}
+    for members in sorted(classes.values(), key=lambda ms: sorted(str(m) for m in ms)):
+        by_alias: dict[str, set[str]] = {}
+        for m in members:
+            by_alias.setdefault(m.alias, set()).add(m.attr)
+        if set(by_alias) != set(alias_type):
+            continue
+        mapping: dict[str, str] = {}
+        ok = True
+        for alias, attrs in sorted(by_alias.items()):
+            attr = min(attrs)
+            etype = alias_type[alias]
+            if mapping.setdefault(etype, attr) != attr:
+                ok = False
+        if ok:
+            return mapping
+    return {}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cep.lexer import COMPARISONS, FLIPPED, Scalar
-from cep.query_ast import AttrRef, Element, Predicate
+from cep.query_ast import AttrRef, Element, Predicate, equality_key_attributes
 
 from .events import SaseError
 
@@ -120,7 +120,7 @@ class Query:
         _validate(self)
         self.positives = tuple(e for e in self.elements if not e.negated)
         pos_of_alias = {e.alias: i for i, e in enumerate(self.positives)}
-        self.partition_attributes = _partition_attributes(self.elements, self.predicates)
+        self.partition_attributes = equality_key_attributes(self.elements, self.predicates)
         effective = (*self.predicates, *_transitive_equalities(self.predicates, pos_of_alias))
         implied = _implied_by_partition(self.elements, effective, self.partition_attributes)
 
@@ -217,44 +217,6 @@ def _validate(q: Query) -> None:
             raise SaseError(f"predicate {p} relates two negated elements; only negated-to-positive is supported")
         if isinstance(p.right, AttrRef) and p.left.alias == p.right.alias:
             raise SaseError(f"predicate {p} compares an element with itself; use a constant predicate")
-
-
-def _partition_attributes(elements: Sequence[Element], predicates: Sequence[Predicate]) -> dict[str, str]:
-    """Find an equality class of attributes that names exactly one attribute per element and covers all of
-    them (positive and negated): then events only combine within equal key values (SASE's partitioned AIS).
-    Every element of one event type must use the same attribute, because routing happens per event type."""
-    parent: dict[AttrRef, AttrRef] = {}
-
-    def find(x: AttrRef) -> AttrRef:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for p in predicates:
-        if p.op == "=" and isinstance(p.right, AttrRef):
-            parent[find(p.left)] = find(p.right)
-    classes: dict[AttrRef, list[AttrRef]] = {}
-    for x in list(parent):
-        classes.setdefault(find(x), []).append(x)
-    alias_type = {e.alias: e.event_type for e in elements}
-    for members in sorted(classes.values(), key=lambda ms: sorted(str(m) for m in ms)):
-        by_alias: dict[str, set[str]] = {}
-        for m in members:
-            by_alias.setdefault(m.alias, set()).add(m.attr)
-        if set(by_alias) != set(alias_type):
-            continue
-        mapping: dict[str, str] = {}
-        ok = True
-        for alias, attrs in sorted(by_alias.items()):
-            attr = min(attrs)
-            etype = alias_type[alias]
-            if mapping.setdefault(etype, attr) != attr:
-                ok = False
-        if ok:
-            return mapping
-    return {}
 
 
 def _transitive_equalities(predicates: Sequence[Predicate], positive_aliases: Mapping[str, int]) -> list[Predicate]:

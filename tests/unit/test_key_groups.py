@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from cep.key_groups import SequenceKey, key_group, pattern_partition_key, sequence_partition_key
+from cep.key_groups import EqualityKey, key_group, pattern_partition_key, sequence_partition_key
 from cep.patterns import PatternSpec
 from cep.sase import parse_query
 from spark_jobs.sequence import SequenceOptions, SequenceStreamCore, engine_config, key_groups_plan
@@ -21,14 +21,14 @@ from spark_jobs.stateful import StreamReadProgress, make_stream_function, run_st
 
 def test_the_equality_class_covering_every_element_is_the_sequence_key() -> None:
     query = parse_query("EVENT SEQ(A a, B b, C c) WHERE a.id = b.id AND b.id = c.id WITHIN 10 s")
-    assert sequence_partition_key(query) == SequenceKey({"A": "id", "B": "id", "C": "id"})
+    assert sequence_partition_key(query) == EqualityKey({"A": "id", "B": "id", "C": "id"})
 
 
 def test_the_key_may_have_another_name_per_event_type_and_covers_negated_elements() -> None:
     query = parse_query("EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.tag = c.item AND c.item = e.tag "
                         "AND s.price > 3 WITHIN 1 s")
     key = sequence_partition_key(query)
-    assert key == SequenceKey({"SHELF": "tag", "CHECKOUT": "item", "EXIT": "tag"})
+    assert key == EqualityKey({"SHELF": "tag", "CHECKOUT": "item", "EXIT": "tag"})
     assert (key.attribute("CHECKOUT"), key.attribute("OTHER"), key.trace_attribute) == ("item", None, None)
 
 
