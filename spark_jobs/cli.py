@@ -316,6 +316,11 @@ def iseq_command(
     levels: Annotated[str, typer.Option(
         help="Levels for --from-points: names and bounds alternating, LOW,50,MEDIUM,100,HIGH reads "
              "LOW <= 50 < MEDIUM <= 100 < HIGH.")] = "LOW,50,MEDIUM,100,HIGH",
+    key_groups: Annotated[int | None, typer.Option(
+        min=1, help="Key groups per stream: the query's equality key (a.id = b.id = ...) spread over this many Spark "
+                    "groups (default 1; one group also without a key, with a negated element or --k-slack-ms). "
+                    "Both endpoints of an interval sent as endpoints must then carry the key. Fixed in the "
+                    "checkpoint.")] = None,
     checkpoint: Checkpoint = None,
     available_now: AvailableNow = False,
     shuffle_partitions: ShufflePartitions = None,
@@ -332,7 +337,7 @@ def iseq_command(
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
         k_slack_us=k_slack_us, indexing="naive" if indexing == "naive" else "ibp" if indexing == "ibp" else "ais",
         punctuated_types=tuple(punctuated_type or ()), from_points=from_points, levels=levels,
-        checkpoint_dir=checkpoint, available_now=available_now)
+        key_groups=key_groups, checkpoint_dir=checkpoint, available_now=available_now)
     try:
         iseq_job.parse_levels(levels)
     except ValueError as exc:

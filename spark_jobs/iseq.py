@@ -1,7 +1,9 @@
 """Job `iseq`: ISEQ interval queries (EVENT ISEQ[TList](E1..Em; W), cep.intervals) over the ordered stream.
 
 Spark groups the stream's records (events and late topics) by stream and runs one cep.intervals IntervalEngine per
-stream. What an event record is to the engine (docs/intervals.md, "Spark job"):
+stream, or, with `--key-groups`, by stream and key group: the query's equality key spread over G groups, each of
+which gets every punctuation of the stream (docs/spark-jobs.md, "Key groups"). What an event record is to the
+engine (docs/intervals.md, "Spark job"):
 
 * an interval ``[start_ts_us, end_ts_us]`` (contract v2; ``end_ts_us`` is ``ref_ts_us``); a v1 record, or a point
   event, is the interval ``[ref_ts_us, ref_ts_us]``;
@@ -27,6 +29,7 @@ with the members; ``too_late`` and ``rejected`` side records, each with a reason
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,6 +50,7 @@ from cep.intervals import (
     ThresholdLevels,
     parse_iseq,
 )
+from cep.key_groups import iseq_partition_key
 from contract.records import (
     ENDPOINTS,
     RESULT_ADD,
@@ -57,9 +61,18 @@ from contract.records import (
     result_key,
 )
 from contract.records import result_value as contract_result_value
-from spark_jobs.stateful import INPUT_COLUMNS, MicroBatchColumns, decode_payload, start_core_job
+from spark_jobs.stateful import (
+    INPUT_COLUMNS,
+    KeyGroups,
+    MicroBatchColumns,
+    decode_payload,
+    json_field,
+    key_group_column,
+    start_core_job,
+)
 
 JOB_NAME = "iseq"
+log = logging.getLogger("skewless.spark")
 # Contract v2 columns the core reads besides the shell's (start_ts_us is coalesced to ref_ts_us in the JVM: v1).
 ISEQ_COLUMNS = (*INPUT_COLUMNS, "interval_id", "endpoint")
 RECORD_OF_OUTPUT = {"match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT}
@@ -95,6 +108,8 @@ class IseqOptions:
     from_points: str | None = None
     """Payload field of a point reading's number: point events with it become level intervals."""
     levels: str = "LOW,50,MEDIUM,100,HIGH"
+    key_groups: int | None = None
+    """G: key groups per stream (None: one; :func:`key_groups_plan`)."""
     checkpoint_dir: str | None = None
     available_now: bool = False
     processing_time: str = "1 second"
@@ -383,16 +398,78 @@ def _item_dict(item: Interval | IntervalBegin) -> dict[str, Any]:
     return {"item": "begin" if isinstance(item, IntervalBegin) else "interval", **item.to_dict()}
 
 
+def key_groups_plan(query: IntervalQuery, options: IseqOptions) -> tuple[int, str]:
+    """G for the job and why: the query's equality key spread over ``options.key_groups``, or one group when it is
+    not given, when there is no key, when the query negates, or with K-ISlack.
+
+    Without negation and with inputs held until the stream's promise, a key group's engine gives exactly the
+    records the stream's one engine gives for its keys: every input is fed in item-time order, so the engine's
+    CLOCK at an input is max(the promise before its batch, the input's time) in both, and a result is emitted
+    when its last member arrives, with that CLOCK. One group unless asked: an interval sent as endpoints is
+    paired within its group, so with G > 1 both its endpoints must carry the key."""
+    if options.key_groups is None:
+        return 1, "one key group per stream: --key-groups not given"
+    requested = options.key_groups
+    if requested < 1:
+        raise ValueError(f"key groups must be at least 1, got {requested}")
+    key = iseq_partition_key(query)
+    if key is None:
+        return 1, "one key group per stream: the query's WHERE has no equality class covering every element"
+    if query.negatives:
+        # An open negating interval's attributes are not trusted before its end (docs/intervals.md), so it holds
+        # results of every key; and a held result is released by the next input of any key, at that CLOCK.
+        return 1, "one key group per stream: a negated element holds and releases results across keys"
+    if options.k_slack_us is not None:
+        return 1, "one key group per stream: K-ISlack judges an input late by the largest item time of the stream"
+    attrs = ", ".join(f"{t}.{a}" for t, a in sorted(key.attribute_of_type.items()))
+    return requested, f"{requested} key group(s) per stream, keyed by {attrs}"
+
+
+def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int,
+                    events_topic_prefix: str) -> KeyGroups | None:
+    """The Spark routing of a keyed query's events over ``groups`` key groups (None: one group).
+
+    An event is routed by the key attribute of its type in its payload (an endpoint by its own payload). With
+    ``from_points``, a reading goes by its source: its level intervals carry ``{"source": <source_id>}``, so the
+    source is their key when the class names ``source`` for their type, and they match nothing otherwise; and a
+    source's readings must reach one point operator. A record the JVM takes for a reading that the core does not
+    (a numeric string, say) is rejected by the core wherever it goes."""
+    from pyspark.sql import functions as F
+
+    key = iseq_partition_key(query)
+    if key is None or groups < 2:
+        return None
+    payload = F.col("payload")
+    event_type = json_field(payload, options.type_field)
+    key_text: Any = None
+    for event_type_name, attr in sorted(key.attribute_of_type.items()):
+        branch = json_field(payload, attr)
+        key_text = (F.when(event_type == event_type_name, branch) if key_text is None
+                    else key_text.when(event_type == event_type_name, branch))
+    key_text = key_text.otherwise(F.lit(None))  # a type outside the query: the core skips it
+    if options.from_points is not None:
+        reading = (F.col("endpoint").isNull()
+                   & (F.coalesce(F.col("start_ts_us"), F.col("ref_ts_us")) == F.col("ref_ts_us"))
+                   & json_field(payload, options.from_points).try_cast("double").isNotNull())
+        key_text = F.when(reading, F.col("source_id")).otherwise(key_text)
+    return KeyGroups(groups, key_group_column(key_text, groups), events_topic_prefix)
+
+
 def start(spark: Any, options: IseqOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
+    from contract.topics import TopicNames
     from spark_jobs.contract import interval_columns
 
     query = check_options(options)
     config = engine_config(options)
+    groups, why = key_groups_plan(query, options)
+    log.info("iseq: %s", why)
+    events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 
     def factory(stream: str, blob: bytes | None) -> IseqStreamCore:
         return IseqStreamCore(stream, query, config, options, blob)
 
     columns = interval_columns()
     return start_core_job(spark, JOB_NAME, options, factory, input_columns=ISEQ_COLUMNS,
-                          extra_columns={"start_ts_us": columns["start_ts_us"]})
+                          extra_columns={"start_ts_us": columns["start_ts_us"]},
+                          key_groups=iseq_key_groups(query, options, groups, events_topic_prefix))
