@@ -1,5 +1,6 @@
 """The compiled cores (native/, ``skewless_native``) in the gateway: the connection decoder in each session, the
-sequence reorderer in each (source, stream) of the ordering pipeline, and the builder of the Kafka record bytes.
+sequence reorderer in each (source, stream) and the merger of each stream of the ordering pipeline, and the builder
+of the Kafka record bytes.
 
 The Python cores stay the executable specification: the native ones are driven side by side with them by the
 differential tests (tests/unit/test_native_decode.py, test_native_sequence.py), and ``core = "python"`` runs them.
@@ -7,8 +8,7 @@ differential tests (tests/unit/test_native_decode.py, test_native_sequence.py), 
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import replace
+from collections.abc import Callable, Collection
 from typing import Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
@@ -26,9 +26,11 @@ from gateway.session import (
     SessionState,
     SessionTimeouts,
 )
-from reorder.pipeline import PipelineConfig, SequenceCore
-from reorder.records import GapSkipped, Late, Released
+from reorder.merger import MergerConfig
+from reorder.pipeline import MergerCore, PipelineConfig, PipelineCores, SequenceCore
+from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceTimedOut
 from reorder.sequence import SequenceConfig
+from timesync.clocks import ReferenceMapping
 
 Core = Literal["native", "python"]
 CORES: tuple[Core, ...] = ("native", "python")
@@ -67,6 +69,15 @@ def native_sequence_reorderer(source_id: str, stream: str, config: SequenceConfi
     return skewless_native.SequenceReorderer(source_id, stream, config, records=(Released, Late, GapSkipped))
 
 
+def native_merger(stream: str, clock: ReferenceMapping, config: MergerConfig,
+                  timeout_for: Callable[[str, int], int]) -> MergerCore:
+    """The Rust merger of a stream, with the Python core's API and output records."""
+    import skewless_native
+
+    return cast(MergerCore, skewless_native.MultiSourceMerger(
+        stream, clock, config, timeout_for, records=(Merged, Punctuation, SourceTimedOut, Late)))
+
+
 def native_record_builder() -> RecordBuilderCore:
     """The Rust builder of rule 7's record bytes (key, value, timestamp, headers), one call per batch."""
     import skewless_native
@@ -74,10 +85,13 @@ def native_record_builder() -> RecordBuilderCore:
     return cast(RecordBuilderCore, skewless_native.RecordBuilder())
 
 
+NATIVE_PIPELINE_CORES = PipelineCores(native_sequence_reorderer, native_merger)
+
+
 def with_core(pipeline: PipelineConfig, core: Core) -> PipelineConfig:
-    """The pipeline config whose reorderers are the given core's."""
+    """The pipeline config whose reorderers and mergers are the given core's."""
     if core == "native":
-        return replace(pipeline, reorderer_factory=native_sequence_reorderer)
+        return NATIVE_PIPELINE_CORES.apply(pipeline)
     return pipeline
 
 

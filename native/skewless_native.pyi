@@ -94,7 +94,8 @@ class RecordBuilder:
     ) -> tuple[bytes, bytes, int, tuple[tuple[str, bytes], ...]]: ...
 
 # -- merger (native/src/merger.rs): reorder.merger.MultiSourceMerger, compiled ---------------------------------------
-# Results are tuples tagged by kind, then the reorder.records record's fields in order:
+# Results are built by ``records=(Merged, Punctuation, SourceTimedOut, Late)`` when given, else they are tuples
+# tagged by kind, then the reorder.records record's fields in order:
 # (MERGED, event, arrival_us, release_us, ref_ts_us, raised_us), (PUNCTUATION, stream, watermark_us, at_us),
 # (SOURCE_TIMED_OUT, stream, source_id, at_us), (LATE, event, arrival_us, reason, lateness_us, passed).
 
@@ -126,7 +127,8 @@ class MultiSourceMerger:
     TIME_LIMIT_US: int
     VIRTUAL_TIME_FLOOR_US: int
     def __init__(self, stream: str, clock: Any, config: Any | None = None,
-                 timeout_for: Callable[[str, int], int] | None = None) -> None: ...
+                 timeout_for: Callable[[str, int], int] | None = None, *,
+                 records: tuple[type, type, type, type] | None = None) -> None: ...
     @property
     def stream(self) -> str: ...
     @property

@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 
 from contract.records import MAX_TS_US, MIN_TS_US, REF_RAISED_US, EventRecord
 from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint
-from reorder.merger import MergerConfig, MultiSourceMerger
+from reorder.merger import MergeOutput, MergerConfig, MultiSourceMerger
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
 from reorder.sequence import ReorderOutput, SequenceConfig, SequenceReorderer
 from timesync.clocks import ReferenceMapping
@@ -72,6 +72,47 @@ ReordererFactory = Callable[[str, str, SequenceConfig], SequenceCore]
 """Builds the reorderer of (source_id, stream) with a config: a floor above this one injects the native core."""
 
 
+class MergerCounterValues(Protocol):
+    @property
+    def departures(self) -> int: ...
+
+
+class MergerCore(Protocol):
+    """What the pipeline (and the gateway's join entry, through :meth:`IngestPipeline.merger_of`) asks of a stream's
+    merger: :class:`reorder.merger.MultiSourceMerger`'s API, which the native core
+    (``skewless_native.MultiSourceMerger``, built with ``records=(Merged, Punctuation, SourceTimedOut, Late)``) has
+    too."""
+
+    @property
+    def watermark_us(self) -> int | None: ...
+    @property
+    def counters(self) -> MergerCounterValues: ...
+    def queued_by_source(self) -> dict[str, int]: ...
+    def sources(self) -> list[str]: ...
+    def is_timed_out(self, source_id: str) -> bool: ...
+    def next_deadline_us(self) -> int | None: ...
+    def queued_of(self, source_id: str) -> int | None: ...
+    def waits_for(self, source_id: str) -> bool: ...
+    def forget(self, source_id: str) -> bool: ...
+    def note_heard(self, source_id: str, now_us: int) -> None: ...
+    def restore_watermark(self, watermark_us: int) -> None: ...
+    def push(self, event: SourceEvent, arrival_us: int, now_us: int, *, late: bool = False,
+             mapped: tuple[int, int] | None = None) -> list[MergeOutput]: ...
+    def push_run(self, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
+                 now_us: int) -> list[MergeOutput]: ...
+    def register(self, source_id: str, now_us: int) -> list[MergeOutput]: ...
+    def hear(self, source_id: str, now_us: int) -> list[MergeOutput]: ...
+    def heartbeat(self, source_id: str, seq: int, source_ts_us: int, now_us: int, *, caught_up: bool = False,
+                  mapped: tuple[int, int] | None = None) -> list[MergeOutput]: ...
+    def leave(self, source_id: str, now_us: int) -> list[MergeOutput]: ...
+    def advance(self, now_us: int) -> list[MergeOutput]: ...
+
+
+MergerFactory = Callable[[str, ReferenceMapping, MergerConfig, Callable[[str, int], int]], MergerCore]
+"""Builds the merger of a stream from its clock, its config and its ``timeout_for`` (how long to wait for a silent
+source): a floor above this one injects the native core."""
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     sequence: SequenceConfig = GATEWAY_SEQUENCE_DEFAULTS
@@ -93,6 +134,20 @@ class PipelineConfig:
     reorderer_factory: ReordererFactory = SequenceReorderer
     """The per-source reorderer core: the Python :class:`SequenceReorderer` (this floor's), or one a higher floor
     injects (the replay's ``--core native``)."""
+    merger_factory: MergerFactory = MultiSourceMerger
+    """The per-stream merger core: the Python :class:`MultiSourceMerger` (this floor's), or one a higher floor
+    injects."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCores:
+    """The reorderer and merger cores a floor above this one injects (the native ones: gateway/native.py)."""
+
+    reorderer_factory: ReordererFactory
+    merger_factory: MergerFactory
+
+    def apply(self, config: PipelineConfig) -> PipelineConfig:
+        return replace(config, reorderer_factory=self.reorderer_factory, merger_factory=self.merger_factory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +218,7 @@ class _StreamPipeline:
         merger = config.merger
         if merger.min_watermark_us != config.ts_floor_us:
             merger = replace(merger, min_watermark_us=config.ts_floor_us)
-        self.merger = MultiSourceMerger(stream, clock, merger, timeout_for=self._merge_wait)
+        self.merger = config.merger_factory(stream, clock, merger, self._merge_wait)
         sequence = config.sequence
         self.sequence = sequence if sequence.drop_late == config.drop_late else replace(
             sequence, drop_late=config.drop_late)
@@ -267,7 +322,7 @@ class IngestPipeline:
 
     # -- merge entries a caller manages itself (the gateway's join entry for silent newcomers, gateway.ingest) ------
 
-    def merger_of(self, stream: str) -> MultiSourceMerger | None:
+    def merger_of(self, stream: str) -> MergerCore | None:
         """The stream's merge, for queries (None before the stream's first registration, event or heartbeat)."""
         pipeline = self._streams.get(stream)
         return None if pipeline is None else pipeline.merger

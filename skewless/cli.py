@@ -85,12 +85,12 @@ def _register_subcommands() -> None:
     from skewless.cli_source import register as register_source
     from skewless.cli_timesync import register as register_timesync
     from skewless.demo import demo
-    from skewless.native_cores import reorderer_cores
+    from skewless.native_cores import pipeline_cores
     from spark_jobs.cli import register as register_spark
 
     register_kafka(app)
     app.command("demo")(demo)
-    register_replay(app, cores=reorderer_cores())  # the replay harness (floor 2) takes its cores injected
+    register_replay(app, cores=pipeline_cores())  # the replay harness (floor 2) takes its cores injected
     for register in (register_timesync, register_gateway, register_spark, register_source):
         register(app)
 

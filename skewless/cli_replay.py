@@ -24,15 +24,15 @@ from reorder.eval.traces import (
     with_profile,
     write_trace,
 )
-from reorder.pipeline import ReordererFactory
+from reorder.pipeline import PipelineCores
 from reorder.sequence import DEFAULT_MAX_BUFFERED
 
 __all__ = ["CORES", "parse_duration_us", "register"]
 
-#: The reorderer cores ``skewless replay --core`` can run (``sequence``, ``thesis``): ``python`` is
-#: reorder/sequence.py's (None: the pipeline's default); ``native`` is given to :func:`register`
-#: (skewless/native_cores.py) when the compiled module is built. Set by the last :func:`register`.
-CORES: dict[str, ReordererFactory | None] = {"python": None}
+#: The pipeline cores ``skewless replay --core`` can run (``sequence``, ``thesis``): ``python`` is
+#: reorder/sequence.py's and reorder/merger.py's (None: the pipeline's default); ``native`` is given to
+#: :func:`register` (skewless/native_cores.py) when the compiled module is built. Set by the last :func:`register`.
+CORES: dict[str, PipelineCores | None] = {"python": None}
 
 def parse_duration_us(text: str) -> int:
     """``"1h"``, ``"1min"``, ``"5ms"``, ``"250us"``, ``"-3s"`` or a bare integer of microseconds."""
@@ -175,7 +175,7 @@ def replay_cmd(
     """Replay a trace in virtual time through one approach and print the thesis' metrics."""
     if approach not in APPROACHES:
         raise typer.BadParameter(f"unknown approach {approach!r}; choose from {', '.join(APPROACHES)}")
-    reorderer_factory = _core_factory(core)
+    cores = _pipeline_cores(core)
     opts = ReplayOptions(
         approach=_approach(approach),
         latency_threshold_us=None if latency_threshold is None else parse_duration_us(latency_threshold),
@@ -185,13 +185,13 @@ def replay_cmd(
         max_buffered=max_buffered, k_us=parse_duration_us(k), sync=sync, heartbeats=heartbeats,
         learn_merge_wait=learn_merge_wait, seed=seed,
         aq=AQKSlackConfig(batch_size=batch_size, error_threshold=error_threshold, confidence=confidence),
-        emit=emit is not None, reorderer_factory=reorderer_factory,
+        emit=emit is not None, cores=cores,
     )
     _replay_and_print(trace, opts, emit, as_json=as_json, progress=progress_enabled(progress))
 
 
-def _core_factory(core: str | None) -> ReordererFactory | None:
-    """The reorderer factory of ``--core`` (None: native when built), or one line saying why there is none."""
+def _pipeline_cores(core: str | None) -> PipelineCores | None:
+    """The pipeline cores of ``--core`` (None: native when built), or one line saying why there are none."""
     if core is None:
         core = "native" if "native" in CORES else "python"
     if core not in ("native", "python"):
@@ -226,8 +226,8 @@ def _approach(name: str) -> Approach:
     raise typer.BadParameter(name)
 
 
-def register(app: typer.Typer, cores: Mapping[str, ReordererFactory] | None = None) -> None:
-    """``cores``: reorderer cores beyond the Python one, by ``--core`` name (the CLI passes ``native``)."""
+def register(app: typer.Typer, cores: Mapping[str, PipelineCores] | None = None) -> None:
+    """``cores``: pipeline cores beyond the Python ones, by ``--core`` name (the CLI passes ``native``)."""
     CORES.clear()
     CORES.update({"python": None, **(cores or {})})
     app.add_typer(traces_app, name="traces")

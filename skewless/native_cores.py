@@ -1,30 +1,20 @@
-"""The compiled cores (native/, ``skewless_native``) as the factories the floors below take.
+"""The compiled cores (native/, ``skewless_native``) as the cores the floors below take.
 
 Floor 2 (reorder/, reorder/eval/) may not import the extension module, so the CLI injects them: ``skewless replay
---core native`` runs :class:`reorder.pipeline.IngestPipeline` with the Rust ``SequenceReorderer`` in place of
-reorder/sequence.py's, which stays its executable specification (tests/unit/test_native_sequence.py).
+--core native`` runs :class:`reorder.pipeline.IngestPipeline` with the Rust ``SequenceReorderer`` and
+``MultiSourceMerger`` (gateway/native.py's, the gateway's own) in place of reorder/sequence.py's and
+reorder/merger.py's, which stay their executable specification (tests/unit/test_native_sequence.py,
+test_native_merger.py, test_native_replay.py).
 """
 
 from __future__ import annotations
 
-from reorder.pipeline import ReordererFactory, SequenceCore
-from reorder.records import GapSkipped, Late, Released
-from reorder.sequence import SequenceConfig
+from gateway.native import NATIVE_PIPELINE_CORES, native_available
+from reorder.pipeline import PipelineCores
 
-__all__ = ["native_sequence_reorderer", "reorderer_cores"]
-
-
-def native_sequence_reorderer(source_id: str, stream: str, config: SequenceConfig) -> SequenceCore:
-    """The Rust reorderer of (source_id, stream), with the Python core's API and output records."""
-    import skewless_native
-
-    return skewless_native.SequenceReorderer(source_id, stream, config, records=(Released, Late, GapSkipped))
+__all__ = ["pipeline_cores"]
 
 
-def reorderer_cores() -> dict[str, ReordererFactory]:
-    """The reorderer cores this install has beyond the Python one: ``native`` once the extension is built."""
-    try:
-        import skewless_native  # noqa: F401  (only whether it imports)
-    except ModuleNotFoundError:
-        return {}
-    return {"native": native_sequence_reorderer}
+def pipeline_cores() -> dict[str, PipelineCores]:
+    """The pipeline cores this install has beyond the Python ones: ``native`` once the extension is built."""
+    return {"native": NATIVE_PIPELINE_CORES} if native_available() else {}

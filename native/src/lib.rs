@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 pub mod decode;
 pub mod merger;
+pub mod pyrecords;
 pub mod records;
 pub mod sequence;
 

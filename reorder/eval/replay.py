@@ -42,7 +42,7 @@ from reorder.eval.oracle import oracle_schedule
 from reorder.eval.syncsim import SourceClockModel, SyncPlan, plan_sync
 from reorder.eval.traces import TraceEvent
 from reorder.merger import VIRTUAL_TIME_FLOOR_US, MergerConfig
-from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineOutput, PublishRecord, ReordererFactory
+from reorder.pipeline import IngestPipeline, PipelineConfig, PipelineCores, PipelineOutput, PublishRecord
 from reorder.records import Late, Released, SourceEvent
 from reorder.sequence import (
     DEFAULT_MAX_BUFFERED,
@@ -101,9 +101,9 @@ class ReplayOptions:
     """``*_tol`` metrics count an inversion only if it exceeds this (about a LAN time sync's error)."""
     bucket_us: int = 1_000_000
     """Arrival-time bucket for the per-interval average / max latency series (Figures 5.6-5.7)."""
-    reorderer_factory: ReordererFactory | None = None
-    """``sequence``, ``thesis``: the per-source reorderer core; None: the Python one (reorder/sequence.py). The CLI
-    injects the native one (``--core native``): this floor may not import it."""
+    cores: PipelineCores | None = None
+    """``sequence``, ``thesis``: the pipeline's reorderer and merger cores; None: the Python ones (reorder/sequence.py,
+    reorder/merger.py). The CLI injects the native ones (``--core native``): this floor may not import them."""
 
 
 @dataclass(slots=True)
@@ -262,8 +262,8 @@ def pipeline_config(opts: ReplayOptions) -> PipelineConfig:
     # Virtual time starts at 0 with source clocks behind it: references below the record contract's 0 are normal.
     config = PipelineConfig(sequence=sequence, merger=merger, drop_late=opts.drop_late,
                             ts_floor_us=VIRTUAL_TIME_FLOOR_US)
-    if opts.reorderer_factory is not None:
-        config = replace(config, reorderer_factory=opts.reorderer_factory)
+    if opts.cores is not None:
+        config = opts.cores.apply(config)
     return config
 
 

@@ -68,4 +68,6 @@ def test_the_native_session_decodes_what_the_python_one_does() -> None:
 def test_with_core_python_leaves_the_pipeline_as_it_is() -> None:
     config = PipelineConfig()
     assert with_core(config, "python") is config
-    assert with_core(config, "native").reorderer_factory is not config.reorderer_factory
+    native = with_core(config, "native")
+    assert native.reorderer_factory is not config.reorderer_factory
+    assert native.merger_factory is not config.merger_factory

@@ -1,18 +1,20 @@
-"""The gateway's ingest core with the native record builder (gateway.native.native_record_builder) against the same
-core building its records in Python (the specification): the same calls in, the same actions out, byte for byte,
-through gaps, give-ups, late events, duplicates, payloads the encoder refuses and records over the size limit."""
+"""The gateway's ingest core with its native cores (gateway.native: the record builder, and the pipeline's reorderers
+and mergers) against the same core running the Python ones (the specification): the same calls in, the same actions
+out, byte for byte, through gaps, give-ups, late events, duplicates, heartbeats, byes and returns, a restart from
+the checkpointed progress, payloads the encoder refuses and records over the size limit."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.topics import TopicNames
-from contract.wire.messages import IncomingEvent
+from contract.wire.messages import Heartbeat, IncomingEvent
 from gateway.ingest import ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
-from gateway.native import native_record_builder
+from gateway.native import native_record_builder, with_core
 from timesync.clocks import FixedOffsetMapping
 
 T0 = 1_700_000_000_000_000
@@ -26,7 +28,10 @@ payloads = st.one_of(
 
 
 def build_core(native: bool) -> IngestCore:
-    config = IngestConfig(max_record_bytes=900, record_builder=native_record_builder if native else None)
+    config = IngestConfig(max_record_bytes=900)
+    if native:
+        config = IngestConfig(max_record_bytes=900, record_builder=native_record_builder,
+                              pipeline=with_core(config.pipeline, "native"))
     core = IngestCore(TopicNames("t"), FixedOffsetMapping({"a": 0, "é-b": 1_500, 'c"q': -700}, error_bound_us=3),
                       config)
     core.stream_created("s")
@@ -52,7 +57,7 @@ def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.D
         both("source_registered", source, ("s",), now)
     for _ in range(data.draw(st.integers(1, 25))):
         now += data.draw(st.sampled_from([0, 100, 5_000, 300_000, 2_500_000]))
-        op = data.draw(st.sampled_from(["events"] * 4 + ["advance", "poll"]))
+        op = data.draw(st.sampled_from(["events"] * 4 + ["advance", "poll", "heartbeat", "bye", "restart"]))
         if op == "events":
             source = data.draw(st.sampled_from(SOURCES))
             batch = []
@@ -64,6 +69,23 @@ def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.D
             both("events_received", ConnectionId(1), source, tuple(batch), now)
         elif op == "advance":
             both("advance", now)
+        elif op == "heartbeat":
+            source = data.draw(st.sampled_from(SOURCES))
+            both("heartbeat_received", source, Heartbeat(T0 + 10 * next_seq[source], {"s": next_seq[source]}), now)
+        elif op == "bye":
+            source = data.draw(st.sampled_from(SOURCES))
+            both("source_left", source, now)
+            both("source_registered", source, ("s",), now + 1)
+        elif op == "restart":
+            # A cut: each core comes back with what its Kafka would hold (the progress of its committed records).
+            progress = [core.stream_progress("s") for core in cores]
+            assert progress[1] == progress[0]
+            cores = [build_core(native=False), build_core(native=True)]
+            if progress[0] is not None:
+                for core, held in zip(cores, progress, strict=True):
+                    core.stream_recovered(copy.deepcopy(held), now)
+            for source in SOURCES:  # the sources reconnect
+                both("source_registered", source, ("s",), now)
         else:
             both("poll", now)
     now += 10_000_000

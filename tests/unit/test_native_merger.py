@@ -249,6 +249,22 @@ def test_a_late_event_and_the_records_it_makes_come_back_tagged_by_kind() -> Non
     assert (m.counters.late, m.counters.timeouts, m.watermark_us) == (1, 1, 600)
 
 
+def test_given_the_record_classes_it_returns_the_python_cores_records() -> None:
+    """``records=`` (how the gateway and the replay build it): the same example, as reorder.records objects."""
+    m = native.MultiSourceMerger("R1", PerSourceMapping({}, {}), MergerConfig(
+        default_timeout_us=100, punctuation_interval_us=0, learn_wait=False),
+        records=(Merged, Punctuation, SourceTimedOut, Late))
+    m.heartbeat("A", -1, 0, 0)
+    m.heartbeat("B", -1, 0, 0)
+    a0, b0 = SourceEvent("A", "R1", 0, 500), SourceEvent("B", "R1", 0, 200)
+    assert m.push(a0, 10, 10) == []
+    outputs = m.advance(110)
+    assert outputs == [SourceTimedOut("R1", "B", 110), Merged(a0, 10, 110, 500, 0), Punctuation("R1", 500, 110)]
+    assert [type(o) for o in outputs] == [SourceTimedOut, Merged, Punctuation]
+    late = m.push(b0, 130, 130)
+    assert late == [Late(b0, 130, "after_punctuation", 300, False)] and type(late[0]) is Late
+
+
 def test_the_native_config_check_says_what_the_python_one_says_and_refuses_what_it_would_fail_on_later() -> None:
     fields = {f.name: getattr(MergerConfig(), f.name) for f in dataclasses.fields(MergerConfig)}
     cases: list[tuple[dict[str, object], str]] = [

@@ -2,7 +2,8 @@
 //! same methods, arguments and results), so the differential tests drive both with the same calls.
 //!
 //! Events are opaque: the merger reads an event's `source_id`, `seq` (and `source_ts_us` to map it when no
-//! `mapped` is given) and hands the object itself back. Results are tuples tagged by kind, each the fields of the
+//! `mapped` is given) and hands the object itself back. Results are built by the record classes given as
+//! `records=(Merged, Punctuation, SourceTimedOut, Late)`, or else are tuples tagged by kind, each the fields of the
 //! `reorder.records` record in order: `(MERGED, event, arrival_us, release_us, ref_ts_us, raised_us)`,
 //! `(PUNCTUATION, stream, watermark_us, at_us)`, `(SOURCE_TIMED_OUT, stream, source_id, at_us)`,
 //! `(LATE, event, arrival_us, reason, lateness_us, passed)`.
@@ -17,6 +18,9 @@ use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
+
+use crate::pyrecords::{build_record, RecordClasses};
 
 use super::{
     MergeError, MergeOutput, MergerConfig, MergerCounters, Mode, MultiSourceMerger, RunEvent,
@@ -27,6 +31,14 @@ const MERGED: u8 = 0;
 const PUNCTUATION: u8 = 1;
 const SOURCE_TIMED_OUT: u8 = 2;
 const LATE: u8 = 3;
+
+/// `records=(Merged, Punctuation, SourceTimedOut, Late)`: the record classes, in the kinds' order.
+type RecordsArg<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+);
 
 fn value_error(err: MergeError) -> PyErr {
     PyValueError::new_err(err.to_string())
@@ -163,6 +175,8 @@ pub struct PyMerger {
     clock: Py<PyAny>,
     config: Py<PyAny>,
     timeout_for: Option<Py<PyAny>>,
+    /// The classes of `reorder.records` (Merged, Punctuation, SourceTimedOut, Late) when given: else tagged tuples.
+    records: Option<RecordClasses<4>>,
     /// Set by a panic in the core: every later call raises.
     broken: bool,
 }
@@ -220,37 +234,61 @@ impl PyMerger {
         out: Vec<MergeOutput<Py<PyAny>>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
+        let records = self.records.as_ref();
         for item in out {
-            let tuple = match item {
+            let (kind, fields) = match item {
                 MergeOutput::Merged {
                     event,
                     arrival_us,
                     release_us,
                     ref_ts_us,
                     raised_us,
-                } => (MERGED, event, arrival_us, release_us, ref_ts_us, raised_us)
-                    .into_pyobject(py)?,
+                } => (
+                    MERGED,
+                    vec![
+                        event.into_bound(py),
+                        arrival_us.into_bound_py_any(py)?,
+                        release_us.into_bound_py_any(py)?,
+                        ref_ts_us.into_bound_py_any(py)?,
+                        raised_us.into_bound_py_any(py)?,
+                    ],
+                ),
                 MergeOutput::Punctuation {
                     watermark_us,
                     at_us,
-                } => (PUNCTUATION, self.stream.clone_ref(py), watermark_us, at_us)
-                    .into_pyobject(py)?,
+                } => (
+                    PUNCTUATION,
+                    vec![
+                        self.stream.bind(py).clone().into_any(),
+                        watermark_us.into_bound_py_any(py)?,
+                        at_us.into_bound_py_any(py)?,
+                    ],
+                ),
                 MergeOutput::SourceTimedOut { source_id, at_us } => (
                     SOURCE_TIMED_OUT,
-                    self.stream.clone_ref(py),
-                    &*source_id,
-                    at_us,
-                )
-                    .into_pyobject(py)?,
+                    vec![
+                        self.stream.bind(py).clone().into_any(),
+                        (*source_id).into_bound_py_any(py)?,
+                        at_us.into_bound_py_any(py)?,
+                    ],
+                ),
                 MergeOutput::Late {
                     event,
                     arrival_us,
                     reason,
                     lateness_us,
-                } => (LATE, event, arrival_us, reason.as_str(), lateness_us, false)
-                    .into_pyobject(py)?,
+                } => (
+                    LATE,
+                    vec![
+                        event.into_bound(py),
+                        arrival_us.into_bound_py_any(py)?,
+                        reason.as_str().into_bound_py_any(py)?,
+                        lateness_us.into_bound_py_any(py)?,
+                        false.into_bound_py_any(py)?,
+                    ],
+                ),
             };
-            list.append(tuple)?;
+            list.append(build_record(py, records, usize::from(kind), fields)?)?;
         }
         Ok(list)
     }
@@ -286,12 +324,13 @@ impl PyMerger {
     /// `timeout_for(source_id, now_us)` gives how long to wait for that silent source; `clock.to_reference` maps an
     /// event or heartbeat given without `mapped`.
     #[new]
-    #[pyo3(signature = (stream, clock, config=None, timeout_for=None))]
+    #[pyo3(signature = (stream, clock, config=None, timeout_for=None, *, records=None))]
     fn new(
         stream: &Bound<'_, PyString>,
         clock: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyAny>>,
         timeout_for: Option<&Bound<'_, PyAny>>,
+        records: Option<RecordsArg<'_>>,
     ) -> PyResult<Self> {
         let parsed = config_from(config)?;
         let py = stream.py();
@@ -303,6 +342,11 @@ impl PyMerger {
             timeout_for: timeout_for
                 .filter(|f| !f.is_none())
                 .map(|f| f.clone().unbind()),
+            records: records
+                .map(|(merged, punctuation, timed_out, late)| {
+                    RecordClasses::new(py, [merged, punctuation, timed_out, late])
+                })
+                .transpose()?,
             broken: false,
         })
     }

@@ -13,8 +13,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple, PyType};
+use pyo3::types::PyList;
 use pyo3::{intern, IntoPyObjectExt};
+
+use crate::pyrecords::{build_record, RecordClasses};
 
 use super::{
     warmup_samples_for, Micros, Mode, Output, Seq, SequenceConfig, SequenceCounters,
@@ -94,13 +96,6 @@ fn config_from_py(config: Option<&Bound<'_, PyAny>>) -> PyResult<SequenceConfig>
     })
 }
 
-/// How outputs are built: a record class called with the record's fields (a tuple subclass is built by
-/// `tuple.__new__` directly, which a NamedTuple's generated `__new__` does too), or a tagged tuple.
-struct Records {
-    classes: [Py<PyAny>; 3],
-    tuple_new: Option<Py<PyAny>>,
-}
-
 /// The reorderer's counters at one instant (reorder/sequence.py's `SequenceCounters`, same field names).
 #[pyclass(
     module = "skewless_native",
@@ -173,7 +168,7 @@ pub struct PySequenceReorderer {
     source_id: Py<PyAny>,
     stream: Py<PyAny>,
     config: Py<PyAny>,
-    records: Option<Records>,
+    records: Option<RecordClasses<3>>,
     scratch: Vec<Output<u64>>,
     /// Set when a call panicked: the state is unknown, so every later call refuses.
     broken: bool,
@@ -211,22 +206,7 @@ impl PySequenceReorderer {
         kind: usize,
         fields: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        match &self.records {
-            None => {
-                let mut items = Vec::with_capacity(fields.len() + 1);
-                items.push(kind.into_bound_py_any(py)?);
-                items.extend(fields);
-                Ok(PyTuple::new(py, items)?.into_any())
-            }
-            Some(records) => {
-                let cls = records.classes[kind].bind(py);
-                let args = PyTuple::new(py, fields)?;
-                match &records.tuple_new {
-                    Some(tuple_new) => tuple_new.bind(py).call1((cls, args)),
-                    None => cls.call1(args),
-                }
-            }
-        }
+        build_record(py, self.records.as_ref(), kind, fields)
     }
 
     /// Turn the core's outputs (in `self.scratch`) into Python records appended to `into`. `current`: the handle and
@@ -394,22 +374,7 @@ impl PySequenceReorderer {
         let core = SequenceReorderer::new(cfg).map_err(|e| PyValueError::new_err(e.0))?;
         let records = match records {
             None => None,
-            Some((released, late, gap)) => {
-                let tuple_type = py.get_type::<PyTuple>();
-                let all_tuples = [&released, &late, &gap].iter().all(|c| {
-                    c.cast::<PyType>()
-                        .is_ok_and(|t| t.is_subclass(&tuple_type).unwrap_or(false))
-                });
-                let tuple_new = if all_tuples {
-                    Some(tuple_type.getattr("__new__")?.unbind())
-                } else {
-                    None
-                };
-                Some(Records {
-                    classes: [released.unbind(), late.unbind(), gap.unbind()],
-                    tuple_new,
-                })
-            }
+            Some((released, late, gap)) => Some(RecordClasses::new(py, [released, late, gap])?),
         };
         Ok(Self {
             core,
