@@ -134,25 +134,32 @@ class ActiveInstanceStacks:
         """Append semantics for an in-order event at every position of ``positions`` (ascending; the caller has
         checked ts >= AIS-CLOCK and sets AIS-CLOCK): :meth:`insert` with ``append=True`` per position.  Returns
         the instance at the last of them."""
-        ts = event.ts
-        stacks = self.stacks
         inst = None
         for p in positions:
-            rip = None
-            if p:
-                prev = stacks[p - 1]
-                if prev.ts:
-                    if prev.ts[-1] < ts:
-                        rip = prev.items[-1]
-                    else:
-                        k = bisect_left(prev.ts, ts)
-                        if k:
-                            rip = prev.items[k - 1]
-            st = stacks[p]
-            inst = Instance(event, seq, rip, st.base + len(st.items))
-            st.items.append(inst)
-            st.ts.append(ts)
+            inst = self.append_at(p, event, seq)
         assert inst is not None, "append_all needs at least one position"
+        return inst
+
+    def append_at(self, p: int, event: SaseEvent, seq: int) -> Instance:
+        """Append semantics at one position: push the event with its RIP, the most recent instance of the
+        previous stack that is strictly earlier (none at position 0)."""
+        ts = event.ts
+        stacks = self.stacks
+        rip = None
+        if p:
+            prev = stacks[p - 1]
+            prev_ts = prev.ts
+            if prev_ts:
+                if prev_ts[-1] < ts:
+                    rip = prev.items[-1]
+                else:
+                    k = bisect_left(prev_ts, ts)
+                    if k:
+                        rip = prev.items[k - 1]
+        st = stacks[p]
+        inst = Instance(event, seq, rip, st.base + len(st.items))
+        st.items.append(inst)
+        st.ts.append(ts)
         return inst
 
     def _repair_next(self, pos: int, inst: Instance) -> None:

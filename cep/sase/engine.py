@@ -27,7 +27,6 @@ Everything the engine decides follows from L:
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -427,24 +426,9 @@ class SequenceEngine:
             self._register(part, key, ts)
         ais = part.ais
         ais.ais_clock = ts
-        stacks = ais.stacks
         if single >= 0:
             # One position (every type of a query without repeated types): no loop.
-            rip = None
-            if single:
-                prev = stacks[single - 1]
-                prev_ts = prev.ts
-                if prev_ts:
-                    if prev_ts[-1] < ts:
-                        rip = prev.items[-1]
-                    else:
-                        k = bisect_left(prev_ts, ts)
-                        if k:
-                            rip = prev.items[k - 1]
-            st = stacks[single]
-            inst = Instance(event, seq, rip, st.base + len(st.items))
-            st.items.append(inst)
-            st.ts.append(ts)
+            inst = ais.append_at(single, event, seq)
             c.instances += 1
         else:
             inst = ais.append_all(positions, event, seq)
