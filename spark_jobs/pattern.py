@@ -37,6 +37,7 @@ from contract.records import (
     result_value,
 )
 from spark_jobs.stateful import (
+    JobOptions,
     KeyGroups,
     MicroBatchColumns,
     decode_payload,
@@ -52,19 +53,12 @@ REASON_MAX_CANDIDATES = "max_candidates"
 
 
 @dataclass(frozen=True)
-class PatternOptions:
-    bootstrap_servers: str
+class PatternOptions(JobOptions):
     pattern: str
-    topic_prefix: str = "skewless"
-    streams: tuple[str, ...] = ()
     ta_us: int | None = None
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
     key_groups: int | None = None
     """G: key groups per stream (None: the session's spark.sql.shuffle.partitions; spark_jobs/stateful.py)."""
-    checkpoint_dir: str | None = None
-    available_now: bool = False
-    processing_time: str = "1 second"
-    console: bool = True
 
 
 def event_ref(source_id: Any, seq: Any, ref_ts_us: int, uncertainty_us: int | None,

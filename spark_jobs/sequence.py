@@ -50,6 +50,7 @@ from contract.records import (
 )
 from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import (
+    JobOptions,
     KeyGroups,
     MicroBatchColumns,
     decode_payload,
@@ -69,11 +70,8 @@ RECORD_OF_OUTPUT: dict[OutputKind, str] = {
 
 
 @dataclass(frozen=True)
-class SequenceOptions:
-    bootstrap_servers: str
+class SequenceOptions(JobOptions):
     query: str
-    topic_prefix: str = "skewless"
-    streams: tuple[str, ...] = ()
     type_field: str = "type"
     mode: Literal["conservative", "aggressive"] = "conservative"
     k_slack_us: int | None = None
@@ -83,10 +81,6 @@ class SequenceOptions:
     early_alerts: bool = False
     key_groups: int | None = None
     """G: key groups per stream (None: one; :func:`key_groups_plan`, spark_jobs/stateful.py)."""
-    checkpoint_dir: str | None = None
-    available_now: bool = False
-    processing_time: str = "1 second"
-    console: bool = True
 
 
 class SequenceStreamCore:

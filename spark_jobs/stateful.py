@@ -32,7 +32,7 @@ import re
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
@@ -510,7 +510,7 @@ class EventsTopicPartitions:
 
 
 class CoreJobOptions(Protocol):
-    """The options every core job shares (each job's options dataclass has these fields)."""
+    """The options every core job shares (each job's options dataclass has these fields: :class:`JobOptions`)."""
 
     @property
     def bootstrap_servers(self) -> str: ...
@@ -526,6 +526,21 @@ class CoreJobOptions(Protocol):
     def processing_time(self) -> str: ...
     @property
     def console(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """:class:`CoreJobOptions` written once: a job's options dataclass derives from it and adds its own fields.
+    All but ``bootstrap_servers`` are keyword-only, so a job's own required fields (a query) may follow it."""
+
+    bootstrap_servers: str
+    _: KW_ONLY
+    topic_prefix: str = "skewless"
+    streams: tuple[str, ...] = ()
+    checkpoint_dir: str | None = None
+    available_now: bool = False
+    processing_time: str = "1 second"
+    console: bool = True
 
 
 def write_results(results: Any, *, job: str, bootstrap_servers: str, output_topic: str, checkpoint_dir: str,

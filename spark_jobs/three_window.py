@@ -22,16 +22,13 @@ from typing import Any, Literal
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
 from contract.records import RESULT_FINAL, RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import INPUT_COLUMNS, MicroBatchColumns, decode_payload, start_core_job
+from spark_jobs.stateful import INPUT_COLUMNS, JobOptions, MicroBatchColumns, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
 
 
 @dataclass(frozen=True)
-class ThreeWindowOptions:
-    bootstrap_servers: str
-    topic_prefix: str = "skewless"
-    streams: tuple[str, ...] = ()
+class ThreeWindowOptions(JobOptions):
     width_us: int = 1_000_000
     slide_us: int | None = None
     value_field: str = "value"
@@ -40,10 +37,6 @@ class ThreeWindowOptions:
     ta_us: int | None = None
     max_shift_us: int = 50_000
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
-    checkpoint_dir: str | None = None
-    available_now: bool = False
-    processing_time: str = "1 second"
-    console: bool = True
 
 
 def numeric_value(payload: Mapping[str, Any], field: str) -> float | None:

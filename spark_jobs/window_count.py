@@ -17,22 +17,15 @@ from typing import Any
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.window_count import TooLate, TumblingWindowCounter, WindowCount
 from contract.records import RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import MicroBatchColumns, start_core_job
+from spark_jobs.stateful import JobOptions, MicroBatchColumns, start_core_job
 
 JOB_NAME = "window_count"
 
 
 @dataclass(frozen=True)
-class WindowCountOptions:
-    bootstrap_servers: str
-    topic_prefix: str = "skewless"
-    streams: tuple[str, ...] = ()
+class WindowCountOptions(JobOptions):
     width_us: int = 1_000_000
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
-    checkpoint_dir: str | None = None
-    available_now: bool = False
-    processing_time: str = "1 second"
-    console: bool = True
 
 
 class WindowCountCore:
