@@ -18,9 +18,9 @@ number), is false rather than an error: an event that does not carry the field s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from cep.lexer import COMPARISONS
 
@@ -80,25 +80,30 @@ class Cmp:
 
 
 @dataclass(frozen=True, slots=True)
-class And:
+class _Junction:
+    """``parts`` joined by the subclass's keyword: true when ``holds`` (all or any) of them are."""
+
     parts: tuple[Condition, ...]
+    keyword: ClassVar[str]
+    holds: ClassVar[Callable[[Iterable[object]], bool]]
 
     def __call__(self, payload: Mapping[str, Any]) -> bool:
-        return all(p(payload) for p in self.parts)
+        return type(self).holds(p(payload) for p in self.parts)
 
     def to_text(self) -> str:
-        return " AND ".join(_wrap(p) for p in self.parts)
+        return f" {self.keyword} ".join(_wrap(p) for p in self.parts)
 
 
 @dataclass(frozen=True, slots=True)
-class Or:
-    parts: tuple[Condition, ...]
+class And(_Junction):
+    keyword = "AND"
+    holds = all
 
-    def __call__(self, payload: Mapping[str, Any]) -> bool:
-        return any(p(payload) for p in self.parts)
 
-    def to_text(self) -> str:
-        return " OR ".join(_wrap(p) for p in self.parts)
+@dataclass(frozen=True, slots=True)
+class Or(_Junction):
+    keyword = "OR"
+    holds = any
 
 
 @dataclass(frozen=True, slots=True)
