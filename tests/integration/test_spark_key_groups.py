@@ -154,3 +154,102 @@ def test_pattern_job_with_g1_and_g4_gives_the_pure_cores_records(kafka: Any, spa
     assert Counter(v["record"] for _, v in expected)["match"] > 0
     assert multiset(results[1], clock=True) == multiset(expected, clock=True)
     assert multiset(results[4], clock=True) == multiset(expected, clock=True)
+
+
+ISEQ = "EVENT ISEQ[m.te = h.ts](MEDIUM m, HIGH h; 2 s) WHERE m.source = h.source"
+
+
+def iseq_trace(seed: int) -> list[list[dict[str, Any]]]:
+    """Two batches of one stream for ISEQ: temperature readings of three sources (--from-points: level intervals
+    keyed by their source), MEDIUM and HIGH events whose payload names a source (``5`` and ``5.0`` are one key,
+    ``"5"`` another, equal to the source id "5") as atomic intervals, endpoint pairs and v1 points, meeting each
+    other and the levels just read; a numeric string as a reading (rejected) and an event without a type; the
+    second batch opens with events behind the first batch's punctuation (too late). Each batch ends with a
+    punctuation."""
+    rnd = random.Random(seed)
+    batches: list[list[dict[str, Any]]] = []
+    seqs: Counter[str] = Counter()
+    temps = {"t1": 70, "t2": 70, "5": 70}
+    now_us = 0
+
+    def event(source: str, ref_us: int, payload: Any, **fields: Any) -> dict[str, Any]:
+        seq = seqs[source]
+        seqs[source] += 1
+        return {**event_record("plant", source, seq, BASE_US + ref_us, 0, payload), **fields}
+
+    def interval(source: str, start_us: int, end_us: int, payload: Any) -> list[dict[str, Any]]:
+        shape = rnd.choice(["atomic", "atomic", "pair", "point"])
+        if shape == "point" or start_us == end_us:
+            return [event(source, end_us, payload)]
+        v2 = {"v": 2}
+        if shape == "atomic":
+            return [event(source, end_us, payload, start_ts_us=BASE_US + start_us, **v2)]
+        iid = f"i{seqs[source]}"
+        return [event(source, at_us, payload, start_ts_us=BASE_US + at_us, interval_id=iid, endpoint=endpoint, **v2)
+                for at_us, endpoint in ((start_us, "start"), (end_us, "end"))]
+
+    for number in range(2):
+        rows: list[dict[str, Any]] = []
+        if number:
+            for behind_us in (150 * MS, 400 * MS):
+                rows += interval("late", now_us - behind_us, now_us - behind_us, {"type": "HIGH", "source": "t1"})
+        for _ in range(60):
+            now_us += rnd.randrange(20 * MS, 80 * MS)
+            for source in rnd.sample(sorted(temps), 2):
+                temps[source] = max(0, min(160, temps[source] + rnd.choice([-40, -20, 0, 20, 40])))
+                rows.append(event(source, now_us, {"temp": temps[source]}))
+            named = rnd.choice(["t1", "t2", "5", 5, 5.0, True])
+            if rnd.random() < 0.5:  # a MEDIUM of a payload's source ending now; a HIGH starting now
+                rows += interval(f"e{rnd.randrange(3)}", now_us - rnd.choice([0, 30 * MS, 200 * MS]), now_us,
+                                 {"type": "MEDIUM", "source": named})
+            if rnd.random() < 0.5:
+                rows += interval(f"e{rnd.randrange(3)}", now_us, now_us + rnd.choice([0, 10 * MS]),
+                                 {"type": "HIGH", "source": rnd.choice([named, named, 1])})
+            if rnd.random() < 0.03:
+                rows.append(event("t1", now_us, {"temp": "55"}))
+                rows.append(event("e0", now_us, {"type": 7, "source": "t1"}))
+        rows.append(punctuation_record("plant", BASE_US + now_us - 100 * MS))
+        batches.append(rows)
+    return batches
+
+
+def test_iseq_job_with_g1_and_g4_gives_the_pure_cores_records(kafka: Any, spark: Any, topic_prefix: str,
+                                                              tmp_path: Path) -> None:
+    from cep.intervals import parse_iseq
+    from spark_jobs import iseq as iseq_job
+
+    batches = iseq_trace(seed=7)
+    results: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for groups in (1, 4):
+        topics = TopicNames(f"{topic_prefix}i{groups}")
+        for batch in batches:  # two runs from one checkpoint: two micro-batches, as the pure core is fed
+            produce(kafka.bootstrap_servers, topics.events("plant"), batch)
+            query = iseq_job.start(spark, iseq_job.IseqOptions(
+                bootstrap_servers=kafka.bootstrap_servers, query=ISEQ, topic_prefix=topics.prefix,
+                streams=("plant",), from_points="temp", key_groups=groups,
+                checkpoint_dir=str(tmp_path / f"ckpt-i{groups}"), available_now=True, console=False))
+            query.awaitTermination()
+            assert query.exception() is None
+            assert query.lastProgress["stateOperators"][0]["numRowsTotal"] == groups
+        results[groups] = [((k or b"").decode(), orjson.loads(v))
+                           for k, v in read_topic(kafka.bootstrap_servers, topics.results("iseq"))]
+    events_topic = TopicNames(f"{topic_prefix}i1").events("plant")
+    options = iseq_job.IseqOptions("", ISEQ, from_points="temp")
+    core = iseq_job.IseqStreamCore("plant", parse_iseq(ISEQ), iseq_job.engine_config(options), options, None)
+    progress = StreamReadProgress(1, events_topic)
+    expected: list[tuple[str, dict[str, Any]]] = []
+    offset = 0
+    for batch in batches:
+        rows = []
+        for record in batch:
+            payload = record.get("payload")
+            rows.append({**record, "payload": None if payload is None else orjson.dumps(payload).decode(),
+                         "topic": events_topic, "partition": 0, "offset": offset})
+            offset += 1
+        expected += run_stream_batch(progress, core, rows, job="iseq", stream="plant")
+    # Levels meet levels of their source, and payloads naming it (ids: "<source>~<n>", "e<k>:<seq>", "e<k>#i<n>").
+    sources = [{m["event_id"][:2] for m in v["members"]} for _k, v in expected if v["record"] == "match"]
+    assert {"t1"} in sources and {"5~"} in sources and any(s & {"t1", "t2"} and s - {"t1", "t2"} for s in sources)
+    assert {v.get("reason") for _k, v in expected} >= {"behind_clock", "bad_value", "no_event_type"}
+    assert multiset(results[1], clock=True) == multiset(expected, clock=True)
+    assert multiset(results[4], clock=True) == multiset(expected, clock=True)
