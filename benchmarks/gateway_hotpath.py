@@ -51,8 +51,8 @@ BATCH = 500
 
 def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
     """Seconds spent per stage and the number of events, with the gateway's Python or native cores (gateway.native:
-    the native ones are the connection decoder, the sequence reorderers and the record builder, as `core = native`
-    wires them)."""
+    the native ones are the connection decoder, the sequence reorderers, the mergers and the record builder, as
+    `core = native` wires them)."""
     base_us = 1_800_000_000_000_000
     sessions: list[GatewaySession] = []
     frames = []
@@ -277,12 +277,14 @@ measures it alone; tests/unit/test_native_decode.py checks they give the same ev
 make the same Python objects per event (IncomingEvent, SourceEvent, EventRecord, DeliveryRef, Produce), and their
 allocation and garbage collection stay a floor under either core. On this shared machine the native / python ratio
 of the total varied from run to run of this script: 1.03, 0.99 and 0.81 in three runs at loads 2.7-3.8 on the day
-the native core came into the gateway (2026-11-28). What would remove that floor is the fused native pipeline (one
-call per batch, no per-event Python objects, docs/native.md), not built yet.
+the native core came into the gateway (2026-11-28), before it ran the Rust merger too. What would remove that floor
+is the fused native pipeline (one call per batch, no per-event Python objects, docs/native.md), not built yet: in
+cProfile of the native core's loop the Python glue left (the pipeline's run loop and merge records, the ingest
+core's actions and its dedup) is most of the ingest stage.
 
 Both cores are the gateway's (`core = python` or `native`, gateway/native.py): the native one runs the Rust
-connection decoder, the Rust sequence reorderers and the Rust record builder; the rest of the ingest stage (dedup,
-the reference mapping, the merge, the pipeline's glue, the actions) is Python in both.
+connection decoder, the Rust sequence reorderers, the Rust merger of each stream and the Rust record builder; the
+rest of the ingest stage (dedup, the reference mapping, the pipeline's glue, the actions) is Python in both.
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation; native: `NativeGatewaySession`)
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
