@@ -261,3 +261,26 @@ def test_the_cli_refuses_zero_key_groups(monkeypatch: pytest.MonkeyPatch) -> Non
     result = CliRunner().invoke(cli.spark_app, ["iseq", "--query", CHAIN, "--key-groups", "0"])
     assert result.exit_code == 2
     assert "--key-groups" in result.output
+
+
+def test_an_interval_whose_endpoints_carry_different_keys_is_not_paired_across_groups() -> None:
+    # Why G > 1 needs the key in both endpoints: the start (id 1) and the end (id 2) reach two groups.
+    query = "EVENT ISEQ[a.te < b.ts](A a, B b; 10 s) WHERE a.id = b.id"
+    options = IseqOptions("", query)
+    key = iseq_partition_key(parse_iseq(query))
+    assert key is not None
+
+    def event(seq: int, ref_ms: int, payload: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        return {"kind": "event", "stream": "s", "source_id": "s", "seq": seq, "ref_ts_us": ref_ms * MS,
+                "payload": orjson.dumps(payload).decode(), "topic": TOPIC, "partition": 0, "offset": seq, **fields}
+
+    rows = [event(0, 0, {"type": "A", "id": 1}, start_ts_us=0, interval_id="a", endpoint="start"),
+            event(1, 100, {"type": "A", "id": 2}, start_ts_us=100 * MS, interval_id="a", endpoint="end"),
+            event(2, 300, {"type": "B", "id": 2}, start_ts_us=200 * MS),
+            *({"kind": "punctuation", "stream": "s", "watermark_us": 1000 * MS, "partition": p, "offset": 9,
+               "topic": TOPIC} for p in (0, 1))]
+    groups = 2
+    assert [_route(r, key, None, groups) for r in rows[:3]] == [1, 0, 0]
+    expected, got = _split(options, [rows], groups)
+    assert [(k, v["record"]) for k, v in expected] == [("s|s#a|s:2", "match")]
+    assert [(k, v["record"], v["reason"]) for k, v in got] == [("s|rejected|s|1", "rejected", "unpaired_end")]
