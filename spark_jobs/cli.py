@@ -330,16 +330,24 @@ def iseq_command(
     replication_factor: ReplicationFactor = None,
 ) -> None:
     """ISEQ interval queries over the ordered stream; results and compensations to skewless.results.iseq."""
-    from cep.intervals import IntervalError
-
     options = iseq_job.IseqOptions(
         bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=_streams(stream),
         type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
         k_slack_us=k_slack_us, indexing="naive" if indexing == "naive" else "ibp" if indexing == "ibp" else "ais",
         punctuated_types=tuple(punctuated_type or ()), from_points=from_points, levels=levels,
         key_groups=key_groups, checkpoint_dir=checkpoint, available_now=available_now)
+    _check_iseq(options)
+    spark = _session("skewless-iseq", shuffle_partitions, bootstrap, config_file, kafka_property,
+                     spark_kafka_property, replication_factor, prefix, stream)
+    _run(spark, iseq_job.start(spark, options))
+
+
+def _check_iseq(options: iseq_job.IseqOptions) -> None:
+    """One line naming the option when --levels or the query (with the options it needs) does not hold."""
+    from cep.intervals import IntervalError
+
     try:
-        iseq_job.parse_levels(levels)
+        iseq_job.parse_levels(options.levels)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--levels'") from None
     try:
@@ -347,9 +355,6 @@ def iseq_command(
     except IntervalError as exc:
         # A syntax error's message spans three lines (the text and a caret): the first says what and where.
         raise typer.BadParameter(str(exc).splitlines()[0], param_hint="'--query'") from None
-    spark = _session("skewless-iseq", shuffle_partitions, bootstrap, config_file, kafka_property,
-                     spark_kafka_property, replication_factor, prefix, stream)
-    _run(spark, iseq_job.start(spark, options))
 
 
 def register(app: typer.Typer) -> None:
