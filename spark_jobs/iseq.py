@@ -63,6 +63,7 @@ from contract.records import (
 from contract.records import result_value as contract_result_value
 from spark_jobs.stateful import (
     INPUT_COLUMNS,
+    JobOptions,
     KeyGroups,
     MicroBatchColumns,
     decode_payload,
@@ -92,11 +93,8 @@ Output = tuple[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class IseqOptions:
-    bootstrap_servers: str
+class IseqOptions(JobOptions):
     query: str
-    topic_prefix: str = "skewless"
-    streams: tuple[str, ...] = ()
     type_field: str = "type"
     mode: Literal["conservative", "aggressive"] = "conservative"
     k_slack_us: int | None = None
@@ -110,10 +108,6 @@ class IseqOptions:
     levels: str = "LOW,50,MEDIUM,100,HIGH"
     key_groups: int | None = None
     """G: key groups per stream (None: one; :func:`key_groups_plan`)."""
-    checkpoint_dir: str | None = None
-    available_now: bool = False
-    processing_time: str = "1 second"
-    console: bool = True
 
 
 def parse_levels(text: str) -> ThresholdLevels:
