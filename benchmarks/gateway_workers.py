@@ -20,7 +20,7 @@ and every descendant: the workers), of the broker's JVM and of this process (the
 Writes docs/gateway-workers.md, docs/gateway-workers.png and docs/gateway-workers.json (the figures; the page can
 be rewritten from it with --report-from-saved).
 
-Run: .venv/bin/python -m benchmarks.gateway_workers [--events 200000] [--rounds 2] [--shards 4]
+Run: .venv/bin/python -m benchmarks.gateway_workers [--events 200000] [--rounds 3] [--shards 4]
 """
 
 from __future__ import annotations
@@ -445,33 +445,53 @@ def summarize(runs: Sequence[WorkersRun]) -> list[Summary]:
 
 def plot(runs: Sequence[WorkersRun], plain: Sequence[PlainRun]) -> None:
     plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    names = [f"{r.label}\nround {r.round}" for r in runs] + [f"plain producer\nround {p.round}" for p in plain]
-    rates = [r.events_per_s / 1000 for r in runs] + [p.events_per_s / 1000 for p in plain]
-    colors = ["tab:blue" if r.workers == 1 else "tab:green" for r in runs] + ["tab:gray"] * len(plain)
-    ax1.bar(names, rates, color=colors)
-    for x, rate in enumerate(rates):
-        ax1.text(x, rate, f"{rate:.1f}k", ha="center", va="bottom", fontsize=8)
-    ax1.tick_params(axis="x", labelsize=7)
-    axis_labels(ax1, ("run, in the order they ran", None), ("events acknowledged", "k events/s"))
-    ax1.set_title("20 sources, saturated, native core, transactions on")
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [3, 2.2, 1.6]})
+    short = {1: "1 proc"}
+    ordered: list[tuple[str, float, str]] = []  # (label, k events/s, color) in the order the runs ran
+    for round_ in dict.fromkeys(r.round for r in runs):
+        ordered += [(f"{short.get(r.workers, f'w{r.workers}')}\nr{r.round}", r.events_per_s / 1000,
+                     "tab:blue" if r.workers == 1 else "tab:green") for r in runs if r.round == round_]
+        ordered += [(f"plain\nr{p.round}", p.events_per_s / 1000, "tab:gray") for p in plain if p.round == round_]
+    xs = range(len(ordered))
+    ax1.bar(xs, [rate for _, rate, _ in ordered], color=[color for *_, color in ordered])
+    for x, (_, rate, _) in enumerate(ordered):
+        ax1.text(x, rate, f"{rate:.0f}k", ha="center", va="bottom", fontsize=8)
+    ax1.set_xticks(list(xs), [name for name, _, _ in ordered])
+    axis_labels(ax1, ("run in the order it ran (blue: 1 process, green: --workers 2, gray: plain producer)", None),
+                ("events acknowledged", "k events/s"))
+    ax1.set_title("20 sources, saturated, transactions on")
+    names = [f"{short.get(r.workers, f'w{r.workers}')}\nr{r.round}" for r in runs]
+    parts = [("gateway (all processes)", "tab:blue", [r.cores(r.gateway_cpu_s) for r in runs]),
+             ("broker JVM", "tab:orange", [r.cores(r.broker_cpu_s) for r in runs]),
+             ("load generator", "tab:purple", [r.cores(r.loadgen_cpu_s) for r in runs]),
+             ("other processes", "lightgray", [max(0.0, r.cores(r.others_cpu_s)) for r in runs])]
+    bottom = [0.0] * len(runs)
+    for label, color, values in parts:
+        ax2.bar(names, values, bottom=bottom, color=color, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax2.axhline(2.0, color="red", linestyle="--", lw=1, label="the machine's 2 cores")
+    axis_labels(ax2, ("gateway run", None), ("CPU busy during the load", "cores"))
+    ax2.set_title("where the 2 cores went")
+    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=7.5)
     summaries = summarize(runs)
-    labels = [s.label for s in summaries] + ["plain producer"]
+    labels = [short.get(1) if s.label == label_of(1) else s.label for s in summaries] + ["plain"]
     gateway = [s.gateway_us for s in summaries] + [mean([p.producer_cpu_s * 1e6 / p.events for p in plain])]
     broker = [s.broker_us for s in summaries] + [mean([p.broker_cpu_s * 1e6 / p.events for p in plain])]
     loadgen = [s.loadgen_us for s in summaries] + [0.0]
-    ax2.bar(labels, gateway, color="tab:blue", label="gateway (all its processes) / producer")
-    ax2.bar(labels, broker, bottom=gateway, color="tab:orange", label="broker JVM")
-    ax2.bar(labels, loadgen, bottom=[g + b for g, b in zip(gateway, broker, strict=True)], color="tab:purple",
+    ax3.bar(labels, gateway, color="tab:blue", label="gateway / producer")
+    ax3.bar(labels, broker, bottom=gateway, color="tab:orange", label="broker JVM")
+    ax3.bar(labels, loadgen, bottom=[g + b for g, b in zip(gateway, broker, strict=True)], color="tab:purple",
             label="load generator")
-    axis_labels(ax2, ("configuration (mean of its rounds)", None), ("CPU per event", "us"))
-    ax2.set_title("CPU per acknowledged event, by process")
-    ax2.legend()
+    axis_labels(ax3, ("configuration (mean of its rounds)", None), ("CPU per event", "us"))
+    ax3.set_title("CPU per acknowledged event")
+    ax3.legend(fontsize=7.5)
     save(fig, FIGURE)
 
 
 def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Mapping[str, Any]) -> None:
     summaries = summarize(runs)
+    cores = int(meta["cores"])
+    idle = {s.label: mean([cores - r.cores(r.machine_cpu_s) for r in runs if r.label == s.label]) for s in summaries}
     one = next(s for s in summaries if s.label == label_of(1))
     many = next((s for s in summaries if s is not one), one)
     plain_rate = mean([p.events_per_s for p in plain])
@@ -498,8 +518,8 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
         f"| {s.label} | {s.runs} | {s.events_per_s:,.0f} | {s.events_per_s / one.events_per_s:.2f}x | "
         f"{s.events_per_s / plain_rate:.2f}x | {s.gateway_us:.1f} | {s.per_gateway_core:,.0f} | "
         f"{s.main_thread_us:.1f} | {s.broker_us:.1f} | {s.loadgen_us:.1f} | {s.gateway_cores:.2f} | "
-        f"{s.broker_cores:.2f} | {s.others_cores:.2f} | "
-        f"{host_throughput_bound(2, [s.gateway_us, s.broker_us, s.loadgen_us]):,.0f} |" for s in summaries)
+        f"{s.broker_cores:.2f} | {s.others_cores:.2f} | {idle[s.label]:.2f} | "
+        f"{host_throughput_bound(cores, [s.gateway_us, s.broker_us, s.loadgen_us]):,.0f} |" for s in summaries)
     g_us, m_us, b_us, l_us = many.gateway_us, many.main_thread_us, many.broker_us, many.loadgen_us
     total_us = g_us + b_us + l_us
     model_rows = "\n".join(
@@ -516,7 +536,7 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
     starved_text = ("" if not starved else " Runs during which other processes kept more than 0.3 cores busy: "
                     + ", ".join(f"round {r.round} {r.label} ({r.cores(r.others_cpu_s):.2f} cores)" for r in starved)
                     + ".")
-    measured_2 = many.events_per_s / host_throughput_bound(2, [g_us, b_us, l_us])
+    bound_all = host_throughput_bound(cores, [g_us, b_us, l_us])
     PAGE.write_text(f"""# `skewless gateway --workers N` on this machine, and the scaling model
 
 Generated by `benchmarks/gateway_workers.py` (issue 26, target 4). One run: {meta['when']}, {meta['machine']},
@@ -570,8 +590,8 @@ from the launcher); "load gen" is this benchmark's own process; "other processes
 
 ## Per configuration (mean of its rounds)
 
-| gateway | rounds | events/s | vs 1 process | of plain producer | gateway CPU us/event | events/s per gateway core (1e6 / us) | main threads us/event | broker CPU us/event | load gen CPU us/event | gateway cores | broker cores | other processes, cores | 2-core bound: 2e6 / (gateway + broker + load gen us) |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| gateway | rounds | events/s | vs 1 process | of plain producer | gateway CPU us/event | events/s per gateway core (1e6 / us) | main threads us/event | broker CPU us/event | load gen CPU us/event | gateway cores | broker cores | other processes, cores | idle, cores | bound of {cores} cores: {cores}e6 / (gateway + broker + load gen us) |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {summary_rows}
 
 Spread over the rounds (events/s, min to max): {spread_text}. --workers 2 over 1 process, round by round:
@@ -612,8 +632,13 @@ With the gateway on its own host of C cores (broker and sources elsewhere, C wor
 |---|---|---|---|---|
 {model_rows}
 
-At C = 2 the first column is the bound of this machine: {many.label} reached {measured_2:.0%} of it on average
-(the rest went to other processes, and to cores idle while the processes wait on each other). The rows for larger
+At C = {cores} the first column is the bound of this machine: {bound_all:,.0f} events/s for {many.label}, of
+which it reached {many.events_per_s / bound_all:.0%} on average: other processes took {many.others_cores:.2f}
+cores during its runs and the machine was idle {idle[many.label]:.2f} cores. (Checking the formula against the
+same run's events/s at C = {cores} would be circular: us per event are CPU seconds over the events of those very
+runs.) What the run does test is the model's main assumption, that CPU per event stays put as workers are added:
+from 1 process to {many.label} the gateway's CPU per event went {one.gateway_us:.1f} -> {g_us:.1f} us
+({g_us / one.gateway_us:.2f}x) and the broker's {one.broker_us:.1f} -> {b_us:.1f} us. The rows for larger
 C are **predictions, not measurements**: they assume the CPU per event stays what it was here as workers are
 added (no contention that grows with them, in the gateway or the broker), that the work spreads evenly (one worker
 per core, at least as many shards as workers, sources spread evenly over the shards) and that network and disks
@@ -693,7 +718,7 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=20)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="the worker count compared with one process")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup-events", type=int, default=100_000,
                         help="events of one discarded 1-process run before the rounds (0: none)")
     parser.add_argument("--core", default="native", choices=["native", "python"])
@@ -724,7 +749,7 @@ def main() -> None:
             "machine": f"{os.cpu_count()} cores ({platform.machine()}), Python {platform.python_version()}",
             "commit": commit(), "load_start": load_start, "load_end": load_end, "shards": args.shards,
             "sources": args.sources, "events": args.events // args.sources * args.sources, "rounds": args.rounds,
-            "core": args.core, "broker_comm": broker_comm, "warmup_events": args.warmup_events}
+            "core": args.core, "broker_comm": broker_comm, "cores": os.cpu_count() or 1, "warmup_events": args.warmup_events}
     if args.no_report:
         return
     save_results(runs, plain, meta)
