@@ -369,7 +369,7 @@ async def gateway_run(bootstrap: str, broker_pid: int, workers: int, shards: int
             raise RuntimeError("the gateway's process tree changed during the run (a worker restarted?)")
     finally:
         await gateway.stop()
-    names = {pid: "parent" if pid not in worker_pids else "the process" if workers == 1
+    names = {pid: "parent" if pid not in worker_pids else "one process" if workers == 1
              else f"worker {worker_pids.index(pid)}" for pid in tree}
     per_process = {names[pid]: cpu1[pid] - cpu0[pid] for pid in tree}
     loop = asyncio.get_running_loop()
