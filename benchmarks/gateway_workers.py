@@ -549,8 +549,8 @@ worker can only bring a core that the broker, the load generator and other tenan
 buys here is not what it buys on a host with a core per worker.
 
 What ran, in this order per round (a, b, plain; {meta['rounds']} rounds), against the same broker (one KRaft
-node, `broker.launcher.KafkaBroker`), after one discarded warm-up run ({meta['warmup_events']:,} events, 1
-process) that lets the broker's JIT settle:
+node, `broker.launcher.KafkaBroker`), after a discarded warm-up round (one run of each gateway, {meta['warmup_events']:,}
+events each) that lets the broker's JIT settle:
 
 - **1 process**: `skewless gateway --core {meta['core']} --shards {meta['shards']}` (no `--workers` flag; one
   process serves all {meta['shards']} shards);
@@ -687,12 +687,13 @@ async def run_all(bootstrap: str, broker_pid: int, args: argparse.Namespace, log
     loop = asyncio.get_running_loop()
     with progress_bar("gateway runs", args.rounds * 3 + 1, enabled=progress_enabled(not args.no_progress)) as advance:
         if args.warmup_events:
-            # The broker's first runs cost it about twice the CPU per event of later ones (its JIT warming up):
-            # measured rounds begin after one discarded run.
-            warmup_sources = balanced_source_ids(args.sources, args.shards)
-            warmup = await gateway_run(bootstrap, broker_pid, 1, args.shards, args.core, warmup_sources,
-                                       args.warmup_events // args.sources, 0, log_dir)
-            print(f"warm-up, not reported: {describe(warmup)}", flush=True)
+            # The broker's first runs cost it two to three times the CPU per event of later ones (its JIT warming
+            # up; a 100,000-event warm-up of one configuration was not enough): measured rounds begin after one
+            # discarded run of each configuration.
+            for workers in (1, args.workers):
+                warmup = await gateway_run(bootstrap, broker_pid, workers, args.shards, args.core, source_ids,
+                                           args.warmup_events // args.sources, 0, log_dir)
+                print(f"warm-up, not reported: {describe(warmup)}", flush=True)
         advance()
         for round_ in range(1, args.rounds + 1):
             for workers in (1, args.workers):
@@ -719,8 +720,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="the worker count compared with one process")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup-events", type=int, default=100_000,
-                        help="events of one discarded 1-process run before the rounds (0: none)")
+    parser.add_argument("--warmup-events", type=int, default=200_000,
+                        help="events of each gateway's discarded run before the rounds (0: none)")
     parser.add_argument("--core", default="native", choices=["native", "python"])
     parser.add_argument("--log-dir", type=Path, help="keep the gateways' logs here [a temporary directory]")
     parser.add_argument("--no-report", action="store_true", help="print, do not write docs/")
@@ -749,7 +750,8 @@ def main() -> None:
             "machine": f"{os.cpu_count()} cores ({platform.machine()}), Python {platform.python_version()}",
             "commit": commit(), "load_start": load_start, "load_end": load_end, "shards": args.shards,
             "sources": args.sources, "events": args.events // args.sources * args.sources, "rounds": args.rounds,
-            "core": args.core, "broker_comm": broker_comm, "cores": os.cpu_count() or 1, "warmup_events": args.warmup_events}
+            "core": args.core, "broker_comm": broker_comm, "cores": os.cpu_count() or 1,
+            "warmup_events": args.warmup_events}
     if args.no_report:
         return
     save_results(runs, plain, meta)
