@@ -27,7 +27,7 @@ Everything the engine decides follows from L:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -41,11 +41,13 @@ from .monitor import ADMIT, CUT, NEGATION_ONLY, RELEASE, Action, TraceMonitor
 from .negation import HeldMatch, NegationBuffer, invalidates, negation_ranges
 from .query import Query
 
-__all__ = ["TOO_LATE_REASON", "EngineConfig", "EngineCounters", "SequenceEngine"]
+__all__ = ["INCREMENTAL_SNAPSHOT_VERSION", "SNAPSHOT_VERSION", "TOO_LATE_REASON", "EngineConfig", "EngineCounters",
+           "SequenceEngine"]
 
 Mode = Literal["conservative", "aggressive"]
 CheckerAlgorithm = Literal["basic", "lightweight"]
 SNAPSHOT_VERSION = 2
+INCREMENTAL_SNAPSHOT_VERSION = 3
 TOO_LATE_REASON = "beyond_allowed_lateness"
 _NEVER = 2**63
 
@@ -269,6 +271,11 @@ class SequenceEngine:
         self._release_heap: list[tuple[int, int, Hashable]] = []
         self._forget_heap: list[tuple[int, int, Hashable]] = []
         """(final_at, match_id, key) of released matches: forgotten once final_at <= L - A."""
+        self._dirty: set[Hashable] | None = None
+        """Keys whose partition was created, changed or dropped since the last :meth:`incremental_snapshot`
+        (None: not tracked before the first one, so an engine that is never snapshotted that way keeps no set)."""
+        self._encoded: dict[Hashable, bytes] = {}
+        """Per partition key, its encoding as of the last :meth:`incremental_snapshot` (clean keys reuse it)."""
         self._whole: _Partition | None = None
         """The partition of key None (unpartitioned query) while it exists: the fast path skips the lookup."""
         self._due_low: int = _NEVER
@@ -419,6 +426,9 @@ class SequenceEngine:
             part = self._partitions.get(key)
             if part is None:
                 part = self._new_partition(key)
+        dirty = self._dirty
+        if dirty is not None:
+            dirty.add(key)
         seq = self._seq
         self._seq = seq + 1
         registered = part.registered_ts
@@ -469,6 +479,11 @@ class SequenceEngine:
         part = self._partitions[key] = _Partition(self.query)
         self.counters.partitions += 1
         return part
+
+    def _touch(self, key: Hashable) -> None:
+        """Partition ``key`` was created, changed or dropped: the next incremental snapshot encodes it again."""
+        if self._dirty is not None:
+            self._dirty.add(key)
 
     # ---------------------------------------------------------------- constraint-aware execution (Algorithm 5)
 
@@ -566,6 +581,7 @@ class SequenceEngine:
         part = self._partitions.get(key)
         if part is None:
             return
+        self._touch(key)
         c = self.counters
         purged = part.ais.purge_before(ts + 1)
         c.instances -= len(purged)
@@ -598,6 +614,7 @@ class SequenceEngine:
         part = self._partitions.get(key)
         if part is None:
             return
+        self._touch(key)
         c = self.counters
         purged = part.ais.purge_before(ts)
         c.instances -= len(purged)
@@ -628,6 +645,7 @@ class SequenceEngine:
         part = self._partitions.pop(key, None)
         if part is None:
             return
+        self._touch(key)
         if key is None:
             self._whole = None
         c = self.counters
@@ -700,6 +718,7 @@ class SequenceEngine:
         part = self._partitions.get(key)
         if part is None:
             part = self._new_partition(key)
+        self._touch(key)
         seq = self._seq
         self._seq += 1
         self._register(part, key, event.ts)
@@ -896,6 +915,7 @@ class SequenceEngine:
             held = part.held.pop(mid, None) if part is not None else None
             if held is None or part is None:
                 continue
+            self._touch(key)
             c.held -= 1
             if not self._aggressive:
                 outs.append(self._emit(held.kind, held.events))  # type: ignore[arg-type]
@@ -913,6 +933,7 @@ class SequenceEngine:
             part = self._partitions.get(key)
             if part is None or part.released.pop(mid, None) is None:
                 continue  # already withdrawn by a late negation event
+            self._touch(key)
             c.released_retained -= 1
             if part.registered_ts is None and part.empty():
                 del self._partitions[key]
@@ -929,6 +950,7 @@ class SequenceEngine:
             part = self._partitions.get(key)
             if part is None or part.registered_ts != ts:
                 continue
+            self._touch(key)
             ais_clock = part.ais.ais_clock
             if (not part.held and not part.released and not part.suspended and not self._record_purges
                     and (ais_clock is None or ais_clock < bound) and part.newest_ts() < bound):
@@ -1058,7 +1080,8 @@ class SequenceEngine:
         return repr((q.elements, q.predicates, q.window))
 
     def snapshot(self) -> bytes:
-        """The complete state as msgpack bytes (attribute values must be msgpack-serialisable).
+        """The complete state as msgpack bytes (attribute values must be msgpack-serialisable), every partition
+        encoded anew (version 2; :meth:`incremental_snapshot` re-encodes only the partitions that changed).
 
         Every stored event is written once (keyed by its arrival number ``seq``); stacks list (seq, RIP seq)
         pairs in stack order, negation buffers and holding sets list seqs in their order.  The heaps are not
@@ -1067,8 +1090,42 @@ class SequenceEngine:
         engine produces exactly the same output."""
         events: dict[int, SaseEvent] = {}
         partitions = [[key, *part.snapshot(events)] for key, part in self._partitions.items()]
-        doc = {
-            "v": SNAPSHOT_VERSION,
+        doc = self._engine_doc(SNAPSHOT_VERSION)
+        doc["events"] = _event_rows(events)
+        doc["partitions"] = partitions
+        return _packed(doc)
+
+    def incremental_snapshot(self) -> bytes:
+        """The complete state, like :meth:`snapshot`, at a cost proportional to the partitions that changed since
+        the previous call (version 3): each partition is encoded on its own, with its own events (an event lives
+        in exactly one partition), and a partition no event, release, purge, expiry or verdict touched since
+        then reuses its previous encoding.  The engine-wide part (CLOCK, punctuation, counters, the constraint
+        monitor) is written whole.  The first call (or the first after restoring a version 1 or 2 blob)
+        encodes every partition, and from then on the engine tracks which ones change."""
+        encoded = self._encoded
+        if self._dirty is None:
+            encoded.clear()
+            changed: Iterable[Hashable] = list(self._partitions)
+        else:
+            changed = self._dirty
+        partitions = self._partitions
+        for key in changed:
+            part = partitions.get(key)
+            if part is None:
+                encoded.pop(key, None)
+            else:
+                encoded[key] = _encoded_partition(part)
+        # Only once every changed partition is encoded: a partition that fails to encode stays marked.
+        self._dirty = set()
+        doc = self._engine_doc(INCREMENTAL_SNAPSHOT_VERSION)
+        doc["keys"] = list(encoded)
+        doc["parts"] = list(encoded.values())
+        return _packed(doc)
+
+    def _engine_doc(self, version: int) -> dict[str, Any]:
+        """Everything but the partitions (and their events)."""
+        doc: dict[str, Any] = {
+            "v": version,
             "query": self._fingerprint(),
             "clock": self._clock,
             "punctuation": self._punctuation,
@@ -1076,31 +1133,27 @@ class SequenceEngine:
             "match_id": self._match_id,
             "counters": {f.name: getattr(self.counters, f.name) for f in fields(EngineCounters)},
             "purge_log": [list(x) for x in self.purge_log],
-            "events": [[s, e.event_type, e.ts, dict(e.attrs), e.event_id] for s, e in sorted(events.items())],
-            "partitions": partitions,
         }
         if self.config.constraint is not None:
             doc["constraint"] = [*self._constraint_fingerprint(),
                                  None if self._monitor is None else self._monitor.snapshot()]
-        try:
-            return bytes(msgpack.packb(doc, use_bin_type=True))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise SaseError(
-                f"engine state is not serialisable (attribute values must be msgpack types): {exc}") from exc
+        return doc
 
     @classmethod
     def restore(cls, query: Query, config: EngineConfig | None, blob: bytes) -> SequenceEngine:
-        """An engine in exactly the state ``snapshot`` captured (same query required)."""
+        """An engine in exactly the state ``snapshot`` or ``incremental_snapshot`` captured (same query
+        required); every version so far (1 and 2: :meth:`snapshot`, 3: :meth:`incremental_snapshot`) restores."""
         try:
             doc = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         except (ValueError, TypeError, msgpack.ExtraData) as exc:
             raise SaseError(f"not an engine snapshot: {exc}") from exc
-        if not isinstance(doc, dict) or doc.get("v") not in (1, SNAPSHOT_VERSION):
-            raise SaseError("not an engine snapshot of a supported version")
+        if not isinstance(doc, dict) or doc.get("v") not in (1, SNAPSHOT_VERSION, INCREMENTAL_SNAPSHOT_VERSION):
+            version = doc.get("v") if isinstance(doc, dict) else None
+            raise SaseError(f"not an engine snapshot of a supported version (got version {version!r}; this build "
+                            f"reads 1, {SNAPSHOT_VERSION} and {INCREMENTAL_SNAPSHOT_VERSION})")
         engine = cls(query, config)
         if doc["query"] != engine._fingerprint():
             raise SaseError("snapshot was taken for a different query")
-        events = {s: SaseEvent(t, ts, attrs, eid) for s, t, ts, attrs, eid in doc["events"]}
         engine._clock = doc["clock"]
         engine._punctuation = doc["punctuation"]
         engine._update_low()
@@ -1115,20 +1168,56 @@ class SequenceEngine:
             raise SaseError("snapshot was taken with a different constraint configuration")
         if constraint is not None and engine._monitor is not None and constraint[3] is not None:
             engine._monitor.restore(constraint[3], _partition_key)
-        for raw_key, *state in doc["partitions"]:
-            key = _partition_key(raw_key)
-            part = _Partition.restore(query, state, events)
-            for mid, held in part.held.items():
-                heapq.heappush(engine._release_heap, (held.final_at, mid, key))
-            for mid, done in part.released.items():
-                heapq.heappush(engine._forget_heap, (done.final_at, mid, key))
-            engine._partitions[key] = part
-            registered_ts, part.registered_ts = part.registered_ts, None
-            if registered_ts is not None:
-                engine._register(part, key, registered_ts)
+        if doc["v"] == INCREMENTAL_SNAPSHOT_VERSION:
+            for raw_key, encoded in zip(doc["keys"], doc["parts"], strict=True):
+                key = _partition_key(raw_key)
+                rows, state = msgpack.unpackb(encoded, raw=False, strict_map_key=False)
+                engine._add_restored(key, _Partition.restore(query, state, _events_of(rows)))
+                # The partition is exactly what these bytes say: until it changes, they are its encoding.
+                engine._encoded[key] = bytes(encoded)
+            engine._dirty = set()
+        else:
+            events = _events_of(doc["events"])
+            for raw_key, *state in doc["partitions"]:
+                engine._add_restored(_partition_key(raw_key), _Partition.restore(query, state, events))
         due = engine.next_timer_us()
         engine._due_low = _NEVER if due is None else due
         return engine
+
+    def _add_restored(self, key: Hashable, part: _Partition) -> None:
+        """A restored partition joins the engine with its heap entries (held, released, purge registration)."""
+        for mid, held in part.held.items():
+            heapq.heappush(self._release_heap, (held.final_at, mid, key))
+        for mid, done in part.released.items():
+            heapq.heappush(self._forget_heap, (done.final_at, mid, key))
+        self._partitions[key] = part
+        registered_ts, part.registered_ts = part.registered_ts, None
+        if registered_ts is not None:
+            self._register(part, key, registered_ts)
+
+
+def _event_rows(events: Mapping[int, SaseEvent]) -> list[list[Any]]:
+    return [[s, e.event_type, e.ts, dict(e.attrs), e.event_id] for s, e in sorted(events.items())]
+
+
+def _events_of(rows: Sequence[Sequence[Any]]) -> dict[int, SaseEvent]:
+    return {s: SaseEvent(t, ts, attrs, eid) for s, t, ts, attrs, eid in rows}
+
+
+def _encoded_partition(part: _Partition) -> bytes:
+    """One partition of an incremental snapshot: ``[its events, its state]`` (the layout of :meth:`_Partition.
+    snapshot`), self-contained because no event is shared between partitions."""
+    events: dict[int, SaseEvent] = {}
+    state = part.snapshot(events)
+    return _packed([_event_rows(events), state])
+
+
+def _packed(doc: Any) -> bytes:
+    try:
+        return bytes(msgpack.packb(doc, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SaseError(
+            f"engine state is not serialisable (attribute values must be msgpack types): {exc}") from exc
 
 
 def _partition_key(raw: Any) -> Hashable:
