@@ -1,7 +1,8 @@
-"""What the query parsers share (cep.sase.parser, cep.intervals.parser, cep.constraints.regex): the comparison
-operators and their literals, a tokenizer over a parser's own token pattern, and a cursor over its tokens.  A module
-of its own so cep.constraints can use it without importing the cep.sase package (whose engine imports
-cep.constraints)."""
+"""What the query languages share (pattern conditions in cep.predicates and cep.patterns, SASE in cep.sase.parser,
+ISEQ in cep.intervals.parser, constraints in cep.constraints.regex): the one comparison table, one tokenizer over a
+token grammar each language picks its rules for, a cursor over the tokens, and the one syntax error every parser
+raises.  A module of its own so cep.constraints can use it without importing the cep.sase package (whose engine
+imports cep.constraints)."""
 
 from __future__ import annotations
 
@@ -13,27 +14,65 @@ from typing import Any
 
 from contract.units import UNIT_US
 
-__all__ = ["COMPARISONS", "FLIPPED", "Scalar", "Token", "TokenCursor", "canonical_op", "is_literal",
-           "literal_value", "token_pattern", "tokenize"]
+__all__ = ["COMPARISONS", "FLIPPED", "PATTERN_SPELLINGS", "SPELLINGS", "Comparison", "QuerySyntaxError", "Scalar",
+           "Token", "TokenCursor", "canonical_op", "is_literal", "literal_value", "token_pattern", "tokenize"]
 
 Scalar = int | float | str | bool | None
 
-COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
-    "=": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
-# ``a op b`` is ``b FLIPPED[op] a``: how a condition written constant-first is stored attribute-first.
-FLIPPED: dict[str, str] = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-_SPELLINGS = {"==": "=", "<>": "!="}
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One comparison operator of the query languages."""
+
+    op: str
+    """The canonical spelling: how SASE, ISEQ and constraint ASTs store and print it."""
+    test: Callable[[Any, Any], bool]
+    flipped: str
+    """``a op b`` is ``b flipped a``: how a condition written constant-first is stored attribute-first."""
+    pattern_spelling: str
+    """How pattern conditions (cep.predicates) store and print it: they spell equality ``==``."""
+    aliases: tuple[str, ...] = ()
+    """Further spellings SASE, ISEQ's WHERE and constraints read as this operator."""
+
+
+_TABLE = (
+    Comparison("=", operator.eq, "=", "==", ("==",)),
+    Comparison("!=", operator.ne, "!=", "!=", ("<>",)),
+    Comparison("<", operator.lt, ">", "<"),
+    Comparison("<=", operator.le, ">=", "<="),
+    Comparison(">", operator.gt, "<", ">"),
+    Comparison(">=", operator.ge, "<=", ">="),
+)
+COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {c.op: c.test for c in _TABLE}
+FLIPPED: dict[str, str] = {c.op: c.flipped for c in _TABLE}
+SPELLINGS: dict[str, str] = {s: c.op for c in _TABLE for s in (c.op, *c.aliases)}
+"""Every spelling a query text may use -> the canonical operator."""
+PATTERN_SPELLINGS: dict[str, str] = {c.op: c.pattern_spelling for c in _TABLE}
+"""Canonical operator -> how pattern conditions spell it; they read either spelling (``=`` and ``==``), not the
+other aliases (``<>``)."""
 
 
 def canonical_op(text: str) -> str:
     """The comparison as :data:`COMPARISONS` spells it (``==`` is ``=``, ``<>`` is ``!=``)."""
-    return _SPELLINGS.get(text, text)
+    return SPELLINGS.get(text, text)
+
+
+class QuerySyntaxError(ValueError):
+    """A query text of any of the languages that does not parse.  ``position`` is the 0-based character offset of
+    the problem (``line`` and ``column`` count from 1); the message reads the same in every language: what is
+    wrong, where, then the line of the text with a caret under the offset."""
+
+    def __init__(self, message: str, text: str, position: int) -> None:
+        self.message = message
+        self.text = text
+        self.position = position
+        line_start = text.rfind("\n", 0, position) + 1
+        line_end = text.find("\n", position)
+        self.line = text.count("\n", 0, position) + 1
+        self.column = position - line_start + 1
+        source_line = text[line_start : len(text) if line_end < 0 else line_end]
+        caret = " " * (position - line_start) + "^"
+        super().__init__(f"{message} at line {self.line}, column {self.column}\n  {source_line}\n  {caret}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,34 +82,42 @@ class Token:
     pos: int
 
 
-def token_pattern(punct: str) -> re.Pattern[str]:
-    """The token grammar of SASE and constraint texts; ``punct`` is a regex character class of the grammar's own
-    punctuation."""
+NUMBER = r"-?\d+(?:\.\d+)?"
+STRING = "'[^']*'|" + '"[^"]*"'
+NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*"
+"""Names may have dashes inside (SASE's event types)."""
+_OPERATOR = "|".join(re.escape(s) for s in sorted(SPELLINGS, key=len, reverse=True))
+
+
+def token_pattern(punct: str, *, number: str = NUMBER, string: str = STRING, name: str = NAME,
+                  extra: str = "") -> re.Pattern[str]:
+    """The token grammar of the query texts: whitespace, numbers, quoted strings, the comparison spellings of
+    :data:`SPELLINGS`, names and ``punct`` (a regex character class of the language's own punctuation).  A language
+    may bring its own rule for numbers, strings and names, and ``extra`` named groups tried before the operators."""
     return re.compile(
         rf"""
         (?P<ws>\s+)
-      | (?P<number>-?\d+(?:\.\d+)?)
-      | (?P<string>'[^']*'|"[^"]*")
+      | (?P<number>{number})
+      | (?P<string>{string})
       | (?P<badstring>['"])
-      | (?P<op><=|>=|!=|<>|==|=|<|>)
-      | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
+      {'| ' + extra if extra else ''}
+      | (?P<op>{_OPERATOR})
+      | (?P<name>{name})
       | (?P<punct>{punct})
         """,
         re.VERBOSE,
     )
 
 
-def tokenize(text: str, pattern: re.Pattern[str], error: Callable[[str, str, int], Exception], *,
-             quote_char: bool = True) -> list[Token]:
+def tokenize(text: str, pattern: re.Pattern[str], error: Callable[[str, str, int], Exception]) -> list[Token]:
     """``text`` as tokens of ``pattern``'s named groups (``ws`` skipped, ``badstring`` an unterminated string),
-    ending with an ``end`` token; each parser brings its own token pattern and error class.  ``quote_char=False``
-    keeps ISEQ's message, which has never named the character (its caret shows it)."""
+    ending with an ``end`` token; ``error`` is the language's :class:`QuerySyntaxError`."""
     toks: list[Token] = []
     pos = 0
     while pos < len(text):
         m = pattern.match(text, pos)
         if m is None:
-            raise error(f"unexpected character {text[pos]!r}" if quote_char else "unexpected character", text, pos)
+            raise error(f"unexpected character {text[pos]!r}", text, pos)
         kind = m.lastgroup or ""
         if kind == "badstring":
             raise error("unterminated string", text, pos)
@@ -87,19 +134,24 @@ def is_literal(tok: Token) -> bool:
 
 
 def literal_value(tok: Token) -> Scalar:
-    """The value of a token :func:`is_literal` accepts: an int unless the number has a fraction."""
+    """The value of a token :func:`is_literal` accepts: an int unless the number has a fraction or an exponent."""
     if tok.kind == "number":
-        return float(tok.text) if "." in tok.text else int(tok.text)
+        return float(tok.text) if any(c in tok.text for c in ".eE") else int(tok.text)
     if tok.kind == "string":
         return tok.text[1:-1]
     return tok.text.upper() == "TRUE"
 
 
 class TokenCursor:
-    """A parser's position in its tokens; each grammar subclasses it and says how its errors read (:meth:`error`)."""
+    """A parser's position in its tokens; each grammar subclasses it and names its error class."""
 
     keywords: frozenset[str] = frozenset()
     """Upper-case words that :meth:`name` does not take as a name."""
+    syntax_error: type[QuerySyntaxError] = QuerySyntaxError
+    """The language's subclass of :class:`QuerySyntaxError`."""
+    end_name: str | None = None
+    """How :meth:`error` names the end of the text after ``, found``; None: its messages do not say what was
+    found (the caret shows it)."""
 
     def __init__(self, text: str, toks: list[Token]) -> None:
         self.text = text
@@ -110,8 +162,13 @@ class TokenCursor:
     def tok(self) -> Token:
         return self.toks[self.i]
 
-    def error(self, message: str, tok: Token | None = None) -> Exception:
-        raise NotImplementedError
+    def error(self, message: str, tok: Token | None = None) -> QuerySyntaxError:
+        """The language's :attr:`syntax_error` at ``tok`` (the current token without one); with :attr:`end_name`
+        the message goes on to say what was found there."""
+        t = tok or self.tok
+        if self.end_name is not None:
+            message += f", found {self.end_name if t.kind == 'end' else repr(t.text)}"
+        return self.syntax_error(message, self.text, t.pos)
 
     def advance(self) -> Token:
         t = self.toks[self.i]

@@ -16,7 +16,7 @@ from .alphabet import Alphabet
 from .automata import Dfa
 from .checker import CheckerCounters, ConstraintChecker, TraceState, Verdict, query_dfa
 from .pattern import PatternPosition, SequencePattern, parse_pattern
-from .regex import Cond, ConstraintError, Sym, parse_constraint
+from .regex import Cond, ConstraintError, ConstraintSyntaxError, Sym, parse_constraint
 
 __all__ = [
     "Alphabet",
@@ -24,6 +24,7 @@ __all__ = [
     "Cond",
     "ConstraintChecker",
     "ConstraintError",
+    "ConstraintSyntaxError",
     "Dfa",
     "PatternPosition",
     "SequencePattern",

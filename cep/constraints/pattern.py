@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .regex import Cond, ConstraintError, Sym, TokenStream
+from .regex import Cond, ConstraintError, ConstraintSyntaxError, Sym, TokenStream
 
 if TYPE_CHECKING:
     from cep.sase.query import Query
@@ -138,7 +138,7 @@ class _PatternParser(TokenStream):
         try:
             return SequencePattern(tuple(positions))
         except ConstraintError as exc:
-            raise ConstraintError(exc.message, self.text, 0) from None
+            raise ConstraintSyntaxError(exc.message, self.text, 0) from None
 
     def _position(self) -> PatternPosition:
         negated = False

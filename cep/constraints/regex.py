@@ -14,7 +14,8 @@ type named ``AB``: write ``A B`` for A followed by B.  A symbol with conditions 
 whose attributes satisfy all of them (Ex. 3.8's alphabet refinement); a condition on a missing attribute, or one
 that cannot compare (``'x' < 3``), is false, as in cep.sase.
 
-Errors are :class:`ConstraintError` with the 0-based ``position`` of the problem in the text.
+Errors are :class:`ConstraintSyntaxError` (a :class:`ConstraintError`) with the 0-based ``position`` of the problem
+in the text.
 """
 
 from __future__ import annotations
@@ -23,16 +24,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cep.lexer import COMPARISONS as _OPS
-from cep.lexer import Scalar, TokenCursor, canonical_op, is_literal, literal_value, token_pattern
+from cep.lexer import (
+    COMPARISONS,
+    QuerySyntaxError,
+    Scalar,
+    TokenCursor,
+    canonical_op,
+    is_literal,
+    literal_value,
+    token_pattern,
+    tokenize,
+)
 from cep.lexer import Token as Tok
-from cep.lexer import tokenize as _scan
 
 __all__ = [
     "Alt",
     "Cat",
     "Cond",
     "ConstraintError",
+    "ConstraintSyntaxError",
     "Node",
     "Opt",
     "Plus",
@@ -43,19 +53,20 @@ __all__ = [
 
 
 class ConstraintError(ValueError):
-    """A constraint or pattern text that does not parse, or a query the checker cannot use.
+    """A constraint or pattern the checker cannot use: a text that does not parse (:class:`ConstraintSyntaxError`),
+    a bad argument, a query it cannot key by trace."""
 
-    ``position`` is the 0-based character offset of the problem (None when the problem is not in a text)."""
-
-    def __init__(self, message: str, text: str = "", position: int | None = None) -> None:
+    def __init__(self, message: str) -> None:
         self.message = message
-        self.text = text
-        self.position = position
-        if position is None:
-            super().__init__(message)
-        else:
-            caret = " " * position + "^"
-            super().__init__(f"{message} at position {position}\n  {text}\n  {caret}")
+        super().__init__(message)
+
+
+class ConstraintSyntaxError(ConstraintError, QuerySyntaxError):
+    """A constraint or pattern text that does not parse (:class:`cep.lexer.QuerySyntaxError`: ``position``,
+    ``line``, ``column`` and the caret under the problem)."""
+
+    def __init__(self, message: str, text: str, position: int) -> None:
+        QuerySyntaxError.__init__(self, message, text, position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +82,7 @@ class Cond:
         if self.attr not in attrs:
             return False
         try:
-            return bool(_OPS[self.op](attrs[self.attr], self.value))
+            return bool(COMPARISONS[self.op](attrs[self.attr], self.value))
         except TypeError:
             return False
 
@@ -125,15 +136,14 @@ Node = Sym | Cat | Alt | Star | Plus | Opt
 _TOKEN = token_pattern(r"[()|*+?\[\],!]")
 
 
-def tokenize(text: str) -> list[Tok]:
-    return _scan(text, _TOKEN, ConstraintError)
-
-
 class TokenStream(TokenCursor):
     """Shared by the constraint parser and the pattern parser (cep.constraints.pattern)."""
 
+    syntax_error = ConstraintSyntaxError
+    end_name = "end of text"
+
     def __init__(self, text: str) -> None:
-        super().__init__(text, tokenize(text))
+        super().__init__(text, tokenize(text, _TOKEN, ConstraintSyntaxError))
 
     def at(self, text: str) -> bool:
         return self.tok.kind in ("punct", "op") and self.tok.text == text
@@ -142,11 +152,6 @@ class TokenStream(TokenCursor):
         if not self.at(text):
             raise self.error(f"expected {what}")
         return self.advance()
-
-    def error(self, message: str, tok: Tok | None = None) -> ConstraintError:
-        t = tok or self.tok
-        found = "end of text" if t.kind == "end" else repr(t.text)
-        return ConstraintError(f"{message}, found {found}", self.text, t.pos)
 
     def symbol(self) -> Sym:
         """``TYPE ['[' cond (',' cond)* ']']``."""
@@ -183,7 +188,7 @@ class TokenStream(TokenCursor):
 class _Parser(TokenStream):
     def parse(self) -> Node:
         if self.tok.kind == "end":
-            raise ConstraintError("empty constraint: give a regular expression over event types", self.text, 0)
+            raise ConstraintSyntaxError("empty constraint: give a regular expression over event types", self.text, 0)
         node = self._alternation()
         if self.tok.kind != "end":
             if self.at(")"):
@@ -222,12 +227,7 @@ class _Parser(TokenStream):
                 raise self.error("empty parentheses")
             node = self._alternation()
             if not self.at(")"):
-                raise ConstraintError(
-                    f"'(' at position {open_tok.pos} is not closed, found "
-                    f"{'end of text' if self.tok.kind == 'end' else repr(self.tok.text)}",
-                    self.text,
-                    self.tok.pos,
-                )
+                raise self.error(f"'(' at position {open_tok.pos} is not closed")
             self.advance()
             return node
         return self.symbol()

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cep.lexer import QuerySyntaxError
+
 __all__ = [
     "Interval",
     "IntervalBegin",
@@ -40,15 +42,9 @@ class IntervalError(Exception):
     """Base class of the interval engine's errors (bad query, bad configuration, bad input)."""
 
 
-class IntervalSyntaxError(IntervalError):
-    """A query text that does not parse; ``position`` is the 0-based character offset of the problem."""
-
-    def __init__(self, message: str, text: str, position: int) -> None:
-        self.message = message
-        self.text = text
-        self.position = position
-        caret = " " * position + "^"
-        super().__init__(f"{message} at offset {position}\n  {text}\n  {caret}")
+class IntervalSyntaxError(IntervalError, QuerySyntaxError):
+    """A query text that does not parse (:class:`cep.lexer.QuerySyntaxError`: ``position``, ``line``, ``column``
+    and the caret under the problem)."""
 
 
 @dataclass(frozen=True, slots=True)

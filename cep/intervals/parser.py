@@ -20,10 +20,19 @@ Without an alias an element's alias is its type name.  Errors are :class:`Interv
 
 from __future__ import annotations
 
-import re
 from typing import cast
 
-from cep.lexer import FLIPPED, Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, tokenize
+from cep.lexer import (
+    FLIPPED,
+    Scalar,
+    Token,
+    TokenCursor,
+    canonical_op,
+    is_literal,
+    literal_value,
+    token_pattern,
+    tokenize,
+)
 from cep.query_ast import PredOp, parse_element
 
 from .events import IntervalError, IntervalSyntaxError
@@ -32,28 +41,19 @@ from .relations import ALLEN_RELATIONS, EndpointRef
 
 __all__ = ["parse_iseq"]
 
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>\s+)
-  | (?P<number>-?\d+(?:\.\d+)?)
-  | (?P<string>'[^']*'|"[^"]*")
-  | (?P<caret>\^[-+])
-  | (?P<op><=|>=|!=|<>|==|=|<|>)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z]+)*)
-  | (?P<punct>[()\[\],;!.∧])
-    """,
-    re.VERBOSE,
-)
+_TOKEN = token_pattern(r"[()\[\],;!.∧]", name=r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z]+)*",
+                       extra=r"(?P<caret>\^[-+])")
+_ORDERINGS = frozenset({"<", "<=", "=", ">", ">="})
+"""The comparisons a TList atom may put between endpoints (any spelling :data:`cep.lexer.SPELLINGS` maps to one)."""
 _RELATIONS = {*ALLEN_RELATIONS, "overlap"}
 _ENDPOINT_WORDS = {"ts": "ts", "te": "te", "start": "ts", "end": "te"}
 
 
 class _Parser(TokenCursor):
-    def __init__(self, text: str) -> None:
-        super().__init__(text, tokenize(text, _TOKEN, IntervalSyntaxError, quote_char=False))
+    syntax_error = IntervalSyntaxError
 
-    def error(self, message: str, tok: Token | None = None) -> IntervalSyntaxError:
-        return IntervalSyntaxError(message, self.text, (tok or self.tok).pos)
+    def __init__(self, text: str) -> None:
+        super().__init__(text, tokenize(text, _TOKEN, IntervalSyntaxError))
 
     def is_and(self) -> bool:
         return self.is_kw("AND") or self.is_punct("∧")
@@ -136,15 +136,15 @@ class _Parser(TokenCursor):
         out: list[Constraint] = []
         left = endpoint()
         while j < len(toks):
-            op = toks[j]
-            if op.kind != "op" or op.text not in ("<", "<=", "=", "==", ">", ">="):
-                raise self.error("expected <, <=, =, > or >= between endpoints", op)
+            op = canonical_op(toks[j].text)
+            if toks[j].kind != "op" or op not in _ORDERINGS:
+                raise self.error("expected <, <=, =, > or >= between endpoints", toks[j])
             j += 1
             right = endpoint()
-            if op.text in (">", ">="):
-                out.append(Constraint(right, cast(ConstraintOp, op.text.replace(">", "<")), left))
+            if op in (">", ">="):
+                out.append(Constraint(right, cast(ConstraintOp, FLIPPED[op]), left))
             else:
-                out.append(Constraint(left, cast(ConstraintOp, "=" if op.text == "==" else op.text), right))
+                out.append(Constraint(left, cast(ConstraintOp, op), right))
             left = right
         if not out:
             raise self.error("a TList atom compares two endpoints", toks[0])

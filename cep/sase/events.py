@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cep.lexer import QuerySyntaxError
+
 __all__ = [
     "OutputKind", "SaseError", "SaseEvent", "SaseInputError", "SaseOutput", "SaseSyntaxError", "VerdictOutput",
     "match_output",
@@ -44,21 +46,9 @@ class SaseError(Exception):
     """Base class of the engine's errors."""
 
 
-class SaseSyntaxError(SaseError):
-    """A query text that does not parse; ``position`` is the 0-based character offset of the problem."""
-
-    def __init__(self, message: str, text: str, position: int) -> None:
-        self.message = message
-        self.text = text
-        self.position = position
-        line = text.count("\n", 0, position) + 1
-        line_start = text.rfind("\n", 0, position) + 1
-        self.line = line
-        self.column = position - line_start + 1
-        line_end = text.find("\n", position)
-        source_line = text[line_start : len(text) if line_end < 0 else line_end]
-        caret = " " * (position - line_start) + "^"
-        super().__init__(f"{message} at line {line}, column {self.column}\n  {source_line}\n  {caret}")
+class SaseSyntaxError(SaseError, QuerySyntaxError):
+    """A query text that does not parse (:class:`cep.lexer.QuerySyntaxError`: ``position``, ``line``, ``column``
+    and the caret under the problem)."""
 
 
 class SaseInputError(SaseError):

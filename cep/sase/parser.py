@@ -31,17 +31,16 @@ from .query import AttrRef, Element, Predicate, Query, normalize_predicate
 __all__ = ["UNIT_US", "parse_query"]
 
 _TOKEN = token_pattern(r"[(),!.\[\]]")
+
+
 class _Parser(TokenCursor):
     keywords = frozenset({"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"})
+    syntax_error = SaseSyntaxError
+    end_name = "end of query"
 
     def __init__(self, text: str) -> None:
         super().__init__(text, tokenize(text, _TOKEN, SaseSyntaxError))
         self._element_toks: list[Token] = []
-
-    def error(self, message: str, tok: Token | None = None) -> SaseSyntaxError:
-        t = tok or self.tok
-        found = "end of query" if t.kind == "end" else repr(t.text)
-        return SaseSyntaxError(f"{message}, found {found}", self.text, t.pos)
 
     def parse(self) -> Query:
         self.expect_kw("EVENT")

@@ -218,7 +218,8 @@ def test_unusable_records_are_reported_with_a_reason_never_dropped() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--query", "EVENT ISEQ[a.te < b.ts](A a, B b; 10"], "Invalid value for '--query': expected ')' at offset 36"),
+    (["--query", "EVENT ISEQ[a.te < b.ts](A a, B b; 10"],
+     "Invalid value for '--query': expected ')' at line 1, column 37"),
     (["--query", "EVENT ISEQ[a.te < b.ts](A a, !D d, B b; 10 s)"], "!d needs its end bounded below"),
     (["--query", "EVENT ISEQ[a.te < d.ts AND d.ts < b.ts](A a, !D d, B b; 10 s)"], "no result could ever be"),
     (["--query", GAP, "--levels", "LOW,x,HIGH"], "Invalid value for '--levels': level bounds must be numbers"),
