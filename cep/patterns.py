@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -48,7 +47,7 @@ from typing import Any, Literal
 import msgpack
 
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
-from cep.predicates import Condition, parse_condition
+from cep.predicates import Condition, ConditionCursor, parse_condition
 from contract.units import format_duration, parse_duration_us
 
 __all__ = [
@@ -165,45 +164,14 @@ class PatternSpec:
 
     @classmethod
     def parse(cls, text: str) -> PatternSpec:
-        m = re.match(r"\s*SEQ\s*\(", text, re.IGNORECASE)
-        if m is None:
-            raise ValueError("a pattern starts with SEQ(")
-        body, rest = _split_paren(text, m.end())
-        elements = []
-        for i, part in enumerate(_split_top_level(body)):
-            named = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:(?!=)", part)
-            name = named.group(1) if named else f"e{i + 1}"
-            cond = part[named.end() :] if named else part
-            elements.append(Element.parse(name, cond))
-        options: dict[str, Any] = {}
-        clause = re.compile(
-            r"\s*(?:PARTITION\s+BY\s+(?P<part>[A-Za-z_][\w.]*)"
-            r"|WITHIN\s+(?P<within>\d+(?:\.\d+)?\s*[A-Za-z]+)"
-            r"|MODE\s+(?P<mode>thesis|per_event)"
-            r"|MAX_UNCERTAINTY\s+(?P<bound>\d+(?:\.\d+)?\s*[A-Za-z]+)"
-            r"|EMIT\s+(?P<emit>eager|watermark))",
-            re.IGNORECASE,
-        )
-        pos = 0
-        while rest[pos:].strip():
-            cm = clause.match(rest, pos)
-            if cm is None:
-                raise ValueError(f"cannot parse pattern clause at {rest[pos:].strip()!r}")
-            if cm.group("part"):
-                options["partition_by"] = cm.group("part")
-            elif cm.group("within"):
-                options["within_us"] = parse_duration_us(cm.group("within"), require_unit=True)
-            elif cm.group("mode"):
-                options["mode"] = cm.group("mode").lower()
-            elif cm.group("bound"):
-                options["max_uncertainty_us"] = parse_duration_us(cm.group("bound"), require_unit=True)
-            else:
-                options["emit"] = cm.group("emit").lower()
-            pos = cm.end()
-        if "within_us" not in options:
-            raise ValueError("a pattern needs WITHIN <duration> (it bounds the matcher's memory)")
+        """The text form above; raises :class:`cep.predicates.ConditionSyntaxError` with the position."""
+        parser = _PatternParser(text)
+        elements, options = parser.parse()
         within = options.pop("within_us")
-        return cls(tuple(elements), within, **options)
+        try:
+            return cls(tuple(elements), within, **options)
+        except ValueError as exc:
+            raise parser.syntax_error(str(exc), text, 0) from None
 
     def to_text(self) -> str:
         """The text form (raises if an element uses a Python callable)."""
@@ -235,47 +203,62 @@ class PatternSpec:
         return cur
 
 
-def _structural(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
-    """(index, char) of every character outside string literals (quotes and escapes skipped)."""
-    quote: str | None = None
-    i = start
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
+class _PatternParser(ConditionCursor):
+    """``SEQ(element, ...) clause*`` (:class:`PatternSpec`'s text form); elements are ``[name:] condition``."""
+
+    end_word = "end of pattern"
+
+    def parse(self) -> tuple[list[Element], dict[str, Any]]:
+        """The elements, and the clauses as :class:`PatternSpec` options (``within_us`` always among them)."""
+        if not (self.is_kw("SEQ") and self.toks[self.i + 1].text == "("):
+            raise self.error("a pattern starts with SEQ(")
+        self.i += 2
+        elements = [self.element(1)]
+        while self.accept(","):
+            elements.append(self.element(len(elements) + 1))
+        if not self.accept(")"):
+            raise self.error(f"expected ',' or ')' after a pattern element, got {self.shown()!r}")
+        options: dict[str, Any] = {}
+        while self.tok.kind != "end":
+            self.clause(options)
+        if "within_us" not in options:
+            raise self.error("a pattern needs WITHIN <duration> (it bounds the matcher's memory)")
+        return elements, options
+
+    def element(self, number: int) -> Element:
+        name = f"e{number}"
+        if self.tok.kind == "name" and "." not in self.tok.text and self.toks[self.i + 1].text == ":":
+            name = self.advance().text
+            self.advance()
+        return Element(name, self.condition())
+
+    def clause(self, options: dict[str, Any]) -> None:
+        start = self.advance()
+        word = start.text.upper() if start.kind == "name" else ""
+        if word == "PARTITION" and self.accept("BY") and self.tok.kind == "name":
+            options["partition_by"] = self.advance().text
+        elif word == "WITHIN":
+            options["within_us"] = self.duration()
+        elif word == "MODE" and self.tok.text.lower() in ("thesis", "per_event"):
+            options["mode"] = self.advance().text.lower()
+        elif word == "MAX_UNCERTAINTY":
+            options["max_uncertainty_us"] = self.duration()
+        elif word == "EMIT" and self.tok.text.lower() in ("eager", "watermark"):
+            options["emit"] = self.advance().text.lower()
         else:
-            yield i, c
-        i += 1
+            raise self.error(f"cannot parse pattern clause at {self.text[start.pos :].strip()!r}", start)
 
-
-def _split_paren(text: str, start: int) -> tuple[str, str]:
-    """Text up to the parenthesis closing the one opened before ``start``, and what follows it."""
-    depth = 1
-    for i, c in _structural(text, start):
-        depth += {"(": 1, ")": -1}.get(c, 0)
-        if depth == 0:
-            return text[start:i], text[i + 1 :]
-    raise ValueError("unbalanced parentheses in pattern")
-
-
-def _split_top_level(body: str) -> list[str]:
-    parts: list[str] = []
-    depth = 0
-    cur = 0
-    for i, c in _structural(body):
-        depth += {"(": 1, ")": -1}.get(c, 0)
-        if c == "," and depth == 0:
-            parts.append(body[cur:i])
-            cur = i + 1
-    parts.append(body[cur:])
-    if any(not p.strip() for p in parts):
-        raise ValueError("empty pattern element")
-    return parts
+    def duration(self) -> int:
+        """``NUMBER UNIT`` in microseconds (:func:`contract.units.parse_duration_us`)."""
+        number = self.tok
+        if number.kind != "number" or not number.text.replace(".", "", 1).isdigit() or number.text.endswith("."):
+            raise self.error("expected a duration (a number and a unit, e.g. 2 s)")
+        self.advance()
+        unit = self.advance().text if self.tok.kind == "name" else ""
+        try:
+            return parse_duration_us(f"{number.text} {unit}", require_unit=True)
+        except ValueError as exc:
+            raise self.error(str(exc), number) from None
 
 
 # ---------------------------------------------------------------------------------------------------------- matches

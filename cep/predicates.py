@@ -22,13 +22,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from cep.lexer import COMPARISONS
+from cep.lexer import (
+    COMPARISONS,
+    PATTERN_SPELLINGS,
+    QuerySyntaxError,
+    TokenCursor,
+    canonical_op,
+    is_literal,
+    literal_value,
+    token_pattern,
+    tokenize,
+)
 
-__all__ = ["And", "Cmp", "Condition", "ConditionSyntaxError", "Not", "Or", "parse_condition"]
+__all__ = ["And", "Cmp", "Condition", "ConditionCursor", "ConditionSyntaxError", "Not", "Or", "parse_condition"]
 
 _MISSING = object()
-# This syntax spells equality ``==`` (``=`` is read as ``==``); otherwise the one comparison table.
-_OPS = {("==" if op == "=" else op): fn for op, fn in COMPARISONS.items()}
 
 
 def _lookup(payload: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -59,7 +67,7 @@ class Cmp:
     value: Any
 
     def __post_init__(self) -> None:
-        if self.op != "in" and self.op not in _OPS:
+        if self.op != "in" and self.op not in _SPELLED:
             raise ValueError(f"unknown operator {self.op!r}")
 
     def __call__(self, payload: Mapping[str, Any]) -> bool:
@@ -69,7 +77,7 @@ class Cmp:
         if self.op == "in":
             return bool(got in self.value)
         try:
-            return bool(_OPS[self.op](got, self.value))
+            return bool(COMPARISONS[canonical_op(self.op)](got, self.value))
         except TypeError:
             return False
 
@@ -124,130 +132,111 @@ def _wrap(c: Condition) -> str:
     return c.to_text() if isinstance(c, Cmp) else f"({c.to_text()})"
 
 
-_TOKEN = re.compile(
-    r"""\s*(?:
-        (?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
-      | (?P<num>-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)
-      | (?P<op>==|!=|<=|>=|<|>|=)
-      | (?P<punct>[(),])
-      | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-    )""",
-    re.VERBOSE,
+_TOKEN = token_pattern(
+    r"[(),:]",
+    number=r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?",
+    string=r"'(?:[^'\\]|\\.)*'" + "|" + r'"(?:[^"\\]|\\.)*"',
+    name=r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*",
 )
-_KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
+"""The pattern language's token rules: strings with backslash escapes, numbers with exponents, dotted field names
+(``:`` names a pattern's element, cep.patterns)."""
+_SPELLED = frozenset(PATTERN_SPELLINGS.values())
 
 
-class ConditionSyntaxError(ValueError):
-    """A condition that does not parse; ``position`` is the 0-based character offset of the problem, shown with a
-    caret under the text, as the other query languages' errors are (cep.sase.events.SaseSyntaxError)."""
-
-    def __init__(self, message: str, text: str, position: int) -> None:
-        self.message, self.text, self.position = message, text, position
-        super().__init__(f"{message} at column {position + 1} of the condition {text!r}\n  {text}\n  {' ' * position}^")
-
-
-def _tokenize(text: str) -> list[tuple[str, str, int]]:
-    """(kind, value, offset) per token, ending with ("end", "", len(text))."""
-    tokens: list[tuple[str, str, int]] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            start = len(text) - len(text[pos:].lstrip())
-            raise ConditionSyntaxError(f"unexpected character {text[start]!r}", text, start)
-        kind = m.lastgroup or ""
-        value, start = m.group(kind), m.start(kind)
-        if kind == "name" and value.lower() in _KEYWORDS:
-            kind, value = "kw", value.lower()
-        tokens.append((kind, value, start))
-        pos = m.end()
-    tokens.append(("end", "", len(text)))
-    return tokens
+def _pattern_op(text: str) -> str | None:
+    """The operator as a :class:`Cmp` spells it (``=`` reads as ``==``), or None for a spelling this language
+    does not read."""
+    if text in PATTERN_SPELLINGS:
+        return PATTERN_SPELLINGS[text]
+    return text if text in _SPELLED else None
 
 
-class _Parser:
+class ConditionSyntaxError(QuerySyntaxError):
+    """A condition, or a pattern of them (cep.patterns.PatternSpec.parse), that does not parse."""
+
+
+class ConditionCursor(TokenCursor):
+    """The condition grammar of the module docstring over the pattern language's tokens; cep.patterns reads a
+    pattern's elements with it."""
+
+    keywords = frozenset({"AND", "OR", "NOT", "IN", "TRUE", "FALSE", "NULL"})
+    syntax_error = ConditionSyntaxError
+    end_word = "end of condition"
+
     def __init__(self, text: str) -> None:
-        self.text = text
-        self.tokens = _tokenize(text)
-        self.i = 0
+        super().__init__(text, tokenize(text, _TOKEN, ConditionSyntaxError))
 
-    def peek(self) -> tuple[str, str] | None:
-        kind, value, _pos = self.tokens[self.i]
-        return None if kind == "end" else (kind, value)
+    def shown(self) -> str:
+        """The current token as messages show it: keywords in lower case, the end as :attr:`end_word`."""
+        t = self.tok
+        if t.kind == "end":
+            return self.end_word
+        return t.text.lower() if t.kind == "name" and t.text.upper() in self.keywords else t.text
 
-    def error(self, message: str) -> ConditionSyntaxError:
-        return ConditionSyntaxError(message, self.text, self.tokens[self.i][2])
+    def take(self, kind: str, text: str | None = None) -> str:
+        """The current token's text if it is a ``kind`` (a name that is no keyword), and ``text`` if given."""
+        t = self.tok
+        if t.kind != kind or (text is not None and t.text != text) or (kind == "name" and not self.at_name()):
+            raise self.error(f"expected {text or kind}, got {self.shown()!r}")
+        return self.advance().text
 
-    def take(self, kind: str, value: str | None = None) -> str:
-        tok = self.peek()
-        if tok is None or tok[0] != kind or (value is not None and tok[1] != value):
-            raise self.error(f"expected {value or kind}, got {tok[1] if tok else 'end of condition'!r}")
-        self.i += 1
-        return tok[1]
-
-    def accept(self, kind: str, value: str) -> bool:
-        tok = self.peek()
-        if tok is not None and tok == (kind, value):
-            self.i += 1
+    def accept(self, word: str) -> bool:
+        """Step over the keyword or punctuation ``word`` if it is the current token."""
+        if self.is_kw(word.upper()) or self.is_punct(word):
+            self.advance()
             return True
         return False
 
-    def parse(self) -> Condition:
-        cond = self.parse_or()
-        tok = self.peek()
-        if tok is not None:
-            raise self.error(f"unexpected {tok[1]!r}")
-        return cond
-
-    def parse_or(self) -> Condition:
-        parts = [self.parse_and()]
-        while self.accept("kw", "or"):
-            parts.append(self.parse_and())
+    def condition(self) -> Condition:
+        parts = [self.conjunction()]
+        while self.accept("or"):
+            parts.append(self.conjunction())
         return parts[0] if len(parts) == 1 else Or(tuple(parts))
 
-    def parse_and(self) -> Condition:
-        parts = [self.parse_not()]
-        while self.accept("kw", "and"):
-            parts.append(self.parse_not())
+    def conjunction(self) -> Condition:
+        parts = [self.negation()]
+        while self.accept("and"):
+            parts.append(self.negation())
         return parts[0] if len(parts) == 1 else And(tuple(parts))
 
-    def parse_not(self) -> Condition:
-        if self.accept("kw", "not"):
-            return Not(self.parse_not())
-        if self.accept("punct", "("):
-            inner = self.parse_or()
+    def negation(self) -> Condition:
+        if self.accept("not"):
+            return Not(self.negation())
+        if self.accept("("):
+            inner = self.condition()
             self.take("punct", ")")
             return inner
         field = self.take("name")
-        if self.accept("kw", "in"):
+        if self.accept("in"):
             self.take("punct", "(")
             values = [self.literal()]
-            while self.accept("punct", ","):
+            while self.accept(","):
                 values.append(self.literal())
             self.take("punct", ")")
             return Cmp(field, "in", tuple(values))
-        op = self.take("op")
-        return Cmp(field, "==" if op == "=" else op, self.literal())
+        op_tok = self.tok
+        op = _pattern_op(self.take("op"))
+        if op is None:
+            raise self.error(f"unknown comparison {op_tok.text!r} (use {', '.join(sorted(_SPELLED))})", op_tok)
+        return Cmp(field, op, self.literal())
 
     def literal(self) -> Any:
-        tok = self.peek()
-        if tok is None:
-            raise self.error("expected a literal, got end of condition")
-        kind, value = tok
-        if kind == "str":
-            self.i += 1
-            return re.sub(r"\\(.)", r"\1", value[1:-1])
-        if kind == "num":
-            self.i += 1
-            return float(value) if any(c in value for c in ".eE") else int(value)
-        if kind == "kw" and value in ("true", "false", "null"):
-            self.i += 1
-            return {"true": True, "false": False, "null": None}[value]
-        raise self.error(f"expected a literal, got {value!r}")
+        t = self.tok
+        if t.kind == "end":
+            raise self.error(f"expected a literal, got {self.end_word}")
+        if t.kind == "string":
+            self.advance()
+            return re.sub(r"\\(.)", r"\1", t.text[1:-1])
+        if is_literal(t) or self.is_kw("NULL"):
+            self.advance()
+            return None if t.text.upper() == "NULL" else literal_value(t)
+        raise self.error(f"expected a literal, got {self.shown()!r}")
 
 
 def parse_condition(text: str) -> Condition:
-    """Parse the condition syntax in the module docstring."""
-    return _Parser(text).parse()
+    """Parse the condition syntax in the module docstring; raises :class:`ConditionSyntaxError`."""
+    cursor = ConditionCursor(text)
+    cond = cursor.condition()
+    if cursor.tok.kind != "end":
+        raise cursor.error(f"unexpected {cursor.shown()!r}")
+    return cond

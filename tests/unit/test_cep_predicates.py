@@ -66,4 +66,4 @@ def test_a_syntax_error_names_its_position_with_a_caret(bad: str, message: str, 
         parse_condition(bad)
     assert (raised.value.message, raised.value.position) == (message, position)
     caret = " " * position + "^"
-    assert str(raised.value) == f"{message} at column {position + 1} of the condition {bad!r}\n  {bad}\n  {caret}"
+    assert str(raised.value) == f"{message} at line 1, column {position + 1}\n  {bad}\n  {caret}"
