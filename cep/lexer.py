@@ -200,6 +200,19 @@ class TokenCursor:
             raise self.error(f"expected {ch!r}")
         return self.advance()
 
+    def window(self, units: str) -> int:
+        """``NUMBER [unit]`` at the cursor in microseconds (:meth:`unit_factor`); it must come to a positive whole
+        number, which the error calls a whole number of ``units``."""
+        t = self.tok
+        if t.kind != "number" or t.text.startswith("-"):
+            raise self.error("expected a positive window length")
+        self.advance()
+        factor = self.unit_factor()
+        value = float(t.text) * factor if "." in t.text else int(t.text) * factor
+        if value != int(value) or int(value) <= 0:
+            raise self.syntax_error(f"the window must be a positive whole number of {units}", self.text, t.pos)
+        return int(value)
+
     def unit_factor(self) -> int:
         """Microseconds per unit of an optional unit name after a window's number (1 without one)."""
         if self.tok.kind != "name":

@@ -1,15 +1,17 @@
 """The query languages' shared AST (SASE's ``SEQ`` and ISEQ): attribute references, elements and the comparison
-predicates over them.  Comparisons use :data:`cep.lexer.COMPARISONS`, the one table all grammars read."""
+predicates over them, and the readers of both grammars for them.  Comparisons use :data:`cep.lexer.COMPARISONS`,
+the one table all grammars read."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from cep.lexer import COMPARISONS, Scalar, Token, TokenCursor
+from cep.lexer import COMPARISONS, FLIPPED, Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value
 
-__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "equality_key_attributes", "parse_element"]
+__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "equality_key_attributes", "parse_comparison",
+           "parse_element"]
 
 PredOp = Literal["=", "!=", "<", "<=", ">", ">="]
 
@@ -72,6 +74,35 @@ def parse_element(cursor: TokenCursor) -> tuple[Element, Token]:
     if paren:
         cursor.expect_punct(")")
     return Element(type_tok.text, alias_tok.text, negated), alias_tok
+
+
+def parse_operand(cursor: TokenCursor, aliases: Collection[str]) -> AttrRef | Scalar:
+    """A constant, or ``alias.attr`` naming one of ``aliases``, at the cursor."""
+    if is_literal(cursor.tok):
+        return literal_value(cursor.advance())
+    alias = cursor.name("alias.attr, a number or a string")
+    if alias.text not in aliases:
+        raise cursor.syntax_error(f"unknown alias {alias.text!r} (known: {', '.join(sorted(aliases))})", cursor.text,
+                                  alias.pos)
+    cursor.expect_punct(".")
+    attr = cursor.name("an attribute name after '.'")
+    return AttrRef(alias.text, attr.text)
+
+
+def parse_comparison(cursor: TokenCursor, aliases: Collection[str]) -> tuple[Predicate, Token]:
+    """``operand OP operand`` at the cursor, at least one side ``alias.attr``, stored attribute-first (``5 < a.x``
+    is ``a.x > 5``); with its first token (for errors about the whole condition)."""
+    start = cursor.tok
+    left = parse_operand(cursor, aliases)
+    if cursor.tok.kind != "op":
+        raise cursor.error("expected a comparison (=, !=, <, <=, >, >=)")
+    op = canonical_op(cursor.advance().text)
+    right = parse_operand(cursor, aliases)
+    if not isinstance(left, AttrRef):
+        if not isinstance(right, AttrRef):
+            raise cursor.syntax_error("a condition must reference at least one alias.attr", cursor.text, start.pos)
+        left, right, op = right, left, FLIPPED[op]
+    return Predicate(left, cast(PredOp, op), right), start
 
 
 def equality_key_attributes(elements: Sequence[Element], predicates: Sequence[Predicate]) -> dict[str, str]:

@@ -22,21 +22,11 @@ from __future__ import annotations
 
 from typing import cast
 
-from cep.lexer import (
-    FLIPPED,
-    Scalar,
-    Token,
-    TokenCursor,
-    canonical_op,
-    is_literal,
-    literal_value,
-    token_pattern,
-    tokenize,
-)
-from cep.query_ast import PredOp, parse_element
+from cep.lexer import FLIPPED, Token, TokenCursor, canonical_op, token_pattern, tokenize
+from cep.query_ast import parse_comparison, parse_element
 
 from .events import IntervalError, IntervalSyntaxError
-from .query import AttrRef, Constraint, ConstraintOp, Element, IntervalQuery, Predicate, allen_constraints
+from .query import Constraint, ConstraintOp, Element, IntervalQuery, Predicate, allen_constraints
 from .relations import ALLEN_RELATIONS, EndpointRef
 
 __all__ = ["parse_iseq"]
@@ -76,21 +66,19 @@ class _Parser(TokenCursor):
             self.advance()
             elements.append(self.element())
         self.expect_punct(";")
-        window_us = self.window()
+        window_us = self.window("microseconds")
         self.expect_punct(")")
+        aliases = {e.alias for e in elements}
         predicates: list[Predicate] = []
         if self.is_kw("WHERE"):
             self.advance()
-            predicates.append(self.condition())
+            predicates.append(self.condition(aliases))
             while self.is_kw("AND"):
                 self.advance()
-                predicates.append(self.condition())
+                predicates.append(self.condition(aliases))
         if self.tok.kind != "end":
             raise self.error("unexpected text after the query")
-        aliases = {e.alias for e in elements}
-        constraints: list[Constraint] = []
-        for toks in raw_atoms:
-            constraints += self.atom(toks, aliases)
+        constraints = [c for toks in raw_atoms for c in self.atom(toks, aliases)]
         try:
             return IntervalQuery(elements, constraints, predicates, window_us, text=self.text)
         except IntervalError as exc:
@@ -153,41 +141,8 @@ class _Parser(TokenCursor):
     def element(self) -> Element:
         return parse_element(self)[0]
 
-    def window(self) -> int:
-        t = self.tok
-        if t.kind != "number":
-            raise self.error("expected the window (a number, optionally with a unit)")
-        self.advance()
-        factor = self.unit_factor()
-        value = float(t.text) * factor
-        if value <= 0 or value != int(value):
-            raise IntervalSyntaxError("the window must be a positive whole number of microseconds", self.text, t.pos)
-        return int(value)
-
-    def operand(self) -> AttrRef | Scalar:
-        if is_literal(self.tok):
-            return literal_value(self.advance())
-        t = self.tok
-        if t.kind == "name":
-            self.advance()
-            self.expect_punct(".")
-            if self.tok.kind != "name":
-                raise self.error("expected an attribute name")
-            return AttrRef(t.text, self.advance().text)
-        raise self.error("expected alias.attr or a constant")
-
-    def condition(self) -> Predicate:
-        start = self.tok
-        left = self.operand()
-        if self.tok.kind != "op":
-            raise self.error("expected a comparison operator")
-        op = canonical_op(self.advance().text)
-        right = self.operand()
-        if not isinstance(left, AttrRef):
-            if not isinstance(right, AttrRef):
-                raise self.error("a condition needs at least one alias.attr", start)
-            left, right, op = right, left, FLIPPED[op]
-        return Predicate(left, cast(PredOp, op), right)
+    def condition(self, aliases: set[str]) -> Predicate:
+        return parse_comparison(self, aliases)[0]
 
 
 def parse_iseq(text: str) -> IntervalQuery:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import itertools
 
-from cep.lexer import Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value, token_pattern, tokenize
-from cep.query_ast import parse_element
+from cep.lexer import Token, TokenCursor, token_pattern, tokenize
+from cep.query_ast import parse_comparison, parse_element
 from contract.units import UNIT_US
 
 from .events import SaseError, SaseSyntaxError
-from .query import AttrRef, Element, Predicate, Query, normalize_predicate
+from .query import AttrRef, Element, Predicate, Query
 
 __all__ = ["UNIT_US", "parse_query"]
 
@@ -72,7 +72,7 @@ class _Parser(TokenCursor):
             raise self.error("expected WITHIN <window> (a window is required: it bounds the engine's state)"
                              if self.tok.kind == "end" else "expected WHERE, AND or WITHIN")
         self.advance()
-        window = self.window()
+        window = self.window("time units")
         if self.tok.kind != "end":
             raise self.error("expected end of query")
         try:
@@ -86,7 +86,6 @@ class _Parser(TokenCursor):
         return element
 
     def condition(self, elements: list[Element]) -> list[Predicate]:
-        aliases = {e.alias for e in elements}
         if self.is_punct("["):
             self.advance()
             attr = self.name("an attribute name").text
@@ -95,44 +94,15 @@ class _Parser(TokenCursor):
                 Predicate(AttrRef(a.alias, attr), "=", AttrRef(b.alias, attr))
                 for a, b in itertools.pairwise(elements)
             ]
-        start = self.tok
-        left = self.operand(aliases)
-        if self.tok.kind != "op":
-            raise self.error("expected a comparison (=, !=, <, <=, >, >=)")
-        op = canonical_op(self.advance().text)
-        right = self.operand(aliases)
-        if not isinstance(left, AttrRef) and not isinstance(right, AttrRef):
-            raise SaseSyntaxError("a condition must reference at least one alias.attr", self.text, start.pos)
-        if isinstance(left, AttrRef) and isinstance(right, AttrRef):
+        predicate, start = parse_comparison(self, {e.alias for e in elements})
+        if isinstance(predicate.right, AttrRef):
             negated = {e.alias for e in elements if e.negated}
-            if left.alias in negated and right.alias in negated:
+            if predicate.aliases() <= negated:
                 raise SaseSyntaxError("a condition may not relate two negated elements", self.text, start.pos)
-            if left.alias == right.alias:
+            if predicate.left.alias == predicate.right.alias:
                 raise SaseSyntaxError("a condition must relate two different elements (or compare with a "
                                       "constant)", self.text, start.pos)
-        return [normalize_predicate(left, op, right)]
-
-    def operand(self, aliases: set[str]) -> AttrRef | Scalar:
-        if is_literal(self.tok):
-            return literal_value(self.advance())
-        alias = self.name("alias.attr, a number or a string")
-        if alias.text not in aliases:
-            raise SaseSyntaxError(f"unknown alias {alias.text!r} (known: {', '.join(sorted(aliases))})", self.text,
-                                  alias.pos)
-        self.expect_punct(".")
-        attr = self.name("an attribute name after '.'")
-        return AttrRef(alias.text, attr.text)
-
-    def window(self) -> int:
-        t = self.tok
-        if t.kind != "number" or t.text.startswith("-"):
-            raise self.error("expected a positive window length")
-        self.advance()
-        factor = self.unit_factor()
-        value = float(t.text) * factor if "." in t.text else int(t.text) * factor
-        if value != int(value) or int(value) <= 0:
-            raise SaseSyntaxError("the window must be a positive whole number of time units", self.text, t.pos)
-        return int(value)
+        return [predicate]
 
 
 def parse_query(text: str) -> Query:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cep.lexer import COMPARISONS, FLIPPED, Scalar
+from cep.lexer import COMPARISONS, Scalar, canonical_op
 from cep.query_ast import AttrRef, Element, Predicate, equality_key_attributes
 
 from .events import SaseError
@@ -280,8 +280,7 @@ class SeqBuilder:
         return self
 
     def where(self, left: str, op: str, right: AttrRef | Scalar) -> SeqBuilder:
-        if op == "==":
-            op = "="
+        op = canonical_op(op)
         if op not in COMPARISONS:
             raise SaseError(f"unknown comparison {op!r}; use one of {sorted(COMPARISONS)}")
         self._predicates.append(Predicate(ref(left), op, right))  # type: ignore[arg-type]
@@ -295,14 +294,3 @@ class SeqBuilder:
         if self._window is None:
             raise SaseError("a window is required (within(...)): without one no state could ever be purged")
         return Query(tuple(self._elements), tuple(self._predicates), self._window)
-
-
-def normalize_predicate(left: AttrRef | Scalar, op: str, right: AttrRef | Scalar) -> Predicate:
-    """Put an attribute on the left side (``5 < a.x`` becomes ``a.x > 5``)."""
-    if op == "==":
-        op = "="
-    if isinstance(left, AttrRef):
-        return Predicate(left, op, right)  # type: ignore[arg-type]
-    if isinstance(right, AttrRef):
-        return Predicate(right, FLIPPED[op], left)  # type: ignore[arg-type]
-    raise SaseError("a predicate needs at least one attribute reference")

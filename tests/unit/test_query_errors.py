@@ -130,3 +130,24 @@ def test_a_constant_first_comparison_is_flipped_the_same_way_in_sase_and_iseq() 
         sase = parse_query(f"EVENT SEQ(A a) WHERE 2 {op} a.x WITHIN 1").predicates[0]
         iseq = parse_iseq(f"EVENT ISEQ[](A a; 10) WHERE 2 {op} a.x").predicates[0]
         assert (str(sase), str(iseq)) == (f"a.x {flipped} 2", f"a.x {flipped} 2")
+
+
+def test_sase_and_iseq_read_conditions_and_windows_the_same_way() -> None:
+    for parse, text in [(parse_query, "EVENT SEQ(A a, B b) WHERE a.id = c.id WITHIN 5"),
+                        (parse_iseq, "EVENT ISEQ[a.te < b.ts](A a, B b; 5) WHERE a.id = c.id")]:
+        with pytest.raises(QuerySyntaxError) as unknown:
+            parse(text)
+        assert (unknown.value.message, unknown.value.position) == ("unknown alias 'c' (known: a, b)",
+                                                                   text.index("c.id"))
+    assert parse_query("EVENT SEQ(A a) WITHIN 2 ms").window == parse_iseq("EVENT ISEQ[](A a; 2 ms)").window_us == 2000
+    for parse, text in [(parse_query, "EVENT SEQ(A a) WITHIN -5"), (parse_iseq, "EVENT ISEQ[](A a; -5)")]:
+        with pytest.raises(QuerySyntaxError, match=r"^expected a positive window length") as negative:
+            parse(text)
+        assert negative.value.position == text.index("-5")
+
+
+def test_the_sase_builder_reads_the_table_s_spellings() -> None:
+    from cep.sase import SeqBuilder
+
+    query = SeqBuilder().event("A", "a").where("a.x", "==", 1).where("a.y", "<>", 2).within(5).build()
+    assert [str(p) for p in query.predicates] == ["a.x = 1", "a.y != 2"]
