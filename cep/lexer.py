@@ -10,7 +10,7 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from contract.units import UNIT_US
 
@@ -143,19 +143,21 @@ def literal_value(tok: Token) -> Scalar:
 
 
 class TokenCursor:
-    """A parser's position in its tokens; each grammar subclasses it and names its error class."""
+    """A parser's position in its tokens; each language subclasses it with its token rules and error class."""
 
     keywords: frozenset[str] = frozenset()
     """Upper-case words that :meth:`name` does not take as a name."""
+    token_rules: ClassVar[re.Pattern[str]]
+    """The language's :func:`token_pattern`."""
     syntax_error: type[QuerySyntaxError] = QuerySyntaxError
     """The language's subclass of :class:`QuerySyntaxError`."""
     end_name: str | None = None
     """How :meth:`error` names the end of the text after ``, found``; None: its messages do not say what was
     found (the caret shows it)."""
 
-    def __init__(self, text: str, toks: list[Token]) -> None:
+    def __init__(self, text: str) -> None:
         self.text = text
-        self.toks = toks
+        self.toks = tokenize(text, self.token_rules, self.syntax_error)
         self.i = 0
 
     @property

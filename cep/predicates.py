@@ -31,7 +31,6 @@ from cep.lexer import (
     is_literal,
     literal_value,
     token_pattern,
-    tokenize,
 )
 
 __all__ = ["And", "Cmp", "Condition", "ConditionCursor", "ConditionSyntaxError", "Not", "Or", "parse_condition"]
@@ -160,11 +159,9 @@ class ConditionCursor(TokenCursor):
     pattern's elements with it."""
 
     keywords = frozenset({"AND", "OR", "NOT", "IN", "TRUE", "FALSE", "NULL"})
+    token_rules = _TOKEN
     syntax_error = ConditionSyntaxError
     end_word = "end of condition"
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text, tokenize(text, _TOKEN, ConditionSyntaxError))
 
     def shown(self) -> str:
         """The current token as messages show it: keywords in lower case, the end as :attr:`end_word`."""

@@ -33,7 +33,6 @@ from cep.lexer import (
     is_literal,
     literal_value,
     token_pattern,
-    tokenize,
 )
 from cep.lexer import Token as Tok
 
@@ -139,11 +138,9 @@ _TOKEN = token_pattern(r"[()|*+?\[\],!]")
 class TokenStream(TokenCursor):
     """Shared by the constraint parser and the pattern parser (cep.constraints.pattern)."""
 
+    token_rules = _TOKEN
     syntax_error = ConstraintSyntaxError
     end_name = "end of text"
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text, tokenize(text, _TOKEN, ConstraintSyntaxError))
 
     def at(self, text: str) -> bool:
         return self.tok.kind in ("punct", "op") and self.tok.text == text

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from cep.lexer import FLIPPED, Token, TokenCursor, canonical_op, token_pattern, tokenize
+from cep.lexer import FLIPPED, Token, TokenCursor, canonical_op, token_pattern
 from cep.query_ast import parse_comparison, parse_element
 
 from .events import IntervalError, IntervalSyntaxError
@@ -40,10 +40,8 @@ _ENDPOINT_WORDS = {"ts": "ts", "te": "te", "start": "ts", "end": "te"}
 
 
 class _Parser(TokenCursor):
+    token_rules = _TOKEN
     syntax_error = IntervalSyntaxError
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text, tokenize(text, _TOKEN, IntervalSyntaxError))
 
     def is_and(self) -> bool:
         return self.is_kw("AND") or self.is_punct("∧")

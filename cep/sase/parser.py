@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 
-from cep.lexer import Token, TokenCursor, token_pattern, tokenize
+from cep.lexer import Token, TokenCursor, token_pattern
 from cep.query_ast import parse_comparison, parse_element
 from contract.units import UNIT_US
 
@@ -35,11 +35,12 @@ _TOKEN = token_pattern(r"[(),!.\[\]]")
 
 class _Parser(TokenCursor):
     keywords = frozenset({"EVENT", "SEQ", "WHERE", "AND", "WITHIN", "TRUE", "FALSE"})
+    token_rules = _TOKEN
     syntax_error = SaseSyntaxError
     end_name = "end of query"
 
     def __init__(self, text: str) -> None:
-        super().__init__(text, tokenize(text, _TOKEN, SaseSyntaxError))
+        super().__init__(text)
         self._element_toks: list[Token] = []
 
     def parse(self) -> Query:
