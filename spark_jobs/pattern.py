@@ -50,6 +50,9 @@ JOB_NAME = "pattern"
 log = logging.getLogger("skewless.spark")
 REASON_MAX_MATCHES = "max_matches_per_event"
 REASON_MAX_CANDIDATES = "max_candidates"
+STATE_VERSION = 2
+"""Version 2 (incremental snapshots): a matcher's encoding may carry an older watermark than the stream's, which
+replaces it on restore. Version 1 (no ``v``, the builds before) restores the same way."""
 
 
 @dataclass(frozen=True)
@@ -92,12 +95,26 @@ class PatternStreamCore:
         # Totals over the stream's partitions (a matcher is dropped once idle, its counters with it).
         self._truncated_matches = 0
         self._dropped_candidates = 0
+        # Incremental snapshots: each matcher's encoding as of the last snapshot, and the partitions changed since
+        # (None: not tracked before the first snapshot, which encodes every matcher).
+        self._encoded: dict[str, bytes] = {}
+        self._dirty: set[str] | None = None
         if blob is not None:
             state = msgpack.unpackb(blob, raw=False)
+            version = state.get("v", 1)
+            if version not in (1, STATE_VERSION):
+                raise ValueError(f"pattern job state of version {version!r}: this build reads versions 1 and "
+                                 f"{STATE_VERSION}")
             self.ta_us = state["ta_us"]
             self.watermark_us = state["watermark_us"]
             self._truncated_matches, self._dropped_candidates = state.get("truncated", (0, 0))
-            self.matchers = {part: UncertainPatternMatcher.restore(b, spec) for part, b in state["parts"].items()}
+            for part, encoded in state["parts"].items():
+                matcher = self.matchers[part] = UncertainPatternMatcher.restore(encoded, spec)
+                # A matcher no event, expiry or release touched since its encoding kept an older watermark; every
+                # matcher has seen every watermark of the stream, so the stream's is its own.
+                matcher.watermark_us = self.watermark_us
+            self._encoded = {part: bytes(encoded) for part, encoded in state["parts"].items()}
+            self._dirty = set()
 
     def on_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
         outputs: list[tuple[str, dict[str, Any]]] = []
@@ -127,6 +144,8 @@ class PatternStreamCore:
                                               reason="bad_payload", detail=str(exc))))
             return
         part = partition_text(self.spec.partition_key(payload))
+        if self._dirty is not None:
+            self._dirty.add(part)
         matcher = self.matchers.get(part)
         if matcher is None:
             matcher = self.matchers[part] = UncertainPatternMatcher(
@@ -161,11 +180,21 @@ class PatternStreamCore:
     def on_watermark(self, watermark_us: int) -> list[tuple[str, dict[str, Any]]]:
         self.watermark_us = watermark_us if self.watermark_us is None else max(self.watermark_us, watermark_us)
         outputs: list[tuple[str, dict[str, Any]]] = []
+        dirty = self._dirty
         for part in sorted(self.matchers):
             matcher = self.matchers[part]
-            outputs.extend(self._record(part, m) for m in matcher.on_watermark(watermark_us))
+            # Besides its watermark (the stream's, set on restore), a watermark changes a matcher only by expiring
+            # or forgetting candidates (counted) or releasing held matches.
+            counters = matcher.counters
+            before = (counters.expired, counters.forgotten, matcher.held)
+            released = matcher.on_watermark(watermark_us)
+            outputs.extend(self._record(part, m) for m in released)
+            if dirty is not None and (released or (counters.expired, counters.forgotten, matcher.held) != before):
+                dirty.add(part)
             if matcher.is_idle():
                 del self.matchers[part]
+                if dirty is not None:
+                    dirty.add(part)
         return outputs
 
     def truncated_matches(self) -> int:
@@ -182,12 +211,28 @@ class PatternStreamCore:
         self.ta_us = ta_us
         for matcher in self.matchers.values():
             matcher.set_ta_us(ta_us)
+        if self._dirty is not None:
+            self._dirty.update(self.matchers)
 
     def snapshot(self) -> bytes:
-        packed: bytes = msgpack.packb({"ta_us": self.ta_us, "watermark_us": self.watermark_us,
+        """The core's state, re-encoding only the matchers of the partitions that changed since the previous
+        snapshot (an event, an expiry, a release, a dropped matcher, a new T_a); the others keep their encoding."""
+        encoded = self._encoded
+        if self._dirty is None:
+            encoded.clear()
+            changed: list[str] | set[str] = list(self.matchers)
+        else:
+            changed = self._dirty
+        for part in changed:
+            matcher = self.matchers.get(part)
+            if matcher is None:
+                encoded.pop(part, None)
+            else:
+                encoded[part] = matcher.snapshot()
+        self._dirty = set()
+        packed: bytes = msgpack.packb({"v": STATE_VERSION, "ta_us": self.ta_us, "watermark_us": self.watermark_us,
                                        "truncated": [self._truncated_matches, self._dropped_candidates],
-                                       "parts": {p: m.snapshot() for p, m in self.matchers.items()}},
-                                      use_bin_type=True)
+                                       "parts": encoded}, use_bin_type=True)
         return packed
 
     def _record(self, part: str, match: PatternMatch) -> tuple[str, dict[str, Any]]:

@@ -201,6 +201,31 @@ def test_a_release_of_a_held_match_reaches_the_next_blob() -> None:
     assert restored.held_matches() == [] and restored.end_of_stream() == []
 
 
+@pytest.mark.parametrize(("k_slack_us", "run", "expected"), [
+    # K = 3: k7 brings L to 4, the checker reaches b4 (after A B only one K can follow: SEQ(A, K, K, C) can no
+    # longer match) and cuts the trace at 4, keeping k6 k7 (beyond the checker). a2 is below what the checker saw:
+    # the terminated trace is no longer followed and its state goes at once (early release); a2 itself is not
+    # processed, so the release is the only change to the partition in that step.
+    (3, [ev("A", 1, 1), ev("B", 4, 1), ev("K", 6, 1), ev("K", 7, 1), ev("A", 2, 1)],
+     [("monitor_terminated", ["b4"])]),
+    # Punctuations only: 11 terminates the trace at b10; a12 k13 k14 c15 come beyond the checker and their match
+    # is suspended; 16 lets the checker reach a12 (an A after a B breaks the workflow): the trace resumes at 12 and
+    # the suspended match goes out, on a punctuation step.
+    (None, [ev("A", 1, 1), ev("B", 10, 1), 11, ev("A", 12, 1), ev("K", 13, 1), ev("K", 14, 1), ev("C", 15, 1), 16],
+     [("monitor_terminated", ["b10"]), ("match", ["a12", "k13", "k14", "c15"])]),
+])
+def test_a_constraint_verdict_on_a_step_of_no_event_of_the_trace_reaches_the_next_blob(
+        k_slack_us: int | None, run: list[SaseEvent | int], expected: list[tuple[str, list[str]]]) -> None:
+    query = parse_query("EVENT SEQ(A a, K k1, K k2, C c) WHERE [id] WITHIN 1000")
+    config = EngineConfig(k_slack_us=k_slack_us, allowed_lateness_us=0, constraint="A+ K* B+ K C+")
+    engine = SequenceEngine(query, config)
+    outputs: list[SaseOutput] = []
+    for step in run:
+        outputs += engine.on_punctuation(step) if isinstance(step, int) else engine.on_event(step)
+        assert_same_state(query, config, engine.incremental_snapshot(), engine)
+    assert [(o.kind, [e.event_id for e in o.events]) for o in outputs] == expected
+
+
 def test_only_the_changed_keys_are_encoded_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cost of a snapshot: one partition encoded per key that changed, none for the others."""
     encoded: list[int] = []
