@@ -68,6 +68,8 @@ READY_TIMEOUT_S = 90.0
 BALANCE_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
 WORKER_PREFIX = "worker "
+# A run during which other processes kept fewer cores than this busy counts as having the machine to itself.
+QUIET_CORES = 0.3
 
 
 # ------------------------------------------------------------------------------------- pure helpers (tested)
@@ -532,14 +534,22 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
                             for label, rows in by_label.items())
     pairs = [(a, b) for a in by_label[one.label] for b in by_label.get(many.label, []) if a.round == b.round]
     pair_text = ", ".join(f"round {a.round} {b.events_per_s / a.events_per_s:.2f}x" for a, b in pairs)
-    starved = [r for r in runs if r.cores(r.others_cpu_s) > 0.3]
-    starved_text = ("" if not starved else " Runs during which other processes kept more than 0.3 cores busy: "
+    starved = [r for r in runs if r.cores(r.others_cpu_s) >= QUIET_CORES]
+    starved_text = ("" if not starved else f" Runs during which other processes kept {QUIET_CORES} cores or more busy: "
                     + ", ".join(f"round {r.round} {r.label} ({r.cores(r.others_cpu_s):.2f} cores)" for r in starved)
                     + ".")
     bound_all = host_throughput_bound(cores, [g_us, b_us, l_us])
     gain = many.events_per_s / one.events_per_s
     ratios = [b.events_per_s / a.events_per_s for a, b in pairs]
     spread = f"{min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else ""
+    quiet = [(a, b) for a, b in pairs if max(a.cores(a.others_cpu_s), b.cores(b.others_cpu_s)) < QUIET_CORES]
+    quiet_text = (
+        f" In the rounds where other processes held less than {QUIET_CORES} cores in both runs: " + "; ".join(
+            f"round {a.round}, {b.events_per_s / a.events_per_s:.2f}x ({a.events_per_s:,.0f} -> "
+            f"{b.events_per_s:,.0f} events/s, gateway cores {a.cores(a.gateway_cpu_s):.2f} -> "
+            f"{b.cores(b.gateway_cpu_s):.2f})" for a, b in quiet) + "." if quiet else
+        f" No round had the machine to itself (other processes held at least {QUIET_CORES} cores during one of its "
+        "runs or both), so this page does not show what a second worker buys on 2 otherwise idle cores.")
     verdict = ("" if not ratios else f" It was faster in every round ({spread} round by round)." if min(ratios) > 1
                else f" It was slower in every round ({spread})." if max(ratios) < 1
                else f" Round by round the ratio ranged from {spread}: this run shows no gain beyond its own noise.")
@@ -611,7 +621,7 @@ worker turns into throughput only CPU that nobody else takes. During the {many.l
 {many.others_cores:.2f} of the {cores} cores and the machine was idle {idle[many.label]:.2f} cores; the broker
 took {many.broker_cores:.2f}. The gateway got {one.gateway_cores:.2f} cores as one process and
 {many.gateway_cores:.2f} as two workers ({many.gateway_cores - one.gateway_cores:+.2f}): that difference, not a
-second core, is what the second worker bought on this machine.
+second core, is what the second worker bought on this machine.{quiet_text}
 
 ## Scaling model (from this run's figures only)
 
