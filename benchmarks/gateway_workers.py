@@ -4,7 +4,8 @@ limit, the CPU per event of every process, and the scaling model those figures g
 One broker (broker.launcher.KafkaBroker), in one run: (a) one gateway process (no --workers flag) and (b) `skewless
 gateway --workers 2` (a parent that starts 2 worker processes of one cluster), both `--core native --shards S`
 (default 4, so each worker of (b) serves S/2 shards; (a) serves all S in one process), transactions on and acks at
-commits (the defaults), time sync off. The configurations alternate (a, b, a, b, ... --rounds times); after each
+commits (the defaults), time sync off. After one discarded warm-up run of each (the broker's JIT), the
+configurations alternate (a, b, a, b, ... --rounds times); after each
 round one plain confluent-kafka producer replays that round's (a) records (same keys, values and partitions) into
 the same broker: the limit of one Python writer here.
 
@@ -15,7 +16,8 @@ redirects is followed and counted. A run ends when every source holds the ack of
 and late topics are read back and every event must be there exactly once (none lost, none duplicated).
 
 CPU: user + system seconds from /proc, before and after the load, of the gateway's whole process tree (the parent
-and every descendant: the workers), of the broker's JVM and of this process (the load generator).
+and every descendant: the workers), of the first thread of each of them, of the broker's JVM and of this process
+(the load generator); from /proc/stat, the machine's busy time, so what other tenants took shows too.
 
 Writes docs/gateway-workers.md, docs/gateway-workers.png and docs/gateway-workers.json (the figures; the page can
 be rewritten from it with --report-from-saved).
