@@ -7,6 +7,10 @@ that builds result dicts), ``state`` = restoring and snapshotting the group stat
 (pandas chunk to columns, sorting, punctuations, T_a, JSON encoding of the results, the output frame).
 
 Run: .venv/bin/python benchmarks/spark_cep_profile.py (benchmarks/spark_three_window.py calls it for its report).
+``--keys N`` spreads the events over N partition keys (default 50: every key gets events in every micro-batch);
+with many keys and small batches each batch touches a few of them, which is what an incremental snapshot is for.
+``--jobs``, ``--events``, ``--batches`` pick a subset and the batch shape, ``--no-tree`` skips the call tree (e.g. to
+run this script against an older checkout's code: ``PYTHONPATH=<checkout> python benchmarks/spark_cep_profile.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ BASE_US = 1_700_000_000_000_000
 SEQUENCE_QUERY = "EVENT SEQ(A a, B b, C c) WHERE a.id = b.id AND b.id = c.id WITHIN 20 ms"
 PATTERN = "SEQ(a: type == 'A', b: type == 'B') PARTITION BY id WITHIN 10 ms MODE per_event MAX_UNCERTAINTY 1 ms"
 PROFILED_JOBS = ("three_window", "window_count", "pattern", "sequence")
+DEFAULT_KEYS = 50
 
 
-def chunk(events: int, batch: int, *, jvm_value: bool) -> Any:
+def chunk(events: int, batch: int, *, jvm_value: bool, keys: int = DEFAULT_KEYS) -> Any:
     """One stream's micro-batch as Spark hands it to Python: the benchmark's events (10k/s of event time, 10
-    sources, payload value/type/id), the columns the job ships."""
+    sources, payload value/type/id with ``keys`` ids in turn), the columns the job ships."""
     import pandas as pd
 
     i = np.arange(batch * events, (batch + 1) * events)
@@ -37,7 +42,7 @@ def chunk(events: int, batch: int, *, jvm_value: bool) -> Any:
         "source_id": [f"src-0-{k % 10}" for k in i], "seq": i // 10, "ref_ts_us": BASE_US + i * 100,
         "uncertainty_us": np.full(events, 500), "watermark_us": np.full(events, np.nan),
         "rtt_us": np.full(events, np.nan), "late": [False] * events, "late_reason": [None] * events,
-        "payload": [orjson.dumps({"value": float(k % 97), "type": "ABC"[k % 3], "id": int(k % 50)}).decode()
+        "payload": [orjson.dumps({"value": float(k % 97), "type": "ABC"[k % 3], "id": int(k % keys)}).decode()
                     for k in i],
         "topic": ["p.events.a"] * events, "partition": np.zeros(events, dtype=np.int32), "offset": i})
     if jvm_value:
@@ -109,7 +114,7 @@ def factories() -> dict[str, Callable[[str, bytes | None], Any]]:
     }
 
 
-def phase_costs(job: str, events: int = 100_000, batches: int = 2) -> dict[str, float]:
+def phase_costs(job: str, events: int = 100_000, batches: int = 2, keys: int = DEFAULT_KEYS) -> dict[str, float]:
     """Seconds per phase over ``batches`` micro-batches of ``events`` each (the state grows as in the benchmark:
     its one punctuation comes last), and the blob size after them."""
     from spark_jobs.stateful import make_stream_function
@@ -126,7 +131,7 @@ def phase_costs(job: str, events: int = 100_000, batches: int = 2) -> dict[str, 
     apply = make_stream_function(job, factory, lambda _s: ("p.events.a", 1))
     state = _State()
     for b in range(batches):
-        frame = chunk(events, b, jvm_value=job == "three_window")
+        frame = chunk(events, b, jvm_value=job == "three_window", keys=keys)
         started = time.perf_counter()
         for _out in apply(("a",), iter([frame]), state):
             pass
@@ -154,18 +159,27 @@ def write_profile_tree(jobs: tuple[str, ...] = PROFILED_JOBS) -> Path:
 
 
 def main() -> None:
-    import sys
+    import argparse
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="also write the phases as JSON (spark_three_window.py --phases-json)")
+    parser.add_argument("--jobs", nargs="+", choices=PROFILED_JOBS, default=list(PROFILED_JOBS))
+    parser.add_argument("--events", type=int, default=100_000, help="events per micro-batch")
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--keys", type=int, default=DEFAULT_KEYS, help="partition keys (payload ids) in turn")
+    parser.add_argument("--no-tree", action="store_true", help="skip the pyinstrument call tree")
+    args = parser.parse_args()
     phases = {}
-    for job in PROFILED_JOBS:
-        spent = phases[job] = phase_costs(job)
+    for job in args.jobs:
+        spent = phases[job] = phase_costs(job, args.events, args.batches, args.keys)
         per = {k: spent[k] * 1e6 / spent["events"] for k in ("shell", "state", "core", "total")}
         print(f"{job:>13}: " + "  ".join(f"{k} {v:5.1f} us/event" for k, v in per.items())
-              + f"  blob {spent['blob_bytes'] / 1e6:.1f} MB", flush=True)
-    print(f"wrote {write_profile_tree()}")
-    if len(sys.argv) > 2 and sys.argv[1] == "--json":
+              + f"  blob {spent['blob_bytes'] / 1e6:.2f} MB", flush=True)
+    if not args.no_tree:
+        print(f"wrote {write_profile_tree()}")
+    if args.json is not None:
         # For benchmarks/spark_three_window.py --phases-json (the report without profiling again).
-        Path(sys.argv[2]).write_bytes(orjson.dumps(phases))
+        args.json.write_bytes(orjson.dumps(phases))
 
 
 if __name__ == "__main__":
