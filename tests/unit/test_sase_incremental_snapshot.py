@@ -208,6 +208,8 @@ def test_a_release_of_a_held_match_reaches_the_next_blob() -> None:
     # processed, so the release is the only change to the partition in that step.
     (3, [ev("A", 1, 1), ev("B", 4, 1), ev("K", 6, 1), ev("K", 7, 1), ev("A", 2, 1)],
      [("monitor_terminated", ["b4"])]),
+    # Punctuations only: 11 lets the checker reach b10, which terminates the trace: its state up to 10 goes (cut).
+    (None, [ev("A", 1, 1), ev("B", 10, 1), 11], [("monitor_terminated", ["b10"])]),
     # Punctuations only: 11 terminates the trace at b10; a12 k13 k14 c15 come beyond the checker and their match
     # is suspended; 16 lets the checker reach a12 (an A after a B breaks the workflow): the trace resumes at 12 and
     # the suspended match goes out, on a punctuation step.
@@ -224,6 +226,23 @@ def test_a_constraint_verdict_on_a_step_of_no_event_of_the_trace_reaches_the_nex
         outputs += engine.on_punctuation(step) if isinstance(step, int) else engine.on_event(step)
         assert_same_state(query, config, engine.incremental_snapshot(), engine)
     assert [(o.kind, [e.event_id for e in o.events]) for o in outputs] == expected
+
+
+def test_a_released_match_forgotten_past_the_allowed_lateness_reaches_the_next_blob() -> None:
+    """<a1 b4> is released at 9 and kept while a late C within A = 6 could still fall into (4, 9); the
+    punctuation at 16 forgets it (9 <= 16 - 6) with no event of its key: the blob must not keep it."""
+    query = parse_query("EVENT SEQ(A a, B b, !(C c)) WHERE [id] WITHIN 8")
+    config = EngineConfig(allowed_lateness_us=6)
+    engine = SequenceEngine(query, config)
+    engine.on_event(ev("A", 1, 1))
+    engine.on_event(ev("B", 4, 1))
+    assert [o.kind for o in engine.on_punctuation(9)] == ["match"]
+    assert engine.counters.released_retained == 1
+    assert_same_state(query, config, engine.incremental_snapshot(), engine)
+    assert engine.on_punctuation(16) == [] and engine.counters.released_retained == 0
+    restored = SequenceEngine.restore(query, config, engine.incremental_snapshot())
+    assert restored.counters.released_retained == 0
+    assert_same_state(query, config, engine.incremental_snapshot(), engine)
 
 
 def test_only_the_changed_keys_are_encoded_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,3 +171,25 @@ def test_a_pattern_state_of_an_unknown_version_is_refused_by_name() -> None:
     blob = msgpack.packb({"v": 7, "ta_us": 0, "watermark_us": None, "parts": {}}, use_bin_type=True)
     with pytest.raises(ValueError, match="version 7"):
         factory_of("pattern_eager")("s", blob)
+
+
+def test_a_watermark_alone_reaches_the_pattern_blob() -> None:
+    """Key 1's only event is of no element (its matcher buffers nothing), key 2's A is buffered; a later watermark
+    with no event drops key 1's idle matcher and moves key 2's A past the on-time horizon (kept for late events):
+    both must reach the next blob, and a late B of key 2 (at 9 ms: behind the watermark by the allowed 2 ms, within
+    8 ms of the A) then matches the A in the restored core as in the kept one."""
+    core = factory_of("pattern_eager")("s", None)
+    payloads = [{"type": "X", "id": 1}, {"type": "A", "id": 2}]
+    assert core.on_rows([{"payload": orjson.dumps(p).decode(), "ref_ts_us": 1_000 + i, "uncertainty_us": 0,
+                          "source_id": "src", "seq": i} for i, p in enumerate(payloads)]) == []
+    assert sorted(core.matchers) == ["1", "2"]
+    core.snapshot()
+    assert core.on_watermark(11_000) == []  # 1_001 + 8 ms window + 1 ms uncertainty bound < 11_000
+    assert sorted(core.matchers) == ["2"] and core.matchers["2"].retained == 1
+    restored = factory_of("pattern_eager")("s", core.snapshot())
+    assert full_state(restored) == full_state(core)
+    late_b = [{"payload": orjson.dumps({"type": "B", "id": 2}).decode(), "ref_ts_us": 9_000, "uncertainty_us": 0,
+               "source_id": "src", "seq": 9}]
+    matched = restored.on_rows(late_b)
+    assert [v["late"] for _, v in matched] == [True]
+    assert matched == core.on_rows(late_b)
