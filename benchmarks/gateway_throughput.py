@@ -12,7 +12,7 @@ of one Python writer here, and what headers cost it. Every source count runs the
 --cores (and once for the --before tree), in alternating order from one source count to the next, so that neither
 core always runs first on a warming or cooling machine. Writes docs/gateway-benchmark.md, its JSON and a PNG.
 
-Run: .venv/bin/python benchmarks/gateway_throughput.py [--events 200000] [--cores python native]
+Run: .venv/bin/python -m benchmarks.gateway_throughput [--events 200000] [--cores python native]
      [--py-spy docs/gateway-profile-e2e.txt]
 """
 
@@ -395,10 +395,11 @@ def cores_side_by_side(results: list[RunResult], limit: PlainResult) -> str:
         cpu.append(f"**not less** at {counts(dearer)}")
     return f"""## The python core and the native core, side by side (same broker, same run)
 
-`skewless gateway --core python` runs the Python cores; `--core native` replaces three of them with the Rust ones
+`skewless gateway --core python` runs the Python cores; `--core native` replaces four of them with the Rust ones
 of native/ (gateway/native.py): the connection decoder (frame split, msgpack decode, validation) in each session,
-the sequence reorderer of each (source, stream) and the record bytes (one RecordBuilder call per batch). Dedup, the
-reference mapping, the merger and the per-record produce loop run in Python with either core. At each source count the two ran one after the other, in alternating order.
+the sequence reorderer of each (source, stream), the merger of each stream and the record bytes (one RecordBuilder
+call per batch). Dedup, the reference mapping, the pipeline's glue and the per-record produce loop run in Python
+with either core. At each source count the two ran one after the other, in alternating order.
 
 | sources | python core events/s | native core events/s | native / python | python of plain producer | native of plain producer | python CPU us/event | native CPU us/event | native / python CPU |
 |---|---|---|---|---|---|---|---|---|
@@ -497,9 +498,10 @@ Next levers, by expected gain:
 1. Target 1: more than one core. A gateway process per core (`--workers N`, shards across processes as
    docs/cluster.md does across machines; the merge is per shard already). This run's gateway CPU per event at 20
    sources ({per_core}) against {limit.cpu_us_per_event:.1f} us for the plain producer's produce call and callback.
-2. Target 1: the rest of the per-event path native. `--core native` takes the decoder and the sequence
-   reorderers; the merger and the record bytes (both in native/, held to the Python cores by differential tests,
-   docs/native.md) and the per-record produce loop still run in Python for every event.
+2. Target 1: the rest of the per-event path native. `--core native` takes the decoder, the sequence reorderers,
+   the mergers and the record bytes (held to the Python cores by differential tests, docs/native.md); the
+   pipeline's glue between them (a Python object or two per event and per core call), the dedup and the
+   per-record produce loop still run in Python for every event: the fused pipeline (one call per batch) is next.
 3. Target 2: sources that send more often than they batch (1 ms frames, or a heartbeat when a frame is due but
    empty) lower the floor; the gateway can only wait for what the sources promise. Measured on a quiet machine,
    the p99 should then be the frame interval plus the scheduling slip of the sources' hosts.
@@ -616,7 +618,10 @@ has moved past an event's reference time, so the others' next frames bound an ev
 |---|---|---|---|---|---|---|---|---|---|
 {paced_rows}
 {linger_section}
-{analysis(results, plain, paced, load)}""")
+{analysis(results, plain, paced, load)}
+`--workers N` against one process in one run, and the scaling model (events/s per core, broker CPU per event): \
+[gateway-workers.md](gateway-workers.md).
+""")
 
 
 def variants_for(cores: list[str], before: Path | None) -> list[Variant]:
