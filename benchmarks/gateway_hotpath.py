@@ -273,7 +273,7 @@ f" and of the checkout before ({before_label or before})" if before is not None 
 statistics.median(gc_off["native"]):.2f} | {statistics.median(gc_off["native"]) / statistics.median(gc_off["python"]):.2f} | |
 
 The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmarks/native_decode.py
-measures it alone; tests/unit/test_native_decode.py checks they give the same events). In this loop both cores still
+measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In this loop both cores still
 make the same Python objects per event (IncomingEvent, SourceEvent, EventRecord, DeliveryRef, Produce), and their
 allocation and garbage collection stay a floor under either core. On this shared machine the native / python ratio
 of the total varied from run to run of this script: 1.03, 0.99 and 0.81 in three runs at loads 2.7-3.8 on the day
@@ -323,7 +323,7 @@ CHANGES = """
   together (with rule 9's mappings for a synced source): an event that is its reorderer's next seq with nothing
   buffered is released by `SequenceReorderer.take_in_order` (a few attribute updates), and a frame's run of such
   events enters the merge in one `MultiSourceMerger.push_run`, drained once instead of once per event. The records
-  are the same, in the same order (tests/unit/test_reorder_pipeline.py compares both paths); a punctuation now
+  are the same, in the same order (tests/unit/reorder/test_reorder_pipeline.py compares both paths); a punctuation now
   follows a run instead of falling inside it, with the watermark the run leaves.
 - Topic names are cached per stream (the name check was ~5 % of the ingest stage), DeliveryRef and Produce are
   plain slotted dataclasses (a frozen one pays object.__setattr__ per field), the merge's drain replaces the head

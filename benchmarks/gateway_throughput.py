@@ -447,7 +447,7 @@ def analysis(results: list[RunResult], plain: list[PlainResult], paced: list[Pac
 silences are being learned), the merge gives up on it and its later events go to the late topic ("late" column;
 exactly once still holds: counted on the late topic, none lost). The two cores decide alike on the same input (the
 differential tests drive the Python and the native decoder and reorderer with the same frames and require identical
-output: tests/unit/test_native_decode.py, tests/unit/test_native_sequence.py), but arrival times differ from run to
+output: tests/unit/native/test_native_decode.py, tests/unit/native/test_native_sequence.py), but arrival times differ from run to
 run, so late counts that differ between rows come from the schedule.""" if any(r.late for r in results)
             else "No run sent an event late.")
     header_cost_us = with_headers.cpu_us_per_event - limit.cpu_us_per_event

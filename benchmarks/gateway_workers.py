@@ -541,6 +541,26 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
                     + ", ".join(f"round {r.round} {r.label} ({r.cores(r.others_cpu_s):.2f} cores)" for r in starved)
                     + ".")
     bound_all = host_throughput_bound(cores, [g_us, b_us, l_us])
+    this = run_summary(meta, runs)
+    listed = sorted([*meta.get("other_runs", []), this], key=lambda o: str(o["when"]))
+    other_rows = "\n".join(
+        f"| {o['when']}{' (this page)' if o is this else ''} | {o['commit']} | {o['rounds']} | "
+        f"{o['one_events_per_s']:,.0f} | {o['many_events_per_s']:,.0f} | "
+        f"{o['many_events_per_s'] / o['one_events_per_s']:.2f}x | "
+        + ", ".join(f"{x:.2f}x" for x in o["ratios"])
+        + f" | {o['one_gateway_us']:.1f} / {o['many_gateway_us']:.1f} | {o['one_broker_us']:.1f} / "
+        f"{o['many_broker_us']:.1f} | {o['one_others_cores']:.2f} / {o['many_others_cores']:.2f} |" for o in listed)
+    other_section = "" if not meta.get("other_runs") else f"""## This page's run among the other runs of the day
+
+The same script with the same settings, run {len(listed)} times on this machine on the same day (code at the
+commits listed: the measurement was the same in all of them; only the page's prose changed). This page shows
+one of them in full; the others' means, side by side (each "1 process / {many.label}"):
+
+| run (UTC) | commit | rounds | 1 process events/s | {many.label} events/s | ratio of means | ratio round by round | gateway CPU us/event | broker CPU us/event | other processes, cores |
+|---|---|---|---|---|---|---|---|---|---|
+{other_rows}
+
+"""
     gain = many.events_per_s / one.events_per_s
     ratios = [b.events_per_s / a.events_per_s for a, b in pairs]
     spread = f"{min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else ""
@@ -631,7 +651,7 @@ took {many.broker_cores:.2f}. The gateway got {one.gateway_cores:.2f} cores as o
 {many.gateway_cores:.2f} as two workers ({many.gateway_cores - one.gateway_cores:+.2f}): that difference, not a
 second core, is what the second worker bought on this machine.{quiet_text}
 
-## Scaling model (from this run's figures only)
+{other_section}## Scaling model (from this run's figures only)
 
 Per acknowledged event, with {many.label} (means of its rounds): gateway **{g_us:.1f} us** of CPU (all its
 processes; of which {m_us:.1f} us in the workers' main threads), broker **{b_us:.1f} us** (one node, transactions
@@ -697,8 +717,28 @@ def save_results(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
                                       "plain": [asdict(p) for p in plain]}, option=orjson.OPT_INDENT_2))
 
 
-def report_from_saved() -> None:
+def run_summary(meta: Mapping[str, Any], runs: Sequence[WorkersRun]) -> dict[str, Any]:
+    """One line of "other runs": a whole run's per-configuration means."""
+    one, *more = summarize(runs)
+    many = more[0] if more else one
+    return {"when": meta["when"], "commit": meta["commit"], "rounds": meta["rounds"],
+            "one_events_per_s": one.events_per_s, "many_events_per_s": many.events_per_s,
+            "ratios": [b.events_per_s / a.events_per_s for a in runs for b in runs
+                       if a.round == b.round and a.label == one.label and b.label == many.label],
+            "one_gateway_us": one.gateway_us, "many_gateway_us": many.gateway_us, "one_broker_us": one.broker_us,
+            "many_broker_us": many.broker_us, "one_others_cores": one.others_cores,
+            "many_others_cores": many.others_cores}
+
+
+def report_from_saved(other_runs: Sequence[Path] = ()) -> None:
+    """Rewrite the page from RESULTS; ``other_runs``: JSON files of other runs to list (kept in RESULTS after)."""
     saved = orjson.loads(RESULTS.read_bytes())
+    for path in other_runs:
+        other = orjson.loads(path.read_bytes())
+        saved["meta"].setdefault("other_runs", []).append(
+            run_summary(other["meta"], [WorkersRun(**r) for r in other["runs"]]))
+    if other_runs:
+        RESULTS.write_bytes(orjson.dumps(saved, option=orjson.OPT_INDENT_2))
     runs = [WorkersRun(**r) for r in saved["runs"]]
     plain = [PlainRun(**p) for p in saved["plain"]]
     plot(runs, plain)
@@ -755,12 +795,14 @@ def main() -> None:
     parser.add_argument("--core", default="native", choices=["native", "python"])
     parser.add_argument("--log-dir", type=Path, help="keep the gateways' logs here [a temporary directory]")
     parser.add_argument("--no-report", action="store_true", help="print, do not write docs/")
+    parser.add_argument("--other-runs", type=Path, nargs="*", default=[],
+                        help="with --report-from-saved: also list these runs' saved JSON (their means per config)")
     parser.add_argument("--report-from-saved", action="store_true",
                         help=f"rewrite the page and the PNG from {RESULTS.name}, run nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (stderr, terminals only)")
     args = parser.parse_args()
     if args.report_from_saved:
-        report_from_saved()
+        report_from_saved(args.other_runs)
         return
     load_start = load_averages()
     print(f"load average at start: {load_start}", flush=True)

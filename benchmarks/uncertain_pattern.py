@@ -248,7 +248,7 @@ detects it at 50 ms with confidence *UncertainPatternDetection*.
 as Uncertain (|gap| <= T_a). With the delay placed at random, the plain pattern misses a goal only when the two
 estimates err in opposite directions by more than the gap together (rare at 50 ms, frequent at 100 ms), and the
 uncertainty-aware one never misses one (no false negatives, as the hypothesis tests in
-tests/unit/test_cep_patterns.py check for any n). The price shows in the no-goal control: once T_a
+tests/unit/cep/test_cep_patterns.py check for any n). The price shows in the no-goal control: once T_a
 exceeds the 44 ms gap, the reversed pair is reported as Uncertain, exactly as Query 5.9's second branch does; it is
 never reported as Confirmed, so a consumer that acts only on Confirmed has no false positives and one that must
 not miss a goal reads Uncertain too.

@@ -1,7 +1,7 @@
 """The SDK's sans-IO core: sequence numbers, the unacknowledged store, batching, pool scheduling, backoff, idleness.
 
 Nothing here does I/O or reads a clock: the asyncio shell in ``clients.client`` passes times in (``now_s``, loop
-time) and moves bytes. Every class is unit-tested on its own (tests/unit/test_client_core.py).
+time) and moves bytes. Every class is unit-tested on its own (tests/unit/clients/test_client_core.py).
 """
 
 from __future__ import annotations

@@ -711,10 +711,10 @@ class IngestCore:
     # holds the punctuation back for those it has not (they have no frontier).
     #
     # Where it differs from an entry per newcomer, it waits longer, not less (on random runs against an entry per
-    # newcomer, tests/unit/test_hostile_sources.py, no event went late that did not go late there): the merge gives the
-    # join entry up at once only if the newest hello of its window is older than the wait itself, where it judged each
-    # newcomer by its own hello; and when the newcomer it waits for speaks while others of the window stay silent, it
-    # waits for the window's end without judging the others again.
+    # newcomer, tests/unit/gateway/test_hostile_sources.py, no event went late that did not go late there): the
+    # merge gives the join entry up at once only if the newest hello of its window is older than the wait itself,
+    # where it judged each newcomer by its own hello; and when the newcomer it waits for speaks while others of the
+    # window stay silent, it waits for the window's end without judging the others again.
 
     def _join_state(self, stream: str) -> tuple[dict[str, int], set[str], bool]:
         """The stream's silent newcomers (each with the end of its join wait), those the join entry stands for, and

@@ -3,7 +3,8 @@ sequence reorderer in each (source, stream) and the merger of each stream of the
 of the Kafka record bytes.
 
 The Python cores stay the executable specification: the native ones are driven side by side with them by the
-differential tests (tests/unit/test_native_decode.py, test_native_sequence.py), and ``core = "python"`` runs them.
+differential tests (tests/unit/native/: test_native_decode.py, test_native_sequence.py, test_native_merger.py),
+and ``core = "python"`` runs them.
 """
 
 from __future__ import annotations

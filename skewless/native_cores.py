@@ -3,7 +3,7 @@
 Floor 2 (reorder/, reorder/eval/) may not import the extension module, so the CLI injects them: ``skewless replay
 --core native`` runs :class:`reorder.pipeline.IngestPipeline` with the Rust ``SequenceReorderer`` and
 ``MultiSourceMerger`` (gateway/native.py's, the gateway's own) in place of reorder/sequence.py's and
-reorder/merger.py's, which stay their executable specification (tests/unit/test_native_sequence.py,
+reorder/merger.py's, which stay their executable specification (tests/unit/native/test_native_sequence.py,
 test_native_merger.py, test_native_replay.py).
 """
 

@@ -1,5 +1,5 @@
 """The native connection decoder plugged into GatewaySession's loop, and an exact comparison of what it and the
-Python path give: shared by the differential tests (tests/unit/test_native_decode.py) and the fuzz entry point
+Python path give: shared by the differential tests (tests/unit/native/test_native_decode.py) and the fuzz entry point
 (tests/reliability/atheris_native_decode.py)."""
 
 from __future__ import annotations

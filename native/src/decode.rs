@@ -2,7 +2,7 @@
 //! (msgpack-python's rules, decode/msgpack.rs) and per-event validation (contract/wire/messages.py), in the
 //! loop GatewaySession.receive_data (gateway/session.py) runs: bytes in, whole messages out, stopping where the
 //! session stops (an error, a bye, and a hello, which the Python shell checks before any event is parsed).
-//! tests/unit/test_native_decode.py drives this and the Python path with the same bytes and requires the same
+//! tests/unit/native/test_native_decode.py drives this and the Python path with the same bytes and requires the same
 //! messages, errors and buffered bytes.
 
 pub mod messages;

@@ -1,6 +1,6 @@
 //! The gateway's per-event data plane, compiled. Each module mirrors one Python core (its executable
 //! specification, named in the module's doc) and is tested against it by the differential property tests in
-//! tests/unit/test_native_*.py.
+//! tests/unit/native/test_native_*.py.
 
 use pyo3::prelude::*;
 

@@ -5,7 +5,7 @@
 //! call `advance` next. Payloads are opaque: the reorderer carries a `P` (an index, a handle) for each event and hands
 //! it back in its outputs. Integers are `i128` inside so that no sum of two inputs (seqs up to the contract's
 //! `2**63 - 1`, times, durations) can overflow: Python's ints do not either. `py` holds the Python class that the
-//! differential tests (tests/unit/test_native_sequence.py) drive side by side with the Python core.
+//! differential tests (tests/unit/native/test_native_sequence.py) drive side by side with the Python core.
 
 pub mod estimators;
 pub mod py;

@@ -1,5 +1,5 @@
-//! Hand-computed cases (most from tests/unit/test_reorder_merger.py, the Python core's suite); the differential
-//! property tests in tests/unit/test_native_merger.py compare everything else with the Python core.
+//! Hand-computed cases (most from tests/unit/reorder/test_reorder_merger.py, the Python core's suite); the differential
+//! property tests in tests/unit/native/test_native_merger.py compare everything else with the Python core.
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! Hand-computed cases (the ones of tests/unit/test_reorder_sequence.py and test_reorder_timeout_policy.py, which
+//! Hand-computed cases (the ones of tests/unit/reorder/test_reorder_sequence.py and test_reorder_timeout_policy.py, which
 //! the Python core passes too); the differential tests cover the rest against the Python core.
 
 use super::*;

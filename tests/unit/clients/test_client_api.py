@@ -26,7 +26,7 @@ from clients import (
     connect,
 )
 from clients.core import DeliveryWatch
-from tests.unit.test_client_loopback import FakeGateway, until
+from tests.unit.clients.test_client_loopback import FakeGateway, until
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,7 +13,7 @@ import pytest
 from clients import ClientOptions, SkewlessClient
 from clients.options import ClientSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_typed_keywords_have_the_settings_names_and_types():

@@ -65,7 +65,7 @@ def test_an_even_split_gives_every_worker_as_many_shards_give_or_take_one() -> N
 
 
 def test_each_source_goes_to_the_worker_owning_its_kafka_partition() -> None:
-    # Kafka's murmur2 vectors (tests/unit/test_sharding.py): "abc" -> 479470107, "21" -> 1173551340,
+    # Kafka's murmur2 vectors (tests/unit/contract/test_sharding.py): "abc" -> 479470107, "21" -> 1173551340,
     # "foobar" -> -790332482; & 0x7fffffff, % 4: shards 3, 0 and (1357151166 % 4 =) 2.
     owners = {0: 1, 1: 0, 2: 0, 3: 1}
     assert route_sources(["abc", "21", "foobar"], 4, owners) == {"abc": 1, "21": 1, "foobar": 0}

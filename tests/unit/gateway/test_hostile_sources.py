@@ -227,7 +227,7 @@ async def test_a_duplicate_flood_is_not_read_past_the_pending_bytes_and_what_it_
 
     from contract.wire.messages import build_event, build_events
     from gateway.connection import MAX_PENDING_READ_BYTES, ConnectionHandler
-    from tests.unit.test_gateway_connection import FakeTransport
+    from tests.unit.gateway.test_gateway_connection import FakeTransport
 
     release = asyncio.Event()
     processed: list[int] = []

@@ -16,9 +16,9 @@ from prometheus_client import generate_latest
 
 from gateway.metrics import make_registry
 from gateway.server import Gateway, GatewayConfig
-from tests.unit.test_metrics import FullGateway
+from tests.unit.gateway.test_metrics import FullGateway
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus-rules.yml"
 METRIC = re.compile(r"\b((?:skewless|process|python)_[a-z0-9_]+)")
 

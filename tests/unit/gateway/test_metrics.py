@@ -15,7 +15,7 @@ from gateway.ingest import GatewayCounters, StreamProgress
 from gateway.metrics import OTHER, GatewayCollector, build_version, limit_labels, make_registry, worst_sources
 from reorder.pipeline import PipelineCounters
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana-dashboard.json"
 PROVISIONING = DASHBOARD.parent / "grafana" / "provisioning"
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from reorder.eval.traces import PROFILES, TraceEvent, TraceSpec, generate, write_trace
 from skewless.cli import _register_subcommands, app
 from skewless.cli_source import SourceReplayOptions, plan_replay, replay_trace, source_clocks
-from tests.unit.test_client_loopback import FakeGateway
+from tests.unit.clients.test_client_loopback import FakeGateway
 
 START_US = 1_800_000_000_000_000
 

@@ -22,7 +22,7 @@ from spark_jobs.contract import (
 from spark_jobs.examples.consume_ordered import ConsumeOptions, WindowCounts, options_from
 from spark_jobs.session import installed_kafka_connector_coordinate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 CONF = {
     "spark.skewless.kafka.security.protocol": "SASL_SSL",

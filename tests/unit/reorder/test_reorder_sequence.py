@@ -174,7 +174,7 @@ def test_adaptive_learns_from_late_arrivals_after_a_skip() -> None:
 def test_the_gap_quantile_is_trusted_from_the_200th_sample_on_and_the_cap_is_waited_before() -> None:
     # Every gap closes 1 ms after it opened: the 199th sample still leaves the first long delay a 2 s wait (with 20,
     # the multi-source replays skipped gaps on 27-273 samples of millisecond disorder); the 200th sets 2 x 1,021 us.
-    # (without the warm-up floor of issue 25 item 5: tests/unit/test_reorder_timeout_policy.py)
+    # (without the warm-up floor of issue 25 item 5: tests/unit/reorder/test_reorder_timeout_policy.py)
     r = SequenceReorderer("D1", "R1", SequenceConfig(warmup_min_timeout_us=0))
     assert r.config.min_gap_samples == DEFAULT_MIN_GAP_SAMPLES == 200
     timeouts = []

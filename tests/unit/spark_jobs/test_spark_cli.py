@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from spark_jobs import cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("args", [

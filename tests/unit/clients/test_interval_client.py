@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from clients import InvalidInterval, SkewlessClient
-from tests.unit.test_client_loopback import FAST, FakeGateway, until
+from tests.unit.clients.test_client_loopback import FAST, FakeGateway, until
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,7 +21,7 @@ from gateway import logs
 from reorder.eval.progress import progress_bar, progress_enabled, track
 from skewless.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def closed_port() -> int:

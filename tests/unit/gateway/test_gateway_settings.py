@@ -18,7 +18,7 @@ from gateway.settings import BOOL, BY_NAME, SETTINGS, TABLE, Setting, settings_m
 from skewless import cli_gateway
 from skewless.cli import main
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 WITH_DEFAULT = [setting for setting in SETTINGS if setting.default is not None]
 
 # The flags `skewless gateway` had when they were written out by hand (b5e9227), the hidden one included.

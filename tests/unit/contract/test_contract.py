@@ -15,7 +15,7 @@ def test_record_json_has_every_contract_field():
     record = EventRecord("doors", "rfid-1", 3, 10, 12, 2, 20, 21, payload={"open": True})
     value = orjson.loads(record.to_json())
     assert set(value) >= CONTRACT_FIELDS
-    # A point event's record leaves the interval fields out (tests/unit/test_interval_records.py).
+    # A point event's record leaves the interval fields out (tests/unit/contract/test_interval_records.py).
     assert value == {"v": 2, "kind": "event", "stream": "doors", "source_id": "rfid-1", "seq": 3, "source_ts_us": 10,
                      "ref_ts_us": 12, "uncertainty_us": 2, "arrival_ts_us": 20, "release_ts_us": 21,
                      "late": False, "payload": {"open": True}}
