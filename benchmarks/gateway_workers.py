@@ -524,7 +524,17 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
         f"{s.main_thread_us:.1f} | {s.broker_us:.1f} | {s.loadgen_us:.1f} | {s.gateway_cores:.2f} | "
         f"{s.broker_cores:.2f} | {s.others_cores:.2f} | {idle[s.label]:.2f} | "
         f"{host_throughput_bound(cores, [s.gateway_us, s.broker_us, s.loadgen_us]):,.0f} |" for s in summaries)
-    g_us, m_us, b_us, l_us = many.gateway_us, many.main_thread_us, many.broker_us, many.loadgen_us
+    this = run_summary(meta, runs)
+    listed = sorted([*meta.get("other_runs", []), this], key=lambda o: str(o["when"]))
+
+    def pooled(key: str) -> float:
+        """The model's constants: the mean over every run listed (this one alone without --other-runs)."""
+        return mean([float(o[key]) for o in listed])
+    g_us, m_us, b_us, l_us = (pooled("many_gateway_us"), pooled("many_main_us"), pooled("many_broker_us"),
+                              pooled("many_loadgen_us"))
+    g1_us, m1_us, b1_us = pooled("one_gateway_us"), pooled("one_main_us"), pooled("one_broker_us")
+    constants_from = ("the means of its rounds" if len(listed) == 1 else
+                      f"the mean over the {len(listed)} runs above, each the mean of its rounds")
     total_us = g_us + b_us + l_us
     model_rows = "\n".join(
         f"| {c} | {host_throughput_bound(c, [g_us, b_us, l_us]):,.0f} | {host_throughput_bound(c, [g_us]):,.0f} | "
@@ -541,8 +551,6 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
                     + ", ".join(f"round {r.round} {r.label} ({r.cores(r.others_cpu_s):.2f} cores)" for r in starved)
                     + ".")
     bound_all = host_throughput_bound(cores, [g_us, b_us, l_us])
-    this = run_summary(meta, runs)
-    listed = sorted([*meta.get("other_runs", []), this], key=lambda o: str(o["when"]))
     other_rows = "\n".join(
         f"| {o['when']}{' (this page)' if o is this else ''} | {o['commit']} | {o['rounds']} | "
         f"{o['one_events_per_s']:,.0f} | {o['many_events_per_s']:,.0f} | "
@@ -554,11 +562,21 @@ def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Ma
 
 The same script with the same settings, run {len(listed)} times on this machine on the same day (code at the
 commits listed: the measurement was the same in all of them; only the page's prose changed). This page shows
-one of them in full; the others' means, side by side (each "1 process / {many.label}"):
+one of them in full, the one marked (the latest when the page was first written, not chosen by its figures);
+all of them side by side (each "1 process / {many.label}"):
 
 | run (UTC) | commit | rounds | 1 process events/s | {many.label} events/s | ratio of means | ratio round by round | gateway CPU us/event | broker CPU us/event | other processes, cores |
 |---|---|---|---|---|---|---|---|---|---|
 {other_rows}
+
+Over all {len(listed)} runs, {many.label} was faster in {sum(x > 1 for o in listed for x in o["ratios"])} of
+{sum(len(o["ratios"]) for o in listed)} rounds; the mean of the runs' mean events/s was
+{mean([o["one_events_per_s"] for o in listed]):,.0f} for 1 process and
+{mean([o["many_events_per_s"] for o in listed]):,.0f} for {many.label}
+({mean([o["many_events_per_s"] for o in listed]) / mean([o["one_events_per_s"] for o in listed]):.2f}x). Other
+processes held {min(min(o["one_others_cores"], o["many_others_cores"]) for o in listed):.2f} to
+{max(max(o["one_others_cores"], o["many_others_cores"]) for o in listed):.2f} cores on average over a
+configuration's rounds in these runs.
 
 """
     gain = many.events_per_s / one.events_per_s
@@ -651,18 +669,18 @@ took {many.broker_cores:.2f}. The gateway got {one.gateway_cores:.2f} cores as o
 {many.gateway_cores:.2f} as two workers ({many.gateway_cores - one.gateway_cores:+.2f}): that difference, not a
 second core, is what the second worker bought on this machine.{quiet_text}
 
-{other_section}## Scaling model (from this run's figures only)
+{other_section}## Scaling model (from the measured figures only)
 
-Per acknowledged event, with {many.label} (means of its rounds): gateway **{g_us:.1f} us** of CPU (all its
+Per acknowledged event, with {many.label} ({constants_from}): gateway **{g_us:.1f} us** of CPU (all its
 processes; of which {m_us:.1f} us in the workers' main threads), broker **{b_us:.1f} us** (one node, transactions
 on: commit markers and the transaction coordinator included), load generator **{l_us:.1f} us** (pre-encoded
 frames; real sources cost their own hosts more). Hence:
 
 - events/s per gateway core = 1e6 / gateway us = 1e6 / {g_us:.1f} = **{1e6 / g_us:,.0f}** (one process:
-  1e6 / {one.gateway_us:.1f} = {one.per_gateway_core:,.0f});
+  1e6 / {g1_us:.1f} = {1e6 / g1_us:,.0f});
 - events/s per broker core = 1e6 / broker us = 1e6 / {b_us:.1f} = **{1e6 / b_us:,.0f}**;
 - one worker cannot carry more than 1e6 / main-thread us per event, however many cores the host has (its
-  asyncio loop is one thread): 1e6 / {one.main_thread_us:.1f} = {1e6 / one.main_thread_us:,.0f} events/s for the
+  asyncio loop is one thread): 1e6 / {m1_us:.1f} = {1e6 / m1_us:,.0f} events/s for the
   1-process runs, so W workers carry at most W times that.
 
 On one host of C cores that runs everything (this machine: C = 2):
@@ -678,12 +696,12 @@ With the gateway on its own host of C cores (broker and sources elsewhere, C wor
 {model_rows}
 
 At C = {cores} the first column is the bound of this machine: {bound_all:,.0f} events/s for {many.label}, of
-which it reached {many.events_per_s / bound_all:.0%} on average: other processes took {many.others_cores:.2f}
-cores during its runs and the machine was idle {idle[many.label]:.2f} cores. (Checking the formula against the
-same run's events/s at C = {cores} would be circular: us per event are CPU seconds over the events of those very
-runs.) What the run does test is the model's main assumption, that CPU per event stays put as workers are added:
-from 1 process to {many.label} the gateway's CPU per event went {one.gateway_us:.1f} -> {g_us:.1f} us
-({g_us / one.gateway_us:.2f}x) and the broker's {one.broker_us:.1f} -> {b_us:.1f} us. The rows for larger
+which the runs reached {pooled("many_events_per_s") / bound_all:.0%} on average, with other processes holding
+{pooled("many_others_cores"):.2f} cores. (Checking the formula against the same runs' events/s at C = {cores}
+would be circular: us per event are CPU seconds over the events of those very runs.) What the runs do test is
+the model's main assumption, that CPU per event stays put as workers are added: from 1 process to {many.label}
+the gateway's CPU per event went {g1_us:.1f} -> {g_us:.1f} us ({g_us / g1_us:.2f}x) and the broker's
+{b1_us:.1f} -> {b_us:.1f} us. The rows for larger
 C are **predictions, not measurements**: they assume the CPU per event stays what it was here as workers are
 added (no contention that grows with them, in the gateway or the broker), that the work spreads evenly (one worker
 per core, at least as many shards as workers, sources spread evenly over the shards) and that network and disks
@@ -727,7 +745,8 @@ def run_summary(meta: Mapping[str, Any], runs: Sequence[WorkersRun]) -> dict[str
                        if a.round == b.round and a.label == one.label and b.label == many.label],
             "one_gateway_us": one.gateway_us, "many_gateway_us": many.gateway_us, "one_broker_us": one.broker_us,
             "many_broker_us": many.broker_us, "one_others_cores": one.others_cores,
-            "many_others_cores": many.others_cores}
+            "many_others_cores": many.others_cores, "one_main_us": one.main_thread_us,
+            "many_main_us": many.main_thread_us, "one_loadgen_us": one.loadgen_us, "many_loadgen_us": many.loadgen_us}
 
 
 def report_from_saved(other_runs: Sequence[Path] = ()) -> None:
