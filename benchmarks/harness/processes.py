@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 
-from broker.netutil import free_tcp_port
 from broker.reader import read_stream
 from contract.topics import TopicNames
 from gateway.launch import GatewayLaunchError, spawn_gateway_async
@@ -32,13 +31,17 @@ def child_env() -> dict[str, str]:
 
 @dataclass
 class GatewayProcess:
-    """`skewless gateway` as its own process (so it can be SIGKILLed), on fixed ports so a restart keeps them."""
+    """`skewless gateway` as its own process (so it can be SIGKILLed), on fixed ports so a restart keeps them.
+
+    A port left 0 is the gateway's to pick at its first start (read from its ready lines), then kept for restarts:
+    a port picked here and bound by the gateway later could meanwhile be taken as the local port of any outgoing
+    connection on the machine (a CI run once lost a test to that)."""
 
     bootstrap: str
     prefix: str
     log_dir: Path
-    port: int = field(default_factory=free_tcp_port)
-    metrics_port: int = field(default_factory=free_tcp_port)
+    port: int = 0
+    metrics_port: int = 0
     host: str = "127.0.0.1"
     timesync_port: int | None = None
     extra_args: Sequence[str] = ()
@@ -57,12 +60,17 @@ class GatewayProcess:
             args += ["--timesync-port", str(self.timesync_port)]
         stderr = (self.log_dir / f"gateway-{self.starts}.log").open("wb")
         try:
-            self.process, _addresses = await spawn_gateway_async(
+            self.process, addresses = await spawn_gateway_async(
                 args, wrapper=self.netns_prefix, env=child_env(), cwd=REPO, stderr=stderr, timeout_s=timeout_s)
         except GatewayLaunchError as exc:
             raise AssertionError(f"{exc}; see {self.log_dir}") from exc
         finally:
             stderr.close()
+        self.port = addresses.port
+        if addresses.metrics_port is not None:
+            self.metrics_port = addresses.metrics_port
+        if self.timesync_port is not None and addresses.timesync_port is not None:
+            self.timesync_port = addresses.timesync_port
         # Keep draining stdout so the gateway never blocks on a full pipe.
         self.drainers.append(asyncio.get_running_loop().create_task(self._drain_stdout()))
 

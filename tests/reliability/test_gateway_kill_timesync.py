@@ -5,7 +5,6 @@ holding the merge back, no wrong reference times) and nothing is lost, duplicate
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,18 +18,12 @@ AHEAD_US = 2_000_000
 FAST = Backoff(initial_s=0.02, max_s=0.2)
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.timeout(240)
 async def test_gateway_with_time_sync_sigkilled_keeps_mapping_sources_that_do_not_resync(kafka, topic_prefix,
                                                                                         tmp_path: Path):
     n = 1_500
     sources = [f"t{j}" for j in range(3)]
-    gateway = GatewayProcess(kafka.bootstrap_servers, topic_prefix, tmp_path, timesync_port=free_udp_port())
+    gateway = GatewayProcess(kafka.bootstrap_servers, topic_prefix, tmp_path, timesync_port=0)
     await gateway.start()
     # resync_interval_s=None: each source syncs once, at connect(), and never again.
     clients = [SkewlessClient("127.0.0.1", gateway.port, s, ["s"], udp_port=gateway.timesync_port,

@@ -15,7 +15,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -32,12 +31,6 @@ ONE_CPU = ("taskset", "-c", "0")
 SOURCES = 3
 STREAM = "sensors"
 LATE_BUDGET = 0.005
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _skewless(*args: str, wrapper: tuple[str, ...] = (), timeout_s: float) -> str:
@@ -71,7 +64,7 @@ async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_pe
     trace = tmp_path / "t.jsonl"
     await _skewless("traces", "generate", "--out", str(trace), "--sources", str(SOURCES), "--events",
                     str(events_per_source), "--no-progress", timeout_s=120)
-    gateway = GatewayProcess(kafka.bootstrap_servers, topic_prefix, tmp_path, timesync_port=_free_udp_port(),
+    gateway = GatewayProcess(kafka.bootstrap_servers, topic_prefix, tmp_path, timesync_port=0,
                              netns_prefix=wrapper)
     await gateway.start()
     try:
