@@ -63,9 +63,11 @@ from contract.records import (
 from contract.records import result_value as contract_result_value
 from spark_jobs.stateful import (
     INPUT_COLUMNS,
+    NO_EQUALITY_KEY,
     JobOptions,
     KeyGroups,
     MicroBatchColumns,
+    checked_key_groups,
     decode_payload,
     json_field,
     key_group_column,
@@ -403,12 +405,10 @@ def key_groups_plan(query: IntervalQuery, options: IseqOptions) -> tuple[int, st
     paired within its group, so with G > 1 both its endpoints must carry the key."""
     if options.key_groups is None:
         return 1, "one key group per stream: --key-groups not given"
-    requested = options.key_groups
-    if requested < 1:
-        raise ValueError(f"key groups must be at least 1, got {requested}")
+    requested = checked_key_groups(options.key_groups)
     key = iseq_partition_key(query)
     if key is None:
-        return 1, "one key group per stream: the query's WHERE has no equality class covering every element"
+        return 1, NO_EQUALITY_KEY
     if query.negatives:
         # An open negating interval's attributes are not trusted before its end (docs/intervals.md), so it holds
         # results of every key; and a held result is released by the next input of any key, at that CLOCK.

@@ -40,6 +40,7 @@ from spark_jobs.stateful import (
     JobOptions,
     KeyGroups,
     MicroBatchColumns,
+    checked_key_groups,
     decode_payload,
     json_field,
     key_group_column,
@@ -246,9 +247,7 @@ def key_groups_plan(spec: PatternSpec, options: PatternOptions, default_groups: 
     """G for the job and why: the PARTITION BY key spread over ``options.key_groups`` (default:
     ``default_groups``), or one group when there is no key, or when thesis mode reads T_a live (the maximum round
     trip over all the stream's sources: a group sees only its own keys' events)."""
-    requested = default_groups if options.key_groups is None else options.key_groups
-    if requested < 1:
-        raise ValueError(f"key groups must be at least 1, got {requested}")
+    requested = checked_key_groups(default_groups if options.key_groups is None else options.key_groups)
     key = pattern_partition_key(spec)
     if key is None:
         return 1, "one key group per stream: the pattern has no PARTITION BY"

@@ -50,9 +50,11 @@ from contract.records import (
 )
 from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import (
+    NO_EQUALITY_KEY,
     JobOptions,
     KeyGroups,
     MicroBatchColumns,
+    checked_key_groups,
     decode_payload,
     json_field,
     key_group_column,
@@ -200,12 +202,10 @@ def key_groups_plan(query: Query, options: SequenceOptions) -> tuple[int, str]:
     that field (every other field and every key stay the same)."""
     if options.key_groups is None:
         return 1, "one key group per stream: --key-groups not given (G > 1 makes emitted_at the group's CLOCK)"
-    requested = options.key_groups
-    if requested < 1:
-        raise ValueError(f"key groups must be at least 1, got {requested}")
+    requested = checked_key_groups(options.key_groups)
     key = sequence_partition_key(query)
     if key is None:
-        return 1, "one key group per stream: the query's WHERE has no equality class covering every element"
+        return 1, NO_EQUALITY_KEY
     # The engine's CLOCK (the largest timestamp it has seen) is per engine, so in a key group it is the group's:
     # a K-slack low watermark, aggressive mode's match/add choice and the constraint monitor read it across keys.
     if options.k_slack_us is not None:

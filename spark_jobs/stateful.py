@@ -435,6 +435,16 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     )
 
 
+NO_EQUALITY_KEY = "one key group per stream: the query's WHERE has no equality class covering every element"
+
+
+def checked_key_groups(requested: int) -> int:
+    """``--key-groups`` as asked, refused when below 1 (every job's G goes through here)."""
+    if requested < 1:
+        raise ValueError(f"key groups must be at least 1, got {requested}")
+    return requested
+
+
 @dataclass(frozen=True)
 class KeyGroups:
     """How a job spreads each stream over key groups (:func:`apply_stream_cores`)."""
