@@ -155,6 +155,12 @@ class Delivery:
         seen = {r["seq"] for r in self.events + self.late if r["source_id"] == source_id}
         return sorted(set(range(n)) - seen)
 
+    def around_missing(self, source_id: str, n: int, width: int = 3) -> dict[int, list[dict[str, Any]]]:
+        """For each missing seq of the source: the records of its neighbours (seq +- ``width``) on either topic,
+        with everything they carry, so that a loss can be read from a failure message."""
+        records = [r for r in self.events + self.late if r["source_id"] == source_id]
+        return {seq: [r for r in records if abs(r["seq"] - seq) <= width] for seq in self.missing(source_id, n)}
+
     def duplicated(self, source_id: str) -> int:
         counts = Counter(r["seq"] for r in self.events + self.late if r["source_id"] == source_id)
         return sum(c - 1 for c in counts.values() if c > 1)

@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.reliability.harness import REPO, GatewayProcess, child_env, read_delivery, record_outcome, rss_kib
@@ -33,11 +34,13 @@ STREAM = "sensors"
 LATE_BUDGET = 0.005
 
 
-async def _skewless(*args: str, wrapper: tuple[str, ...] = (), timeout_s: float) -> str:
+async def _skewless(*args: str, wrapper: tuple[str, ...] = (), timeout_s: float, log: Path | None = None) -> str:
     process = await asyncio.create_subprocess_exec(
         *wrapper, sys.executable, "-m", "skewless", *args, env=child_env(), cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    if log is not None:
+        await asyncio.to_thread(log.write_bytes, err)
     assert process.returncode == 0, err.decode(errors="replace")[-2000:]
     return out.decode().strip()
 
@@ -73,7 +76,8 @@ async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_pe
         loop = asyncio.get_running_loop()
         started_s = loop.time()
         replay = asyncio.ensure_future(_skewless("source", "replay", str(trace), "--port", str(gateway.port),
-                                                 "--no-progress", wrapper=wrapper, timeout_s=480))
+                                                 "--no-progress", wrapper=wrapper, timeout_s=480,
+                                                 log=tmp_path / "replay.log"))
         if zombie_s:
             await asyncio.sleep(5.0)  # the replay started, connected and is sending
             os.kill(gateway.pid, signal.SIGSTOP)
@@ -105,8 +109,13 @@ async def test_the_newcomer_path_raises_no_clock_alarm_and_sends_under_half_a_pe
         outcome={"events": total, "late": len(delivery.late), "late_reasons": dict(late_reasons),
                  "lost": counts["lost"], "duplicated": counts["duplicated"], **clock,
                  "replay_s": round(replay_s, 1), "gateway_rss_kib": rss, "replay_summary": summary})
-    missing = {source_id: delivery.missing(source_id, n)[:5] for source_id, n in expected.items()}
-    assert counts["lost"] == 0 and counts["duplicated"] == 0, (counts, missing, summary, log[-3000:])
+    if counts["lost"] or counts["duplicated"]:
+        # Every lost seq with its neighbours' records, and the whole gateway log beside the test's files.
+        around = {source_id: delivery.around_missing(source_id, n) for source_id, n in expected.items()}
+        dump = {"around": around, "late": delivery.late, "summary": summary, "metrics": metrics}
+        (tmp_path / "loss.json").write_bytes(orjson.dumps(dump, option=orjson.OPT_NON_STR_KEYS))
+        raise AssertionError(f"{counts}; around the missing seqs: {around}; replay: {summary}; "
+                             f"files in {tmp_path}; log tail: {log[-3000:]}")
     assert (clock["clock_steps"], clock["clock_step_false_alarms"], clock["clock_step_unresolved"]) == (0, 0, 0), (
         clock, [line for line in log.splitlines() if "clock" in line][:10])
     assert late_reasons["clock_step_unresolved"] == 0
