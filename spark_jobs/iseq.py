@@ -70,7 +70,7 @@ from spark_jobs.stateful import (
     checked_key_groups,
     decode_payload,
     json_field,
-    key_group_column,
+    key_text_by_event_type,
     start_core_job,
 )
 
@@ -419,8 +419,7 @@ def key_groups_plan(query: IntervalQuery, options: IseqOptions) -> tuple[int, st
     return requested, f"{requested} key group(s) per stream, keyed by {attrs}"
 
 
-def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int,
-                    events_topic_prefix: str) -> KeyGroups | None:
+def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int) -> KeyGroups | None:
     """The Spark routing of a keyed query's events over ``groups`` key groups (None: one group).
 
     An event is routed by the key attribute of its type in its payload (an endpoint by its own payload). With
@@ -433,32 +432,24 @@ def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int,
     key = iseq_partition_key(query)
     if key is None or groups < 2:
         return None
-    payload = F.col("payload")
-    event_type = json_field(payload, options.type_field)
-    key_text: Any = None
-    for event_type_name, attr in sorted(key.attribute_of_type.items()):
-        branch = json_field(payload, attr)
-        key_text = (F.when(event_type == event_type_name, branch) if key_text is None
-                    else key_text.when(event_type == event_type_name, branch))
-    key_text = key_text.otherwise(F.lit(None))  # a type outside the query: the core skips it
+    # A type outside the query: no key (the core skips it).
+    key_text = key_text_by_event_type(options.type_field, key.attribute_of_type, F.lit(None))
     if options.from_points is not None:
         reading = (F.col("endpoint").isNull()
                    & (F.coalesce(F.col("start_ts_us"), F.col("ref_ts_us")) == F.col("ref_ts_us"))
-                   & json_field(payload, options.from_points).try_cast("double").isNotNull())
+                   & json_field(F.col("payload"), options.from_points).try_cast("double").isNotNull())
         key_text = F.when(reading, F.col("source_id")).otherwise(key_text)
-    return KeyGroups(groups, key_group_column(key_text, groups), events_topic_prefix)
+    return KeyGroups(groups, key_text)
 
 
 def start(spark: Any, options: IseqOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from contract.topics import TopicNames
     from spark_jobs.contract import interval_columns
 
     query = check_options(options)
     config = engine_config(options)
     groups, why = key_groups_plan(query, options)
     log.info("iseq: %s", why)
-    events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 
     def factory(stream: str, blob: bytes | None) -> IseqStreamCore:
         return IseqStreamCore(stream, query, config, options, blob)
@@ -466,4 +457,4 @@ def start(spark: Any, options: IseqOptions) -> Any:
     columns = interval_columns()
     return start_core_job(spark, JOB_NAME, options, factory, input_columns=ISEQ_COLUMNS,
                           extra_columns={"start_ts_us": columns["start_ts_us"]},
-                          key_groups=iseq_key_groups(query, options, groups, events_topic_prefix))
+                          key_groups=iseq_key_groups(query, options, groups))

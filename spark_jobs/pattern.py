@@ -43,7 +43,6 @@ from spark_jobs.stateful import (
     checked_key_groups,
     decode_payload,
     json_field,
-    key_group_column,
     start_core_job,
 )
 
@@ -256,28 +255,25 @@ def key_groups_plan(spec: PatternSpec, options: PatternOptions, default_groups: 
     return requested, f"{requested} key group(s) per stream, keyed by PARTITION BY {spec.partition_by}"
 
 
-def pattern_key_groups(spec: PatternSpec, groups: int, events_topic_prefix: str) -> KeyGroups | None:
+def pattern_key_groups(spec: PatternSpec, groups: int) -> KeyGroups | None:
     """The Spark routing of a partitioned pattern's events over ``groups`` key groups (None: one group)."""
     from pyspark.sql import functions as F
 
     key = pattern_partition_key(spec)
     if key is None or groups < 2:
         return None
-    return KeyGroups(groups, key_group_column(json_field(F.col("payload"), key), groups), events_topic_prefix)
+    return KeyGroups(groups, json_field(F.col("payload"), key))
 
 
 def start(spark: Any, options: PatternOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from contract.topics import TopicNames
-
     spec = PatternSpec.parse(options.pattern)
     groups, why = key_groups_plan(spec, options, int(spark.conf.get("spark.sql.shuffle.partitions")))
     log.info("pattern: %s", why)
-    events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 
     def factory(stream: str, blob: bytes | None) -> PatternStreamCore:
         return PatternStreamCore(stream, spec, options.ta_us or 0, options.ta_us is not None,
                                  options.allowed_lateness_us, blob)
 
     return start_core_job(spark, JOB_NAME, options, factory,
-                          key_groups=pattern_key_groups(spec, groups, events_topic_prefix))
+                          key_groups=pattern_key_groups(spec, groups))

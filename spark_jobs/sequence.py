@@ -57,7 +57,7 @@ from spark_jobs.stateful import (
     checked_key_groups,
     decode_payload,
     json_field,
-    key_group_column,
+    key_text_by_event_type,
     start_core_job,
 )
 
@@ -218,38 +218,28 @@ def key_groups_plan(query: Query, options: SequenceOptions) -> tuple[int, str]:
     return requested, f"{requested} key group(s) per stream, keyed by {attrs}"
 
 
-def sequence_key_groups(query: Query, type_field: str, groups: int, events_topic_prefix: str) -> KeyGroups | None:
+def sequence_key_groups(query: Query, type_field: str, groups: int) -> KeyGroups | None:
     """The Spark routing of a keyed query's events over ``groups`` key groups (None: one group)."""
     from pyspark.sql import functions as F
 
     key = sequence_partition_key(query)
     if key is None or groups < 2:
         return None
-    payload = F.col("payload")
-    event_type = json_field(payload, type_field)
-    key_text: Any = None
-    for event_type_name, attr in sorted(key.attribute_of_type.items()):
-        branch = json_field(payload, attr)
-        key_text = (F.when(event_type == event_type_name, branch) if key_text is None
-                    else key_text.when(event_type == event_type_name, branch))
     fallback = key.trace_attribute
-    key_text = key_text.otherwise(json_field(payload, fallback) if fallback is not None else F.lit(None))
-    return KeyGroups(groups, key_group_column(key_text, groups), events_topic_prefix)
+    otherwise = json_field(F.col("payload"), fallback) if fallback is not None else F.lit(None)
+    return KeyGroups(groups, key_text_by_event_type(type_field, key.attribute_of_type, otherwise))
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from contract.topics import TopicNames
-
     query = parse_query(options.query)
     config = engine_config(options)
     SequenceEngine(query, config)  # a bad constraint fails here, on the driver, not in every task
     groups, why = key_groups_plan(query, options)
     log.info("sequence: %s", why)
-    events_topic_prefix = TopicNames(options.topic_prefix).events("x").removesuffix("x")
 
     def factory(stream: str, blob: bytes | None) -> SequenceStreamCore:
         return SequenceStreamCore(stream, query, config, options.type_field, blob)
 
     return start_core_job(spark, JOB_NAME, options, factory,
-                          key_groups=sequence_key_groups(query, options.type_field, groups, events_topic_prefix))
+                          key_groups=sequence_key_groups(query, options.type_field, groups))

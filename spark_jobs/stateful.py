@@ -405,13 +405,14 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
                        partitions_of: Callable[[str], tuple[str, int]],
                        extra_columns: Mapping[str, Any] | None = None,
                        input_columns: Sequence[str] = INPUT_COLUMNS,
-                       key_groups: KeyGroups | None = None) -> Any:
+                       key_groups: KeyGroups | None = None, events_topic_prefix: str = "") -> Any:
     """Group the records by stream and run the cores. ``extra_columns`` (name -> Spark column) are computed in the
     JVM and handed to the cores too; a job that needs fewer contract columns ships fewer (``input_columns``).
 
     With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: each event goes to
-    the group of its key, and every punctuation of the stream's events topic goes to every group, so each group's
-    core advances with the stream's whole promise W(stream), unchanged."""
+    the group of its key (:func:`key_group_column`), and every punctuation on ``<events_topic_prefix><stream>`` (the
+    stream's events topic) goes to every group, so each group's core advances with the stream's whole promise
+    W(stream), unchanged."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -421,10 +422,10 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     groups = 1 if key_groups is None else key_groups.groups
     if key_groups is not None and groups > 1:
         promise = (F.col("kind") == F.lit(PUNCTUATION)) & (
-            F.col("topic") == F.concat(F.lit(key_groups.events_topic_prefix), F.col("stream")))
-        every_group = F.sequence(F.lit(0), F.lit(key_groups.groups - 1))
+            F.col("topic") == F.concat(F.lit(events_topic_prefix), F.col("stream")))
+        every_group = F.sequence(F.lit(0), F.lit(groups - 1))
         keyed = keyed.withColumn("key_group", F.explode(
-            F.when(promise, every_group).otherwise(F.array(key_groups.group_column))))
+            F.when(promise, every_group).otherwise(F.array(key_group_column(key_groups.key_text, groups)))))
         group_columns.append("key_group")
     return (
         keyed.select(*group_columns, *input_columns, *extras)
@@ -451,10 +452,8 @@ class KeyGroups:
 
     groups: int
     """G: key groups per stream (1: one group per stream, today's plan)."""
-    group_column: Any
-    """Spark column: an event row's key group in [0, G) (e.g. :func:`key_group_column`)."""
-    events_topic_prefix: str
-    """``<prefix>.events.``: a punctuation on ``<this><stream>`` is a promise and goes to every group."""
+    key_text: Any
+    """Spark column: an event row's key as JSON text (null: no key), routed by :func:`key_group_column`."""
 
 
 def json_field(payload: Any, name: str | Sequence[str]) -> Any:
@@ -471,6 +470,21 @@ def json_field(payload: Any, name: str | Sequence[str]) -> Any:
         else:
             path += f"['{part}']"
     return F.get_json_object(payload, path)
+
+
+def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str], otherwise: Any) -> Any:
+    """Spark column: the payload attribute that an event's type (payload field ``type_field``) names as its key
+    (``attribute_of_type``: the query's equality class), ``otherwise`` for a type the class does not name."""
+    from pyspark.sql import functions as F
+
+    payload = F.col("payload")
+    event_type = json_field(payload, type_field)
+    key_text: Any = None
+    for event_type_name, attr in sorted(attribute_of_type.items()):
+        branch = json_field(payload, attr)
+        key_text = (F.when(event_type == event_type_name, branch) if key_text is None
+                    else key_text.when(event_type == event_type_name, branch))
+    return key_text.otherwise(otherwise)
 
 
 def key_group_column(key_text: Any, groups: int) -> Any:
@@ -617,7 +631,9 @@ def start_core_job(spark: Any, job: str, options: CoreJobOptions, factory: CoreF
     ensure_topics(client, [output_topic], replication_factor=replication_factor(spark))
     records = read_contract_records(spark, options.bootstrap_servers, job_topics(topics, options.streams))
     partitions_of = EventsTopicPartitions(client, options.topic_prefix)
-    results = apply_stream_cores(records, job, factory, partitions_of, **apply_options)
+    events_topic_prefix = topics.events("x").removesuffix("x")
+    results = apply_stream_cores(records, job, factory, partitions_of, events_topic_prefix=events_topic_prefix,
+                                 **apply_options)
     checkpoint = options.checkpoint_dir or temporary_checkpoint(job)
     query = write_results(results, job=job, bootstrap_servers=options.bootstrap_servers, output_topic=output_topic,
                           checkpoint_dir=checkpoint, console=options.console, available_now=options.available_now,
