@@ -11,7 +11,9 @@ Both runs write the same results topic, one after the other (the jobs read `<pre
 `<prefix>.results.<job>`, so a second prefix would mean other input topics): the cluster run's records are what the
 topic holds beyond the local run's, and the topic must hold every local record exactly twice. No result field is
 run-specific (no wall-clock time, no host, no Spark id), so records are compared whole: key and value; but for the
-sequence job's `emitted_at`, since the cluster runs it in 2 key groups (issue 27 item 1) and local mode in one.
+sequence job's `emitted_at`, since the cluster runs it in 4 key groups (issue 27 item 1) and local mode in one.
+That the cluster ran 4 groups is read from its checkpoint with Spark's state data source: one state row per
+(stream, key group), each holding the stream's whole promise.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(48
 
 MS = 1_000
 STREAM = "s"
+CLUSTER_KEY_GROUPS = 4
 SUBMIT_TIMEOUT_S = 240.0
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 QUERY = "EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id AND c.id = e.id WITHIN 10 s"
@@ -198,13 +201,21 @@ def without_clock(records: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
                                option=orjson.OPT_SORT_KEYS)) for key, value in records]
 
 
+def group_states(spark: Any, checkpoint: Path) -> dict[tuple[Any, ...], StreamReadProgress]:
+    """The stateful operator's rows in a checkpoint, as Spark's state data source reads them (a batch read of the
+    files the executors wrote): grouping key ((stream,) or (stream, key group)) -> the group's read progress."""
+    rows = spark.read.format("statestore").load(str(checkpoint)).collect()
+    return {tuple(row["key"]): StreamReadProgress.from_blob(bytes(row["value"]["groupState"]["blob"]))[0]
+            for row in rows}
+
+
 def twice(records: list[tuple[str, bytes]]) -> Counter[tuple[str, bytes]]:
     counts = Counter(records)
     return counts + counts
 
 
 def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_the_pure_cores(
-        kafka, spark, cluster, topic_prefix, tmp_path):
+        kafka: Any, spark: Any, cluster: SparkCluster, topic_prefix: str, tmp_path: Path) -> None:
     bootstrap = kafka.bootstrap_servers
     rows = [spark_row(r) for r in write_input(bootstrap, topic_prefix)]
 
@@ -225,9 +236,9 @@ def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_
         submit(cluster, tmp_path, "three-window", [
             "three-window", *common_args(bootstrap, topic_prefix, tmp_path / "cluster-three"),
             "--width-ms", "1000", "--max-shift-ms", "50"]),
-        # On the cluster in 2 key groups (issue 27 item 1): the same matches as local mode's one group.
+        # On the cluster in 4 key groups (issue 27 item 1): the same matches as local mode's one group.
         submit(cluster, tmp_path, "sequence", [
-            "sequence", "--query", QUERY, "--key-groups", "2",
+            "sequence", "--query", QUERY, "--key-groups", str(CLUSTER_KEY_GROUPS),
             *common_args(bootstrap, topic_prefix, tmp_path / "cluster-sequence")])]
     try:
         three_s, sequence_s = (job.wait(cluster) for job in submitted)
@@ -245,6 +256,17 @@ def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_
     assert sorted(finished.values()) == ["skewless-sequence", "skewless-three-window"]
     # Each ran executors on both workers (a worker keeps a directory per application it ran an executor for).
     assert cluster.apps_on_worker(0) == cluster.apps_on_worker(1) == set(finished)
+
+    # The cluster's sequence job ran 4 key groups of the stream, local mode one: one state row per grouping key,
+    # and every group holds the stream's whole promise, 4.3 s (the minimum over both partitions), so every group
+    # got every punctuation. A run in fewer groups, or one that routed a punctuation to one group, fails here.
+    promise_us = BASE_US + 4_300 * MS
+    cluster_groups = group_states(spark, tmp_path / "cluster-sequence")
+    assert sorted(cluster_groups) == [(STREAM, group) for group in range(CLUSTER_KEY_GROUPS)]
+    assert {(p.key_groups, p.watermark_us) for p in cluster_groups.values()} == {(CLUSTER_KEY_GROUPS, promise_us)}
+    local_groups = group_states(spark, tmp_path / "local-sequence")
+    assert list(local_groups) == [(STREAM,)]
+    assert [(p.key_groups, p.watermark_us) for p in local_groups.values()] == [(1, promise_us)]
 
     # Identical records from both runs...
     all_three = results(bootstrap, topic_prefix, "three_window")
