@@ -10,7 +10,7 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from contract.units import UNIT_US
 
@@ -18,6 +18,7 @@ __all__ = ["COMPARISONS", "FLIPPED", "PATTERN_SPELLINGS", "SPELLINGS", "Comparis
            "Token", "TokenCursor", "canonical_op", "is_literal", "literal_value", "token_pattern", "tokenize"]
 
 Scalar = int | float | str | bool | None
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +202,22 @@ class TokenCursor:
         if not self.is_punct(ch):
             raise self.error(f"expected {ch!r}")
         return self.advance()
+
+    def separated(self, item: Callable[[], _Item], separator: Callable[[], bool]) -> list[_Item]:
+        """The grammar's ``item (SEPARATOR item)*``: one item, then another after each separator token, while
+        ``separator()`` holds at the cursor."""
+        items = [item()]
+        while separator():
+            self.advance()
+            items.append(item())
+        return items
+
+    def where_clause(self, condition: Callable[[], _Item]) -> list[_Item]:
+        """An optional ``'WHERE' cond ('AND' cond)*`` (SASE and ISEQ): its conditions, none without WHERE."""
+        if not self.is_kw("WHERE"):
+            return []
+        self.advance()
+        return self.separated(condition, lambda: self.is_kw("AND"))
 
     def window(self, units: str) -> int:
         """``NUMBER [unit]`` at the cursor in microseconds (:meth:`unit_factor`); it must come to a positive whole

@@ -51,29 +51,15 @@ class _Parser(TokenCursor):
         self.expect_kw("EVENT")
         self.expect_kw("ISEQ")
         self.expect_punct("[")
-        raw_atoms: list[list[Token]] = []
-        if not self.is_punct("]"):
-            raw_atoms.append(self.atom_tokens())
-            while self.is_and():
-                self.advance()
-                raw_atoms.append(self.atom_tokens())
+        raw_atoms = [] if self.is_punct("]") else self.separated(self.atom_tokens, self.is_and)
         self.expect_punct("]")
         self.expect_punct("(")
-        elements = [self.element()]
-        while self.is_punct(","):
-            self.advance()
-            elements.append(self.element())
+        elements = self.separated(self.element, lambda: self.is_punct(","))
         self.expect_punct(";")
         window_us = self.window("microseconds")
         self.expect_punct(")")
         aliases = {e.alias for e in elements}
-        predicates: list[Predicate] = []
-        if self.is_kw("WHERE"):
-            self.advance()
-            predicates.append(self.condition(aliases))
-            while self.is_kw("AND"):
-                self.advance()
-                predicates.append(self.condition(aliases))
+        predicates = self.where_clause(lambda: self.condition(aliases))
         if self.tok.kind != "end":
             raise self.error("unexpected text after the query")
         constraints = [c for toks in raw_atoms for c in self.atom(toks, aliases)]

@@ -47,10 +47,7 @@ class _Parser(TokenCursor):
         self.expect_kw("EVENT")
         self.expect_kw("SEQ")
         seq_open = self.expect_punct("(")
-        elements = [self.element()]
-        while self.is_punct(","):
-            self.advance()
-            elements.append(self.element())
+        elements = self.separated(self.element, lambda: self.is_punct(","))
         if not self.is_punct(")"):
             raise self.error("expected ',' or ')'")
         self.advance()
@@ -62,13 +59,8 @@ class _Parser(TokenCursor):
             seen[el.alias] = el
         if all(e.negated for e in elements):
             raise SaseSyntaxError("SEQ needs at least one positive (non-negated) element", self.text, seq_open.pos)
-        predicates: list[Predicate] = []
-        if self.is_kw("WHERE"):
-            self.advance()
-            predicates.extend(self.condition(elements))
-            while self.is_kw("AND"):
-                self.advance()
-                predicates.extend(self.condition(elements))
+        # A '[attr]' condition stands for several predicates.
+        predicates = [p for written in self.where_clause(lambda: self.condition(elements)) for p in written]
         if not self.is_kw("WITHIN"):
             raise self.error("expected WITHIN <window> (a window is required: it bounds the engine's state)"
                              if self.tok.kind == "end" else "expected WHERE, AND or WITHIN")
