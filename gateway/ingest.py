@@ -159,7 +159,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, NewType, Protocol
+from typing import Literal, NewType, Protocol, cast
 
 # Rule 7: the record headers and Kafka timestamps are the record contract's.
 from contract.records import (
@@ -257,7 +257,7 @@ UNRESOLVED_REASON = "clock_step_unresolved"
 RECENT_CLOCK_STEPS = 256
 # Rule 13: the reasons a reorderer gives a given-up seq it remembers (late_after_skip) or no longer does.
 LATE_AFTER_SKIP = "late_after_skip"
-_GIVEN_UP_LATE_REASONS = frozenset((LATE_AFTER_SKIP, "duplicate", "before_start"))
+GIVEN_UP_LATE_REASONS = frozenset((LATE_AFTER_SKIP, "duplicate", "before_start"))
 BuiltRecord = tuple[bytes, bytes | Exception, int | None, tuple[tuple[str, bytes], ...]]
 """What a RecordBuilderCore gives per record: key, value (or the exception the encoder raised), timestamp_ms (None
 past 64 bits) and headers."""
@@ -268,6 +268,13 @@ class RecordBuilderCore(Protocol):
     as ``EventRecord.to_json``, ``EventRecord.key``, ``event_headers`` and ``kafka_timestamp_ms`` give them."""
 
     def build_events(self, records: list[EventRecord], late: list[bool]) -> list[BuiltRecord]: ...
+
+    def produce_records(self, outputs: list[PipelineOutput], topics: dict[tuple[str, str], str],
+                        max_record_bytes: int) -> tuple[list[Produce | PipelineOutput], int]:
+        """``IngestCore._publish_one`` for each plain event record of ``outputs`` (topic from ``topics``, keyed by
+        (stream, kind)); every other output is handed back in its place. Returns the list and how many it handed
+        back."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -1404,75 +1411,79 @@ class IngestCore:
         return []
 
     def _given_up_reason(self, record: EventRecord, kind: Literal["events", "late"]) -> EventRecord:
-        if (kind == "late" and record.late_reason in _GIVEN_UP_LATE_REASONS
+        if (kind == "late" and record.late_reason in GIVEN_UP_LATE_REASONS
                 and self.tracker.take_given_up(record.source_id, record.stream, record.seq)
                 and record.late_reason != LATE_AFTER_SKIP):
             # A given-up seq the reorderer no longer remembered (rule 13): late after its skip all the same.
             return replace(record, late_reason=LATE_AFTER_SKIP)
         return record
 
-    def _built_records(self, outputs: list[PipelineOutput],
-                       builder: RecordBuilderCore) -> list[tuple[EventRecord, BuiltRecord]]:
-        """The records ``_publish`` will produce, in order, each with its bytes from one call of the builder."""
-        records: list[EventRecord] = []
-        late: list[bool] = []
-        for output in outputs:
-            if type(output) is PublishRecord and type(output.record.payload) is not messages.RejectedPayload:
-                records.append(self._given_up_reason(output.record, output.topic))
-                late.append(output.topic == "late")
-        return list(zip(records, builder.build_events(records, late), strict=True)) if records else []
-
     def _publish(self, outputs: list[PipelineOutput]) -> list[IngestAction]:
         gaps = self.pipeline.gaps_given_up
         actions: list[IngestAction] = self._gaps_given_up(gaps) if gaps else []
-        topics = self._topic_names
-        headers_of = self._event_headers
-        max_record_bytes = self.config.max_record_bytes
-        built = None if self._record_builder is None else iter(self._built_records(outputs, self._record_builder))
-        for output in outputs:
-            if type(output) is PublishRecord:
-                record = output.record
-                kind = output.topic
-                topic = topics.get((record.stream, kind))
-                if topic is None:
-                    topic = self._topic(record.stream, kind)
-                if type(record.payload) is messages.RejectedPayload:
-                    self._settle_unpublished(record.source_id, record.stream, record.seq)
-                    continue
-                source_id = record.source_id
-                if built is None:
-                    record = self._given_up_reason(record, kind)
-                    try:
-                        value: bytes | Exception = record.to_json()
-                    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
-                        value = exc
-                    key = record.key
-                    timestamp_ms: int | None = kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us)
-                    headers = headers_of.get((source_id, kind))
-                    if headers is None:
-                        headers = headers_of[(source_id, kind)] = event_headers(source_id, kind)
-                else:
-                    record, (key, value, timestamp_ms, headers) = next(built)
-                if isinstance(value, Exception):
-                    actions.append(self._encode_failed(source_id, record.stream, record.seq, value))
-                    continue
-                if len(value) > max_record_bytes:
-                    actions.append(self._too_large(source_id, record.stream, record.seq, len(value)))
-                    continue
+        builder = self._record_builder
+        if builder is None or not outputs:
+            for output in outputs:
+                self._publish_one(output, actions)
+            return actions
+        # The builder turns the plain event records into their Produce actions in one call (rule 7's bytes and
+        # headers, the same as _publish_one gives them) and hands back, in place, every output it leaves to
+        # _publish_one: punctuations, refusals, refused payloads, late records rule 13 relabels, the rare rest.
+        produced, handed_back = builder.produce_records(outputs, self._topic_names, self.config.max_record_bytes)
+        if not handed_back:
+            actions += cast(list[Produce], produced)
+            return actions
+        for item in produced:
+            if isinstance(item, Produce):
+                actions.append(item)
+            else:
+                self._publish_one(item, actions)
+        return actions
+
+    def _publish_one(self, output: PipelineOutput, actions: list[IngestAction]) -> None:
+        if type(output) is PublishRecord:
+            record = output.record
+            kind = output.topic
+            topic = self._topic_names.get((record.stream, kind))
+            if topic is None:
+                topic = self._topic(record.stream, kind)
+            if type(record.payload) is messages.RejectedPayload:
+                self._settle_unpublished(record.source_id, record.stream, record.seq)
+                return
+            record = self._given_up_reason(record, kind)
+            key, value, timestamp_ms, headers = self._record_bytes(record, kind)
+            if isinstance(value, Exception):
+                actions.append(self._encode_failed(record.source_id, record.stream, record.seq, value))
+            elif len(value) > self.config.max_record_bytes:
+                actions.append(self._too_large(record.source_id, record.stream, record.seq, len(value)))
+            else:
                 if timestamp_ms is None:
                     timestamp_ms = kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us)
-                delivery = DeliveryRef(source_id, record.stream, record.seq, kind, record.release_ts_us)
+                delivery = DeliveryRef(record.source_id, record.stream, record.seq, kind, record.release_ts_us)
                 actions.append(Produce(topic, key, value, delivery, timestamp_ms, headers))
-            elif type(output) is PublishRefused:
-                actions.append(self._refused(output))
-            else:
-                assert isinstance(output, PublishPunctuation)
-                self._progress[output.stream].promise(output.watermark_us)
-                self._dirty_streams.add(output.stream)
-                value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
-                actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None,
-                                       kafka_timestamp_ms(output.watermark_us, output.at_us), PUNCTUATION_HEADERS))
-        return actions
+        elif type(output) is PublishRefused:
+            actions.append(self._refused(output))
+        else:
+            assert isinstance(output, PublishPunctuation)
+            self._progress[output.stream].promise(output.watermark_us)
+            self._dirty_streams.add(output.stream)
+            value = PunctuationRecord(output.stream, output.watermark_us, output.at_us).to_json()
+            actions.append(Produce(self.topics.events(output.stream), PUNCTUATION_KEY, value, None,
+                                   kafka_timestamp_ms(output.watermark_us, output.at_us), PUNCTUATION_HEADERS))
+
+    def _record_bytes(self, record: EventRecord, kind: Literal["events", "late"]) -> BuiltRecord:
+        """Rule 7's (key, value or the encoder's exception, timestamp_ms, headers) of one event record: the
+        specification's (EventRecord.to_json, event_headers, kafka_timestamp_ms), or the builder's."""
+        if self._record_builder is not None:
+            return self._record_builder.build_events([record], [kind == "late"])[0]
+        try:
+            value: bytes | Exception = record.to_json()
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+            value = exc
+        headers = self._event_headers.get((record.source_id, kind))
+        if headers is None:
+            headers = self._event_headers[(record.source_id, kind)] = event_headers(record.source_id, kind)
+        return record.key, value, kafka_timestamp_ms(record.ref_ts_us, record.release_ts_us), headers
 
     def _topic(self, stream: str, kind: Literal["events", "late"]) -> str:
         """The topic name (validated once per stream: ``TopicNames`` checks the stream name on every call)."""

@@ -14,9 +14,9 @@ from typing import Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
 from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES
-from contract.wire.messages import MAX_STREAMS_PER_SOURCE, Bye, EventBatch, Heartbeat
+from contract.wire.messages import MAX_STREAMS_PER_SOURCE, Bye, EventBatch, Heartbeat, RejectedPayload
 from gateway.auth import SourceAuthenticator
-from gateway.ingest import RecordBuilderCore
+from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce, RecordBuilderCore
 from gateway.session import (
     DEFAULT_MAX_EVENTS_PER_BATCH,
     DrainRequested,
@@ -28,7 +28,7 @@ from gateway.session import (
     SessionTimeouts,
 )
 from reorder.merger import MergerConfig
-from reorder.pipeline import MergerCore, PipelineConfig, PipelineCores, SequenceCore
+from reorder.pipeline import MergerCore, PipelineConfig, PipelineCores, PublishRecord, SequenceCore
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceTimedOut
 from reorder.sequence import SequenceConfig
 from timesync.clocks import ReferenceMapping
@@ -80,10 +80,12 @@ def native_merger(stream: str, clock: ReferenceMapping, config: MergerConfig,
 
 
 def native_record_builder() -> RecordBuilderCore:
-    """The Rust builder of rule 7's record bytes (key, value, timestamp, headers), one call per batch."""
+    """The Rust builder of rule 7's record bytes (key, value, timestamp, headers), one call per batch, and of the
+    Produce actions of a batch's plain event records (``IngestCore._publish``)."""
     import skewless_native
 
-    return cast(RecordBuilderCore, skewless_native.RecordBuilder())
+    return cast(RecordBuilderCore, skewless_native.RecordBuilder(
+        produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, GIVEN_UP_LATE_REASONS)))
 
 
 NATIVE_PIPELINE_CORES = PipelineCores(native_sequence_reorderer, native_merger)

@@ -11,6 +11,7 @@
 //! orjson's by construction; `fallbacks` counts those records.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -435,7 +436,31 @@ pub struct RecordBuilder {
     /// Records whose JSON orjson wrote (see the module doc).
     #[pyo3(get)]
     fallbacks: u64,
+    /// What `produce_records` builds and recognises (`produce=` of the constructor).
+    produce: Option<ProduceClasses>,
 }
+
+/// `produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, given_up_late_reasons)`: the pipeline's output
+/// class of an event record, the payload class of a refused payload, gateway.ingest's action classes, and the late
+/// reasons `_publish` checks against the delivery tracker (rule 13) before it publishes such a record.
+struct ProduceClasses {
+    publish_record: Py<PyAny>,
+    rejected_payload: Py<PyAny>,
+    produce: Py<PyAny>,
+    delivery_ref: Py<PyAny>,
+    given_up_late_reasons: Py<PyAny>,
+}
+
+type ProduceArg<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+);
+
+/// The last topic `produce_records` looked up: (stream object, late, topic). A batch's records share a stream.
+type TopicCache<'py> = Option<(Bound<'py, PyAny>, bool, Bound<'py, PyAny>)>;
 
 struct Attrs {
     names: Vec<Py<PyString>>,
@@ -479,6 +504,20 @@ impl Attrs {
     fn name<'py>(&self, py: Python<'py>, i: usize) -> &Bound<'py, PyString> {
         self.names[i].bind(py)
     }
+}
+
+/// The record's fields in ATTR_NAMES' order, into `fields`.
+fn read_fields<'py>(
+    record: &Bound<'py, PyAny>,
+    attrs: &Attrs,
+    fields: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let py = record.py();
+    fields.clear();
+    for i in 0..ATTR_NAMES.len() {
+        fields.push(record.getattr(attrs.name(py, i))?);
+    }
+    Ok(())
 }
 
 fn opt_str(value: &Bound<'_, PyAny>) -> Result<Option<String>, NotNative> {
@@ -530,6 +569,111 @@ impl RecordBuilder {
         self.headers.entry(source_id.to_owned()).or_default()[usize::from(late)] =
             Some(headers.clone_ref(py));
         Ok(headers)
+    }
+
+    /// (key, value, timestamp_ms, headers) of one EventRecord whose fields `read_fields` gave: value is the
+    /// exception orjson raised (TypeError or ValueError) when it refuses the record, timestamp_ms None past 64 bits.
+    fn build_one<'py>(
+        &mut self,
+        record: &Bound<'py, PyAny>,
+        fields: &[Bound<'py, PyAny>],
+        on_late: bool,
+        buf: &mut Vec<u8>,
+    ) -> PyResult<[Bound<'py, PyAny>; 4]> {
+        let py = record.py();
+        buf.clear();
+        let value: Bound<'py, PyAny> = match Self::native_json(fields, buf) {
+            Ok(()) => PyBytes::new(py, buf).into_any(),
+            Err(NotNative) => {
+                self.fallbacks += 1;
+                match record.call_method0("to_json") {
+                    Ok(v) => v,
+                    Err(e)
+                        if e.is_instance_of::<PyTypeError>(py)
+                            || e.is_instance_of::<PyValueError>(py) =>
+                    {
+                        e.into_value(py).into_bound(py).into_any()
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let Ok(source_id) = fields[1].cast_exact::<PyString>() else {
+            return Err(PyTypeError::new_err(
+                "an EventRecord's source_id must be a str",
+            ));
+        };
+        // EventRecord.key is source_id.encode(): the same bytes, without the property call.
+        let key = match source_id.to_str() {
+            Ok(text) => PyBytes::new(py, text.as_bytes()).into_any(),
+            Err(_) => record.getattr("key")?,
+        };
+        let headers = self
+            .event_headers(py, source_id.to_str()?, on_late)?
+            .into_bound(py)
+            .into_any();
+        // Times beyond 64 bits make to_json fail (orjson): such a record is refused, it has no timestamp.
+        let ts = match (py_int(&fields[4]), py_int(&fields[7])) {
+            (Some(ref_us), Some(release_us)) => kafka_timestamp_ms(ref_us, release_us)
+                .into_pyobject(py)?
+                .into_any(),
+            _ => py.None().into_bound(py),
+        };
+        Ok([key, value, ts, headers])
+    }
+
+    /// One output of `produce_records`: its Produce, or None when `_publish` must handle it.
+    fn produce_one<'py>(
+        &mut self,
+        output: &Bound<'py, PyAny>,
+        classes: &[Bound<'py, PyAny>; 5],
+        attrs: &Attrs,
+        (topics, cache): (&Bound<'py, PyDict>, &mut TopicCache<'py>),
+        max_record_bytes: usize,
+        (fields, buf): &mut (Vec<Bound<'py, PyAny>>, Vec<u8>),
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = output.py();
+        let [publish_record, rejected_payload, produce, delivery_ref, reasons] = classes;
+        if !output.get_type().is(publish_record) {
+            return Ok(None);
+        }
+        let record = output.getattr(intern!(py, "record"))?;
+        let kind = output.getattr(intern!(py, "topic"))?;
+        let on_late = match kind.cast_exact::<PyString>().map(|k| k.to_str()) {
+            Ok(Ok("events")) => false,
+            Ok(Ok("late")) => true,
+            _ => return Ok(None),
+        };
+        read_fields(&record, attrs, fields)?;
+        if fields[9].get_type().is(rejected_payload)
+            || (on_late && reasons.contains(&fields[10])?)
+        {
+            return Ok(None);
+        }
+        let topic = match cache {
+            Some((stream, late, topic)) if stream.is(&fields[0]) && *late == on_late => {
+                topic.clone()
+            }
+            _ => match topics.get_item((&fields[0], &kind))? {
+                Some(topic) => {
+                    *cache = Some((fields[0].clone(), on_late, topic.clone()));
+                    topic
+                }
+                None => return Ok(None),
+            },
+        };
+        let [key, value, ts, headers] = self.build_one(&record, fields, on_late, buf)?;
+        let fits = value
+            .cast_exact::<PyBytes>()
+            .is_ok_and(|v| v.as_bytes().len() <= max_record_bytes);
+        if !fits || ts.is_none() {
+            return Ok(None);
+        }
+        let delivery =
+            delivery_ref.call1((&fields[1], &fields[0], &fields[2], &kind, &fields[7]))?;
+        Ok(Some(
+            produce.call1((topic, key, value, delivery, ts, headers))?,
+        ))
     }
 
     /// The record's JSON written natively from its fields (`f`, in ATTR_NAMES' order), or NotNative.
@@ -588,12 +732,78 @@ impl RecordBuilder {
 #[pymethods]
 impl RecordBuilder {
     #[new]
-    fn new() -> Self {
+    #[pyo3(signature = (*, produce=None))]
+    fn new(produce: Option<ProduceArg<'_>>) -> Self {
         RecordBuilder {
             headers: std::collections::HashMap::new(),
             punctuation_headers: None,
             fallbacks: 0,
+            produce: produce.map(
+                |(publish_record, rejected_payload, produce, delivery_ref, reasons)| {
+                    ProduceClasses {
+                        publish_record: publish_record.unbind(),
+                        rejected_payload: rejected_payload.unbind(),
+                        produce: produce.unbind(),
+                        delivery_ref: delivery_ref.unbind(),
+                        given_up_late_reasons: reasons.unbind(),
+                    }
+                },
+            ),
         }
+    }
+
+    /// gateway.ingest's `_publish` for the plain event records among a pipeline's `outputs`, in one call: each
+    /// becomes its `Produce(topic, key, value, DeliveryRef(source_id, stream, seq, kind, release_ts_us),
+    /// timestamp_ms, headers)`. Any other output is handed back as it is, in its place, for `_publish` to handle:
+    /// not a PublishRecord, a refused payload, a late record whose reason `_publish` checks against the tracker, a
+    /// (stream, kind) not in `topics` yet, a value orjson refuses, one over `max_record_bytes`, a timestamp past 64
+    /// bits. Returns the list and how many outputs it handed back.
+    fn produce_records<'py>(
+        &mut self,
+        outputs: &Bound<'py, PyList>,
+        topics: &Bound<'py, PyDict>,
+        max_record_bytes: usize,
+    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+        let py = outputs.py();
+        guard("RecordBuilder.produce_records", || {
+            let Some(classes) = self.produce.as_ref() else {
+                return Err(PyTypeError::new_err(
+                    "produce_records needs RecordBuilder(produce=...)",
+                ));
+            };
+            let classes = [
+                classes.publish_record.bind(py).clone(),
+                classes.rejected_payload.bind(py).clone(),
+                classes.produce.bind(py).clone(),
+                classes.delivery_ref.bind(py).clone(),
+                classes.given_up_late_reasons.bind(py).clone(),
+            ];
+            let attrs = Attrs::get(py);
+            let out = PyList::empty(py);
+            let mut handed_back = 0;
+            let mut scratch = (
+                Vec::with_capacity(ATTR_NAMES.len()),
+                Vec::with_capacity(512),
+            );
+            let mut topic: TopicCache<'py> = None;
+            for output in outputs.iter() {
+                let produced = self.produce_one(
+                    &output,
+                    &classes,
+                    &attrs,
+                    (topics, &mut topic),
+                    max_record_bytes,
+                    &mut scratch,
+                )?;
+                if let Some(produce) = produced {
+                    out.append(produce)?;
+                } else {
+                    handed_back += 1;
+                    out.append(output)?;
+                }
+            }
+            Ok((out, handed_back))
+        })
     }
 
     /// One (key, value, timestamp_ms, headers) per EventRecord, `late[i]` saying whether it goes to the late
@@ -614,49 +824,9 @@ impl RecordBuilder {
             let mut buf = Vec::with_capacity(512);
             let mut fields = Vec::with_capacity(ATTR_NAMES.len());
             for (record, &on_late) in records.iter().zip(&late) {
-                fields.clear();
-                for i in 0..ATTR_NAMES.len() {
-                    fields.push(record.getattr(attrs.name(py, i))?);
-                }
-                buf.clear();
-                let value: Bound<'py, PyAny> = match Self::native_json(&fields, &mut buf) {
-                    Ok(()) => PyBytes::new(py, &buf).into_any(),
-                    Err(NotNative) => {
-                        self.fallbacks += 1;
-                        match record.call_method0("to_json") {
-                            Ok(v) => v,
-                            Err(e)
-                                if e.is_instance_of::<PyTypeError>(py)
-                                    || e.is_instance_of::<PyValueError>(py) =>
-                            {
-                                e.into_value(py).into_bound(py).into_any()
-                            }
-                            Err(e) => return Err(e),
-                        }
-                    }
-                };
-                let Ok(source_id) = fields[1].cast_exact::<PyString>() else {
-                    return Err(PyTypeError::new_err(
-                        "an EventRecord's source_id must be a str",
-                    ));
-                };
-                // EventRecord.key is source_id.encode(): the same bytes, without the property call.
-                let key = match source_id.to_str() {
-                    Ok(text) => PyBytes::new(py, text.as_bytes()).into_any(),
-                    Err(_) => record.getattr("key")?,
-                };
-                let headers = self
-                    .event_headers(py, source_id.to_str()?, on_late)?
-                    .into_bound(py)
-                    .into_any();
-                // Times beyond 64 bits make to_json fail (orjson): such a record is refused, it has no timestamp.
-                let ts = match (py_int(&fields[4]), py_int(&fields[7])) {
-                    (Some(ref_us), Some(release_us)) => kafka_timestamp_ms(ref_us, release_us)
-                        .into_pyobject(py)?
-                        .into_any(),
-                    _ => py.None().into_bound(py),
-                };
-                out.append(PyTuple::new(py, [key, value, ts, headers])?)?;
+                read_fields(record, &attrs, &mut fields)?;
+                let built = self.build_one(record, &fields, on_late, &mut buf)?;
+                out.append(PyTuple::new(py, built)?)?;
             }
             Ok(out)
         })

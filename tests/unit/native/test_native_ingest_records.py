@@ -1,7 +1,8 @@
 """The gateway's ingest core with its native cores (gateway.native: the record builder, and the pipeline's reorderers
 and mergers) against the same core running the Python ones (the specification): the same calls in, the same actions
 out, byte for byte, through gaps, give-ups, late events, duplicates, heartbeats, byes and returns, a restart from
-the checkpointed progress, payloads the encoder refuses and records over the size limit."""
+the checkpointed progress, payloads the encoder refuses, payloads the decoder refused (RejectedPayload), interval
+events, two streams, and records over the size limit."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.topics import TopicNames
-from contract.wire.messages import Heartbeat, IncomingEvent
+from contract.wire.messages import AtomicInterval, Heartbeat, IncomingEvent, IntervalEndpoint, RejectedPayload
 from gateway.ingest import ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
 from gateway.native import native_record_builder, with_core
 from timesync.clocks import FixedOffsetMapping
@@ -24,7 +25,9 @@ payloads = st.one_of(
     st.dictionaries(st.text(max_size=4), st.integers() | st.floats() | st.text(max_size=4), max_size=3),
     st.just({"big": 2**70}),  # orjson refuses it: an encode failure, told to the source
     st.just("x" * 700),  # over the record limit below: refused as too large
+    st.just(RejectedPayload("not JSON")),  # the decoder refused it: settled, never produced
 )
+STREAMS = ("s", "t")
 
 
 def build_core(native: bool) -> IngestCore:
@@ -34,7 +37,8 @@ def build_core(native: bool) -> IngestCore:
                               pipeline=with_core(config.pipeline, "native"))
     core = IngestCore(TopicNames("t"), FixedOffsetMapping({"a": 0, "é-b": 1_500, 'c"q': -700}, error_bound_us=3),
                       config)
-    core.stream_created("s")
+    for stream in STREAMS:
+        core.stream_created(stream)
     return core
 
 
@@ -43,7 +47,7 @@ def build_core(native: bool) -> IngestCore:
 def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.DataObject) -> None:
     cores = [build_core(native=False), build_core(native=True)]
     now = T0
-    next_seq = dict.fromkeys(SOURCES, 0)
+    next_seq = {(source, stream): 0 for source in SOURCES for stream in STREAMS}
 
     def both(call: str, *args: Any) -> None:
         results: list[list[IngestAction]] = [getattr(core, call)(*args) for core in cores]
@@ -54,40 +58,48 @@ def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.D
                     core.on_delivered(action.delivery, None, offset, now)
 
     for source in SOURCES:
-        both("source_registered", source, ("s",), now)
+        both("source_registered", source, STREAMS, now)
     for _ in range(data.draw(st.integers(1, 25))):
         now += data.draw(st.sampled_from([0, 100, 5_000, 300_000, 2_500_000]))
         op = data.draw(st.sampled_from(["events"] * 4 + ["advance", "poll", "heartbeat", "bye", "restart"]))
         if op == "events":
             source = data.draw(st.sampled_from(SOURCES))
+            stream = data.draw(st.sampled_from(STREAMS))
             batch = []
             for _ in range(data.draw(st.integers(1, 5))):
-                seq = max(0, next_seq[source] + data.draw(st.sampled_from([0, 0, 0, 1, 2, -1, -3])))
-                next_seq[source] = max(next_seq[source], seq + 1)
+                seq = max(0, next_seq[source, stream] + data.draw(st.sampled_from([0, 0, 0, 1, 2, -1, -3])))
+                next_seq[source, stream] = max(next_seq[source, stream], seq + 1)
                 stamp = T0 + 10 * seq + data.draw(st.sampled_from([0, 0, 50, -20_000]))
-                batch.append(IncomingEvent("s", seq, stamp, data.draw(payloads)))
+                interval = data.draw(st.sampled_from([None, None, None, AtomicInterval(stamp - 30),
+                                                      IntervalEndpoint("i", "start")]))
+                batch.append(IncomingEvent(stream, seq, stamp, data.draw(payloads), interval))
             both("events_received", ConnectionId(1), source, tuple(batch), now)
         elif op == "advance":
             both("advance", now)
         elif op == "heartbeat":
             source = data.draw(st.sampled_from(SOURCES))
-            both("heartbeat_received", source, Heartbeat(T0 + 10 * next_seq[source], {"s": next_seq[source]}), now)
+            both("heartbeat_received", source, Heartbeat(T0 + 10 * next_seq[source, "s"],
+                                                         {stream: next_seq[source, stream] for stream in STREAMS}), now)
         elif op == "bye":
             source = data.draw(st.sampled_from(SOURCES))
             both("source_left", source, now)
-            both("source_registered", source, ("s",), now + 1)
+            both("source_registered", source, STREAMS, now + 1)
         elif op == "restart":
             # A cut: each core comes back with what its Kafka would hold (the progress of its committed records).
-            progress = [core.stream_progress("s") for core in cores]
+            progress = [[core.stream_progress(stream) for stream in STREAMS] for core in cores]
             assert progress[1] == progress[0]
             cores = [build_core(native=False), build_core(native=True)]
-            if progress[0] is not None:
-                for core, held in zip(cores, progress, strict=True):
-                    core.stream_recovered(copy.deepcopy(held), now)
+            for core, held in zip(cores, progress, strict=True):
+                for stream_progress in held:
+                    if stream_progress is not None:
+                        core.stream_recovered(copy.deepcopy(stream_progress), now)
             for source in SOURCES:  # the sources reconnect
-                both("source_registered", source, ("s",), now)
+                both("source_registered", source, STREAMS, now)
         else:
             both("poll", now)
     now += 10_000_000
     both("advance", now)
     assert vars(cores[1].counters) == vars(cores[0].counters)
+    assert vars(cores[1].pipeline.counters) == vars(cores[0].pipeline.counters)
+    assert [cores[1].stream_progress(stream) for stream in STREAMS] == [cores[0].stream_progress(stream)
+                                                                         for stream in STREAMS]
