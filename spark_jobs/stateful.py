@@ -533,29 +533,11 @@ class EventsTopicPartitions:
         return self._known[stream]
 
 
-class CoreJobOptions(Protocol):
-    """The options every core job shares (each job's options dataclass has these fields: :class:`JobOptions`)."""
-
-    @property
-    def bootstrap_servers(self) -> str: ...
-    @property
-    def topic_prefix(self) -> str: ...
-    @property
-    def streams(self) -> tuple[str, ...]: ...
-    @property
-    def checkpoint_dir(self) -> str | None: ...
-    @property
-    def available_now(self) -> bool: ...
-    @property
-    def processing_time(self) -> str: ...
-    @property
-    def console(self) -> bool: ...
-
-
 @dataclass(frozen=True)
 class JobOptions:
-    """:class:`CoreJobOptions` written once: a job's options dataclass derives from it and adds its own fields.
-    All but ``bootstrap_servers`` are keyword-only, so a job's own required fields (a query) may follow it."""
+    """The options every core job shares (:func:`start_core_job` reads them): a job's options dataclass derives
+    from it and adds its own fields. All but ``bootstrap_servers`` are keyword-only, so a job's own required fields
+    (a query) may follow it."""
 
     bootstrap_servers: str
     _: KW_ONLY
@@ -615,7 +597,7 @@ def remove_temporary_checkpoints() -> None:
         shutil.rmtree(_TEMPORARY_CHECKPOINTS.pop(), ignore_errors=True)
 
 
-def start_core_job(spark: Any, job: str, options: CoreJobOptions, factory: CoreFactory,
+def start_core_job(spark: Any, job: str, options: JobOptions, factory: CoreFactory,
                    **apply_options: Any) -> Any:
     """Read the streams' events and late topics, run one core per stream, write `skewless.results.<job>`;
     returns the query. ``apply_options`` go to :func:`apply_stream_cores`."""
