@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 
@@ -25,7 +30,7 @@ from spark_jobs import pattern as pattern_job
 from spark_jobs import sequence as sequence_job
 from spark_jobs import three_window, window_count
 from spark_jobs.session import SHUFFLE_PARTITIONS_ENV, create_spark_session, stop_spark
-from spark_jobs.stateful import remove_temporary_checkpoints
+from spark_jobs.stateful import JobOptions, remove_temporary_checkpoints
 
 if TYPE_CHECKING:
     from cep.sase import Query
@@ -98,29 +103,79 @@ def _streams(stream: list[str] | None) -> tuple[str, ...]:
     return tuple(validate_streams(stream or (), "'--stream'"))
 
 
-@spark_app.command("window-count")
+_Options = TypeVar("_Options", bound=JobOptions)
+
+
+@dataclass(frozen=True)
+class JobCommandArgs:
+    """The options every job command takes, written once: :func:`_job_command` adds them to each command."""
+
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP
+    prefix: Prefix = "skewless"
+    stream: Streams = None
+    checkpoint: Checkpoint = None
+    available_now: AvailableNow = False
+    shuffle_partitions: ShufflePartitions = None
+    config_file: KafkaConfigFile = None
+    kafka_property: KafkaProperties = None
+    spark_kafka_property: SparkKafkaProperties = None
+    replication_factor: ReplicationFactor = None
+
+    def options(self, kind: type[_Options], **own: Any) -> _Options:
+        """The job's options (``kind``): these, the stream names checked, and the job's ``own``."""
+        return kind(self.bootstrap, topic_prefix=self.prefix, streams=_streams(self.stream),
+                    checkpoint_dir=self.checkpoint, available_now=self.available_now, **own)
+
+    def session(self, name: str) -> Any:
+        """The job's Spark session named ``name`` (:func:`_session`)."""
+        return _session(name, self.shuffle_partitions, self.bootstrap, self.config_file, self.kafka_property,
+                        self.spark_kafka_property, self.replication_factor, self.prefix, self.stream)
+
+
+# --help lists these after a command's required options, before its other ones; the rest of JobCommandArgs last.
+_LEADING_ARGS = ("bootstrap", "prefix", "stream")
+
+
+def _job_command(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``body(job: JobCommandArgs, **own)`` as the job command ``name``, taking the body's own options and
+    every job's (:class:`JobCommandArgs`). The body is returned as it is."""
+    hints = typing.get_type_hints(JobCommandArgs, include_extras=True)
+    shared = {f.name: inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                        annotation=hints[f.name]) for f in dataclasses.fields(JobCommandArgs)}
+
+    def register(body: Callable[..., None]) -> Callable[..., None]:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in list(inspect.signature(body, eval_str=True).parameters.values())[1:]]
+        required = [p for p in own if p.default is inspect.Parameter.empty]
+        leading = [shared[n] for n in _LEADING_ARGS]
+        optional = [p for p in own if p.default is not inspect.Parameter.empty]
+        rest = [p for n, p in shared.items() if n not in _LEADING_ARGS]
+        params = [*required, *leading, *optional, *rest]
+
+        def command(**values: Any) -> None:
+            body(JobCommandArgs(**{n: values.pop(n) for n in shared}), **values)
+
+        # typer reads a command's options from its signature and type hints.
+        command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        command.__doc__ = body.__doc__
+        spark_app.command(name)(command)
+        return body
+
+    return register
+
+
+@_job_command("window-count")
 def window_count_command(
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Prefix = "skewless",
-    stream: Streams = None,
+    job: JobCommandArgs,
     window_us: Annotated[int, typer.Option(
         "--window", metavar="DURATION", parser=_UNIT_REQUIRED, show_default="1s",
         help="Tumbling window length, e.g. 1s or 500ms.")] = 1_000_000,
     allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
-    checkpoint: Checkpoint = None,
-    available_now: AvailableNow = False,
-    shuffle_partitions: ShufflePartitions = None,
-    config_file: KafkaConfigFile = None,
-    kafka_property: KafkaProperties = None,
-    spark_kafka_property: SparkKafkaProperties = None,
-    replication_factor: ReplicationFactor = None,
 ) -> None:
     """Count events per stream in tumbling event-time windows, exactly; corrections for late events."""
-    options = window_count.WindowCountOptions(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=_streams(stream), width_us=window_us,
-        allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint, available_now=available_now)
-    spark = _session("skewless-window-count", shuffle_partitions, bootstrap, config_file, kafka_property,
-                     spark_kafka_property, replication_factor, prefix, stream)
+    options = job.options(window_count.WindowCountOptions, width_us=window_us, allowed_lateness_us=allowed_lateness_us)
+    spark = job.session("skewless-window-count")
     _run(spark, window_count.start(spark, options))
 
 
@@ -135,11 +190,9 @@ def _run(spark: object, query: object) -> None:
             remove_temporary_checkpoints()
 
 
-@spark_app.command("three-window")
+@_job_command("three-window")
 def three_window_command(
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Prefix = "skewless",
-    stream: Streams = None,
+    job: JobCommandArgs,
     width_us: Annotated[int, typer.Option(
         "--width-ms", metavar="DURATION", parser=_MS, show_default="1000",
         help="Window length w, e.g. 1s; a bare number is milliseconds.")] = 1_000_000,
@@ -156,47 +209,27 @@ def three_window_command(
         "--max-shift-ms", metavar="DURATION", parser=_MS, show_default="50",
         help="per_event mode: the largest shift HIGH windows wait for; a bare number is milliseconds.")] = 50_000,
     allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
-    checkpoint: Checkpoint = None,
-    available_now: AvailableNow = False,
-    shuffle_partitions: ShufflePartitions = None,
-    config_file: KafkaConfigFile = None,
-    kafka_property: KafkaProperties = None,
-    spark_kafka_property: SparkKafkaProperties = None,
-    replication_factor: ReplicationFactor = None,
 ) -> None:
     """LOW/MIDDLE/HIGH windows per stream and their average (thesis 3.2.3.1): skewless.results.three_window."""
-    streams = _streams(stream)
-    spark = _session("skewless-three-window", shuffle_partitions, bootstrap, config_file, kafka_property,
-                     spark_kafka_property, replication_factor, prefix, stream)
-    query = three_window.start(spark, three_window.ThreeWindowOptions(
-        bootstrap_servers=bootstrap, topic_prefix=prefix, streams=streams, width_us=width_us,
-        slide_us=slide_us, value_field=value_field, emit_early=emit_early,
-        shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us, max_shift_us=max_shift_us,
-        allowed_lateness_us=allowed_lateness_us, checkpoint_dir=checkpoint,
-        available_now=available_now))
+    spark = job.session("skewless-three-window")
+    query = three_window.start(spark, job.options(
+        three_window.ThreeWindowOptions, width_us=width_us, slide_us=slide_us, value_field=value_field,
+        emit_early=emit_early, shift_mode="thesis" if mode == "thesis" else "per_event", ta_us=ta_us,
+        max_shift_us=max_shift_us, allowed_lateness_us=allowed_lateness_us))
     _run(spark, query)
 
 
-@spark_app.command("pattern")
+@_job_command("pattern")
 def pattern_command(
+    job: JobCommandArgs,
     pattern: Annotated[str, typer.Option(help="e.g. \"SEQ(kick: kind == 'kick', goal: kind == 'goal') "
                                               "PARTITION BY team WITHIN 2 s\" (docs/cep.md).")],
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Prefix = "skewless",
-    stream: Streams = None,
     ta_us: TaUs = None,
     allowed_lateness_us: AllowedLateness = ONE_HOUR_US,
     key_groups: Annotated[int | None, typer.Option(
         min=1, help="Key groups per stream: the PARTITION BY key spread over this many Spark groups (default: "
                     "spark.sql.shuffle.partitions; one group without PARTITION BY, or in thesis mode without "
                     "--ta-us). Fixed in the checkpoint.")] = None,
-    checkpoint: Checkpoint = None,
-    available_now: AvailableNow = False,
-    shuffle_partitions: ShufflePartitions = None,
-    config_file: KafkaConfigFile = None,
-    kafka_property: KafkaProperties = None,
-    spark_kafka_property: SparkKafkaProperties = None,
-    replication_factor: ReplicationFactor = None,
 ) -> None:
     """Confirmed/Uncertain sequence patterns under clock uncertainty; results to skewless.results.pattern."""
     from cep.patterns import PatternSpec
@@ -206,13 +239,10 @@ def pattern_command(
     except ValueError as exc:
         # One line: a condition's syntax error shows its column there (its caret lines follow).
         raise typer.BadParameter(str(exc).splitlines()[0], param_hint="'--pattern'") from None
-    streams = _streams(stream)
-    spark = _session("skewless-pattern", shuffle_partitions, bootstrap, config_file, kafka_property,
-                     spark_kafka_property, replication_factor, prefix, stream)
-    query = pattern_job.start(spark, pattern_job.PatternOptions(
-        bootstrap_servers=bootstrap, pattern=pattern, topic_prefix=prefix, streams=streams, ta_us=ta_us,
-        allowed_lateness_us=allowed_lateness_us, key_groups=key_groups, checkpoint_dir=checkpoint,
-        available_now=available_now))
+    spark = job.session("skewless-pattern")
+    query = pattern_job.start(spark, job.options(
+        pattern_job.PatternOptions, pattern=pattern, ta_us=ta_us, allowed_lateness_us=allowed_lateness_us,
+        key_groups=key_groups))
     _run(spark, query)
 
 
@@ -222,13 +252,11 @@ _SequenceKeyGroups = Annotated[int | None, typer.Option(
                 "--constraint). A record's emitted_at is then its group's CLOCK. Fixed in the checkpoint.")]
 
 
-@spark_app.command("sequence")
+@_job_command("sequence")
 def sequence_command(
+    job: JobCommandArgs,
     query: Annotated[str, typer.Option(help="e.g. \"EVENT SEQ(SHELF s, !(CHECKOUT c), EXIT e) WHERE s.id = c.id "
                                             "AND c.id = e.id WITHIN 1 hour\" (docs/sase.md).")],
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Prefix = "skewless",
-    stream: Streams = None,
     type_field: Annotated[str, typer.Option(help="Payload field holding the event type.")] = "type",
     mode: Annotated[Literal["conservative", "aggressive"], typer.Option(
         help="conservative: emit a match once no late event can invalidate it; aggressive: emit at once, then "
@@ -248,13 +276,6 @@ def sequence_command(
         help="With --constraint: an early_alert record once a match is certain. Sound only if every trace of the "
              "constraint spans less than the query's WITHIN window (your promise).")] = False,
     key_groups: _SequenceKeyGroups = None,
-    checkpoint: Checkpoint = None,
-    available_now: AvailableNow = False,
-    shuffle_partitions: ShufflePartitions = None,
-    config_file: KafkaConfigFile = None,
-    kafka_property: KafkaProperties = None,
-    spark_kafka_property: SparkKafkaProperties = None,
-    replication_factor: ReplicationFactor = None,
 ) -> None:
     """SASE sequence queries over the ordered stream; matches and compensations to skewless.results.sequence."""
     from cep.sase import SaseError, parse_query
@@ -264,16 +285,12 @@ def sequence_command(
     except SaseError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--query'") from None
     _check_constraint(parsed, constraint, constraint_checker, early_alerts)
-    streams = _streams(stream)
-    spark = _session("skewless-sequence", shuffle_partitions, bootstrap, config_file, kafka_property,
-                     spark_kafka_property, replication_factor, prefix, stream)
-    started = sequence_job.start(spark, sequence_job.SequenceOptions(
-        bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=streams,
-        type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
-        k_slack_us=k_slack_us, allowed_lateness_us=allowed_lateness_us, constraint=constraint,
-        constraint_checker=constraint_checker, early_alerts=early_alerts, key_groups=key_groups,
-        checkpoint_dir=checkpoint,
-        available_now=available_now))
+    spark = job.session("skewless-sequence")
+    started = sequence_job.start(spark, job.options(
+        sequence_job.SequenceOptions, query=query, type_field=type_field,
+        mode="aggressive" if mode == "aggressive" else "conservative", k_slack_us=k_slack_us,
+        allowed_lateness_us=allowed_lateness_us, constraint=constraint, constraint_checker=constraint_checker,
+        early_alerts=early_alerts, key_groups=key_groups))
     _run(spark, started)
 
 
@@ -288,13 +305,11 @@ def _check_constraint(parsed: Query, constraint: str | None, checker: Literal["b
         raise typer.BadParameter("needs --constraint", param_hint="'--early-alerts'")
 
 
-@spark_app.command("iseq")
+@_job_command("iseq")
 def iseq_command(
+    job: JobCommandArgs,
     query: Annotated[str, typer.Option(help="e.g. \"EVENT ISEQ[a.te < b.ts AND b.te < d.te AND d.ts < c.ts AND "
                                             "b.te < c.ts](A a, B b, !D d, C c; 30 s)\" (docs/intervals.md).")],
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    prefix: Prefix = "skewless",
-    stream: Streams = None,
     type_field: Annotated[str, typer.Option(help="Payload field holding the event type.")] = "type",
     mode: Annotated[Literal["conservative", "aggressive"], typer.Option(
         help="conservative: emit a result once no later interval can negate it; aggressive: emit at once, then "
@@ -321,24 +336,15 @@ def iseq_command(
                     "groups (default 1; one group also without a key, with a negated element or --k-slack-ms). "
                     "Both endpoints of an interval sent as endpoints must then carry the key. Fixed in the "
                     "checkpoint.")] = None,
-    checkpoint: Checkpoint = None,
-    available_now: AvailableNow = False,
-    shuffle_partitions: ShufflePartitions = None,
-    config_file: KafkaConfigFile = None,
-    kafka_property: KafkaProperties = None,
-    spark_kafka_property: SparkKafkaProperties = None,
-    replication_factor: ReplicationFactor = None,
 ) -> None:
     """ISEQ interval queries over the ordered stream; results and compensations to skewless.results.iseq."""
-    options = iseq_job.IseqOptions(
-        bootstrap_servers=bootstrap, query=query, topic_prefix=prefix, streams=_streams(stream),
-        type_field=type_field, mode="aggressive" if mode == "aggressive" else "conservative",
-        k_slack_us=k_slack_us, indexing="naive" if indexing == "naive" else "ibp" if indexing == "ibp" else "ais",
-        punctuated_types=tuple(punctuated_type or ()), from_points=from_points, levels=levels,
-        key_groups=key_groups, checkpoint_dir=checkpoint, available_now=available_now)
+    options = job.options(
+        iseq_job.IseqOptions, query=query, type_field=type_field,
+        mode="aggressive" if mode == "aggressive" else "conservative", k_slack_us=k_slack_us,
+        indexing="naive" if indexing == "naive" else "ibp" if indexing == "ibp" else "ais",
+        punctuated_types=tuple(punctuated_type or ()), from_points=from_points, levels=levels, key_groups=key_groups)
     _check_iseq(options)
-    spark = _session("skewless-iseq", shuffle_partitions, bootstrap, config_file, kafka_property,
-                     spark_kafka_property, replication_factor, prefix, stream)
+    spark = job.session("skewless-iseq")
     _run(spark, iseq_job.start(spark, options))
 
 
