@@ -81,6 +81,8 @@ class PendingEvent:
     """The payload's msgpack, encoded once by ``send()`` (its size check); None: encoded when first framed."""
     encoded: bytes | None = None
     """This event's msgpack map on the wire, built when first framed and reused by every resend."""
+    written: bool = False
+    """Taken by the sender to be written (it writes what it takes at once), on any connection, at least once."""
 
     def to_wire(self) -> dict[str, Any]:
         return build_event(self.stream, self.seq, self.source_ts_us, self.payload, self.interval)
@@ -193,6 +195,8 @@ class UnackedStore:
 
     def requeue_front(self, events: Sequence[PendingEvent]) -> None:
         """Put a batch taken with ``take_batch`` back (nothing could carry it)."""
+        for event in events:
+            event.written = False  # never went out (a resend keeps ``resend``: it may have reached the gateway)
         self._outbox.extendleft(reversed(events))
 
     def add(self, stream: str, seq: int, source_ts_us: int, payload: Any,
@@ -202,7 +206,9 @@ class UnackedStore:
         events = self._events[stream]
         if seq in events:
             raise ValueError(f"stream {stream!r} seq {seq} was already sent")
-        if seq <= self._acked_through[stream]:
+        if seq <= self._acked_through[stream] or self._in_unsent_gap(stream, seq):
+            # The gateway gave this seq up before the application sent it (its ``gap`` notice came first; its ack
+            # may still be on the way): sent once, for the late topic, never waited for.
             given_up = self._add_given_up(stream, seq, source_ts_us, payload, interval)
             given_up.payload_msgpack = payload_msgpack
             return given_up
@@ -214,6 +220,10 @@ class UnackedStore:
         self._outbox.append(event)
         self._count += 1
         return event
+
+    def _in_unsent_gap(self, stream: str, seq: int) -> bool:
+        gaps = self._unsent_gaps[stream]
+        return bool(gaps) and any(first <= seq <= last for first, last, _reason in gaps)
 
     def _add_given_up(self, stream: str, seq: int, source_ts_us: int, payload: Any,
                       interval: EventInterval | None) -> PendingEvent:
@@ -240,6 +250,7 @@ class UnackedStore:
         while outbox and len(batch) < max_events:
             event = outbox.popleft()
             if event.seq > self._acked_through[event.stream] or event.given_up:
+                event.written = True
                 batch.append(event)
         return batch
 
@@ -250,17 +261,34 @@ class UnackedStore:
 
     def ack(self, stream: str, seq: int) -> int:
         """Cumulative ack; returns how many events it released (0 for a stale or unknown ack)."""
+        return self.ack_passing(stream, seq)[0]
+
+    def ack_passing(self, stream: str, seq: int) -> tuple[int, list[PendingEvent]]:
+        """Cumulative ack: how many events it released, and the events it passed that were never written.
+
+        The gateway can pass a seq it never received only by giving it up, and its ``gap`` notice may come after
+        this ack (on another pool connection, or not yet read). Such an event is not acknowledged: it becomes
+        ``given_up``, no longer unacknowledged, and stays queued to be written once, for the late topic. Taken for
+        acked, it would be skipped unsent and lost. (Written before, or queued again after a connection loss or
+        from a spool, it may have reached the gateway: released as acked.)"""
         if stream not in self._events or seq <= self._acked_through[stream]:
-            return 0
+            return 0, []
         self._acked_through[stream] = seq
         events, heap = self._events[stream], self._heaps[stream]
         released = 0
+        passed_unsent: list[PendingEvent] = []
         while heap and heap[0] <= seq:
             # A seq given up or forgotten meanwhile left only its heap entry behind.
-            if events.pop(heapq.heappop(heap), None) is not None:
+            event = events.pop(heapq.heappop(heap), None)
+            if event is None:
+                continue
+            if not (event.written or event.resend):
+                event.given_up = True
+                passed_unsent.append(event)
+            else:
                 released += 1
-        self._count -= released
-        return released
+        self._count -= released + len(passed_unsent)
+        return released, passed_unsent
 
     def give_up(self, stream: str, first_seq: int, last_seq: int, reason: str = "timeout") -> list[PendingEvent]:
         """The gateway gave ``first_seq..last_seq`` up (a ``gap`` notice): the events of it held here are no longer

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from clients.core import DeliveryWatch, HeartbeatPromise, SeqAssigner, UnackedStore, payload_fits
+from clients.core import DeliveryWatch, HeartbeatPromise, PendingEvent, SeqAssigner, UnackedStore, payload_fits
 from clients.errors import (
     ClientClosed,
     EventGivenUp,
@@ -287,7 +287,9 @@ class SendWindow:
 
     def on_ack(self, ack: Ack) -> None:
         stream, seq = ack.stream, ack.seq
-        released = self.store.ack(stream, seq)
+        released, passed_unsent = self.store.ack_passing(stream, seq)
+        if passed_unsent:
+            self._passed_unsent(passed_unsent)
         self.acked_streams.add(stream)
         if len(self.deliveries):
             for acked_seq, future in self.deliveries.acked(stream, seq):
@@ -300,6 +302,21 @@ class SendWindow:
             if self.spool is not None:
                 self.spool.append_ack(stream, seq)
             self.made_room()
+
+    def _passed_unsent(self, events: list[PendingEvent]) -> None:
+        """Events an ack passed before they were written: the gateway gave them up (``UnackedStore.ack_passing``);
+        their futures fail as a ``gap`` notice's would, and each is written once."""
+        for event in events:
+            reason = self.gap_reason(event.stream, event.seq)
+            future = self.deliveries.refused(event.stream, event.seq)
+            if future is not None and not future.done():
+                future.set_exception(EventGivenUp(event.stream, event.seq, reason, True))
+                future.exception()  # retrieved: logged below
+        self._stats.events_given_up += len(events)
+        log.warning("%s: the gateway's ack passed %d events before they were written (given up); each is sent once "
+                    "for the late topic", self._source_id, len(events))
+        self.wake_sender()
+        self.made_room()
 
     def gap_reason(self, stream: str, seq: int) -> str:
         return next((g.reason for g in reversed(self.gaps) if g.stream == stream and g.first_seq <= seq <= g.last_seq),

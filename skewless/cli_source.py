@@ -144,6 +144,7 @@ class ReplaySummary:
     planned_s: float
     max_lag_s: float
     acked: int
+    given_up: int
     reconnects: int
     resent: int
 
@@ -151,7 +152,8 @@ class ReplaySummary:
         rate = self.events / self.duration_s if self.duration_s > 0 else 0.0
         return (f"replayed {self.events} events from {self.sources} sources in {self.duration_s:.2f} s "
                 f"(planned {self.planned_s:.2f} s, max lag {self.max_lag_s * 1e3:.1f} ms, {rate:,.0f} events/s); "
-                f"acked {self.acked}, reconnects {self.reconnects}, resent {self.resent}")
+                f"acked {self.acked}, given up by the gateway {self.given_up} (sent once for the late topic), "
+                f"reconnects {self.reconnects}, resent {self.resent}")
 
 
 def _not_a_seq_conflict(record: logging.LogRecord) -> bool:
@@ -225,6 +227,7 @@ async def replay_trace(events: Sequence[TraceEvent], host: str, port: int, optio
         events=len(plan), sources=len(clients), duration_s=time.perf_counter() - wall_started,
         planned_s=plan[-1].at_s if plan else 0.0, max_lag_s=max_lag,
         acked=sum(c.stats.events_acked for c in clients.values()),
+        given_up=sum(c.stats.events_given_up for c in clients.values()),
         reconnects=sum(c.stats.reconnects for c in clients.values()),
         resent=sum(c.stats.events_resent for c in clients.values()))
 

@@ -48,9 +48,11 @@ async def _skewless(*args: str, wrapper: tuple[str, ...] = (), timeout_s: float,
 @pytest.mark.parametrize(("events_per_source", "one_cpu", "zombie_s"), [
     # 3x5000 lost 1 of 15,000 events in a fresh-clone run on 8ee39a5: flush() returned with a given-up seq's one
     # send still queued, and close() dropped it (fixed: test_flush_writes_a_given_up_seqs_one_send_before_it_returns).
-    # It lost 1 of 15,000 again (8 late) in a fresh-clone run on 91848d4, cause not found yet: in the long suite
-    # until it is; its one-CPU twin stays in CI.
-    pytest.param(5_000, False, 0.0, id="3x5000", marks=LONG),
+    # It lost 1 of 15,000 again (8 late) on 91848d4 and in 2 of 16 runs in a loop: the gap notice for a trace's
+    # late seq came before the application sent it, its ack after; the SDK queued the seq as a new event, the ack
+    # released it unsent and the sender skipped it (fixed: test_an_ack_passing_events_never_written_gives_them_up_
+    # and_they_go_out_once, test_a_seq_of_a_gap_notice_sent_before_its_ack_came_is_given_up_at_once).
+    pytest.param(5_000, False, 0.0, id="3x5000"),
     pytest.param(5_000, True, 0.0, id="3x5000-one-cpu"),
     pytest.param(25_000, False, 0.0, id="3x25000", marks=LONG),
     pytest.param(25_000, True, 0.0, id="3x25000-one-cpu", marks=LONG),
