@@ -11,6 +11,8 @@ Run: .venv/bin/python benchmarks/spark_cep_profile.py (benchmarks/spark_three_wi
 with many keys and small batches each batch touches a few of them, which is what an incremental snapshot is for.
 ``--jobs``, ``--events``, ``--batches`` pick a subset and the batch shape, ``--no-tree`` skips the call tree (e.g. to
 run this script against an older checkout's code: ``PYTHONPATH=<checkout> python benchmarks/spark_cep_profile.py``).
+``--cprofile N`` runs each job's state function once more under cProfile and prints its N costliest functions by
+own time (and by cumulative time): deterministic counts of calls, where pyinstrument samples.
 """
 
 from __future__ import annotations
@@ -158,6 +160,23 @@ def write_profile_tree(jobs: tuple[str, ...] = PROFILED_JOBS) -> Path:
     return out
 
 
+def cprofile_top(job: str, events: int, batches: int, keys: int, top: int) -> str:
+    """cProfile of :func:`phase_costs` for one job: its ``top`` functions by own time, then by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    phase_costs(job, events, batches, keys)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
 def main() -> None:
     import argparse
 
@@ -168,6 +187,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--keys", type=int, default=DEFAULT_KEYS, help="partition keys (payload ids) in turn")
     parser.add_argument("--no-tree", action="store_true", help="skip the pyinstrument call tree")
+    parser.add_argument("--cprofile", type=int, metavar="N", help="print each job's N costliest functions (cProfile)")
     args = parser.parse_args()
     phases = {}
     for job in args.jobs:
@@ -175,6 +195,10 @@ def main() -> None:
         per = {k: spent[k] * 1e6 / spent["events"] for k in ("shell", "state", "core", "total")}
         print(f"{job:>13}: " + "  ".join(f"{k} {v:5.1f} us/event" for k, v in per.items())
               + f"  blob {spent['blob_bytes'] / 1e6:.2f} MB", flush=True)
+    if args.cprofile is not None:
+        for job in args.jobs:
+            print(f"===== cProfile, {job}: {args.batches} micro-batches x {args.events:,} events =====")
+            print(cprofile_top(job, args.events, args.batches, args.keys, args.cprofile), flush=True)
     if not args.no_tree:
         print(f"wrote {write_profile_tree()}")
     if args.json is not None:
