@@ -182,6 +182,7 @@ from contract.wire.messages import MAX_SOURCE_ID_CHARS
 from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker
 from gateway.clock_state import clock_state_record
 from gateway.logs import limited_log
+from reorder.merger import MergeOutput
 from reorder.pipeline import (
     IngestPipeline,
     PipelineConfig,
@@ -190,7 +191,7 @@ from reorder.pipeline import (
     PublishRecord,
     PublishRefused,
 )
-from reorder.records import GapSkipped
+from reorder.records import GapSkipped, SourceEvent
 from timesync.clocks import ReferenceMapping
 from timesync.store import SourceInfo
 
@@ -269,11 +270,19 @@ class RecordBuilderCore(Protocol):
 
     def build_events(self, records: list[EventRecord], late: list[bool]) -> list[BuiltRecord]: ...
 
-    def produce_records(self, outputs: list[PipelineOutput], topics: dict[tuple[str, str], str],
-                        max_record_bytes: int) -> tuple[list[Produce | PipelineOutput], int]:
-        """``IngestCore._publish_one`` for each plain event record of ``outputs`` (topic from ``topics``, keyed by
-        (stream, kind)); every other output is handed back in its place. Returns the list and how many it handed
-        back."""
+    def publish_to(self, topics: dict[tuple[str, str], str], max_record_bytes: int) -> None:
+        """Where ``produce_records`` and ``build_merged`` publish: the core's topic cache ((stream, kind) -> topic,
+        which ``_publish_one`` fills) and its ``max_record_bytes``."""
+        ...
+
+    def produce_records(self, outputs: list[PipelineOutput]) -> tuple[list[Produce | PipelineOutput], list[int]]:
+        """``IngestCore._publish_one`` for each plain event record of ``outputs``; every other output is handed back
+        in its place. Returns the list and the positions of the outputs handed back."""
+        ...
+
+    def build_merged(self, merged: list[MergeOutput], run: list[tuple[SourceEvent, int, tuple[int, int]]],
+                     clock: ReferenceMapping) -> tuple[list[object], list[int]]:
+        """reorder.pipeline's ``MergedRecordsCore``: the Produce actions of the merge's plain releases."""
         ...
 
 
@@ -581,6 +590,10 @@ class IngestCore:
         self._topic_names: dict[tuple[str, str], str] = {}
         self._event_headers: dict[tuple[str, str], Headers] = {}
         self._record_builder = None if self.config.record_builder is None else self.config.record_builder()
+        if self._record_builder is not None:
+            # Rule 7's records of the merge's plain releases are built in one call per run (reorder.pipeline).
+            self._record_builder.publish_to(self._topic_names, self.config.max_record_bytes)
+            self.pipeline.merged_records = self._record_builder
         # Rule 11: sources with no connection left, since when; swept every IDLE_SWEEP_INTERVAL_US by poll.
         self._disconnected_since: dict[str, int] = {}
         self._next_idle_sweep_us = 0
@@ -1429,15 +1442,13 @@ class IngestCore:
         # The builder turns the plain event records into their Produce actions in one call (rule 7's bytes and
         # headers, the same as _publish_one gives them) and hands back, in place, every output it leaves to
         # _publish_one: punctuations, refusals, refused payloads, late records rule 13 relabels, the rare rest.
-        produced, handed_back = builder.produce_records(outputs, self._topic_names, self.config.max_record_bytes)
-        if not handed_back:
-            actions += cast(list[Produce], produced)
-            return actions
-        for item in produced:
-            if isinstance(item, Produce):
-                actions.append(item)
-            else:
-                self._publish_one(item, actions)
+        produced, handed_back = builder.produce_records(outputs)
+        start = 0
+        for position in handed_back:
+            actions += cast(list[Produce], produced[start:position])
+            self._publish_one(cast(PipelineOutput, produced[position]), actions)
+            start = position + 1
+        actions += cast(list[Produce], produced[start:])
         return actions
 
     def _publish_one(self, output: PipelineOutput, actions: list[IngestAction]) -> None:

@@ -29,7 +29,7 @@ from gateway.session import (
 )
 from reorder.merger import MergerConfig
 from reorder.pipeline import MergerCore, PipelineConfig, PipelineCores, PublishRecord, SequenceCore
-from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceTimedOut
+from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
 from reorder.sequence import SequenceConfig
 from timesync.clocks import ReferenceMapping
 
@@ -81,11 +81,12 @@ def native_merger(stream: str, clock: ReferenceMapping, config: MergerConfig,
 
 def native_record_builder() -> RecordBuilderCore:
     """The Rust builder of rule 7's record bytes (key, value, timestamp, headers), one call per batch, and of the
-    Produce actions of a batch's plain event records (``IngestCore._publish``)."""
+    Produce actions of a batch's plain event records (``IngestCore._publish``) and of a run's plain releases
+    (``IngestPipeline._push_run``: no EventRecord or PublishRecord in between)."""
     import skewless_native
 
     return cast(RecordBuilderCore, skewless_native.RecordBuilder(
-        produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, GIVEN_UP_LATE_REASONS)))
+        produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, GIVEN_UP_LATE_REASONS, Merged, SourceEvent)))
 
 
 NATIVE_PIPELINE_CORES = PipelineCores(native_sequence_reorderer, native_merger)

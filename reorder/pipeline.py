@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from contract.records import MAX_TS_US, MIN_TS_US, REF_RAISED_US, EventRecord
 from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint
@@ -111,6 +111,17 @@ class MergerCore(Protocol):
 MergerFactory = Callable[[str, ReferenceMapping, MergerConfig, Callable[[str, int], int]], MergerCore]
 """Builds the merger of a stream from its clock, its config and its ``timeout_for`` (how long to wait for a silent
 source): a floor above this one injects the native core."""
+
+
+class MergedRecordsCore(Protocol):
+    """Builds the caller's own outputs (the gateway's Produce actions, gateway.native's record builder) for the
+    merge's plain releases of a run, in one call, exactly as the caller would from their PublishRecords."""
+
+    def build_merged(self, merged: list[MergeOutput], run: list[tuple[SourceEvent, int, tuple[int, int]]],
+                     clock: ReferenceMapping) -> tuple[list[object], list[int]]:
+        """``merged``: what ``MergerCore.push_run(run)`` returned. Each item's built output, or the item itself in
+        its place where it leaves it to ``_records``; with the positions of those."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -261,6 +272,9 @@ class IngestPipeline:
         # The gaps the reorderers gave up, for a caller that acts on them (the gateway: its acks pass them and the
         # source is told, issue 24 item 2): None keeps none (the replay); a list collects them, the caller drains it.
         self.gaps_given_up: list[GapSkipped] | None = None
+        # What builds the caller's outputs of a run's plain releases itself (the gateway's native record builder):
+        # they go into the outputs as it built them, counted as released; None: every release is a PublishRecord.
+        self.merged_records: MergedRecordsCore | None = None
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -483,9 +497,24 @@ class IngestPipeline:
                   now_us: int, out: list[PipelineOutput]) -> None:
         """Hands the run to the merger and empties it (the caller collects the next run in the same list)."""
         merged = pipeline.merger.push_run(source_id, run, now_us)
-        errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
+        if not merged:  # the merge waits for another source: nothing to build
+            run.clear()
+            return
+        if self.merged_records is None:
+            errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
+            run.clear()
+            self._records(merged, out, None, None, None, errors)
+            return
+        built, handed_back = self.merged_records.build_merged(merged, run, self.clock)
+        self.counters.released += len(built) - len(handed_back)
+        run_errors = {id(event): mapped[1] for event, _arrival_us, mapped in run} if handed_back else None
         run.clear()
-        self._records(merged, out, None, None, None, errors)
+        start = 0
+        for position in handed_back:  # the merge's other outputs, and releases the builder left to _records
+            out += cast(list[PipelineOutput], built[start:position])
+            self._records([cast(MergeOutput, built[position])], out, None, None, None, run_errors)
+            start = position + 1
+        out += cast(list[PipelineOutput], built[start:])
 
     def heartbeat(self, source_id: str, next_seq: dict[str, int], source_ts_us: int,
                   now_us: int) -> list[PipelineOutput]:

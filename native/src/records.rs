@@ -11,13 +11,14 @@
 //! orjson's by construction; `fallbacks` counts those records.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::decode::guard;
 use crate::decode::pyrepr::{shortest_digits, write_fixed};
+
+mod produce;
 
 /// contract.records.CONTRACT_VERSION (a unit test compares them).
 pub const CONTRACT_VERSION: u32 = 2;
@@ -436,31 +437,9 @@ pub struct RecordBuilder {
     /// Records whose JSON orjson wrote (see the module doc).
     #[pyo3(get)]
     fallbacks: u64,
-    /// What `produce_records` builds and recognises (`produce=` of the constructor).
-    produce: Option<ProduceClasses>,
+    /// What `produce_records` and `build_merged` build with (`produce=` of the constructor, then `publish_to`).
+    produce: Option<produce::Publishing>,
 }
-
-/// `produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, given_up_late_reasons)`: the pipeline's output
-/// class of an event record, the payload class of a refused payload, gateway.ingest's action classes, and the late
-/// reasons `_publish` checks against the delivery tracker (rule 13) before it publishes such a record.
-struct ProduceClasses {
-    publish_record: Py<PyAny>,
-    rejected_payload: Py<PyAny>,
-    produce: Py<PyAny>,
-    delivery_ref: Py<PyAny>,
-    given_up_late_reasons: Py<PyAny>,
-}
-
-type ProduceArg<'py> = (
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-);
-
-/// The last topic `produce_records` looked up: (stream object, late, topic). A batch's records share a stream.
-type TopicCache<'py> = Option<(Bound<'py, PyAny>, bool, Bound<'py, PyAny>)>;
 
 struct Attrs {
     names: Vec<Py<PyString>>,
@@ -622,60 +601,6 @@ impl RecordBuilder {
         Ok([key, value, ts, headers])
     }
 
-    /// One output of `produce_records`: its Produce, or None when `_publish` must handle it.
-    fn produce_one<'py>(
-        &mut self,
-        output: &Bound<'py, PyAny>,
-        classes: &[Bound<'py, PyAny>; 5],
-        attrs: &Attrs,
-        (topics, cache): (&Bound<'py, PyDict>, &mut TopicCache<'py>),
-        max_record_bytes: usize,
-        (fields, buf): &mut (Vec<Bound<'py, PyAny>>, Vec<u8>),
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let py = output.py();
-        let [publish_record, rejected_payload, produce, delivery_ref, reasons] = classes;
-        if !output.get_type().is(publish_record) {
-            return Ok(None);
-        }
-        let record = output.getattr(intern!(py, "record"))?;
-        let kind = output.getattr(intern!(py, "topic"))?;
-        let on_late = match kind.cast_exact::<PyString>().map(|k| k.to_str()) {
-            Ok(Ok("events")) => false,
-            Ok(Ok("late")) => true,
-            _ => return Ok(None),
-        };
-        read_fields(&record, attrs, fields)?;
-        if fields[9].get_type().is(rejected_payload)
-            || (on_late && reasons.contains(&fields[10])?)
-        {
-            return Ok(None);
-        }
-        let topic = match cache {
-            Some((stream, late, topic)) if stream.is(&fields[0]) && *late == on_late => {
-                topic.clone()
-            }
-            _ => match topics.get_item((&fields[0], &kind))? {
-                Some(topic) => {
-                    *cache = Some((fields[0].clone(), on_late, topic.clone()));
-                    topic
-                }
-                None => return Ok(None),
-            },
-        };
-        let [key, value, ts, headers] = self.build_one(&record, fields, on_late, buf)?;
-        let fits = value
-            .cast_exact::<PyBytes>()
-            .is_ok_and(|v| v.as_bytes().len() <= max_record_bytes);
-        if !fits || ts.is_none() {
-            return Ok(None);
-        }
-        let delivery =
-            delivery_ref.call1((&fields[1], &fields[0], &fields[2], &kind, &fields[7]))?;
-        Ok(Some(
-            produce.call1((topic, key, value, delivery, ts, headers))?,
-        ))
-    }
-
     /// The record's JSON written natively from its fields (`f`, in ATTR_NAMES' order), or NotNative.
     fn native_json(f: &[Bound<'_, PyAny>], out: &mut Vec<u8>) -> Result<(), NotNative> {
         let stream = f[0].cast_exact::<PyString>().map_err(|_| NotNative)?;
@@ -733,76 +658,60 @@ impl RecordBuilder {
 impl RecordBuilder {
     #[new]
     #[pyo3(signature = (*, produce=None))]
-    fn new(produce: Option<ProduceArg<'_>>) -> Self {
+    fn new(produce: Option<produce::ProduceArg<'_>>) -> Self {
         RecordBuilder {
             headers: std::collections::HashMap::new(),
             punctuation_headers: None,
             fallbacks: 0,
-            produce: produce.map(
-                |(publish_record, rejected_payload, produce, delivery_ref, reasons)| {
-                    ProduceClasses {
-                        publish_record: publish_record.unbind(),
-                        rejected_payload: rejected_payload.unbind(),
-                        produce: produce.unbind(),
-                        delivery_ref: delivery_ref.unbind(),
-                        given_up_late_reasons: reasons.unbind(),
-                    }
-                },
-            ),
+            produce: produce.map(produce::Publishing::new),
         }
     }
 
-    /// gateway.ingest's `_publish` for the plain event records among a pipeline's `outputs`, in one call: each
-    /// becomes its `Produce(topic, key, value, DeliveryRef(source_id, stream, seq, kind, release_ts_us),
-    /// timestamp_ms, headers)`. Any other output is handed back as it is, in its place, for `_publish` to handle:
-    /// not a PublishRecord, a refused payload, a late record whose reason `_publish` checks against the tracker, a
-    /// (stream, kind) not in `topics` yet, a value orjson refuses, one over `max_record_bytes`, a timestamp past 64
-    /// bits. Returns the list and how many outputs it handed back.
+    /// Where `produce_records` and `build_merged` publish: gateway.ingest's topic cache ((stream, kind) -> topic,
+    /// filled by `_publish`; a record whose topic is not in it yet is handed back) and its `max_record_bytes`.
+    fn publish_to(&mut self, topics: &Bound<'_, PyDict>, max_record_bytes: usize) -> PyResult<()> {
+        let Some(publishing) = self.produce.as_mut() else {
+            return Err(PyTypeError::new_err(
+                "publish_to needs RecordBuilder(produce=...)",
+            ));
+        };
+        publishing.publish_to(topics, max_record_bytes);
+        Ok(())
+    }
+
+    /// gateway.ingest's `_publish_one` for the plain event records among a pipeline's `outputs`, in one call (see
+    /// records/produce.rs). Returns the list, each output's Produce or the output itself in its place, and the
+    /// positions of those handed back.
     fn produce_records<'py>(
         &mut self,
         outputs: &Bound<'py, PyList>,
-        topics: &Bound<'py, PyDict>,
-        max_record_bytes: usize,
-    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         let py = outputs.py();
         guard("RecordBuilder.produce_records", || {
-            let Some(classes) = self.produce.as_ref() else {
-                return Err(PyTypeError::new_err(
-                    "produce_records needs RecordBuilder(produce=...)",
-                ));
-            };
-            let classes = [
-                classes.publish_record.bind(py).clone(),
-                classes.rejected_payload.bind(py).clone(),
-                classes.produce.bind(py).clone(),
-                classes.delivery_ref.bind(py).clone(),
-                classes.given_up_late_reasons.bind(py).clone(),
-            ];
-            let attrs = Attrs::get(py);
-            let out = PyList::empty(py);
-            let mut handed_back = 0;
-            let mut scratch = (
-                Vec::with_capacity(ATTR_NAMES.len()),
-                Vec::with_capacity(512),
-            );
-            let mut topic: TopicCache<'py> = None;
-            for output in outputs.iter() {
-                let produced = self.produce_one(
-                    &output,
-                    &classes,
-                    &attrs,
-                    (topics, &mut topic),
-                    max_record_bytes,
-                    &mut scratch,
-                )?;
-                if let Some(produce) = produced {
-                    out.append(produce)?;
-                } else {
-                    handed_back += 1;
-                    out.append(output)?;
-                }
-            }
-            Ok((out, handed_back))
+            let mut batch = produce::Batch::new(py, self.produce.as_ref())?;
+            produce::each_item(outputs, |output| {
+                produce::produce_record(self, output, &mut batch)
+            })
+        })
+    }
+
+    /// reorder.pipeline's `_records`, then gateway.ingest's `_publish_one`, for the plain releases among the
+    /// merge's `merged` outputs of a `push_run(run)` (see records/produce.rs); `clock`: the pipeline's mapping.
+    /// Returns the list, each item's Produce or the item itself in its place, and the positions of those handed
+    /// back.
+    fn build_merged<'py>(
+        &mut self,
+        merged: &Bound<'py, PyList>,
+        run: &Bound<'py, PyAny>,
+        clock: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        let py = merged.py();
+        guard("RecordBuilder.build_merged", || {
+            let mut batch = produce::Batch::new(py, self.produce.as_ref())?;
+            let mut context = produce::MergedContext::new(clock, run)?;
+            produce::each_item(merged, |item| {
+                produce::produce_merged(self, item, &mut batch, &mut context)
+            })
         })
     }
 

@@ -1,6 +1,7 @@
-"""``RecordBuilder.produce_records`` (native/src/records.rs) against its specification, the Python ``_publish_one``
-path of gateway/ingest.py for a plain event record: the same Produce (topic, key, value bytes, DeliveryRef, Kafka
-timestamp, headers) for each record it takes, and every other output handed back in its place, itself."""
+"""``RecordBuilder.produce_records`` and ``build_merged`` (native/src/records/produce.rs) against their
+specification, the Python path: ``_publish_one`` of gateway/ingest.py for a plain event record, after
+``IngestPipeline._records`` for a release of the merge. The same Produce (topic, key, value bytes, DeliveryRef, Kafka
+timestamp, headers) for each item they take, and every other item handed back in its place, itself."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.records import EventRecord, event_headers, kafka_timestamp_ms
-from contract.wire.messages import RejectedPayload
-from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce
+from contract.wire.messages import AtomicInterval, IntervalEndpoint, RejectedPayload
+from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce, RecordBuilderCore
 from gateway.native import native_record_builder
-from reorder.pipeline import PipelineOutput, PublishPunctuation, PublishRecord, PublishRefused
+from reorder.pipeline import IngestPipeline, PipelineOutput, PublishPunctuation, PublishRecord, PublishRefused
+from reorder.records import Late, Merged, Punctuation, SourceEvent
 from tests.unit.native.test_native_records import event_records, json_values, odd_values
+from timesync.clocks import FixedOffsetMapping
 
 MAX_RECORD_BYTES = 400
 TOPICS = {("s1", "events"): "t.s1", ("s1", "late"): "t.s1.late", ("doors", "events"): "t.doors"}  # doors late: none
@@ -29,7 +32,13 @@ outputs = st.one_of(
 )
 
 
-def specified(output: PipelineOutput) -> Any:
+def builder(max_record_bytes: int = MAX_RECORD_BYTES) -> RecordBuilderCore:
+    built = native_record_builder()
+    built.publish_to(dict(TOPICS), max_record_bytes)
+    return built
+
+
+def specified(output: PipelineOutput, max_record_bytes: int = MAX_RECORD_BYTES) -> Any:
     """What ``_publish_one`` produces for a plain event record, else the output itself (``_publish_one``'s)."""
     if type(output) is not PublishRecord:
         return output
@@ -42,7 +51,7 @@ def specified(output: PipelineOutput) -> Any:
         value = record.to_json()
     except (TypeError, ValueError):
         return output
-    if len(value) > MAX_RECORD_BYTES:
+    if len(value) > max_record_bytes:
         return output
     return Produce(topic, record.key, value,
                    DeliveryRef(record.source_id, record.stream, record.seq, kind, record.release_ts_us),
@@ -52,12 +61,11 @@ def specified(output: PipelineOutput) -> Any:
 @settings(max_examples=400, deadline=None)
 @given(st.lists(outputs, max_size=8))
 def test_produce_records_gives_the_python_produce_or_hands_the_output_back(batch: list[PipelineOutput]) -> None:
-    produced, handed_back = native_record_builder().produce_records(batch, dict(TOPICS), MAX_RECORD_BYTES)
+    produced, handed_back = builder().produce_records(batch)
     expected = [specified(output) for output in batch]
     assert produced == expected
-    assert [item is output for item, output in zip(produced, batch, strict=True)] == [
-        item is output for item, output in zip(expected, batch, strict=True)]
-    assert handed_back == sum(item is output for item, output in zip(expected, batch, strict=True))
+    assert handed_back == [i for i, (item, output) in enumerate(zip(expected, batch, strict=True)) if item is output]
+    assert all(produced[i] is batch[i] for i in handed_back)
 
 
 def test_a_hand_made_batch() -> None:
@@ -70,8 +78,8 @@ def test_a_hand_made_batch() -> None:
         PublishRecord(record(late_reason="duplicate"), "late"), PublishRecord(record("doors"), "late"),
         PublishRecord(record(payload="x" * 500), "events"), PublishRecord(record(payload={"n": 2**70}), "events"),
         PublishRecord(record(late_reason="after_punctuation"), "late"), PublishPunctuation("s1", 1, 2)]
-    produced, handed_back = native_record_builder().produce_records(batch, dict(TOPICS), MAX_RECORD_BYTES)
-    assert handed_back == 6
+    produced, handed_back = builder().produce_records(batch)
+    assert handed_back == [1, 2, 3, 4, 5, 7]
     assert produced[1:6] == batch[1:6] and produced[7] is batch[7]
     assert produced[0] == Produce(
         "t.s1", b"src", record().to_json(), DeliveryRef("src", "s1", 3, "events", 2_000_200), 2_000,
@@ -79,3 +87,53 @@ def test_a_hand_made_batch() -> None:
     assert produced[6] == Produce(
         "t.s1.late", b"src", record(late_reason="after_punctuation").to_json(),
         DeliveryRef("src", "s1", 3, "late", 2_000_200), 2_000, event_headers("src", "late"))
+
+
+class RttMapping(FixedOffsetMapping):
+    """A mapping with a round trip per source (None for one), as an estimate gives it."""
+
+    def rtt_us(self, source_id: str) -> int | None:
+        return None if source_id == "src" else 400
+
+
+MERGED_MAX_RECORD_BYTES = 700  # most releases fit, the "x" * 500 payload does not
+sources = st.sampled_from(["src", "é-source", "a\"b"])
+source_events = st.builds(
+    SourceEvent, sources, st.sampled_from(["s1", "doors"]), st.integers(0, 2**63 - 1),
+    st.one_of(*[st.integers(0, 2**62)] * 6, st.integers(2**63, 2**64)),  # past 64 bits: orjson refuses it
+    st.one_of(*[json_values] * 6, payloads),
+    st.sampled_from([*[None] * 6, AtomicInterval(10), IntervalEndpoint("i", "end")]))
+plain_events = st.builds(SourceEvent, sources, st.sampled_from(["s1", "doors"]), st.integers(0, 2**63 - 1),
+                         st.integers(0, 2**62), json_values, st.none())
+merge_outputs = st.one_of(
+    st.builds(Merged, plain_events, st.integers(0, 2**62), st.integers(0, 2**62), st.integers(0, 2**62),
+              st.just(0)),
+    st.builds(Merged, source_events, st.integers(0, 2**62), st.integers(0, 2**62), st.integers(0, 2**62),
+              st.sampled_from([0, 0, 0, 5])),
+    st.builds(Punctuation, st.just("s1"), st.integers(0, 2**62), st.integers(0, 2**62)),
+    st.builds(Late, source_events, st.integers(0, 2**62), st.just("after_punctuation"), st.integers(0, 9),
+              st.just(False)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(merge_outputs, max_size=8), st.data())
+def test_build_merged_gives_what_records_and_publish_give(merged: list[Any], data: st.DataObject) -> None:
+    """``build_merged`` against ``IngestPipeline._records`` then ``_publish_one``'s specification: each release it
+    builds is the Produce those give; every item it hands back is the item itself; a run's events carry the error
+    bound of the mapping they were pushed with, the others the clock's."""
+    clock = RttMapping({"src": 0, "é-source": 1_500, "a\"b": -700}, error_bound_us=3)
+    run = [(item.event, item.arrival_us, (item.ref_ts_us, data.draw(st.integers(0, 99))))
+           for item in merged if type(item) is Merged and data.draw(st.booleans())]
+    built, handed_back = builder(MERGED_MAX_RECORD_BYTES).build_merged(merged, run, clock)
+    pipeline = IngestPipeline(clock)
+    errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
+    for position, item in enumerate(merged):
+        records: list[PipelineOutput] = []
+        pipeline._records([item], records, None, None, None, errors)
+        if position in handed_back:
+            assert built[position] is item
+        else:
+            assert type(item) is Merged
+            assert [specified(record, MERGED_MAX_RECORD_BYTES) for record in records] == [built[position]]
+            assert type(built[position]) is Produce

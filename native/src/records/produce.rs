@@ -1,0 +1,371 @@
+//! The gateway's Produce actions built here, one call per batch: `RecordBuilder.produce_records` is
+//! gateway/ingest.py's `_publish_one` for a plain event record (a `PublishRecord`), `RecordBuilder.build_merged` is
+//! reorder/pipeline.py's `_records` followed by `_publish_one` for a plain release of the merge (a `Merged`): the
+//! same `Produce(topic, key, value, DeliveryRef(source_id, stream, seq, kind, release_ts_us), timestamp_ms,
+//! headers)` those give, without the EventRecord, PublishRecord and BuiltRecord objects in between.
+//!
+//! Anything else is handed back, in its place, for the Python path to handle (its side effects, counters and
+//! refusals stay there): another output kind, a refused payload (`RejectedPayload`), a late record whose reason
+//! `_publish` checks against the delivery tracker, an interval event, a raised reference time, a (stream, kind)
+//! whose topic `_publish` has not cached yet, a value the native writer leaves to orjson, a record over the size
+//! limit. Nothing here changes state but the builder's header cache, so handing an item back after looking at it
+//! is safe; the clock calls (`to_reference`, `rtt_us`) are queries the Python path repeats.
+
+use std::collections::HashMap;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use super::{
+    exact_int, opt_int, read_fields, write_event_record, write_py, Attrs, EventRecordFields,
+    NotNative, RecordBuilder, ATTR_NAMES,
+};
+
+/// `produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, given_up_late_reasons, Merged, SourceEvent)`.
+pub type ProduceArg<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+);
+const PUBLISH_RECORD: usize = 0;
+const REJECTED_PAYLOAD: usize = 1;
+const PRODUCE: usize = 2;
+const DELIVERY_REF: usize = 3;
+const GIVEN_UP_LATE_REASONS: usize = 4;
+const MERGED: usize = 5;
+const SOURCE_EVENT: usize = 6;
+
+/// What the builder produces with, once `produce=` and `publish_to` gave it.
+pub struct Publishing {
+    classes: [Py<PyAny>; 7],
+    /// gateway.ingest's topic cache, (stream, kind) -> topic, shared with `_publish` (which fills it).
+    topics: Option<Py<PyDict>>,
+    max_record_bytes: usize,
+}
+
+impl Publishing {
+    pub fn new(classes: ProduceArg<'_>) -> Self {
+        let (a, b, c, d, e, f, g) = classes;
+        Publishing {
+            classes: [a, b, c, d, e, f, g].map(Bound::unbind),
+            topics: None,
+            max_record_bytes: 0,
+        }
+    }
+
+    pub fn publish_to(&mut self, topics: &Bound<'_, PyDict>, max_record_bytes: usize) {
+        self.topics = Some(topics.clone().unbind());
+        self.max_record_bytes = max_record_bytes;
+    }
+}
+
+/// One call's view: the classes, the topic cache, scratch buffers.
+pub struct Batch<'py> {
+    classes: [Bound<'py, PyAny>; 7],
+    topics: Bound<'py, PyDict>,
+    max_record_bytes: usize,
+    /// The last topic looked up: (stream object, late, topic). A batch's records share a stream.
+    last_topic: Option<(Bound<'py, PyAny>, bool, Bound<'py, PyAny>)>,
+    fields: Vec<Bound<'py, PyAny>>,
+    buf: Vec<u8>,
+    attrs: Attrs,
+}
+
+impl<'py> Batch<'py> {
+    pub fn new(py: Python<'py>, publishing: Option<&Publishing>) -> PyResult<Self> {
+        let (Some(publishing), Some(topics)) =
+            (publishing, publishing.and_then(|p| p.topics.as_ref()))
+        else {
+            return Err(PyTypeError::new_err(
+                "the RecordBuilder produces only with produce=... and after publish_to(topics, max_record_bytes)",
+            ));
+        };
+        Ok(Batch {
+            classes: publishing.classes.each_ref().map(|c| c.bind(py).clone()),
+            topics: topics.bind(py).clone(),
+            max_record_bytes: publishing.max_record_bytes,
+            last_topic: None,
+            fields: Vec::with_capacity(ATTR_NAMES.len()),
+            buf: Vec::with_capacity(512),
+            attrs: Attrs::get(py),
+        })
+    }
+
+    /// The cached topic of (stream, kind), None when `_publish` has not cached it yet.
+    fn topic(
+        &mut self,
+        stream: &Bound<'py, PyAny>,
+        kind: &Bound<'py, PyAny>,
+        late: bool,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if let Some((last, last_late, topic)) = &self.last_topic {
+            if last.is(stream) && *last_late == late {
+                return Ok(Some(topic.clone()));
+            }
+        }
+        let topic = self.topics.get_item((stream, kind))?;
+        if let Some(topic) = &topic {
+            self.last_topic = Some((stream.clone(), late, topic.clone()));
+        }
+        Ok(topic)
+    }
+
+    /// `Produce(topic, key, value, DeliveryRef(source_id, stream, seq, kind, release_ts_us), timestamp_ms,
+    /// headers)` from `[topic, key, value, timestamp_ms, headers]` and the DeliveryRef's fields.
+    fn produce(
+        &self,
+        [topic, key, value, ts, headers]: [&Bound<'py, PyAny>; 5],
+        delivery: [&Bound<'py, PyAny>; 5],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let delivery =
+            self.classes[DELIVERY_REF].call1(PyTuple::new(self.topics.py(), delivery)?)?;
+        self.classes[PRODUCE].call1((topic, key, value, delivery, ts, headers))
+    }
+}
+
+/// Each item's Produce, or the item itself where `each` gives None; with the positions of those.
+pub fn each_item<'py>(
+    items: &Bound<'py, PyList>,
+    mut each: impl FnMut(&Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>>,
+) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+    let out = PyList::empty(items.py());
+    let mut handed_back = Vec::new();
+    for (position, item) in items.iter().enumerate() {
+        match each(&item)? {
+            Some(produce) => out.append(produce)?,
+            None => {
+                handed_back.push(position);
+                out.append(item)?;
+            }
+        }
+    }
+    Ok((out, handed_back))
+}
+
+/// `_publish_one` for a PublishRecord: its Produce, or None when the Python path must handle it. A Produce that
+/// `build_merged` built goes through as it is.
+pub fn produce_record<'py>(
+    builder: &mut RecordBuilder,
+    output: &Bound<'py, PyAny>,
+    batch: &mut Batch<'py>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = output.py();
+    let kind_of_output = output.get_type();
+    if kind_of_output.is(&batch.classes[PRODUCE]) {
+        return Ok(Some(output.clone())); // built by `build_merged` already
+    }
+    if !kind_of_output.is(&batch.classes[PUBLISH_RECORD]) {
+        return Ok(None);
+    }
+    let record = output.getattr(intern!(py, "record"))?;
+    let kind = output.getattr(intern!(py, "topic"))?;
+    let on_late = match kind.cast_exact::<PyString>().map(|k| k.to_str()) {
+        Ok(Ok("events")) => false,
+        Ok(Ok("late")) => true,
+        _ => return Ok(None),
+    };
+    let mut fields = std::mem::take(&mut batch.fields);
+    let produced = (|| {
+        read_fields(&record, &batch.attrs, &mut fields)?;
+        if fields[9].get_type().is(&batch.classes[REJECTED_PAYLOAD])
+            || (on_late && batch.classes[GIVEN_UP_LATE_REASONS].contains(&fields[10])?)
+        {
+            return Ok(None);
+        }
+        let Some(topic) = batch.topic(&fields[0], &kind, on_late)? else {
+            return Ok(None);
+        };
+        let [key, value, ts, headers] =
+            builder.build_one(&record, &fields, on_late, &mut batch.buf)?;
+        let fits = value
+            .cast_exact::<PyBytes>()
+            .is_ok_and(|v| v.as_bytes().len() <= batch.max_record_bytes);
+        if !fits || ts.is_none() {
+            return Ok(None);
+        }
+        let delivery = [&fields[1], &fields[0], &fields[2], &kind, &fields[7]];
+        batch
+            .produce([&topic, &key, &value, &ts, &headers], delivery)
+            .map(Some)
+    })();
+    batch.fields = fields;
+    produced
+}
+
+/// `build_merged`'s per-call state: the clock, the run's mappings' error bounds (by event), rtt_us per source.
+pub struct MergedContext<'py> {
+    clock: Bound<'py, PyAny>,
+    run_errors: HashMap<usize, Bound<'py, PyAny>>,
+    rtts: HashMap<String, Bound<'py, PyAny>>,
+}
+
+impl<'py> MergedContext<'py> {
+    /// `run`: the `(event, arrival_us, (ref_us, error_us))` items `push_run` took, whose error bounds the records
+    /// of those events carry (the mapping they were pushed with, as `_records` takes it from `run_errors`).
+    pub fn new(clock: &Bound<'py, PyAny>, run: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let mut run_errors = HashMap::new();
+        for item in run.try_iter()? {
+            let item = item?;
+            let item = item.cast::<PyTuple>()?;
+            let mapped = item.get_item(2)?;
+            run_errors.insert(item.get_item(0)?.as_ptr() as usize, mapped.get_item(1)?);
+        }
+        Ok(MergedContext {
+            clock: clock.clone(),
+            run_errors,
+            rtts: HashMap::new(),
+        })
+    }
+
+    fn error_us(&self, event: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(error) = self.run_errors.get(&(event.as_ptr() as usize)) {
+            return Ok(error.clone());
+        }
+        let py = event.py();
+        self.clock
+            .call_method1(
+                intern!(py, "to_reference"),
+                (event.get_item(0)?, event.get_item(3)?),
+            )?
+            .get_item(1)
+    }
+
+    fn rtt_us(&mut self, source_id: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+        let key = source_id.to_str()?;
+        if let Some(rtt) = self.rtts.get(key) {
+            return Ok(rtt.clone());
+        }
+        let rtt = self
+            .clock
+            .call_method1(intern!(source_id.py(), "rtt_us"), (source_id,))?;
+        self.rtts.insert(key.to_owned(), rtt.clone());
+        Ok(rtt)
+    }
+}
+
+/// `_records` then `_publish_one` for a Merged release: its Produce, or None when the Python path must handle it.
+pub fn produce_merged<'py>(
+    builder: &mut RecordBuilder,
+    item: &Bound<'py, PyAny>,
+    batch: &mut Batch<'py>,
+    context: &mut MergedContext<'py>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = item.py();
+    if !item.get_type().is(&batch.classes[MERGED]) {
+        return Ok(None);
+    }
+    // Merged(event, arrival_us, release_us, ref_ts_us, raised_us); SourceEvent(source_id, stream, seq,
+    // source_ts_us, payload, interval).
+    let merged = item.cast::<PyTuple>()?;
+    let event = merged.get_item(0)?;
+    if !event.get_type().is(&batch.classes[SOURCE_EVENT])
+        || merged.get_item(4)?.extract::<i64>().ok() != Some(0)
+    {
+        return Ok(None);
+    }
+    let event = event.cast_into::<PyTuple>()?;
+    let (payload, interval) = (event.get_item(4)?, event.get_item(5)?);
+    if !interval.is_none() || payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) {
+        return Ok(None);
+    }
+    let (Ok(source_id), Ok(stream)) = (
+        event.get_item(0)?.cast_into::<PyString>(),
+        event.get_item(1)?.cast_into::<PyString>(),
+    ) else {
+        return Ok(None);
+    };
+    let kind = intern!(py, "events");
+    let Some(topic) = batch.topic(stream.as_any(), kind.as_any(), false)? else {
+        return Ok(None);
+    };
+    let error_us = context.error_us(&event)?;
+    let rtt_us = context.rtt_us(&source_id)?;
+    let (seq, release_us) = (event.get_item(2)?, merged.get_item(2)?);
+    let times = [
+        &event.get_item(3)?,
+        &merged.get_item(3)?,
+        &error_us,
+        &merged.get_item(1)?,
+        &release_us,
+    ];
+    batch.buf.clear();
+    if merged_json(
+        &mut batch.buf,
+        &source_id,
+        &stream,
+        &seq,
+        times,
+        &payload,
+        &rtt_us,
+    )
+    .is_err()
+        || batch.buf.len() > batch.max_record_bytes
+    {
+        return Ok(None);
+    }
+    let (Ok(ref_us), Ok(release)) = (exact_int(times[1]), exact_int(times[4])) else {
+        return Ok(None);
+    };
+    let value = PyBytes::new(py, &batch.buf).into_any();
+    let key = PyBytes::new(py, source_id.to_str()?.as_bytes()).into_any();
+    let ts = super::kafka_timestamp_ms(ref_us, release)
+        .into_pyobject(py)?
+        .into_any();
+    let headers = builder
+        .event_headers(py, source_id.to_str()?, false)?
+        .into_bound(py)
+        .into_any();
+    let delivery = [
+        source_id.as_any(),
+        stream.as_any(),
+        &seq,
+        kind.as_any(),
+        &release_us,
+    ];
+    batch
+        .produce([&topic, &key, &value, &ts, &headers], delivery)
+        .map(Some)
+}
+
+/// EventRecord(stream, source_id, seq, source_ts_us, ref_ts_us, error_us, arrival_us, release_us, False, payload,
+/// None, rtt_us).to_json(), or NotNative (the Python path then builds it, or orjson refuses it).
+fn merged_json(
+    out: &mut Vec<u8>,
+    source_id: &Bound<'_, PyString>,
+    stream: &Bound<'_, PyString>,
+    seq: &Bound<'_, PyAny>,
+    [source_ts_us, ref_ts_us, error_us, arrival_us, release_us]: [&Bound<'_, PyAny>; 5],
+    payload: &Bound<'_, PyAny>,
+    rtt_us: &Bound<'_, PyAny>,
+) -> Result<(), NotNative> {
+    let mut payload_json = Vec::with_capacity(64);
+    write_py(&mut payload_json, payload, 1)?;
+    let fields = EventRecordFields {
+        stream: stream.to_str().map_err(|_| NotNative)?,
+        source_id: source_id.to_str().map_err(|_| NotNative)?,
+        seq: exact_int(seq)?,
+        source_ts_us: exact_int(source_ts_us)?,
+        ref_ts_us: exact_int(ref_ts_us)?,
+        uncertainty_us: exact_int(error_us)?,
+        arrival_ts_us: exact_int(arrival_us)?,
+        release_ts_us: exact_int(release_us)?,
+        late: false,
+        payload_json: &payload_json,
+        late_reason: None,
+        rtt_us: opt_int(rtt_us)?,
+        lateness_us: None,
+        start_ts_us: None,
+        start_uncertainty_us: None,
+        source_start_ts_us: None,
+        interval_id: None,
+        endpoint: None,
+        extra_json: Vec::new(),
+    };
+    write_event_record(out, &fields)
+}
