@@ -68,6 +68,12 @@ class SequenceCore(Protocol):
     def advance(self, now_us: int) -> list[ReorderOutput]: ...
 
 
+RunItem = tuple[SourceEvent, int, tuple[int, int]]
+TakeRun = Callable[[list[IncomingEvent], int, str, int, "list[tuple[int, int]] | None", ReferenceMapping,
+                    type[SourceEvent], tuple[int, int, int, int]], tuple[list[RunItem], int]]
+"""A native reorderer's ``take_run`` (skewless_native.SequenceReorderer): push_many's in-order fast path for a run
+of events in one call, from an index: the run's items and the index of the first event it left to push_many."""
+
 ReordererFactory = Callable[[str, str, SequenceConfig], SequenceCore]
 """Builds the reorderer of (source_id, stream) with a config: a floor above this one injects the native core."""
 
@@ -275,6 +281,7 @@ class IngestPipeline:
         # What builds the caller's outputs of a run's plain releases itself (the gateway's native record builder):
         # they go into the outputs as it built them, counted as released; None: every release is a PublishRecord.
         self.merged_records: MergedRecordsCore | None = None
+        self._run_limits = (self.config.max_future_us, self.config.ts_floor_us, MAX_TS_US, MIN_TS_US)  # take_run's
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -443,14 +450,14 @@ class IngestPipeline:
         other event (a gap, a late one, a future-dated one) first hands the run collected so far to the merger,
         then takes ``push``'s own path, so outputs keep the order ``push`` gives them."""
         out: list[PipelineOutput] = []
-        clock = self.clock
-        max_future_us = self.config.max_future_us
-        ts_floor_us = self.config.ts_floor_us
         pipeline: _StreamPipeline | None = None
         reorderer: SequenceCore | None = None
+        take_run: TakeRun | None = None
         run: list[tuple[SourceEvent, int, tuple[int, int]]] = []
         touched: list[_StreamPipeline] = []
-        for index, event in enumerate(events):
+        index, count = 0, len(events)
+        while index < count:
+            event = events[index]
             if pipeline is None or event.stream != pipeline.stream:
                 if run:
                     assert pipeline is not None
@@ -459,39 +466,56 @@ class IngestPipeline:
                 if pipeline.expected_until:
                     pipeline.expected_until.pop(source_id, None)  # it spoke: its own adaptive waits apply from now on
                 reorderer = pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, event.stream), 0))
+                # The native reorderer's take_run: the fast path below for a whole run of events in one call.
+                take_run = getattr(reorderer, "take_run", None)
                 if pipeline not in touched:
                     touched.append(pipeline)
             assert reorderer is not None
-            given = mappings[index] if mappings is not None else None
-            if reorderer.take_in_order(event.seq, arrival_us):
-                mapped = given if given is not None else clock.to_reference(source_id, event.source_ts_us)
-                source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
-                                           event.interval)
-                # In the contract's range (an interval's start too) and not future-dated: on the fast path; any
-                # other goes through _to_merger, which refuses or quarantines it.
-                if (mapped[0] - arrival_us <= max_future_us and ts_floor_us <= mapped[0] <= MAX_TS_US
-                        and mapped[1] >= MIN_TS_US
-                        and (event.interval is None or not self._out_of_contract(source_event, mapped))):
-                    run.append((source_event, arrival_us, mapped))
+            if take_run is not None:
+                taken, next_index = take_run(events, index, source_id, arrival_us, mappings, self.clock, SourceEvent,
+                                             self._run_limits)
+                if next_index > index:
+                    run += taken
+                    index = next_index
                     continue
-                if run:
-                    self._push_run(pipeline, source_id, run, arrival_us, out)
-                self._to_merger(pipeline, Released(source_event, arrival_us, arrival_us), arrival_us, out,
-                                mapped=mapped)
-                continue
-            if run:
-                self._push_run(pipeline, source_id, run, arrival_us, out)
-            source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
-                                       event.interval)
-            self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
-                                  source_event if given is not None else None, given)
-            self._heard_behind_a_gap(pipeline, source_id, reorderer, arrival_us, out)
+            given = mappings[index] if mappings is not None else None
+            self._push_one_of_many(pipeline, reorderer, source_id, event, given, arrival_us, run, out)
+            index += 1
         if run:
             assert pipeline is not None
             self._push_run(pipeline, source_id, run, arrival_us, out)
         for touched_pipeline in touched:
             self._track(touched_pipeline, source_id)
         return out
+
+    def _push_one_of_many(self, pipeline: _StreamPipeline, reorderer: SequenceCore, source_id: str,
+                          event: IncomingEvent, given: tuple[int, int] | None, arrival_us: int,
+                          run: list[tuple[SourceEvent, int, tuple[int, int]]], out: list[PipelineOutput]) -> None:
+        """One event of ``push_many``: onto the run if it is in order (the fast path), else through ``push``'s own
+        path once the run so far went to the merger."""
+        if reorderer.take_in_order(event.seq, arrival_us):
+            mapped = given if given is not None else self.clock.to_reference(source_id, event.source_ts_us)
+            source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
+                                       event.interval)
+            # In the contract's range (an interval's start too) and not future-dated: on the fast path; any
+            # other goes through _to_merger, which refuses or quarantines it.
+            config = self.config
+            if (mapped[0] - arrival_us <= config.max_future_us and config.ts_floor_us <= mapped[0] <= MAX_TS_US
+                    and mapped[1] >= MIN_TS_US
+                    and (event.interval is None or not self._out_of_contract(source_event, mapped))):
+                run.append((source_event, arrival_us, mapped))
+                return
+            if run:
+                self._push_run(pipeline, source_id, run, arrival_us, out)
+            self._to_merger(pipeline, Released(source_event, arrival_us, arrival_us), arrival_us, out, mapped=mapped)
+            return
+        if run:
+            self._push_run(pipeline, source_id, run, arrival_us, out)
+        source_event = SourceEvent(source_id, event.stream, event.seq, event.source_ts_us, event.payload,
+                                   event.interval)
+        self._reorder_outputs(pipeline, reorderer.push(source_event, arrival_us), arrival_us, out,
+                              source_event if given is not None else None, given)
+        self._heard_behind_a_gap(pipeline, source_id, reorderer, arrival_us, out)
 
     def _push_run(self, pipeline: _StreamPipeline, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
                   now_us: int, out: list[PipelineOutput]) -> None:

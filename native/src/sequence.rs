@@ -10,6 +10,7 @@
 pub mod estimators;
 pub mod py;
 pub mod ranges;
+mod run;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -455,6 +456,11 @@ impl<P: Clone> SequenceReorderer<P> {
 
     /// `push`'s in-order fast path without its output: true when `seq` is the expected seq and nothing is buffered
     /// (the event is released at `now_us`, as `push` would release it); false, and nothing changed, otherwise.
+    /// Whether `take_in_order(seq, ..)` would take it: `seq` is the expected seq and nothing is buffered.
+    pub fn is_next_in_order(&self, seq: Seq) -> bool {
+        seq == self.expected && self.buffer.is_empty()
+    }
+
     pub fn take_in_order(&mut self, seq: Seq, now_us: Micros) -> bool {
         if seq != self.expected || !self.buffer.is_empty() {
             return false;

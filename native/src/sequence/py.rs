@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyString};
 use pyo3::{intern, IntoPyObjectExt};
 
 use crate::pyrecords::{build_record, RecordClasses};
@@ -531,6 +531,37 @@ impl PySequenceReorderer {
         let seq = extract_int(seq, "seq")?;
         let now_us = extract_int(now_us, "now_us")?;
         self.guarded(|s| Ok(s.core.take_in_order(seq, now_us)))
+    }
+
+    /// `IngestPipeline.push_many`'s in-order fast path from `events[start]` (sequence/run.rs): the
+    /// `(SourceEvent, arrival_us, mapped)` items of the events it took in order, and the index of the first event it
+    /// left to `push_many`'s own path. `mappings[i]`: event i's mapping when the caller made it (None: `clock` maps
+    /// it); `limits`: `(max_future_us, ts_floor_us, MAX_TS_US, MIN_TS_US)`.
+    #[pyo3(signature = (events, start, source_id, arrival_us, mappings, clock, source_event, limits))]
+    #[allow(clippy::too_many_arguments)]
+    fn take_run<'py>(
+        &mut self,
+        events: &Bound<'py, PyAny>,
+        start: usize,
+        source_id: &Bound<'py, PyString>,
+        arrival_us: &Bound<'py, PyAny>,
+        mappings: Option<&Bound<'py, PyAny>>,
+        clock: &Bound<'py, PyAny>,
+        source_event: &Bound<'py, PyAny>,
+        limits: super::run::RunLimits,
+    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+        let py = events.py();
+        let stream = self.stream.bind(py).clone();
+        let input = super::run::RunInput {
+            events,
+            source_id,
+            stream: &stream,
+            arrival_us,
+            mappings: mappings.filter(|m| !m.is_none()),
+            clock,
+            source_event,
+        };
+        self.guarded(|s| super::run::take_run(&mut s.core, &input, start, limits))
     }
 
     /// Fire every timeout due at or before `now_us`; outputs carry the deadline as their time.

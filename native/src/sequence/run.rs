@@ -1,0 +1,99 @@
+//! `SequenceReorderer.take_run`: reorder/pipeline.py's `IngestPipeline.push_many` in-order fast path for a run of
+//! one frame's events, in one call: each event that is its reorderer's next seq with nothing buffered, mapped into
+//! the contract's range and not future-dated, is taken in order (`take_in_order`) and becomes the
+//! `(SourceEvent, arrival_us, mapped)` item `push_many` would have appended to its run. The run stops before the
+//! first event that is not such an event (another stream, an interval event, a gap, a late or future-dated event):
+//! `push_many` handles that one on its own path, as before, so outputs stay those of `push` (the differential tests
+//! in tests/unit/native/test_native_take_run.py and test_native_ingest_records.py drive both).
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyTuple};
+
+use super::SequenceReorderer;
+
+/// `(max_future_us, ts_floor_us, MAX_TS_US, MIN_TS_US)`: push_many's range checks of the fast path.
+pub type RunLimits = (i128, i128, i128, i128);
+
+/// What one `take_run` call reads: the frame's events, the source, the arrival, the given mappings, the clock.
+pub struct RunInput<'a, 'py> {
+    pub events: &'a Bound<'py, PyAny>,
+    pub source_id: &'a Bound<'py, PyString>,
+    pub stream: &'a Bound<'py, PyAny>,
+    pub arrival_us: &'a Bound<'py, PyAny>,
+    pub mappings: Option<&'a Bound<'py, PyAny>>,
+    pub clock: &'a Bound<'py, PyAny>,
+    /// reorder.records.SourceEvent: built with `tuple.__new__`, as its own `__new__` does.
+    pub source_event: &'a Bound<'py, PyAny>,
+}
+
+/// Takes the run from `start`: its items and the index of the first event not taken.
+pub fn take_run<'py>(
+    core: &mut SequenceReorderer<u64>,
+    input: &RunInput<'_, 'py>,
+    start: usize,
+    limits: RunLimits,
+) -> PyResult<(Bound<'py, PyList>, usize)> {
+    let py = input.events.py();
+    let (max_future_us, ts_floor_us, max_ts_us, min_ts_us) = limits;
+    let arrival = i128::from(input.arrival_us.extract::<i64>()?);
+    let tuple_new = py.get_type::<PyTuple>().getattr(intern!(py, "__new__"))?;
+    let run = PyList::empty(py);
+    let count = input.events.len()?;
+    let mut index = start;
+    while index < count {
+        let event = input.events.get_item(index)?;
+        let stream = event.getattr(intern!(py, "stream"))?;
+        let interval = event.getattr(intern!(py, "interval"))?;
+        if !interval.is_none() || !stream.eq(input.stream)? {
+            break;
+        }
+        let seq_obj = event.getattr(intern!(py, "seq"))?;
+        let Ok(seq) = seq_obj.extract::<i64>().map(i128::from) else {
+            break; // push_many's own path takes it, or refuses it as the reorderer does
+        };
+        if !core.is_next_in_order(seq) {
+            break;
+        }
+        let source_ts_us = event.getattr(intern!(py, "source_ts_us"))?;
+        let given = match input.mappings {
+            Some(mappings) => Some(mappings.get_item(index)?).filter(|m| !m.is_none()),
+            None => None,
+        };
+        let mapped = match given {
+            Some(mapped) => mapped,
+            None => input.clock.call_method1(
+                intern!(py, "to_reference"),
+                (input.source_id, &source_ts_us),
+            )?,
+        };
+        // Beyond 64 bits the range checks fail anyway: push_many's own path refuses or quarantines it.
+        let Ok((ref_us, error_us)) = mapped.extract::<(i64, i64)>() else {
+            break;
+        };
+        let (ref_us, error_us) = (i128::from(ref_us), i128::from(error_us));
+        if ref_us - arrival > max_future_us
+            || ref_us < ts_floor_us
+            || ref_us > max_ts_us
+            || error_us < min_ts_us
+        {
+            break;
+        }
+        core.take_in_order(seq, arrival);
+        let fields = PyTuple::new(
+            py,
+            [
+                input.source_id.as_any().clone(),
+                stream,
+                seq_obj,
+                source_ts_us,
+                event.getattr(intern!(py, "payload"))?,
+                interval,
+            ],
+        )?;
+        let source_event = tuple_new.call1((input.source_event, fields))?;
+        run.append((source_event, input.arrival_us, mapped))?;
+        index += 1;
+    }
+    Ok((run, index))
+}
