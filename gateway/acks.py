@@ -31,7 +31,8 @@ lost track of): the gap below it is one range.
 from __future__ import annotations
 
 from array import array
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -68,6 +69,19 @@ MAX_GIVEN_UP_RANGES = 1024
 RECENT_ACKED_DIGESTS = 128
 
 _NO_SEQ = -1
+
+
+class FrameEvent(Protocol):
+    """What ``admit_frame`` reads of an event (contract.wire.messages.IncomingEvent)."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def source_ts_us(self) -> int: ...
+    @property
+    def payload(self) -> Any: ...
 
 
 def event_digest(source_ts_us: int, payload: Any) -> int:
@@ -218,6 +232,37 @@ class DeliveryTracker:
             if progress.recent_seqs[slot] == seq and digests[slot] != event_digest(*event):
                 return CONFLICT
         return DUPLICATE
+
+    def admit_frame(self, source_id: str, events: Sequence[FrameEvent]) -> list[Admission] | None:
+        """``admit`` for each event of a frame, in order, each compared by its ``(source_ts_us, payload)``: the same
+        admissions and the same state as those calls. None when every event was accepted (the usual frame).
+
+        A seq above everything its stream accepted, given up or acked, within the jump limit, is accepted here
+        without the call (the usual event: the next seq); any other goes through ``admit`` itself."""
+        admissions: list[Admission] | None = None
+        stream: str | None = None
+        progress: _StreamProgress | None = None
+        max_seq_jump = self.max_seq_jump
+        for index, event in enumerate(events):
+            if event.stream != stream:
+                stream = event.stream
+                progress = self._progress.get((source_id, stream))
+            seq = event.seq
+            if (progress is not None and seq > progress.highest and seq > progress.acked_through
+                    and seq not in progress.pending
+                    and (progress.highest == _NO_SEQ
+                         or seq - max(progress.highest, progress.acked_through) <= max_seq_jump)):
+                progress.highest = seq
+                progress.pending[seq] = event_digest(event.source_ts_us, event.payload)
+                admission: Admission = ACCEPTED
+            else:
+                admission = self.admit(source_id, event.stream, seq, (event.source_ts_us, event.payload))
+                progress = self._progress.get((source_id, event.stream))  # admit may have made it
+            if admissions is None and admission is not ACCEPTED:
+                admissions = [ACCEPTED] * index
+            if admissions is not None:
+                admissions.append(admission)
+        return admissions
 
     def confirmed(self, source_id: str, stream: str, seq: int) -> int | None:
         """Kafka confirmed one event; returns the new cumulative ack if it advanced, else None."""

@@ -892,24 +892,23 @@ class IngestCore:
         watch = self._watches.get(source_id) if self._watches else None
         accepted: list[messages.IncomingEvent] = []
         mappings: list[tuple[int, int]] = []
-        admit = self.tracker.admit
         reacks: dict[str, int] | None = None
-        counters = self.counters
-        counters.events_received += len(events)
+        self.counters.events_received += len(events)
         if self._joining:
             outputs += self._speaking(source_id, list(dict.fromkeys(event.stream for event in events)), arrival_us)
-        for event in events:
+        admissions = self.tracker.admit_frame(source_id, events)
+        if admissions is None and watch is None and not any(
+                type(event.payload) is messages.RejectedPayload for event in events):
+            # Every event accepted, no payload refused, no clock to check (the usual frame): all go on together.
+            outputs += self.pipeline.push_many(source_id, list(events), arrival_us, None)
+            return actions + self._publish(outputs)
+        for index, event in enumerate(events):
             if type(event.payload) is messages.RejectedPayload:
                 actions.append(self._refuse_payload(connection, source_id, event, event.payload, arrival_us))
-            admission = admit(source_id, event.stream, event.seq, (event.source_ts_us, event.payload))
+            admission = ACCEPTED if admissions is None else admissions[index]
             if admission is not ACCEPTED:
                 if admission is DUPLICATE:
-                    counters.duplicates += 1
-                    acked = self.tracker.acked_through(source_id, event.stream)
-                    if acked is not None and acked >= event.seq:
-                        if reacks is None:
-                            reacks = {}
-                        reacks[event.stream] = acked  # one re-ack per stream for the frame, after its errors
+                    reacks = self._duplicate(source_id, event, reacks)
                 else:
                     actions.append(self._refuse_seq(connection, source_id, event, admission is CONFLICT, arrival_us))
                 continue
@@ -942,6 +941,17 @@ class IngestCore:
             outputs += self.pipeline.push_many(source_id, accepted, arrival_us, mappings if watch is not None else None)
         actions += self._publish(outputs)
         return actions
+
+    def _duplicate(self, source_id: str, event: messages.IncomingEvent,
+                   reacks: dict[str, int] | None) -> dict[str, int] | None:
+        """Rule 1: counted; if the ack passed it, its stream is re-acked once for the frame, after its errors."""
+        self.counters.duplicates += 1
+        acked = self.tracker.acked_through(source_id, event.stream)
+        if acked is not None and acked >= event.seq:
+            if reacks is None:
+                reacks = {}
+            reacks[event.stream] = acked
+        return reacks
 
     def _refuse_payload(self, connection: ConnectionId, source_id: str, event: messages.IncomingEvent,
                         rejected: messages.RejectedPayload, now_us: int) -> SendFrame:
