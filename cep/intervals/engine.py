@@ -237,6 +237,23 @@ class _Check:
     equal: bool = False
 
 
+def _implies(c: _Check, d: _Check) -> bool:
+    """``c`` holding implies ``d``, both between the same two elements, through each one's own ``ts <= te``."""
+    if c.equal or d.equal or c is d or (c.left_alias, c.right_alias) != (d.left_alias, d.right_alias):
+        return False
+    left_ok = c.left_ep == d.left_ep or (d.left_ep == "ts" and c.left_ep == "te")  # d.left <= c.left
+    right_ok = c.right_ep == d.right_ep or (c.right_ep == "ts" and d.right_ep == "te")  # c.right <= d.right
+    return left_ok and right_ok and (c.strict or not d.strict) and (c.strict, c.left_ep, c.right_ep) != (
+        d.strict, d.left_ep, d.right_ep)
+
+
+def _essential(checks: list[_Check]) -> list[_Check]:
+    """The checks a join must evaluate once both elements are bound: those no other one implies (bound entries
+    are complete intervals, ``ts <= te``).  ``a.te < b.ts`` alone stands for the four inferred restrictions
+    between a and b; the others only narrow the binary search (:meth:`IntervalEngine._candidates`)."""
+    return [d for d in checks if not any(_implies(c, d) for c in checks)]
+
+
 def _begin_predicates(
     query: IntervalQuery, begin_attrs: frozenset[str]
 ) -> tuple[dict[str, tuple[Predicate, ...]], dict[str, tuple[Predicate, ...]]]:
@@ -294,6 +311,11 @@ class IntervalEngine:
         # -- restrictions ----------------------------------------------------------------------------------------
         self._checks: dict[tuple[str, str], list[_Check]] = {
             (a, b): self._pair_checks(a, b) for a in query.positives for b in query.positives if a != b}
+        self._verify: dict[tuple[str, str], list[_Check]] = {
+            pair: _essential(checks) for pair, checks in self._checks.items()}
+        self._equal_links: dict[tuple[str, str], bool] = {
+            (a, b): any(p.op == "=" and p.aliases() == {a, b} for p in query.cross_predicates)
+            for a in query.positives for b in query.positives if a != b}
         self._self_constraints: dict[str, list[Constraint]] = {
             a: [c for c in query.positive_constraints if c.left.alias == c.right.alias == a] for a in query.positives}
         self._partners, self._skip_trigger, self._last_end = self._endpoint_roles()
@@ -606,6 +628,8 @@ class IntervalEngine:
         buf = self._buffers[alias]
         if buf.endpoint == endpoint:
             return buf.vals[0] if buf.vals else _INF
+        if endpoint == "ts":
+            return buf.min_ts
         return min((e.value(endpoint) for e in buf.entries), default=_INF)
 
     def _no_partner(self, alias: str, entry: _Entry, mins: dict[tuple[str, str], float] | None = None) -> bool:
@@ -633,7 +657,7 @@ class IntervalEngine:
                     if (b, p) not in mins:
                         mins[(b, p)] = self._min_value(b, p)
             for a, partners in self._partners.items():
-                if not partners:
+                if not partners or not self._may_doom(a, mins):
                     continue
                 buf = self._buffers[a]
                 doomed = [e for e in buf.entries if self._no_partner(a, e, mins)]
@@ -643,6 +667,19 @@ class IntervalEngine:
                     self._gauge(-1)
                     self.counters.cascade_purged += 1
                     changed = True
+
+    def _may_doom(self, alias: str, mins: dict[tuple[str, str], float]) -> bool:
+        """Whether :meth:`_no_partner` can hold for some entry of ``alias``: an entry x goes by restriction
+        ``b.p < x.q`` iff ``x.q <= min(horizon, min b.p)`` (``<`` for ``<=``), so iff the smallest ``q`` of the
+        buffer does.  Skipping the scan otherwise keeps the cascade's cost per item at the number of
+        restrictions when nothing goes (it ran after every window purge, i.e. after nearly every item)."""
+        horizon = self._horizon()
+        for b, p, strict, q in self._partners[alias]:
+            bound = min(horizon, mins[(b, p)])
+            v = self._min_value(alias, q)
+            if v < bound or (strict and v == bound):
+                return True
+        return False
 
     def _forget_open(self, alias: str, e: _Entry) -> None:
         if e.te is None:
@@ -699,20 +736,27 @@ class IntervalEngine:
         if self._naive:
             order = self._join_orders[alias]
         else:
-            # The DFS order is chosen per join: an element with an empty buffer ends it at once, and among the
-            # elements restricted by those already bound the one with the fewest entries goes next (fail fast).
             rest = [a for a in self.query.positives if a != alias]
             if any(not self._buffers[a].entries for a in rest):
-                return
+                return  # an empty buffer ends the join at once
             order = [alias]
             while rest:
-                nxt = min(rest, key=lambda a: (not any(self._checks[(a, b)] for b in order),
-                                               len(self._buffers[a].entries)))
+                nxt = min(rest, key=lambda a: self._join_rank(a, order))
                 order.append(nxt)
                 rest.remove(nxt)
         binding: dict[str, _Entry] = {alias: entry}
         assert entry.te is not None
         self._extend(order, 1, binding, entry.ts, entry.te, in_order, out)
+
+    def _join_rank(self, alias: str, bound: list[str]) -> tuple[bool, bool, int]:
+        """The DFS order is chosen per join, fail fast: first an element restricted by those already bound, among
+        them one an equality predicate ties to a bound one, then the fewest entries.  Without the equality rank
+        the join of ``ISEQ[a.te < b.ts AND b.te < c.ts](A a, B b, C c) WHERE a.id = b.id AND b.id = c.id`` from c
+        bound a next (a.te < c.ts is inferred, and A's buffer was the smaller), which no predicate ties to c: every
+        A in the window times every B in it, all but a few then failing ``a.id = b.id``."""
+        equal = any(self._equal_links[(alias, b)] for b in bound)
+        linked = equal or any(self._checks[(alias, b)] for b in bound)
+        return (not linked, not equal, len(self._buffers[alias].entries))
 
     def _extend(self, order: list[str], depth: int, binding: dict[str, _Entry], min_ts: int, max_te: int,
                 in_order: bool, out: list[IntervalOutput]) -> None:
@@ -722,6 +766,7 @@ class IntervalEngine:
         alias = order[depth]
         w = self._w
         checks = [(b, self._checks[(alias, b)]) for b in order[:depth]]
+        verify = [(b, self._verify[(alias, b)]) for b in order[:depth]]
         used = {e.uid for e in binding.values()}
         cross = [p for p in self.query.cross_predicates
                  if alias in p.aliases() and all(a in binding or a == alias for a in p.aliases())]
@@ -735,7 +780,7 @@ class IntervalEngine:
             if new_max - new_min >= w:
                 continue
             ok = True
-            for b, cs in checks:
+            for b, cs in verify:
                 be = binding[b]
                 for c in cs:
                     left = cand if c.left_alias == alias else be
