@@ -1,6 +1,7 @@
 """``DeliveryTracker.admit_frame`` (a frame's admissions with the in-order seqs accepted without a call each) against
-``admit`` called per event, its specification: the same admissions and the same state, through duplicates,
-conflicts, seq jumps, confirmations, give-ups, failures, compaction, forgetting and resumes."""
+``admit`` called per event, its specification: the same admissions and the same state (digests included), through
+duplicates, conflicts, payloads orjson refuses (an int key), seq jumps, confirmations, give-ups, failures,
+compaction, forgetting and resumes."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_admit_frame_is_admit_per_event(data: st.DataObject) -> None:
         if op == "frame":
             events = [IncomingEvent(data.draw(st.sampled_from(STREAMS[:1] * 3 + STREAMS[1:])),
                                     data.draw(st.integers(0, 40) | st.integers(100, 200)),
-                                    data.draw(st.sampled_from([10, 10, 11])), data.draw(st.sampled_from([1, 1, 2])))
+                                    data.draw(st.sampled_from([10, 10, 11])),
+                                    data.draw(st.sampled_from([1, 1, 2, {"b": 1, "a": [2.5]}, {1: "int key"}])))
                       for _ in range(data.draw(st.integers(0, 8)))]
             if data.draw(st.booleans()):  # an in-order run after what the stream holds
                 start = (spec.acked_through(source, stream) or 0) + spec.unacked(source, stream) + 1
