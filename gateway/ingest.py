@@ -174,7 +174,7 @@ from contract.records import (
     event_headers,
     kafka_timestamp_ms,
 )
-from contract.topics import TopicNames
+from contract.topics import InvalidStreamName, TopicNames
 from contract.wire import messages
 from contract.wire.errors import InvalidMessage, InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
@@ -615,6 +615,17 @@ class IngestCore:
 
     def stream_created(self, stream: str) -> None:
         self._progress[stream] = StreamProgress(stream)
+        self._cache_topics(stream)
+
+    def _cache_topics(self, stream: str) -> None:
+        """The stream's topic names, cached before its first record: the native builder produces the records whose
+        topic is cached (a miss goes the Python way). A name TopicNames refuses is refused where a record of the
+        stream is published, as it always was."""
+        try:
+            self._topic(stream, "events")
+            self._topic(stream, "late")
+        except InvalidStreamName:
+            pass
 
     def stream_recovered(self, progress: StreamProgress, now_us: int) -> list[IngestAction]:
         """After a restart: what Kafka holds of the stream. Everything below each source's next seq is a duplicate
@@ -622,6 +633,7 @@ class IngestCore:
         streaming before."""
         stream = progress.stream
         self._progress[stream] = progress
+        self._cache_topics(stream)
         if progress.watermark_us is not None and not self.pipeline.restore_watermark(stream, progress.watermark_us,
                                                                                      now_us):
             # Rule 12: no validated input promises that far ahead; kept, it would divert every on-time event.
