@@ -23,6 +23,8 @@ pytestmark = pytest.mark.timeout(180)
 JVM_NOTE = "WARNING: Using incubator modules: jdk.incubator.vector"
 
 
+# About 30 s: in the long suite (CI's budget); the documented spark-submit below checks the same quiet start in CI.
+@pytest.mark.reliability_long
 def test_a_spark_job_off_a_terminal_writes_nothing_but_the_jvm_note_to_stderr(kafka: BrokerState, topic_prefix: str,
                                                                               tmp_path: Path) -> None:
     names = TopicNames(topic_prefix)

@@ -335,6 +335,8 @@ async def test_a_gateway_paused_past_its_session_timeout_is_fenced_and_its_sourc
                  "zombie_last_shard_failure": woken["last_shard_failure"]})
 
 
+# About 30 s: in the long suite (CI's budget); the SIGKILL and pause scenarios above move shards in CI.
+@pytest.mark.reliability_long
 @pytest.mark.timeout(300)
 async def test_rolling_restart_and_a_gateway_added_and_one_removed_under_load(kafka, topic_prefix):
     # Fixed addresses, as in a real deployment: a restarted gateway comes back where its sources know it (and, a
