@@ -273,23 +273,30 @@ f" and of the checkout before ({before_label or before})" if before is not None 
 statistics.median(gc_off["native"]):.2f} | {statistics.median(gc_off["native"]) / statistics.median(gc_off["python"]):.2f} | |
 
 The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmarks/native_decode.py
-measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In this loop both cores still
-make the same Python objects per event (IncomingEvent, SourceEvent, EventRecord, DeliveryRef, Produce), and their
-allocation and garbage collection stay a floor under either core. On this shared machine the native / python ratio
-of the total varied from run to run of this script: 1.03, 0.99 and 0.81 in three runs at loads 2.7-3.8 on the day
-the native core came into the gateway (2026-11-28), before it ran the Rust merger too. What would remove that floor
-is the fused native pipeline (one call per batch, no per-event Python objects, docs/native.md), not built yet: in
-cProfile of the native core's loop the Python glue left (the pipeline's run loop and merge records, the ingest
-core's actions and its dedup) is most of the ingest stage.
+measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In the native core's
+ingest stage an in-order frame crosses into Rust once per run, not once per event (see "What the native core does
+per frame" below); what stays per event in Python objects is what the gateway hands on: the Produce action and its
+DeliveryRef per record, the SourceEvent the merge queues (with short-lived tuples: its run item, its mapping, the
+merge's Merged), and the IncomingEvent the decoder made. Their allocation and the garbage collector's passes over
+them are a floor under either core ("with the garbage collector off"). On this shared machine the native / python
+ratio of a run varies with the load (other sessions' work); the stage figures here are medians of alternating runs.
+
+Where the native core's ingest stage goes (cProfile of this loop, after the changes below): about half in
+`RecordBuilder.build_merged` (per record: the JSON, the clock's `to_reference` for an event that waited in the merge
+since an earlier call, and the Produce and DeliveryRef objects), about a quarter in `DeliveryTracker.admit_frame`
+(per event a digest for the conflict check: orjson with sorted keys and a hash), a tenth each in the reorderer's
+`take_run` and the merger's `push_run`; the pipeline's and the ingest core's own Python is a few percent.
 
 Both cores are the gateway's (`core = python` or `native`, gateway/native.py): the native one runs the Rust
-connection decoder, the Rust sequence reorderers, the Rust merger of each stream and the Rust record builder; the
-rest of the ingest stage (dedup, the reference mapping, the pipeline's glue, the actions) is Python in both.
+connection decoder, the Rust sequence reorderers (with `take_run`), the Rust merger of each stream and the Rust
+record builder (which also builds the Produce actions: `produce_records`, `build_merged`); the dedup
+(`DeliveryTracker.admit_frame`), the clock mapping, the rare paths (late records, refusals, punctuations, interval
+events) and the actions' own objects are Python in both.
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation; native: `NativeGatewaySession`)
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
-  ReferenceMapping, MultiSourceMerger, then the record bytes: EventRecord encoding with orjson, or the native
-  RecordBuilder in one call per batch), the call the gateway makes per batch
+  ReferenceMapping, MultiSourceMerger, then the records and their Produce actions: EventRecord encoding with orjson,
+  or the native RecordBuilder in one call per run and batch), the call the gateway makes per batch
 - produce: confluent-kafka `Producer.produce` into librdkafka's queue, with each record's timestamp and headers
   (the same call with either core)
 
@@ -332,6 +339,27 @@ CHANGES = """
   delivery report per produce batch and stream (the offset for the progress checkpoint) instead of one Python
   callback per record, and confirms the transaction's records to the core in one `IngestCore.on_committed` call
   once it committed (a commit succeeds only when every record of it was delivered).
+
+## What the native core does per frame now (issue 26)
+
+- Dedup: `DeliveryTracker.admit_frame` admits the frame in one call; a seq above everything its stream accepted,
+  given up or acked (within the jump limit) is accepted inline, any other goes through `admit`. A frame whose events
+  were all accepted, with no refused payload and no clock to check, goes to the pipeline without the per-event loop.
+  (A Rust run of the same inline path over the tracker's Python state was tried and was no faster: the cost is the
+  digest and the dict writes, the same C calls either way; moving it needs the tracker itself in Rust.)
+- Reorder: `push_many` asks the native reorderer's `take_run` for a run of in-order events of one stream in one
+  call (take in order, map with the caller's or the clock's mapping, check the contract's range, build the
+  SourceEvent and the run item); it stops before the first other event, which takes the Python path as before.
+- Merge and records: the merger's `push_run` output goes to `RecordBuilder.build_merged`, which turns each plain
+  release straight into its Produce action (topic, key, JSON value, DeliveryRef, Kafka timestamp, headers): no
+  Merged-to-EventRecord-to-PublishRecord-to-bytes steps in Python. Interval events, raised times, refused payloads,
+  late items and punctuations are handed back in place to the Python path (`_records`, then `produce_records` /
+  `_publish_one`). A stream's topic names are cached when it is created or recovered, so its first release is
+  built natively too.
+- Every native step has a differential hypothesis test against the Python path (tests/unit/native/:
+  test_native_produce_records.py, test_native_take_run.py, test_native_ingest_records.py;
+  tests/unit/gateway/test_acks_admit_frame.py); the Rust calls run inside the module's panic guards (`guard` in
+  native/src/decode.rs, the reorderer's `guarded`): a panic becomes a RuntimeError, never an abort.
 """
 
 
