@@ -1,7 +1,7 @@
 """The ISEQ engine alone on the Spark benchmark's plain stream: events/s against the stream's length.
 
     .venv/bin/python -m benchmarks.iseq_engine                     # N = 5k, 10k, 20k, 40k, every indexing profile
-    .venv/bin/python -m benchmarks.iseq_engine --baseline e3d877a  # the same, and the engine of that commit
+    .venv/bin/python -m benchmarks.iseq_engine --baseline 40a9e91  # the same, and the engine of that commit
     .venv/bin/python -m benchmarks.iseq_engine --sizes 2000 --indexing ais --profile   # plus a cProfile
 
 The stream is one stream's events of ``benchmarks/spark_three_window.py`` (``preload``): point events every
