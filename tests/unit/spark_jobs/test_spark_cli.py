@@ -35,7 +35,9 @@ def test_a_temporary_checkpoint_is_removed_on_ctrl_c(tmp_path: Path) -> None:
     """A job run without --checkpoint makes skewless-<job>-XXXX under the temp dir; Ctrl-C (SIGINT, the
     KeyboardInterrupt unwinding the program) must not leave it behind (issue 28 item 4). The Spark job's own path
     (normal exit) is covered by tests/integration/test_spark_quiet.py."""
-    program = ("import time\n"
+    # SIGINT's Python handler, whatever the parent left: a shell's background job inherits SIGINT ignored.
+    program = ("import signal, time\n"
+               "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                "from spark_jobs.stateful import temporary_checkpoint\n"
                "path = temporary_checkpoint('window_count')\n"
                "open(path + '/metadata', 'w').write('{}')\n"
