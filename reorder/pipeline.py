@@ -520,16 +520,23 @@ class IngestPipeline:
     def _push_run(self, pipeline: _StreamPipeline, source_id: str, run: list[tuple[SourceEvent, int, tuple[int, int]]],
                   now_us: int, out: list[PipelineOutput]) -> None:
         """Hands the run to the merger and empties it (the caller collects the next run in the same list)."""
-        merged = pipeline.merger.push_run(source_id, run, now_us)
-        if not merged:  # the merge waits for another source: nothing to build
-            run.clear()
-            return
-        if self.merged_records is None:
-            errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
-            run.clear()
-            self._records(merged, out, None, None, None, errors)
-            return
-        built, handed_back = self.merged_records.build_merged(merged, run, self.clock)
+        merged_records = self.merged_records
+        fused = None if merged_records is None else getattr(pipeline.merger, "push_run_built", None)
+        if fused is not None:
+            # The native merger's push_run and the builder's build_merged in one call, without the Merged records
+            # of the releases the builder produces.
+            built, handed_back = fused(source_id, run, now_us, merged_records, self.clock)
+        else:
+            merged = pipeline.merger.push_run(source_id, run, now_us)
+            if not merged:  # the merge waits for another source: nothing to build
+                run.clear()
+                return
+            if merged_records is None:
+                errors = {id(event): mapped[1] for event, _arrival_us, mapped in run}
+                run.clear()
+                self._records(merged, out, None, None, None, errors)
+                return
+            built, handed_back = merged_records.build_merged(merged, run, self.clock)
         self.counters.released += len(built) - len(handed_back)
         run_errors = {id(event): mapped[1] for event, _arrival_us, mapped in run} if handed_back else None
         run.clear()

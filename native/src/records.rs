@@ -601,6 +601,56 @@ impl RecordBuilder {
         Ok([key, value, ts, headers])
     }
 
+    /// `build_merged` for a merge's outputs before they became records (the native merger's `push_run_built`):
+    /// each plain release's Produce, or `record(output)` in its place; with the positions of those records.
+    pub fn build_releases<'py>(
+        &mut self,
+        py: Python<'py>,
+        outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
+        run: &Bound<'py, PyAny>,
+        clock: &Bound<'py, PyAny>,
+        mut record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        guard("RecordBuilder.build_merged", || {
+            let mut batch = produce::Batch::new(py, self.produce.as_ref())?;
+            let mut context = produce::MergedContext::new(clock, run)?;
+            let out = PyList::empty(py);
+            let mut handed_back = Vec::new();
+            for (position, output) in outputs.enumerate() {
+                let produced = match &output {
+                    crate::merger::MergeOutput::Merged {
+                        event,
+                        arrival_us,
+                        release_us,
+                        ref_ts_us,
+                        raised_us: 0,
+                    } => {
+                        let times = [*arrival_us, *release_us, *ref_ts_us]
+                            .map(|t| t.into_pyobject(py).map(Bound::into_any));
+                        let [arrival, release, reference] = times;
+                        let times = [arrival?, release?, reference?];
+                        produce::produce_release(
+                            self,
+                            event.bind(py),
+                            times,
+                            &mut batch,
+                            &mut context,
+                        )?
+                    }
+                    _ => None,
+                };
+                match produced {
+                    Some(produce) => out.append(produce)?,
+                    None => {
+                        handed_back.push(position);
+                        out.append(record(output)?)?;
+                    }
+                }
+            }
+            Ok((out, handed_back))
+        })
+    }
+
     /// The record's JSON written natively from its fields (`f`, in ATTR_NAMES' order), or NotNative.
     fn native_json(f: &[Bound<'_, PyAny>], out: &mut Vec<u8>) -> Result<(), NotNative> {
         let stream = f[0].cast_exact::<PyString>().map_err(|_| NotNative)?;

@@ -21,6 +21,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
 use crate::pyrecords::{build_record, RecordClasses};
+use crate::records::RecordBuilder;
 
 use super::{
     MergeError, MergeOutput, MergerConfig, MergerCounters, Mode, MultiSourceMerger, RunEvent,
@@ -192,6 +193,19 @@ impl PyMerger {
             &mut Vec<MergeOutput<Py<PyAny>>>,
         ) -> Result<(), MergeError>,
     {
+        let out = self.run_raw(py, call)?;
+        self.outputs(py, out)
+    }
+
+    /// `run` without the conversion: the core's outputs themselves.
+    fn run_raw<'py, F>(&mut self, py: Python<'py>, call: F) -> PyResult<Vec<MergeOutput<Py<PyAny>>>>
+    where
+        F: FnOnce(
+            &mut MultiSourceMerger<Py<PyAny>>,
+            &mut PythonWait<'_, 'py>,
+            &mut Vec<MergeOutput<Py<PyAny>>>,
+        ) -> Result<(), MergeError>,
+    {
         if self.broken {
             return Err(PyRuntimeError::new_err(
                 "skewless_native.MultiSourceMerger: an earlier call failed inside the native core; this merger's state \
@@ -225,7 +239,7 @@ impl PyMerger {
         if let Some(err) = policy.error {
             return Err(err);
         }
-        self.outputs(py, out)
+        Ok(out)
     }
 
     fn outputs<'py>(
@@ -234,8 +248,20 @@ impl PyMerger {
         out: Vec<MergeOutput<Py<PyAny>>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        let records = self.records.as_ref();
         for item in out {
+            list.append(self.output(py, item)?)?;
+        }
+        Ok(list)
+    }
+
+    /// One output as its record (or tagged tuple).
+    fn output<'py>(
+        &self,
+        py: Python<'py>,
+        item: MergeOutput<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let records = self.records.as_ref();
+        {
             let (kind, fields) = match item {
                 MergeOutput::Merged {
                     event,
@@ -288,9 +314,8 @@ impl PyMerger {
                     ],
                 ),
             };
-            list.append(build_record(py, records, usize::from(kind), fields)?)?;
+            build_record(py, records, usize::from(kind), fields)
         }
-        Ok(list)
     }
 
     fn map(
@@ -464,25 +489,40 @@ impl PyMerger {
         now_us: i64,
     ) -> PyResult<Bound<'py, PyList>> {
         let py = source_id.py();
-        let seq_name = intern!(py, "seq");
-        let mut events = Vec::with_capacity(run.len().unwrap_or(0));
-        for item in run.try_iter()? {
-            let item = item?;
-            let item = item.cast::<PyTuple>()?;
-            let (event, arrival_us, (ref_us, error_us)): (Bound<'py, PyAny>, i64, (i64, i64)) =
-                item.extract()?;
-            let seq: i64 = event.getattr(seq_name)?.extract()?;
-            events.push(RunEvent {
-                seq,
-                event: event.unbind(),
-                arrival_us,
-                ref_us,
-                error_us,
-            });
-        }
+        let events = run_events(run)?;
         let source_id = source_id.to_str()?;
         self.run(py, |core, policy, out| {
             core.push_run(source_id, events, now_us, policy, out)
+        })
+    }
+
+    /// `builder.build_merged(self.push_run(source_id, run, now_us), run, clock)` in one call, without building the
+    /// Merged record of a release the builder produces: the same list (each plain release's Produce, every other
+    /// output as its record, in place) and the positions of the records.
+    fn push_run_built<'py>(
+        &mut self,
+        source_id: &Bound<'py, PyString>,
+        run: &Bound<'py, PyAny>,
+        now_us: i64,
+        builder: &Bound<'py, PyAny>,
+        clock: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        let py = source_id.py();
+        let events = run_events(run)?;
+        let source = source_id.to_str()?;
+        let out = self.run_raw(py, |core, policy, out| {
+            core.push_run(source, events, now_us, policy, out)
+        })?;
+        let Ok(native) = builder.cast::<RecordBuilder>() else {
+            // Another builder (a test's wrapper, say): its own build_merged of the records.
+            let records = self.outputs(py, out)?;
+            return builder
+                .call_method1(intern!(py, "build_merged"), (records, run, clock))?
+                .extract();
+        };
+        let mut native = native.borrow_mut();
+        native.build_releases(py, out.into_iter(), run, clock, |item| {
+            self.output(py, item)
         })
     }
 
@@ -549,6 +589,28 @@ impl PyMerger {
     fn flush<'py>(&mut self, py: Python<'py>, now_us: i64) -> PyResult<Bound<'py, PyList>> {
         self.run(py, |core, _policy, out| core.flush(now_us, out))
     }
+}
+
+/// `push_run`'s `(event, arrival_us, (ref_us, error_us))` items, checked whole before any is taken.
+fn run_events(run: &Bound<'_, PyAny>) -> PyResult<Vec<RunEvent<Py<PyAny>>>> {
+    let py = run.py();
+    let seq_name = intern!(py, "seq");
+    let mut events = Vec::with_capacity(run.len().unwrap_or(0));
+    for item in run.try_iter()? {
+        let item = item?;
+        let item = item.cast::<PyTuple>()?;
+        let (event, arrival_us, (ref_us, error_us)): (Bound<'_, PyAny>, i64, (i64, i64)) =
+            item.extract()?;
+        let seq: i64 = event.getattr(seq_name)?.extract()?;
+        events.push(RunEvent {
+            seq,
+            event: event.unbind(),
+            arrival_us,
+            ref_us,
+            error_us,
+        });
+    }
+    Ok(events)
 }
 
 /// Adds this module's classes to `skewless_native`.

@@ -256,20 +256,37 @@ pub fn produce_merged<'py>(
     batch: &mut Batch<'py>,
     context: &mut MergedContext<'py>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let py = item.py();
     if !item.get_type().is(&batch.classes[MERGED]) {
         return Ok(None);
     }
     // Merged(event, arrival_us, release_us, ref_ts_us, raised_us); SourceEvent(source_id, stream, seq,
     // source_ts_us, payload, interval).
     let merged = item.cast::<PyTuple>()?;
-    let event = merged.get_item(0)?;
-    if !event.get_type().is(&batch.classes[SOURCE_EVENT])
-        || merged.get_item(4)?.extract::<i64>().ok() != Some(0)
-    {
+    if merged.get_item(4)?.extract::<i64>().ok() != Some(0) {
         return Ok(None);
     }
-    let event = event.cast_into::<PyTuple>()?;
+    let times = [
+        merged.get_item(1)?,
+        merged.get_item(2)?,
+        merged.get_item(3)?,
+    ];
+    produce_release(builder, &merged.get_item(0)?, times, batch, context)
+}
+
+/// A plain release's Produce (`produce_merged` without the Merged tuple): its event and `[arrival_us, release_us,
+/// ref_ts_us]`, its raised_us 0; None when the Python path must handle it.
+pub fn produce_release<'py>(
+    builder: &mut RecordBuilder,
+    event: &Bound<'py, PyAny>,
+    [arrival_us, release_us, ref_ts_us]: [Bound<'py, PyAny>; 3],
+    batch: &mut Batch<'py>,
+    context: &mut MergedContext<'py>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = event.py();
+    if !event.get_type().is(&batch.classes[SOURCE_EVENT]) {
+        return Ok(None);
+    }
+    let event = event.cast::<PyTuple>()?;
     let (payload, interval) = (event.get_item(4)?, event.get_item(5)?);
     if !interval.is_none() || payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) {
         return Ok(None);
@@ -284,14 +301,14 @@ pub fn produce_merged<'py>(
     let Some(topic) = batch.topic(stream.as_any(), kind.as_any(), false)? else {
         return Ok(None);
     };
-    let error_us = context.error_us(&event)?;
+    let error_us = context.error_us(event)?;
     let rtt_us = context.rtt_us(&source_id)?;
-    let (seq, release_us) = (event.get_item(2)?, merged.get_item(2)?);
+    let seq = event.get_item(2)?;
     let times = [
         &event.get_item(3)?,
-        &merged.get_item(3)?,
+        &ref_ts_us,
         &error_us,
-        &merged.get_item(1)?,
+        &arrival_us,
         &release_us,
     ];
     batch.buf.clear();

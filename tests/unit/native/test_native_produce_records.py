@@ -5,8 +5,9 @@ timestamp, headers) for each item they take, and every other item handed back in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import skewless_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,3 +138,37 @@ def test_build_merged_gives_what_records_and_publish_give(merged: list[Any], dat
             assert type(item) is Merged
             assert [specified(record, MERGED_MAX_RECORD_BYTES) for record in records] == [built[position]]
             assert type(built[position]) is Produce
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_push_run_built_is_build_merged_of_push_run(data: st.DataObject) -> None:
+    """The native merger's ``push_run_built`` (no Merged record for a release the builder produces) against
+    ``build_merged`` of its ``push_run``: two mergers, the same runs, the same lists and positions. Stamps that go
+    back within the error bound make raised releases (handed back), sources stamping ahead make the merge wait."""
+    from gateway.native import native_merger
+    from reorder.merger import MergeOutput, MergerConfig
+
+    clock = RttMapping({"src": 0, "é-source": 1_500, "a\"b": -700}, error_bound_us=3)
+    mergers = [cast(skewless_native.MultiSourceMerger,
+                    native_merger("s1", clock, MergerConfig(), lambda _source, _now: 1_000_000)) for _ in range(2)]
+    builders = [builder(MERGED_MAX_RECORD_BYTES), builder(MERGED_MAX_RECORD_BYTES)]
+    now = 1_000_000
+    for source in ("src", "é-source", "a\"b"):
+        assert mergers[0].register(source, now) == mergers[1].register(source, now)
+    seqs = {"src": 0, "é-source": 0, "a\"b": 0}
+    for _ in range(data.draw(st.integers(1, 10))):
+        now += data.draw(st.sampled_from([10, 1_000, 2_000_000]))
+        source = data.draw(st.sampled_from(sorted(seqs)))
+        run = []
+        for _ in range(data.draw(st.integers(1, 6))):
+            stamp = now - data.draw(st.sampled_from([500, 400, 300, 2]))
+            payload = data.draw(st.one_of(st.integers(0, 9), payloads))
+            interval = data.draw(st.sampled_from([None] * 6 + [AtomicInterval(stamp - 5)]))
+            event = SourceEvent(source, "s1", seqs[source], stamp, payload, interval)
+            seqs[source] += 1
+            run.append((event, now, clock.to_reference(source, stamp)))
+        fused = mergers[0].push_run_built(source, run, now, builders[0], clock)
+        merged = cast(list[MergeOutput], mergers[1].push_run(source, run, now))  # built by the record classes
+        built = builders[1].build_merged(merged, run, clock)
+        assert fused == built
