@@ -51,6 +51,13 @@ FIXES = [
      "connection; the supervisor requeues what it carried."),
     ("skewless/cli_gateway.py", "The gateway raises its soft RLIMIT_NOFILE to the hard limit at start (one descriptor per "
      "connection)."),
+    ("clients/core.py (UnackedStore)",
+     "The newcomer scenario (3 sources x 5,000 events of a replayed trace) lost 1 event in about one run of eight: "
+     "the gateway gave up a late seq and sent its gap notice, then its ack; when the replay sent the seq between the "
+     "two, the SDK queued it as a new event, the ack released it before it was written and the sender skipped it as "
+     "acked. Now a seq of a gap notice is given up at once whether or not its ack came, and an ack that passes an "
+     "event never written gives it up (future failed, counted) and writes it once for the late topic: 0 lost in 25 "
+     "runs of the loop that had lost 2 in 16."),
 ]
 
 
