@@ -276,22 +276,24 @@ The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmar
 measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In the native core's
 ingest stage an in-order frame crosses into Rust once per run, not once per event (see "What the native core does
 per frame" below); what stays per event in Python objects is what the gateway hands on: the Produce action and its
-DeliveryRef per record, the SourceEvent the merge queues (with short-lived tuples: its run item, its mapping, the
-merge's Merged), and the IncomingEvent the decoder made. Their allocation and the garbage collector's passes over
-them are a floor under either core ("with the garbage collector off"). On this shared machine the native / python
-ratio of a run varies with the load (other sessions' work); the stage figures here are medians of alternating runs.
+DeliveryRef per record, the SourceEvent the merge queues (with two short-lived tuples: its run item and its
+mapping), and the IncomingEvent the decoder made. Their allocation and the garbage collector's passes over them are
+a floor under either core ("with the garbage collector off"). On this shared machine the absolute figures move
+with the host's state for both cores alike: on 2026-11-28 the native ingest stage of one tree (a5cf939, before the
+per-run changes below) read a median of 10.4 us/event in 7 runs and 15.0 in 7 runs 20 minutes later, at a lower
+1-minute load; the native / python ratio within one run, whose runs alternate, is the steadier figure.
 
-Where the native core's ingest stage goes (cProfile of this loop, after the changes below): about half in
-`RecordBuilder.build_merged` (per record: the JSON, the clock's `to_reference` for an event that waited in the merge
-since an earlier call, and the Produce and DeliveryRef objects), about a quarter in `DeliveryTracker.admit_frame`
-(per event a digest for the conflict check: orjson with sorted keys and a hash), a tenth each in the reorderer's
-`take_run` and the merger's `push_run`; the pipeline's and the ingest core's own Python is a few percent.
+Where the native core's ingest stage goes (cProfile of this loop, after the changes below): about half in the
+merger's `push_run_built` (the merge, then per record the JSON, the clock's `to_reference` for an event that waited
+in the merge since an earlier call, and the Produce and DeliveryRef objects), about a third in
+`DeliveryTracker.admit_frame` (per event a digest for the conflict check: orjson with sorted keys, and a hash), a
+tenth in the reorderer's `take_run`; the pipeline's and the ingest core's own Python is a few percent.
 
 Both cores are the gateway's (`core = python` or `native`, gateway/native.py): the native one runs the Rust
 connection decoder, the Rust sequence reorderers (with `take_run`), the Rust merger of each stream and the Rust
-record builder (which also builds the Produce actions: `produce_records`, `build_merged`); the dedup
-(`DeliveryTracker.admit_frame`), the clock mapping, the rare paths (late records, refusals, punctuations, interval
-events) and the actions' own objects are Python in both.
+record builder (which also builds the Produce actions: `produce_records`, `build_merged`, and through the
+merger's `push_run_built`); the dedup (`DeliveryTracker.admit_frame`), the clock mapping, the rare paths (late
+records, refusals, punctuations, interval events) and the actions' own objects are Python in both.
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation; native: `NativeGatewaySession`)
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
@@ -350,12 +352,12 @@ CHANGES = """
 - Reorder: `push_many` asks the native reorderer's `take_run` for a run of in-order events of one stream in one
   call (take in order, map with the caller's or the clock's mapping, check the contract's range, build the
   SourceEvent and the run item); it stops before the first other event, which takes the Python path as before.
-- Merge and records: the merger's `push_run` output goes to `RecordBuilder.build_merged`, which turns each plain
-  release straight into its Produce action (topic, key, JSON value, DeliveryRef, Kafka timestamp, headers): no
-  Merged-to-EventRecord-to-PublishRecord-to-bytes steps in Python. Interval events, raised times, refused payloads,
-  late items and punctuations are handed back in place to the Python path (`_records`, then `produce_records` /
-  `_publish_one`). A stream's topic names are cached when it is created or recovered, so its first release is
-  built natively too.
+- Merge and records: the merger's `push_run_built` merges the run and hands its outputs, as the core made them,
+  to the record builder, which turns each plain release straight into its Produce action (topic, key, JSON value,
+  DeliveryRef, Kafka timestamp, headers): no Merged, EventRecord or PublishRecord objects and no bytes steps in
+  Python. Interval events, raised times, refused payloads, late items and punctuations become their records and are
+  handed back in place to the Python path (`_records`, then `produce_records` / `_publish_one`). A stream's topic
+  names are cached when it is created or recovered, so its first release is built natively too.
 - Every native step has a differential hypothesis test against the Python path (tests/unit/native/:
   test_native_produce_records.py, test_native_take_run.py, test_native_ingest_records.py;
   tests/unit/gateway/test_acks_admit_frame.py); the Rust calls run inside the module's panic guards (`guard` in
