@@ -248,12 +248,20 @@ class DeliveryTracker:
                 stream = event.stream
                 progress = self._progress.get((source_id, stream))
             seq = event.seq
-            if (progress is not None and seq > progress.highest and seq > progress.acked_through
-                    and seq not in progress.pending
-                    and (progress.highest == _NO_SEQ
-                         or seq - max(progress.highest, progress.acked_through) <= max_seq_jump)):
+            in_order = False
+            if progress is not None:
+                highest, acked = progress.highest, progress.acked_through
+                top = highest if highest > acked else acked
+                in_order = (seq > top and seq not in progress.pending
+                            and (highest == _NO_SEQ or seq - top <= max_seq_jump))
+            if in_order:
+                assert progress is not None
                 progress.highest = seq
-                progress.pending[seq] = event_digest(event.source_ts_us, event.payload)
+                try:  # event_digest, inline (its fallback when orjson refuses the payload)
+                    digest = hash((event.source_ts_us, orjson.dumps(event.payload, option=orjson.OPT_SORT_KEYS)))
+                except TypeError:
+                    digest = event_digest(event.source_ts_us, event.payload)
+                progress.pending[seq] = digest
                 admission: Admission = ACCEPTED
             else:
                 admission = self.admit(source_id, event.stream, seq, (event.source_ts_us, event.payload))
