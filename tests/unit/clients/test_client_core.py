@@ -548,6 +548,25 @@ def test_a_seq_given_up_before_it_was_sent_is_taken_once_and_written_once():
     assert store.add("s", 6, 1006, 6).given_up
 
 
+async def test_an_ack_passing_tracked_events_not_yet_written_fails_their_futures_and_writes_each_once() -> None:
+    """The gateway's ack passed seqs 0 and 1 before the sender wrote them (their gap notice not read yet): they
+    were given up, not acknowledged. Their futures fail, they are counted, and each is still written once."""
+    from clients import EventGivenUp, SkewlessClient
+    from contract.wire.messages import build_ack
+
+    client = SkewlessClient("127.0.0.1", 9, "src", ["s"])
+    futures = [await client.send_tracked("s", {"i": i}) for i in range(3)]
+    client._on_message(build_ack("s", 1))
+    for seq, future in enumerate(futures[:2]):
+        error = future.exception()
+        assert isinstance(error, EventGivenUp) and (error.seq, error.reason, error.resent) == (seq, "timeout", True)
+    assert not futures[2].done()
+    assert (client.unacked_count, client.stats.events_given_up, client.stats.events_acked) == (1, 2, 0)
+    assert [e.seq for e in client._window.store.take_batch(10)] == [0, 1, 2]
+    client._on_message(build_ack("s", 2))
+    assert futures[2].result() == 2 and client.stats.events_acked == 1
+
+
 async def test_a_tracked_send_into_a_given_up_gap_fails_at_once_with_event_given_up() -> None:
     from clients import EventGivenUp, SkewlessClient
     from contract.wire.messages import build_ack, build_gap
