@@ -162,6 +162,9 @@ class UnackedStore:
         # replayed trace's late arrival): ``add()`` still takes each of them once. Ranges, newest kept.
         self._unsent_gaps: dict[str, deque[tuple[int, int, str]]] = {s: deque(maxlen=UNSENT_GAPS_KEPT)
                                                                      for s in self._events}
+        # Per stream, the highest seq any of those ranges ever held: a new seq above it (every in-order send) skips
+        # the scan of the ranges.
+        self._unsent_gap_top = dict.fromkeys(self._events, -1)
 
     def __len__(self) -> int:
         return self._count
@@ -222,8 +225,9 @@ class UnackedStore:
         return event
 
     def _in_unsent_gap(self, stream: str, seq: int) -> bool:
-        gaps = self._unsent_gaps[stream]
-        return bool(gaps) and any(first <= seq <= last for first, last, _reason in gaps)
+        if seq > self._unsent_gap_top[stream]:
+            return False
+        return any(first <= seq <= last for first, last, _reason in self._unsent_gaps[stream])
 
     def _add_given_up(self, stream: str, seq: int, source_ts_us: int, payload: Any,
                       interval: EventInterval | None) -> PendingEvent:
@@ -316,6 +320,7 @@ class UnackedStore:
         gaps = self._unsent_gaps.get(stream)
         if gaps is None:
             return
+        self._unsent_gap_top[stream] = max(self._unsent_gap_top[stream], last_seq)
         lo = first_seq
         for seq in (*held, last_seq + 1):
             if lo <= seq - 1:
