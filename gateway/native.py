@@ -9,23 +9,19 @@ and ``core = "python"`` runs them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
-from contract.wire.frames import DEFAULT_MAX_FRAME_BYTES
-from contract.wire.messages import MAX_STREAMS_PER_SOURCE, Bye, EventBatch, Heartbeat, RejectedPayload
-from gateway.auth import SourceAuthenticator
+from contract.wire.messages import Bye, EventBatch, Heartbeat, RejectedPayload
 from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce, RecordBuilderCore
 from gateway.session import (
-    DEFAULT_MAX_EVENTS_PER_BATCH,
     DrainRequested,
     EventsReceived,
     GatewaySession,
     HeartbeatReceived,
     SessionAction,
     SessionState,
-    SessionTimeouts,
 )
 from reorder.merger import MergerConfig
 from reorder.pipeline import MergerCore, PipelineConfig, PipelineCores, PublishRecord, SequenceCore
@@ -104,17 +100,10 @@ class NativeGatewaySession(GatewaySession):
     validation of events, heartbeats and byes (the same errors, codes and limits). Hellos still go through the
     session's own ``_handle`` (parse_hello, auth, limits), then the decoder is told the declared streams."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH,
-                 authenticator: SourceAuthenticator | None = None,
-                 timeouts: SessionTimeouts | None = None, now_us: int = 0,
-                 max_streams_per_source: int = MAX_STREAMS_PER_SOURCE,
-                 allowed_streams: Collection[str] | None = None) -> None:
+    def _open_decoder(self) -> None:
         import skewless_native
 
-        super().__init__(max_frame_bytes, max_events_per_batch, authenticator, timeouts, now_us,
-                         max_streams_per_source, allowed_streams)
-        self.native = skewless_native.ConnectionDecoder(max_frame_bytes, max_events_per_batch)
+        self.native = skewless_native.ConnectionDecoder(self._decoder.max_frame_bytes, self._max_events_per_batch)
 
     @property
     def buffered_bytes(self) -> int:

@@ -117,6 +117,11 @@ class GatewaySession:
         self._opened_us = now_us
         self._last_activity_us = now_us
         self._partial_since_us: int | None = None
+        self._open_decoder()
+
+    def _open_decoder(self) -> None:
+        """Where a subclass sets up a decoder of its own from the limits set above (gateway.native): this class
+        decodes with ``self._decoder``."""
 
     @property
     def buffered_bytes(self) -> int:
