@@ -270,6 +270,13 @@ def _begin_predicates(
     return constant, cross
 
 
+def _check_item(item: object, kind: type[Item], entry_point: str, instead: str) -> None:
+    """Each entry point takes one kind of item: the error says where the other kind goes."""
+    if not isinstance(item, kind):
+        raise IntervalError(f"{entry_point} takes an {kind.__name__}, got {type(item).__name__} "
+                            f"({instead}; on_item takes either)")
+
+
 def _require_negation_bounds(query: IntervalQuery, punctuated_types: frozenset[str]) -> None:
     """A negated element whose end is unbounded above could negate any result at any later time."""
     for spec in query.negations:
@@ -445,9 +452,7 @@ class IntervalEngine:
 
     def on_interval(self, interval: Interval) -> list[IntervalOutput]:
         """Process one arriving (ended) interval; an IBP goes to :meth:`on_begin` (or :meth:`on_item`)."""
-        if not isinstance(interval, Interval):
-            raise IntervalError(f"on_interval takes an Interval, got {type(interval).__name__} "
-                                "(an IntervalBegin goes to on_begin; on_item takes either)")
+        _check_item(interval, Interval, "on_interval", "an IntervalBegin goes to on_begin")
         out: list[IntervalOutput] = []
         in_order = self._arrive(interval, out)
         if in_order is None:
@@ -516,9 +521,7 @@ class IntervalEngine:
 
     def on_begin(self, begin: IntervalBegin) -> list[IntervalOutput]:
         """Process one arriving IBP (an interval's begin punctuation)."""
-        if not isinstance(begin, IntervalBegin):
-            raise IntervalError(f"on_begin takes an IntervalBegin, got {type(begin).__name__} "
-                                "(an Interval goes to on_interval; on_item takes either)")
+        _check_item(begin, IntervalBegin, "on_begin", "an Interval goes to on_interval")
         out: list[IntervalOutput] = []
         if self._arrive(begin, out) is None:
             return out
