@@ -19,9 +19,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 pub mod python;
-pub mod quantile;
 
-use quantile::DecayedQuantile;
+use crate::sequence::estimators::DecayedQuantile;
 
 /// Python's `_NEVER`: below any time the merge sees.
 pub const NEVER: i64 = -(1 << 62);
@@ -947,7 +946,7 @@ impl<E> MultiSourceMerger<E> {
             if let Some(since) = src.waited_since.take() {
                 // the silence the merge waited through ends here, whether or not the wait had given up
                 if let Some(silences) = src.silences.as_mut() {
-                    silences.add(now_us - since);
+                    silences.add(i128::from(now_us - since));
                 }
             }
         }

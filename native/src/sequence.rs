@@ -15,7 +15,7 @@ mod run;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use estimators::{quantile_gain, to_f64, DecayedQuantile, SmoothedDelay};
+use estimators::{quantile_gain, to_f64, DecayedQuantile, SmoothedDelay, DEFAULT_MAX_US};
 use ranges::RangeMap;
 
 pub type Seq = i128;
@@ -302,7 +302,11 @@ impl<P: Clone> SequenceReorderer<P> {
             counters: SequenceCounters::default(),
             inter_arrival: SmoothedDelay::new(config.alpha, false), // Eq. 3.1-3.5
             buffer_delay: SmoothedDelay::new(config.beta, true),    // Eq. 3.6-3.10
-            gap_delay: DecayedQuantile::new(config.target_accuracy, config.quantile_half_life),
+            gap_delay: DecayedQuantile::new(
+                config.target_accuracy,
+                config.quantile_half_life,
+                DEFAULT_MAX_US,
+            ),
             adopt_first,
             expected,
             max_seen: expected - 1,
@@ -382,7 +386,7 @@ impl<P: Clone> SequenceReorderer<P> {
         }
         let cap_us = self.effective_latency_threshold_us();
         let cfg = &self.config;
-        let samples = i128::from(self.gap_delay.count);
+        let samples = i128::from(self.gap_delay.count());
         if samples < cfg.min_gap_samples {
             return cap_us;
         }

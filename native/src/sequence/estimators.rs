@@ -1,4 +1,5 @@
-//! Timeout statistics: reorder/estimators.py's `SmoothedDelay` (thesis Eq. 3.1-3.10) and `DecayedQuantile`.
+//! Timeout statistics: reorder/estimators.py's `SmoothedDelay` (thesis Eq. 3.1-3.10) and `DecayedQuantile` (also
+//! the merger's learned wait).
 //!
 //! Bit-identical to the Python: the same IEEE double operations in the same order, the same libm `log` and `pow`,
 //! and Python's mixed int/float arithmetic where it matters (the first sample is kept as an exact integer, as
@@ -82,23 +83,26 @@ pub fn to_f64(x: i128) -> f64 {
 }
 
 const GROWTH: f64 = 1.05;
-const MAX_US: i64 = 3_600_000_000;
+/// Python's default `max_us` (an hour): the reorderer's gap delays above it share the last bucket.
+pub const DEFAULT_MAX_US: i64 = 3_600_000_000;
 const RENORMALISE_AT: f64 = 1e200;
 const RECOMPUTE_EVERY: u32 = 32;
 
 struct Buckets {
     inv_log_growth: f64,
-    /// `ceil(growth ** i)` for every bucket: Python computes it per call, the same `pow` each time.
+    /// `ceil(growth ** i)` for every bucket any `max_us` can need: Python computes it per call, the same `pow`
+    /// each time.
     upper_edges_us: Vec<i128>,
 }
 
 fn buckets() -> &'static Buckets {
     static BUCKETS: OnceLock<Buckets> = OnceLock::new();
     BUCKETS.get_or_init(|| {
-        let inv_log_growth = 1.0 / std::hint::black_box(GROWTH).ln();
-        let n = ((std::hint::black_box(MAX_US) as f64).ln() * inv_log_growth).ceil() as usize + 2;
-        let upper_edges_us = (0..n)
-            .map(|i| GROWTH.powf(i as f64).ceil() as i128)
+        // black_box: computed at run time by libm, as Python does, never folded by the compiler or rewritten.
+        let growth = std::hint::black_box(GROWTH);
+        let inv_log_growth = 1.0 / growth.ln();
+        let upper_edges_us = (0..bucket_count(inv_log_growth, i64::MAX))
+            .map(|i| growth.powf(i as f64).ceil() as i128)
             .collect();
         Buckets {
             inv_log_growth,
@@ -107,26 +111,36 @@ fn buckets() -> &'static Buckets {
     })
 }
 
-/// Streaming upper quantile of delays with exponential forgetting: log-spaced buckets (each 5 % wider), each new
-/// sample weighing `2 ** (1 / half_life)` times the previous one, the quantile refreshed lazily.
+/// Python's `_n_buckets`: `ceil(log(max_us) / log(growth)) + 2`.
+fn bucket_count(inv_log_growth: f64, max_us: i64) -> usize {
+    ((std::hint::black_box(max_us) as f64).ln() * inv_log_growth).ceil() as usize + 2
+}
+
+/// reorder/estimators.py's `DecayedQuantile`, for the reorderer's gap delays and the merger's silences: a streaming
+/// upper quantile of delays with exponential forgetting, in log-spaced buckets (each 5 % wider; the estimate is an
+/// upper bucket edge, never below the quantile), each new sample weighing `2 ** (1 / half_life)` times the previous
+/// one, the quantile refreshed lazily.
 #[derive(Clone, Debug)]
 pub struct DecayedQuantile {
     q: f64,
+    n_buckets: usize,
+    /// Allocated at the first sample: a source that never falls silent costs no bucket array.
     counts: Vec<f64>,
     gain: f64,
     weight: f64,
     total: f64,
-    pub count: u64,
+    count: u64,
     since: u32,
     dirty: bool,
     cached: i128,
 }
 
 impl DecayedQuantile {
-    /// `q` in (0, 1) and a finite `gain = 2 ** (1 / half_life)` are checked by the config.
-    pub fn new(q: f64, half_life_samples: f64) -> Self {
+    /// `q` in (0, 1), a finite `gain = 2 ** (1 / half_life)` and `max_us` >= 2 are checked by the config.
+    pub fn new(q: f64, half_life_samples: f64, max_us: i64) -> Self {
         Self {
             q,
+            n_buckets: bucket_count(buckets().inv_log_growth, max_us),
             counts: Vec::new(),
             gain: quantile_gain(half_life_samples),
             weight: 1.0,
@@ -138,20 +152,25 @@ impl DecayedQuantile {
         }
     }
 
-    fn bucket(sample_us: i128) -> usize {
+    /// Samples added so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn bucket(&self, sample_us: i128) -> usize {
         if sample_us <= 1 {
             return 0;
         }
-        let b = buckets();
-        let i = (to_f64(sample_us).ln() * b.inv_log_growth).ceil() as usize;
-        i.min(b.upper_edges_us.len() - 1)
+        let i = (to_f64(sample_us).ln() * buckets().inv_log_growth).ceil();
+        // i >= 1 here (ln of a sample above 1 is positive); the cast saturates, the min bounds it.
+        (i as usize).min(self.n_buckets - 1)
     }
 
     pub fn add(&mut self, sample_us: i128) {
         let edges = &buckets().upper_edges_us;
-        let i = Self::bucket(sample_us);
+        let i = self.bucket(sample_us);
         if self.counts.is_empty() {
-            self.counts = vec![0.0; edges.len()];
+            self.counts = vec![0.0; self.n_buckets];
         }
         self.counts[i] += self.weight;
         self.total += self.weight;
@@ -207,7 +226,7 @@ pub fn quantile_gain(half_life_samples: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{quantile_gain, DecayedQuantile, SmoothedDelay};
+    use super::{quantile_gain, DecayedQuantile, SmoothedDelay, DEFAULT_MAX_US};
 
     #[test]
     fn the_gain_is_pythons_pow_not_exp2() {
@@ -243,7 +262,7 @@ mod tests {
 
     #[test]
     fn decayed_quantile_upper_bucket_edge() {
-        let mut q = DecayedQuantile::new(0.98, 1e12);
+        let mut q = DecayedQuantile::new(0.98, 1e12, DEFAULT_MAX_US);
         assert_eq!(q.value_us(), 0);
         for _ in 0..99 {
             q.add(100);
@@ -253,6 +272,35 @@ mod tests {
         assert_eq!(q.value_us(), 104);
         q.add(0);
         q.add(-5);
-        assert_eq!(q.count, 102);
+        assert_eq!(q.count(), 102);
+    }
+
+    #[test]
+    fn a_30_us_sample_falls_in_the_bucket_whose_edge_is_31_us() {
+        // ceil(ln 30 / ln 1.05) = 70; ceil(1.05^70) = 31 (the Python test's hand-computed figure)
+        let mut q = DecayedQuantile::new(0.9999, 10_000.0, 5_000);
+        for _ in 0..3 {
+            q.add(30);
+        }
+        assert_eq!(q.value_us(), 31);
+        q.add(500); // above the cached edge: refreshed at once
+        assert_eq!(q.value_us(), 516);
+    }
+
+    #[test]
+    fn samples_at_or_below_one_us_and_beyond_the_top_land_in_the_end_buckets() {
+        let mut q = DecayedQuantile::new(0.5, 10_000.0, 2);
+        q.add(-5);
+        assert_eq!(q.value_us(), 1);
+        let mut q = DecayedQuantile::new(0.5, 10_000.0, 100);
+        q.add(i128::from(i64::MAX));
+        // the last bucket: ceil(ln 100 / ln 1.05) + 1 = 96, edge ceil(1.05^96) = 109
+        assert_eq!(q.value_us(), 109);
+    }
+
+    #[test]
+    fn before_any_sample_the_value_is_zero() {
+        let mut q = DecayedQuantile::new(0.9, 10.0, 1000);
+        assert_eq!((q.count(), q.value_us()), (0, 0));
     }
 }
