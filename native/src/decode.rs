@@ -357,17 +357,20 @@ pub fn payload_json(out: &mut Vec<u8>, value: &Value<'_>) {
 pub fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(result) => result,
-        Err(payload) => {
-            let detail = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(PyRuntimeError::new_err(format!(
-                "skewless_native: {what} failed with an internal error: {detail}"
-            )))
-        }
+        Err(payload) => Err(PyRuntimeError::new_err(format!(
+            "skewless_native: {what} failed with an internal error: {}",
+            panic_message(payload.as_ref())
+        ))),
     }
+}
+
+/// The message a caught panic carries (`panic!` with a literal or a formatted one), for the error that replaces it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 struct PyTypes {

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
+use crate::decode::panic_message;
 use crate::pyrecords::{build_record, RecordClasses};
 use crate::records::RecordBuilder;
 
@@ -223,14 +224,10 @@ impl PyMerger {
         match result {
             Err(panic) => {
                 self.broken = true;
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
                 return Err(PyRuntimeError::new_err(format!(
-                    "skewless_native.MultiSourceMerger: internal error in the native core ({what}); the merger refuses \
-                     further calls"
+                    "skewless_native.MultiSourceMerger: internal error in the native core ({}); the merger refuses \
+                     further calls",
+                    panic_message(panic.as_ref())
                 )));
             }
             Ok(Err(err)) => return Err(value_error(err)),

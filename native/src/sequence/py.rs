@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 use pyo3::{intern, IntoPyObjectExt};
 
+use crate::decode::panic_message;
 use crate::pyrecords::{build_record, RecordClasses};
 
 use super::{
@@ -187,14 +188,10 @@ impl PySequenceReorderer {
             Ok(result) => result,
             Err(panic) => {
                 self.broken = true;
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
                 Err(PyRuntimeError::new_err(format!(
-                    "skewless_native.SequenceReorderer: internal error in the native core ({msg}); this reorderer \
-                     refuses further calls"
+                    "skewless_native.SequenceReorderer: internal error in the native core ({}); this reorderer \
+                     refuses further calls",
+                    panic_message(panic.as_ref())
                 )))
             }
         }
