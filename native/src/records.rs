@@ -16,7 +16,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::decode::guard;
-use crate::decode::pyrepr::{shortest_digits, write_fixed};
+use crate::decode::pyrepr::write_shortest;
 
 mod produce;
 
@@ -158,22 +158,7 @@ pub fn write_f64(out: &mut Vec<u8>, x: f64) {
         }
     }
     let mut text = String::new();
-    if x.is_sign_negative() {
-        text.push('-');
-    }
-    let (digits, exp) = shortest_digits(x);
-    if (-5..16).contains(&exp) {
-        write_fixed(&mut text, &digits, exp);
-    } else {
-        text.push_str(&digits[..1]);
-        if digits.len() > 1 {
-            text.push('.');
-            text.push_str(&digits[1..]);
-        }
-        text.push('e');
-        text.push(if exp < 0 { '-' } else { '+' });
-        text.push_str(&exp.unsigned_abs().to_string());
-    }
+    write_shortest(&mut text, x, -5..16, 1);
     out.extend_from_slice(text.as_bytes());
 }
 

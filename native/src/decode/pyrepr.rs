@@ -2,6 +2,7 @@
 //! the shortest round-trip digits that both repr(float) and orjson start from.
 
 use std::fmt::Write as _;
+use std::ops::Range;
 
 /// The shortest digits that read back as `x` (finite, sign ignored) and the decimal exponent of the first:
 /// |x| = d1.d2d3... * 10^exp, as Python's repr and orjson pick them: the shortest, and of those the closest to the
@@ -63,12 +64,20 @@ pub fn float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     let mut out = String::new();
+    write_shortest(&mut out, x, -4..16, 2);
+    out
+}
+
+/// Finite `x` in its shortest round-trip digits: written out when its decimal exponent lies in `fixed_exps`, else as
+/// `d.ddde+N` with at least `exp_digits` exponent digits (repr(float): -4..16 and 2, "1e-05"; orjson: -5..16 and
+/// 1, "1e-6").
+pub fn write_shortest(out: &mut String, x: f64, fixed_exps: Range<i32>, exp_digits: usize) {
     if x.is_sign_negative() {
         out.push('-');
     }
     let (digits, exp) = shortest_digits(x);
-    if (-4..16).contains(&exp) {
-        write_fixed(&mut out, &digits, exp);
+    if fixed_exps.contains(&exp) {
+        write_fixed(out, &digits, exp);
     } else {
         out.push_str(&digits[..1]);
         if digits.len() > 1 {
@@ -77,12 +86,11 @@ pub fn float_repr(x: f64) -> String {
         }
         let _ = write!(
             out,
-            "e{}{:02}",
+            "e{}{:0exp_digits$}",
             if exp < 0 { '-' } else { '+' },
             exp.unsigned_abs()
         );
     }
-    out
 }
 
 /// Python's repr(bytes).
