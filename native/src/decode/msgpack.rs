@@ -242,15 +242,14 @@ impl<'a> Parser<'a> {
         Ok(out)
     }
 
-    fn len8(&mut self) -> Result<usize, DecodeError> {
-        Ok(usize::from(self.be::<1>()?[0]))
-    }
-    fn len16(&mut self) -> Result<usize, DecodeError> {
-        Ok(usize::from(u16::from_be_bytes(self.be()?)))
-    }
-    fn len32(&mut self) -> Result<usize, DecodeError> {
-        // usize is at least 32 bits on every target this builds for.
-        usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::Value)
+    /// The length that follows a bin, ext, str, array or map marker: its family's 8-, 16- or 32-bit form.
+    fn len_after(&mut self, marker: u8) -> Result<usize, DecodeError> {
+        match marker {
+            0xc4 | 0xc7 | 0xd9 => Ok(usize::from(self.be::<1>()?[0])),
+            0xc5 | 0xc8 | 0xda | 0xdc | 0xde => Ok(usize::from(u16::from_be_bytes(self.be()?))),
+            // 0xc6, 0xc9, 0xdb, 0xdd, 0xdf; usize is at least 32 bits on every target this builds for.
+            _ => usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::Value),
+        }
     }
 
     fn item(&mut self) -> Result<Item<'a>, DecodeError> {
@@ -265,28 +264,12 @@ impl<'a> Parser<'a> {
             0xc1 => return Err(DecodeError::Format),
             0xc2 => Value::Bool(false),
             0xc3 => Value::Bool(true),
-            0xc4 => {
-                let n = self.len8()?;
+            0xc4..=0xc6 => {
+                let n = self.len_after(marker)?;
                 Value::Bin(self.take(n)?)
             }
-            0xc5 => {
-                let n = self.len16()?;
-                Value::Bin(self.take(n)?)
-            }
-            0xc6 => {
-                let n = self.len32()?;
-                Value::Bin(self.take(n)?)
-            }
-            0xc7 => {
-                let n = self.len8()?;
-                return self.ext(n).map(Item::Value);
-            }
-            0xc8 => {
-                let n = self.len16()?;
-                return self.ext(n).map(Item::Value);
-            }
-            0xc9 => {
-                let n = self.len32()?;
+            0xc7..=0xc9 => {
+                let n = self.len_after(marker)?;
                 return self.ext(n).map(Item::Value);
             }
             0xca => Value::Float(f64::from(f32::from_be_bytes(self.be()?))),
@@ -307,34 +290,12 @@ impl<'a> Parser<'a> {
             0xd6 => return self.ext(4).map(Item::Value),
             0xd7 => return self.ext(8).map(Item::Value),
             0xd8 => return self.ext(16).map(Item::Value),
-            0xd9 => {
-                let n = self.len8()?;
+            0xd9..=0xdb => {
+                let n = self.len_after(marker)?;
                 return self.str(n).map(Item::Value);
             }
-            0xda => {
-                let n = self.len16()?;
-                return self.str(n).map(Item::Value);
-            }
-            0xdb => {
-                let n = self.len32()?;
-                return self.str(n).map(Item::Value);
-            }
-            0xdc => {
-                let n = self.len16()?;
-                return Ok(Item::Array(n));
-            }
-            0xdd => {
-                let n = self.len32()?;
-                return Ok(Item::Array(n));
-            }
-            0xde => {
-                let n = self.len16()?;
-                return Ok(Item::Map(n));
-            }
-            0xdf => {
-                let n = self.len32()?;
-                return Ok(Item::Map(n));
-            }
+            0xdc | 0xdd => return Ok(Item::Array(self.len_after(marker)?)),
+            0xde | 0xdf => return Ok(Item::Map(self.len_after(marker)?)),
         }))
     }
 
@@ -465,6 +426,37 @@ mod tests {
         assert_eq!(decode(b"\xd4\x05\x00"), Ok(Value::Ext(5, b"\x00")));
         assert_eq!(decode(b"\xd4\x80\x00"), Err(DecodeError::Value));
         assert_eq!(decode(b"\xdd\xff\xff\xff\xff"), Err(DecodeError::Value));
+    }
+
+    /// `marker`, a length of one written in `width` bytes, then `rest`.
+    fn sized(marker: u8, width: usize, rest: &[u8]) -> Vec<u8> {
+        let mut body = vec![marker];
+        body.resize(width, 0);
+        body.push(1);
+        body.extend_from_slice(rest);
+        body
+    }
+
+    #[test]
+    fn each_length_form_reads_its_8_16_or_32_bit_length() {
+        // (the markers of the 8-, 16- and 32-bit lengths, what follows the length, the same value's short form);
+        // array and map have no 8-bit form
+        let families: [(&[u8], &[u8], &[u8]); 5] = [
+            (&[0xc4, 0xc5, 0xc6], b"x", b"\xc4\x01x"),
+            (&[0xc7, 0xc8, 0xc9], b"\x05x", b"\xd4\x05x"),
+            (&[0xd9, 0xda, 0xdb], b"x", b"\xa1x"),
+            (&[0xdc, 0xdd], b"\x01", b"\x91\x01"),
+            (&[0xde, 0xdf], b"\xa1a\x01", b"\x81\xa1a\x01"),
+        ];
+        for (markers, rest, short) in families {
+            let widths = &[1, 2, 4][3 - markers.len()..];
+            for (&marker, &width) in markers.iter().zip(widths) {
+                let long = sized(marker, width, rest);
+                assert_eq!(decode(&long), decode(short), "{long:x?}");
+            }
+        }
+        assert_eq!(decode(b"\xc4\x01x"), Ok(Value::Bin(b"x")));
+        assert_eq!(decode(b"\xd4\x05x"), Ok(Value::Ext(5, b"x")));
     }
 
     #[test]
