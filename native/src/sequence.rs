@@ -241,6 +241,17 @@ pub enum Output<P> {
 }
 
 impl<P> Output<P> {
+    /// Python's `Released(event, now_us, now_us, late=...)`: released the moment it arrived.
+    fn released_on_arrival(payload: P, seq: Seq, now_us: Micros, late: bool) -> Self {
+        Self::Released {
+            payload,
+            seq,
+            arrival_us: now_us,
+            release_us: now_us,
+            late,
+        }
+    }
+
     pub fn payload(&self) -> Option<&P> {
         match self {
             Self::Released { payload, .. } | Self::Late { payload, .. } => Some(payload),
@@ -422,25 +433,13 @@ impl<P: Clone> SequenceReorderer<P> {
             if self.buffer.is_empty() {
                 // the in-order fast path: no state beyond the counters
                 self.max_seen = seq;
-                out.push(Output::Released {
-                    payload,
-                    seq,
-                    arrival_us: now_us,
-                    release_us: now_us,
-                    late: false,
-                });
+                out.push(Output::released_on_arrival(payload, seq, now_us, false));
                 return;
             }
             let opened = self.holes.pop(seq);
             self.learn_gap_delay(now_us - opened.unwrap_or(now_us));
             self.counters.gaps_closed += 1;
-            out.push(Output::Released {
-                payload,
-                seq,
-                arrival_us: now_us,
-                release_us: now_us,
-                late: false,
-            });
+            out.push(Output::released_on_arrival(payload, seq, now_us, false));
             self.release_run(now_us, out, true);
             return;
         }
@@ -574,13 +573,7 @@ impl<P: Clone> SequenceReorderer<P> {
             lateness_us,
             passed,
         });
-        out.push(Output::Released {
-            payload,
-            seq,
-            arrival_us: now_us,
-            release_us: now_us,
-            late: true,
-        });
+        out.push(Output::released_on_arrival(payload, seq, now_us, true));
     }
 
     fn learn_gap_delay(&mut self, delay_us: Micros) {
