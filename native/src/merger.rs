@@ -360,6 +360,16 @@ impl<E> Source<E> {
         }
     }
 
+    /// Reference order: an event is not queued below what was released, nor below this source's queued events, nor
+    /// below the punctuation (one at or below its frontier: a re-sync may place it there).
+    fn floor_us(&self, released_max: i64, promised: i64) -> i64 {
+        self.queue
+            .back()
+            .map_or(released_max, |q| q.ref_us)
+            .max(released_max)
+            .max(promised)
+    }
+
     /// `_allowed_us`
     fn allowed_us(&self, floor_us: i64, error_us: i64) -> i64 {
         if floor_us <= self.frontier {
@@ -536,12 +546,7 @@ impl<E> MultiSourceMerger<E> {
         }
         let mut raised = 0;
         if watermark_mode {
-            let floor = src
-                .queue
-                .back()
-                .map_or(released_max, |q| q.ref_us)
-                .max(released_max)
-                .max(promised);
+            let floor = src.floor_us(released_max, promised);
             if ref_us < floor {
                 if floor - ref_us > src.allowed_us(floor, err) {
                     if ref_us < promised {
@@ -620,10 +625,7 @@ impl<E> MultiSourceMerger<E> {
             let src = live(&mut self.slots, slot);
             src.error_us = err;
             if watermark_mode && src.frontier - ref_us > err + src.frontier_error_us {
-                if src.queue.len() > start {
-                    self.end_stretch(slot, start, now_us, policy, out);
-                    start = self.src(slot).queue.len();
-                }
+                start = self.close_stretch(slot, start, now_us, policy, out);
                 let src = live(&mut self.slots, slot);
                 if src.last_seq.map_or(true, |last| seq > last) {
                     src.last_seq = Some(seq);
@@ -633,30 +635,19 @@ impl<E> MultiSourceMerger<E> {
                 continue;
             }
             if watermark_mode && ref_us < promised && promised > src.frontier {
-                if src.queue.len() > start {
-                    self.end_stretch(slot, start, now_us, policy, out);
-                    start = self.src(slot).queue.len();
-                }
+                start = self.close_stretch(slot, start, now_us, policy, out);
                 self.after_punctuation(event, arrival_us, ref_us, out);
                 continue;
             }
             if src.last_seq.map_or(true, |last| seq > last) {
                 src.last_seq = Some(seq);
             }
+            let (mut raised, mut queued_ref) = (0, ref_us);
             if watermark_mode {
-                // reference order: not below what was released, nor this source's queued events, nor the punctuation
-                let floor = src
-                    .queue
-                    .back()
-                    .map_or(released_max, |q| q.ref_us)
-                    .max(released_max)
-                    .max(promised);
+                let floor = src.floor_us(released_max, promised);
                 if ref_us < floor {
                     if floor - ref_us > src.allowed_us(floor, err) {
-                        if src.queue.len() > start {
-                            self.end_stretch(slot, start, now_us, policy, out);
-                            start = self.src(slot).queue.len();
-                        }
+                        start = self.close_stretch(slot, start, now_us, policy, out);
                         if ref_us < promised {
                             self.after_punctuation(event, arrival_us, ref_us, out);
                         } else {
@@ -665,27 +656,15 @@ impl<E> MultiSourceMerger<E> {
                         continue;
                     }
                     self.counters.raised += 1;
-                    src.advance_frontier(floor, err + floor - ref_us);
-                    src.queue.push_back(Queued {
-                        ref_us: floor,
-                        event,
-                        arrival_us,
-                        raised_us: floor - ref_us,
-                    });
-                    if src.queue.len() as i64 > limit {
-                        if let Some(blocker) = self.blocker {
-                            self.time_out(blocker, now_us, out);
-                        }
-                    }
-                    continue;
+                    (raised, queued_ref) = (floor - ref_us, floor);
                 }
             }
-            src.advance_frontier(ref_us, err);
+            src.advance_frontier(queued_ref, err + raised);
             src.queue.push_back(Queued {
-                ref_us,
+                ref_us: queued_ref,
                 event,
                 arrival_us,
-                raised_us: 0,
+                raised_us: raised,
             });
             if src.queue.len() as i64 > limit {
                 if let Some(blocker) = self.blocker {
@@ -1082,6 +1061,22 @@ impl<E> MultiSourceMerger<E> {
     }
 
     /// `_end_stretch`: the source's queue grew from `start` events: account for them, then drain once.
+    /// `_close_stretch`: before an event of the run that is not queued, the stretch queued so far ends (and is
+    /// drained); the next one starts after it.
+    fn close_stretch<P: WaitPolicy + ?Sized>(
+        &mut self,
+        slot: u32,
+        start: usize,
+        now_us: i64,
+        policy: &mut P,
+        out: &mut Vec<MergeOutput<E>>,
+    ) -> usize {
+        if self.src(slot).queue.len() > start {
+            self.end_stretch(slot, start, now_us, policy, out);
+        }
+        self.src(slot).queue.len()
+    }
+
     fn end_stretch<P: WaitPolicy + ?Sized>(
         &mut self,
         slot: u32,
