@@ -315,6 +315,20 @@ impl PyMerger {
         }
     }
 
+    /// `push_run`'s core call, its outputs unconverted.
+    fn push_run_raw(
+        &mut self,
+        source_id: &Bound<'_, PyString>,
+        run: &Bound<'_, PyAny>,
+        now_us: i64,
+    ) -> PyResult<Vec<MergeOutput<Py<PyAny>>>> {
+        let events = run_events(run)?;
+        let source = source_id.to_str()?;
+        self.run_raw(source_id.py(), |core, policy, out| {
+            core.push_run(source, events, now_us, policy, out)
+        })
+    }
+
     fn map(
         &self,
         py: Python<'_>,
@@ -485,12 +499,8 @@ impl PyMerger {
         run: &Bound<'py, PyAny>,
         now_us: i64,
     ) -> PyResult<Bound<'py, PyList>> {
-        let py = source_id.py();
-        let events = run_events(run)?;
-        let source_id = source_id.to_str()?;
-        self.run(py, |core, policy, out| {
-            core.push_run(source_id, events, now_us, policy, out)
-        })
+        let out = self.push_run_raw(source_id, run, now_us)?;
+        self.outputs(source_id.py(), out)
     }
 
     /// `builder.build_merged(self.push_run(source_id, run, now_us), run, clock)` in one call, without building the
@@ -505,11 +515,7 @@ impl PyMerger {
         clock: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         let py = source_id.py();
-        let events = run_events(run)?;
-        let source = source_id.to_str()?;
-        let out = self.run_raw(py, |core, policy, out| {
-            core.push_run(source, events, now_us, policy, out)
-        })?;
+        let out = self.push_run_raw(source_id, run, now_us)?;
         let Ok(native) = builder.cast::<RecordBuilder>() else {
             // Another builder (a test's wrapper, say): its own build_merged of the records.
             let records = self.outputs(py, out)?;
