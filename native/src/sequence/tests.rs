@@ -63,6 +63,19 @@ fn late(
     }
 }
 
+/// A duplicate: reported, never released.
+fn duplicate(seq: i128, at_us: i128) -> Vec<Output<i128>> {
+    vec![late(seq, at_us, LateReason::Duplicate, 0, false)]
+}
+
+/// A late event the configuration passes on: reported late, then released as it arrives.
+fn passed(seq: i128, at_us: i128, reason: LateReason, lateness_us: i128) -> Vec<Output<i128>> {
+    vec![
+        late(seq, at_us, reason, lateness_us, true),
+        rel(seq, at_us, at_us, true),
+    ]
+}
+
 #[test]
 fn thesis_example_e1_e2_e4_e5_e6_e3_e7() {
     let mut r = R::new(cfg(1)).unwrap();
@@ -88,38 +101,29 @@ fn thesis_example_e1_e2_e4_e5_e6_e3_e7() {
     assert_eq!(r.next_deadline_us(), None);
 }
 
-#[test]
-fn eq_3_11_timeout_is_min_of_threshold_and_max_of_both() {
+/// A thesis-mode reorderer with threshold `latency_threshold_us` that released seqs 1..3 in order at 0, 100 and
+/// 300 us: inter-arrival samples 100 and 200, so `max(t_inter, t_buffer)` = 140 + 2 x 100 = 340 (Eq. 3.1-3.5).
+fn thesis_after_three(latency_threshold_us: i128) -> R {
     let mut r = R::new(SequenceConfig {
         initial_seq: Some(1),
-        ..SequenceConfig::thesis(300)
-    })
-    .unwrap();
-    for (seq, t) in [(1, 0), (2, 100), (3, 300)] {
-        push(&mut r, seq, t); // inter-arrival samples 100, 200 -> 140 + 2*100
-    }
-    assert_eq!(r.timeout_us(), 300); // capped by t_latency-th
-    let mut r = R::new(SequenceConfig {
-        initial_seq: Some(1),
-        ..SequenceConfig::thesis(10_000)
+        ..SequenceConfig::thesis(latency_threshold_us)
     })
     .unwrap();
     for (seq, t) in [(1, 0), (2, 100), (3, 300)] {
         push(&mut r, seq, t);
     }
-    assert_eq!(r.timeout_us(), 340);
+    r
+}
+
+#[test]
+fn eq_3_11_timeout_is_min_of_threshold_and_max_of_both() {
+    assert_eq!(thesis_after_three(300).timeout_us(), 300); // capped by t_latency-th
+    assert_eq!(thesis_after_three(10_000).timeout_us(), 340);
 }
 
 #[test]
 fn thesis_timeout_skips_the_gap_and_the_late_event_passes_flagged() {
-    let mut r = R::new(SequenceConfig {
-        initial_seq: Some(1),
-        ..SequenceConfig::thesis(500)
-    })
-    .unwrap();
-    for (seq, t) in [(1, 0), (2, 100), (3, 300)] {
-        push(&mut r, seq, t);
-    }
+    let mut r = thesis_after_three(500);
     assert_eq!(push(&mut r, 5, 400), vec![]); // timeout 340 -> deadline 740
     assert_eq!(r.next_deadline_us(), Some(740));
     assert_eq!(advance(&mut r, 739), vec![]);
@@ -138,15 +142,9 @@ fn thesis_timeout_skips_the_gap_and_the_late_event_passes_flagged() {
     );
     assert_eq!(
         push(&mut r, 4, 800),
-        vec![
-            late(4, 800, LateReason::LateAfterSkip, 60, true),
-            rel(4, 800, 800, true)
-        ]
+        passed(4, 800, LateReason::LateAfterSkip, 60)
     );
-    assert_eq!(
-        push(&mut r, 4, 900),
-        vec![late(4, 900, LateReason::Duplicate, 0, false)]
-    );
+    assert_eq!(push(&mut r, 4, 900), duplicate(4, 900));
     assert_eq!(
         (r.counters.late, r.counters.duplicates, r.counters.timeouts),
         (1, 1, 1)
@@ -275,15 +273,9 @@ fn initial_seq_none_adopts_the_first_event() {
     assert_eq!(released(&push(&mut r, 1001, 2)), vec![1001, 1002]);
     assert_eq!(
         push(&mut r, 999, 3),
-        vec![
-            late(999, 3, LateReason::BeforeStart, 0, true),
-            rel(999, 3, 3, true)
-        ]
+        passed(999, 3, LateReason::BeforeStart, 0)
     );
-    assert_eq!(
-        push(&mut r, 1001, 4),
-        vec![late(1001, 4, LateReason::Duplicate, 0, false)]
-    );
+    assert_eq!(push(&mut r, 1001, 4), duplicate(1001, 4));
 }
 
 #[test]
