@@ -206,41 +206,40 @@ impl<V: Clone + PartialEq> RangeMap<V> {
 mod tests {
     use super::RangeMap;
 
+    /// A map given `(lo, hi, value)` by `add`, in that order.
+    fn added(adds: &[(i128, i128, i32)]) -> RangeMap<i32> {
+        let mut m = RangeMap::new();
+        for &(lo, hi, value) in adds {
+            m.add(lo, hi, value);
+        }
+        m
+    }
+
     fn ranges(m: &RangeMap<i32>) -> Vec<(i128, i128, i32)> {
         m.iter().map(|(lo, hi, v)| (lo, hi, *v)).collect()
     }
 
     #[test]
     fn add_merges_adjacent_equal_values_only() {
-        let mut m = RangeMap::new();
-        m.add(1, 3, 7);
-        m.add(4, 5, 7);
-        m.add(6, 6, 8);
-        m.add(10, 9, 1); // empty
+        let m = added(&[(1, 3, 7), (4, 5, 7), (6, 6, 8), (10, 9, 1)]); // (10, 9): empty
         assert_eq!(ranges(&m), vec![(1, 5, 7), (6, 6, 8)]);
         assert_eq!(m.count(), 6);
         // an insert below that closes a hole between two equal values merges all three
-        let mut m = RangeMap::new();
-        m.add(1, 2, 1);
-        m.add(5, 6, 1);
-        m.add(3, 4, 1);
+        let m = added(&[(1, 2, 1), (5, 6, 1), (3, 4, 1)]);
         assert_eq!(ranges(&m), vec![(1, 6, 1)]);
         assert_eq!(m.count(), 6);
     }
 
     #[test]
     fn add_replaces_what_it_overlaps() {
-        let mut m = RangeMap::new();
-        m.add(1, 10, 1);
-        m.add(4, 6, 2);
+        let m = added(&[(1, 10, 1), (4, 6, 2)]);
         assert_eq!(ranges(&m), vec![(1, 3, 1), (4, 6, 2), (7, 10, 1)]);
         assert_eq!(m.count(), 10);
     }
 
     #[test]
     fn pop_splits_a_range() {
-        let mut m = RangeMap::new();
-        m.add(1, 5, 3);
+        let mut m = added(&[(1, 5, 3)]);
         assert_eq!(m.pop(3), Some(3));
         assert_eq!(m.pop(3), None);
         assert_eq!(m.pop(1), Some(3));
@@ -253,10 +252,7 @@ mod tests {
 
     #[test]
     fn pop_range_returns_the_pieces_and_keeps_the_rest() {
-        let mut m = RangeMap::new();
-        m.add(1, 3, 1);
-        m.add(5, 8, 2);
-        m.add(10, 12, 3);
+        let mut m = added(&[(1, 3, 1), (5, 8, 2), (10, 12, 3)]);
         assert_eq!(m.pop_range(2, 10), vec![(2, 3, 1), (5, 8, 2), (10, 10, 3)]);
         assert_eq!(ranges(&m), vec![(1, 1, 1), (11, 12, 3)]);
         assert_eq!(m.count(), 3);
@@ -266,9 +262,7 @@ mod tests {
 
     #[test]
     fn trim_low_and_drop_first_ranges() {
-        let mut m = RangeMap::new();
-        m.add(1, 3, 1);
-        m.add(5, 8, 2);
+        let mut m = added(&[(1, 3, 1), (5, 8, 2)]);
         assert_eq!(m.trim_low(5), 2);
         assert_eq!(ranges(&m), vec![(3, 3, 1), (5, 8, 2)]);
         assert_eq!(m.trim_low(10), 0);
