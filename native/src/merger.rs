@@ -673,7 +673,7 @@ impl<E> MultiSourceMerger<E> {
             }
         }
         if self.src(slot).queue.len() > start {
-            self.end_stretch(slot, start, now_us, policy, out);
+            self.close_stretch(slot, start, now_us, policy, out);
         } else {
             self.drain(now_us, policy, out);
         }
@@ -1060,9 +1060,8 @@ impl<E> MultiSourceMerger<E> {
         });
     }
 
-    /// `_end_stretch`: the source's queue grew from `start` events: account for them, then drain once.
-    /// `_close_stretch`: before an event of the run that is not queued, the stretch queued so far ends (and is
-    /// drained); the next one starts after it.
+    /// `_close_stretch` with `_end_stretch`: if the source's queue grew from `start` events in this run, that stretch
+    /// ends: its events are accounted for and the merge drained once. Returns where the next stretch starts.
     fn close_stretch<P: WaitPolicy + ?Sized>(
         &mut self,
         slot: u32,
@@ -1072,33 +1071,22 @@ impl<E> MultiSourceMerger<E> {
         out: &mut Vec<MergeOutput<E>>,
     ) -> usize {
         if self.src(slot).queue.len() > start {
-            self.end_stretch(slot, start, now_us, policy, out);
+            self.apply_pending_beat(slot);
+            let src = self.src(slot);
+            let grown = (src.queue.len() - start) as u64;
+            let head = (start == 0).then(|| Entry {
+                time_us: src.queue[0].ref_us,
+                name: src.name.clone(),
+                slot,
+            });
+            self.queued += grown;
+            self.counters.peak_queued = self.counters.peak_queued.max(self.queued);
+            if let Some(entry) = head {
+                self.heads.push(Reverse(entry));
+            }
+            self.drain(now_us, policy, out);
         }
         self.src(slot).queue.len()
-    }
-
-    fn end_stretch<P: WaitPolicy + ?Sized>(
-        &mut self,
-        slot: u32,
-        start: usize,
-        now_us: i64,
-        policy: &mut P,
-        out: &mut Vec<MergeOutput<E>>,
-    ) {
-        self.apply_pending_beat(slot);
-        let src = self.src(slot);
-        let grown = (src.queue.len() - start) as u64;
-        let head = (start == 0).then(|| Entry {
-            time_us: src.queue[0].ref_us,
-            name: src.name.clone(),
-            slot,
-        });
-        self.queued += grown;
-        self.counters.peak_queued = self.counters.peak_queued.max(self.queued);
-        if let Some(entry) = head {
-            self.heads.push(Reverse(entry));
-        }
-        self.drain(now_us, policy, out);
     }
 
     fn depart_promising(&mut self, slot: u32, now_us: i64, out: &mut Vec<MergeOutput<E>>) {
