@@ -394,6 +394,27 @@ fn opt_int(value: &Bound<'_, PyAny>) -> Result<Option<i128>, NotNative> {
 static HEADER_NAMES: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
 
 /// (HEADER_KIND, HEADER_SOURCE_ID, HEADER_CONTRACT_VERSION, PUNCTUATION_KEY) from contract.records.
+/// Indexes into `header_names()`.
+const HEADER_KIND: usize = 0;
+const HEADER_SOURCE_ID: usize = 1;
+const HEADER_CONTRACT_VERSION: usize = 2;
+const PUNCTUATION_KEY: usize = 3;
+
+/// A record's Kafka headers: a `(name, value)` tuple per `(header_names() index, value)` given, in that order.
+fn header_tuple<'py>(py: Python<'py>, pairs: &[(usize, &[u8])]) -> PyResult<Bound<'py, PyTuple>> {
+    let names = header_names(py)?;
+    let headers = pairs
+        .iter()
+        .map(|&(name, value)| {
+            PyTuple::new(
+                py,
+                [names.get_item(name)?, PyBytes::new(py, value).into_any()],
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyTuple::new(py, headers)
+}
+
 fn header_names(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
     HEADER_NAMES
         .get_or_try_init(py, || {
@@ -506,27 +527,14 @@ impl RecordBuilder {
         {
             return Ok(h.clone_ref(py));
         }
-        let names = header_names(py)?;
         let kind: &[u8] = if late { b"late" } else { b"event" };
         let version = CONTRACT_VERSION.to_string();
-        let headers = PyTuple::new(
+        let headers = header_tuple(
             py,
-            [
-                PyTuple::new(py, [names.get_item(0)?, PyBytes::new(py, kind).into_any()])?,
-                PyTuple::new(
-                    py,
-                    [
-                        names.get_item(1)?,
-                        PyBytes::new(py, source_id.as_bytes()).into_any(),
-                    ],
-                )?,
-                PyTuple::new(
-                    py,
-                    [
-                        names.get_item(2)?,
-                        PyBytes::new(py, version.as_bytes()).into_any(),
-                    ],
-                )?,
+            &[
+                (HEADER_KIND, kind),
+                (HEADER_SOURCE_ID, source_id.as_bytes()),
+                (HEADER_CONTRACT_VERSION, version.as_bytes()),
             ],
         )?
         .unbind();
@@ -794,23 +802,11 @@ impl RecordBuilder {
             }
             if self.punctuation_headers.is_none() {
                 let version = CONTRACT_VERSION.to_string();
-                let h = PyTuple::new(
+                let h = header_tuple(
                     py,
-                    [
-                        PyTuple::new(
-                            py,
-                            [
-                                names.get_item(0)?,
-                                PyBytes::new(py, b"punctuation").into_any(),
-                            ],
-                        )?,
-                        PyTuple::new(
-                            py,
-                            [
-                                names.get_item(2)?,
-                                PyBytes::new(py, version.as_bytes()).into_any(),
-                            ],
-                        )?,
+                    &[
+                        (HEADER_KIND, b"punctuation"),
+                        (HEADER_CONTRACT_VERSION, version.as_bytes()),
                     ],
                 )?;
                 self.punctuation_headers = Some(h.unbind());
@@ -822,7 +818,7 @@ impl RecordBuilder {
             PyTuple::new(
                 py,
                 [
-                    names.get_item(3)?,
+                    names.get_item(PUNCTUATION_KEY)?,
                     PyBytes::new(py, &buf).into_any(),
                     kafka_timestamp_ms(watermark_us, release_ts_us)
                         .into_pyobject(py)?
