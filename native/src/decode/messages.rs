@@ -460,6 +460,11 @@ mod tests {
         s == "s"
     }
 
+    /// How `parse_event` refuses the event encoded in `body`.
+    fn event_error(body: &[u8], declared: &dyn Fn(&str) -> bool) -> ProtocolError {
+        parse_event(&decode(body).unwrap(), declared).unwrap_err()
+    }
+
     #[test]
     fn payload_problems_name_the_path() {
         // {"a": [1, {"b": 2**64 - 1}]}
@@ -487,7 +492,7 @@ mod tests {
             ("s", 1, 2, None)
         );
         assert_eq!(event.payload, PayloadRef::Valid(Some(&Value::Str("x"))));
-        let err = parse_event(&value, &|_| false).unwrap_err();
+        let err = event_error(body, &|_| false);
         assert_eq!(err.kind, ErrorKind::UnexpectedMessage);
         assert_eq!(
             err.text.text(&|s| format!("'{s}'")),
@@ -498,8 +503,7 @@ mod tests {
     #[test]
     fn an_atomic_interval_must_start_before_it_ends() {
         let body = b"\x84\xa6stream\xa1s\xa3seq\x01\xacsource_ts_us\x02\xb2source_start_ts_us\x03";
-        let value = decode(body).unwrap();
-        let err = parse_event(&value, &declared).unwrap_err();
+        let err = event_error(body, &declared);
         assert_eq!(
             err.text,
             ErrorText::Plain(
