@@ -19,6 +19,11 @@ One buffer per positive element (alias), kept sorted on the element's *index end
   begins arrive as IBPs).  An IBP opens an unfilled entry in its element's start-sorted buffer; the interval fills
   it at its end.  Joins skip unfilled entries.  IBPs allow the early drops of section 5.4.1.
 
+With ``ais`` and ``ibp`` (and ``key_index``, the default) each buffer is also indexed by the value of every
+attribute an ``=`` predicate ties to another positive element (``a.id = b.id``): a join probes only the entries with
+its bound partner's value, the same ones in the same order that pass that predicate in the scan (the SASE engine's
+partitioned AIS, per element here: results, their order and every counter but ``join_probes`` are unchanged).
+
 Every early drop is one rule (the note's 1.4 step 3, 1.5 and the out-of-order revision table): an entry x of
 element E is dropped when some restriction ``E'.p < E.q`` (or ``<=``) has no possible partner: no buffered E'
 entry with a small enough ``p`` *and* no future one (future items have times >= CLOCK - K, so once
@@ -81,6 +86,9 @@ class IntervalEngineConfig:
     IBP is trusted only for its type, id and start).  A negated element's condition on any other attribute of an
     open interval is unknown until the interval ends, and is taken as holding until then.
     ``strict``: raise :class:`IntervalError` on a ``too_late`` item instead of reporting it.
+    ``key_index``: with ``ais`` and ``ibp``, index each element's buffer by the attributes ``=`` predicates tie to
+    another positive element, so that a join probes only the entries with the bound partner's value (off: it
+    probes the whole range, as before the index; the same outputs in the same order, more ``join_probes``).
     """
 
     k_slack_us: int = 0
@@ -89,6 +97,7 @@ class IntervalEngineConfig:
     punctuated_types: frozenset[str] = frozenset()
     begin_attrs: frozenset[str] = frozenset()
     strict: bool = False
+    key_index: bool = True
 
     def __post_init__(self) -> None:
         k = self.k_slack_us
@@ -101,6 +110,8 @@ class IntervalEngineConfig:
         if not isinstance(self.begin_attrs, (set, frozenset)) or not all(
                 isinstance(a, str) for a in self.begin_attrs):
             raise IntervalError(f"begin_attrs must be a set of attribute names, got {self.begin_attrs!r}")
+        if not isinstance(self.key_index, bool):
+            raise IntervalError(f"key_index must be a bool, got {self.key_index!r}")
 
 
 @dataclass(slots=True)
@@ -165,23 +176,71 @@ class _Entry:
                    int(d["order"]), dict(d.get("attrs") or {}), None if iv is None else Interval.from_dict(iv))
 
 
+def _slice(vals: list[int], entries: list[_Entry], lo: float, lo_strict: bool, hi: float,
+           hi_strict: bool) -> list[_Entry]:
+    """The entries of a sorted run whose key lies within the bounds (the RIP-delimited part of an AIS stack)."""
+    i = 0 if lo == -_INF else (bisect.bisect_right(vals, lo) if lo_strict else bisect.bisect_left(vals, lo))
+    j = len(vals) if hi == _INF else (bisect.bisect_left(vals, hi) if hi_strict else bisect.bisect_right(vals, hi))
+    return entries[i:j] if i < j else []
+
+
+class _KeyRun:
+    """The filled entries of one buffer whose equality attribute has one value, in the buffer's order: sorted on
+    the buffer's key, ties in creation order (``_Entry.order``), as the buffer itself is."""
+
+    __slots__ = ("entries", "vals")
+
+    def __init__(self) -> None:
+        self.vals: list[int] = []
+        self.entries: list[_Entry] = []
+
+    def insert(self, v: int, e: _Entry) -> None:
+        vals, entries = self.vals, self.entries
+        i = bisect.bisect_right(vals, v)
+        # An IBP entry is indexed when its interval fills it, possibly after younger entries with the same key.
+        while i and vals[i - 1] == v and entries[i - 1].order > e.order:
+            i -= 1
+        vals.insert(i, v)
+        entries.insert(i, e)
+
+    def remove(self, v: int, e: _Entry) -> None:
+        vals, entries = self.vals, self.entries
+        i = bisect.bisect_left(vals, v)
+        while entries[i] is not e:
+            i += 1
+        del vals[i]
+        del entries[i]
+
+
 class _Buffer:
-    """One element's entries, sorted on its index endpoint (``ts`` or ``te``); equal keys keep arrival order."""
+    """One element's entries, sorted on its index endpoint (``ts`` or ``te``); equal keys keep creation order.
 
-    __slots__ = ("endpoint", "entries", "indexed", "min_ts", "vals")
+    ``keys`` indexes the filled entries by the value of each attribute an ``=`` predicate ties to another positive
+    element (the key index): ``attr -> value -> _KeyRun``.  An entry is in it iff it is in the buffer, filled, and
+    has the attribute; ``unhashable[attr]`` counts those whose value cannot be a dict key (no probe on ``attr``
+    can then use the index)."""
 
-    def __init__(self, endpoint: str, indexed: bool) -> None:
+    __slots__ = ("endpoint", "entries", "indexed", "keys", "min_ts", "unhashable", "vals")
+
+    def __init__(self, endpoint: str, indexed: bool, key_attrs: Iterable[str] = ()) -> None:
         self.endpoint = endpoint
         self.indexed = indexed
         self.vals: list[int] = []
         self.entries: list[_Entry] = []
         self.min_ts: float = _INF
         """The smallest start buffered (the window purge skips a buffer whose oldest start is still in)."""
+        self.keys: dict[str, dict[Any, _KeyRun]] = {a: {} for a in key_attrs}
+        self.unhashable: dict[str, int] = dict.fromkeys(self.keys, 0)
 
     def _val(self, e: _Entry) -> int:
         v = e.ts if self.endpoint == "ts" else e.te
         assert v is not None  # a te-sorted buffer only ever holds filled entries
         return v
+
+    def clear(self) -> None:
+        self.vals, self.entries, self.min_ts = [], [], _INF
+        self.keys = {a: {} for a in self.keys}
+        self.unhashable = dict.fromkeys(self.keys, 0)
 
     def insert(self, e: _Entry) -> None:
         v = self._val(e)
@@ -189,6 +248,40 @@ class _Buffer:
         self.vals.insert(i, v)
         self.entries.insert(i, e)
         self.min_ts = min(self.min_ts, e.ts)
+        if e.te is not None:
+            self.filled(e)
+
+    def filled(self, e: _Entry) -> None:
+        """Index a buffered entry once it is filled (at insertion, or when its interval completes its IBP entry:
+        the interval's attributes replace the IBP's)."""
+        if not self.keys:
+            return
+        v = self._val(e)
+        for attr, runs in self.keys.items():
+            if attr not in e.attrs:
+                continue  # "=" on a missing attribute never holds
+            try:
+                run = runs.get(e.attrs[attr])
+            except TypeError:
+                self.unhashable[attr] += 1
+                continue
+            if run is None:
+                run = runs[e.attrs[attr]] = _KeyRun()
+            run.insert(v, e)
+
+    def _unindex(self, e: _Entry, v: int) -> None:
+        for attr, runs in self.keys.items():
+            if attr not in e.attrs:
+                continue
+            try:
+                run = runs.get(e.attrs[attr])
+            except TypeError:
+                self.unhashable[attr] -= 1
+                continue
+            assert run is not None  # an indexed entry's run exists until its last entry leaves
+            run.remove(v, e)
+            if not run.entries:
+                del runs[e.attrs[attr]]
 
     def remove(self, e: _Entry) -> bool:
         v = self._val(e)
@@ -199,19 +292,30 @@ class _Buffer:
                 del self.entries[i]
                 if e.ts == self.min_ts:
                     self.min_ts = min((x.ts for x in self.entries), default=_INF)
+                if e.te is not None and self.keys:
+                    self._unindex(e, v)
                 return True
             i += 1
         return False
 
-    def range(self, lo: float, lo_strict: bool, hi: float, hi_strict: bool) -> list[_Entry]:
-        """Entries whose key lies within the bounds (the RIP-delimited part of an AIS stack)."""
+    def key_run(self, attr: str, value: Any) -> tuple[list[int], list[_Entry]] | None:
+        """The entries whose ``attr`` equals ``value`` as ``(keys, entries)``, or None when the index cannot
+        tell them (an unhashable value on either side: scan the buffer)."""
+        if self.unhashable[attr]:
+            return None
+        try:
+            run = self.keys[attr].get(value)
+        except TypeError:
+            return None
+        return ([], []) if run is None else (run.vals, run.entries)
+
+    def range(self, lo: float, lo_strict: bool, hi: float, hi_strict: bool,
+              run: tuple[list[int], list[_Entry]] | None = None) -> list[_Entry]:
+        """Entries (of ``run``, a key run, when given) whose key lies within the bounds."""
+        vals, entries = run if run is not None else (self.vals, self.entries)
         if not self.indexed:
-            return self.entries
-        vals = self.vals
-        i = 0 if lo == -_INF else (bisect.bisect_right(vals, lo) if lo_strict else bisect.bisect_left(vals, lo))
-        j = len(vals) if hi == _INF else (
-            bisect.bisect_left(vals, hi) if hi_strict else bisect.bisect_right(vals, hi))
-        return self.entries[i:j] if i < j else []
+            return entries
+        return _slice(vals, entries, lo, lo_strict, hi, hi_strict)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -310,8 +414,12 @@ class IntervalEngine:
         self.indexed_path: tuple[EndpointRef, ...] = () if self._naive else self._longest_chain(allowed)
         on_path = {ep.alias: ep.endpoint for ep in self.indexed_path}
         self._begins_tracked: frozenset[str] = frozenset(a for a, ep in on_path.items() if ep == "ts")
+        self._equal_keys: dict[str, tuple[tuple[str, str, str], ...]] = {
+            a: () if self._naive or not cfg.key_index else self._equality_keys(a) for a in query.positives}
+        """alias -> (its attribute, other positive alias, that one's attribute) per ``=`` predicate between them."""
         self._buffers: dict[str, _Buffer] = {
-            a: _Buffer(on_path.get(a, "te"), a in on_path) for a in query.positives}
+            a: _Buffer(on_path.get(a, "te"), a in on_path, dict.fromkeys(k[0] for k in self._equal_keys[a]))
+            for a in query.positives}
         self._neg: dict[str, list[_Entry]] = {a: [] for a in query.negatives}
         self._begin_constant, self._begin_cross = _begin_predicates(query, cfg.begin_attrs)
         _require_negation_bounds(query, cfg.punctuated_types)
@@ -352,6 +460,17 @@ class IntervalEngine:
                     chain = (*best[y], x)
             best[x] = chain
         return max(best.values(), key=len, default=())
+
+    def _equality_keys(self, alias: str) -> tuple[tuple[str, str, str], ...]:
+        keys: list[tuple[str, str, str]] = []
+        for p in self.query.cross_predicates:
+            if p.op != "=" or not isinstance(p.right, AttrRef):
+                continue
+            if p.left.alias == alias:
+                keys.append((p.left.attr, p.right.alias, p.right.attr))
+            elif p.right.alias == alias:
+                keys.append((p.right.attr, p.left.alias, p.left.attr))
+        return tuple(keys)
 
     def _endpoint_roles(
         self,
@@ -498,6 +617,7 @@ class IntervalEngine:
             entry.seq = self._seq
             entry.interval = interval
             entry.attrs = interval.attrs
+            self._buffers[alias].filled(entry)
         else:
             entry = self._new_entry(uid, interval.start_ts_us, interval.end_ts_us, interval.attrs, interval)
         if not self._naive and self._no_partner(alias, entry):
@@ -810,7 +930,8 @@ class IntervalEngine:
     def _candidates(self, alias: str, checks: list[tuple[str, list[_Check]]], binding: Mapping[str, _Entry],
                     min_ts: int, max_te: int) -> list[_Entry]:
         """The entries of ``alias`` its bound neighbours and the window allow: on an indexed buffer, the range
-        Li's RIP pointers delimit, found by binary search; otherwise the whole buffer."""
+        Li's RIP pointers delimit, found by binary search; otherwise the whole buffer.  With the key index, the
+        same of only the entries with a bound neighbour's value, in the same order."""
         buf = self._buffers[alias]
         lo, lo_strict, hi, hi_strict = -_INF, False, _INF, False
         if buf.indexed:
@@ -833,7 +954,19 @@ class IntervalEngine:
                     hi, hi_strict = min_ts + w, True
             elif max_te - w > lo or (max_te - w == lo and not lo_strict):
                 lo, lo_strict = max_te - w, True
-        return buf.range(lo, lo_strict, hi, hi_strict)
+        # The key index: only the entries with a bound partner's value of an "=" attribute can pass it; of
+        # several such predicates, the one with the fewest entries.
+        run: tuple[list[int], list[_Entry]] | None = None
+        for attr, b, b_attr in self._equal_keys[alias]:
+            partner = binding.get(b)
+            if partner is None:
+                continue
+            if b_attr not in partner.attrs:
+                return []  # "=" on a missing attribute never holds
+            r = buf.key_run(attr, partner.attrs[b_attr])
+            if r is not None and (run is None or len(r[1]) < len(run[1])):
+                run = r
+        return buf.range(lo, lo_strict, hi, hi_strict, run)
 
     # -- results, negation, compensation ----------------------------------------------------------------------
     def _key(self, binding: Mapping[str, _Entry]) -> tuple[str, ...]:
@@ -1009,7 +1142,7 @@ class IntervalEngine:
         self._open = {}
         for a, entries in state["buffers"].items():
             buf = self._buffers[a]
-            buf.vals, buf.entries, buf.min_ts = [], [], _INF
+            buf.clear()
             for d in entries:
                 e = _Entry.from_dict(d)
                 buf.insert(e)
