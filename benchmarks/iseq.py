@@ -28,7 +28,8 @@ time of the emitting item minus that of the result's last member), rate of compe
 positive record), accuracy (precision at emission, and exactness of the net output against the reference on the
 complete stream), CPU time.  IO3 prints no numbers; the paper's shapes are what to compare.
 
-Results: docs/iseq-benchmark.md and docs/iseq-*.png (written by this script).
+Results: docs/iseq-benchmark.md and docs/iseq-*.png (written by this script; the part of the page from
+``KEPT_MARKER`` on is kept as it is: other benchmarks' measurements).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from cep.intervals.metrics import accuracy, compensation, latency, net_results
 from reorder.eval.progress import progress_bar, progress_enabled
 
 ROOT = Path(__file__).resolve().parents[1]
+KEPT_MARKER = "<!-- Not written by benchmarks/iseq.py: it keeps this line and what follows when it rewrites the page. -->"
 W_US = 30_000_000
 TYPES = [f"T{i:02d}" for i in range(20)]
 APPROACHES: list[IndexingProfile] = ["naive", "ais", "ibp"]
@@ -403,7 +405,10 @@ def main() -> None:
         "`probes` = candidate entries examined by joins (machine-independent CPU work).  All three approaches "
         "returned the same results at every point (checked).  See docs/intervals.md for the approaches and "
         "the reading of these figures.\n")
-    (out_dir / "iseq-benchmark.md").write_text(header + "\n" + "\n".join(sections) + "\n")
+    doc = out_dir / "iseq-benchmark.md"
+    kept = doc.read_text().partition(KEPT_MARKER) if doc.exists() else ("", "", "")
+    tail = f"\n{KEPT_MARKER}{kept[2]}" if kept[1] else ""
+    doc.write_text(header + "\n" + "\n".join(sections) + "\n" + tail)
     log(f"wrote {out_dir / 'iseq-benchmark.md'}")
 
 
