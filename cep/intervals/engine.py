@@ -218,17 +218,20 @@ class _Buffer:
     ``keys`` indexes the filled entries by the value of each attribute an ``=`` predicate ties to another positive
     element (the key index): ``attr -> value -> _KeyRun``.  An entry is in it iff it is in the buffer, filled, and
     has the attribute; ``unhashable[attr]`` counts those whose value cannot be a dict key (no probe on ``attr``
-    can then use the index)."""
+    can then use the index).
 
-    __slots__ = ("endpoint", "entries", "indexed", "keys", "min_ts", "unhashable", "vals")
+    A ``te``-sorted buffer also keeps its entries sorted on ``ts`` (``by_ts``): the window purge and the cascading
+    purge remove entries whose start is small, a prefix in that order (a ``ts``-sorted buffer is its own)."""
+
+    __slots__ = ("by_ts", "by_ts_vals", "endpoint", "entries", "indexed", "keys", "unhashable", "vals")
 
     def __init__(self, endpoint: str, indexed: bool, key_attrs: Iterable[str] = ()) -> None:
         self.endpoint = endpoint
         self.indexed = indexed
         self.vals: list[int] = []
         self.entries: list[_Entry] = []
-        self.min_ts: float = _INF
-        """The smallest start buffered (the window purge skips a buffer whose oldest start is still in)."""
+        self.by_ts_vals: list[int] = []
+        self.by_ts: list[_Entry] = []
         self.keys: dict[str, dict[Any, _KeyRun]] = {a: {} for a in key_attrs}
         self.unhashable: dict[str, int] = dict.fromkeys(self.keys, 0)
 
@@ -237,8 +240,19 @@ class _Buffer:
         assert v is not None  # a te-sorted buffer only ever holds filled entries
         return v
 
+    @property
+    def min_ts(self) -> float:
+        """The smallest start buffered (the window purge skips a buffer whose oldest start is still in)."""
+        vals = self.vals if self.endpoint == "ts" else self.by_ts_vals
+        return vals[0] if vals else _INF
+
+    def starts_up_to(self, bound: float, strict: bool = False) -> list[_Entry]:
+        """The entries with ``ts <= bound`` (``ts < bound`` if strict), in ``ts`` order."""
+        vals, entries = (self.vals, self.entries) if self.endpoint == "ts" else (self.by_ts_vals, self.by_ts)
+        return entries[:(bisect.bisect_left if strict else bisect.bisect_right)(vals, bound)]
+
     def clear(self) -> None:
-        self.vals, self.entries, self.min_ts = [], [], _INF
+        self.vals, self.entries, self.by_ts_vals, self.by_ts = [], [], [], []
         self.keys = {a: {} for a in self.keys}
         self.unhashable = dict.fromkeys(self.keys, 0)
 
@@ -247,7 +261,10 @@ class _Buffer:
         i = bisect.bisect_right(self.vals, v)
         self.vals.insert(i, v)
         self.entries.insert(i, e)
-        self.min_ts = min(self.min_ts, e.ts)
+        if self.endpoint == "te":
+            i = bisect.bisect_right(self.by_ts_vals, e.ts)
+            self.by_ts_vals.insert(i, e.ts)
+            self.by_ts.insert(i, e)
         if e.te is not None:
             self.filled(e)
 
@@ -290,8 +307,12 @@ class _Buffer:
             if self.entries[i] is e:
                 del self.vals[i]
                 del self.entries[i]
-                if e.ts == self.min_ts:
-                    self.min_ts = min((x.ts for x in self.entries), default=_INF)
+                if self.endpoint == "te":
+                    j = bisect.bisect_left(self.by_ts_vals, e.ts)
+                    while self.by_ts[j] is not e:
+                        j += 1
+                    del self.by_ts_vals[j]
+                    del self.by_ts[j]
                 if e.te is not None and self.keys:
                     self._unindex(e, v)
                 return True
@@ -770,7 +791,9 @@ class IntervalEngine:
         return False
 
     def _cascade(self) -> None:
-        """Cascading purge to a fixpoint: entries left without a possible partner go."""
+        """Cascading purge to a fixpoint: entries left without a possible partner go.  Restriction ``b.p < x.q``
+        dooms x only if ``x.q <= min(horizon, min b.p)``, and ``x.ts <= x.q``: only the entries whose start is at
+        most the largest of those bounds are checked, a prefix of the buffer in start order."""
         changed = True
         while changed:
             changed = False
@@ -783,7 +806,9 @@ class IntervalEngine:
                 if not partners or not self._may_doom(a, mins):
                     continue
                 buf = self._buffers[a]
-                doomed = [e for e in buf.entries if self._no_partner(a, e, mins)]
+                horizon = self._horizon()
+                limit = max(min(horizon, mins[(b, p)]) for b, p, _s, _q in partners)
+                doomed = [e for e in buf.starts_up_to(limit) if self._no_partner(a, e, mins)]
                 for e in doomed:
                     buf.remove(e)
                     self._forget_open(a, e)
@@ -824,12 +849,7 @@ class IntervalEngine:
         for alias, buf in self._buffers.items():
             if buf.min_ts >= bound:
                 continue
-            if buf.endpoint == "ts":
-                j = bisect.bisect_left(buf.vals, bound)
-                doomed = buf.entries[:j]
-            else:
-                doomed = [e for e in buf.entries if e.ts < bound]
-            for e in doomed:
+            for e in buf.starts_up_to(bound, strict=True):
                 buf.remove(e)
                 self._forget_open(alias, e)
                 self._gauge(-1)

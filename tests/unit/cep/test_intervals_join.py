@@ -6,6 +6,7 @@ brute-force reference for any arrival order within K, every indexing profile, bo
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import Counter
 from dataclasses import asdict, replace
@@ -170,8 +171,13 @@ def _index_snapshot(engine: IntervalEngine) -> dict[str, dict[str, tuple[list[li
 
 def _assert_index_consistent(engine: IntervalEngine) -> None:
     """Every run holds exactly the buffer's filled entries with its value, in the buffer's order, with their
-    sort keys; no run is empty; unhashable values are counted, not indexed."""
+    sort keys; no run is empty; unhashable values are counted, not indexed.  A te-sorted buffer's start order
+    holds the same entries, sorted on ts."""
     for buf in engine._buffers.values():
+        if buf.endpoint == "te":
+            assert sorted(map(id, buf.by_ts)) == sorted(map(id, buf.entries))
+            assert buf.by_ts_vals == [e.ts for e in buf.by_ts] == sorted(buf.by_ts_vals)
+            assert buf.min_ts == min((e.ts for e in buf.entries), default=math.inf)
         for attr, runs in buf.keys.items():
             expected: dict[Any, list[_Entry]] = {}
             unhashable = 0
