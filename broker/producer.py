@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 # Kafka record headers: (name, value) pairs in order, names may repeat.
 Headers = Sequence[tuple[str, bytes]]
+_PARTITIONER_CHOOSES = -1
 
 
 def kafka_headers(headers: Headers | None) -> list[tuple[str, str | bytes | None]] | None:
@@ -43,12 +44,10 @@ class KafkaPublisher:
         """``partition`` None leaves the choice to the partitioner (hash of the key); ``timestamp_ms`` 0: the
         record's CreateTime is the produce time."""
         try:
-            if partition is None:
-                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery,
-                                       timestamp=timestamp_ms, headers=kafka_headers(headers))
-            else:
-                self._client().produce(topic, value=value, key=key, on_delivery=on_delivery, partition=partition,
-                                       timestamp=timestamp_ms, headers=kafka_headers(headers))
+            # Positional, as TransactionalPublisher.produce says why; -1 is librdkafka's RD_KAFKA_PARTITION_UA (the
+            # partitioner chooses), the default of produce's partition.
+            self._client().produce(topic, value, key, _PARTITIONER_CHOOSES if partition is None else partition,
+                                   on_delivery, None, timestamp_ms, kafka_headers(headers))
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
 

