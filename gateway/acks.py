@@ -291,6 +291,40 @@ class DeliveryTracker:
         progress.confirmed.add(seq, seq, True)
         return self._advance(progress)
 
+    def confirmed_run(self, source_id: str, stream: str, first_seq: int,
+                      last_seq: int) -> tuple[int, int] | None:
+        """``confirmed`` for each seq of ``first_seq..last_seq``, in order, with the same state: None when none of
+        those calls moved the ack, else (the first seq whose call moved it, the last ack they returned). A run right
+        above the ack with nothing settled above it (a transaction's events of one source, the usual case) moves
+        the ack in one step, as those calls would one seq at a time."""
+        if last_seq < first_seq:
+            return None
+        progress = self._progress.get((source_id, stream))
+        if progress is not None and first_seq == progress.acked_through + 1 and not progress.confirmed:
+            given_up_hi = progress.given_up.last_hi()
+            if given_up_hi is None or given_up_hi <= first_seq:
+                # confirmed's in-order branch for every seq of the run: nothing it reads changes along the run.
+                pending = progress.pending
+                ring_seqs, ring_digests = progress.recent_seqs, progress.recent_digests
+                for seq in range(first_seq, last_seq + 1):
+                    digest = pending.pop(seq, None)
+                    if digest is not None:
+                        if ring_seqs is None or ring_digests is None:
+                            self._remember(progress, seq, digest)
+                            ring_seqs, ring_digests = progress.recent_seqs, progress.recent_digests
+                            continue
+                        slot = seq % RECENT_ACKED_DIGESTS
+                        ring_seqs[slot] = seq
+                        ring_digests[slot] = digest
+                progress.acked_through = last_seq
+                return first_seq, last_seq
+        result: tuple[int, int] | None = None
+        for seq in range(first_seq, last_seq + 1):
+            acked = self.confirmed(source_id, stream, seq)
+            if acked is not None:
+                result = (seq if result is None else result[0], acked)
+        return result
+
     def give_up(self, source_id: str, stream: str, first_seq: int,
                 last_seq: int) -> tuple[list[tuple[int, int]], int | None]:
         """The gateway stopped waiting for ``first_seq..last_seq`` (its reorderer skipped them): the ack may pass

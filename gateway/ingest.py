@@ -1099,32 +1099,75 @@ class IngestCore:
         ``on_delivered`` applies them to each record, in one call instead of one per record."""
         if not deliveries and not offsets:
             return
-        latencies = self.delivery_latencies_us
-        confirmed = self.tracker.confirmed
         progress = self._progress
+        self.delivery_latencies_us.extend([now_us - delivery.released_us for delivery in deliveries])
+        # Per (source, stream), in the order of the deliveries: the merge interleaves sources, so a source's
+        # records are rarely next to each other in the transaction, but its seqs are in runs there.
+        groups: dict[tuple[str, str], list[int]] = {}
+        # A source's first events record of the call is observed here, in the deliveries' order: the progress
+        # record lists its sources in the order they were first observed, as per record.
+        unobserved: set[tuple[str, str]] = set()
+        for index, delivery in enumerate(deliveries):
+            key = (delivery.source_id, delivery.stream)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [index]
+                if delivery.topic == "events":
+                    progress[delivery.stream].observe_seq(delivery.source_id, delivery.seq, delivery.released_us)
+                else:
+                    unobserved.add(key)
+            else:
+                group.append(index)
+                if unobserved and key in unobserved and delivery.topic == "events":
+                    unobserved.discard(key)
+                    progress[delivery.stream].observe_seq(delivery.source_id, delivery.seq, delivery.released_us)
+        confirmed_run = self.tracker.confirmed_run
+        first_moved: dict[tuple[str, str], int] = {}  # the delivery whose confirmation first moved the key's ack
         moved: dict[tuple[str, str], int] = {}
         consumed: dict[tuple[str, str], int] = {}
-        for delivery in deliveries:
-            latencies.append(now_us - delivery.released_us)
-            source_id, stream, seq = delivery.source_id, delivery.stream, delivery.seq
-            on_events = delivery.topic == "events"
-            if on_events:
-                progress[stream].observe_seq(source_id, seq, delivery.released_us)
-            acked = confirmed(source_id, stream, seq)
-            if acked is not None:
-                # Cumulative acks only grow: the last one per (source, stream) is what rule 2 sends and rule 6 keeps.
-                moved[(source_id, stream)] = acked
+        for key, indices in groups.items():
+            source_id, stream = key
+            at, count = 0, len(indices)
+            while at < count:
+                # A run: consecutive seqs on one topic, confirmed in one tracker call as per record in order;
+                # observe_seq keeps maxima, so the run's last seq and latest release suffice (again for the first).
+                start = at
+                delivery = deliveries[indices[at]]
+                topic = delivery.topic
+                first_seq = last_seq = delivery.seq
+                seen_us = delivery.released_us
+                at += 1
+                while at < count:
+                    delivery = deliveries[indices[at]]
+                    if delivery.seq != last_seq + 1 or delivery.topic != topic:
+                        break
+                    last_seq += 1
+                    released_us = delivery.released_us
+                    seen_us = released_us if released_us > seen_us else seen_us  # max() without its call
+                    at += 1
+                on_events = topic == "events"
                 if on_events:
-                    consumed[(source_id, stream)] = acked
+                    progress[stream].observe_seq(source_id, last_seq, seen_us)
+                    self._dirty_streams.add(stream)
+                confirmation = confirmed_run(source_id, stream, first_seq, last_seq)
+                if confirmation is not None:
+                    moved_at_seq, acked = confirmation
+                    if key not in first_moved:
+                        first_moved[key] = indices[start + moved_at_seq - first_seq]
+                    # Cumulative acks only grow: the last one per (source, stream) is what rule 2 sends and rule 6
+                    # keeps.
+                    moved[key] = acked
+                    if on_events:
+                        consumed[key] = acked
         for stream, offset in offsets.items():
             progress[stream].observe_offset(offset)
             self._dirty_streams.add(stream)
-        self._dirty_streams.update(d.stream for d in deliveries if d.topic == "events")
         self.counters.events_published += len(deliveries)
         if deliveries:
             self.last_delivery_us = now_us
-        for (source_id, stream), acked in moved.items():
-            self._ack_moved(source_id, stream, acked, False)
+        # In the order the acks first moved, as per record.
+        for source_id, stream in sorted(moved, key=first_moved.__getitem__):
+            self._ack_moved(source_id, stream, moved[(source_id, stream)], False)
         for (source_id, stream), acked in consumed.items():
             if progress[stream].consumed(source_id, acked):
                 self._dirty_streams.add(stream)
