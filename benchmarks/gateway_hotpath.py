@@ -4,8 +4,12 @@ Stages, each timed over the same 200k in-order events from 20 sources, batches o
   decode   GatewaySession.receive_data (frame split + msgpack + validation)
   ingest   IngestCore.events_received: dedup (DeliveryTracker), the ordering pipeline (SequenceReorderer,
            ReferenceMapping, MultiSourceMerger) and record encoding (contract.records, orjson), as the gateway runs it
-  produce  confluent-kafka Producer.produce into a local queue (no broker reachable: measures the client call), with
-           the record's timestamp and headers as the shard passes them
+  produce  the gateway's publisher call (broker.producer.KafkaPublisher.produce: confluent-kafka's produce as the
+           shard's transactional publisher makes it) into a local queue (no broker reachable), with the record's
+           timestamp and headers as the shard passes them
+  commit   IngestCore.on_committed: every 5,000 records (a commit interval's worth at 50k events/s) the shard hands
+           the committed transaction's deliveries to the core, which confirms them (acks, progress)
+The process runs with the gateway's collector settings (gateway.collector, when the measured tree has them).
 Prints microseconds per event per stage; the sum is the floor of the gateway's CPU cost per event. Times are this
 process's CPU time (time.process_time), not wall time: on the shared machine, waiting for a core is not the
 gateway's cost. ``--print-only`` writes nothing (to compare another checkout: PYTHONPATH=<tree>).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import statistics
 import subprocess
@@ -28,12 +33,12 @@ import time
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Producer
 
+from broker.producer import KafkaPublisher
 from contract.topics import TopicNames
 from contract.wire.frames import encode_frame
 from contract.wire.messages import IncomingEvent, build_event, build_events, build_hello
-from gateway.ingest import ConnectionId, IngestConfig, IngestCore, Produce
+from gateway.ingest import ConnectionId, DeliveryRef, IngestConfig, IngestCore, Produce
 from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession
 from reorder.eval.progress import progress_bar, progress_enabled
@@ -47,6 +52,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 SOURCES = 20
 PER_SOURCE = 10_000
 BATCH = 500
+COMMITTED_RECORDS = 5_000
 
 
 def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
@@ -69,11 +75,12 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
         frames.append([encode_frame(build_events([build_event("bench", q, base_us + q * 10, {"v": q & 255})
                                                   for q in range(i, i + BATCH)]))
                        for i in range(0, PER_SOURCE, BATCH)])
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1_000_000,
-                         "linger.ms": 1000, "log_level": 0})
-    spent = dict.fromkeys(("decode", "ingest", "produce"), 0.0)
+    publisher = KafkaPublisher("127.0.0.1:1", {"queue.buffering.max.messages": 1_000_000, "linger.ms": 1000,
+                                               "log_level": 0})
+    spent = dict.fromkeys(("decode", "ingest", "produce", "commit"), 0.0)
     count = 0
     clock = time.process_time
+    transaction: list[DeliveryRef] = []
     for batch_index in range(PER_SOURCE // BATCH):
         for s in range(SOURCES):
             t0 = clock()
@@ -85,16 +92,22 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
                         if isinstance(a, Produce)]
             t3 = clock()
             for action in produced:
-                headers = getattr(action, "headers", None)
-                producer.produce("bench", value=action.value, key=action.key,
-                                 timestamp=getattr(action, "timestamp_ms", 0),
-                                 headers=None if headers is None else list(headers))
+                publisher.produce("bench", action.key, action.value, None, 0, timestamp_ms=action.timestamp_ms,
+                                  headers=action.headers)
             t4 = clock()
+            transaction += [action.delivery for action in produced if action.delivery is not None]
+            t5 = clock()
+            if len(transaction) >= COMMITTED_RECORDS:
+                core.on_committed(transaction, {"bench": count}, base_us)
+                transaction = []
+            t6 = clock()
             spent["decode"] += t1 - t0
             spent["ingest"] += t3 - t2
             spent["produce"] += t4 - t3
+            spent["commit"] += t6 - t5
             count += len(events)
-    producer.purge()
+    core.on_committed(transaction, {"bench": count}, base_us)
+    publisher.close()
     return spent, count
 
 
@@ -238,7 +251,7 @@ def main(before: Path | None, rounds: int, before_label: str | None = None, prog
             paced.append((jitter_us, paced_added_latency(jitter_us)))
             advance()
     load_end = os.getloadavg()[0]
-    stages = ["decode", "ingest", "produce", "total"]
+    stages = ["decode", "ingest", "produce", "commit", "total"]
     medians = {cores: {stage: statistics.median(run[stage] for run in runs) for stage in stages}
                for cores, runs in mine.items()}
     now, python = medians["native"], medians["python"]
@@ -299,8 +312,11 @@ records, refusals, punctuations, interval events) and the actions' own objects a
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
   ReferenceMapping, MultiSourceMerger, then the records and their Produce actions: EventRecord encoding with orjson,
   or the native RecordBuilder in one call per run and batch), the call the gateway makes per batch
-- produce: confluent-kafka `Producer.produce` into librdkafka's queue, with each record's timestamp and headers
-  (the same call with either core)
+- produce: the gateway's publisher call (`KafkaPublisher.produce`, confluent-kafka's `Producer.produce` with
+  positional arguments as the shard's transactional publisher makes it) into librdkafka's queue, with each
+  record's timestamp and headers (the same call with either core)
+- commit: `IngestCore.on_committed` every 5,000 records, the committed transaction's deliveries confirmed (acks,
+  progress), as the shard does after each commit
 
 The pyinstrument call tree of this tree's workload is in gateway-profile.txt; the end-to-end profile of a gateway
 process under load (py-spy, with sockets, Kafka and its transactions) is in gateway-profile-e2e.txt and
@@ -377,7 +393,21 @@ def ingest_only(repeats: int, per_source: int, progress: bool = True) -> None:
                   f"(min {runs[0]:.2f}, max {runs[-1]:.2f}, {repeats} runs of {SOURCES * per_source:,} events)")
 
 
+def settle_collector_as_the_gateway() -> None:
+    """The gateway's collector settings (gateway.collector), in a tree that has them: a --before tree without
+    them runs with CPython's defaults, as its gateway did."""
+    try:
+        from gateway.collector import settle_collector
+    except ImportError:
+        return
+    settle_collector()
+
+
 if __name__ == "__main__":
+    settle_collector_as_the_gateway()
+    # The publisher has no broker to reach (the produce stage measures the client call): its connection errors are
+    # expected here.
+    logging.getLogger("broker.producer").setLevel(logging.CRITICAL)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ingest-only", action="store_true", help="time the ingest stage alone; writes nothing")
     parser.add_argument("--repeats", type=int, default=5)
