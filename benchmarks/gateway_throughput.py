@@ -464,7 +464,7 @@ shared the 2 cores with the broker, the load generator and the other work, so it
 them as much as on its own CPU per event, and the acks' seconds show the queueing. {late} So the CPU column is the
 figure to compare across cores, and the ratio to the plain producer is an upper bound of what is missing, not a
 measurement of the gateway's own limit: docs/gateway-hotpath.md measures the floor per event in CPU time (decode +
-ingest + produce), and gateway-profile-e2e.txt shows where the gateway process spends it end to end.
+ingest + produce + commit), and gateway-profile-e2e.txt shows where the gateway process spends it end to end.
 
 {headers}
 """)
@@ -572,6 +572,9 @@ def write_report(results: list[RunResult], plain: list[PlainResult], paced: list
     idem = next((r for r in results if r.label == "no transactions"), None)
     idem_note = "" if idem is None else (
         f' The "no transactions" row runs the {idem.core or "default"} core with `transactions = false`.')
+    if any(r.label == "before" for r in results):
+        idem_note += (' "before" rows run the gateway of the checkout given as `--before` (the commit before the '
+                      'change measured), with its default core.')
     (DOCS / "gateway-benchmark.md").write_text(f"""# Gateway throughput (benchmarks/gateway_throughput.py)
 
 Measured on this project's 2-core machine, gateway, broker and load generator sharing both cores (and other work
