@@ -1,0 +1,326 @@
+"""Where a Spark CEP job's CPU goes: the JVM (by thread, and by Java Flight Recorder samples: Kafka read, JSON,
+shuffle, state store, Arrow, the Python runner) against the Python worker (by py-spy samples: Arrow to pandas,
+the shell, the core, the snapshot, the output frame) and the driver (foreachBatch: the results sink).
+
+The same pre-loaded topics as benchmarks/spark_three_window.py (N events, 2 streams, availableNow, local[2]). Each
+job runs once to warm the JVM and start the Python workers, then once measured: CPU seconds per process (the JVM,
+the pyspark daemon and its workers, this driver) and per JVM thread (/proc), Spark's own query progress (durations
+and the state operator's metrics), a JFR recording of the JVM (``jcmd JFR.start``), and, with ``--py-spy PATH``,
+py-spy's samples of the Python workers. Run:
+
+    .venv/bin/python -m benchmarks.spark_cpu_split --events 200000 --jobs sequence --py-spy /tmp/pyspy/bin/py-spy
+
+Prints the split as markdown (``--json F`` also writes the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.spark_three_window import preload, rate_of, start_job
+from broker.launcher import KafkaBroker
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(path: Path) -> tuple[str, int, float] | None:
+    """(comm, ppid, CPU seconds) of a /proc stat file."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    comm = text[text.index("(") + 1:text.rindex(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    return comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def process_tree(root: int) -> dict[int, tuple[str, float]]:
+    """pid -> (command name, CPU seconds) of ``root`` and its live descendants."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    info: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(entry / "stat")) is not None:
+            children[stat[1]].append(int(entry.name))
+            info[int(entry.name)] = (stat[0], stat[2])
+    tree: dict[int, tuple[str, float]] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in info:
+            tree[pid] = info[pid]
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (thread name, CPU seconds) of one process."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry in Path(f"/proc/{pid}/task").iterdir():
+        if (stat := _stat(entry / "stat")) is not None:
+            out[int(entry.name)] = (stat[0], stat[2])
+    return out
+
+
+def thread_kind(name: str) -> str:
+    """A JVM thread's name (15 characters, /proc) as a kind: numbers dropped."""
+    return re.sub(r"[-#\s]*\d+$", "", name).strip() or name
+
+
+class Sampler:
+    """CPU seconds per process and per JVM thread, sampled every 0.2 s (a Python worker that exits keeps what it
+    had used at its last sample)."""
+
+    def __init__(self, jvm: int) -> None:
+        import threading
+
+        self.jvm = jvm
+        self.start_procs = process_tree(jvm)
+        self.start_threads = thread_cpu(jvm)
+        self.procs = dict(self.start_procs)
+        self.threads = dict(self.start_threads)
+        self._own_start = time.process_time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        self.procs.update(process_tree(self.jvm))
+        self.threads.update(thread_cpu(self.jvm))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        python = sum(cpu - self.start_procs.get(pid, ("", 0.0))[1] for pid, (_, cpu) in self.procs.items()
+                     if pid != self.jvm)
+        jvm = self.procs[self.jvm][1] - self.start_procs[self.jvm][1]
+        kinds: dict[str, float] = collections.defaultdict(float)
+        for tid, (name, cpu) in self.threads.items():
+            kinds[thread_kind(name)] += cpu - self.start_threads.get(tid, ("", 0.0))[1]
+        return {"jvm_s": jvm, "python_s": python, "driver_s": time.process_time() - self._own_start,
+                "jvm_threads_s": dict(sorted(kinds.items(), key=lambda kv: -kv[1]))}
+
+
+# JFR: a sample's category is that of the first frame, from the leaf up, that matches a specific category; a stack
+# no specific category matches gets the first generic one (GENERIC_JVM) that a frame matches.
+JVM_CATEGORIES = (
+    ("results to the driver's Python (collect, pickle)", r"razorvine|SerDeUtil|EvaluatePython|PythonRDD"),
+    ("Kafka read (consumer, fetch, decompress)", r"^org\.apache\.kafka\.|KafkaDataConsumer|KafkaSourceRDD|"
+     r"kafka010\.|^net\.jpountz|^org\.xerial|^com\.github\.luben"),
+    ("from_json and JSON (Jackson)", r"^com\.fasterxml\.jackson|catalyst\.json\.|JsonToStructs|"
+     r"catalyst\.expressions\.json"),
+    ("Arrow (rows to Arrow batches and back)", r"^org\.apache\.arrow\.|execution\.arrow\.|ArrowWriter|"
+     r"ArrowColumnVector|ArrowConverters|ArrowUtils"),
+    ("Python runner (socket to the worker, batching)", r"api\.python\.|execution\.python\.|PythonRunner|"
+     r"PythonWorker|ApplyInPandasWithState|FlatMapGroupsInPandasWithState"),
+    ("state store (load, put, commit, checkpoint files)", r"execution\.streaming\.state\.|RocksDB|"
+     r"HDFSBackedStateStore|CheckpointFileManager|^org\.apache\.hadoop\."),
+    ("shuffle (write, fetch, sort, serialize)", r"^org\.apache\.spark\.shuffle\.|^org\.apache\.spark\.storage\.|"
+     r"UnsafeExternalSorter|ShuffleExchange|^org\.apache\.spark\.network\.|^org\.apache\.spark\.serializer\.|"
+     r"^org\.apache\.spark\.io\.|ExternalSorter"),
+    ("generated code (projections, filters, sort)", r"GeneratedClass|^org\.apache\.spark\.sql\.catalyst\."),
+)
+GENERIC_JVM = (
+    ("streaming driver (planning, offsets, progress, WAL)", r"execution\.streaming\.|^org\.apache\.spark\.sql\."),
+    ("scheduler, RPC, other Spark", r"^org\.apache\.spark\."),
+    ("JDK, Scala, other", r"."),
+)
+
+
+def categorize(frames: list[str], specific: Any, generic: Any) -> str:
+    """The category of a stack given leaf first (see JVM_CATEGORIES)."""
+    for tier in (specific, generic):
+        for frame in frames:
+            for name, pattern in tier:
+                if pattern.search(frame):
+                    return str(name)
+    return "?"
+
+
+def jfr_split(recording: Path) -> dict[str, Any]:
+    """Execution samples of a JFR recording by category (JVM_CATEGORIES) and the top leaf methods."""
+    printed = subprocess.run(["jfr", "print", "--json", "--events", "jdk.ExecutionSample", str(recording)],
+                             capture_output=True, text=True, check=True).stdout
+    events = json.loads(printed)["recording"]["events"]
+    categories: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
+    compiled = [(name, re.compile(pattern)) for name, pattern in JVM_CATEGORIES]
+    generic = [(name, re.compile(pattern)) for name, pattern in GENERIC_JVM]
+    for event in events:
+        frames = [(f["method"]["type"]["name"] + "." + f["method"]["name"]).replace("/", ".")
+                  for f in event["values"]["stackTrace"]["frames"]]
+        if not frames:
+            continue
+        leaves[frames[0]] += 1
+        categories[categorize(frames, compiled, generic)] += 1
+    total = sum(categories.values())
+    return {"samples": total, "categories": dict(categories.most_common()), "top_leaves": leaves.most_common(15)}
+
+
+# py-spy: as JVM_CATEGORIES, frames written "function (file:line)".
+PYTHON_CATEGORIES = (
+    ("gc.collect after each task (pyspark daemon.py, reused worker)", r"^manager \(daemon\.py:211\)"),
+    ("task setup (importlib.invalidate_caches re-reads pyspark.zip)", r"setup_spark_files"),
+    ("state restore (a core not kept in this worker)", r"restore|from_blob|unpackb"),
+    ("snapshot (core state encoding, msgpack)", r"incremental_snapshot|snapshot \(|to_blob|packb"),
+    ("payload parse (orjson)", r"decode_payload"),
+    ("the core (engine / adapter per event)", r"/cep/|on_events \(|on_rows \(|_on_event"),
+    ("output rows (result records, JSON, DataFrame)", r"result_value|result_key|_record \(|_side \(|dumps"),
+    ("shell (columns, order, punctuations)", r"columns_of_frames|run_stream_columns|_sorted_indices|"
+     r"MicroBatchColumns|column \(|make_stream_function"),
+)
+GENERIC_PYTHON = (
+    ("Arrow to pandas and back (pyspark serializers)", r"pyspark/sql/pandas/|serializers\.py|pyarrow|pandas/"),
+    ("pyspark worker (socket, framing, other)", r"pyspark/|worker\.py|daemon\.py"),
+    ("other", r"."),
+)
+
+
+def pyspy_split(raw: Path) -> dict[str, Any]:
+    """py-spy's collapsed stacks (``--format raw``) by category (PYTHON_CATEGORIES), idle samples apart."""
+    compiled = [(name, re.compile(pattern)) for name, pattern in PYTHON_CATEGORIES]
+    generic = [(name, re.compile(pattern)) for name, pattern in GENERIC_PYTHON]
+    categories: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")[::-1]  # innermost first
+        categories[categorize(frames, compiled, generic)] += int(count)
+        leaves[frames[0]] += int(count)
+    return {"samples": sum(categories.values()), "categories": dict(categories.most_common()),
+            "top_leaves": leaves.most_common(25)}
+
+
+def spark_metrics(query: Any) -> dict[str, Any]:
+    """Spark's own figures summed over the query's micro-batches: durations and the state operators'."""
+    durations: collections.Counter[str] = collections.Counter()
+    state: collections.Counter[str] = collections.Counter()
+    for progress in query.recentProgress:
+        durations.update(progress["durationMs"])
+        for operator in progress.get("stateOperators", []):
+            for name in ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs", "numRowsUpdated"):
+                state[name] += operator.get(name, 0)
+            state["memoryUsedBytes (last)"] = operator.get("memoryUsedBytes", 0)
+            for name, value in (operator.get("customMetrics") or {}).items():
+                state[name] += value
+    return {"batches": len(query.recentProgress), "durations_ms": dict(durations), "state": dict(state)}
+
+
+def measure(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str | None, work: Path) -> dict[str, Any]:
+    jvm = spark.sparkContext._gateway.proc.pid
+    checkpoint = tempfile.mkdtemp(prefix=f"split-{job}-")
+    start_job(spark, job, bootstrap, prefix, checkpoint).awaitTermination()  # warm: JIT, Python workers
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    checkpoint = tempfile.mkdtemp(prefix=f"split-{job}-")
+    recording = work / f"{job}.jfr"
+    subprocess.run(["jcmd", str(jvm), "JFR.start", f"name={job}", "settings=profile", f"filename={recording}"],
+                   capture_output=True, check=True)
+    spy = None
+    daemons = [pid for pid, (name, _) in process_tree(jvm).items() if pid != jvm and name.startswith("python")]
+    raw = work / f"{job}.pyspy.txt"
+    if py_spy is not None and daemons:
+        # The pyspark daemon (the oldest python child of the JVM) forks the workers: follow its subprocesses.
+        spy = subprocess.Popen([py_spy, "record", "--pid", str(min(daemons)), "--subprocesses", "--format", "raw",
+                                "--rate", "100", "--output", str(raw)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+    sampler = Sampler(jvm)
+    query = start_job(spark, job, bootstrap, prefix, checkpoint)
+    query.awaitTermination()
+    cpu = sampler.stop()
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait(60)
+    subprocess.run(["jcmd", str(jvm), "JFR.stop", f"name={job}"], capture_output=True, check=True)
+    rows, batch_s = rate_of(query)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return {"job": job, "rows": rows, "batch_s": batch_s, **cpu, "spark": spark_metrics(query),
+            "jfr": jfr_split(recording), "pyspy": pyspy_split(raw) if raw.exists() else None}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    total = result["jvm_s"] + result["python_s"] + result["driver_s"]
+
+    def us(seconds: float) -> str:
+        return f"{seconds * 1e6 / rows:.1f}"
+
+    lines = [f"### {result['job']}: {rows:,} rows, {result['batch_s']:.1f} s of batches, {us(total)} CPU us/event",
+             "", "| where | CPU us/event | share |", "|---|---:|---:|"]
+    for name, seconds in (("Spark JVM", result["jvm_s"]), ("Python workers (pyspark daemon and its workers)",
+                                                           result["python_s"]), ("driver (this process)",
+                                                                                 result["driver_s"])):
+        lines.append(f"| {name} | {us(seconds)} | {seconds / total:.0%} |")
+    jfr = result["jfr"]
+    lines += ["", f"JVM by JFR execution samples ({jfr['samples']} samples), the JVM's CPU shared out by them:", "",
+              "| JVM part | CPU us/event (est.) | share of JVM samples |", "|---|---:|---:|"]
+    for name, count in jfr["categories"].items():
+        lines.append(f"| {name} | {us(result['jvm_s'] * count / jfr['samples'])} | {count / jfr['samples']:.0%} |")
+    lines += ["", "JVM threads by CPU (/proc):", "", "| thread | CPU us/event |", "|---|---:|"]
+    for name, seconds in list(result["jvm_threads_s"].items())[:8]:
+        lines.append(f"| {name} | {us(seconds)} |")
+    if result["pyspy"]:
+        spy = result["pyspy"]
+        lines += ["", f"Python workers by py-spy samples ({spy['samples']} samples, idle excluded), the workers' "
+                  "CPU shared out by them:", "", "| Python part | CPU us/event (est.) | share |", "|---|---:|---:|"]
+        for name, count in spy["categories"].items():
+            lines.append(f"| {name} | {us(result['python_s'] * count / spy['samples'])} | "
+                         f"{count / spy['samples']:.0%} |")
+    spark = result["spark"]
+    lines += ["", f"Spark's query progress over {spark['batches']} micro-batches (ms, summed): "
+              + ", ".join(f"{k} {v:,}" for k, v in sorted(spark["durations_ms"].items())),
+              "state operator: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(spark["state"].items()))]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--jobs", default="native_window,three_window,pattern,sequence,sequence_g2,iseq")
+    parser.add_argument("--py-spy", help="path of py-spy (not a project dependency); without it no Python split")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    from spark_jobs.session import create_spark_session, stop_spark
+
+    work = Path(tempfile.mkdtemp(prefix="split-spark-"))
+    broker = KafkaBroker(work / "kafka")
+    state = broker.start()
+    spark = create_spark_session("bench-cpu-split")
+    results = []
+    try:
+        prefix = f"split{uuid.uuid4().hex[:6]}"
+        preload(state.bootstrap_servers, prefix, args.events, ("a", "b"))
+        for job in args.jobs.split(","):
+            load = os.getloadavg()[0]
+            result = measure(spark, job, state.bootstrap_servers, prefix, args.py_spy, work)
+            result["load"] = load
+            results.append(result)
+            print(markdown(result) + f"\n(1-minute load average at the start: {load:.1f})\n", flush=True)
+    finally:
+        stop_spark(spark)
+        broker.stop()
+        shutil.rmtree(work / "kafka", ignore_errors=True)
+        print(f"recordings kept in {work}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
