@@ -28,10 +28,11 @@ one. It follows re-syncs while the job runs and, read from the data, is the same
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -331,6 +332,20 @@ def worker_live_cores() -> LiveCores:
     return _LIVE_CORES
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: restoring a core allocates millions of objects, each few hundred of
+    which would start a collection that walks the growing heap again (half of a restore's time); a restore makes
+    no garbage cycles to collect."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def make_stream_function(job: str, factory: CoreFactory,
                          partitions_of: Callable[[str], tuple[str, int]],
                          live_cores: LiveCores | None = None, key_groups: int = 1) -> Callable[..., Any]:
@@ -340,25 +355,23 @@ def make_stream_function(job: str, factory: CoreFactory,
     # (the factory's options are not in the blob).
     owner = uuid.uuid4().hex
 
-    def apply(key: tuple[Any, ...], frames: Any, state: Any) -> Any:
-        import pandas as pd
-
+    def run(key: tuple[Any, ...], frames: Any, state: Any) -> list[Output]:
         stream = str(key[0])
         # The key group (absent: a plan grouped by stream only). Each group of a stream has its own state and core.
         slot = stream if len(key) < 2 else f"{stream}#{int(key[1])}"
         columns = columns_of_frames(frames)
         if stream == UNPARSED_GROUP:
             names = list(columns)
-            outputs = [rejected_record(job, stream, dict(zip(names, values, strict=True)), "not_a_record",
-                                       "not a contract record (no stream)")
-                       for values in zip(*columns.values(), strict=True)]
-        else:
-            cores = worker_live_cores() if live_cores is None else live_cores
-            blob = bytes(state.get[0]) if state.exists else None
-            live = cores.take(owner, slot, blob)
-            if live is not None:
-                progress, core = live
-            elif blob is not None:
+            return [rejected_record(job, stream, dict(zip(names, values, strict=True)), "not_a_record",
+                                    "not a contract record (no stream)")
+                    for values in zip(*columns.values(), strict=True)]
+        cores = worker_live_cores() if live_cores is None else live_cores
+        blob = bytes(state.get[0]) if state.exists else None
+        live = cores.take(owner, slot, blob)
+        if live is not None:
+            progress, core = live
+        elif blob is not None:
+            with collector_paused():
                 progress, core_blob = StreamReadProgress.from_blob(blob)
                 if progress.key_groups != key_groups:
                     raise ValueError(
@@ -366,20 +379,36 @@ def make_stream_function(job: str, factory: CoreFactory,
                         f"key group(s), this run has {key_groups}: keep --key-groups {progress.key_groups} or "
                         "start from a fresh checkpoint")
                 core = factory(stream, core_blob)
-            else:
-                progress = StreamReadProgress(0, key_groups=key_groups)
-                core = factory(stream, None)
-            if progress.partitions == 0:
-                # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
-                with contextlib.suppress(LookupError):
-                    progress.events_topic, progress.partitions = partitions_of(stream)
-            outputs = run_stream_columns(progress, core, columns, job=job, stream=stream)
-            blob = progress.to_blob(core.snapshot())
-            state.update((blob,))
-            cores.keep(owner, slot, blob, progress, core)
-        if outputs:
-            yield pd.DataFrame({"key": [k for k, _ in outputs],
-                                "value": [orjson.dumps(v).decode() for _, v in outputs]})
+        else:
+            progress = StreamReadProgress(0, key_groups=key_groups)
+            core = factory(stream, None)
+        if progress.partitions == 0:
+            # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
+            with contextlib.suppress(LookupError):
+                progress.events_topic, progress.partitions = partitions_of(stream)
+        outputs = run_stream_columns(progress, core, columns, job=job, stream=stream)
+        blob = progress.to_blob(core.snapshot())
+        state.update((blob,))
+        cores.keep(owner, slot, blob, progress, core)
+        return outputs
+
+    def apply(key: tuple[Any, ...], frames: Any, state: Any) -> Any:
+        import pandas as pd
+
+        # The kept cores are most of this worker's heap and live from batch to batch: between groups they sit in
+        # the collector's permanent generation, so the full collection pyspark's reused worker runs after every
+        # task (daemon.py: gc.collect()) does not walk them. Only when collections happen changes, never what is
+        # collected: they rejoin the oldest generation while a group runs, and any garbage among them is
+        # collected then.
+        gc.unfreeze()
+        try:
+            outputs = run(key, frames, state)
+            frame = None if not outputs else pd.DataFrame(
+                {"key": [k for k, _ in outputs], "value": [orjson.dumps(v).decode() for _, v in outputs]})
+        finally:
+            gc.freeze()
+        if frame is not None:
+            yield frame
 
     return apply
 
