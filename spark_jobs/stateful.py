@@ -40,6 +40,7 @@ import msgpack
 import orjson
 
 from contract.records import EVENT, PUNCTUATION, RESULT_REJECTED, result_key, result_value
+from spark_jobs.worker_imports import keep_spark_zip_directories_of_this_worker
 
 if TYPE_CHECKING:
     from broker.client import Servers
@@ -401,6 +402,7 @@ def make_stream_function(job: str, factory: CoreFactory,
         # collected: they rejoin the oldest generation while a group runs, and any garbage among them is
         # collected then.
         gc.unfreeze()
+        keep_spark_zip_directories_of_this_worker()
         try:
             outputs = run(key, frames, state)
             frame = None if not outputs else pd.DataFrame(
