@@ -287,6 +287,9 @@ class SequenceEngine:
         self._k = self.config.k_slack_us
         # Types whose events need attribute checks (required attributes, hashable partition key).
         self._checked_types = frozenset(t for t, attrs in query.required_attributes.items() if attrs)
+        # Per checked type: (its required attributes, its partition attribute or None), for on_event's fast path.
+        self._attribute_rules = {t: (query.required_attributes[t], query.partition_attributes.get(t))
+                                 for t in self._checked_types}
         lag = self.config.purge_lag
         self._purge_lag = query.window // 4 if lag is None else lag
         self._routes = _routes(query)
@@ -375,9 +378,22 @@ class SequenceEngine:
         """Process one event in arrival order; returns the output records it caused."""
         if self._monitor is not None:
             return self._monitored(event)
-        # Fast path of the validation for the common well-formed event (exact types: bool is not a timestamp).
-        if not (type(event) is SaseEvent and type(event.ts) is int and type(event.attrs) is dict
-                and type(event.event_type) is str) or event.event_type in self._checked_types:
+        # Fast path of the validation for the common well-formed event: exact types (bool is not a timestamp)
+        # pass every type check of _check, so only its attribute checks remain; _check words any problem.
+        if type(event) is SaseEvent and type(event.ts) is int and type(event.attrs) is dict and (
+                type(event.event_type) is str):
+            rules = self._attribute_rules.get(event.event_type)
+            if rules is not None:
+                required, key_attr = rules
+                attrs = event.attrs
+                if not required <= attrs.keys():
+                    return self._reject(*self._attribute_problem(event))
+                if key_attr is not None:
+                    try:
+                        hash(attrs[key_attr])
+                    except TypeError:
+                        return self._reject(*self._attribute_problem(event))
+        else:
             problem = self._check(event)
             if problem is not None:
                 return self._reject(*problem)
@@ -997,6 +1013,16 @@ class SequenceEngine:
             return "bad_timestamp", f"ts must be an int, got {event.ts!r}"
         if not isinstance(event.attrs, Mapping):
             return "bad_attrs", f"attrs must be a mapping, got {type(event.attrs).__name__}"
+        return self._attribute_checks(event)
+
+    def _attribute_problem(self, event: SaseEvent) -> tuple[str, str]:
+        """The attribute problem of an event the fast path found one in."""
+        problem = self._attribute_checks(event)
+        assert problem is not None
+        return problem
+
+    def _attribute_checks(self, event: SaseEvent) -> tuple[str, str] | None:
+        """_check's checks of an event whose types passed: required attributes, a hashable partition key."""
         required = self.query.required_attributes.get(event.event_type)
         if required and not required <= event.attrs.keys():
             missing = [a for a in sorted(required) if a not in event.attrs]
