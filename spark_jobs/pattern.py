@@ -37,6 +37,7 @@ from contract.records import (
     result_value,
 )
 from spark_jobs.stateful import (
+    SHELL_COLUMNS,
     JobOptions,
     KeyGroups,
     MicroBatchColumns,
@@ -47,6 +48,8 @@ from spark_jobs.stateful import (
 )
 
 JOB_NAME = "pattern"
+# What crosses into Python: the shell's columns, the payload and the event's clock uncertainty.
+PATTERN_COLUMNS = (*SHELL_COLUMNS, "payload", "uncertainty_us")
 log = logging.getLogger("skewless.spark")
 REASON_MAX_MATCHES = "max_matches_per_event"
 REASON_MAX_CANDIDATES = "max_candidates"
@@ -275,5 +278,5 @@ def start(spark: Any, options: PatternOptions) -> Any:
         return PatternStreamCore(stream, spec, options.ta_us or 0, options.ta_us is not None,
                                  options.allowed_lateness_us, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory,
+    return start_core_job(spark, JOB_NAME, options, factory, input_columns=PATTERN_COLUMNS,
                           key_groups=pattern_key_groups(spec, groups))

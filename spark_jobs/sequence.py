@@ -51,6 +51,7 @@ from contract.records import (
 from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import (
     NO_EQUALITY_KEY,
+    SHELL_COLUMNS,
     JobOptions,
     KeyGroups,
     MicroBatchColumns,
@@ -62,6 +63,8 @@ from spark_jobs.stateful import (
 )
 
 JOB_NAME = "sequence"
+# What crosses into Python: the shell's columns and the payload (an engine event is its type, time and payload).
+SEQUENCE_COLUMNS = (*SHELL_COLUMNS, "payload")
 log = logging.getLogger("skewless.spark")
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
@@ -241,5 +244,5 @@ def start(spark: Any, options: SequenceOptions) -> Any:
     def factory(stream: str, blob: bytes | None) -> SequenceStreamCore:
         return SequenceStreamCore(stream, query, config, options.type_field, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory,
+    return start_core_job(spark, JOB_NAME, options, factory, input_columns=SEQUENCE_COLUMNS,
                           key_groups=sequence_key_groups(query, options.type_field, groups))

@@ -51,6 +51,9 @@ STATE_SCHEMA = "blob binary"
 # Columns every job hands to its cores (a job may add its own, e.g. a grouping key).
 INPUT_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "uncertainty_us", "watermark_us", "rtt_us",
                  "late", "late_reason", "payload", "topic", "partition", "offset")
+# The columns the shell itself reads (grouping, order, promises, T_a, where a rejected record is): a core adds its own.
+SHELL_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "watermark_us", "rtt_us", "topic", "partition",
+                 "offset")
 # Rows that are not contract records (no stream) are grouped here and reported, never fed to a core.
 UNPARSED_GROUP = ""
 # A micro-batch reads at most this many Kafka records: a backlog is worked off in bounded steps.

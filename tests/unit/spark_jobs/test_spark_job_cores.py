@@ -237,6 +237,40 @@ def test_the_columnar_path_gives_the_rows_path_records_for_every_job() -> None:
     assert {"match", "rejected", "too_late"} <= records["sequence"]
 
 
+def test_the_columns_a_job_ships_to_python_give_the_records_of_every_column() -> None:
+    """sequence and pattern ship only the shell's columns and their own (SEQUENCE_COLUMNS, PATTERN_COLUMNS): on
+    the mixed trace (late, rejected and too-late events), rows cut to those columns give every record and the
+    state that the rows with every contract column give."""
+    from cep.patterns import PatternSpec
+    from cep.sase import EngineConfig, parse_query
+    from spark_jobs.pattern import PATTERN_COLUMNS, PatternStreamCore
+    from spark_jobs.sequence import SEQUENCE_COLUMNS, SequenceStreamCore
+    from spark_jobs.stateful import StreamReadProgress, run_stream_batch
+
+    spec = PatternSpec.parse("SEQ(a: k == 'A', b: k == 'B') PARTITION BY id WITHIN 30 ms MODE per_event "
+                             "MAX_UNCERTAINTY 1 ms")
+    query = parse_query("EVENT SEQ(A a, B b, C c) WHERE a.id = b.id AND b.id = c.id WITHIN 100 ms")
+    lateness = 2_000_000
+    jobs: dict[str, tuple[tuple[str, ...], Any]] = {
+        "pattern": (PATTERN_COLUMNS, lambda: PatternStreamCore("s", spec, 0, False, lateness, None)),
+        "sequence": (SEQUENCE_COLUMNS, lambda: SequenceStreamCore("s", query, EngineConfig(
+            mode="conservative", allowed_lateness_us=lateness), "type", None)),
+    }
+    for job, (shipped, make) in jobs.items():
+        every: Any = make()
+        cut: Any = make()
+        progress_every, progress_cut = StreamReadProgress(1, "p.events.s"), StreamReadProgress(1, "p.events.s")
+        out_every, out_cut = [], []
+        for batch in mixed_stream_batches():
+            rows = [{**row, "late": row["topic"] == "p.late.s", "late_reason": "x"} for row in batch]
+            out_every += run_stream_batch(progress_every, every, rows, job=job, stream="s")
+            out_cut += run_stream_batch(progress_cut, cut, [{c: row[c] for c in shipped if c in row} for row in rows],
+                                        job=job, stream="s")
+        assert out_cut == out_every, job
+        assert cut.snapshot() == every.snapshot(), job
+        assert {"match", "rejected", "too_late"} <= {v["record"] for _k, v in out_every}, job
+
+
 def test_pattern_job_reports_every_match_it_truncates() -> None:
     # Issue 25 item 3: 1,200 `kick` and one `goal` for one team complete 1,200 matches; the matcher's default cap
     # reports 1,000 of them; the other 200 must reach the output as a `truncated` record with its reason and count.
