@@ -790,7 +790,7 @@ This run's native count took 40.2 CPU us/event at 38,176 events/s, the run above
 rows are not comparable with each other, only each with its own native count (window_count: 0.96x / 0.91x here,
 0.81x / 0.68x there)."""
 
-BEFORE_COMMIT = "9772ba5"
+BEFORE_COMMIT = "e9a2b52"
 
 
 def sources_only(argv: list[str]) -> None:
