@@ -433,13 +433,13 @@ def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int) -> 
     if key is None or groups < 2:
         return None
     # A type outside the query: no key (the core skips it).
-    key_text = key_text_by_event_type(options.type_field, key.attribute_of_type, F.lit(None))
+    key_text, fields = key_text_by_event_type(options.type_field, key.attribute_of_type, F.lit(None))
     if options.from_points is not None:
         reading = (F.col("endpoint").isNull()
                    & (F.coalesce(F.col("start_ts_us"), F.col("ref_ts_us")) == F.col("ref_ts_us"))
                    & json_field(F.col("payload"), options.from_points).try_cast("double").isNotNull())
         key_text = F.when(reading, F.col("source_id")).otherwise(key_text)
-    return KeyGroups(groups, key_text)
+    return KeyGroups(groups, key_text, fields)
 
 
 def start(spark: Any, options: IseqOptions) -> Any:

@@ -230,7 +230,8 @@ def sequence_key_groups(query: Query, type_field: str, groups: int) -> KeyGroups
         return None
     fallback = key.trace_attribute
     otherwise = json_field(F.col("payload"), fallback) if fallback is not None else F.lit(None)
-    return KeyGroups(groups, key_text_by_event_type(type_field, key.attribute_of_type, otherwise))
+    key_text, fields = key_text_by_event_type(type_field, key.attribute_of_type, otherwise)
+    return KeyGroups(groups, key_text, fields)
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:

@@ -455,11 +455,18 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     group_columns = ["group_key"]
     groups = 1 if key_groups is None else key_groups.groups
     if key_groups is not None and groups > 1:
+        # The payload fields and the key text each in a projection of their own: the key text reads a field in
+        # several branches and key_group_column reads the text several times, and Spark evaluates an expression
+        # once per reference inside conditional branches (here: each one a JSON parse of the payload). Spark does
+        # not merge such a projection back into its readers while an expensive expression would be repeated.
+        for name, column in key_groups.fields:
+            keyed = keyed.withColumn(name, column)
+        keyed = keyed.withColumn(_KEY_TEXT, key_groups.key_text)
         promise = (F.col("kind") == F.lit(PUNCTUATION)) & (
             F.col("topic") == F.concat(F.lit(events_topic_prefix), F.col("stream")))
         every_group = F.sequence(F.lit(0), F.lit(groups - 1))
         keyed = keyed.withColumn("key_group", F.explode(
-            F.when(promise, every_group).otherwise(F.array(key_group_column(key_groups.key_text, groups)))))
+            F.when(promise, every_group).otherwise(F.array(key_group_column(F.col(_KEY_TEXT), groups)))))
         group_columns.append("key_group")
     return (
         keyed.select(*group_columns, *input_columns, *extras)
@@ -488,6 +495,14 @@ class KeyGroups:
     """G: key groups per stream (1: one group per stream, today's plan)."""
     key_text: Any
     """Spark column: an event row's key as JSON text (null: no key), routed by :func:`key_group_column`."""
+    fields: tuple[tuple[str, Any], ...] = ()
+    """(name, Spark column) of the payload fields ``key_text`` reads as ``F.col(name)``: each extracted once per row
+    before it (:func:`key_text_by_event_type`)."""
+
+
+# Working columns of the key-group routing (:func:`apply_stream_cores`); none reaches the cores.
+_KEY_TEXT = "_key_text"
+_KEY_FIELD_PREFIX = "_key_field_"
 
 
 def json_field(payload: Any, name: str | Sequence[str]) -> Any:
@@ -506,19 +521,24 @@ def json_field(payload: Any, name: str | Sequence[str]) -> Any:
     return F.get_json_object(payload, path)
 
 
-def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str], otherwise: Any) -> Any:
+def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str],
+                           otherwise: Any) -> tuple[Any, tuple[tuple[str, Any], ...]]:
     """Spark column: the payload attribute that an event's type (payload field ``type_field``) names as its key
-    (``attribute_of_type``: the query's equality class), ``otherwise`` for a type the class does not name."""
+    (``attribute_of_type``: the query's equality class), ``otherwise`` for a type the class does not name; with the
+    payload fields it reads (for :attr:`KeyGroups.fields`: the type and each attribute parsed once per row)."""
     from pyspark.sql import functions as F
 
     payload = F.col("payload")
-    event_type = json_field(payload, type_field)
+    names = [type_field, *sorted(set(attribute_of_type.values()) - {type_field})]
+    fields = tuple((f"{_KEY_FIELD_PREFIX}{i}", json_field(payload, name)) for i, name in enumerate(names))
+    column_of = {name: F.col(field_name) for name, (field_name, _) in zip(names, fields, strict=True)}
+    event_type = column_of[type_field]
     key_text: Any = None
     for event_type_name, attr in sorted(attribute_of_type.items()):
-        branch = json_field(payload, attr)
+        branch = column_of[attr]
         key_text = (F.when(event_type == event_type_name, branch) if key_text is None
                     else key_text.when(event_type == event_type_name, branch))
-    return key_text.otherwise(otherwise)
+    return key_text.otherwise(otherwise), fields
 
 
 def key_group_column(key_text: Any, groups: int) -> Any:
