@@ -32,7 +32,7 @@ import gc
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -336,23 +336,49 @@ def worker_live_cores() -> LiveCores:
     return _LIVE_CORES
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: restoring a core allocates millions of objects, each few hundred of
-    which would start a collection that walks the growing heap again (half of a restore's time); a restore makes
-    no garbage cycles to collect."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
+class WorkerCollector:
+    """When a Python worker's cyclic garbage collector runs, around each group of a job (never what it collects).
+
+    The kept cores are most of a worker's heap and live from batch to batch; Python's automatic full collections
+    walk all of it again and again while a group adds its events (a third of the sequence core's time in-process),
+    and pyspark's reused worker runs one more full collection after every task (daemon.py: ``gc.collect()``). So a
+    group runs with the automatic collector off; after it, one young collection (the objects the group made, not
+    the kept cores) collects the garbage cycles it made, and the survivors go to the permanent generation, where
+    pyspark's collection after the task does not walk them. Every ``full_every``-th group leaves them out of it,
+    so that collection collects any garbage among the long-lived objects too."""
+
+    def __init__(self, full_every: int = 16) -> None:
+        self.full_every = full_every
+        self.groups = 0
+        self._enabled = True
+
+    def before_group(self) -> None:
+        gc.unfreeze()
+        self._enabled = gc.isenabled()
+        gc.disable()
+
+    def after_group(self) -> None:
+        if self._enabled:
             gc.enable()
+        gc.collect(1)
+        self.groups += 1
+        if self.groups % self.full_every:
+            gc.freeze()
+
+
+# Per Python worker process, as _LIVE_CORES.
+_COLLECTOR = WorkerCollector()
+
+
+def worker_collector() -> WorkerCollector:
+    """This process's collector policy (a module-level function, as :func:`worker_live_cores`)."""
+    return _COLLECTOR
 
 
 def make_stream_function(job: str, factory: CoreFactory,
                          partitions_of: Callable[[str], tuple[str, int]],
-                         live_cores: LiveCores | None = None, key_groups: int = 1) -> Callable[..., Any]:
+                         live_cores: LiveCores | None = None, key_groups: int = 1,
+                         collector_policy: WorkerCollector | None = None) -> Callable[..., Any]:
     """The function for ``applyInPandasWithState(..., outputMode="append", timeoutConf=NoTimeout)``; the
     grouping key is (stream,) or, with key groups, (stream, key group) of ``key_groups`` per stream."""
     # Made on the driver, the same in every task of this query: a kept core is only ever reused by its own query
@@ -375,14 +401,13 @@ def make_stream_function(job: str, factory: CoreFactory,
         if live is not None:
             progress, core = live
         elif blob is not None:
-            with collector_paused():
-                progress, core_blob = StreamReadProgress.from_blob(blob)
-                if progress.key_groups != key_groups:
-                    raise ValueError(
-                        f"{job}: the checkpoint's state of stream {stream!r} was made with {progress.key_groups} "
-                        f"key group(s), this run has {key_groups}: keep --key-groups {progress.key_groups} or "
-                        "start from a fresh checkpoint")
-                core = factory(stream, core_blob)
+            progress, core_blob = StreamReadProgress.from_blob(blob)
+            if progress.key_groups != key_groups:
+                raise ValueError(
+                    f"{job}: the checkpoint's state of stream {stream!r} was made with {progress.key_groups} "
+                    f"key group(s), this run has {key_groups}: keep --key-groups {progress.key_groups} or "
+                    "start from a fresh checkpoint")
+            core = factory(stream, core_blob)
         else:
             progress = StreamReadProgress(0, key_groups=key_groups)
             core = factory(stream, None)
@@ -399,19 +424,15 @@ def make_stream_function(job: str, factory: CoreFactory,
     def apply(key: tuple[Any, ...], frames: Any, state: Any) -> Any:
         import pandas as pd
 
-        # The kept cores are most of this worker's heap and live from batch to batch: between groups they sit in
-        # the collector's permanent generation, so the full collection pyspark's reused worker runs after every
-        # task (daemon.py: gc.collect()) does not walk them. Only when collections happen changes, never what is
-        # collected: they rejoin the oldest generation while a group runs, and any garbage among them is
-        # collected then.
-        gc.unfreeze()
+        collector = worker_collector() if collector_policy is None else collector_policy
+        collector.before_group()
         keep_spark_zip_directories_of_this_worker()
         try:
             outputs = run(key, frames, state)
             frame = None if not outputs else pd.DataFrame(
                 {"key": [k for k, _ in outputs], "value": [orjson.dumps(v).decode() for _, v in outputs]})
         finally:
-            gc.freeze()
+            collector.after_group()
         if frame is not None:
             yield frame
 
