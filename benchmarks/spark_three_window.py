@@ -671,71 +671,86 @@ Measured on the same loaded machine, so absolute microseconds are inflated; the 
 
 # Written from the numbers of the run that produced the table (kept in the script so a rerun says the same words
 # next to its own numbers; edit when the numbers change what they mean).
-ANALYSIS = """**How far each job is from issue 27's targets** (this run, best rounds; 0.8x the native count means at least
-0.8 x 25,887 = 20,710 events/s and at most 22.7 / 0.8 = 28.4 CPU us/event):
+ANALYSIS = """**What changed in this run (issue 27, the jobs' speed).** The "before" column is the same benchmark on e9a2b52,
+run at the same time as this one (18:35-18:40 UTC, its own broker and Spark, the same load); every result-equal
+test stayed green (tests/integration/test_spark_key_groups.py, test_spark_cep_jobs.py, test_spark_sequence_job.py:
+the jobs' records against the pure cores, G = 1 and G = 4). CPU per event, best round, before -> after:
+three_window 36.4 -> 27.2, window_count 31.4 -> 22.1, pattern 101.2 -> 71.2, sequence 53.4 -> 37.2, sequence with
+`--key-groups 2` 76.0 -> 39.8, iseq 167.7 -> 153.1 (the native count: 24.0 and 23.4). The cuts, each found in the
+CPU split below:
 
-| job | throughput / CPU ratio | short of 0.8x by a factor of (throughput / CPU) |
-|---|---:|---:|
-| three_window | 0.64x / 0.52x | 1.25 / 1.53 |
-| pattern | 0.30x / 0.20x | 2.69 / 3.91 |
-| sequence, one key group per stream | 0.53x / 0.47x | 1.50 / 1.71 |
-| sequence, `--key-groups 2` | 0.36x / 0.31x | 2.24 / 2.55 |
-| iseq: not in this run (its own run, 2026-11-28 15:06-15:08 UTC, load 2.4-3.0, its own native count: section above) | 0.20x / 0.16x | 4.07 / 4.92 |
-| (window_count, not a target) | 0.81x / 0.68x | - / 1.19 |
+1. A group runs with Python's automatic garbage collector off; one young collection after it takes the cycles it
+   made; the kept cores then sit in the permanent generation (`gc.freeze()`), so pyspark's reused worker, which runs
+   a full `gc.collect()` after every task (daemon.py), no longer walks them (every 16th group it does, so garbage
+   among long-lived objects is still collected). The first split showed 803 py-spy samples of the sequence job's
+   workers in that one line, and the in-process measurement below found the collector a lever of its own.
+2. pyspark's worker calls `importlib.invalidate_caches()` on every task, and on Python 3.11 each zip importer then
+   re-reads its archive's directory: pyspark.zip (one importer per package imported from it) and Spark's core jar
+   are on the workers' path, 0.15-0.18 CPU s per task, measured in a worker (0.00005 s after). Spark's own archives
+   now keep their directory (spark_jobs/worker_imports.py); a task's `--py-files` are invalidated as before.
+3. Key-group routing (`--key-groups` > 1) extracts the type field and each key attribute once per row: the key
+   text read the type in every when-branch and key_group_column read the key text four times, each a
+   `get_json_object` over the payload (7 in the optimized plan, 3 now, of which one only for types outside the
+   query).
+4. The sequence and pattern jobs ship only the columns they read (11 and 12 of 14).
+5. The SASE engine's `on_event` no longer runs the type checks of an event whose exact types it has just proven;
+   only the attribute checks remain (a property test requires the same rejections as the full check).
 
-Per core, the sequence job made 20,614 events per CPU second (1 / 48.5 us) with one group, 13,807 with two: 6.8 %
-and 4.6 % of its engine's 303,209 events per CPU second in-process, against a target of 25 %, so 3.7x and 5.5x
-short. 25 % of the engine is 13.2 CPU us per event for the whole Spark run; Spark's own native window count on the
-same topics used 22.7 (reading Kafka, `from_json`, the watermark and a count): on this read path the per-core
-target asks the sequence job for less CPU per event than Spark's simplest job on it.
+Not changed, with the reason from the split: the state store (HDFS-backed; its load, put and commit are 1-3 % of
+the JVM's samples and `commitTimeMs` 0.1-0.7 s for a run of 25 MB of state: RocksDB would store the same one blob
+per group), `spark.sql.shuffle.partitions` (already 2 in local mode, one per stream with G = 1), Arrow's
+`maxRecordsPerBatch` (Arrow in the JVM 3-7 % of its samples, Arrow to pandas 0.5-2 us/event in Python) and
+`maxOffsetsPerTrigger` (the benchmark's 200,002 records make 2 micro-batches either way; a larger trigger would
+only hide the per-batch costs this run measures).
 
-Read with care. The machine was loaded by other work throughout (load average 5.0-7.2 on 2 cores, the machine
-99 % busy, the measured jobs 32 % of it). Round 0's native count ran first in the freshly started Spark (22.0 CPU s,
-against 4.5 s in round 1), so the per-round ranges' upper ends (ratios above 1x) compare with a cold JVM; the
-best-round ratios above use the native count's warm round. The previous run on this page (load 10-20, before the
-incremental snapshots and key groups) had three_window 0.51x / 0.55x, pattern 0.10x / 0.23x, sequence 0.14x /
-0.26x; with this much load a difference between the two runs is not attributable to the code. With 2 streams,
-local[2] and 2 shuffle partitions, one group per stream already keeps both cores busy: `--key-groups 2` made four
-groups on the same two cores and cost 49 % more CPU per event (72.4 against 48.5 us); this run does not say where
-that goes. What key groups are for, more cores per stream, needs more cores than this machine has.
+**How far each job is from issue 27's targets** (the run above, best rounds; 0.8x the native count means at least
+0.8 x 27,219 = 21,775 events/s and at most 23.4 / 0.8 = 29.3 CPU us/event):
 
-iseq was not in this run: the same query as ISEQ (`EVENT ISEQ[a.te < b.ts AND b.te < c.ts](A a, B b, C c;
-20 ms) WHERE a.id = b.id AND b.id = c.id`) on this data, through its state function in-process, then took 345 s
-for 40,000 events (2 x 20,000, load 4-6): the interval engine's join order (`IntervalEngine._extend`, ~750 join
-probes per event), changed in 342a2ec (docs/intervals.md). No match is produced on this stream (for one id the
-types come A, C, B, A, ... 5 ms apart: an A, B, C sequence spans exactly the 20 ms window), as for the sequence
-query. The iseq job's own run next to the native count (`--jobs window_count,iseq`) is the section above.
+| job | before: throughput / CPU | after: throughput / CPU | short of 0.8x by a factor of (throughput / CPU) |
+|---|---:|---:|---:|
+| three_window | 0.76x / 0.66x | 0.68x / 0.86x | 1.18 / met |
+| pattern | 0.27x / 0.24x | 0.37x / 0.33x | 2.18 / 2.43 |
+| sequence, one key group per stream | 0.67x / 0.45x | 0.93x / 0.63x | met / 1.27 |
+| sequence, `--key-groups 2` | 0.40x / 0.32x | 0.65x / 0.59x | 1.23 / 1.36 |
+| iseq | 0.17x / 0.14x | 0.21x / 0.15x | 3.89 / 5.23 |
+| (window_count, not a target) | 0.96x / 0.76x | 0.95x / 1.06x | - |
 
-**Where the sequence job's time goes.** 48.5 CPU us per event in Spark (best round, every process). Its state
-function alone, in-process, on the same shapes (`benchmarks/spark_cep_profile.py`, 2 x 100,000 events, run right
-after at load 3.6-4.2): 32.8 us/event wall in the table above; 16.8 and 26.9-30.5 us/event in three other runs of
-the same minutes (19.4 and 21.7 CPU us/event in two of them). Compared by CPU, more than half of the Spark run's
-CPU per event is outside the Python state function: the JVM side (Kafka source, `from_json`, every row shuffled to
-its group with 14 columns, Arrow to pandas and back, the state store writing each group's whole blob every
-micro-batch) and the driver's results sink; this run does not split that part. The engine alone costs 3.3 CPU us/event (above).
+Read the throughput ratios with care: a job's events/s is its best round's, on two cores shared with the other
+benchmark process and other work (load average 2.8-6.0), so wall time mostly measures the job's share of the
+cores; three_window used 25 % less CPU per event after and still had a slower best round. The per-round ranges
+run above 1x where the native count ran first in a cold JVM (round 0: 21.8 CPU s against 4.7 in round 1). CPU per
+event is the measure that moves with the code.
 
-Inside the state function, one cProfile run (2 x 100,000 events, 7.1 s under the profiler, load about 3.8):
+Per core, the sequence job made 26,900 events per CPU second (1 / 37.2 us): 7.2 % of its engine's 373,644 events per
+CPU second in-process (before: 18,700, 6.1 % of 306,962; the engine itself got faster with cut 5, measured at the end
+of each run, so not at the same moment), against a target of 25 %. 25 % of the engine is 10.7 CPU us per event for
+the whole Spark run, less than half of what Spark's own native count spends on the same topics (23.4): on this
+read path the per-core target cannot be met by any job that reads the records as the native count does.
 
-| function (cumulative) | s | share |
-|---|---:|---:|
-| the adapter per event, `SequenceStreamCore._on_event` | 4.42 | 62 % |
-| of which `SequenceEngine.on_event` | 3.48 | 49 % |
-| of which input checks, `SequenceEngine._check` (1.0 million `isinstance` calls, 5 per event: 0.82 s) | 1.78 | 25 % |
-| of which appending to the partition's stacks, `_append_in_order` | 1.22 | 17 % |
-| of which sequence construction, `_construct_in_order` | 0.31 | 4 % |
-| payload parse, `decode_payload` (orjson) | 0.27 | 4 % |
-| incremental snapshot, `SequenceEngine.incremental_snapshot` | 1.87 | 26 % |
-| of which a partition's event rows (engine.py `_encoded_partition`) | 0.72 | 10 % |
-| of which the AIS stacks, `ais.py` `snapshot` | 0.74 | 10 % |
-| of which msgpack | 0.38 | 5 % |
-| the shell (columns, sort, punctuation, output frame) | ~0.4 | ~6 % |
+**Where the CPU goes now** (docs/spark-cpu-split.md, `benchmarks/spark_cpu_split.py`; a run after the benchmark,
+each job warmed once and then measured with JFR and py-spy attached, so its totals run higher than the benchmark's
+best rounds; three_window there ran first in a fresh JVM and is mostly JIT). The sequence job, 50.0 CPU us/event in
+that run: the JVM 31.6 (JSON parsing of the records, `from_json`, 12.3; generated code 5.2; the Kafka read 4.1;
+Arrow 1.7; the state store 1.0; the C2 JIT thread 7.3 of the JVM's total), the Python workers 15.4 (the core, engine
+and adapter, 3.9; the shell's columns and order 3.8; restoring a core in the other worker 2.6; the 16th group's full
+collection 2.3; the snapshot 1.2; Arrow to pandas 0.9; the payload parse 0.4), the driver 2.9. The native count in
+the same run: 44.8, of which `from_json` 22.7. With `--key-groups 2`: 74.2, the JVM 55.8 with 29.4 of JSON parsing,
+because the routing still parses the payload twice per row (`get_json_object` for the type and for the key).
 
-Under the profiler the engine's per-event input checks took 1.78 s, appending and constructing 1.53 s together, and
-the snapshot a quarter (cProfile's overhead per call weighs most on code of many small calls such as the checks, so
-read their share as an upper bound). Levers, none measured yet: checking an event's shape once in the adapter that
-built it (it is a `SaseEvent` with a `str` type and an `int` timestamp by construction) instead of again in
-`on_event`; per-key state in Spark's state store instead of one blob per group; and on the JVM side, fewer columns
-across the shuffle.
+**What remains, and why the targets are still missed.**
+- The sequence job's CPU (0.63x): the JVM half is Spark's own read path, the same `from_json` over each record the
+  native count does, plus the shuffle and Arrow; Python adds about 15 us/event, of which the engine itself is ~3.
+  Left: a core restored when Spark hands a stream's next task to the other Python worker (a 13 MB state here,
+  2-4 us/event in the batch it happens; pyspark does not keep a task on the worker that ran it before), and the
+  shell's per-batch columns and sort. Per-key state in Spark's state store (issue 27 item 2's other half) would
+  make the restore proportional to the keys a batch touches.
+- `--key-groups 2` (0.59x): one `json_tuple` over the payload instead of two `get_json_object` calls would halve
+  the routing's parsing; not done here, because a different key text for some value would route a key to another
+  group than a checkpoint of this build did, and that needs its own test.
+- pattern (0.33x) and iseq (0.15x): their engines. The pattern matcher is 19 us/event in-process (the table above),
+  the ISEQ engine 119 us/event alone (8,436 events per CPU second; the job made 77 % of that per core): no shell
+  change brings either to 29 us/event.
+- three_window: CPU met (0.86x); its throughput ratio (0.68x) is the shared machine's wall time (above).
 
 **Earlier: incremental snapshots (issue 27 item 2), measured before this run.** The figures below come from
 `benchmarks/spark_cep_profile.py` runs of 2026-11-28 (code before 1feddd1 and after 02713b1, interleaved), not
