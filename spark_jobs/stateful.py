@@ -376,6 +376,20 @@ def worker_collector() -> WorkerCollector:
     return _COLLECTOR
 
 
+def _restored_core(job: str, stream: str, blob: bytes | None, factory: CoreFactory,
+                   key_groups: int) -> tuple[StreamReadProgress, StreamCore]:
+    """A group's progress and core from its state blob (a fresh pair without one), when no kept core serves."""
+    if blob is None:
+        return StreamReadProgress(0, key_groups=key_groups), factory(stream, None)
+    progress, core_blob = StreamReadProgress.from_blob(blob)
+    if progress.key_groups != key_groups:
+        raise ValueError(
+            f"{job}: the checkpoint's state of stream {stream!r} was made with {progress.key_groups} "
+            f"key group(s), this run has {key_groups}: keep --key-groups {progress.key_groups} or "
+            "start from a fresh checkpoint")
+    return progress, factory(stream, core_blob)
+
+
 def make_stream_function(job: str, factory: CoreFactory,
                          partitions_of: Callable[[str], tuple[str, int]],
                          live_cores: LiveCores | None = None, key_groups: int = 1,
@@ -399,19 +413,7 @@ def make_stream_function(job: str, factory: CoreFactory,
         cores = worker_live_cores() if live_cores is None else live_cores
         blob = bytes(state.get[0]) if state.exists else None
         live = cores.take(owner, slot, blob)
-        if live is not None:
-            progress, core = live
-        elif blob is not None:
-            progress, core_blob = StreamReadProgress.from_blob(blob)
-            if progress.key_groups != key_groups:
-                raise ValueError(
-                    f"{job}: the checkpoint's state of stream {stream!r} was made with {progress.key_groups} "
-                    f"key group(s), this run has {key_groups}: keep --key-groups {progress.key_groups} or "
-                    "start from a fresh checkpoint")
-            core = factory(stream, core_blob)
-        else:
-            progress = StreamReadProgress(0, key_groups=key_groups)
-            core = factory(stream, None)
+        progress, core = live if live is not None else _restored_core(job, stream, blob, factory, key_groups)
         if progress.partitions == 0:
             # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
             with contextlib.suppress(LookupError):
