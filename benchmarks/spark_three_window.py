@@ -748,8 +748,9 @@ because the routing still parses the payload twice per row (`get_json_object` fo
   the routing's parsing; not done here, because a different key text for some value would route a key to another
   group than a checkpoint of this build did, and that needs its own test.
 - pattern (0.33x) and iseq (0.15x): their engines. The pattern matcher is 19 us/event in-process (the table above),
-  the ISEQ engine 119 us/event alone (8,436 events per CPU second; the job made 77 % of that per core): no shell
-  change brings either to 29 us/event.
+  the ISEQ engine 119 us/event alone in this run (8,436 events per CPU second; the job made 77 % of that per core):
+  no shell change brings either to 29 us/event. The ISEQ engine's key index, merged after this run, took it to
+  37.8 us/event and the iseq job to 0.40x / 0.33x of its own run's native count (the separate iseq section above).
 - three_window: CPU met (0.86x); its throughput ratio (0.68x) is the shared machine's wall time (above).
 
 **Earlier: incremental snapshots (issue 27 item 2), measured before this run.** The figures below come from
@@ -786,24 +787,18 @@ is not smaller (the sequence blob is 1.4 % larger: each key carries its own fram
 ships it whole every batch: that part is not in these figures."""
 
 # The subset run's reading (``--jobs``), written from the numbers of the run that produced its table, as ANALYSIS.
-SUBSET_ANALYSIS = """The commit's `+`: the checkout's benchmarks/ differed from it (this script's `--jobs` and iseq, not yet
-committed, and another session's benchmarks/gateway_hotpath.py); cep/, spark_jobs/ and contract/ were as committed,
-so the ISEQ engine is the one of 342a2ec (its join order, docs/intervals.md).
+SUBSET_ANALYSIS = """**Reading.** This run measured the iseq job after the ISEQ engine's key index (a8f3de3, docs/intervals.md):
+0.40x the native count by throughput and 0.33x by CPU per event (92.8 against 31.0 CPU us/event); 0.8x would be at
+least 39,072 events/s and at most 38.8 CPU us/event, so both targets are missed, by 2.0x and 2.4x. The engine alone
+now costs 1 / 26,441 = 37.8 CPU us per event in-process (8,436 events per CPU second, 119 us, in the full run
+above, before the index): about the whole 0.8x budget by itself, so the job cannot reach the target until the
+engine is several times faster again. The other ~55 CPU us/event are Spark's read path (the native count's 31.0
+include the same `from_json`), the shell, and the inputs held until the stream's promise. Per core the job made
+40.8 % of its engine's in-process rate (54 % and 77 % in earlier runs, when the engine itself was 3x slower and
+so a larger part of the job).
 
-**Reading.** The iseq job misses both targets: 0.20x the native count by throughput and 0.16x by CPU per event
-(247.2 against 40.2 CPU us/event); 0.8x would be at least 30,540 events/s and at most 50.2 CPU us/event. Its
-engine alone costs 1 / 7,550 = 132 CPU us per event in-process, already 2.6x that whole budget, so on this stream
-the ISEQ engine has to get faster before anything around it can bring the job to the target. If the engine costs
-inside Spark what it costs alone (not measured), the rest of the job (Spark, the shell, the inputs held until the
-promise) is the other ~115 CPU us/event. Per core the job reached 54 % of its engine's in-process rate (the
-sequence job in the run above: 6.8 % of its engine's 303,209 events per CPU second in that run). Before 342a2ec the iseq state function alone took
-345 s for 40,000 events of this shape; here the job took 26.7-33.8 s of batches for 200,000.
-
-Read with care: round 0's native count ran first in the freshly started Spark (24.6 CPU s, against 8.8 and 8.0 in
-rounds 1 and 2), so the per-round ranges' upper ends compare with a cold JVM; the best-round ratios use a warm round.
-This run's native count took 40.2 CPU us/event at 38,176 events/s, the run above's 22.7 at 25,887: the two runs'
-rows are not comparable with each other, only each with its own native count (window_count: 0.96x / 0.91x here,
-0.81x / 0.68x there)."""
+Read with care: this run's native count (31.0 CPU us/event) is not the full run's (23.4): rows of the two runs
+compare only each with its own native count. Round 0's ratios ran against a colder JVM (the per-round range)."""
 
 BEFORE_COMMIT = "e9a2b52"
 
