@@ -90,6 +90,9 @@ class RecordBuilder:
 
     @property
     def fallbacks(self) -> int: ...
+    @property
+    def builds_actions_directly(self) -> bool:
+        """produce='s Produce and DeliveryRef are built without running their __init__ (plain slots dataclasses)."""
     def __init__(self, *, produce: tuple[type, type, type, type, frozenset[str], type, type] | None = None) -> None:
         """produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, given_up_late_reasons, Merged, SourceEvent)"""
     def build_events(self, records: list[object], late: list[bool]) -> list[tuple[bytes, object, int, object]]: ...

@@ -19,6 +19,7 @@ use crate::decode::guard;
 use crate::decode::pyrepr::write_shortest;
 
 mod produce;
+mod slots;
 
 /// contract.records.CONTRACT_VERSION (a unit test compares them).
 pub const CONTRACT_VERSION: u32 = 2;
@@ -701,13 +702,22 @@ impl RecordBuilder {
 impl RecordBuilder {
     #[new]
     #[pyo3(signature = (*, produce=None))]
-    fn new(produce: Option<produce::ProduceArg<'_>>) -> Self {
-        RecordBuilder {
+    fn new(produce: Option<produce::ProduceArg<'_>>) -> PyResult<Self> {
+        Ok(RecordBuilder {
             headers: std::collections::HashMap::new(),
             punctuation_headers: None,
             fallbacks: 0,
-            produce: produce.map(produce::Publishing::new),
-        }
+            produce: produce.map(produce::Publishing::new).transpose()?,
+        })
+    }
+
+    /// Whether `produce=`'s Produce and DeliveryRef are built without running their Python `__init__` (plain
+    /// slots dataclasses, see records/slots.rs); else they are called.
+    #[getter]
+    fn builds_actions_directly(&self) -> bool {
+        self.produce
+            .as_ref()
+            .is_some_and(produce::Publishing::builds_directly)
     }
 
     /// Where `produce_records` and `build_merged` publish: gateway.ingest's topic cache ((stream, kind) -> topic,

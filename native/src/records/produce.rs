@@ -12,12 +12,14 @@
 //! is safe; the clock calls (`to_reference`, `rtt_us`) are queries the Python path repeats.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use super::slots::SlotsClass;
 use super::{
     exact_int, opt_int, read_fields, write_event_record, write_py, Attrs, EventRecordFields,
     NotNative, RecordBuilder, ATTR_NAMES,
@@ -44,19 +46,34 @@ const SOURCE_EVENT: usize = 6;
 /// What the builder produces with, once `produce=` and `publish_to` gave it.
 pub struct Publishing {
     classes: [Py<PyAny>; 7],
+    /// Produce and DeliveryRef built without their Python `__init__` (records/slots.rs), when they allow it.
+    fast: Option<Arc<(SlotsClass, SlotsClass)>>,
     /// gateway.ingest's topic cache, (stream, kind) -> topic, shared with `_publish` (which fills it).
     topics: Option<Py<PyDict>>,
     max_record_bytes: usize,
 }
 
 impl Publishing {
-    pub fn new(classes: ProduceArg<'_>) -> Self {
+    pub fn new(classes: ProduceArg<'_>) -> PyResult<Self> {
+        let fast = match (
+            SlotsClass::probe(&classes.2, 6)?,
+            SlotsClass::probe(&classes.3, 5)?,
+        ) {
+            (Some(produce), Some(delivery)) => Some(Arc::new((produce, delivery))),
+            _ => None,
+        };
         let (a, b, c, d, e, f, g) = classes;
-        Publishing {
+        Ok(Publishing {
             classes: [a, b, c, d, e, f, g].map(Bound::unbind),
+            fast,
             topics: None,
             max_record_bytes: 0,
-        }
+        })
+    }
+
+    /// Whether Produce and DeliveryRef are built without their Python `__init__`.
+    pub fn builds_directly(&self) -> bool {
+        self.fast.is_some()
     }
 
     pub fn publish_to(&mut self, topics: &Bound<'_, PyDict>, max_record_bytes: usize) {
@@ -68,6 +85,7 @@ impl Publishing {
 /// One call's view: the classes, the topic cache, scratch buffers.
 pub struct Batch<'py> {
     classes: [Bound<'py, PyAny>; 7],
+    fast: Option<Arc<(SlotsClass, SlotsClass)>>,
     topics: Bound<'py, PyDict>,
     max_record_bytes: usize,
     /// The last topic looked up: (stream object, late, topic). A batch's records share a stream.
@@ -88,6 +106,7 @@ impl<'py> Batch<'py> {
         };
         Ok(Batch {
             classes: publishing.classes.each_ref().map(|c| c.bind(py).clone()),
+            fast: publishing.fast.clone(),
             topics: topics.bind(py).clone(),
             max_record_bytes: publishing.max_record_bytes,
             last_topic: None,
@@ -123,8 +142,13 @@ impl<'py> Batch<'py> {
         [topic, key, value, ts, headers]: [&Bound<'py, PyAny>; 5],
         delivery: [&Bound<'py, PyAny>; 5],
     ) -> PyResult<Bound<'py, PyAny>> {
-        let delivery =
-            self.classes[DELIVERY_REF].call1(PyTuple::new(self.topics.py(), delivery)?)?;
+        let py = self.topics.py();
+        if let Some(fast) = &self.fast {
+            let (produce, delivery_ref) = &**fast;
+            let delivery = delivery_ref.build(py, &delivery)?;
+            return produce.build(py, &[topic, key, value, &delivery, ts, headers]);
+        }
+        let delivery = self.classes[DELIVERY_REF].call1(PyTuple::new(py, delivery)?)?;
         self.classes[PRODUCE].call1((topic, key, value, delivery, ts, headers))
     }
 }

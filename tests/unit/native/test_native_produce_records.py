@@ -5,8 +5,12 @@ timestamp, headers) for each item they take, and every other item handed back in
 
 from __future__ import annotations
 
+import gc
+import sys
+from dataclasses import dataclass
 from typing import Any, cast
 
+import pytest
 import skewless_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,3 +176,66 @@ def test_push_run_built_is_build_merged_of_push_run(data: st.DataObject) -> None
         merged = cast(list[MergeOutput], mergers[1].push_run(source, run, now))  # built by the record classes
         built = builders[1].build_merged(merged, run, clock)
         assert fused == built
+
+
+# -- Produce and DeliveryRef built without their Python __init__ (native/src/records/slots.rs) ------------------
+
+
+def one_record() -> PublishRecord:
+    return PublishRecord(EventRecord("s1", "src", 3, 10, 2_000_000, 5, 2_000_100, 2_000_200, False, 1), "events")
+
+
+def test_the_gateway_actions_are_built_directly_and_equal_the_called_ones() -> None:
+    built = builder()
+    assert cast(Any, built).builds_actions_directly
+    (produced,), _ = built.produce_records([one_record()])
+    assert type(produced) is Produce and type(produced.delivery) is DeliveryRef
+    assert produced == specified(one_record())
+    # Every field readable and each a reference of its own (the instance holds what __init__ would store).
+    assert (produced.topic, produced.key, produced.delivery.seq, produced.delivery.topic) == ("t.s1", b"src", 3,
+                                                                                              "events")
+    value = produced.value
+    before = sys.getrefcount(value)
+    del produced
+    gc.collect()
+    assert sys.getrefcount(value) == before - 1
+
+
+@dataclass(slots=True)
+class CheckedDeliveryRef:
+    """A DeliveryRef whose __init__ must run: the builder has to call it."""
+
+    source_id: str
+    stream: str
+    seq: int
+    topic: str
+    released_us: int
+
+    def __post_init__(self) -> None:
+        self.seq = -self.seq
+
+
+@dataclass
+class DictProduce:
+    """No slots: the builder has to call it."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    delivery: Any
+    timestamp_ms: int = 0
+    headers: Any = None
+
+
+@pytest.mark.parametrize("classes", [(Produce, CheckedDeliveryRef), (DictProduce, DeliveryRef)])
+def test_classes_that_need_their_init_are_called(classes: tuple[type, type]) -> None:
+    produce_class, delivery_class = classes
+    built = cast(Any, skewless_native.RecordBuilder(produce=(
+        PublishRecord, RejectedPayload, produce_class, delivery_class, GIVEN_UP_LATE_REASONS, Merged, SourceEvent)))
+    built.publish_to(dict(TOPICS), MAX_RECORD_BYTES)
+    assert not built.builds_actions_directly
+    (produced,), _ = built.produce_records([one_record()])
+    expected = cast(Produce, specified(one_record()))
+    assert produced == produce_class(expected.topic, expected.key, expected.value,
+                                     delivery_class("src", "s1", 3, "events", 2_000_200), expected.timestamp_ms,
+                                     expected.headers)

@@ -1,0 +1,144 @@
+//! Instances of a Python slots class built here without running its Python `__init__`: gateway.ingest's `Produce`
+//! and `DeliveryRef` (dataclasses with `slots=True`), one of each per record. Calling the class from Rust runs
+//! `type.__call__`, `object.__new__` and the generated `__init__` (a Python frame storing each field): about half a
+//! microsecond per record for the two. Here the instance is allocated by the class's own `tp_alloc` and each
+//! field's reference is stored in its slot, which is all that `__init__` does.
+//!
+//! Only a class shown to be such a class takes this path (`SlotsClass::probe`): its `__new__` is `object.__new__`,
+//! it has no `__post_init__`, no `__dict__` or `__weakref__` slot, exactly one pointer-sized slot per field of its
+//! `__match_args__` (the dataclass's `__init__` parameters, in order), and where each field's slot lies is found by
+//! storing a marker through the class's own descriptor and finding it in the instance's memory (no assumption
+//! about how CPython orders slots). The probe then builds one instance both ways and requires them equal. Any
+//! other class (a test's stand-in, say) is called as before.
+
+use std::os::raw::c_void;
+
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple, PyType};
+
+/// A slots class and the byte offset of each `__init__` parameter's slot in its instances.
+pub struct SlotsClass {
+    class: Py<PyType>,
+    alloc: ffi::allocfunc,
+    offsets: Vec<usize>,
+}
+
+impl SlotsClass {
+    /// The class's fast constructor for `fields` fields, or None when `class` is not a plain slots dataclass.
+    pub fn probe(class: &Bound<'_, PyAny>, fields: usize) -> PyResult<Option<Self>> {
+        let py = class.py();
+        let Ok(class) = class.cast::<PyType>() else {
+            return Ok(None);
+        };
+        let object = py.get_type::<pyo3::types::PyAny>();
+        let plain = class
+            .getattr(intern!(py, "__new__"))?
+            .is(object.getattr(intern!(py, "__new__"))?)
+            && !class.hasattr(intern!(py, "__post_init__"))?
+            && class
+                .getattr(intern!(py, "__dictoffset__"))?
+                .extract::<isize>()?
+                == 0
+            && class
+                .getattr(intern!(py, "__weakrefoffset__"))?
+                .extract::<isize>()?
+                == 0;
+        if !plain {
+            return Ok(None);
+        }
+        let Ok(names) = class
+            .getattr(intern!(py, "__match_args__"))?
+            .cast_into::<PyTuple>()
+        else {
+            return Ok(None);
+        };
+        let header = object
+            .getattr(intern!(py, "__basicsize__"))?
+            .extract::<usize>()?;
+        let size = class
+            .getattr(intern!(py, "__basicsize__"))?
+            .extract::<usize>()?;
+        let word = std::mem::size_of::<*mut ffi::PyObject>();
+        if names.len() != fields || size != header + fields * word {
+            return Ok(None);
+        }
+        // SAFETY: a type object's tp_alloc slot; PyType_GetSlot returns NULL (no error) where there is none.
+        let alloc = unsafe { ffi::PyType_GetSlot(class.as_ptr().cast(), ffi::Py_tp_alloc) };
+        if alloc.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: the Py_tp_alloc slot holds an allocfunc.
+        let alloc = unsafe { std::mem::transmute::<*mut c_void, ffi::allocfunc>(alloc) };
+        let instance = object.call_method1(intern!(py, "__new__"), (class,))?;
+        let markers: Vec<Bound<'_, PyAny>> = (0..fields)
+            .map(|_| object.call0())
+            .collect::<PyResult<_>>()?;
+        for (name, marker) in names.iter().zip(&markers) {
+            let Ok(name) = name.cast_into::<PyString>() else {
+                return Ok(None);
+            };
+            instance.setattr(name, marker)?;
+        }
+        let mut offsets = Vec::with_capacity(fields);
+        for marker in &markers {
+            let found: Vec<usize> = (0..fields)
+                .map(|slot| header + slot * word)
+                // SAFETY: within the instance's basicsize, each word after the header is a slot's pointer.
+                .filter(
+                    |&offset| unsafe { read_slot(instance.as_ptr(), offset) } == marker.as_ptr(),
+                )
+                .collect();
+            if found.len() != 1 {
+                return Ok(None);
+            }
+            offsets.push(found[0]);
+        }
+        let slots = SlotsClass {
+            class: class.clone().unbind(),
+            alloc,
+            offsets,
+        };
+        let refs: Vec<&Bound<'_, PyAny>> = markers.iter().collect();
+        let built = slots.build(py, &refs)?;
+        if !built.eq(class.call1(PyTuple::new(py, &markers)?)?)? {
+            return Ok(None);
+        }
+        Ok(Some(slots))
+    }
+
+    /// `class(*values)`, without its `__init__`: `values` has one value per field, in `__match_args__` order.
+    pub fn build<'py>(
+        &self,
+        py: Python<'py>,
+        values: &[&Bound<'py, PyAny>],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        assert_eq!(values.len(), self.offsets.len(), "one value per field");
+        // SAFETY: tp_alloc of the probed class gives a zeroed instance (NULL slots, GC-tracked for a GC type) or
+        // NULL with an exception set; each slot then gets a new reference, as `__init__`'s stores would. No Python
+        // code runs between the allocation and the last store.
+        unsafe {
+            let instance = (self.alloc)(self.class.as_ptr().cast(), 0);
+            if instance.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            for (&offset, value) in self.offsets.iter().zip(values) {
+                let slot = instance
+                    .cast::<u8>()
+                    .add(offset)
+                    .cast::<*mut ffi::PyObject>();
+                *slot = (*value).clone().into_ptr();
+            }
+            Ok(Bound::from_owned_ptr(py, instance))
+        }
+    }
+}
+
+/// The pointer stored at `offset` bytes into the object.
+///
+/// # Safety
+/// `offset` must lie within the object's basicsize, pointer-aligned.
+unsafe fn read_slot(object: *mut ffi::PyObject, offset: usize) -> *mut ffi::PyObject {
+    *object.cast::<u8>().add(offset).cast::<*mut ffi::PyObject>()
+}
