@@ -10,13 +10,17 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from broker.client import KafkaClientConfig, Servers
 
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
+# confluent-kafka's Producer.produce called by position: (topic, value, key, partition, on_delivery, None,
+# timestamp_ms, headers as a list or None); see `KafkaPublisher.batch_produce`.
+ProduceCall = Callable[[str, bytes, bytes, int, DeliveryCallback | None, None, int,
+                        list[tuple[str, str | bytes | None]] | None], None]
 # Kafka record headers: (name, value) pairs in order, names may repeat.
 Headers = Sequence[tuple[str, bytes]]
 _PARTITIONER_CHOOSES = -1
@@ -50,6 +54,21 @@ class KafkaPublisher:
                                    on_delivery, None, timestamp_ms, kafka_headers(headers))
         except BufferError as exc:
             raise QueueFull(str(exc)) from exc
+
+    def batch_produce(self) -> ProduceCall:
+        """``produce`` for a loop of records that runs nothing else in between (no poll, flush or close): the
+        client's own produce, checked once here instead of per record (its positional arguments are ProduceCall's,
+        the ones ``produce`` passes; its BufferError is QueueFull, see ``produce``). A callback goes through
+        ``report_to`` first; ``produce_error`` is what to raise for a KafkaException."""
+        return self._client().produce
+
+    @staticmethod
+    def report_to(on_delivery: DeliveryCallback) -> DeliveryCallback:
+        """The callback ``batch_produce``'s call takes for ``on_delivery``: run by ``poll`` on its caller's thread."""
+        return on_delivery
+
+    def produce_error(self, exc: KafkaException) -> Exception:
+        return exc
 
     def poll(self, timeout_s: float = 0.0) -> int:
         return 0 if self._producer is None else int(self._producer.poll(timeout_s))

@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker.client import KafkaClientConfig, Servers
-from broker.producer import DeliveryCallback, Headers, QueueFull, kafka_headers
+from broker.producer import DeliveryCallback, Headers, ProduceCall, QueueFull, kafka_headers
 
 __all__ = ["TRANSACTION_DEFAULTS", "ProducerFenced", "TransactionAbortable", "TransactionRetriable",
            "TransactionalPublisher", "classify"]
@@ -135,6 +135,22 @@ class TransactionalPublisher:
             raise QueueFull(str(exc)) from exc
         except KafkaException as exc:
             raise self._classified(exc) from exc
+
+    def batch_produce(self) -> ProduceCall:
+        """``produce`` for a loop of records on this thread that runs nothing else in between (no poll, transaction
+        call or close): the client's own produce, checked once here (fenced, closed) instead of per record: only
+        those calls change what the check sees. Positional arguments as ProduceCall says (those ``produce``
+        passes); a BufferError is QueueFull; a KafkaException is raised as ``produce_error`` gives it; a callback
+        goes through ``report_to`` first, as ``produce`` does."""
+        return self._client().produce
+
+    def report_to(self, on_delivery: DeliveryCallback) -> DeliveryCallback:
+        """The callback ``batch_produce``'s call takes for ``on_delivery``: handed to ``poll``'s thread."""
+        return self._deferred(on_delivery)
+
+    def produce_error(self, exc: KafkaException) -> Exception:
+        """Our exception for a KafkaException of ``batch_produce``'s call (fencing noted, as ``produce`` does)."""
+        return self._classified(exc)
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery reports and run their callbacks on this thread; returns how many callbacks ran."""

@@ -1091,6 +1091,13 @@ class IngestCore:
         if acked is not None:
             self._ack_moved(source_id, stream, acked, delivery.topic == "events")
 
+    def on_delivered_all(self, deliveries: Sequence[DeliveryRef], offsets: Mapping[str, int], now_us: int) -> None:
+        """Without transactions: Kafka reported every record of ``deliveries`` delivered, in this order, and
+        ``offsets`` gives per stream the highest offset of their events-topic records. What ``on_delivered`` does
+        for each of them in turn (each with its own offset), in one call: ``on_committed``'s confirmation, which a
+        committed transaction's records get."""
+        self.on_committed(deliveries, offsets, now_us)
+
     def on_committed(self, deliveries: Sequence[DeliveryRef], offsets: Mapping[str, int], now_us: int) -> None:
         """A Kafka transaction committed: every record of ``deliveries`` is in Kafka (a commit succeeds only once
         each record of its transaction was delivered), and ``offsets`` gives, per stream, the highest offset the

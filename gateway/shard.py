@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.client import KafkaClientConfig, librdkafka_logger
-from broker.producer import KafkaPublisher, QueueFull
+from broker.producer import KafkaPublisher
 from broker.transactions import ProducerFenced, TransactionAbortable, TransactionalPublisher, TransactionRetriable
 from contract.records import CONTRACT_VERSION, HEADER_CONTRACT_VERSION, HEADER_KIND, OWNER
 from contract.topics import TopicNames
@@ -190,6 +190,15 @@ class ShardRuntime:
         # that offset: one Python callback per batch, not per record.
         self._uncommitted: list[DeliveryRef] = []
         self._uncommitted_offsets: dict[str, int] = {}
+        # Without transactions every event record asks for its delivery report, which only queues it here; after
+        # each poll the queued reports go to the core together (_deliveries_reported): one Python call per record
+        # less, and the core confirms a run of records in one step.
+        self._delivery_reports: list[tuple[DeliveryRef, KafkaError | None, Message]] = []
+        reports = self._delivery_reports
+
+        def reported(delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
+            reports.append((delivery, error, message))
+        self._reported = reported
         self._deadline_changed = asyncio.Event()
         self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
         self._unproduced_records = 0
@@ -334,6 +343,8 @@ class ShardRuntime:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(None, self._publisher.abort, 5.0)
         self._publisher.close()
+        if self._delivery_reports:  # the purged records' reports, which the close served
+            self._deliveries_reported()
         self.closed = True
         return remaining
 
@@ -342,7 +353,7 @@ class ShardRuntime:
         loop = asyncio.get_running_loop()
         while loop.time() < deadline:
             if not self._committing:
-                self._publisher.poll(0)
+                self._serve_reports()
             self._carry_out_now(self.core.due_acks())
             producer_dead = self._producer_task is None or self._producer_task.done()
             if self._unproduced_records == 0 or producer_dead:
@@ -396,7 +407,7 @@ class ShardRuntime:
     async def _poll_forever(self) -> None:
         while True:
             if not self._committing:
-                self._publisher.poll(0)
+                self._serve_reports()
             elif self._clock_us() - self._commit_started_us > COMMIT_STALL_US:
                 # A commit this slow is Kafka holding the shard back (rule 5): the sources the merge waits for are
                 # silent because the producer cannot take their records, not because they are gone.
@@ -451,29 +462,39 @@ class ShardRuntime:
         shard = self.shard
         transactional = self._transactional
         uncommitted = self._uncommitted
+        reported = self._reported
         index = start
+        # The publisher's checks once per batch, the client's produce per record (see batch_produce): nothing in
+        # this loop polls, commits or closes.
+        produce = publisher.batch_produce()
         try:
             for index in range(start, len(actions)):
                 action = actions[index]
+                headers = action.headers
                 if type(action) is Produce:
                     delivery = action.delivery
                     on_delivery: Callable[[KafkaError | None, Message], None] | None = None
                     if delivery is not None:
                         if not transactional:
-                            on_delivery = partial(self._on_delivery, delivery)
+                            on_delivery = partial(reported, delivery)
                         elif index in marks:
-                            on_delivery = partial(self._on_offset, marks[index])
-                    publisher.produce(action.topic, action.key, action.value, on_delivery, partition=shard,
-                                      timestamp_ms=action.timestamp_ms, headers=action.headers)
+                            on_delivery = publisher.report_to(partial(self._on_offset, marks[index]))
+                    produce(action.topic, action.value, action.key, shard, on_delivery, None, action.timestamp_ms,
+                            None if headers is None else list(headers))
                     if delivery is not None and transactional:
                         uncommitted.append(delivery)
                 else:
-                    publisher.produce(action.topic, action.key, action.value, None, partition=shard,
-                                      headers=action.headers)
-        except QueueFull:
+                    produce(action.topic, action.value, action.key, shard, None, None, 0,
+                            None if headers is None else list(headers))
+        except BufferError:  # librdkafka's queue is full (QueueFull)
             self._produced_in_transaction += index - start
             self._unproduced_records -= index - start
             return index
+        except KafkaException as exc:
+            error = publisher.produce_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
         produced = len(actions) - start
         self._produced_in_transaction += produced
         self._unproduced_records -= produced
@@ -486,14 +507,45 @@ class ShardRuntime:
             if offset is not None and offset > self._uncommitted_offsets.get(stream, -1):
                 self._uncommitted_offsets[stream] = offset
 
-    def _on_delivery(self, delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
-        """Without transactions: Kafka's report for one event record."""
-        offset = message.offset() if error is None else None
-        self.core.on_delivered(delivery, None if error is None else str(error), offset, self._clock_us())
-        if error is not None:
-            # librdkafka retried it until message.timeout.ms: the source would wait for its ack forever. The shard
-            # restarts from what Kafka has; its sources are told shard_moved, reconnect and resend.
-            self.fail(f"a Kafka delivery failed for good: {error}")
+    def _serve_reports(self) -> None:
+        """Serve Kafka's delivery reports; without transactions, then hand the queued ones to the core."""
+        self._publisher.poll(0)
+        if self._delivery_reports:
+            self._deliveries_reported()
+
+    def _deliveries_reported(self) -> None:
+        """Without transactions: Kafka's reports queued since the last call, to the core in the order they came,
+        as ``on_delivered`` one by one would take them: a run of delivered records in one ``on_delivered_all``
+        (with per stream the highest offset of its events-topic records), a failed record, or an events-topic one
+        without an offset, on its own. Only a record whose report came is confirmed, so no ack covers a record
+        before Kafka reported it delivered (rule 2)."""
+        reports = self._delivery_reports[:]  # the report callback appends to this very list
+        self._delivery_reports.clear()
+        core = self.core
+        now_us = self._clock_us()
+        run: list[DeliveryRef] = []
+        offsets: dict[str, int] = {}
+        for delivery, error, message in reports:
+            if error is None:
+                if delivery.topic != "events":
+                    run.append(delivery)
+                    continue
+                offset = message.offset()
+                if offset is not None:
+                    run.append(delivery)
+                    if offset > offsets.get(delivery.stream, -1):
+                        offsets[delivery.stream] = offset
+                    continue
+            if run:
+                core.on_delivered_all(run, offsets, now_us)
+                run, offsets = [], {}
+            core.on_delivered(delivery, None if error is None else str(error), None, now_us)
+            if error is not None:
+                # librdkafka retried it until message.timeout.ms: the source would wait for its ack forever. The
+                # shard restarts from what Kafka has; its sources are told shard_moved, reconnect and resend.
+                self.fail(f"a Kafka delivery failed for good: {error}")
+        if run:
+            core.on_delivered_all(run, offsets, now_us)
 
     async def _commit_forever(self) -> None:
         # The first transaction carries the owner record: committed as soon as it is with librdkafka, so that the
