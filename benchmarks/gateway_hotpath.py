@@ -4,9 +4,10 @@ Stages, each timed over the same 200k in-order events from 20 sources, batches o
   decode   GatewaySession.receive_data (frame split + msgpack + validation)
   ingest   IngestCore.events_received: dedup (DeliveryTracker), the ordering pipeline (SequenceReorderer,
            ReferenceMapping, MultiSourceMerger) and record encoding (contract.records, orjson), as the gateway runs it
-  produce  the gateway's publisher call (broker.producer.KafkaPublisher.produce: confluent-kafka's produce as the
-           shard's transactional publisher makes it) into a local queue (no broker reachable), with the record's
-           timestamp and headers as the shard passes them
+  produce  the shard's produce loop (gateway.shard.ShardRuntime._produce_from, as a transactional shard runs it:
+           confluent-kafka's produce per record with its timestamp and headers, the deliveries kept for the commit)
+           into a local queue (no broker reachable; a KafkaPublisher's client, whose produce call is the
+           transactional publisher's)
   commit   IngestCore.on_committed: every 5,000 records (a commit interval's worth at 50k events/s) the shard hands
            the committed transaction's deliveries to the core, which confirms them (acks, progress)
 The process runs with the gateway's collector settings (gateway.collector, when the measured tree has them).
@@ -30,7 +31,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import orjson
 
@@ -41,6 +45,7 @@ from contract.wire.messages import IncomingEvent, build_event, build_events, bui
 from gateway.ingest import ConnectionId, DeliveryRef, IngestConfig, IngestCore, Produce
 from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession
+from gateway.shard import ShardRuntime
 from reorder.eval.progress import progress_bar, progress_enabled
 from reorder.pipeline import PipelineConfig
 from timesync.clocks import EstimateMapping, IdentityMapping, ReferenceMapping
@@ -77,10 +82,16 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
                        for i in range(0, PER_SOURCE, BATCH)])
     publisher = KafkaPublisher("127.0.0.1:1", {"queue.buffering.max.messages": 1_000_000, "linger.ms": 1000,
                                                "log_level": 0})
+    # The shard's own produce loop (ShardRuntime._produce_from: the publisher call per record, the transaction's
+    # deliveries kept for its commit) on a stand-in of the runtime with the attributes it reads: a transactional
+    # shard, whose publisher call is the same client call as KafkaPublisher's, without a broker to register with.
+    shard = SimpleNamespace(_publisher=publisher, shard=0, _transactional=True, _uncommitted=[],
+                            _produced_in_transaction=0, _unproduced_records=0, _reported=None, _on_delivery=None)
+    produce_from = cast(Callable[[object, list[Any], int, dict[int, str]], int], ShardRuntime._produce_from)
     spent = dict.fromkeys(("decode", "ingest", "produce", "commit"), 0.0)
     count = 0
     clock = time.process_time
-    transaction: list[DeliveryRef] = []
+    transaction: list[DeliveryRef]
     for batch_index in range(PER_SOURCE // BATCH):
         for s in range(SOURCES):
             t0 = clock()
@@ -91,22 +102,20 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
             produced = [a for a in core.events_received(ConnectionId(s), f"s{s}", events, base_us)
                         if isinstance(a, Produce)]
             t3 = clock()
-            for action in produced:
-                publisher.produce("bench", action.key, action.value, None, 0, timestamp_ms=action.timestamp_ms,
-                                  headers=action.headers)
+            produce_from(shard, produced, 0, {})
             t4 = clock()
-            transaction += [action.delivery for action in produced if action.delivery is not None]
+            transaction = shard._uncommitted
             t5 = clock()
             if len(transaction) >= COMMITTED_RECORDS:
                 core.on_committed(transaction, {"bench": count}, base_us)
-                transaction = []
+                shard._uncommitted = []
             t6 = clock()
             spent["decode"] += t1 - t0
             spent["ingest"] += t3 - t2
             spent["produce"] += t4 - t3
             spent["commit"] += t6 - t5
             count += len(events)
-    core.on_committed(transaction, {"bench": count}, base_us)
+    core.on_committed(shard._uncommitted, {"bench": count}, base_us)
     publisher.close()
     return spent, count
 
