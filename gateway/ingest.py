@@ -157,7 +157,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, NewType, Protocol, cast
 
@@ -1108,50 +1108,16 @@ class IngestCore:
             return
         progress = self._progress
         self.delivery_latencies_us.extend([now_us - delivery.released_us for delivery in deliveries])
-        # Per (source, stream), in the order of the deliveries: the merge interleaves sources, so a source's
-        # records are rarely next to each other in the transaction, but its seqs are in runs there.
-        groups: dict[tuple[str, str], list[int]] = {}
-        # A source's first events record of the call is observed here, in the deliveries' order: the progress
-        # record lists its sources in the order they were first observed, as per record.
-        unobserved: set[tuple[str, str]] = set()
-        for index, delivery in enumerate(deliveries):
-            key = (delivery.source_id, delivery.stream)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [index]
-                if delivery.topic == "events":
-                    progress[delivery.stream].observe_seq(delivery.source_id, delivery.seq, delivery.released_us)
-                else:
-                    unobserved.add(key)
-            else:
-                group.append(index)
-                if unobserved and key in unobserved and delivery.topic == "events":
-                    unobserved.discard(key)
-                    progress[delivery.stream].observe_seq(delivery.source_id, delivery.seq, delivery.released_us)
+        groups = self._observed_groups(deliveries)
         confirmed_run = self.tracker.confirmed_run
         first_moved: dict[tuple[str, str], int] = {}  # the delivery whose confirmation first moved the key's ack
         moved: dict[tuple[str, str], int] = {}
         consumed: dict[tuple[str, str], int] = {}
         for key, indices in groups.items():
             source_id, stream = key
-            at, count = 0, len(indices)
-            while at < count:
-                # A run: consecutive seqs on one topic, confirmed in one tracker call as per record in order;
-                # observe_seq keeps maxima, so the run's last seq and latest release suffice (again for the first).
-                start = at
-                delivery = deliveries[indices[at]]
-                topic = delivery.topic
-                first_seq = last_seq = delivery.seq
-                seen_us = delivery.released_us
-                at += 1
-                while at < count:
-                    delivery = deliveries[indices[at]]
-                    if delivery.seq != last_seq + 1 or delivery.topic != topic:
-                        break
-                    last_seq += 1
-                    released_us = delivery.released_us
-                    seen_us = released_us if released_us > seen_us else seen_us  # max() without its call
-                    at += 1
+            # A run: consecutive seqs on one topic, confirmed in one tracker call as per record in order;
+            # observe_seq keeps maxima, so the run's last seq and latest release suffice (again for the first).
+            for start, topic, first_seq, last_seq, seen_us in _seq_runs(deliveries, indices):
                 on_events = topic == "events"
                 if on_events:
                     progress[stream].observe_seq(source_id, last_seq, seen_us)
@@ -1178,6 +1144,30 @@ class IngestCore:
         for (source_id, stream), acked in consumed.items():
             if progress[stream].consumed(source_id, acked):
                 self._dirty_streams.add(stream)
+
+    def _observed_groups(self, deliveries: Sequence[DeliveryRef]) -> dict[tuple[str, str], list[int]]:
+        """The deliveries' indices per (source, stream), in their order: the merge interleaves sources, so a
+        source's records are rarely next to each other in a transaction, but its seqs are in runs there. A source's
+        first events record is observed here, in the deliveries' order: the progress record lists its sources in the
+        order they were first observed, as per record."""
+        progress = self._progress
+        groups: dict[tuple[str, str], list[int]] = {}
+        unobserved: set[tuple[str, str]] = set()
+        for index, delivery in enumerate(deliveries):
+            key = (delivery.source_id, delivery.stream)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [index]
+                if delivery.topic == "events":
+                    progress[delivery.stream].observe_seq(delivery.source_id, delivery.seq, delivery.released_us)
+                else:
+                    unobserved.add(key)
+            else:
+                group.append(index)
+                if unobserved and key in unobserved and delivery.topic == "events":
+                    unobserved.discard(key)
+                    progress[delivery.stream].observe_seq(delivery.source_id, delivery.seq, delivery.released_us)
+        return groups
 
     # -- timers -------------------------------------------------------------------------------------------------
 
@@ -1630,3 +1620,26 @@ class IngestCore:
         message = f"the gateway could not encode this event's record: {type(error).__name__}: {error}"
         return SendToSource(source_id, encode_frame(messages.build_error(
             LocalProtocolError.code, message[:200], False, stream, seq)))
+
+
+def _seq_runs(deliveries: Sequence[DeliveryRef],
+              indices: list[int]) -> Iterator[tuple[int, str, int, int, int]]:
+    """The runs of consecutive seqs on one topic among ``deliveries[i] for i in indices``: (the run's first position
+    in ``indices``, its topic, first seq, last seq, latest release time)."""
+    at, count = 0, len(indices)
+    while at < count:
+        start = at
+        delivery = deliveries[indices[at]]
+        topic = delivery.topic
+        first_seq = last_seq = delivery.seq
+        seen_us = delivery.released_us
+        at += 1
+        while at < count:
+            delivery = deliveries[indices[at]]
+            if delivery.seq != last_seq + 1 or delivery.topic != topic:
+                break
+            last_seq += 1
+            released_us = delivery.released_us
+            seen_us = released_us if released_us > seen_us else seen_us  # max() without its call
+            at += 1
+        yield start, topic, first_seq, last_seq, seen_us
