@@ -5,25 +5,12 @@ compaction, forgetting and resumes."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.wire.messages import IncomingEvent
 from gateway.acks import ACCEPTED, CONFLICT, DUPLICATE, SEQ_JUMP, DeliveryTracker
-
-SOURCES = ("a", "b")
-STREAMS = ("s", "t")
-
-
-def state(tracker: DeliveryTracker) -> Any:
-    progress = {key: {name: copy.deepcopy(getattr(entry, name)) for name in type(entry).__slots__}
-                for key, entry in tracker._progress.items()}
-    for entry in progress.values():
-        entry["confirmed"], entry["given_up"] = list(entry["confirmed"]), list(entry["given_up"])
-    return progress, dict(tracker._floors)
+from tests.unit.gateway.tracker_ops import COMMON_OPS, SOURCES, STREAMS, apply_to_both, state
 
 
 @settings(max_examples=300, deadline=None)
@@ -32,7 +19,7 @@ def test_admit_frame_is_admit_per_event(data: st.DataObject) -> None:
     spec, frames = DeliveryTracker(max_seq_jump=50), DeliveryTracker(max_seq_jump=50)
     for _ in range(data.draw(st.integers(1, 20))):
         source = data.draw(st.sampled_from(SOURCES))
-        op = data.draw(st.sampled_from(["frame"] * 5 + ["confirm", "give_up", "fail", "compact", "forget", "resume"]))
+        op = data.draw(st.sampled_from(["frame"] * 5 + COMMON_OPS))
         stream = data.draw(st.sampled_from(STREAMS))
         seq = data.draw(st.integers(0, 40))
         if op == "frame":
@@ -48,23 +35,8 @@ def test_admit_frame_is_admit_per_event(data: st.DataObject) -> None:
             admissions = frames.admit_frame(source, events)
             assert (admissions if admissions is not None else [ACCEPTED] * len(events)) == expected
             assert admissions is None or any(a is not ACCEPTED for a in admissions)
-        elif op == "confirm":
-            assert frames.confirmed(source, stream, seq) == spec.confirmed(source, stream, seq)
-        elif op == "give_up":
-            last = seq + data.draw(st.integers(0, 5))
-            assert frames.give_up(source, stream, seq, last) == spec.give_up(source, stream, seq, last)
-        elif op == "fail":
-            frames.failed(source, stream, seq)
-            spec.failed(source, stream, seq)
-        elif op == "compact":
-            frames.compact(source, STREAMS)
-            spec.compact(source, STREAMS)
-        elif op == "forget":
-            frames.forget(source, STREAMS)
-            spec.forget(source, STREAMS)
         else:
-            frames.resume(source, stream, seq)
-            spec.resume(source, stream, seq)
+            apply_to_both(op, frames, spec, source, stream, seq, data)
         assert state(frames) == state(spec)
 
 

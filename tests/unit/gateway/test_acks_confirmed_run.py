@@ -7,7 +7,6 @@ record on random transactions."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import orjson
@@ -19,19 +18,10 @@ from contract.topics import TopicNames
 from contract.wire.messages import IncomingEvent
 from gateway.acks import DeliveryTracker
 from gateway.ingest import ConnectionId, DeliveryRef, IngestConfig, IngestCore, Produce
+from tests.unit.gateway.tracker_ops import SOURCES, STREAMS, apply_to_both, state
 from timesync.clocks import IdentityMapping
 
-SOURCES = ("a", "b")
-STREAMS = ("s", "t")
 T0 = 1_700_000_000_000_000
-
-
-def state(tracker: DeliveryTracker) -> Any:
-    progress = {key: {name: copy.deepcopy(getattr(entry, name)) for name in type(entry).__slots__}
-                for key, entry in tracker._progress.items()}
-    for entry in progress.values():
-        entry["confirmed"], entry["given_up"] = list(entry["confirmed"]), list(entry["given_up"])
-    return progress, dict(tracker._floors)
 
 
 def confirmed_per_seq(tracker: DeliveryTracker, source: str, stream: str, first: int,
@@ -69,23 +59,8 @@ def test_confirmed_run_is_confirmed_per_seq(data: st.DataObject) -> None:
             last = first + data.draw(st.integers(-1, 200 if data.draw(st.booleans()) else 10))
             assert runs.confirmed_run(source, stream, first, last) == confirmed_per_seq(spec, source, stream, first,
                                                                                         last)
-        elif op == "confirm":
-            assert runs.confirmed(source, stream, seq) == spec.confirmed(source, stream, seq)
-        elif op == "give_up":
-            last = seq + data.draw(st.integers(0, 5))
-            assert runs.give_up(source, stream, seq, last) == spec.give_up(source, stream, seq, last)
-        elif op == "fail":
-            runs.failed(source, stream, seq)
-            spec.failed(source, stream, seq)
-        elif op == "compact":
-            runs.compact(source, STREAMS)
-            spec.compact(source, STREAMS)
-        elif op == "forget":
-            runs.forget(source, STREAMS)
-            spec.forget(source, STREAMS)
         else:
-            runs.resume(source, stream, seq)
-            spec.resume(source, stream, seq)
+            apply_to_both(op, runs, spec, source, stream, seq, data)
         assert state(runs) == state(spec)
 
 
