@@ -79,7 +79,10 @@ impl SlotsClass {
             let Ok(name) = name.cast_into::<PyString>() else {
                 return Ok(None);
             };
-            instance.setattr(name, marker)?;
+            // A frozen dataclass refuses the store: its own __init__ (object.__setattr__) is then the way.
+            if instance.setattr(name, marker).is_err() {
+                return Ok(None);
+            }
         }
         let mut offsets = Vec::with_capacity(fields);
         for marker in &markers {

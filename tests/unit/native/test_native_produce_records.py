@@ -227,7 +227,19 @@ class DictProduce:
     headers: Any = None
 
 
-@pytest.mark.parametrize("classes", [(Produce, CheckedDeliveryRef), (DictProduce, DeliveryRef)])
+@dataclass(frozen=True, slots=True)
+class FrozenDeliveryRef:
+    """Frozen: the probe's stores are refused, so the builder has to call it."""
+
+    source_id: str
+    stream: str
+    seq: int
+    topic: str
+    released_us: int
+
+
+@pytest.mark.parametrize("classes", [(Produce, CheckedDeliveryRef), (DictProduce, DeliveryRef),
+                                     (Produce, FrozenDeliveryRef)])
 def test_classes_that_need_their_init_are_called(classes: tuple[type, type]) -> None:
     produce_class, delivery_class = classes
     built = cast(Any, skewless_native.RecordBuilder(produce=(
