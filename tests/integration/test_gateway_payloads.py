@@ -291,7 +291,8 @@ async def test_a_dead_producer_task_restarts_its_shard_from_kafka_and_the_source
 
         first = gateway.shards[0]
         # The shard can no longer publish anything: its runtime is given up and a new one recovers from Kafka.
-        monkeypatch.setattr(first._publisher, "produce", broken)
+        # The shard's produce loop takes the client's produce from batch_produce once per batch (gateway/shard.py).
+        monkeypatch.setattr(first._publisher, "batch_produce", lambda: broken)
         replies = await _one_event_until_closed(gateway.port, "p")
         assert [r["type"] for r in replies] == ["welcome", "error"]
         assert replies[1] == {"type": "error", "code": "shard_moved", "fatal": True,
