@@ -316,11 +316,24 @@ class IngestPipeline:
         Otherwise the first source back would run the watermark past the resends of the others, and their
         in-order events would go to the late topic. The merge waits for it until `reconnect_grace_us` after now.
         """
+        self._stream(stream).reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
+        return self.hold_until(source_id, stream, now_us + self.config.reconnect_grace_us, now_us)
+
+    def hold_until(self, source_id: str, stream: str, until_us: int, now_us: int) -> list[PipelineOutput]:
+        """The merge waits for the silent source on the stream until ``until_us``, whenever its wait starts.
+
+        A newcomer's join wait (``register``, ``wait_until``) is judged from when it was last heard of: the merge
+        gives a source up at once when it has been silent for longer than the wait it would get from now. For a wait
+        with a fixed end that rule gave a recovered source up at once whenever the merge began waiting for it past
+        half of its reconnect grace (the first other source back 2.5 s after a takeover), and its resends went late.
+        Heard of at ``until_us``, the rule (heard + (until - now) <= now) reads ``until_us <= now``: the end alone
+        decides, in the Python and the native merger alike, until the source speaks."""
         pipeline = self._stream(stream)
-        pipeline.reorderer(source_id, self._next_seq_hint.get((source_id, stream), 0))
-        pipeline.expected_until[source_id] = now_us + self.config.reconnect_grace_us
+        pipeline.expected_until[source_id] = until_us
         out: list[PipelineOutput] = []
         self._merge_outputs(pipeline, pipeline.merger.register(source_id, now_us), out)
+        pipeline.merger.note_heard(source_id, until_us)
+        self._track(pipeline, "")
         return out
 
     def register(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[PipelineOutput]:

@@ -148,6 +148,33 @@ def test_recovered_source_reconnecting_in_time_is_merged_in_order():
     assert pipe.counters.source_timeouts == 0
 
 
+def test_a_recovered_source_is_waited_for_until_the_grace_ends_when_the_wait_starts_past_half_of_it():
+    """The merge gives a silent source up at once when it has been silent for longer than the wait it would get from
+    now (a join wait's rule): for a recovered source, judged from its recovery, that gave it up at once whenever the
+    first other source came back past half of the reconnect grace, and its resends went late (the SIGKILL failover
+    test's sensor-18 could be one). Its wait is the grace's end, whenever it starts."""
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe.resume_from("b", "s", 7)
+    pipe.expect("b", "s", T0)
+    pipe.register("a", ("s",), T0 + 6_000)
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 6_000)) == []
+    assert pipe.next_deadline_us() == T0 + 10_000
+    assert records(pipe.advance(T0 + 9_999)) == []
+    assert records(pipe.push("b", ev(7, T0 + 3), T0 + 9_999)) == [("b", 7, T0 + 3)]
+    assert records(pipe.heartbeat("b", {"s": 8}, T0 + 100, T0 + 9_999)) == [("a", 0, T0 + 5)]
+    assert pipe.counters.source_timeouts == 0
+
+
+def test_a_recovered_source_silent_past_the_grace_is_given_up_at_its_end():
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(reconnect_grace_us=10_000))
+    pipe.expect("b", "s", T0)
+    pipe.register("a", ("s",), T0 + 10_000)
+    assert records(pipe.push("a", ev(0, T0 + 5), T0 + 10_000)) == []
+    assert pipe.next_deadline_us() == T0 + 10_000
+    assert records(pipe.advance(T0 + 10_000)) == [("a", 0, T0 + 5)]
+    assert pipe.counters.source_timeouts == 1
+
+
 def test_restored_watermark_sends_older_events_to_the_late_topic():
     pipe = IngestPipeline(IdentityMapping())
     pipe.restore_watermark("s", T0 + 100)
