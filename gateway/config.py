@@ -259,6 +259,11 @@ def _cluster(config: GatewayConfig, settings: Mapping[str, Any]) -> None:
         if hold_s < 0:
             raise ConfigError(f"clock_step_hold_s must be >= 0, got {hold_s}")
         config.clock_step_hold_us = round(hold_s * 1_000_000)
+    if "takeover_grace_s" in settings:
+        grace_s = float(settings["takeover_grace_s"])
+        if grace_s < 0:
+            raise ConfigError(f"takeover_grace_s must be >= 0, got {grace_s}")
+        config.takeover_grace_us = round(grace_s * 1_000_000)  # 0: no takeover window (gateway.ingest, rule 15)
 
 
 def _authenticator(settings: Mapping[str, Any]) -> SourceAuthenticator:

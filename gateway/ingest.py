@@ -151,6 +151,20 @@ Rules:
    it is given up once they are. A source that comes back (hello, event,
    heartbeat) is welcomed as after any give-up: its events below the punctuation go late ``after_punctuation``,
    below what was released meanwhile ``after_give_up`` (docs/record-contract.md, "Reference order").
+15. Takeover window. A shard's checkpoints name the sources its previous owner had when it last committed one
+   (rule 6 puts a source in within about a second of its hello): a source that owner welcomed after that is in no
+   checkpoint, and its unacknowledged events come back to the new owner from a source nobody waits for. Once the
+   first source back ran the merge past them, every one of them was late (``after_punctuation``). So ``taken_over``
+   (the shell calls it when a runtime starts: a takeover, a restart) opens a window of ``takeover_grace_us``: every
+   stream recovered while it is open gets one more merge entry, ``TAKEOVER_WINDOW_SOURCE``, that the merge waits for
+   until the window ends (``IngestPipeline.hold_until``): no event is released and no punctuation passes the
+   restored one before then, so a source that says hello within the window (any source: the checkpoint cannot say
+   which ones are missing) is merged in order with the recovered ones. The entry never speaks; at the window's end
+   (``advance``, ``poll``; not during a Kafka stall, rule 5) it leaves the merge as after a ``bye`` and is forgotten,
+   and the merge goes on with the sources it has. A source that comes after the window is a newcomer behind the
+   watermark: its older events go late with a reason (``after_punctuation``), never silently. The window holds a
+   stream without sources too (no idle punctuation, rule 10, while it lasts). Counted: ``takeover_windows`` (streams
+   held), ``takeover_newcomers`` (sources no recovered checkpoint named that said hello within a window).
 """
 
 from __future__ import annotations
@@ -220,6 +234,13 @@ REGISTRATION_CHECKPOINT_SPACING_US = 1_000_000
 # Rule 11: the one merge source that stands for a stream's newcomers that have not spoken on it yet. Longer than any
 # wire source id (MAX_SOURCE_ID_CHARS), so no source can be it.
 JOIN_WINDOW_SOURCE = "\x00" * (MAX_SOURCE_ID_CHARS + 1)
+# Rule 15: the merge entry that holds a stream recovered at a takeover until the window ends; no wire source id
+# (nor JOIN_WINDOW_SOURCE) is this long.
+TAKEOVER_WINDOW_SOURCE = "\x00" * (MAX_SOURCE_ID_CHARS + 2)
+# Rule 15: the sources of a dead owner reach its successor about 0.3-0.9 s after it serves (2.4 s measured at load
+# ~20, docs/cluster.md "Measured"): the owner record goes out in its first commit, the other gateways redirect the
+# hellos they held at once, and the SDK retries every retry_after_ms (0.5 s). The window is a newcomer's join grace.
+TAKEOVER_GRACE_US = 2_000_000
 # Rule 11: a source with no connection that holds nothing is freed this long after its last connection closed.
 IDLE_SOURCE_RETENTION_US = 60_000_000
 IDLE_SWEEP_INTERVAL_US = 1_000_000
@@ -312,6 +333,8 @@ class IngestConfig:
     max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP
     # Rule 11.
     idle_source_retention_us: int = IDLE_SOURCE_RETENTION_US
+    # Rule 15: 0 opens no window.
+    takeover_grace_us: int = TAKEOVER_GRACE_US
     clock_step_future_tolerance_us: int = CLOCK_STEP_FUTURE_TOLERANCE_US
     clock_step_delay_margin_us: int = CLOCK_STEP_DELAY_MARGIN_US
     # Rule 7's record bytes: None builds them here (EventRecord.to_json, event_headers, kafka_timestamp_ms, the
@@ -430,6 +453,8 @@ class GatewayCounters:
     timestamps_refused: int = 0  # events whose mapped times fall outside the contract's range (rule 12)
     watermarks_distrusted: int = 0  # checkpointed watermarks beyond max_future of the clock, not restored (rule 12)
     byes: int = 0  # clean departures: the source's last open connection said bye, the merge gave it up (rule 14)
+    takeover_windows: int = 0  # streams a takeover window held (rule 15)
+    takeover_newcomers: int = 0  # sources no recovered checkpoint named that said hello within the window (rule 15)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -606,6 +631,12 @@ class IngestCore:
         self._join_live: dict[str, set[str]] = {}  # those of them the join entry stands for
         self._join_window: dict[str, tuple[int, int]] = {}
         self._swept_outputs: list[PipelineOutput] = []  # what freeing sources released, published by poll
+        # Rule 15: the open takeover window's end, the streams it holds, and the sources the recovered checkpoints
+        # named (a hello from any other within the window is a takeover newcomer).
+        self.takeover_until_us: int | None = None
+        self._takeover_streams: set[str] = set()
+        self._takeover_known: set[str] = set()
+        self._takeover_newcomers: set[str] = set()
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -648,7 +679,41 @@ class IngestCore:
             self.tracker.resume(source_id, stream, next_seq)
             outputs += self.pipeline.expect(source_id, stream, now_us)
         self.counters.recovered_sources += len(progress.next_seq)
+        if self.takeover_until_us is not None and now_us < self.takeover_until_us:
+            # Rule 15: the sources this checkpoint does not name may come back too, until the window ends.
+            outputs += self.pipeline.hold_until(TAKEOVER_WINDOW_SOURCE, stream, self.takeover_until_us, now_us)
+            self._takeover_streams.add(stream)
+            self._takeover_known.update(progress.next_seq)
+            self.counters.takeover_windows += 1
         return self._publish(outputs)
+
+    # -- rule 15: the takeover window -------------------------------------------------------------------------------
+
+    def taken_over(self, now_us: int) -> None:
+        """The shell starts serving the shard from what Kafka holds (a takeover or a restart), before it recovers
+        any stream: the takeover window opens until ``now_us + takeover_grace_us``."""
+        if self.config.takeover_grace_us > 0:
+            self.takeover_until_us = now_us + self.config.takeover_grace_us
+
+    def _end_takeover_window(self, now_us: int) -> list[PipelineOutput]:
+        """Once the window is over (not during a Kafka stall: rule 5), its entry leaves every merge it held."""
+        until_us = self.takeover_until_us
+        if until_us is None or now_us < until_us or self.kafka_stalled(now_us):
+            return []
+        self.takeover_until_us = None
+        outputs: list[PipelineOutput] = []
+        for stream in sorted(self._takeover_streams):
+            outputs += self.pipeline.leave_merge(TAKEOVER_WINDOW_SOURCE, stream, now_us)
+            self.pipeline.forget_source(TAKEOVER_WINDOW_SOURCE, (stream,))
+        if self._takeover_streams:
+            log.info("takeover window over after %.2f s: it held %d streams; %d sources no checkpoint named said "
+                     "hello in it%s", (now_us - until_us + self.config.takeover_grace_us) / 1e6,
+                     len(self._takeover_streams), len(self._takeover_newcomers),
+                     f" ({', '.join(sorted(self._takeover_newcomers)[:8])})" if self._takeover_newcomers else "")
+        self._takeover_streams.clear()
+        self._takeover_known.clear()
+        self._takeover_newcomers.clear()
+        return outputs
 
     def punctuate_idle(self, stream: str, now_us: int, idle_lag_us: int) -> list[IngestAction]:
         """Rule 10: a stream no source of this shard ever joined, whose watermark trails ``now_us`` by more than
@@ -700,6 +765,10 @@ class IngestCore:
 
     def source_registered(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[IngestAction]:
         self._disconnected_since.pop(source_id, None)
+        if (self._takeover_streams and source_id not in self._takeover_known
+                and source_id not in self._takeover_newcomers and not self._takeover_streams.isdisjoint(streams)):
+            self._takeover_newcomers.add(source_id)
+            self.counters.takeover_newcomers += 1
         self._streams_of[source_id] = tuple(dict.fromkeys((*self._streams_of.get(source_id, ()), *streams)))
         for stream in streams:
             progress = self._progress.get(stream)
@@ -1175,6 +1244,8 @@ class IngestCore:
         """When ``advance`` has something to fire: the pipeline's next deadline, held back to the end of a Kafka
         stall's grace (rule 5)."""
         due = self.pipeline.next_deadline_us()
+        if self.takeover_until_us is not None and (due is None or self.takeover_until_us < due):
+            due = self.takeover_until_us
         for source_id in self._holding:
             hold_until_us = self._watches[source_id].hold_until_us
             if hold_until_us is not None and (due is None or hold_until_us < due):
@@ -1194,7 +1265,9 @@ class IngestCore:
             watch = self._watches[source_id]
             if watch.hold_until_us is not None and watch.hold_until_us <= now_us:
                 actions += self._renew_hold(source_id, watch, now_us)
-        return actions + self._publish(self.pipeline.advance(now_us))
+        # The window's entry leaves before the merge's own wait for it would time it out at the same instant.
+        outputs = self._end_takeover_window(now_us) if self.takeover_until_us is not None else []
+        return actions + self._publish(outputs + self.pipeline.advance(now_us))
 
     def poll(self, now_us: int) -> list[IngestAction]:
         """Called after the shell served Kafka's delivery reports: the acks they earned (rule 2), and the buffer
@@ -1203,6 +1276,8 @@ class IngestCore:
         actions: list[IngestAction] = list(self.due_acks())
         if self._holding:
             actions += self._release_resolved(now_us)
+        if self.takeover_until_us is not None:
+            actions += self._publish(self._end_takeover_window(now_us))
         if self._disconnected_since and now_us >= self._next_idle_sweep_us:
             swept = self.forget_idle_sources(now_us, IDLE_SWEEP_BATCH)
             if self._swept_outputs:

@@ -58,6 +58,7 @@ from gateway.ingest import (
     GATEWAY_PAUSE_US,
     IDLE_SOURCE_RETENTION_US,
     SOURCE_RETENTION_US,
+    TAKEOVER_GRACE_US,
     ConnectionId,
     GatewayCounters,
     IngestConfig,
@@ -177,6 +178,9 @@ class GatewayConfig:
     idle_punctuation_lag_s: float | None = 5.0
     # Sources silent for longer leave the progress checkpoints (gateway.ingest, rule 6).
     source_retention_us: int = SOURCE_RETENTION_US
+    # After a takeover (or a restart) each recovered stream's merge waits this long for sources its checkpoint does
+    # not name (gateway.ingest, rule 15); 0: not at all.
+    takeover_grace_us: int = TAKEOVER_GRACE_US
     # Replicas of every topic the gateway creates; None: broker.admin's default, min(3, brokers).
     replication_factor: int | None = None
     # -- limits on what a source can make the gateway hold or create (docs/operations.md, "Limits") --
@@ -222,6 +226,7 @@ def _shard_ingest_config(config: GatewayConfig, core_name: Core) -> IngestConfig
         gateway_pause_us=GATEWAY_PAUSE_US,  # the shard polls every 2 ms: a longer gap is the gateway's own pause
         source_retention_us=config.source_retention_us,
         idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump,
+        takeover_grace_us=config.takeover_grace_us,
         record_builder=native_record_builder if core_name == "native" else None)
 
 
@@ -971,6 +976,9 @@ class Gateway:
                 "shards": self.config.shards, "pid": os.getpid(),
                 "serving_shards": sorted(k for k, r in self._shards.items() if r.serving),
                 "starting_shards": sorted(self._starting), "shard_handovers": self.shard_handovers,
+                "takeover_windows_open_ms": {k: (r.core.takeover_until_us - now_us + 999) // 1000
+                                             for k, r in sorted(self._shards.items())
+                                             if r.core.takeover_until_us is not None},
                 "last_shard_failure": self.last_shard_failure,
                 "connections": len(self._connections),
                 "kafka_pending": sum(r.pending() for r in runtimes),

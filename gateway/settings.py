@@ -155,6 +155,13 @@ SETTINGS: tuple[Setting, ...] = (
             shown="0: gateways share one host's clock", flag="--reference-clock-error"),
     Setting("commit_interval_s", SECONDS, _CLUSTER, "How often each shard's transaction commits; sources are acked "
             "at commits", "100ms", details="At least 1 ms."),
+    Setting("takeover_grace_s", SECONDS, _CLUSTER, "After taking a shard over (or restarting), how long its "
+            "merge holds each recovered stream for sources the checkpoint does not name", "2s",
+            details="The sources its previous owner welcomed after its last committed checkpoint; nothing is "
+                    "released or punctuated before the window ends, and a source that comes later has its older "
+                    "events late (`after_punctuation`). 2 s: a dead owner's sources reach the new owner 0.3-0.9 s "
+                    "after it serves (2.4 s at load ~20), paced by the SDK's 0.5 s `retry_after_ms`. 0: no window. "
+                    "See docs/cluster.md, \"Failover without late data\"."),
     Setting("transactions", BOOL, _CLUSTER, "Kafka transactions (fencing)", True,
             details="false: the idempotent producer only, safe with one gateway and no failover."),
     Setting("reorder_mode", STR, _ORDER, "The reorderer: 'sequence' (adaptive) or 'thesis' (Eq. 3.11's gap "

@@ -247,6 +247,9 @@ class ShardRuntime:
         if state.clocks:
             log.info("shard %d: recovered the clock state of %d sources", self.shard, len(state.clocks))
         recovered_actions: list[IngestAction] = []
+        # Rule 15 of gateway.ingest: sources the checkpoints do not name may come back too; every stream recovered
+        # until the window ends (here, or when a source or the idle punctuation first names it) waits for them.
+        self.core.taken_over(self._clock_us())
         for progress in progresses:
             recovered_actions += self.core.stream_recovered(progress, self._clock_us())
         if progresses:

@@ -1,0 +1,180 @@
+"""Rule 15 of gateway.ingest, the takeover window, on virtual time: a shard restored from a checkpoint that does not
+name a source its previous owner had welcomed (the owner died before a checkpoint with that hello committed), then
+that source comes back with the events it had sent there unacknowledged.
+
+The scenario is the SIGKILL failover test's (tests/reliability/test_cluster_faults.py): the sources of a dead owner
+resend 240 events each, stamped base + 10 ms x seq + index seconds before the takeover, and then heartbeat at the
+clock (done sending). Ground truth: every event once, on the events topic in reference order (the brute-force
+order: all events sorted by reference time), and no event on the events topic below a punctuation before it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from contract.records import PUNCTUATION_KEY
+from contract.topics import TopicNames
+from contract.wire.messages import Heartbeat, IncomingEvent
+from gateway.ingest import (
+    TAKEOVER_GRACE_US,
+    ConnectionId,
+    IngestAction,
+    IngestConfig,
+    IngestCore,
+    Produce,
+    StreamProgress,
+)
+from gateway.native import Core, with_core
+from reorder.pipeline import PipelineConfig
+from timesync.clocks import IdentityMapping
+
+T0 = 1_700_000_000_000_000
+S = 1_000_000
+TOPICS = TopicNames("t")
+EVENTS = 240
+BASE_US = T0 - 8 * S  # the events were stamped before the owner died
+SOURCES = ("a", "b", "x")
+
+
+def stamp(source: str, seq: int) -> int:
+    return BASE_US + seq * 10_000 + SOURCES.index(source)
+
+
+def resend(core: IngestCore, source: str, now_us: int) -> list[IngestAction]:
+    """The source's hello and its unacknowledged events (its heartbeats follow: ``heartbeat``)."""
+    actions = core.source_registered(source, ("s",), now_us)
+    batch = tuple(IncomingEvent("s", q, stamp(source, q), {"q": q}) for q in range(EVENTS))
+    return actions + core.events_received(ConnectionId(SOURCES.index(source)), source, batch, now_us)
+
+
+def heartbeat(core: IngestCore, source: str, now_us: int) -> list[IngestAction]:
+    """It has sent everything: a heartbeat at its clock (the SDK's, every 0.2 s in the failover test)."""
+    return core.heartbeat_received(source, Heartbeat(now_us, {"s": EVENTS}), now_us)
+
+
+def records(actions: list[IngestAction]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What went to the events topic (event records and punctuations, in order) and what went late."""
+    published = [a for a in actions if isinstance(a, Produce)]
+    assert all(a.topic in (TOPICS.events("s"), TOPICS.late("s")) for a in published)
+    events = [orjson.loads(a.value) for a in published if a.topic == TOPICS.events("s")]
+    late = [orjson.loads(a.value) for a in published if a.topic == TOPICS.late("s")]
+    assert all((e["kind"] == "punctuation") == (a.key == PUNCTUATION_KEY)
+               for e, a in zip(events, [a for a in published if a.topic == TOPICS.events("s")], strict=True))
+    return events, late
+
+
+def assert_exact(events: list[dict[str, Any]]) -> None:
+    """No event on the events topic below a punctuation before it, and reference order."""
+    watermark_us = None
+    last_ref_us = None
+    for record in events:
+        if record["kind"] == "punctuation":
+            watermark_us = record["watermark_us"]
+            continue
+        assert watermark_us is None or record["ref_ts_us"] >= watermark_us, (record, watermark_us)
+        assert last_ref_us is None or record["ref_ts_us"] >= last_ref_us, record
+        last_ref_us = record["ref_ts_us"]
+
+
+def taken_over_core(grace_us: int, cores: Core = "python") -> tuple[IngestCore, list[IngestAction]]:
+    """A new owner: a and b are in the checkpoint it restores, x (welcomed by the dead owner after its last committed
+    checkpoint) is not."""
+    config = IngestConfig(pipeline=with_core(PipelineConfig(), cores), takeover_grace_us=grace_us)
+    core = IngestCore(TOPICS, IdentityMapping(), config)
+    core.taken_over(T0)
+    actions = core.stream_recovered(StreamProgress("s", 0, {"a": 0, "b": 0}, BASE_US - S), T0)
+    return core, actions
+
+
+def run(core: IngestCore, x_back_us: int, until_us: int, step_us: int = 100_000) -> list[IngestAction]:
+    """a and b come back 0.5 s after the takeover, x at ``x_back_us``; the shell's timers run, and every source back
+    heartbeats, every ``step_us``."""
+    actions: list[IngestAction] = []
+    arrivals = {T0 + S // 2: ("a", "b"), x_back_us: ("x",)}
+    back: list[str] = []
+    for now_us in sorted({*range(T0, until_us + 1, step_us), *arrivals}):
+        for source in arrivals.get(now_us, ()):
+            actions += resend(core, source, now_us)
+            back.append(source)
+        for source in back:
+            actions += heartbeat(core, source, now_us)
+        actions += core.advance(now_us)
+        actions += core.poll(now_us)
+    return actions
+
+
+@pytest.mark.parametrize("cores", ["python", "native"])
+def test_a_source_the_checkpoint_lacks_that_comes_back_within_the_window_is_merged_in_order_with_the_others(
+        cores: Core) -> None:
+    core, actions = taken_over_core(TAKEOVER_GRACE_US, cores)
+    actions += run(core, T0 + 3 * S // 2, T0 + 4 * S)
+    events, late = records(actions)
+    assert late == []
+    assert_exact(events)
+    merged = [(e["source_id"], e["seq"]) for e in events if e["kind"] == "event"]
+    assert merged == [(s, q) for _ts, s, q in sorted((stamp(s, q), s, q) for s in SOURCES for q in range(EVENTS))]
+    assert (core.counters.takeover_windows, core.counters.takeover_newcomers) == (1, 1)
+    assert core.takeover_until_us is None
+
+
+@pytest.mark.parametrize("cores", ["python", "native"])
+def test_the_window_holds_every_release_and_punctuation_until_it_ends_then_the_merge_goes_on(cores: Core) -> None:
+    core, actions = taken_over_core(TAKEOVER_GRACE_US, cores)
+    assert core.takeover_until_us == T0 + TAKEOVER_GRACE_US
+    last_us = T0 + TAKEOVER_GRACE_US - 1_000
+    actions += run(core, T0 + 3 * S // 2, last_us, step_us=1_000)
+    assert records(actions) == ([], [])
+    assert core.next_deadline_us() == T0 + TAKEOVER_GRACE_US
+    events, late = records(core.advance(T0 + TAKEOVER_GRACE_US))
+    assert late == [] and len([e for e in events if e["kind"] == "event"]) == 3 * EVENTS
+    # Then the punctuation the sources' heartbeats promise, in the same call.
+    assert events[-1] == {**events[-1], "kind": "punctuation", "watermark_us": last_us}
+
+
+@pytest.mark.parametrize("grace_us", [0, TAKEOVER_GRACE_US])
+def test_a_source_that_comes_back_after_the_window_has_its_older_events_late_with_a_reason(grace_us: int) -> None:
+    """Without a window (0: the gateway before rule 15, the CI failure) x is late at 1.5 s already; with one, a source
+    that comes after it is. Never silently: every seq once, on one topic or the other."""
+    core, actions = taken_over_core(grace_us)
+    actions += run(core, T0 + (3 * S // 2 if grace_us == 0 else TAKEOVER_GRACE_US + S // 2), T0 + 4 * S)
+    events, late = records(actions)
+    assert_exact(events)
+    on_time = {(e["source_id"], e["seq"]) for e in events if e["kind"] == "event"}
+    assert on_time == {(s, q) for s in ("a", "b") for q in range(EVENTS)}
+    # x's newest stamp is below what a's and b's heartbeats promised: each of its events is behind the punctuation.
+    assert sorted((r["source_id"], r["seq"], r["late_reason"]) for r in late) == [
+        ("x", q, "after_punctuation") for q in range(EVENTS)]
+    assert core.counters.takeover_newcomers == 0
+
+
+def test_the_window_holds_a_recovered_stream_without_sources_from_idle_punctuation_until_it_ends() -> None:
+    core = IngestCore(TOPICS, IdentityMapping(), IngestConfig())
+    core.taken_over(T0)
+    core.stream_recovered(StreamProgress("s", 0, {}, None), T0)
+    assert core.punctuate_idle("s", T0 + S, 5 * S) == []
+    assert core.counters.takeover_windows == 1
+    core.poll(T0 + TAKEOVER_GRACE_US)
+    events, _late = records(core.punctuate_idle("s", T0 + TAKEOVER_GRACE_US, 5 * S))
+    assert events == [{**events[0], "kind": "punctuation", "watermark_us": T0 + TAKEOVER_GRACE_US - 5 * S}]
+
+
+def test_a_stream_recovered_after_the_window_is_not_held() -> None:
+    core = IngestCore(TOPICS, IdentityMapping(), IngestConfig())
+    core.taken_over(T0)
+    core.poll(T0 + TAKEOVER_GRACE_US)
+    core.stream_recovered(StreamProgress("s", 0, {"a": 0}, None), T0 + 3 * S)
+    events, late = records(resend(core, "a", T0 + 3 * S))
+    assert late == [] and len([e for e in events if e["kind"] == "event"]) == EVENTS
+    assert core.counters.takeover_windows == 0
+
+
+def test_the_window_does_not_end_during_a_kafka_stall() -> None:
+    core, _actions = taken_over_core(TAKEOVER_GRACE_US)
+    core.kafka_queue_full(T0 + TAKEOVER_GRACE_US - 1)
+    assert core.poll(T0 + TAKEOVER_GRACE_US) == [] and core.takeover_until_us == T0 + TAKEOVER_GRACE_US
+    grace_end_us = T0 + TAKEOVER_GRACE_US - 1 + core.config.stall_grace_us
+    assert core.next_deadline_us() == grace_end_us
+    core.advance(grace_end_us)
+    assert core.takeover_until_us is None
