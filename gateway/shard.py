@@ -246,10 +246,8 @@ class ShardRuntime:
             self.store.update(source_id, estimate, last_sync_us)
         if state.clocks:
             log.info("shard %d: recovered the clock state of %d sources", self.shard, len(state.clocks))
+        self.core.taken_over(self._clock_us())  # ingest rule 15: sources no checkpoint names may come back too
         recovered_actions: list[IngestAction] = []
-        # Rule 15 of gateway.ingest: sources the checkpoints do not name may come back too; every stream recovered
-        # until the window ends (here, or when a source or the idle punctuation first names it) waits for them.
-        self.core.taken_over(self._clock_us())
         for progress in progresses:
             recovered_actions += self.core.stream_recovered(progress, self._clock_us())
         if progresses:
