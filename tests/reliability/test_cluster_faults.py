@@ -249,11 +249,6 @@ async def run_sources(gateways: list[GatewayProcess], sources: list[str], *, dur
     return base_ts_us
 
 
-# In the long suite since the fresh-clone run on 6f306d4: nothing lost or duplicated, but the strict check failed: all
-# 240 events of sensor-18 went late (after_punctuation) at the new owner. It had been redirected to the victim 1.1 s
-# before the kill and had 71 events unacked there (none acked), then reached the new owner after the other shard-2
-# sources. Not explained yet (a newcomer the victim's checkpoint did not hold yet, or a hold at the victim).
-@pytest.mark.reliability_long
 @pytest.mark.timeout(400)
 async def test_sigkill_of_one_of_three_gateways_moves_its_shards_and_loses_or_duplicates_nothing(
         kafka, spark, topic_prefix):
