@@ -237,9 +237,10 @@ JOIN_WINDOW_SOURCE = "\x00" * (MAX_SOURCE_ID_CHARS + 1)
 # Rule 15: the merge entry that holds a stream recovered at a takeover until the window ends; no wire source id
 # (nor JOIN_WINDOW_SOURCE) is this long.
 TAKEOVER_WINDOW_SOURCE = "\x00" * (MAX_SOURCE_ID_CHARS + 2)
-# Rule 15: the sources of a dead owner reach its successor about 0.3-0.9 s after it serves (2.4 s measured at load
-# ~20, docs/cluster.md "Measured"): the owner record goes out in its first commit, the other gateways redirect the
-# hellos they held at once, and the SDK retries every retry_after_ms (0.5 s). The window is a newcomer's join grace.
+# Rule 15: the sources of a dead owner are back at its successor within about a second of it serving (the first ack
+# came 0.3-0.9 s after, 2.4 s at load ~20: docs/cluster.md "Measured"): the owner record goes out in its first commit,
+# the other gateways redirect the hellos they held at once, and the SDK retries every retry_after_ms (0.5 s). Twice
+# that, the same as a newcomer's join grace.
 TAKEOVER_GRACE_US = 2_000_000
 # Rule 11: a source with no connection that holds nothing is freed this long after its last connection closed.
 IDLE_SOURCE_RETENTION_US = 60_000_000

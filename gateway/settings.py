@@ -159,8 +159,9 @@ SETTINGS: tuple[Setting, ...] = (
             "merge holds each recovered stream for sources the checkpoint does not name", "2s",
             details="The sources its previous owner welcomed after its last committed checkpoint; nothing is "
                     "released or punctuated before the window ends, and a source that comes later has its older "
-                    "events late (`after_punctuation`). 2 s: a dead owner's sources reach the new owner 0.3-0.9 s "
-                    "after it serves (2.4 s at load ~20), paced by the SDK's 0.5 s `retry_after_ms`. 0: no window. "
+                    "events late (`after_punctuation`). 2 s: a dead owner's sources are back within about a second "
+                    "of the new owner serving (held hellos redirected at once, the SDK's retries 0.5 s apart); "
+                    "every failover's first ack waits for it. 0: no window. "
                     "See docs/cluster.md, \"Failover without late data\"."),
     Setting("transactions", BOOL, _CLUSTER, "Kafka transactions (fencing)", True,
             details="false: the idempotent producer only, safe with one gateway and no failover."),
