@@ -696,6 +696,10 @@ class IngestCore:
         if self.config.takeover_grace_us > 0:
             self.takeover_until_us = now_us + self.config.takeover_grace_us
 
+    def takeover_window_holds_until_us(self) -> int | None:
+        """When the open takeover window ends, if it holds a stream (for /healthz)."""
+        return self.takeover_until_us if self._takeover_streams else None
+
     def _end_takeover_window(self, now_us: int) -> list[PipelineOutput]:
         """Once the window is over (not during a Kafka stall: rule 5), its entry leaves every merge it held."""
         until_us = self.takeover_until_us

@@ -976,9 +976,9 @@ class Gateway:
                 "shards": self.config.shards, "pid": os.getpid(),
                 "serving_shards": sorted(k for k, r in self._shards.items() if r.serving),
                 "starting_shards": sorted(self._starting), "shard_handovers": self.shard_handovers,
-                "takeover_windows_open_ms": {str(k): (r.core.takeover_until_us - now_us + 999) // 1000
+                "takeover_windows_open_ms": {str(k): (until_us - now_us + 999) // 1000
                                              for k, r in sorted(self._shards.items())
-                                             if r.core.takeover_until_us is not None},
+                                             if (until_us := r.core.takeover_window_holds_until_us()) is not None},
                 "last_shard_failure": self.last_shard_failure,
                 "connections": len(self._connections),
                 "kafka_pending": sum(r.pending() for r in runtimes),

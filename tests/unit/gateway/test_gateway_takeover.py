@@ -122,7 +122,7 @@ def test_a_source_the_checkpoint_lacks_that_comes_back_within_the_window_is_merg
 @pytest.mark.parametrize("cores", ["python", "native"])
 def test_the_window_holds_every_release_and_punctuation_until_it_ends_then_the_merge_goes_on(cores: Core) -> None:
     core, actions = taken_over_core(TAKEOVER_GRACE_US, cores)
-    assert core.takeover_until_us == T0 + TAKEOVER_GRACE_US
+    assert core.takeover_window_holds_until_us() == T0 + TAKEOVER_GRACE_US  # what /healthz shows
     last_us = T0 + TAKEOVER_GRACE_US - 1_000
     actions += run(core, T0 + 3 * S // 2, last_us, step_us=1_000)
     assert records(actions) == ([], [])
@@ -131,6 +131,7 @@ def test_the_window_holds_every_release_and_punctuation_until_it_ends_then_the_m
     assert late == [] and len([e for e in events if e["kind"] == "event"]) == 3 * EVENTS
     # Then the punctuation the sources' heartbeats promise, in the same call.
     assert events[-1] == {**events[-1], "kind": "punctuation", "watermark_us": last_us}
+    assert core.takeover_window_holds_until_us() is None
 
 
 @pytest.mark.parametrize("grace_us", [0, TAKEOVER_GRACE_US])
@@ -163,6 +164,7 @@ def test_the_window_holds_a_recovered_stream_without_sources_from_idle_punctuati
 def test_a_stream_recovered_after_the_window_is_not_held() -> None:
     core = IngestCore(TOPICS, IdentityMapping(), IngestConfig())
     core.taken_over(T0)
+    assert core.takeover_window_holds_until_us() is None  # open, holding nothing yet
     core.poll(T0 + TAKEOVER_GRACE_US)
     core.stream_recovered(StreamProgress("s", 0, {"a": 0}, None), T0 + 3 * S)
     events, late = records(resend(core, "a", T0 + 3 * S))
