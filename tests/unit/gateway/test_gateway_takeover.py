@@ -180,3 +180,30 @@ def test_the_window_does_not_end_during_a_kafka_stall() -> None:
     assert core.next_deadline_us() == grace_end_us
     core.advance(grace_end_us)
     assert core.takeover_until_us is None
+
+
+async def test_a_shard_runtime_opens_the_window_when_it_starts_over_the_streams_it_recovers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell's part: ShardRuntime.start opens the window before it hands the recovered checkpoints to the core
+    (no Kafka here: the recovery is the one a scan would have given, the producer is made and closed unused)."""
+    from broker.client import KafkaClientConfig
+    from gateway.recovery import ShardState
+    from gateway.shard import ShardRuntime, ShardSettings, _Takeover
+    from tests.unit.gateway.test_shard_fencing import FakeHost
+    from timesync.store import SourceInfoStore
+
+    settings = ShardSettings(shard=2, topics=TOPICS, kafka_client=KafkaClientConfig.of("127.0.0.1:9"),
+                             producer_config={}, ingest=IngestConfig(), transactional=False)
+    runtime = ShardRuntime(settings, IdentityMapping(), SourceInfoStore(), FakeHost(), lambda: T0)
+
+    async def recovered(_fencing: object) -> tuple[ShardState, list[StreamProgress], _Takeover]:
+        return ShardState(), [StreamProgress("s", 0, {"a": 0}, None)], _Takeover(0.0)
+
+    monkeypatch.setattr(runtime, "_recover", recovered)
+    try:
+        await runtime.start()
+        assert runtime.serving
+        assert runtime.core.takeover_window_holds_until_us() == T0 + TAKEOVER_GRACE_US
+        assert runtime.core.counters.takeover_windows == 1
+    finally:
+        await runtime.stop(0.0, graceful=False)
