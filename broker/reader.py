@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -13,19 +13,34 @@ from broker.client import KafkaClientConfig, Servers
 from contract.records import PUNCTUATION
 
 
-def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
+def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0, *,
+               settled: bool = False) -> list[tuple[bytes | None, bytes]]:
     """All committed (key, value) pairs currently in every partition of `topic`, in partition then offset order
-    (read_committed: aborted records and open transactions are not returned)."""
+    (read_committed: aborted records and open transactions are not returned).
+
+    ``settled``: first wait, within ``timeout_s``, until no transaction on the topic is open or awaiting its commit
+    markers (``settled_ends``), then read to there. A commit returns once the transaction coordinator logged it; its
+    markers reach the partitions after that, and until they do a read_committed read ends before that transaction.
+    For a read once every writer stopped (a benchmark or test after its gateway exited): a running writer may keep
+    a transaction open, and a dead writer's open transaction holds the end back until the broker aborts it
+    (``transaction.timeout.ms``)."""
     consumer = KafkaClientConfig.of(servers).consumer("skewless-reader", {"isolation.level": "read_committed"})
     try:
         metadata = consumer.list_topics(topic, timeout=timeout_s)
         partitions = sorted(metadata.topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-                for p in partitions}
+        deadline = time.monotonic() + timeout_s
+        if settled:
+            uncommitted = KafkaClientConfig.of(servers).consumer("skewless-reader",
+                                                                 {"isolation.level": "read_uncommitted"})
+            try:
+                ends = settled_ends(consumer, uncommitted, topic, partitions, deadline)
+            finally:
+                uncommitted.close()
+        else:
+            ends = _ends(consumer, topic, partitions, timeout_s)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         records: dict[int, list[tuple[bytes | None, bytes]]] = {p: [] for p in partitions}
         positions = dict.fromkeys(partitions, 0)
-        deadline = time.monotonic() + timeout_s
         while True:
             while remaining := [p for p in partitions if positions[p] < ends[p]]:
                 if time.monotonic() > deadline:
@@ -44,8 +59,7 @@ def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0) -> list[tu
                 records[partition].append((message.key(), value if value is not None else b""))
                 positions[partition] = offset + 1
             # The end is re-read once reached: a stale high watermark must not cut the read short.
-            latest = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-                      for p in partitions}
+            latest = _ends(consumer, topic, partitions, timeout_s)
             if latest == ends:
                 break
             ends = latest
@@ -54,12 +68,35 @@ def read_topic(servers: Servers, topic: str, timeout_s: float = 30.0) -> list[tu
         consumer.close()
 
 
-def read_stream(servers: Servers, topic: str, timeout_s: float = 30.0) -> tuple[list[dict[str, Any]],
-                                                                                     list[dict[str, Any]]]:
-    """An events topic split into (event records, punctuation records), each in topic order."""
+def _ends(consumer: Consumer, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
+    """Per partition, its end as the consumer sees it now (the last stable offset for a read_committed one)."""
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in partitions}
+
+
+def settled_ends(committed: Consumer, uncommitted: Consumer, topic: str, partitions: list[int],
+                 deadline: float, sleep: Callable[[float], None] = time.sleep) -> dict[int, int]:
+    """Per partition, its end once no transaction there is open or awaiting its markers: once the last stable offset
+    (``committed``'s end, a read_committed consumer) reached the high watermark (``uncommitted``'s, read_uncommitted),
+    asked again every ``_SETTLE_POLL_S``. TimeoutError past ``deadline`` (``time.monotonic``), naming both."""
+    while True:
+        remaining_s = max(1.0, deadline - time.monotonic())
+        stable = _ends(committed, topic, partitions, remaining_s)
+        high = _ends(uncommitted, topic, partitions, remaining_s)
+        if all(stable[p] >= high[p] for p in partitions):
+            return stable
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}: the last stable offsets {stable} stayed behind the high watermarks {high} "
+                               "(a transaction still open, or its markers not written)")
+        sleep(_SETTLE_POLL_S)
+
+
+def read_stream(servers: Servers, topic: str, timeout_s: float = 30.0, *,
+                settled: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An events topic split into (event records, punctuation records), each in topic order (``settled``: as
+    ``read_topic``'s)."""
     events: list[dict[str, Any]] = []
     punctuations: list[dict[str, Any]] = []
-    for _key, value in read_topic(servers, topic, timeout_s):
+    for _key, value in read_topic(servers, topic, timeout_s, settled=settled):
         record = orjson.loads(value)
         (punctuations if record.get("kind") == PUNCTUATION else events).append(record)
     return events, punctuations
@@ -70,6 +107,8 @@ _NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
               KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION}
 # How long a reader waits for a message before it asks the consumer's position whether the end was passed.
 _IDLE_POLL_S = 0.2
+# How often a settled read asks again whether the last transaction's markers landed (tens of ms after its commit).
+_SETTLE_POLL_S = 0.01
 
 
 def end_offset(consumer: Consumer, topic: str, timeout_s: float, partition: int = 0) -> int:

@@ -12,6 +12,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,30 @@ def test_an_aborted_transaction_is_invisible_and_the_scan_still_ends(kafka: Brok
         assert scan(servers, topic, 0) == [(0, b"committed-1"), (1, b"committed-2")]
         publisher.commit(30.0)
         assert scan(servers, topic, 0, start_offset=2) == [(6, b"open-1")]
+    finally:
+        publisher.close()
+
+
+def test_a_settled_read_waits_for_the_last_transaction(kafka: BrokerState, names: TopicNames) -> None:
+    """An open transaction stands for a committed one whose markers have not landed yet (a commit returns before
+    they do): a read_committed read ends before it, a settled read waits for its markers."""
+    servers = kafka.bootstrap_servers
+    topic = names.events("s")
+    ensure_partitions(servers, [topic], 1)
+    publisher = TransactionalPublisher(servers, f"{names.prefix}-shard-0")
+    try:
+        publisher.init(30.0)
+        publisher.begin()
+        publisher.produce(topic, b"a", b"committed-1", None, partition=0)
+        publisher.commit(30.0)
+        publisher.begin()
+        publisher.produce(topic, b"a", b"committed-last", None, partition=0)
+        delivered(publisher)
+        assert read_topic(servers, topic, timeout_s=10.0) == [(b"a", b"committed-1")]
+        with ThreadPoolExecutor(1) as pool:
+            settled = pool.submit(partial(read_topic, servers, topic, 30.0, settled=True))
+            publisher.commit(30.0)
+            assert settled.result() == [(b"a", b"committed-1"), (b"a", b"committed-last")]
     finally:
         publisher.close()
 
