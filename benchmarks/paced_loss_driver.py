@@ -1,0 +1,199 @@
+"""The paced runs of benchmarks/gateway_throughput.py again and again (1 and 20 sources, python and native cores, one
+broker, one run at a time), instrumented to tell an event lost from a short read: per run, the (source, seq) pairs
+sent and not on the events topic at the first plain (not settled) read, whether a re-read finds them, the late
+topic, the read_committed and read_uncommitted ends before the read, the missing events in a read_uncommitted read
+(aborted or open transactions), the gateway's /metrics counters before its SIGTERM, its stderr and its last stdout
+line. ``--stall FRAME=SECONDS``: one source instead, frozen between stamping that frame and writing it (a GC pause
+of the load generator). Rows go to OUT/results.jsonl, stderr files beside it.
+
+    python -m benchmarks.paced_loss_driver --runs 32 --out /tmp/paced-runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from benchmarks.gateway_throughput import Connection, paced_load, read_some, say_hello
+from broker.launcher import KafkaBroker
+from broker.reader import read_topic
+from contract.records import EVENT
+from contract.wire.frames import encode_frame
+from contract.wire.messages import Ack, build_event, build_events, build_heartbeat, parse_gateway_message
+from gateway.launch import spawn_gateway
+
+
+def watermarks(bootstrap: str, topic: str) -> dict[str, int]:
+    """High watermark (read_uncommitted) and last stable offset (read_committed) of partition 0, now."""
+    out = {}
+    for level in ("read_uncommitted", "read_committed"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{time.time_ns()}",
+                             "isolation.level": level, "enable.auto.commit": False})
+        try:
+            out[level] = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
+        finally:
+            consumer.close()
+    return out
+
+
+def read_uncommitted(bootstrap: str, topic: str) -> list[tuple[int, dict[str, Any]]]:
+    """(offset, record) of every data record of partition 0, aborted and open transactions included."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"unc-{time.time_ns()}",
+                         "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+    try:
+        partition = TopicPartition(topic, 0, 0)
+        end = consumer.get_watermark_offsets(partition, timeout=30)[1]
+        consumer.assign([partition])
+        records = []
+        deadline = time.monotonic() + 60
+        while consumer.position([TopicPartition(topic, 0)])[0].offset < end and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None or message.error():
+                continue
+            offset, value = message.offset(), message.value()
+            assert offset is not None and value is not None
+            records.append((offset, orjson.loads(value)))
+        return records
+    finally:
+        consumer.close()
+
+
+def scrape(port: int | None) -> dict[str, float]:
+    if port is None:
+        return {}
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    wanted = ("late", "given", "duplicate", "refused", "fail", "committed", "published", "acked", "pause")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if any(w in name for w in wanted):
+            out[name] = float(value)
+    return out
+
+
+Key = tuple[str, int]
+
+
+def event_keys(bootstrap: str, topic: str) -> list[Key]:
+    return [(r["source_id"], r["seq"]) for r in (orjson.loads(v) for _k, v in read_topic(bootstrap, topic, 120))
+            if r.get("kind") == EVENT]
+
+
+async def stalling_source(connection: Connection, rate: float, seconds: float, frame_every_s: float,
+                          stalls: dict[int, float]) -> int:
+    """paced_source (source 0), frozen ``stalls[k]`` seconds between stamping frame k and writing it (a GC pause
+    of the load generator: the whole process stops, its stamps grow old)."""
+    reader, writer, decoder = connection
+    seq = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    frame = 0
+    while loop.time() - start < seconds:
+        due = min(int(rate * (loop.time() - start)) + 1, seq + 2000)
+        if due > seq:
+            now_us = time.time_ns() // 1000
+            batch = [build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)]
+            seq = due
+            time.sleep(stalls.get(frame, 0.0))  # noqa: ASYNC251 - the freeze is the point
+            writer.write(encode_frame(build_events(batch)))
+        frame += 1
+        await asyncio.sleep(max(0.0, start + frame * frame_every_s - loop.time()))
+    writer.write(encode_frame(build_heartbeat(time.time_ns() // 1000, {"bench": seq})))
+    want = Ack("bench", seq - 1)
+    async with asyncio.timeout(60):
+        while want not in [parse_gateway_message(raw) for raw in decoder.feed(await read_some(reader, 0))]:
+            pass
+    writer.close()
+    return seq
+
+
+async def counted_load(port: int, sources: int, rate: float, stalls: dict[int, float]) -> list[int]:
+    """Per source, how many events it sent (seqs 0 to that less one); with ``stalls``, one stalling source."""
+    if not stalls:
+        return await paced_load(port, sources, rate, 5.0, 0.005)
+    return [await stalling_source(await say_hello(port, 0), rate, 5.0, 0.005, stalls)]
+
+
+def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: int,
+        stalls: dict[int, float]) -> dict[str, Any]:
+    prefix = f"paced{sources}x{time.time_ns()}"
+    args = ["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", prefix, "--core", core]
+    stderr_path = out / f"{run:03d}-{prefix}.stderr"
+    with stderr_path.open("wb") as stderr:
+        process, addresses = spawn_gateway(args, stderr=stderr)
+        try:
+            time.sleep(0.5)
+            counts = asyncio.run(counted_load(addresses.port, sources, rate, stalls))
+            metrics = scrape(addresses.metrics_port)
+        finally:
+            process.terminate()
+            stdout, _ = process.communicate(timeout=30)
+    topic = f"{prefix}.events.bench"
+    marks = watermarks(bootstrap, topic)
+    first = event_keys(bootstrap, topic)
+    sent = {(f"src-{s}", q) for s, count in enumerate(counts) for q in range(count)}
+    expected = len(sent)
+    result: dict[str, Any] = {"run": run, "sources": sources, "core": core, "events": expected,
+                              "first_read": len(set(first) & sent), "duplicates": len(first) - len(set(first)),
+                              "watermarks_before_first_read": marks,
+                              "metrics": metrics, "stopped": stdout.decode(errors="replace")[-2000:]}
+    late = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.late.bench", 30)]
+    result["late"] = [{k: r.get(k) for k in ("source_id", "seq", "late_reason", "source_ts_us", "arrival_ts_us")}
+                      for r in late][:50]
+    result["late_count"] = len(late)
+    if not sent <= set(first):
+        result["missing_first"] = sorted(sent - set(first))[:50]
+        for _attempt in range(10):
+            time.sleep(1.0)
+            again = event_keys(bootstrap, topic)
+            result.setdefault("rereads", []).append(len(set(again) & sent))
+            if sent <= set(again):
+                break
+        result["watermarks_after"] = watermarks(bootstrap, topic)
+        missing = set(result["missing_first"])
+        result["uncommitted_hits"] = [(o, r) for o, r in read_uncommitted(bootstrap, topic)
+                                      if r.get("kind") == EVENT and (r["source_id"], r["seq"]) in missing]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/paced-runs"))
+    parser.add_argument("--stall", nargs="*", default=[], help="FRAME=SECONDS: freeze the (single) source there")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    plan = list(itertools.product(((1, 5000.0), (20, 500.0)), ("python", "native")))
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = KafkaBroker(Path(tmp) / "kafka")
+        state = broker.start()
+        try:
+            with (args.out / "results.jsonl").open("ab") as results:
+                for run in range(args.runs):
+                    (sources, rate), core = plan[run % len(plan)]
+                    stalls = {int(k): float(v) for k, v in (x.split("=") for x in args.stall)}
+                    if stalls:
+                        sources, rate, core = 1, 5000.0, "python" if run % 2 == 0 else "native"
+                    row = one(state.bootstrap_servers, sources, rate, core, args.out, run, stalls)
+                    results.write(orjson.dumps(row) + b"\n")
+                    results.flush()
+                    short = row["events"] - row["first_read"]
+                    print(f"run {run} {sources} src {core}: {row['first_read']}/{row['events']} short {short} "
+                          f"dups {row['duplicates']} late {row['late_count']} rereads {row.get('rereads')} wm {row['watermarks_before_first_read']}", flush=True)
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
