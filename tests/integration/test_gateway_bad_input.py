@@ -71,7 +71,7 @@ async def test_oversized_and_garbage_frames_close_only_that_connection(gateway: 
         await good.send("s", {"i": i}, source_ts_us=1_000 + i)
     await good.flush()
     await good.close()
-    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
     assert [v["payload"]["i"] for v in values] == list(range(100))
 
 
@@ -89,7 +89,7 @@ async def test_duplicate_resend_reaches_kafka_once(gateway: Gateway, kafka, topi
                                           until={"type": "ack", "stream": "s", "seq": 24})
     assert replies[-1] == {"type": "ack", "stream": "s", "seq": 24}
     assert gateway.counters.duplicates == 10
-    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
     assert [v["seq"] for v in values] == list(range(25))
 
 
@@ -140,5 +140,5 @@ async def test_sigterm_stops_a_gateway_process_within_10_s_with_hostile_payloads
         for w in writers:
             w.close()
         await process.stop()
-    values, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    values, _ = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
     assert [(v["seq"], v["payload"]) for v in values] == [(2, {"ok": True})]

@@ -74,7 +74,7 @@ async def test_restart_recovers_progress_and_drops_resent_duplicates(kafka, topi
     await send_until_ack(first.port, {"a": range(30), "b": range(10)})
     await asyncio.sleep(0.5)  # at least one progress checkpoint
     await first.stop()
-    before, promised = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"))
+    before, promised = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
     promised_us = max(p["watermark_us"] for p in promised)
 
     second = await start_gateway(kafka, topic_prefix)
@@ -91,11 +91,12 @@ async def test_restart_recovers_progress_and_drops_resent_duplicates(kafka, topi
         await second.stop()
 
     topics = TopicNames(topic_prefix)
-    published, _punctuations = read_stream(kafka.bootstrap_servers, topics.events("s"))
+    published, _punctuations = read_stream(kafka.bootstrap_servers, topics.events("s"), settled=True)
     assert all(e["ref_ts_us"] >= promised_us for e in published[len(before):])
     for source_id, count in (("a", 40), ("b", 15)):
         assert [e["seq"] for e in published if e["source_id"] == source_id] == list(range(count))
-    late = read_topic(kafka.bootstrap_servers, topics.late("s"))
+    late = read_topic(kafka.bootstrap_servers, topics.late("s"), settled=True)
     assert late == []
-    checkpoints = [k for k, _v in read_topic(kafka.bootstrap_servers, topics.sources) if k == b"progress|s"]
+    checkpoints = [k for k, _v in read_topic(kafka.bootstrap_servers, topics.sources, settled=True)
+                   if k == b"progress|s"]
     assert checkpoints

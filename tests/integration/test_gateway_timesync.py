@@ -49,14 +49,14 @@ async def test_offset_source_mapped_to_reference_time(kafka, topic_prefix):
         await gateway.stop()
 
     topics = TopicNames(topic_prefix)
-    published, _punctuations = read_stream(kafka.bootstrap_servers, topics.events("s"))
+    published, _punctuations = read_stream(kafka.bootstrap_servers, topics.events("s"), settled=True)
     assert [e["seq"] for e in published] == list(range(20))
     for record, true_us in zip(published, true_times, strict=True):
         assert record["source_ts_us"] - record["ref_ts_us"] == pytest.approx(AHEAD_US, abs=2_000)
         assert 0 < record["uncertainty_us"] < 50_000
         # The true time lies inside the reported bound (the test reads true time within ~1 ms of the stamp).
         assert abs(record["ref_ts_us"] - true_us) <= record["uncertainty_us"] + 1_000
-    clock_states = [orjson.loads(v) for k, v in read_topic(kafka.bootstrap_servers, topics.sources)
+    clock_states = [orjson.loads(v) for k, v in read_topic(kafka.bootstrap_servers, topics.sources, settled=True)
                     if k == b"skewed"]
     assert clock_states
     assert clock_states[-1]["kind"] == "clock"
