@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from confluent_kafka import KafkaError, Message
@@ -84,10 +84,12 @@ def proc_rss(pid: int) -> int:
 
 
 def start_gateway(bootstrap: str, prefix: str, producer: dict[str, int] | None = None, tree: Path | None = None,
-                  transactions: bool = True, core: str | None = None) -> tuple[subprocess.Popen[bytes], int]:
+                  transactions: bool = True, core: str | None = None,
+                  stderr: IO[bytes] | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """``tree``: run the gateway of another checkout (its modules first on PYTHONPATH), e.g. the commit before.
     ``transactions`` False: the gateway's idempotent producer alone, acks at delivery (``transactions = false``).
-    ``core``: the gateway's per-event cores (``--core``: native, python or auto); None leaves its default."""
+    ``core``: the gateway's per-event cores (``--core``: native, python or auto); None leaves its default.
+    ``stderr``: where its log goes (None: nowhere)."""
     args = ["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", prefix]
     if core is not None:
         args += ["--core", core]
@@ -99,7 +101,7 @@ def start_gateway(bootstrap: str, prefix: str, producer: dict[str, int] | None =
         config.write_text(text)
         args += ["--config", str(config)]
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
-    process, addresses = spawn_gateway(args, env=env, cwd=tree)
+    process, addresses = spawn_gateway(args, env=env, cwd=tree, stderr=subprocess.DEVNULL if stderr is None else stderr)
     return process, addresses.port
 
 
@@ -223,13 +225,16 @@ async def paced_load(port: int, sources: int, rate: float, seconds: float, frame
 def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_every_s: float,
               core: str | None = None) -> dict[str, float]:
     prefix = f"paced{sources}x{time.time_ns()}"
-    process, port = start_gateway(bootstrap, prefix, core=core)
-    try:
-        time.sleep(0.5)
-        counts = asyncio.run(paced_load(port, sources, rate, seconds, frame_every_s))
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with tempfile.TemporaryFile() as log:
+        process, port = start_gateway(bootstrap, prefix, core=core, stderr=log)
+        try:
+            time.sleep(0.5)
+            counts = asyncio.run(paced_load(port, sources, rate, seconds, frame_every_s))
+        finally:
+            process.terminate()
+            stopped = process.communicate(timeout=30)[0].decode(errors="replace").strip().splitlines()[-1:]
+        log.seek(0)
+        gateway_log = log.read().decode(errors="replace")
     # Settled reads: the gateway stopped, and its last commit's markers may still be on their way (a commit returns
     # before they land, and a read_committed read ends before a transaction whose markers did not).
     added = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", 120, settled=True)]
@@ -238,7 +243,8 @@ def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_e
     late = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.late.bench", 30, settled=True)]
     missing, repeated = unaccounted(counts, [*events_only, *late])
     assert not missing and not repeated, (f"paced {sources} x {rate:,.0f}/s ({core}): {sum(counts)} events acked, "
-                                          f"missing (source, seq) {missing[:10]}, more than once {repeated[:10]}")
+                                          f"missing (source, seq) {missing[:10]}, more than once {repeated[:10]}; "
+                                          f"gateway {prefix}: {stopped}; its log:\n{gateway_log[-20_000:]}")
     delays = [r["release_ts_us"] - r["arrival_ts_us"] for r in events_only]
     gaps = frame_gaps_ms(events_only)
     return {"sources": sources, "events_per_s": sum(counts) / seconds, "frame_ms": frame_every_s * 1e3,
