@@ -173,6 +173,9 @@ def test_a_settled_read_waits_for_the_last_transaction(kafka: BrokerState, names
         publisher.produce(topic, b"a", b"committed-last", None, partition=0)
         delivered(publisher)
         assert read_topic(servers, topic, timeout_s=10.0) == [(b"a", b"committed-1")]
+        with pytest.raises(TimeoutError, match=r"last stable offsets \{0: 2\} stayed behind the high watermarks "
+                                               r"\{0: 3\}"):
+            read_topic(servers, topic, timeout_s=2.0, settled=True)
         with ThreadPoolExecutor(1) as pool:
             settled = pool.submit(partial(read_topic, servers, topic, 30.0, settled=True))
             publisher.commit(30.0)
