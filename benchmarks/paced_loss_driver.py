@@ -18,12 +18,12 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from benchmarks.gateway_throughput import Connection, paced_load, read_some, say_hello
+from benchmarks.gateway_throughput import Connection, one_run, paced_load, plain_producer, read_some, say_hello
 from broker.launcher import KafkaBroker
 from broker.reader import read_topic
 from contract.records import EVENT
@@ -91,9 +91,10 @@ def event_keys(bootstrap: str, topic: str) -> list[Key]:
 
 
 async def stalling_source(connection: Connection, rate: float, seconds: float, frame_every_s: float,
-                          stalls: dict[int, float]) -> int:
+                          stalls: dict[int, float], heard: list[Any]) -> int:
     """paced_source (source 0), frozen ``stalls[k]`` seconds between stamping frame k and writing it (a GC pause
-    of the load generator: the whole process stops, its stamps grow old)."""
+    of the load generator: the whole process stops, its stamps grow old). ``heard``: what the gateway sent other
+    than acks, and its first acks, with the seqs of the first frames sent."""
     reader, writer, decoder = connection
     seq = 0
     loop = asyncio.get_running_loop()
@@ -104,6 +105,8 @@ async def stalling_source(connection: Connection, rate: float, seconds: float, f
         if due > seq:
             now_us = time.time_ns() // 1000
             batch = [build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)]
+            if frame < 3:
+                heard.append(("sent", frame, seq, due - 1, now_us))
             seq = due
             time.sleep(stalls.get(frame, 0.0))  # noqa: ASYNC251 - the freeze is the point
             writer.write(encode_frame(build_events(batch)))
@@ -111,18 +114,26 @@ async def stalling_source(connection: Connection, rate: float, seconds: float, f
         await asyncio.sleep(max(0.0, start + frame * frame_every_s - loop.time()))
     writer.write(encode_frame(build_heartbeat(time.time_ns() // 1000, {"bench": seq})))
     want = Ack("bench", seq - 1)
+    acks = 0
     async with asyncio.timeout(60):
-        while want not in [parse_gateway_message(raw) for raw in decoder.feed(await read_some(reader, 0))]:
-            pass
+        while True:
+            messages = [parse_gateway_message(raw) for raw in decoder.feed(await read_some(reader, 0))]
+            for message in messages:
+                if not isinstance(message, Ack) or acks < 3:
+                    heard.append(repr(message))
+                acks += isinstance(message, Ack)
+            if want in messages:
+                break
     writer.close()
     return seq
 
 
-async def counted_load(port: int, sources: int, rate: float, stalls: dict[int, float]) -> list[int]:
-    """Per source, how many events it sent (seqs 0 to that less one); with ``stalls``, one stalling source."""
-    if not stalls:
+async def counted_load(port: int, sources: int, rate: float, stalls: dict[int, float],
+                       heard: list[Any]) -> list[int]:
+    """Per source, how many events it sent (seqs 0 to that less one); one source: what it heard (stalling_source)."""
+    if sources > 1:
         return await paced_load(port, sources, rate, 5.0, 0.005)
-    return [await stalling_source(await say_hello(port, 0), rate, 5.0, 0.005, stalls)]
+    return [await stalling_source(await say_hello(port, 0), rate, 5.0, 0.005, stalls, heard)]
 
 
 def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: int,
@@ -134,7 +145,8 @@ def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: in
         process, addresses = spawn_gateway(args, stderr=stderr)
         try:
             time.sleep(0.5)
-            counts = asyncio.run(counted_load(addresses.port, sources, rate, stalls))
+            heard: list[Any] = []
+            counts = asyncio.run(counted_load(addresses.port, sources, rate, stalls, heard))
             metrics = scrape(addresses.metrics_port)
         finally:
             process.terminate()
@@ -147,7 +159,8 @@ def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: in
     result: dict[str, Any] = {"run": run, "sources": sources, "core": core, "events": expected,
                               "first_read": len(set(first) & sent), "duplicates": len(first) - len(set(first)),
                               "watermarks_before_first_read": marks,
-                              "metrics": metrics, "stopped": stdout.decode(errors="replace")[-2000:]}
+                              "metrics": metrics, "stopped": stdout.decode(errors="replace")[-2000:],
+                              "heard": heard}
     late = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.late.bench", 30)]
     result["late"] = [{k: r.get(k) for k in ("source_id", "seq", "late_reason", "source_ts_us", "arrival_ts_us")}
                       for r in late][:50]
@@ -167,13 +180,59 @@ def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: in
     return result
 
 
+def warm_up(bootstrap: str, events: int) -> None:
+    """What benchmarks/gateway_throughput.py's main runs on the broker before its paced runs (--sources 1 20): the
+    saturated runs per core, the no-transactions run, the plain producers."""
+    runs = []
+    for index, sources in enumerate((1, 20)):
+        for core in ("python", "native") if index % 2 == 0 else ("native", "python"):
+            runs.append(one_run(bootstrap, sources, events, core=core))
+    one_run(bootstrap, 20, events, transactions=False, core="native")
+    source_run = runs[3]  # 20 sources, the first core (python)
+    replay = [source_run.records[i % len(source_run.records)] for i in range(source_run.events)]
+    for headers in (False, True):
+        plain_producer(bootstrap, replay, headers)
+
+
+def write_row(results: IO[bytes], row: dict[str, Any]) -> None:
+    results.write(orjson.dumps(row) + b"\n")
+    results.flush()
+    short = row["events"] - row["first_read"]
+    print(f"run {row['run']} {row['sources']} src {row['core']}: {row['first_read']}/{row['events']} short {short} "
+          f"dups {row['duplicates']} late {row['late_count']} rereads {row.get('rereads')} "
+          f"wm {row['watermarks_before_first_read']}", flush=True)
+
+
+def rounds_with_warm_up(out: Path, rounds: int, events: int) -> None:
+    """Per round, a fresh broker, the warm-up, then the paced runs in the benchmark's order."""
+    plan = [(1, 5000.0, "python"), (1, 5000.0, "native"), (20, 500.0, "native"), (20, 500.0, "python")]
+    run = 0
+    with (out / "results.jsonl").open("ab") as results:
+        for _round in range(rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                broker = KafkaBroker(Path(tmp) / "kafka")
+                state = broker.start()
+                try:
+                    warm_up(state.bootstrap_servers, events)
+                    for sources, rate, core in plan:
+                        write_row(results, one(state.bootstrap_servers, sources, rate, core, out, run, {}))
+                        run += 1
+                finally:
+                    broker.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("/tmp/paced-runs"))
     parser.add_argument("--stall", nargs="*", default=[], help="FRAME=SECONDS: freeze the (single) source there")
+    parser.add_argument("--warm-up", type=int, default=0, help="EVENTS: --runs rounds, each on a fresh broker: the "
+                        "benchmark's saturated runs and plain producers at EVENTS, then its 4 paced runs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.warm_up:
+        rounds_with_warm_up(args.out, args.runs, args.warm_up)
+        return
     plan = list(itertools.product(((1, 5000.0), (20, 500.0)), ("python", "native")))
     with tempfile.TemporaryDirectory() as tmp:
         broker = KafkaBroker(Path(tmp) / "kafka")
@@ -185,12 +244,7 @@ def main() -> None:
                     stalls = {int(k): float(v) for k, v in (x.split("=") for x in args.stall)}
                     if stalls:
                         sources, rate, core = 1, 5000.0, "python" if run % 2 == 0 else "native"
-                    row = one(state.bootstrap_servers, sources, rate, core, args.out, run, stalls)
-                    results.write(orjson.dumps(row) + b"\n")
-                    results.flush()
-                    short = row["events"] - row["first_read"]
-                    print(f"run {run} {sources} src {core}: {row['first_read']}/{row['events']} short {short} "
-                          f"dups {row['duplicates']} late {row['late_count']} rereads {row.get('rereads')} wm {row['watermarks_before_first_read']}", flush=True)
+                    write_row(results, one(state.bootstrap_servers, sources, rate, core, args.out, run, stalls))
         finally:
             broker.stop()
 
