@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
+import signal
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -136,8 +139,20 @@ async def counted_load(port: int, sources: int, rate: float, stalls: dict[int, f
     return [await stalling_source(await say_hello(port, 0), rate, 5.0, 0.005, stalls, heard)]
 
 
+def freeze_later(pid: int, after_s: float, for_s: float) -> threading.Thread:
+    """SIGSTOP ``pid`` ``after_s`` from now, SIGCONT ``for_s`` later: a process starved of CPU, for no CPU."""
+    def freeze() -> None:
+        time.sleep(after_s)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(for_s)
+        os.kill(pid, signal.SIGCONT)
+    thread = threading.Thread(target=freeze, daemon=True)
+    thread.start()
+    return thread
+
+
 def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: int,
-        stalls: dict[int, float]) -> dict[str, Any]:
+        stalls: dict[int, float], freezes: list[tuple[int | None, float, float]] = []) -> dict[str, Any]:  # noqa: B006
     prefix = f"paced{sources}x{time.time_ns()}"
     args = ["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", prefix, "--core", core]
     stderr_path = out / f"{run:03d}-{prefix}.stderr"
@@ -146,6 +161,8 @@ def one(bootstrap: str, sources: int, rate: float, core: str, out: Path, run: in
         try:
             time.sleep(0.5)
             heard: list[Any] = []
+            for pid, after_s, for_s in freezes:
+                freeze_later(process.pid if pid is None else pid, after_s, for_s)
             counts = asyncio.run(counted_load(addresses.port, sources, rate, stalls, heard))
             metrics = scrape(addresses.metrics_port)
         finally:
@@ -226,6 +243,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("/tmp/paced-runs"))
     parser.add_argument("--stall", nargs="*", default=[], help="FRAME=SECONDS: freeze the (single) source there")
+    parser.add_argument("--freeze", nargs="*", default=[], help="WHO:AFTER:FOR (WHO gateway or broker): SIGSTOP it "
+                        "AFTER seconds after the paced load starts, for FOR seconds")
     parser.add_argument("--warm-up", type=int, default=0, help="EVENTS: --runs rounds, each on a fresh broker: the "
                         "benchmark's saturated runs and plain producers at EVENTS, then its 4 paced runs")
     args = parser.parse_args()
@@ -242,9 +261,12 @@ def main() -> None:
                 for run in range(args.runs):
                     (sources, rate), core = plan[run % len(plan)]
                     stalls = {int(k): float(v) for k, v in (x.split("=") for x in args.stall)}
-                    if stalls:
+                    if stalls or args.freeze:
                         sources, rate, core = 1, 5000.0, "python" if run % 2 == 0 else "native"
-                    write_row(results, one(state.bootstrap_servers, sources, rate, core, args.out, run, stalls))
+                    freezes = [(None if who == "gateway" else state.pid, float(after), float(length))
+                               for who, after, length in (x.split(":") for x in args.freeze)]
+                    write_row(results, one(state.bootstrap_servers, sources, rate, core, args.out, run, stalls,
+                                           freezes))
         finally:
             broker.stop()
 
