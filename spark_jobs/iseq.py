@@ -62,22 +62,23 @@ from contract.records import (
 )
 from contract.records import result_value as contract_result_value
 from spark_jobs.stateful import (
-    INPUT_COLUMNS,
     NO_EQUALITY_KEY,
+    SHELL_COLUMNS,
     JobOptions,
     KeyGroups,
     MicroBatchColumns,
     checked_key_groups,
     decode_payload,
-    json_field,
     key_text_by_event_type,
+    payload_field,
     start_core_job,
 )
 
 JOB_NAME = "iseq"
 log = logging.getLogger("skewless.spark")
-# Contract v2 columns the core reads besides the shell's (start_ts_us is coalesced to ref_ts_us in the JVM: v1).
-ISEQ_COLUMNS = (*INPUT_COLUMNS, "interval_id", "endpoint")
+# What the core reads besides the shell's columns: the payload and the contract v2 columns (a null start_ts_us,
+# a v1 record's, is ref_ts_us).
+ISEQ_COLUMNS = (*SHELL_COLUMNS, "payload", "start_ts_us", "interval_id", "endpoint")
 RECORD_OF_OUTPUT = {"match": RESULT_MATCH, "add": RESULT_ADD, "retract": RESULT_RETRACT}
 # Reasons of the side records (docs/intervals.md lists them).
 REASON_BAD_PAYLOAD = "bad_payload"
@@ -433,19 +434,21 @@ def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int) -> 
     if key is None or groups < 2:
         return None
     # A type outside the query: no key (the core skips it).
-    key_text, fields = key_text_by_event_type(options.type_field, key.attribute_of_type, F.lit(None))
+    key_text, fields, paths = key_text_by_event_type(options.type_field, key.attribute_of_type, F.lit(None))
+    record_fields: tuple[str, ...] = ()
     if options.from_points is not None:
+        record_fields = ("endpoint", "start_ts_us", "ref_ts_us", "source_id")
+        if (options.from_points,) not in paths:
+            paths += ((options.from_points,),)
         reading = (F.col("endpoint").isNull()
                    & (F.coalesce(F.col("start_ts_us"), F.col("ref_ts_us")) == F.col("ref_ts_us"))
-                   & json_field(F.col("payload"), options.from_points).try_cast("double").isNotNull())
+                   & payload_field(options.from_points).try_cast("double").isNotNull())
         key_text = F.when(reading, F.col("source_id")).otherwise(key_text)
-    return KeyGroups(groups, key_text, fields)
+    return KeyGroups(groups, key_text, fields, record_fields, paths)
 
 
 def start(spark: Any, options: IseqOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from spark_jobs.contract import interval_columns
-
     query = check_options(options)
     config = engine_config(options)
     groups, why = key_groups_plan(query, options)
@@ -454,7 +457,5 @@ def start(spark: Any, options: IseqOptions) -> Any:
     def factory(stream: str, blob: bytes | None) -> IseqStreamCore:
         return IseqStreamCore(stream, query, config, options, blob)
 
-    columns = interval_columns()
     return start_core_job(spark, JOB_NAME, options, factory, input_columns=ISEQ_COLUMNS,
-                          extra_columns={"start_ts_us": columns["start_ts_us"]},
                           key_groups=iseq_key_groups(query, options, groups))

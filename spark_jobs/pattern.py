@@ -43,7 +43,7 @@ from spark_jobs.stateful import (
     MicroBatchColumns,
     checked_key_groups,
     decode_payload,
-    json_field,
+    payload_field,
     start_core_job,
 )
 
@@ -260,12 +260,11 @@ def key_groups_plan(spec: PatternSpec, options: PatternOptions, default_groups: 
 
 def pattern_key_groups(spec: PatternSpec, groups: int) -> KeyGroups | None:
     """The Spark routing of a partitioned pattern's events over ``groups`` key groups (None: one group)."""
-    from pyspark.sql import functions as F
 
     key = pattern_partition_key(spec)
     if key is None or groups < 2:
         return None
-    return KeyGroups(groups, json_field(F.col("payload"), key))
+    return KeyGroups(groups, payload_field(key), payload_paths=(key,))
 
 
 def start(spark: Any, options: PatternOptions) -> Any:

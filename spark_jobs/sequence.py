@@ -57,8 +57,8 @@ from spark_jobs.stateful import (
     MicroBatchColumns,
     checked_key_groups,
     decode_payload,
-    json_field,
     key_text_by_event_type,
+    payload_field,
     start_core_job,
 )
 
@@ -229,9 +229,10 @@ def sequence_key_groups(query: Query, type_field: str, groups: int) -> KeyGroups
     if key is None or groups < 2:
         return None
     fallback = key.trace_attribute
-    otherwise = json_field(F.col("payload"), fallback) if fallback is not None else F.lit(None)
-    key_text, fields = key_text_by_event_type(type_field, key.attribute_of_type, otherwise)
-    return KeyGroups(groups, key_text, fields)
+    otherwise = payload_field(fallback) if fallback is not None else F.lit(None)
+    key_text, fields, paths = key_text_by_event_type(type_field, key.attribute_of_type, otherwise)
+    extra = ((fallback,),) if fallback is not None and (fallback,) not in paths else ()
+    return KeyGroups(groups, key_text, fields, payload_paths=paths + extra)
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:

@@ -40,6 +40,7 @@ import msgpack
 import orjson
 
 from contract.records import EVENT, PUNCTUATION, RESULT_REJECTED, result_key, result_value
+from spark_jobs.record_columns import json_text, record_columns
 from spark_jobs.worker_imports import keep_spark_zip_directories_of_this_worker
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ INPUT_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "uncertainty
 # The columns the shell itself reads (grouping, order, promises, T_a, where a rejected record is): a core adds its own.
 SHELL_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "watermark_us", "rtt_us", "topic", "partition",
                  "offset")
+# Kafka's columns that travel with every record: where it is in Kafka (not parsed from its value).
+KAFKA_COLUMNS = ("topic", "partition", "offset")
+# The raw Kafka value (bytes) the Python worker parses (spark_jobs.record_columns).
+RECORD_VALUE = "value"
 # Rows that are not contract records (no stream) are grouped here and reported, never fed to a core.
 UNPARSED_GROUP = ""
 # A micro-batch reads at most this many Kafka records: a backlog is worked off in bounded steps.
@@ -390,26 +395,64 @@ def _restored_core(job: str, stream: str, blob: bytes | None, factory: CoreFacto
     return progress, factory(stream, core_blob)
 
 
+def _group_records(job: str, stream: str, key_group: int, columns: dict[str, list[Any]],
+                   value_columns: Sequence[str]) -> tuple[dict[str, list[Any]], list[Output]]:
+    """A group's columns with each raw value parsed (once) into ``value_columns``, without the records that are not
+    the stream's, each reported instead: a value that is not a contract record (no ``stream``) as before the
+    worker parsed values (``not_a_record``, under no stream), and a record whose ``stream`` names another stream
+    than its topic's (``misplaced_record``: the topic's promise does not cover it). A punctuation went to every key
+    group: group 0 alone reports it."""
+    values = columns.pop(RECORD_VALUE, None)
+    if values is not None:
+        columns.update(record_columns(values, value_columns))
+    streams = columns.get("stream")
+    if stream != UNPARSED_GROUP and (streams is None or streams.count(stream) == len(streams)):
+        return columns, []
+    names = list(columns)
+    size = len(columns[names[0]]) if names else 0
+    keep = [] if streams is None or stream == UNPARSED_GROUP else [i for i in range(size) if streams[i] == stream]
+    kept = set(keep)
+    rejected: list[Output] = []
+    for i in range(size):
+        if i in kept:
+            continue
+        row = {name: columns[name][i] for name in names}
+        if key_group and row.get("kind") == PUNCTUATION:
+            continue
+        if row.get("stream") is None or stream == UNPARSED_GROUP:
+            rejected.append(rejected_record(job, UNPARSED_GROUP, row, "not_a_record",
+                                            "not a contract record (no stream)"))
+        else:
+            rejected.append(rejected_record(job, stream, row, "misplaced_record",
+                                            f"stream {row['stream']!r} on {row.get('topic')}, a topic of "
+                                            f"stream {stream!r}"))
+    return {name: [column[i] for i in keep] for name, column in columns.items()}, rejected
+
+
 def make_stream_function(job: str, factory: CoreFactory,
                          partitions_of: Callable[[str], tuple[str, int]],
                          live_cores: LiveCores | None = None, key_groups: int = 1,
-                         collector_policy: WorkerCollector | None = None) -> Callable[..., Any]:
+                         collector_policy: WorkerCollector | None = None,
+                         value_columns: Sequence[str] = ()) -> Callable[..., Any]:
     """The function for ``applyInPandasWithState(..., outputMode="append", timeoutConf=NoTimeout)``; the
-    grouping key is (stream,) or, with key groups, (stream, key group) of ``key_groups`` per stream."""
+    grouping key is (stream,) or, with key groups, (stream, key group) of ``key_groups`` per stream. A group's
+    rows carry the raw Kafka ``value`` (:func:`read_record_values`), parsed here into the contract columns
+    ``value_columns`` (Kafka's columns come as they are); rows that already carry contract columns (tests) are
+    taken as they are."""
     # Made on the driver, the same in every task of this query: a kept core is only ever reused by its own query
     # (the factory's options are not in the blob).
     owner = uuid.uuid4().hex
+    # The stream and kind always: the worker checks each record's stream against its topic's.
+    parsed_columns = tuple(dict.fromkeys(("kind", "stream", *(c for c in value_columns if c not in KAFKA_COLUMNS))))
 
     def run(key: tuple[Any, ...], frames: Any, state: Any) -> list[Output]:
         stream = str(key[0])
         # The key group (absent: a plan grouped by stream only). Each group of a stream has its own state and core.
         slot = stream if len(key) < 2 else f"{stream}#{int(key[1])}"
-        columns = columns_of_frames(frames)
+        columns, rejected = _group_records(job, stream, 0 if len(key) < 2 else int(key[1]),
+                                           columns_of_frames(frames), parsed_columns)
         if stream == UNPARSED_GROUP:
-            names = list(columns)
-            return [rejected_record(job, stream, dict(zip(names, values, strict=True)), "not_a_record",
-                                    "not a contract record (no stream)")
-                    for values in zip(*columns.values(), strict=True)]
+            return rejected
         cores = worker_live_cores() if live_cores is None else live_cores
         blob = bytes(state.get[0]) if state.exists else None
         live = cores.take(owner, slot, blob)
@@ -418,7 +461,7 @@ def make_stream_function(job: str, factory: CoreFactory,
             # LookupError: only the late topic exists yet; its events are fed, nothing is released until then.
             with contextlib.suppress(LookupError):
                 progress.events_topic, progress.partitions = partitions_of(stream)
-        outputs = run_stream_columns(progress, core, columns, job=job, stream=stream)
+        outputs = rejected + run_stream_columns(progress, core, columns, job=job, stream=stream)
         blob = progress.to_blob(core.snapshot())
         state.update((blob,))
         cores.keep(owner, slot, blob, progress, core)
@@ -459,13 +502,110 @@ def read_contract_records(spark: Any, bootstrap_servers: str, topics: Sequence[s
     ).select("e.*", "topic", "partition", "offset")
 
 
+def read_record_values(spark: Any, bootstrap_servers: str, topics: Sequence[str] | str, topic_prefix: str,
+                       key_groups: KeyGroups | None = None, starting_offsets: str = "earliest",
+                       max_offsets_per_trigger: int = DEFAULT_MAX_OFFSETS_PER_TRIGGER) -> Any:
+    """The records of the topics as the CEP jobs read them: the raw Kafka ``value`` (parsed once, in the Python
+    worker: :mod:`spark_jobs.record_columns`), where it is in Kafka (:data:`KAFKA_COLUMNS`), and the ``stream``
+    whose events or late topic it was read from (:func:`topic_stream`: no JSON parse in the JVM). With key groups,
+    also what their routing reads (:func:`routing_fields`). No Spark watermark (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.contract import read_kafka
+
+    raw = read_kafka(spark, bootstrap_servers, topics, starting_offsets, max_offsets_per_trigger)
+    records = raw.select(F.col(RECORD_VALUE), *KAFKA_COLUMNS, topic_stream(topic_prefix).alias("stream"))
+    if key_groups is None or key_groups.groups < 2:
+        return records
+    return records.select("*", *routing_fields(key_groups))
+
+
+# Kafka's limit on a topic name's length.
+_TOPIC_LENGTH_MAX = 249
+
+
+def topic_stream(topic_prefix: str) -> Any:
+    """Spark column: the stream of the record's topic, ``<prefix>.events.<stream>`` or ``<prefix>.late.<stream>``
+    (null for any other topic). The contract puts a stream's records on its own topics, and the stream's promise
+    W(stream) covers its events topic only: a record is its topic's stream's (the worker reports one whose
+    ``stream`` field names another, :func:`make_stream_function`)."""
+    from pyspark.sql import functions as F
+
+    from contract.topics import TopicNames
+
+    names = TopicNames(topic_prefix)
+    topic = F.col("topic")
+    stream: Any = None
+    for prefix in (names.events("x").removesuffix("x"), names.late("x").removesuffix("x")):
+        branch = F.substring(topic, len(prefix) + 1, _TOPIC_LENGTH_MAX)
+        stream = (F.when(topic.startswith(prefix), branch) if stream is None
+                  else stream.when(topic.startswith(prefix), branch))
+    return stream
+
+
+def routing_fields(key_groups: KeyGroups) -> list[Any]:
+    """Spark columns: the contract fields the key-group routing reads (``kind``: a punctuation goes to every group;
+    :attr:`KeyGroups.record_fields`) and the payload fields it reads (:attr:`KeyGroups.payload_paths`, as a
+    struct of texts), parsed by one ``from_json`` with a schema of just those: field by field the verdicts of the
+    whole schema's parse (:func:`read_contract_records`), without most of its cost."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_jobs.contract import event_schema
+
+    names = ("kind", *key_groups.record_fields)
+    fields = [field for field in event_schema().fields if field.name in names]
+    payload = StructField("payload", _paths_schema(key_groups.payload_paths, StringType()))
+    parsed = F.from_json(F.col(RECORD_VALUE).cast("string"), StructType([*fields, payload]), {"mode": "PERMISSIVE"})
+    return [*(parsed.getField(field.name).alias(field.name) for field in fields),
+            parsed.getField("payload").alias(_PAYLOAD_FIELDS)]
+
+
+def _paths_schema(paths: Sequence[tuple[str, ...]], leaf: Any) -> Any:
+    """The struct type holding each path of names (a leaf: ``leaf``)."""
+    from pyspark.sql.types import StructField, StructType
+
+    tree: dict[str, Any] = {}
+    for path in paths:
+        node = tree
+        for i, name in enumerate(path):
+            last = i == len(path) - 1
+            child = node.setdefault(name, None if last else {})
+            if (child is None) != last:
+                raise ValueError(f"payload path {'.'.join(path)} is both a field and an object of fields")
+            if isinstance(child, dict):
+                node = child
+
+    def build(node: dict[str, Any]) -> Any:
+        return StructType([StructField(name, leaf if child is None else build(child))
+                           for name, child in node.items()])
+
+    return build(tree)
+
+
+def payload_field(name: str | Sequence[str]) -> Any:
+    """Spark column: the payload field ``name`` (a top-level name, or a path of names) as text, as
+    ``get_json_object`` on Spark's text of the payload gave it (strings unquoted, null when it is missing): read
+    from the narrow parse of :func:`routing_fields` (the path must be in :attr:`KeyGroups.payload_paths`), and only
+    where that has nothing (no such field, or a payload that is a string of JSON) as before, by
+    ``get_json_object`` on the payload's text."""
+    from pyspark.sql import functions as F
+
+    path = (name,) if isinstance(name, str) else tuple(name)
+    parsed = F.col(_PAYLOAD_FIELDS)
+    for part in path:
+        parsed = parsed.getField(part)
+    payload_text = F.get_json_object(F.col(RECORD_VALUE).cast("string"), "$.payload")
+    return F.coalesce(parsed, json_field(payload_text, path))
+
+
 def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
                        partitions_of: Callable[[str], tuple[str, int]],
-                       extra_columns: Mapping[str, Any] | None = None,
                        input_columns: Sequence[str] = INPUT_COLUMNS,
                        key_groups: KeyGroups | None = None, events_topic_prefix: str = "") -> Any:
-    """Group the records by stream and run the cores. ``extra_columns`` (name -> Spark column) are computed in the
-    JVM and handed to the cores too; a job that needs fewer contract columns ships fewer (``input_columns``).
+    """Group the records (:func:`read_record_values`, with the same ``key_groups``) by stream and run the cores. What
+    crosses into Python is each record's raw value and where it is in Kafka; the worker parses the value into the
+    contract columns of ``input_columns`` (a job that needs fewer parses fewer).
 
     With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: each event goes to
     the group of its key (:func:`key_group_column`), and every punctuation on ``<events_topic_prefix><stream>`` (the
@@ -475,7 +615,6 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     keyed = records.withColumn("group_key", F.coalesce(F.col("stream"), F.lit(UNPARSED_GROUP)))
-    extras = [column.alias(name) for name, column in (extra_columns or {}).items()]
     group_columns = ["group_key"]
     groups = 1 if key_groups is None else key_groups.groups
     if key_groups is not None and groups > 1:
@@ -493,9 +632,10 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
             F.when(promise, every_group).otherwise(F.array(key_group_column(F.col(_KEY_TEXT), groups)))))
         group_columns.append("key_group")
     return (
-        keyed.select(*group_columns, *input_columns, *extras)
+        keyed.select(*group_columns, RECORD_VALUE, *KAFKA_COLUMNS)
         .groupBy(*group_columns)
-        .applyInPandasWithState(make_stream_function(job, factory, partitions_of, key_groups=groups),
+        .applyInPandasWithState(make_stream_function(job, factory, partitions_of, key_groups=groups,
+                                                     value_columns=input_columns),
                                 OUTPUT_SCHEMA, STATE_SCHEMA,
                                 "append", GroupStateTimeout.NoTimeout)
     )
@@ -522,11 +662,17 @@ class KeyGroups:
     fields: tuple[tuple[str, Any], ...] = ()
     """(name, Spark column) of the payload fields ``key_text`` reads as ``F.col(name)``: each extracted once per row
     before it (:func:`key_text_by_event_type`)."""
+    record_fields: tuple[str, ...] = ()
+    """Contract fields ``key_text`` and ``fields`` read as ``F.col(name)`` besides ``kind`` (``stream`` and
+    Kafka's columns are always there): parsed in the JVM for the routing (:func:`routing_fields`)."""
+    payload_paths: tuple[tuple[str, ...], ...] = ()
+    """The payload fields ``key_text`` and ``fields`` read with :func:`payload_field` (names, or paths of names)."""
 
 
 # Working columns of the key-group routing (:func:`apply_stream_cores`); none reaches the cores.
 _KEY_TEXT = "_key_text"
 _KEY_FIELD_PREFIX = "_key_field_"
+_PAYLOAD_FIELDS = "_payload_fields"
 
 
 def json_field(payload: Any, name: str | Sequence[str]) -> Any:
@@ -545,16 +691,16 @@ def json_field(payload: Any, name: str | Sequence[str]) -> Any:
     return F.get_json_object(payload, path)
 
 
-def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str],
-                           otherwise: Any) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str], otherwise: Any,
+                           ) -> tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, ...], ...]]:
     """Spark column: the payload attribute that an event's type (payload field ``type_field``) names as its key
     (``attribute_of_type``: the query's equality class), ``otherwise`` for a type the class does not name; with the
-    payload fields it reads (for :attr:`KeyGroups.fields`: the type and each attribute parsed once per row)."""
+    payload fields it reads (for :attr:`KeyGroups.fields`: the type and each attribute parsed once per row) and
+    their names as paths (for :attr:`KeyGroups.payload_paths`)."""
     from pyspark.sql import functions as F
 
-    payload = F.col("payload")
     names = [type_field, *sorted(set(attribute_of_type.values()) - {type_field})]
-    fields = tuple((f"{_KEY_FIELD_PREFIX}{i}", json_field(payload, name)) for i, name in enumerate(names))
+    fields = tuple((f"{_KEY_FIELD_PREFIX}{i}", payload_field(name)) for i, name in enumerate(names))
     column_of = {name: F.col(field_name) for name, (field_name, _) in zip(names, fields, strict=True)}
     event_type = column_of[type_field]
     key_text: Any = None
@@ -562,7 +708,7 @@ def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str]
         branch = column_of[attr]
         key_text = (F.when(event_type == event_type_name, branch) if key_text is None
                     else key_text.when(event_type == event_type_name, branch))
-    return key_text.otherwise(otherwise), fields
+    return key_text.otherwise(otherwise), fields, tuple((name,) for name in names)
 
 
 def key_group_column(key_text: Any, groups: int) -> Any:
@@ -689,7 +835,8 @@ def start_core_job(spark: Any, job: str, options: JobOptions, factory: CoreFacto
     # The session's spark.skewless.librdkafka.* settings reach every client of the job (docs/consume.md).
     client = kafka_client_config(spark, options.bootstrap_servers)
     ensure_topics(client, [output_topic], replication_factor=replication_factor(spark))
-    records = read_contract_records(spark, options.bootstrap_servers, job_topics(topics, options.streams))
+    records = read_record_values(spark, options.bootstrap_servers, job_topics(topics, options.streams),
+                                 options.topic_prefix, apply_options.get("key_groups"))
     partitions_of = EventsTopicPartitions(client, options.topic_prefix)
     events_topic_prefix = topics.events("x").removesuffix("x")
     results = apply_stream_cores(records, job, factory, partitions_of, events_topic_prefix=events_topic_prefix,
@@ -702,12 +849,20 @@ def start_core_job(spark: Any, job: str, options: JobOptions, factory: CoreFacto
     return query
 
 
-def decode_payload(payload: str | None) -> dict[str, Any]:
-    """Payloads travel as JSON text; a payload that is not a JSON object is reported by the caller."""
-    if not payload:
+def decode_payload(payload: Any) -> dict[str, Any]:
+    """The payload as an object: as the worker parsed it with its record (:mod:`spark_jobs.record_columns`: a dict,
+    or a string, which is JSON text as Spark's payload column was), or as JSON text. Anything but an object is a
+    ValueError the caller reports per event."""
+    if type(payload) is dict:
+        return payload
+    if payload is None or payload == "":
         return {}
-    value = orjson.loads(payload)
-    if not isinstance(value, dict):
-        # A data error the caller reports per event, not a programming error: ValueError, not TypeError.
-        raise ValueError(f"payload is not a JSON object: {payload[:80]!r}")  # noqa: TRY004
-    return value
+    if isinstance(payload, str):
+        value = orjson.loads(payload)
+        if isinstance(value, dict):
+            return value
+        text = payload
+    else:
+        text = json_text(payload)
+    # A data error the caller reports per event, not a programming error: ValueError, not TypeError.
+    raise ValueError(f"payload is not a JSON object: {text[:80]!r}")

@@ -14,7 +14,6 @@ T_a for thesis mode is the maximum over the stream's sources of the round trip c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,9 +21,12 @@ from typing import Any, Literal
 from cep.lateness import DEFAULT_ALLOWED_LATENESS_US
 from cep.three_window import FinalResult, LateEvent, ThreeWindowAggregator, WindowResult
 from contract.records import RESULT_FINAL, RESULT_TOO_LATE, RESULT_WINDOW, result_key, result_value
-from spark_jobs.stateful import INPUT_COLUMNS, JobOptions, MicroBatchColumns, decode_payload, start_core_job
+from spark_jobs.stateful import SHELL_COLUMNS, JobOptions, MicroBatchColumns, decode_payload, start_core_job
 
 JOB_NAME = "three_window"
+# What the core reads besides the shell's columns: the payload (its value field), the uncertainty, and the late
+# reason a too-late record repeats.
+THREE_WINDOW_COLUMNS = (*SHELL_COLUMNS, "payload", "uncertainty_us", "late_reason")
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,7 @@ class ThreeWindowCore:
     def on_events(self, batch: MicroBatchColumns) -> list[tuple[str, dict[str, Any]]]:
         """The batch's events as columns: one ``add`` per event, no row dict (the shell's columnar path)."""
         outputs: list[tuple[str, dict[str, Any]]] = []
-        if "value" in batch.names:
-            values = [None if raw is None or raw != raw else float(raw)  # noqa: PLR0124 - NaN: no numeric value
-                      for raw in batch.column("value")]
-        else:
-            values = [self._value({"payload": payload}) for payload in batch.column("payload")]
+        values = [self._value({"payload": payload}) for payload in batch.column("payload")]
         add = self.aggregator.add
         for i, (ts, value, uncertainty) in enumerate(zip(batch.column("ref_ts_us"), values,
                                                          batch.column("uncertainty_us"), strict=True)):
@@ -88,9 +86,6 @@ class ThreeWindowCore:
         return outputs
 
     def _value(self, row: Mapping[str, Any]) -> float | None:
-        if "value" in row:  # extracted by Spark in the JVM (NaN or None: no numeric value)
-            raw = row["value"]
-            return None if raw is None or math.isnan(raw) else float(raw)
         try:
             return numeric_value(decode_payload(row.get("payload")), self.value_field)
         except ValueError:
@@ -124,13 +119,8 @@ class ThreeWindowCore:
 
 def start(spark: Any, options: ThreeWindowOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
-    from pyspark.sql import functions as F
 
     def factory(stream: str, blob: bytes | None) -> ThreeWindowCore:
         return ThreeWindowCore(stream, options, options.ta_us or 0, blob)
 
-    # The aggregated field is extracted in the JVM (a double, null when absent or not a number); the payload
-    # itself stays there: the aggregator needs times, uncertainty, the value and (for late records) identities.
-    value = F.get_json_object(F.col("payload"), f"$.{options.value_field}").cast("double")
-    return start_core_job(spark, JOB_NAME, options, factory, extra_columns={"value": value},
-                          input_columns=[c for c in INPUT_COLUMNS if c != "payload"])
+    return start_core_job(spark, JOB_NAME, options, factory, input_columns=THREE_WINDOW_COLUMNS)

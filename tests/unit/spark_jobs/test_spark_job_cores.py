@@ -39,15 +39,6 @@ def test_the_row_path_releases_the_hand_computed_windows() -> None:
     assert finals[1_000_000]["window_counts"] == [3, 2, 1]
 
 
-def test_a_jvm_extracted_value_column_wins_over_the_payload() -> None:
-    by_column = core()
-    row = {**rows()[0], "value": float("nan")}
-    by_column.on_rows([row])
-    middle0 = next(v for _k, v in by_column.on_watermark(BASE + 10_000_000)
-                   if v["record"] == "window" and v["window_type"] == "MIDDLE" and v["nominal_start_us"] == BASE)
-    assert (middle0["count"], middle0["value_count"]) == (1, 0)
-
-
 def test_a_snapshot_restores_the_same_core() -> None:
     first = core()
     first.on_rows(sorted(rows(), key=lambda r: r["ref_ts_us"]))
