@@ -178,7 +178,7 @@ PYTHON_CATEGORIES = (
     ("task setup (importlib.invalidate_caches re-reads pyspark.zip)", r"setup_spark_files"),
     ("state restore (a core not kept in this worker)", r"restore|from_blob|unpackb"),
     ("snapshot (core state encoding, msgpack)", r"incremental_snapshot|snapshot \(|to_blob|packb"),
-    ("payload parse (orjson)", r"decode_payload"),
+    ("record parse (orjson: the worker's columns, the payload)", r"decode_payload|record_columns|parse_record"),
     ("the core (engine / adapter per event)", r"/cep/|on_events \(|on_rows \(|_on_event"),
     ("output rows (result records, JSON, DataFrame)", r"result_value|result_key|_record \(|_side \(|dumps"),
     ("shell (columns, order, punctuations)", r"columns_of_frames|run_stream_columns|_sorted_indices|"
