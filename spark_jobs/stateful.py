@@ -59,7 +59,8 @@ SHELL_COLUMNS = ("kind", "stream", "source_id", "seq", "ref_ts_us", "watermark_u
 KAFKA_COLUMNS = ("topic", "partition", "offset")
 # The raw Kafka value (bytes) the Python worker parses (spark_jobs.record_columns).
 RECORD_VALUE = "value"
-# Rows that are not contract records (no stream) are grouped here and reported, never fed to a core.
+# The stream of no stream: a value that is not a contract record (no stream) is reported under it, never fed to a
+# core (and rows of a topic that is no stream's are grouped under it).
 UNPARSED_GROUP = ""
 # A micro-batch reads at most this many Kafka records: a backlog is worked off in bounded steps.
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
