@@ -2,14 +2,14 @@
 
 The CEP jobs used to parse every Kafka value in the JVM (``from_json`` with the whole contract schema, PERMISSIVE)
 and ship the columns to Python; that parse was the JVM's largest part of a job's CPU (docs/spark-cpu-split.md).
-Now the JVM reads only what grouping needs and ships the raw value; :func:`record_columns` parses each value once
+Now the JVM groups a record by its topic's stream and ships the raw value; :func:`record_columns` parses each value once
 with orjson and gives the columns a core reads, with ``from_json``'s verdict per field (a unit test compares them
 on a table of values whose verdicts Spark itself gave):
 
 * a value that is not a JSON object (not JSON, an array, a scalar, empty, null) has every column null;
 * each field on its own: a ``long`` column holds a JSON integer in the 64-bit range (null otherwise: a float, a
   string, a bool, a larger integer); a ``boolean`` column ``true``/``false``; a ``string`` column a JSON string as
-  it is and any other value as its JSON text (numbers as Java prints a double: ``1.0E20``); a missing field or
+  it is and any other value as its JSON text (doubles as Java prints them: ``1.0E20``); a missing field or
   JSON ``null`` is null; a bad field leaves the others as they are;
 * like Spark's reader (Jackson), what follows the first JSON object is ignored, ``NaN`` and ``Infinity`` are read
   (a number no long column takes; in the payload the strings ``"NaN"``/``"Infinity"``, as Spark wrote them back),
