@@ -23,8 +23,11 @@ single-quoted strings; such a value is not JSON, and the shell reports it as ``n
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
+import operator
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -108,20 +111,33 @@ def json_text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _checked(raw: list[Any], kind: str) -> list[Any]:
+    """A column's raw values with the column's verdict: C-level type checks first (a column of the right types, the
+    common case, is kept as it is), a pass per value only when some value is not of the column's type."""
+    types = set(map(type, raw))
+    if kind == "long":
+        if types <= _LONG_TYPES:
+            present = list(filter(_is_present, raw)) if _NONE_TYPE in types else raw
+            if not present or (min(present) >= _LONG_MIN and max(present) <= _LONG_MAX):
+                return raw
+        return [v if type(v) is int and _LONG_MIN <= v <= _LONG_MAX else None for v in raw]
+    if kind == "string":
+        return raw if types <= _STRING_TYPES else [v if v is None or type(v) is str else json_text(v) for v in raw]
+    if kind == "boolean":
+        return raw if types <= _BOOLEAN_TYPES else [v if type(v) is bool else None for v in raw]
+    return raw
+
+
+_NONE_TYPE = type(None)
+_LONG_TYPES = frozenset((int, _NONE_TYPE))
+_STRING_TYPES = frozenset((str, _NONE_TYPE))
+_BOOLEAN_TYPES = frozenset((bool, _NONE_TYPE))
+_is_present = functools.partial(operator.is_not, None)
+
+
 def record_columns(values: Sequence[bytes | None], names: Sequence[str]) -> dict[str, list[Any]]:
     """The contract columns ``names`` of the Kafka values, each value parsed once (the module docstring)."""
     empty: dict[str, Any] = {}
     records = [parse_record(value) or empty for value in values]
-    columns: dict[str, list[Any]] = {}
-    for name in names:
-        raw = [record.get(name) for record in records]
-        kind = "payload" if name == PAYLOAD else COLUMN_TYPES[name]
-        # Inline checks, no call per value: the common value is already of the column's type.
-        if kind == "long":
-            raw = [v if type(v) is int and _LONG_MIN <= v <= _LONG_MAX else None for v in raw]
-        elif kind == "string":
-            raw = [v if v is None or type(v) is str else json_text(v) for v in raw]
-        elif kind == "boolean":
-            raw = [v if type(v) is bool else None for v in raw]
-        columns[name] = raw
-    return columns
+    return {name: _checked(list(map(dict.get, records, itertools.repeat(name))),
+                           "payload" if name == PAYLOAD else COLUMN_TYPES[name]) for name in names}

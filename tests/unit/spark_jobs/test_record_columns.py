@@ -195,6 +195,17 @@ def test_every_column_has_spark_s_verdict_on_the_table() -> None:
         assert payload_verdict(columns["payload"][i]) == payload_verdict(spark.get("payload")), case
 
 
+def test_a_value_alone_gets_the_verdict_it_gets_among_others() -> None:
+    """A column whose values are all of its type is kept as it is (C-level checks); one value of another type
+    sends the column through a check per value: both give the same verdicts."""
+    names = list(COLUMN_TYPES)
+    together = record_columns([value for _case, value, _spark in TABLE], names)
+    for i, (case, value, _spark) in enumerate(TABLE):
+        alone = record_columns([value, FULL_EVENT], names)
+        assert {name: column[0] for name, column in alone.items()} == \
+            {name: column[i] for name, column in together.items()}, case
+
+
 def test_the_table_has_each_kind_of_verdict() -> None:
     """The table is not all-good: values with no columns, with partial columns, and each payload verdict."""
     spark_payloads = [payload_verdict(spark.get("payload"))[0] for _c, _v, spark in TABLE if "payload" in spark]
