@@ -750,7 +750,7 @@ because the routing still parses the payload twice per row (`get_json_object` fo
 - pattern (0.33x) and iseq (0.15x): their engines. The pattern matcher is 19 us/event in-process (the table above),
   the ISEQ engine 119 us/event alone in this run (8,436 events per CPU second; the job made 77 % of that per core):
   no shell change brings either to 29 us/event. The ISEQ engine's key index, merged after this run, took it to
-  37.8 us/event and the iseq job to 0.40x / 0.33x of its own run's native count (the separate iseq section above).
+  37.8 us/event and the iseq job to 0.40x / 0.33x of its own run's native count (a separate run of 18:50 UTC, 930be60).
 - three_window: CPU met (0.86x); its throughput ratio (0.68x) is the shared machine's wall time (above).
 
 **Earlier: incremental snapshots (issue 27 item 2), measured before this run.** The figures below come from
@@ -787,18 +787,36 @@ is not smaller (the sequence blob is 1.4 % larger: each key carries its own fram
 ships it whole every batch: that part is not in these figures."""
 
 # The subset run's reading (``--jobs``), written from the numbers of the run that produced its table, as ANALYSIS.
-SUBSET_ANALYSIS = """**Reading.** This run measured the iseq job after the ISEQ engine's key index (a8f3de3, docs/intervals.md):
-0.40x the native count by throughput and 0.33x by CPU per event (92.8 against 31.0 CPU us/event); 0.8x would be at
-least 39,072 events/s and at most 38.8 CPU us/event, so both targets are missed, by 2.0x and 2.4x. The engine alone
-now costs 1 / 26,441 = 37.8 CPU us per event in-process (8,436 events per CPU second, 119 us, in the full run
-above, before the index): about the whole 0.8x budget by itself, so the job cannot reach the target until the
-engine is several times faster again. The other ~55 CPU us/event are Spark's read path (the native count's 31.0
-include the same `from_json`), the shell, and the inputs held until the stream's promise. Per core the job made
-40.8 % of its engine's in-process rate (54 % and 77 % in earlier runs, when the engine itself was 3x slower and
-so a larger part of the job).
+SUBSET_ANALYSIS = """**Reading.** This run measured the jobs after the record parse moved into the Python worker (7dca244, with the
+worker's C-level column checks of 56f0323 landing while it ran; docs/spark-jobs.md, "One parse per record": the JVM
+groups a record by its topic's stream, parses no JSON for it, and ships the raw value, which the worker parses once
+with orjson). The code before (f570966) ran the same benchmark at the same time in its own broker and Spark
+(21:33-21:50 UTC both; load average 6.2-11.6, the machine 100 % busy, each run's jobs about 20 % of it). CPU
+us/event before -> after, with the ratio to each run's own native count (36.5 and 39.0 CPU us/event):
 
-Read with care: this run's native count (31.0 CPU us/event) is not the full run's (23.4): rows of the two runs
-compare only each with its own native count. Round 0's ratios ran against a colder JVM (the per-round range)."""
+| job | CPU us/event before -> after | CPU ratio before -> after | throughput ratio before -> after |
+|---|---:|---:|---:|
+| three_window | 41.8 -> 29.1 | 0.87x -> 1.34x | 0.77x -> 1.23x |
+| sequence, one key group per stream | 54.5 -> 44.5 | 0.67x -> 0.88x | 0.72x -> 0.78x |
+| iseq | 100.1 -> 85.3 | 0.36x -> 0.46x | 0.43x -> 0.63x |
+| pattern (2 key groups, its default here) | 109.7 -> 117.7 | 0.33x -> 0.33x | 0.24x -> 0.25x |
+| sequence, `--key-groups 2` | 60.2 -> 67.2 | 0.61x -> 0.58x | 0.84x -> 0.74x |
+
+With one group per stream the jobs spend 15-30 % less CPU per event: three_window meets 0.8x by CPU and by
+throughput, the sequence job by CPU (0.88x) and nearly by throughput (0.78x); iseq stays far (its engine). With key
+groups there is no gain: a `spark_cpu_split.py` run after this one (200,000 events, load average 5-9, JFR and py-spy
+attached) still puts 20.6 CPU us/event of the pattern job's JVM in Jackson (27.6 in docs/spark-cpu-split.md's run
+before the change): the routing's narrow `from_json` (the kind and the key's payload fields) costs most of what the
+whole parse cost, since Jackson tokenizes every record whole either way, and the worker's parse adds 4-5 us/event
+(orjson and the columns) on top. The sequence job with one group had no JSON left in the JVM's samples in that run
+(JVM 29.0 us/event; Python 28.1, of which the record parse 4.3 and a core restored in the other worker 5.8). Left
+for key groups: routing without a JVM parse (e.g. the key group computed in Python before the shuffle), not done
+here.
+
+Per core the sequence job made 22,500 events per CPU second (1 / 44.5 us), 8.5 % of its engine's 265,063
+in-process (before: 6.7 %); the target is 25 %. The throughput ratios are best rounds of 2 on a machine loaded by
+other work (per-round ranges above); CPU per event is the measure that follows the code. An earlier separate iseq
+run (18:50 UTC, 930be60, load 1.4-2.4) measured that job at 0.40x / 0.33x of its own native count."""
 
 BEFORE_COMMIT = "e9a2b52"
 
