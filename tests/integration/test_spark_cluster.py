@@ -276,10 +276,8 @@ def test_three_window_and_sequence_on_a_standalone_cluster_equal_local_mode_and_
     # share with the stream (tests/integration/test_spark_key_groups.py).
     assert Counter(without_clock(all_sequence)) == twice(without_clock(local_sequence))
     # ...and exactly the pure cores' records on the same input.
-    pure_three = pure_results(topic_prefix, "three_window", [
-        {**{k: v for k, v in row.items() if k != "payload"},
-         "value": orjson.loads(row["payload"])["value"] if row["payload"] else None} for row in rows],
-        three_window.ThreeWindowCore(STREAM, three_options, 0, None))
+    pure_three = pure_results(topic_prefix, "three_window", rows,
+                              three_window.ThreeWindowCore(STREAM, three_options, 0, None))
     pure_sequence = pure_results(topic_prefix, "sequence", rows, sequence_job.SequenceStreamCore(
         STREAM, parse_query(QUERY), EngineConfig(k_slack_us=None, mode=sequence_options.mode,
                                                  allowed_lateness_us=sequence_options.allowed_lateness_us),
