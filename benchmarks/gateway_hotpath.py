@@ -43,7 +43,14 @@ from contract.topics import TopicNames
 from contract.wire.frames import encode_frame
 from contract.wire.messages import IncomingEvent, build_event, build_events, build_hello
 from gateway.ingest import ConnectionId, DeliveryRef, IngestConfig, IngestCore, Produce
-from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
+from gateway.native import (
+    Core,
+    NativeGatewaySession,
+    native_event_digests,
+    native_record_builder,
+    resolve_core,
+    with_core,
+)
 from gateway.session import EventsReceived, GatewaySession
 from gateway.shard import ShardRuntime
 from reorder.eval.progress import progress_bar, progress_enabled
@@ -68,7 +75,8 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
     sessions: list[GatewaySession] = []
     frames = []
     config = IngestConfig(pipeline=with_core(PipelineConfig(), cores),
-                          record_builder=native_record_builder if cores == "native" else None)
+                          record_builder=native_record_builder if cores == "native" else None,
+                          event_digests=native_event_digests if cores == "native" else None)
     core = IngestCore(TopicNames(), IdentityMapping(), config)
     core.stream_created("bench")
     session_type = NativeGatewaySession if cores == "native" else GatewaySession

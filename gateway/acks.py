@@ -48,6 +48,8 @@ __all__ = [
     "SEQ_JUMP",
     "Admission",
     "DeliveryTracker",
+    "EventDigestsCore",
+    "digest_body",
     "event_digest",
 ]
 
@@ -84,6 +86,24 @@ class FrameEvent(Protocol):
     def payload(self) -> Any: ...
 
 
+class EventDigestsCore(Protocol):
+    """Another definition of the digests (gateway.native: the Rust one, ``skewless_native.EventDigests``) with the
+    same verdicts, and ``admit_frame``'s inline path for a run of one stream's events in one call."""
+
+    def event_digest(self, source_ts_us: int, payload: Any) -> int: ...
+
+    def admit_run(self, events: Sequence[FrameEvent], start: int, stream: str, pending: dict[int, int | None],
+                  highest: int, acked_through: int, max_seq_jump: int) -> tuple[int, int]: ...
+
+
+def digest_body(payload: Any) -> bytes | str:
+    """What ``event_digest`` hashes with the timestamp: the payload's JSON with sorted keys, or its repr."""
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # a RejectedPayload, or anything orjson cannot encode: its repr names it well enough
+        return repr(payload)
+
+
 def event_digest(source_ts_us: int, payload: Any) -> int:
     """A 64-bit digest of what a duplicate must repeat: the payload and the source timestamp.
 
@@ -115,8 +135,11 @@ class _StreamProgress:
 
 class DeliveryTracker:
     def __init__(self, max_seq_jump: int = DEFAULT_MAX_SEQ_JUMP,
-                 max_given_up_seqs: int = DEFAULT_MAX_GIVEN_UP_SEQS) -> None:
+                 max_given_up_seqs: int = DEFAULT_MAX_GIVEN_UP_SEQS, digests: EventDigestsCore | None = None) -> None:
         self.max_seq_jump = max_seq_jump
+        # digests: every digest of this tracker by that definition (the verdicts are the same, the values not).
+        self._digests = digests
+        self._event_digest = event_digest if digests is None else digests.event_digest
         self.max_given_up_seqs = max_given_up_seqs
         self._progress: dict[tuple[str, str], _StreamProgress] = {}
         # Compacted entries of freed sources: (source, stream) -> acked_through, nothing else (see compact).
@@ -204,7 +227,7 @@ class DeliveryTracker:
             pending = progress.pending
             if seq in pending:
                 known = pending[seq]
-                if known is None or event is None or known == event_digest(*event):
+                if known is None or event is None or known == self._event_digest(*event):
                     return DUPLICATE
                 return CONFLICT
             if seq > progress.highest:
@@ -217,19 +240,19 @@ class DeliveryTracker:
                 progress.highest = seq
             elif progress.given_up and progress.given_up.pop(seq) is not None:
                 self._note_late_given_up(progress, seq)  # a given-up seq above the ack, arriving after all
-            pending[seq] = None if event is None else event_digest(*event)
+            pending[seq] = None if event is None else self._event_digest(*event)
             return ACCEPTED
         if progress.given_up and progress.given_up.pop(seq) is not None:
             # Given up, the ack passed it, and here it is: published once, on the late topic.
             self._note_late_given_up(progress, seq)
             if event is not None:
-                self._remember(progress, seq, event_digest(*event))
+                self._remember(progress, seq, self._event_digest(*event))
             return ACCEPTED
         digests = progress.recent_digests
         if event is not None and digests is not None:
             assert progress.recent_seqs is not None
             slot = seq % RECENT_ACKED_DIGESTS
-            if progress.recent_seqs[slot] == seq and digests[slot] != event_digest(*event):
+            if progress.recent_seqs[slot] == seq and digests[slot] != self._event_digest(*event):
                 return CONFLICT
         return DUPLICATE
 
@@ -239,6 +262,8 @@ class DeliveryTracker:
 
         A seq above everything its stream accepted, given up or acked, within the jump limit, is accepted here
         without the call (the usual event: the next seq); any other goes through ``admit`` itself."""
+        if self._digests is not None:
+            return self._admit_frame_runs(source_id, events, self._digests)
         admissions: list[Admission] | None = None
         stream: str | None = None
         progress: _StreamProgress | None = None
@@ -270,6 +295,31 @@ class DeliveryTracker:
                 admissions = [ACCEPTED] * index
             if admissions is not None:
                 admissions.append(admission)
+        return admissions
+
+    def _admit_frame_runs(self, source_id: str, events: Sequence[FrameEvent],
+                          digests: EventDigestsCore) -> list[Admission] | None:
+        """``admit_frame`` with the other digests: each run of the inline path in one ``admit_run`` call."""
+        admissions: list[Admission] | None = None
+        index, count = 0, len(events)
+        max_seq_jump = self.max_seq_jump
+        while index < count:
+            event = events[index]
+            progress = self._progress.get((source_id, event.stream))
+            if progress is not None:
+                taken, progress.highest = digests.admit_run(events, index, event.stream, progress.pending,
+                                                            progress.highest, progress.acked_through, max_seq_jump)
+                if taken > index:
+                    if admissions is not None:
+                        admissions += [ACCEPTED] * (taken - index)
+                    index = taken
+                    continue
+            admission = self.admit(source_id, event.stream, event.seq, (event.source_ts_us, event.payload))
+            if admissions is None and admission is not ACCEPTED:
+                admissions = [ACCEPTED] * index
+            if admissions is not None:
+                admissions.append(admission)
+            index += 1
         return admissions
 
     def confirmed(self, source_id: str, stream: str, seq: int) -> int | None:

@@ -193,7 +193,7 @@ from contract.wire import messages
 from contract.wire.errors import InvalidMessage, InvalidPayload, LocalProtocolError
 from contract.wire.frames import encode_frame
 from contract.wire.messages import MAX_SOURCE_ID_CHARS
-from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker
+from gateway.acks import ACCEPTED, CONFLICT, DEFAULT_MAX_SEQ_JUMP, DUPLICATE, DeliveryTracker, EventDigestsCore
 from gateway.clock_state import clock_state_record
 from gateway.logs import limited_log
 from reorder.merger import MergeOutput
@@ -342,6 +342,10 @@ class IngestConfig:
     # specification); a factory of a RecordBuilderCore (gateway.native: the Rust one) builds each call's records in
     # one batch, with the same bytes.
     record_builder: Callable[[], RecordBuilderCore] | None = None
+    # The delivery tracker's digests: None computes them here (gateway.acks.event_digest, the specification); a
+    # factory of an EventDigestsCore (gateway.native: the Rust one) gives the same verdicts, a frame's in-order run
+    # admitted in one call.
+    event_digests: Callable[[], EventDigestsCore] | None = None
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -593,7 +597,8 @@ class IngestCore:
         self.config = config or IngestConfig()
         self.counters = GatewayCounters()
         self.pipeline = IngestPipeline(mapping, self.config.pipeline)
-        self.tracker = DeliveryTracker(self.config.max_seq_jump, self.config.pipeline.sequence.max_skipped_tracked)
+        self.tracker = DeliveryTracker(self.config.max_seq_jump, self.config.pipeline.sequence.max_skipped_tracked,
+                                       None if self.config.event_digests is None else self.config.event_digests())
         self.pipeline.gaps_given_up = []  # drained by _publish (rule 13)
         self.last_delivery_us: int | None = None
         self.last_kafka_error: str | None = None

@@ -14,6 +14,7 @@ from typing import Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
 from contract.wire.messages import Bye, EventBatch, Heartbeat, RejectedPayload
+from gateway.acks import EventDigestsCore, digest_body
 from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce, RecordBuilderCore
 from gateway.session import (
     DrainRequested,
@@ -83,6 +84,14 @@ def native_record_builder() -> RecordBuilderCore:
 
     return cast(RecordBuilderCore, skewless_native.RecordBuilder(
         produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, GIVEN_UP_LATE_REASONS, Merged, SourceEvent)))
+
+
+def native_event_digests() -> EventDigestsCore:
+    """The Rust digests of the delivery tracker (the same verdicts as gateway.acks.event_digest, other values) and
+    ``admit_frame``'s inline path for a run of a frame's events in one call."""
+    import skewless_native
+
+    return cast(EventDigestsCore, skewless_native.EventDigests(digest_body))
 
 
 NATIVE_PIPELINE_CORES = PipelineCores(native_sequence_reorderer, native_merger)

@@ -67,7 +67,14 @@ from gateway.ingest import (
 from gateway.logs import LIMITER as LOG_LIMITER
 from gateway.logs import limited_log
 from gateway.metrics import MetricsServer, make_registry
-from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
+from gateway.native import (
+    Core,
+    NativeGatewaySession,
+    native_event_digests,
+    native_record_builder,
+    resolve_core,
+    with_core,
+)
 from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from gateway.tasks import SupervisedTasks
@@ -227,7 +234,8 @@ def _shard_ingest_config(config: GatewayConfig, core_name: Core) -> IngestConfig
         source_retention_us=config.source_retention_us,
         idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump,
         takeover_grace_us=config.takeover_grace_us,
-        record_builder=native_record_builder if core_name == "native" else None)
+        record_builder=native_record_builder if core_name == "native" else None,
+        event_digests=native_event_digests if core_name == "native" else None)
 
 
 class Gateway:

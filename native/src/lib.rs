@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 pub mod decode;
+pub mod dedup;
 pub mod merger;
 pub mod pyrecords;
 pub mod records;
@@ -20,5 +21,6 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     decode::register(m)?;
     records::register(m)?;
     merger::python::register(m)?;
+    dedup::register(m)?;
     Ok(())
 }

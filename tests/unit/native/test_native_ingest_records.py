@@ -1,8 +1,8 @@
-"""The gateway's ingest core with its native cores (gateway.native: the record builder, and the pipeline's reorderers
-and mergers) against the same core running the Python ones (the specification): the same calls in, the same actions
-out, byte for byte, through gaps, give-ups, late events, duplicates, heartbeats, byes and returns, a restart from
-the checkpointed progress, payloads the encoder refuses, payloads the decoder refused (RejectedPayload), interval
-events, two streams, and records over the size limit."""
+"""The gateway's ingest core with its native cores (gateway.native: the record builder, the tracker's digests, and
+the pipeline's reorderers and mergers) against the same core running the Python ones (the specification): the same
+calls in, the same actions out, byte for byte, through gaps, give-ups, late events, duplicates, heartbeats, byes and
+returns, a restart from the checkpointed progress, payloads the encoder refuses, payloads the decoder refused
+(RejectedPayload), interval events, two streams, and records over the size limit."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from contract.topics import TopicNames
 from contract.wire.messages import AtomicInterval, Heartbeat, IncomingEvent, IntervalEndpoint, RejectedPayload
 from gateway.ingest import ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
-from gateway.native import native_record_builder, with_core
+from gateway.native import native_event_digests, native_record_builder, with_core
 from timesync.clocks import FixedOffsetMapping
 
 T0 = 1_700_000_000_000_000
@@ -34,7 +34,7 @@ def build_core(native: bool) -> IngestCore:
     config = IngestConfig(max_record_bytes=900)
     if native:
         config = IngestConfig(max_record_bytes=900, record_builder=native_record_builder,
-                              pipeline=with_core(config.pipeline, "native"))
+                              event_digests=native_event_digests, pipeline=with_core(config.pipeline, "native"))
     core = IngestCore(TopicNames("t"), FixedOffsetMapping({"a": 0, "é-b": 1_500, 'c"q': -700}, error_bound_us=3),
                       config)
     for stream in STREAMS:

@@ -1,0 +1,333 @@
+//! The delivery tracker's per-event work on a frame's in-order events (gateway/acks.py, `DeliveryTracker`), compiled:
+//! the digest a duplicate must repeat (`event_digest`) and `admit_frame`'s inline acceptance of a run of seqs
+//! above everything its stream accepted, given up or acked, in one call per run (`EventDigests.admit_run`).
+//!
+//! The digest's definition: the Python core's `event_digest` is `hash((source_ts_us, body))`, `body` the payload's
+//! orjson with sorted keys, or its `repr` when orjson refuses it. Python's `hash` of bytes is seeded per process and
+//! cannot be computed here, so the native digest is a SipHash-1-3 (std's, keyed at random once per process, as
+//! Python's) of `(hash(source_ts_us), kind of body, body)`, the body the same bytes: sorted-key JSON written here
+//! exactly as orjson writes it (records.rs's writer, keys sorted by their UTF-8 bytes as orjson sorts them), else
+//! what the tracker's own `_digest_body` gives (orjson, or the repr). Two events get the same native digest exactly
+//! when they get the same Python digest (but for 64-bit collisions, in either), so the verdicts (duplicate,
+//! conflict) are the same; a tracker uses one definition for all its digests (it takes this object or none).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use crate::decode::guard;
+use crate::records::{write_py, write_str, NotNative};
+
+/// Deeper payloads go to the Python body (orjson's own limit is 254 levels; the wire's payloads stop at 32).
+const MAX_SORTED_DEPTH: usize = 200;
+/// The tracker's `_NO_SEQ`: a stream that accepted nothing yet.
+const NO_SEQ: i128 = -1;
+
+/// What the digest hashes after the timestamp: sorted-key JSON (as orjson writes it) or the Python body's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body<'a> {
+    Json(&'a [u8]),
+    Text(&'a [u8]),
+}
+
+/// The keyed hash of a digest: one key per process.
+#[derive(Debug, Clone)]
+pub struct Digester {
+    keys: RandomState,
+}
+
+impl Default for Digester {
+    fn default() -> Self {
+        Digester {
+            keys: RandomState::new(),
+        }
+    }
+}
+
+impl Digester {
+    /// The digest of an event whose timestamp hashes (Python's `hash`) to `ts_hash`, with this body.
+    pub fn digest(&self, ts_hash: i64, body: Body<'_>) -> i64 {
+        let mut hasher = self.keys.build_hasher();
+        hasher.write_i64(ts_hash);
+        let bytes = match body {
+            Body::Json(bytes) => {
+                hasher.write_u8(0);
+                bytes
+            }
+            Body::Text(bytes) => {
+                hasher.write_u8(1);
+                bytes
+            }
+        };
+        hasher.write_usize(bytes.len());
+        hasher.write(bytes);
+        // Two's complement: the tracker keeps digests in an array('q').
+        hasher.finish() as i64
+    }
+}
+
+/// `admit_frame`'s inline test: a seq above everything its stream accepted, given up or acked (`top`), within the
+/// jump limit unless the stream accepted nothing yet (`highest` is NO_SEQ). Accepting it makes it the new top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InOrderAdmission {
+    pub highest: i128,
+    pub acked_through: i128,
+    pub max_seq_jump: i128,
+}
+
+impl InOrderAdmission {
+    fn top(&self) -> i128 {
+        self.highest.max(self.acked_through)
+    }
+
+    /// Whether `seq` is accepted inline (the caller also checks that it is not pending).
+    pub fn admits(&self, seq: i128) -> bool {
+        let top = self.top();
+        seq > top && (self.highest == NO_SEQ || seq - top <= self.max_seq_jump)
+    }
+
+    pub fn accept(&mut self, seq: i128) {
+        self.highest = seq;
+    }
+}
+
+/// orjson's `dumps(value, option=OPT_SORT_KEYS)` for a Python value of the exact JSON types, or NotNative.
+pub fn write_sorted(
+    out: &mut Vec<u8>,
+    value: &Bound<'_, PyAny>,
+    depth: usize,
+) -> Result<(), NotNative> {
+    if depth > MAX_SORTED_DEPTH {
+        return Err(NotNative);
+    }
+    if let Ok(d) = value.cast_exact::<PyDict>() {
+        let mut entries = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let k = k.cast_exact::<PyString>().map_err(|_| NotNative)?;
+            let text = k.to_str().map_err(|_| NotNative)?.to_owned();
+            entries.push((text, v));
+        }
+        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        out.push(b'{');
+        for (i, (k, v)) in entries.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_str(out, k);
+            out.push(b':');
+            write_sorted(out, v, depth + 1)?;
+        }
+        out.push(b'}');
+    } else if let Ok(l) = value.cast_exact::<PyList>() {
+        write_sorted_array(out, l.iter(), depth)?;
+    } else if let Ok(t) = value.cast_exact::<PyTuple>() {
+        write_sorted_array(out, t.iter(), depth)?;
+    } else {
+        write_py(out, value, depth)?; // a scalar: no keys to sort
+    }
+    Ok(())
+}
+
+fn write_sorted_array<'py>(
+    out: &mut Vec<u8>,
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    depth: usize,
+) -> Result<(), NotNative> {
+    out.push(b'[');
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_sorted(out, &item, depth + 1)?;
+    }
+    out.push(b']');
+    Ok(())
+}
+
+/// `skewless_native.EventDigests(body)`: the tracker's digests. `body(payload)` is the tracker's `_digest_body`
+/// (orjson with sorted keys, or the repr when orjson refuses the payload), asked only for a payload not written here.
+#[pyclass(module = "skewless_native", frozen)]
+pub struct EventDigests {
+    digester: Digester,
+    body: Py<PyAny>,
+}
+
+impl EventDigests {
+    fn digest_of(
+        &self,
+        buf: &mut Vec<u8>,
+        source_ts_us: &Bound<'_, PyAny>,
+        payload: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        let ts_hash = i64::try_from(source_ts_us.hash()?).unwrap_or_default();
+        buf.clear();
+        if write_sorted(buf, payload, 1).is_ok() {
+            return Ok(self.digester.digest(ts_hash, Body::Json(buf)));
+        }
+        let body = self.body.bind(payload.py()).call1((payload,))?;
+        if let Ok(bytes) = body.cast_exact::<PyBytes>() {
+            return Ok(self.digester.digest(ts_hash, Body::Json(bytes.as_bytes())));
+        }
+        let Ok(text) = body.cast_exact::<PyString>() else {
+            return Err(PyTypeError::new_err(
+                "EventDigests: the body function must return bytes or str",
+            ));
+        };
+        // A str with lone surrogates has no UTF-8: its repr (ASCII escapes) stands for it.
+        let text = match text.to_str() {
+            Ok(text) => text.to_owned(),
+            Err(_) => text.repr()?.to_str()?.to_owned(),
+        };
+        Ok(self.digester.digest(ts_hash, Body::Text(text.as_bytes())))
+    }
+}
+
+/// A frame's events: a tuple or a list (IngestCore hands a tuple), read without Python calls.
+enum Events<'a, 'py> {
+    Tuple(&'a Bound<'py, PyTuple>),
+    List(&'a Bound<'py, PyList>),
+}
+
+impl<'py> Events<'_, 'py> {
+    fn len(&self) -> usize {
+        match self {
+            Events::Tuple(t) => t.len(),
+            Events::List(l) => l.len(),
+        }
+    }
+
+    fn get(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Events::Tuple(t) => t.get_item(index),
+            Events::List(l) => l.get_item(index),
+        }
+    }
+}
+
+#[pymethods]
+impl EventDigests {
+    #[new]
+    fn new(body: Py<PyAny>) -> Self {
+        EventDigests {
+            digester: Digester::default(),
+            body,
+        }
+    }
+
+    /// The tracker's `event_digest(source_ts_us, payload)` under this definition.
+    fn event_digest(
+        &self,
+        source_ts_us: &Bound<'_, PyAny>,
+        payload: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        guard("EventDigests.event_digest", || {
+            self.digest_of(&mut Vec::with_capacity(64), source_ts_us, payload)
+        })
+    }
+
+    /// `admit_frame`'s inline path from `events[start]` on, for one (source, stream) whose entry is `pending`,
+    /// `highest` and `acked_through`: each event of `stream` whose seq the inline test admits and that is not
+    /// pending gets `pending[seq] = digest`. Stops before the first other event. Returns (the index of that event,
+    /// the stream's new highest seq).
+    #[allow(clippy::too_many_arguments)]
+    fn admit_run(
+        &self,
+        events: &Bound<'_, PyAny>,
+        start: usize,
+        stream: &Bound<'_, PyAny>,
+        pending: &Bound<'_, PyDict>,
+        highest: i64,
+        acked_through: i64,
+        max_seq_jump: i64,
+    ) -> PyResult<(usize, i64)> {
+        let py = events.py();
+        let events = if let Ok(t) = events.cast::<PyTuple>() {
+            Events::Tuple(t)
+        } else {
+            Events::List(events.cast::<PyList>()?)
+        };
+        let mut admission = InOrderAdmission {
+            highest: i128::from(highest),
+            acked_through: i128::from(acked_through),
+            max_seq_jump: i128::from(max_seq_jump),
+        };
+        guard("EventDigests.admit_run", || {
+            let mut buf = Vec::with_capacity(128);
+            let mut index = start;
+            while index < events.len() {
+                let event = events.get(index)?;
+                let event_stream = event.getattr(intern!(py, "stream"))?;
+                if !event_stream.is(stream) && !event_stream.eq(stream)? {
+                    break;
+                }
+                let seq_obj = event.getattr(intern!(py, "seq"))?;
+                let Ok(seq) = seq_obj.extract::<i64>() else {
+                    break; // admit's own path takes it
+                };
+                if !admission.admits(i128::from(seq)) || pending.contains(&seq_obj)? {
+                    break;
+                }
+                let digest = self.digest_of(
+                    &mut buf,
+                    &event.getattr(intern!(py, "source_ts_us"))?,
+                    &event.getattr(intern!(py, "payload"))?,
+                )?;
+                pending.set_item(&seq_obj, digest)?;
+                admission.accept(i128::from(seq));
+                index += 1;
+            }
+            // The highest seq is one of the stream's i64 seqs or the one it was called with.
+            Ok((index, i64::try_from(admission.highest).unwrap_or(highest)))
+        })
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<EventDigests>()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_body_same_digest_other_body_or_time_another() {
+        let d = Digester::default();
+        let a = d.digest(10, Body::Json(b"{\"a\":1}"));
+        assert_eq!(a, d.digest(10, Body::Json(b"{\"a\":1}")));
+        assert_ne!(a, d.digest(11, Body::Json(b"{\"a\":1}")));
+        assert_ne!(a, d.digest(10, Body::Json(b"{\"a\":1.0}")));
+        assert_ne!(a, d.digest(10, Body::Text(b"{\"a\":1}")));
+    }
+
+    #[test]
+    fn in_order_admission_as_admit_frame_tests_it() {
+        let mut a = InOrderAdmission {
+            highest: NO_SEQ,
+            acked_through: NO_SEQ,
+            max_seq_jump: 5,
+        };
+        // Nothing accepted yet: any seq above the ack, however high.
+        assert!(a.admits(1_000));
+        assert!(!a.admits(-1));
+        a.accept(3);
+        assert!(!a.admits(3));
+        assert!(a.admits(4));
+        assert!(a.admits(8));
+        assert!(!a.admits(9)); // beyond the jump limit
+        let acked_ahead = InOrderAdmission {
+            highest: 2,
+            acked_through: 6,
+            max_seq_jump: 5,
+        };
+        assert!(!acked_ahead.admits(6));
+        assert!(acked_ahead.admits(7));
+        assert!(acked_ahead.admits(11));
+        assert!(!acked_ahead.admits(12));
+    }
+}
