@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from contract.records import MAX_TS_US, MIN_TS_US, REF_RAISED_US, EventRecord
 from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint
@@ -73,6 +73,16 @@ TakeRun = Callable[[list[IncomingEvent], int, str, int, "list[tuple[int, int]] |
                     type[SourceEvent], tuple[int, int, int, int]], tuple[list[RunItem], int]]
 """A native reorderer's ``take_run`` (skewless_native.SequenceReorderer): push_many's in-order fast path for a run
 of events in one call, from an index: the run's items and the index of the first event it left to push_many."""
+
+PushInOrder = Callable[[SequenceCore, object, list[IncomingEvent], int, str, int, "list[tuple[int, int]] | None",
+                        ReferenceMapping, type[SourceEvent], tuple[int, int, int, int]],
+                       tuple[int, "list[RunItem] | None", "list[Any] | None", "list[int] | None",
+                             "dict[int, int] | None"]]
+"""A native merger's ``push_in_order`` (skewless_native.MultiSourceMerger): the reorderer's ``take_run``, then, when
+push_many would hand that run to the merger right after (the frame ends or its next event is another stream's),
+``push_run_built`` of it, in one call. Returns (the index of the first event not taken, the taken items when they
+were not pushed, else None, then ``push_run_built``'s outputs and handed-back positions and the run's
+``{id(event): error_us}`` when something was handed back)."""
 
 ReordererFactory = Callable[[str, str, SequenceConfig], SequenceCore]
 """Builds the reorderer of (source_id, stream) with a config: a floor above this one injects the native core."""
@@ -485,10 +495,15 @@ class IngestPipeline:
                     touched.append(pipeline)
             assert reorderer is not None
             if take_run is not None:
-                taken, next_index = take_run(events, index, source_id, arrival_us, mappings, self.clock, SourceEvent,
-                                             self._run_limits)
-                if next_index > index:
+                push_in_order = None if run else self._push_in_order_of(pipeline)
+                if push_in_order is not None:
+                    next_index = self._push_in_order(push_in_order, reorderer, source_id, events, index, arrival_us,
+                                                     mappings, run, out)
+                else:
+                    taken, next_index = take_run(events, index, source_id, arrival_us, mappings, self.clock,
+                                                 SourceEvent, self._run_limits)
                     run += taken
+                if next_index > index:
                     index = next_index
                     continue
             given = mappings[index] if mappings is not None else None
@@ -500,6 +515,26 @@ class IngestPipeline:
         for touched_pipeline in touched:
             self._track(touched_pipeline, source_id)
         return out
+
+    def _push_in_order_of(self, pipeline: _StreamPipeline) -> PushInOrder | None:
+        """The stream's native merger's fused in-order call, when the records are built natively too."""
+        if self.merged_records is None:
+            return None
+        return cast("PushInOrder | None", getattr(pipeline.merger, "push_in_order", None))
+
+    def _push_in_order(self, push_in_order: PushInOrder, reorderer: SequenceCore, source_id: str,
+                       events: list[IncomingEvent], index: int, arrival_us: int,
+                       mappings: list[tuple[int, int]] | None, run: list[RunItem], out: list[PipelineOutput]) -> int:
+        """``take_run`` from ``index`` and, when push_many would push that run next, ``_push_run`` of it, in one
+        native call; returns the index of the first event not taken."""
+        next_index, taken, built, handed_back, run_errors = push_in_order(
+            reorderer, self.merged_records, events, index, source_id, arrival_us, mappings, self.clock, SourceEvent,
+            self._run_limits)
+        if taken is not None:
+            run += taken
+        elif built is not None and handed_back is not None:
+            self._take_built(built, handed_back, run_errors, out)
+        return next_index
 
     def _push_one_of_many(self, pipeline: _StreamPipeline, reorderer: SequenceCore, source_id: str,
                           event: IncomingEvent, given: tuple[int, int] | None, arrival_us: int,
@@ -550,9 +585,15 @@ class IngestPipeline:
                 self._records(merged, out, None, None, None, errors)
                 return
             built, handed_back = merged_records.build_merged(merged, run, self.clock)
-        self.counters.released += len(built) - len(handed_back)
         run_errors = {id(event): mapped[1] for event, _arrival_us, mapped in run} if handed_back else None
         run.clear()
+        self._take_built(built, handed_back, run_errors, out)
+
+    def _take_built(self, built: list[Any], handed_back: list[int], run_errors: dict[int, int] | None,
+                    out: list[PipelineOutput]) -> None:
+        """``push_run_built``'s outputs into ``out``: the Produce actions as they are, the records it handed back
+        (the merge's other outputs, releases the builder left) through ``_records``."""
+        self.counters.released += len(built) - len(handed_back)
         start = 0
         for position in handed_back:  # the merge's other outputs, and releases the builder left to _records
             out += cast(list[PipelineOutput], built[start:position])

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 pub mod decode;
 pub mod dedup;
 pub mod merger;
+pub mod pipeline;
 pub mod pyrecords;
 pub mod records;
 pub mod sequence;

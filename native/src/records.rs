@@ -29,6 +29,15 @@ pub const KAFKA_TIMESTAMP_AHEAD_US: i128 = 60_000_000;
 /// Deeper values go to orjson (its own limit is 254 levels; the wire's payloads stop at 32).
 const MAX_NATIVE_DEPTH: usize = 200;
 
+/// A Python int of an i128, through i64 when it fits: PyO3's i128 conversion goes through Python calls under abi3
+/// (a Kafka timestamp per record paid it).
+pub fn int_to_py(py: Python<'_>, value: i128) -> PyResult<Bound<'_, PyAny>> {
+    match i64::try_from(value) {
+        Ok(small) => Ok(small.into_pyobject(py)?.into_any()),
+        Err(_) => Ok(value.into_pyobject(py)?.into_any()),
+    }
+}
+
 /// gateway.ingest.kafka_timestamp_ms: rule 7's Kafka timestamp (ms, floor division as Python's `//`).
 pub fn kafka_timestamp_ms(ref_us: i128, release_us: i128) -> i128 {
     (release_us - KAFKA_TIMESTAMP_BEHIND_US)
@@ -587,9 +596,9 @@ impl RecordBuilder {
             .into_any();
         // Times beyond 64 bits make to_json fail (orjson): such a record is refused, it has no timestamp.
         let ts = match (py_int(&fields[4]), py_int(&fields[7])) {
-            (Some(ref_us), Some(release_us)) => kafka_timestamp_ms(ref_us, release_us)
-                .into_pyobject(py)?
-                .into_any(),
+            (Some(ref_us), Some(release_us)) => {
+                int_to_py(py, kafka_timestamp_ms(ref_us, release_us))?
+            }
             _ => py.None().into_bound(py),
         };
         Ok([key, value, ts, headers])
@@ -603,11 +612,35 @@ impl RecordBuilder {
         outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
         run: &Bound<'py, PyAny>,
         clock: &Bound<'py, PyAny>,
+        record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        let context = produce::MergedContext::new(clock, run)?;
+        self.build_releases_in(py, outputs, context, record)
+    }
+
+    /// `build_releases` for a run whose error bounds (by the address of each event) the caller has: the fused
+    /// in-order path (native/src/pipeline.rs), whose run never became a Python list.
+    pub fn build_releases_with_errors<'py>(
+        &mut self,
+        py: Python<'py>,
+        outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
+        run_errors: std::collections::HashMap<usize, Bound<'py, PyAny>>,
+        clock: &Bound<'py, PyAny>,
+        record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        let context = produce::MergedContext::with_errors(clock, run_errors);
+        self.build_releases_in(py, outputs, context, record)
+    }
+
+    fn build_releases_in<'py>(
+        &mut self,
+        py: Python<'py>,
+        outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
+        mut context: produce::MergedContext<'py>,
         mut record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         guard("RecordBuilder.build_merged", || {
             let mut batch = produce::Batch::new(py, self.produce.as_ref())?;
-            let mut context = produce::MergedContext::new(clock, run)?;
             let out = PyList::empty(py);
             let mut handed_back = Vec::new();
             for (position, output) in outputs.enumerate() {
@@ -830,9 +863,7 @@ impl RecordBuilder {
                 [
                     names.get_item(PUNCTUATION_KEY)?,
                     PyBytes::new(py, &buf).into_any(),
-                    kafka_timestamp_ms(watermark_us, release_ts_us)
-                        .into_pyobject(py)?
-                        .into_any(),
+                    int_to_py(py, kafka_timestamp_ms(watermark_us, release_ts_us))?,
                     headers.map_or_else(|| py.None().into_bound(py), |h| h.into_any()),
                 ],
             )

@@ -10,7 +10,7 @@
 pub mod estimators;
 pub mod py;
 pub mod ranges;
-mod run;
+pub(crate) mod run;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -329,6 +329,27 @@ impl PyMerger {
         })
     }
 
+    /// `push_run_built` for a run already taken in Rust (native/src/pipeline.rs's fused in-order path): its
+    /// events, their error bounds by event address, the native builder.
+    pub(crate) fn push_events_built<'py>(
+        &mut self,
+        source_id: &Bound<'py, PyString>,
+        events: Vec<RunEvent<Py<PyAny>>>,
+        now_us: i64,
+        builder: &mut RecordBuilder,
+        run_errors: std::collections::HashMap<usize, Bound<'py, PyAny>>,
+        clock: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        let py = source_id.py();
+        let source = source_id.to_str()?;
+        let out = self.run_raw(py, |core, policy, out| {
+            core.push_run(source, events, now_us, policy, out)
+        })?;
+        builder.build_releases_with_errors(py, out.into_iter(), run_errors, clock, |item| {
+            self.output(py, item)
+        })
+    }
+
     fn map(
         &self,
         py: Python<'_>,
@@ -527,6 +548,35 @@ impl PyMerger {
         native.build_releases(py, out.into_iter(), run, clock, |item| {
             self.output(py, item)
         })
+    }
+
+    /// reorder.pipeline's `push_many` fast path for one run in one call: the reorderer's `take_run` from
+    /// `events[start]`, then, when `push_many` would hand that run to the merge right after (the frame ends or its
+    /// next event is another stream's), `push_run_built` of it. See native/src/pipeline.rs.
+    #[allow(clippy::too_many_arguments)]
+    fn push_in_order<'py>(
+        &mut self,
+        reorderer: &Bound<'py, PyAny>,
+        builder: &Bound<'py, PyAny>,
+        events: &Bound<'py, PyAny>,
+        start: usize,
+        source_id: &Bound<'py, PyString>,
+        arrival_us: &Bound<'py, PyAny>,
+        mappings: Option<&Bound<'py, PyAny>>,
+        clock: &Bound<'py, PyAny>,
+        source_event: &Bound<'py, PyAny>,
+        limits: crate::sequence::run::RunLimits,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let input = crate::sequence::run::RunInput {
+            events,
+            source_id,
+            stream: events,
+            arrival_us,
+            mappings: mappings.filter(|m| !m.is_none()),
+            clock,
+            source_event,
+        };
+        crate::pipeline::push_in_order(self, reorderer, builder, &input, start, limits)
     }
 
     fn register<'py>(

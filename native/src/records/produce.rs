@@ -247,6 +247,18 @@ impl<'py> MergedContext<'py> {
         })
     }
 
+    /// `new` with the run's error bounds by event address already collected.
+    pub fn with_errors(
+        clock: &Bound<'py, PyAny>,
+        run_errors: HashMap<usize, Bound<'py, PyAny>>,
+    ) -> Self {
+        MergedContext {
+            clock: clock.clone(),
+            run_errors,
+            rtts: HashMap::new(),
+        }
+    }
+
     fn error_us(&self, event: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
         if let Some(error) = self.run_errors.get(&(event.as_ptr() as usize)) {
             return Ok(error.clone());
@@ -355,9 +367,7 @@ pub fn produce_release<'py>(
     };
     let value = PyBytes::new(py, &batch.buf).into_any();
     let key = PyBytes::new(py, source_id.to_str()?.as_bytes()).into_any();
-    let ts = super::kafka_timestamp_ms(ref_us, release)
-        .into_pyobject(py)?
-        .into_any();
+    let ts = super::int_to_py(py, super::kafka_timestamp_ms(ref_us, release))?;
     let headers = builder
         .event_headers(py, source_id.to_str()?, false)?
         .into_bound(py)

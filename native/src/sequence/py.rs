@@ -176,6 +176,23 @@ pub struct PySequenceReorderer {
 }
 
 impl PySequenceReorderer {
+    /// `take_run` with each event taken handed to `item` (native/src/pipeline.rs's fused in-order path), in the
+    /// same guard; `input.stream` is ignored (this reorderer's stream is the run's).
+    pub(crate) fn take_run_with<'py>(
+        &mut self,
+        input: &super::run::RunInput<'_, 'py>,
+        start: usize,
+        limits: super::run::RunLimits,
+        item: impl FnMut(super::run::Taken<'py>) -> PyResult<()>,
+    ) -> PyResult<usize> {
+        let stream = self.stream.bind(input.events.py()).clone();
+        let input = super::run::RunInput {
+            stream: &stream,
+            ..*input
+        };
+        self.guarded(|s| super::run::take_run_with(&mut s.core, &input, start, limits, item))
+    }
+
     /// Run `f` on the core; a panic becomes a RuntimeError and retires this reorderer (never an abort).
     fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> PyResult<T>) -> PyResult<T> {
         if self.broken {

@@ -34,11 +34,38 @@ pub fn take_run<'py>(
     start: usize,
     limits: RunLimits,
 ) -> PyResult<(Bound<'py, PyList>, usize)> {
+    let run = PyList::empty(input.events.py());
+    let next = take_run_with(core, input, start, limits, |taken| {
+        run.append((taken.source_event, input.arrival_us, taken.mapped))
+    })?;
+    Ok((run, next))
+}
+
+/// One event `take_run_with` took: its SourceEvent, the mapping it was taken with (the caller's tuple or the
+/// clock's), and those as integers.
+pub struct Taken<'py> {
+    pub source_event: Bound<'py, PyAny>,
+    pub mapped: Bound<'py, PyAny>,
+    pub seq: i64,
+    pub arrival_us: i64,
+    pub ref_us: i64,
+    pub error_us: i64,
+}
+
+/// `take_run`, each event taken handed to `item` (pipeline.rs's fused path keeps them in Rust): returns the index
+/// of the first event not taken.
+pub fn take_run_with<'py>(
+    core: &mut SequenceReorderer<u64>,
+    input: &RunInput<'_, 'py>,
+    start: usize,
+    limits: RunLimits,
+    mut item: impl FnMut(Taken<'py>) -> PyResult<()>,
+) -> PyResult<usize> {
     let py = input.events.py();
     let (max_future_us, ts_floor_us, max_ts_us, min_ts_us) = limits;
-    let arrival = i128::from(input.arrival_us.extract::<i64>()?);
+    let arrival_us = input.arrival_us.extract::<i64>()?;
+    let arrival = i128::from(arrival_us);
     let tuple_new = py.get_type::<PyTuple>().getattr(intern!(py, "__new__"))?;
-    let run = PyList::empty(py);
     let count = input.events.len()?;
     let mut index = start;
     while index < count {
@@ -49,10 +76,10 @@ pub fn take_run<'py>(
             break;
         }
         let seq_obj = event.getattr(intern!(py, "seq"))?;
-        let Ok(seq) = seq_obj.extract::<i64>().map(i128::from) else {
+        let Ok(seq) = seq_obj.extract::<i64>() else {
             break; // push_many's own path takes it, or refuses it as the reorderer does
         };
-        if !core.is_next_in_order(seq) {
+        if !core.is_next_in_order(i128::from(seq)) {
             break;
         }
         let source_ts_us = event.getattr(intern!(py, "source_ts_us"))?;
@@ -71,15 +98,15 @@ pub fn take_run<'py>(
         let Ok((ref_us, error_us)) = mapped.extract::<(i64, i64)>() else {
             break;
         };
-        let (ref_us, error_us) = (i128::from(ref_us), i128::from(error_us));
-        if ref_us - arrival > max_future_us
-            || ref_us < ts_floor_us
-            || ref_us > max_ts_us
-            || error_us < min_ts_us
+        let (ref_wide, error_wide) = (i128::from(ref_us), i128::from(error_us));
+        if ref_wide - arrival > max_future_us
+            || ref_wide < ts_floor_us
+            || ref_wide > max_ts_us
+            || error_wide < min_ts_us
         {
             break;
         }
-        core.take_in_order(seq, arrival);
+        core.take_in_order(i128::from(seq), arrival);
         let fields = PyTuple::new(
             py,
             [
@@ -91,9 +118,15 @@ pub fn take_run<'py>(
                 interval,
             ],
         )?;
-        let source_event = tuple_new.call1((input.source_event, fields))?;
-        run.append((source_event, input.arrival_us, mapped))?;
+        item(Taken {
+            source_event: tuple_new.call1((input.source_event, fields))?,
+            mapped,
+            seq,
+            arrival_us,
+            ref_us,
+            error_us,
+        })?;
         index += 1;
     }
-    Ok((run, index))
+    Ok(index)
 }

@@ -1,0 +1,123 @@
+"""``MultiSourceMerger.push_in_order`` (native/src/pipeline.rs): ``push_many``'s ``take_run`` and ``_push_run`` of a
+run in one native call, against the same native core taking the two calls (``take_run``, then ``push_run_built``)
+and against the Python cores (the specification): the same actions, byte for byte, counters and progress, through
+frames mixing streams, gaps, duplicates, late and out-of-range stamps, interval events, refused payloads, clock
+mappings with error bounds, and merges that release events pushed by earlier calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contract.topics import TopicNames
+from contract.wire.messages import AtomicInterval, IncomingEvent, RejectedPayload
+from gateway.ingest import ConnectionId, IngestConfig, IngestCore, Produce
+from gateway.native import native_event_digests, native_record_builder, with_core
+from reorder.pipeline import PushInOrder, _StreamPipeline
+from timesync.clocks import FixedOffsetMapping
+
+T0 = 1_700_000_000_000_000
+SOURCES = ("a", "é-b", "c")
+STREAMS = ("s", "t")
+
+
+def build_core(core: str, fused: bool = True) -> IngestCore:
+    config = IngestConfig(max_record_bytes=900)
+    if core == "native":
+        config = IngestConfig(max_record_bytes=900, record_builder=native_record_builder,
+                              event_digests=native_event_digests, pipeline=with_core(config.pipeline, "native"))
+    ingest = IngestCore(TopicNames("t"), FixedOffsetMapping({"a": 0, "é-b": 1_500, "c": -700}, error_bound_us=3),
+                        config)
+    if not fused:
+        ingest.pipeline._push_in_order_of = lambda pipeline: None  # type: ignore[method-assign]
+    for stream in STREAMS:
+        ingest.stream_created(stream)
+    return ingest
+
+
+class Counting:
+    """Counts the runs ``push_in_order`` pushed itself (not handed back as items)."""
+
+    def __init__(self, ingest: IngestCore) -> None:
+        self.pushed = 0
+        of = ingest.pipeline._push_in_order_of
+
+        def counting_of(pipeline: _StreamPipeline) -> PushInOrder | None:
+            push_in_order = of(pipeline)
+            if push_in_order is None:
+                return None
+
+            def call(*args: Any) -> Any:
+                result = push_in_order(*args)
+                self.pushed += result[1] is None and result[0] > args[3]
+                return result
+
+            return call
+
+        ingest.pipeline._push_in_order_of = counting_of  # type: ignore[method-assign]
+
+
+payloads = st.one_of(st.integers(0, 9), st.just({"b": 1, "a": [2.5]}), st.just(RejectedPayload("not JSON")),
+                     st.just("x" * 700), st.just({"big": 2**70}))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data())
+def test_push_in_order_gives_the_two_calls_actions_and_the_python_ones(data: st.DataObject) -> None:
+    cores = [build_core("python"), build_core("native", fused=False), build_core("native")]
+    now = T0
+    next_seq = {(source, stream): 0 for source in SOURCES for stream in STREAMS}
+    for source in SOURCES:
+        registered = [core.source_registered(source, STREAMS, now) for core in cores]
+        assert registered[1] == registered[0] and registered[2] == registered[0]
+    for _ in range(data.draw(st.integers(2, 10))):
+        now += data.draw(st.sampled_from([100, 1_000, 5_000, 400_000]))
+        for source in SOURCES:
+            batch = []
+            for _ in range(data.draw(st.integers(1, 7))):
+                stream = data.draw(st.sampled_from(STREAMS[:1] * 3 + STREAMS[1:]))
+                seq = max(0, next_seq[source, stream] + data.draw(st.sampled_from([0] * 10 + [1, 2, -1])))
+                next_seq[source, stream] = max(next_seq[source, stream], seq + 1)
+                stamp = T0 + 10 * seq + data.draw(st.sampled_from([0] * 8 + [-30_000, 200_000_000]))
+                interval = data.draw(st.sampled_from([None] * 8 + [AtomicInterval(stamp - 30)]))
+                batch.append(IncomingEvent(stream, seq, stamp, data.draw(payloads), interval))
+            results = [core.events_received(ConnectionId(1), source, tuple(batch), now) for core in cores]
+            assert results[1] == results[0]
+            assert results[2] == results[0]
+        if data.draw(st.booleans()):
+            polled = [core.poll(now) for core in cores]
+            assert polled[1] == polled[0] and polled[2] == polled[0]
+    now += 10_000_000
+    advanced = [core.advance(now) for core in cores]
+    assert advanced[1] == advanced[0] and advanced[2] == advanced[0]
+    for core in cores[1:]:
+        assert vars(core.counters) == vars(cores[0].counters)
+        assert vars(core.pipeline.counters) == vars(cores[0].pipeline.counters)
+        assert [core.stream_progress(s) for s in STREAMS] == [cores[0].stream_progress(s) for s in STREAMS]
+
+
+def test_plain_rounds_are_pushed_in_one_call_each() -> None:
+    """Rounds of in-order frames, two streams in each frame: every run is pushed by ``push_in_order`` itself (two per
+    frame), with the Python cores' actions; a frame whose run stops before a gap of its own stream hands the run back
+    (``push_many`` pushes it with the gap's event after)."""
+    cores = [build_core("python"), build_core("native")]
+    counting = Counting(cores[1])
+    for source in SOURCES:
+        assert cores[1].source_registered(source, STREAMS, T0) == cores[0].source_registered(source, STREAMS, T0)
+    produced = 0
+    for round_index in range(4):
+        now = T0 + 5_000 * (round_index + 1)
+        for source in SOURCES:
+            batch = tuple(IncomingEvent(stream, 3 * round_index + i, T0 + 30 * round_index + 10 * i, {"i": i})
+                          for stream in STREAMS for i in range(3))
+            results = [core.events_received(ConnectionId(1), source, batch, now) for core in cores]
+            assert results[1] == results[0]
+            produced += sum(isinstance(action, Produce) for action in results[1])
+    assert counting.pushed == 4 * len(SOURCES) * len(STREAMS)
+    assert produced > 0
+    gap = (IncomingEvent("s", 12, T0 + 200, 1), IncomingEvent("s", 14, T0 + 220, 1))
+    results = [core.events_received(ConnectionId(1), "a", gap, T0 + 30_000) for core in cores]
+    assert results[1] == results[0]
+    assert counting.pushed == 4 * len(SOURCES) * len(STREAMS)
