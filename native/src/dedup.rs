@@ -15,7 +15,6 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
 use pyo3::exceptions::PyTypeError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -186,28 +185,6 @@ impl EventDigests {
     }
 }
 
-/// A frame's events: a tuple or a list (IngestCore hands a tuple), read without Python calls.
-enum Events<'a, 'py> {
-    Tuple(&'a Bound<'py, PyTuple>),
-    List(&'a Bound<'py, PyList>),
-}
-
-impl<'py> Events<'_, 'py> {
-    fn len(&self) -> usize {
-        match self {
-            Events::Tuple(t) => t.len(),
-            Events::List(l) => l.len(),
-        }
-    }
-
-    fn get(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
-        match self {
-            Events::Tuple(t) => t.get_item(index),
-            Events::List(l) => l.get_item(index),
-        }
-    }
-}
-
 #[pymethods]
 impl EventDigests {
     #[new]
@@ -244,12 +221,7 @@ impl EventDigests {
         acked_through: i64,
         max_seq_jump: i64,
     ) -> PyResult<(usize, i64)> {
-        let py = events.py();
-        let events = if let Ok(t) = events.cast::<PyTuple>() {
-            Events::Tuple(t)
-        } else {
-            Events::List(events.cast::<PyList>()?)
-        };
+        let events = crate::events::Events::of(events)?;
         let mut admission = InOrderAdmission {
             highest: i128::from(highest),
             acked_through: i128::from(acked_through),
@@ -258,13 +230,13 @@ impl EventDigests {
         guard("EventDigests.admit_run", || {
             let mut buf = Vec::with_capacity(128);
             let mut index = start;
-            while index < events.len() {
+            while index < events.len()? {
                 let event = events.get(index)?;
-                let event_stream = event.getattr(intern!(py, "stream"))?;
+                let event_stream = crate::events::field(&event, crate::events::STREAM)?;
                 if !event_stream.is(stream) && !event_stream.eq(stream)? {
                     break;
                 }
-                let seq_obj = event.getattr(intern!(py, "seq"))?;
+                let seq_obj = crate::events::field(&event, crate::events::SEQ)?;
                 let Ok(seq) = seq_obj.extract::<i64>() else {
                     break; // admit's own path takes it
                 };
@@ -273,8 +245,8 @@ impl EventDigests {
                 }
                 let digest = self.digest_of(
                     &mut buf,
-                    &event.getattr(intern!(py, "source_ts_us"))?,
-                    &event.getattr(intern!(py, "payload"))?,
+                    &crate::events::field(&event, crate::events::SOURCE_TS_US)?,
+                    &crate::events::field(&event, crate::events::PAYLOAD)?,
                 )?;
                 pending.set_item(&seq_obj, digest)?;
                 admission.accept(i128::from(seq));

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 pub mod decode;
 pub mod dedup;
+pub mod events;
 pub mod merger;
 pub mod pipeline;
 pub mod pyrecords;

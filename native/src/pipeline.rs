@@ -105,11 +105,7 @@ fn next_is_another_stream(
     next: usize,
     first: &Taken<'_>,
 ) -> PyResult<bool> {
-    let py = input.events.py();
-    let stream = input
-        .events
-        .get_item(next)?
-        .getattr(pyo3::intern!(py, "stream"))?;
+    let stream = crate::events::field(&input.events.get_item(next)?, crate::events::STREAM)?;
     let run_stream = first.source_event.get_item(1)?;
     Ok(!stream.is(&run_stream) && !stream.eq(&run_stream)?)
 }

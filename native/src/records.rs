@@ -19,7 +19,7 @@ use crate::decode::guard;
 use crate::decode::pyrepr::write_shortest;
 
 mod produce;
-mod slots;
+pub(crate) mod slots;
 
 /// contract.records.CONTRACT_VERSION (a unit test compares them).
 pub const CONTRACT_VERSION: u32 = 2;

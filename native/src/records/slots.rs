@@ -138,6 +138,24 @@ impl SlotsClass {
     }
 }
 
+impl SlotsClass {
+    /// Field `index` (in `__match_args__` order) of `object` when it is an instance of exactly this class and the
+    /// field is set: read from its slot, without the descriptor call `getattr` makes. None otherwise.
+    pub fn get<'py>(&self, object: &Bound<'py, PyAny>, index: usize) -> Option<Bound<'py, PyAny>> {
+        let py = object.py();
+        let offset = *self.offsets.get(index)?;
+        if !object.get_type().is(self.class.bind(py)) {
+            return None;
+        }
+        // SAFETY: `object` is an instance of the probed class, whose slot for this field lies at `offset`; the GIL
+        // is held, so the reference read is alive until another Python operation, and is taken as a new one.
+        unsafe {
+            let value = read_slot(object.as_ptr(), offset);
+            (!value.is_null()).then(|| Bound::from_borrowed_ptr(py, value))
+        }
+    }
+}
+
 /// The pointer stored at `offset` bytes into the object.
 ///
 /// # Safety

@@ -66,23 +66,24 @@ pub fn take_run_with<'py>(
     let arrival_us = input.arrival_us.extract::<i64>()?;
     let arrival = i128::from(arrival_us);
     let tuple_new = py.get_type::<PyTuple>().getattr(intern!(py, "__new__"))?;
-    let count = input.events.len()?;
+    let events = crate::events::Events::of(input.events)?;
+    let count = events.len()?;
     let mut index = start;
     while index < count {
-        let event = input.events.get_item(index)?;
-        let stream = event.getattr(intern!(py, "stream"))?;
-        let interval = event.getattr(intern!(py, "interval"))?;
+        let event = events.get(index)?;
+        let stream = crate::events::field(&event, crate::events::STREAM)?;
+        let interval = crate::events::field(&event, crate::events::INTERVAL)?;
         if !interval.is_none() || !stream.eq(input.stream)? {
             break;
         }
-        let seq_obj = event.getattr(intern!(py, "seq"))?;
+        let seq_obj = crate::events::field(&event, crate::events::SEQ)?;
         let Ok(seq) = seq_obj.extract::<i64>() else {
             break; // push_many's own path takes it, or refuses it as the reorderer does
         };
         if !core.is_next_in_order(i128::from(seq)) {
             break;
         }
-        let source_ts_us = event.getattr(intern!(py, "source_ts_us"))?;
+        let source_ts_us = crate::events::field(&event, crate::events::SOURCE_TS_US)?;
         let given = match input.mappings {
             Some(mappings) => Some(mappings.get_item(index)?).filter(|m| !m.is_none()),
             None => None,
@@ -114,7 +115,7 @@ pub fn take_run_with<'py>(
                 stream,
                 seq_obj,
                 source_ts_us,
-                event.getattr(intern!(py, "payload"))?,
+                crate::events::field(&event, crate::events::PAYLOAD)?,
                 interval,
             ],
         )?;

@@ -168,3 +168,20 @@ def test_a_body_function_of_the_wrong_type_is_a_clear_error() -> None:
     digests = skewless_native.EventDigests(not_a_body)
     with pytest.raises(TypeError, match="bytes or str"):
         digests.event_digest(1, object())
+
+
+class StandIn:
+    """Not an IncomingEvent: its fields are read by getattr, not from IncomingEvent's slots."""
+
+    def __init__(self, stream: str, seq: int, source_ts_us: int, payload: Any) -> None:
+        self.stream, self.seq, self.source_ts_us, self.payload = stream, seq, source_ts_us, payload
+
+
+def test_admit_run_reads_incoming_events_and_other_objects_alike() -> None:
+    digests = native_event_digests()
+    for make in (IncomingEvent, StandIn):
+        pending: dict[int, int | None] = {}
+        events = [make("s", 5, 10, {"a": 1}), make("s", 6, 11, [1]), make("t", 7, 12, None)]
+        assert digests.admit_run(events, 0, "s", pending, 4, 4, 10) == (2, 6)
+        assert pending == {5: digests.event_digest(10, {"a": 1}), 6: digests.event_digest(11, [1])}
+        assert digests.admit_run(tuple(events), 2, "t", pending, -1, -1, 10) == (3, 7)

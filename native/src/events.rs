@@ -1,0 +1,87 @@
+//! The fields of contract.wire.messages.IncomingEvent (a slots dataclass the decoders build, one per event) read from
+//! their slots (records/slots.rs's `SlotsClass`, probed once) instead of by `getattr`, whose descriptor call was
+//! about a tenth of the native ingest stage (the tracker's `admit_run` and the reorderer's `take_run` read four or
+//! five fields of every event). Any other object, or a class that fails the probe, is read by `getattr`.
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::records::slots::SlotsClass;
+
+pub const STREAM: usize = 0;
+pub const SEQ: usize = 1;
+pub const SOURCE_TS_US: usize = 2;
+pub const PAYLOAD: usize = 3;
+pub const INTERVAL: usize = 4;
+
+static INCOMING_EVENT: PyOnceLock<Option<SlotsClass>> = PyOnceLock::new();
+
+fn incoming_event(py: Python<'_>) -> Option<&SlotsClass> {
+    INCOMING_EVENT
+        .get_or_init(py, || {
+            let class = py
+                .import("contract.wire.messages")
+                .and_then(|m| m.getattr("IncomingEvent"))
+                .ok()?;
+            SlotsClass::probe(&class, 5).ok().flatten()
+        })
+        .as_ref()
+}
+
+/// `getattr(event, name)` of the field `index` (STREAM, SEQ, SOURCE_TS_US, PAYLOAD, INTERVAL).
+pub fn field<'py>(event: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+    let py = event.py();
+    if let Some(value) = incoming_event(py).and_then(|class| class.get(event, index)) {
+        return Ok(value);
+    }
+    let name = match index {
+        STREAM => intern!(py, "stream"),
+        SEQ => intern!(py, "seq"),
+        SOURCE_TS_US => intern!(py, "source_ts_us"),
+        PAYLOAD => intern!(py, "payload"),
+        _ => intern!(py, "interval"),
+    };
+    event.getattr(name)
+}
+
+/// A frame's events: a tuple or a list (IngestCore hands a tuple, push_many a list) read without the int object
+/// and the call `get_item` on any sequence makes; any other sequence through `get_item`.
+pub enum Events<'a, 'py> {
+    Tuple(Bound<'py, PyTuple>),
+    List(Bound<'py, PyList>),
+    Other(&'a Bound<'py, PyAny>),
+}
+
+impl<'a, 'py> Events<'a, 'py> {
+    pub fn of(events: &'a Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(t) = events.cast::<PyTuple>() {
+            return Ok(Events::Tuple(t.clone()));
+        }
+        if let Ok(l) = events.cast::<PyList>() {
+            return Ok(Events::List(l.clone()));
+        }
+        Ok(Events::Other(events))
+    }
+
+    pub fn len(&self) -> PyResult<usize> {
+        match self {
+            Events::Tuple(t) => Ok(t.len()),
+            Events::List(l) => Ok(l.len()),
+            Events::Other(o) => o.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> PyResult<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    pub fn get(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Events::Tuple(t) => t.get_item(index),
+            Events::List(l) => l.get_item(index),
+            Events::Other(o) => o.get_item(index),
+        }
+    }
+}
