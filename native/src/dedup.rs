@@ -106,16 +106,21 @@ pub fn write_sorted(
     if let Ok(d) = value.cast_exact::<PyDict>() {
         let mut entries = Vec::with_capacity(d.len());
         for (k, v) in d.iter() {
-            let k = k.cast_exact::<PyString>().map_err(|_| NotNative)?;
-            let text = k.to_str().map_err(|_| NotNative)?.to_owned();
-            entries.push((text, v));
+            let k = k.cast_into_exact::<PyString>().map_err(|_| NotNative)?;
+            entries.push((k, v));
         }
-        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        // The keys' text borrowed from the str objects `entries` holds (UTF-8 cached in them by to_str).
+        let mut keys = Vec::with_capacity(entries.len());
+        for (index, (k, _)) in entries.iter().enumerate() {
+            keys.push((k.to_str().map_err(|_| NotNative)?, index));
+        }
+        keys.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         out.push(b'{');
-        for (i, (k, v)) in entries.iter().enumerate() {
+        for (i, &(k, index)) in keys.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
+            let v = &entries[index].1;
             write_str(out, k);
             out.push(b':');
             write_sorted(out, v, depth + 1)?;

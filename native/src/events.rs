@@ -85,3 +85,49 @@ impl<'a, 'py> Events<'a, 'py> {
         }
     }
 }
+
+/// `tuple.__new__(class, items)` for a tuple subclass (reorder.records.SourceEvent, a NamedTuple): the instance
+/// allocated by the class's own `tp_alloc` and filled in place, without the call and the argument tuple. Any other
+/// class goes through `tuple.__new__` itself.
+pub fn tuple_of<'py, const N: usize>(
+    class: &Bound<'py, PyAny>,
+    items: [Bound<'py, PyAny>; N],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = class.py();
+    let is_tuple_type = class
+        .cast::<pyo3::types::PyType>()
+        .is_ok_and(|t| t.is_subclass_of::<PyTuple>().unwrap_or(false));
+    // SAFETY: a type object's tp_alloc slot; PyType_GetSlot returns NULL (no error) where there is none.
+    let alloc = if is_tuple_type {
+        unsafe { pyo3::ffi::PyType_GetSlot(class.as_ptr().cast(), pyo3::ffi::Py_tp_alloc) }
+    } else {
+        std::ptr::null_mut()
+    };
+    if alloc.is_null() {
+        let tuple_new = py.get_type::<PyTuple>().getattr(intern!(py, "__new__"))?;
+        return tuple_new.call1((class, PyTuple::new(py, items)?));
+    }
+    // SAFETY: the Py_tp_alloc slot holds an allocfunc; for a tuple subclass it gives a tuple of N NULL items (or
+    // NULL with an exception set), owned only here, whose items PyTuple_SetItem fills (each call steals a new
+    // reference; it refuses only a shared tuple or an index out of range, neither possible here). No Python code
+    // runs between the allocation and the last store.
+    unsafe {
+        let alloc = std::mem::transmute::<*mut std::os::raw::c_void, pyo3::ffi::allocfunc>(alloc);
+        let object = alloc(class.as_ptr().cast(), N as pyo3::ffi::Py_ssize_t);
+        if object.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let object = Bound::from_owned_ptr(py, object);
+        for (index, item) in items.into_iter().enumerate() {
+            if pyo3::ffi::PyTuple_SetItem(
+                object.as_ptr(),
+                index as pyo3::ffi::Py_ssize_t,
+                item.into_ptr(),
+            ) != 0
+            {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        Ok(object)
+    }
+}

@@ -8,7 +8,7 @@
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyString};
 
 use super::SequenceReorderer;
 
@@ -65,7 +65,6 @@ pub fn take_run_with<'py>(
     let (max_future_us, ts_floor_us, max_ts_us, min_ts_us) = limits;
     let arrival_us = input.arrival_us.extract::<i64>()?;
     let arrival = i128::from(arrival_us);
-    let tuple_new = py.get_type::<PyTuple>().getattr(intern!(py, "__new__"))?;
     let events = crate::events::Events::of(input.events)?;
     let count = events.len()?;
     let mut index = start;
@@ -108,8 +107,8 @@ pub fn take_run_with<'py>(
             break;
         }
         core.take_in_order(i128::from(seq), arrival);
-        let fields = PyTuple::new(
-            py,
+        let source_event = crate::events::tuple_of(
+            input.source_event,
             [
                 input.source_id.as_any().clone(),
                 stream,
@@ -120,7 +119,7 @@ pub fn take_run_with<'py>(
             ],
         )?;
         item(Taken {
-            source_event: tuple_new.call1((input.source_event, fields))?,
+            source_event,
             mapped,
             seq,
             arrival_us,
