@@ -24,6 +24,7 @@ the median of ``--repeats`` runs and writes nothing: quick enough to compare two
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
@@ -38,19 +39,13 @@ from typing import Any, cast
 
 import orjson
 
+import gateway.native
 from broker.producer import KafkaPublisher
 from contract.topics import TopicNames
 from contract.wire.frames import encode_frame
 from contract.wire.messages import IncomingEvent, build_event, build_events, build_hello
 from gateway.ingest import ConnectionId, DeliveryRef, IngestConfig, IngestCore, Produce
-from gateway.native import (
-    Core,
-    NativeGatewaySession,
-    native_event_digests,
-    native_record_builder,
-    resolve_core,
-    with_core,
-)
+from gateway.native import Core, NativeGatewaySession, native_record_builder, resolve_core, with_core
 from gateway.session import EventsReceived, GatewaySession
 from gateway.shard import ShardRuntime
 from reorder.eval.progress import progress_bar, progress_enabled
@@ -67,6 +62,17 @@ BATCH = 500
 COMMITTED_RECORDS = 5_000
 
 
+def ingest_config(cores: Core) -> IngestConfig:
+    """The ingest core's config as `core = native` or `python` wires it. A --before tree runs this script too: one
+    older than the native tracker digests (gateway.native.native_event_digests) runs without them."""
+    config = IngestConfig(pipeline=with_core(PipelineConfig(), cores),
+                          record_builder=native_record_builder if cores == "native" else None)
+    digests = getattr(gateway.native, "native_event_digests", None)
+    if cores == "native" and digests is not None:
+        config = dataclasses.replace(config, event_digests=digests)
+    return config
+
+
 def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
     """Seconds spent per stage and the number of events, with the gateway's Python or native cores (gateway.native:
     the native ones are the connection decoder, the sequence reorderers, the mergers and the record builder, as
@@ -74,10 +80,7 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
     base_us = 1_800_000_000_000_000
     sessions: list[GatewaySession] = []
     frames = []
-    config = IngestConfig(pipeline=with_core(PipelineConfig(), cores),
-                          record_builder=native_record_builder if cores == "native" else None,
-                          event_digests=native_event_digests if cores == "native" else None)
-    core = IngestCore(TopicNames(), IdentityMapping(), config)
+    core = IngestCore(TopicNames(), IdentityMapping(), ingest_config(cores))
     core.stream_created("bench")
     session_type = NativeGatewaySession if cores == "native" else GatewaySession
     for s in range(SOURCES):
@@ -303,25 +306,28 @@ The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmar
 measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In the native core's
 ingest stage an in-order frame crosses into Rust once per run, not once per event (see "What the native core does
 per frame" below); what stays per event in Python objects is what the gateway hands on: the Produce action and its
-DeliveryRef per record, the SourceEvent the merge queues (with two short-lived tuples: its run item and its
-mapping), and the IncomingEvent the decoder made. Their allocation is a floor under either core; the garbage
+DeliveryRef per record, the SourceEvent the merge queues (with its mapping's short-lived tuple), and the
+IncomingEvent the decoder made. Their allocation is a floor under either core; the garbage
 collector's passes over them were too until the gateway's collector settings (gateway.collector, which this script
 applies): since then "with the garbage collector off" is within the run-to-run noise of the total. On this shared machine the absolute figures move
 with the host's state for both cores alike: on 2026-11-28 the native ingest stage of one tree (a5cf939, before the
 per-run changes below) read a median of 10.4 us/event in 7 runs and 15.0 in 7 runs 20 minutes later, at a lower
 1-minute load; the native / python ratio within one run, whose runs alternate, is the steadier figure.
 
-Where the native core's ingest stage goes (cProfile of this loop, after the changes below): about half in the
-merger's `push_run_built` (the merge, then per record the JSON, the clock's `to_reference` for an event that waited
-in the merge since an earlier call, and the Produce and DeliveryRef objects), about a third in
-`DeliveryTracker.admit_frame` (per event a digest for the conflict check: orjson with sorted keys, and a hash), a
-tenth in the reorderer's `take_run`; the pipeline's and the ingest core's own Python is a few percent.
+Where the native core's ingest stage goes (py-spy `--native` of this loop, after the changes below): about 80 % in
+the merger's `push_in_order` (the run taken in order, the merge, then per record the JSON, the clock's
+`to_reference` for each event taken and again for an event that waited in the merge since an earlier call, the
+Python ints of its times, the Produce and DeliveryRef objects), about 13 % in `DeliveryTracker.admit_frame` (the
+native digests and dict writes of `admit_run`); the pipeline's and the ingest core's own Python is a few percent.
+Before those changes (cProfile): about half in `push_run_built`, a third in `admit_frame` (orjson with sorted keys
+and a hash per event, in Python), a tenth in `take_run`.
 
 Both cores are the gateway's (`core = python` or `native`, gateway/native.py): the native one runs the Rust
 connection decoder, the Rust sequence reorderers (with `take_run`), the Rust merger of each stream and the Rust
 record builder (which also builds the Produce actions: `produce_records`, `build_merged`, and through the
-merger's `push_run_built`); the dedup (`DeliveryTracker.admit_frame`), the clock mapping, the rare paths (late
-records, refusals, punctuations, interval events) are Python in both; the actions are gateway.ingest's Python
+merger's `push_run_built` and `push_in_order`), and the delivery tracker's digests with its in-order admissions
+(`EventDigests`); the tracker's state, the clock mapping, the rare paths (late records, refusals, punctuations,
+interval events) are Python in both; the actions are gateway.ingest's Python
 classes with either core (the native builder allocates its Produce and DeliveryRef without their `__init__`).
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation; native: `NativeGatewaySession`)
@@ -379,11 +385,21 @@ CHANGES = """
 - Dedup: `DeliveryTracker.admit_frame` admits the frame in one call; a seq above everything its stream accepted,
   given up or acked (within the jump limit) is accepted inline, any other goes through `admit`. A frame whose events
   were all accepted, with no refused payload and no clock to check, goes to the pipeline without the per-event loop.
-  (A Rust run of the same inline path over the tracker's Python state was tried and was no faster: the cost is the
-  digest and the dict writes, the same C calls either way; moving it needs the tracker itself in Rust.)
+  With the native core the inline path of a run of one stream's events is one `EventDigests.admit_run` call
+  (native/src/dedup.rs) and every digest of the tracker is the native one: the payload's JSON with sorted keys
+  written in Rust (orjson's bytes; the tracker's `digest_body`, orjson or the repr, for what it does not write)
+  hashed with a per-process keyed SipHash, where the Python core hashes orjson's bytes with Python's `hash`, which
+  Rust cannot compute (its key is per process). Other values, the same verdicts: two events get the same native
+  digest exactly when they get the same Python one (tests/unit/native/test_native_event_digests.py: re-ordered
+  keys, ints/floats/bools, NaN, -0.0, bytes, int keys, nested payloads, and a tracker with either digests).
+  (The same run over the Python digests was tried earlier and was no faster: the digest was the cost.)
 - Reorder: `push_many` asks the native reorderer's `take_run` for a run of in-order events of one stream in one
   call (take in order, map with the caller's or the clock's mapping, check the contract's range, build the
   SourceEvent and the run item); it stops before the first other event, which takes the Python path as before.
+  With the native builder the merger's `push_in_order` (native/src/pipeline.rs) does `take_run` and, when
+  `push_many` would push that run next (the frame ends or its next event is another stream's), the merge and the
+  records below in the same call, the run never a Python list; otherwise it hands the run back as `take_run` does.
+  The events' fields are read from IncomingEvent's slots (native/src/events.rs), not by `getattr`.
 - Merge and records: the merger's `push_run_built` merges the run and hands its outputs, as the core made them,
   to the record builder, which turns each plain release straight into its Produce action (topic, key, JSON value,
   DeliveryRef, Kafka timestamp, headers): no Merged, EventRecord or PublishRecord objects and no bytes steps in
@@ -391,15 +407,15 @@ CHANGES = """
   handed back in place to the Python path (`_records`, then `produce_records` / `_publish_one`). A stream's topic
   names are cached when it is created or recovered, so its first release is built natively too.
 - Every native step has a differential hypothesis test against the Python path (tests/unit/native/:
-  test_native_produce_records.py, test_native_take_run.py, test_native_ingest_records.py;
-  tests/unit/gateway/test_acks_admit_frame.py); the Rust calls run inside the module's panic guards (`guard` in
+  test_native_produce_records.py, test_native_take_run.py, test_native_ingest_records.py,
+  test_native_event_digests.py, test_native_push_in_order.py; tests/unit/gateway/test_acks_admit_frame.py); the Rust calls run inside the module's panic guards (`guard` in
   native/src/decode.rs, the reorderer's `guarded`): a panic becomes a RuntimeError, never an abort.
 
 ## What the gateway process does per event now, beyond the cores (issue 26, end to end)
 
 docs/gateway-profile-e2e.txt (py-spy `--native` on the gateway in the 20-source saturated run) showed where the
 end-to-end cost went that this stage table did not have; three cuts followed, each with its before/after here
-(the table above, `--before` e9a2b52):
+(this page's run then, `--before` e9a2b52):
 - The cyclic garbage collector took 14.5 % of the event loop's samples: full collections walking the events queued
   behind the connections' workers and held by the merge. The gateway now freezes what exists once it serves and
   collects the young generation every 20,000 allocations instead of 700 (gateway/collector.py); this script runs
@@ -411,12 +427,12 @@ end-to-end cost went that this stage table did not have; three cuts followed, ea
   `DeliveryTracker.confirmed_run` call (same acks, progress and tracker state: tests/unit/gateway/
   test_acks_confirmed_run.py holds it to `confirmed` per seq and to `on_delivered` per record).
 
-Then three more (the table above, `--before` ea98c4f):
+Then three more (this page's run then, `--before` ea98c4f):
 - The native record builder built each Produce and its DeliveryRef by calling the classes (`type.__call__`, then
   the dataclass `__init__`'s Python frame): it now allocates them with the class's `tp_alloc` and stores each
   field in its slot (native/src/records/slots.rs; only for a plain slots dataclass, probed once and checked
   against a called instance): 0.42 us a record of `produce_records` in one process (1.74 -> 1.32); the ingest row
-  read 3.96 -> 3.59 us/event in this table's run.
+  read 3.96 -> 3.59 us/event in that run.
 - The shard's produce loop called the publisher's `produce` per record (a Python call with keywords, the
   closed/fenced check, `kafka_headers`); it now takes the client's produce once per batch (`batch_produce`) and
   calls it positionally (the produce row).
@@ -424,6 +440,18 @@ Then three more (the table above, `--before` ea98c4f):
   `IngestCore.on_delivered`; the report now only queues, and after each poll the shard confirms the queued runs
   in one `IngestCore.on_delivered_all` call each (tests/unit/gateway/test_shard_delivery_reports.py holds it to
   `on_delivered` per report and checks that no ack precedes its record's report).
+
+Then the tracker's digests and the fused in-order run (the table above, `--before` f570966; "What the native core
+does per frame now" above says what they do):
+- `DeliveryTracker.admit_frame` with the native digests (`EventDigests.admit_run`): 0.42 against 0.66-1.02 us an
+  event for the Python inline path in one process (100k in-order events, frames of 500, load 5-8).
+- `MultiSourceMerger.push_in_order`: `take_run` and `push_run_built` in one call, the run kept in Rust;
+  IncomingEvent's fields read from their slots, SourceEvent allocated in place, Kafka timestamps converted through
+  i64 (PyO3's i128 conversion calls Python under abi3).
+- Separate A/B runs of the stage loop with the collector off (3 alternating rounds, load 9-10, both trees' native
+  core): ingest 4.27 against 5.14 us/event, decode 1.20 against 1.19, total 8.71 against 9.62. With the collector
+  on, its passes land in other stages than before (fewer objects per record in the ingest stage): the decode row
+  reads higher after although its code did not change, which the collector-off runs do not show.
 """
 
 
