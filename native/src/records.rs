@@ -651,19 +651,13 @@ impl RecordBuilder {
                         release_us,
                         ref_ts_us,
                         raised_us: 0,
-                    } => {
-                        let times = [*arrival_us, *release_us, *ref_ts_us]
-                            .map(|t| t.into_pyobject(py).map(Bound::into_any));
-                        let [arrival, release, reference] = times;
-                        let times = [arrival?, release?, reference?];
-                        produce::produce_release(
-                            self,
-                            event.bind(py),
-                            times,
-                            &mut batch,
-                            &mut context,
-                        )?
-                    }
+                    } => produce::produce_release(
+                        self,
+                        event.bind(py),
+                        [*arrival_us, *release_us, *ref_ts_us],
+                        &mut batch,
+                        &mut context,
+                    )?,
                     _ => None,
                 };
                 match produced {

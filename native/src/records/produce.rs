@@ -301,11 +301,17 @@ pub fn produce_merged<'py>(
     if merged.get_item(4)?.extract::<i64>().ok() != Some(0) {
         return Ok(None);
     }
-    let times = [
-        merged.get_item(1)?,
-        merged.get_item(2)?,
-        merged.get_item(3)?,
-    ];
+    // Times beyond 64 bits (never from the merge) are left to the Python path.
+    let mut times = [0i64; 3];
+    for (time, index) in times.iter_mut().zip(1..) {
+        let Some(value) = exact_int(&merged.get_item(index)?)
+            .ok()
+            .and_then(|t| i64::try_from(t).ok())
+        else {
+            return Ok(None);
+        };
+        *time = value;
+    }
     produce_release(builder, &merged.get_item(0)?, times, batch, context)
 }
 
@@ -314,7 +320,7 @@ pub fn produce_merged<'py>(
 pub fn produce_release<'py>(
     builder: &mut RecordBuilder,
     event: &Bound<'py, PyAny>,
-    [arrival_us, release_us, ref_ts_us]: [Bound<'py, PyAny>; 3],
+    [arrival_us, release_us, ref_ts_us]: [i64; 3],
     batch: &mut Batch<'py>,
     context: &mut MergedContext<'py>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -341,18 +347,15 @@ pub fn produce_release<'py>(
     let rtt_us = context.rtt_us(&source_id)?;
     let seq = event.get_item(2)?;
     let times = [
-        &event.get_item(3)?,
-        &ref_ts_us,
-        &error_us,
-        &arrival_us,
-        &release_us,
+        i128::from(ref_ts_us),
+        i128::from(arrival_us),
+        i128::from(release_us),
     ];
     batch.buf.clear();
     if merged_json(
         &mut batch.buf,
-        &source_id,
-        &stream,
-        &seq,
+        [&source_id, &stream],
+        [&seq, &event.get_item(3)?, &error_us],
         times,
         &payload,
         &rtt_us,
@@ -362,12 +365,9 @@ pub fn produce_release<'py>(
     {
         return Ok(None);
     }
-    let (Ok(ref_us), Ok(release)) = (exact_int(times[1]), exact_int(times[4])) else {
-        return Ok(None);
-    };
     let value = PyBytes::new(py, &batch.buf).into_any();
     let key = PyBytes::new(py, source_id.to_str()?.as_bytes()).into_any();
-    let ts = super::int_to_py(py, super::kafka_timestamp_ms(ref_us, release))?;
+    let ts = super::int_to_py(py, super::kafka_timestamp_ms(times[0], times[2]))?;
     let headers = builder
         .event_headers(py, source_id.to_str()?, false)?
         .into_bound(py)
@@ -377,7 +377,7 @@ pub fn produce_release<'py>(
         stream.as_any(),
         &seq,
         kind.as_any(),
-        &release_us,
+        &release_us.into_pyobject(py)?.into_any(),
     ];
     batch
         .produce([&topic, &key, &value, &ts, &headers], delivery)
@@ -388,10 +388,9 @@ pub fn produce_release<'py>(
 /// None, rtt_us).to_json(), or NotNative (the Python path then builds it, or orjson refuses it).
 fn merged_json(
     out: &mut Vec<u8>,
-    source_id: &Bound<'_, PyString>,
-    stream: &Bound<'_, PyString>,
-    seq: &Bound<'_, PyAny>,
-    [source_ts_us, ref_ts_us, error_us, arrival_us, release_us]: [&Bound<'_, PyAny>; 5],
+    [source_id, stream]: [&Bound<'_, PyString>; 2],
+    [seq, source_ts_us, error_us]: [&Bound<'_, PyAny>; 3],
+    [ref_ts_us, arrival_us, release_us]: [i128; 3],
     payload: &Bound<'_, PyAny>,
     rtt_us: &Bound<'_, PyAny>,
 ) -> Result<(), NotNative> {
@@ -402,10 +401,10 @@ fn merged_json(
         source_id: source_id.to_str().map_err(|_| NotNative)?,
         seq: exact_int(seq)?,
         source_ts_us: exact_int(source_ts_us)?,
-        ref_ts_us: exact_int(ref_ts_us)?,
+        ref_ts_us,
         uncertainty_us: exact_int(error_us)?,
-        arrival_ts_us: exact_int(arrival_us)?,
-        release_ts_us: exact_int(release_us)?,
+        arrival_ts_us: arrival_us,
+        release_ts_us: release_us,
         late: false,
         payload_json: &payload_json,
         late_reason: None,
