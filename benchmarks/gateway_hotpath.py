@@ -448,10 +448,13 @@ does per frame now" above says what they do):
 - `MultiSourceMerger.push_in_order`: `take_run` and `push_run_built` in one call, the run kept in Rust;
   IncomingEvent's fields read from their slots, SourceEvent allocated in place, Kafka timestamps converted through
   i64 (PyO3's i128 conversion calls Python under abi3).
-- Separate A/B runs of the stage loop with the collector off (3 alternating rounds, load 9-10, both trees' native
-  core): ingest 4.27 against 5.14 us/event, decode 1.20 against 1.19, total 8.71 against 9.62. With the collector
-  on, its passes land in other stages than before (fewer objects per record in the ingest stage): the decode row
-  reads higher after although its code did not change, which the collector-off runs do not show.
+- Separate A/B runs of this stage loop, native core, 10 rounds alternating which tree goes first (load 5-8), min
+  and median: with the collector off, ingest 3.01/3.37 us/event against 3.60/4.27, decode 0.81/0.95 against
+  0.84/1.00, total 6.08/7.00 against 6.80/8.07; with it on, ingest 3.06/3.39 against 3.72/4.26, decode 1.11/1.18
+  against 0.82/0.92. The decode row reads higher after with unchanged code only with the collector on: its passes
+  land in other stages than before (timed by gc.callbacks in one run each: 0.33-0.36 us/event of collections
+  after, 0.43-0.44 before, the young generation collected 18 and 19 times), which is why the table's decode row
+  moved.
 """
 
 
