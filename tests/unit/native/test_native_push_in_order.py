@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import skewless_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.records import MAX_TS_US, MIN_TS_US
 from contract.topics import TopicNames
 from contract.wire.messages import AtomicInterval, IncomingEvent, RejectedPayload
 from gateway.ingest import ConnectionId, IngestConfig, IngestCore, Produce
 from gateway.native import native_event_digests, native_record_builder, with_core
 from reorder.pipeline import PushInOrder, _StreamPipeline
-from timesync.clocks import FixedOffsetMapping
+from reorder.records import SourceEvent
+from timesync.clocks import FixedOffsetMapping, IdentityMapping
 
 T0 = 1_700_000_000_000_000
 SOURCES = ("a", "é-b", "c")
@@ -121,3 +125,19 @@ def test_plain_rounds_are_pushed_in_one_call_each() -> None:
     results = [core.events_received(ConnectionId(1), "a", gap, T0 + 30_000) for core in cores]
     assert results[1] == results[0]
     assert counting.pushed == 4 * len(SOURCES) * len(STREAMS)
+
+
+def test_bad_arguments_are_python_errors_and_a_python_builder_gets_the_items() -> None:
+    """A reorderer that is not the native one is a TypeError (nothing taken); with a builder that is not the native
+    one the run comes back as ``take_run``'s items, for that builder's own ``build_merged``."""
+    merger = skewless_native.MultiSourceMerger("s", IdentityMapping(), None, None)
+    reorderer = skewless_native.SequenceReorderer("a", "s")
+    limits = (60_000_000, MIN_TS_US, MAX_TS_US, MIN_TS_US)
+    events = [IncomingEvent("s", 0, T0, 1), IncomingEvent("s", 1, T0 + 1, 2)]
+    with pytest.raises(TypeError):
+        merger.push_in_order(object(), object(), events, 0, "a", T0, None, IdentityMapping(), SourceEvent, limits)
+    assert reorderer.expected_seq == 0
+    result = merger.push_in_order(reorderer, object(), events, 0, "a", T0, None, IdentityMapping(), SourceEvent,
+                                  limits)
+    assert result == (2, [(SourceEvent("a", "s", 0, T0, 1, None), T0, (T0, 0)),
+                          (SourceEvent("a", "s", 1, T0 + 1, 2, None), T0, (T0 + 1, 0))], None, None, None)
