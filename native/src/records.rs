@@ -205,14 +205,22 @@ fn key(out: &mut Vec<u8>, name: &str) {
     out.push(b':');
 }
 
+/// `key` for one of the record's own names (ASCII letters and underscores: nothing to escape).
+fn own_key(out: &mut Vec<u8>, name: &str) {
+    debug_assert!(name.bytes().all(|c| c.is_ascii_alphabetic() || c == b'_'));
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
 /// EventRecord.to_json.
 pub fn write_event_record(out: &mut Vec<u8>, r: &EventRecordFields<'_>) -> Result<(), NotNative> {
     out.extend_from_slice(b"{\"v\":");
     write_u64(out, u64::from(CONTRACT_VERSION));
     out.extend_from_slice(b",\"kind\":\"event\"");
-    key(out, "stream");
+    own_key(out, "stream");
     write_str(out, r.stream);
-    key(out, "source_id");
+    own_key(out, "source_id");
     write_str(out, r.source_id);
     for (name, value) in [
         ("seq", r.seq),
@@ -222,7 +230,7 @@ pub fn write_event_record(out: &mut Vec<u8>, r: &EventRecordFields<'_>) -> Resul
         ("arrival_ts_us", r.arrival_ts_us),
         ("release_ts_us", r.release_ts_us),
     ] {
-        key(out, name);
+        own_key(out, name);
         write_int(out, value)?;
     }
     out.extend_from_slice(if r.late {
@@ -230,22 +238,22 @@ pub fn write_event_record(out: &mut Vec<u8>, r: &EventRecordFields<'_>) -> Resul
     } else {
         b",\"late\":false"
     });
-    key(out, "payload");
+    own_key(out, "payload");
     out.extend_from_slice(r.payload_json);
     let start_ts_us = r.start_ts_us.or(r.interval_id.map(|_| r.ref_ts_us));
     if let Some(start) = start_ts_us {
-        key(out, "start_ts_us");
+        own_key(out, "start_ts_us");
         write_int(out, start)?;
-        key(out, "end_ts_us");
+        own_key(out, "end_ts_us");
         write_int(out, r.ref_ts_us)?;
-        key(out, "start_uncertainty_us");
+        own_key(out, "start_uncertainty_us");
         write_int(out, r.start_uncertainty_us.unwrap_or(r.uncertainty_us))?;
-        key(out, "source_start_ts_us");
+        own_key(out, "source_start_ts_us");
         write_int(out, r.source_start_ts_us.unwrap_or(r.source_ts_us))?;
         if let Some(interval_id) = r.interval_id {
-            key(out, "interval_id");
+            own_key(out, "interval_id");
             write_str(out, interval_id);
-            key(out, "endpoint");
+            own_key(out, "endpoint");
             match r.endpoint {
                 Some(endpoint) => write_str(out, endpoint),
                 None => out.extend_from_slice(b"null"),
@@ -253,15 +261,15 @@ pub fn write_event_record(out: &mut Vec<u8>, r: &EventRecordFields<'_>) -> Resul
         }
     }
     if let Some(reason) = r.late_reason {
-        key(out, "late_reason");
+        own_key(out, "late_reason");
         write_str(out, reason);
     }
     if let Some(rtt_us) = r.rtt_us {
-        key(out, "rtt_us");
+        own_key(out, "rtt_us");
         write_int(out, rtt_us)?;
     }
     if let Some(lateness_us) = r.lateness_us {
-        key(out, "lateness_us");
+        own_key(out, "lateness_us");
         write_int(out, lateness_us)?;
     }
     for (name, value) in &r.extra_json {
@@ -282,11 +290,11 @@ pub fn write_punctuation_record(
     out.extend_from_slice(b"{\"v\":");
     write_u64(out, u64::from(CONTRACT_VERSION));
     out.extend_from_slice(b",\"kind\":\"punctuation\"");
-    key(out, "stream");
+    own_key(out, "stream");
     write_str(out, stream);
-    key(out, "watermark_us");
+    own_key(out, "watermark_us");
     write_int(out, watermark_us)?;
-    key(out, "release_ts_us");
+    own_key(out, "release_ts_us");
     write_int(out, release_ts_us)?;
     out.push(b'}');
     Ok(())
