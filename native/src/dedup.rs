@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::decode::guard;
-use crate::records::{write_py, write_str, NotNative};
+use crate::records::{write_json_array, write_py, write_str, NotNative};
 
 /// Deeper payloads go to the Python body (orjson's own limit is 254 levels; the wire's payloads stop at 32).
 const MAX_SORTED_DEPTH: usize = 200;
@@ -127,28 +127,12 @@ pub fn write_sorted(
         }
         out.push(b'}');
     } else if let Ok(l) = value.cast_exact::<PyList>() {
-        write_sorted_array(out, l.iter(), depth)?;
+        write_json_array(out, l.iter(), depth, write_sorted)?;
     } else if let Ok(t) = value.cast_exact::<PyTuple>() {
-        write_sorted_array(out, t.iter(), depth)?;
+        write_json_array(out, t.iter(), depth, write_sorted)?;
     } else {
         write_py(out, value, depth)?; // a scalar: no keys to sort
     }
-    Ok(())
-}
-
-fn write_sorted_array<'py>(
-    out: &mut Vec<u8>,
-    items: impl Iterator<Item = Bound<'py, PyAny>>,
-    depth: usize,
-) -> Result<(), NotNative> {
-    out.push(b'[');
-    for (i, item) in items.enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_sorted(out, &item, depth + 1)?;
-    }
-    out.push(b']');
     Ok(())
 }
 

@@ -328,18 +328,24 @@ const RECORD_KEYS: [&str; 21] = [
 
 // ------------------------------------------------------------------------------------------------ Python view
 
-/// A list's or tuple's items as one JSON array (orjson writes both alike).
-fn write_py_array<'py>(
+/// How one JSON value is written: `write_py`, or the dedup's sorted-key `write_sorted`.
+pub(crate) type WriteJson<'py> =
+    fn(&mut Vec<u8>, &Bound<'py, PyAny>, usize) -> Result<(), NotNative>;
+
+/// A list's or tuple's items as one JSON array (orjson writes both alike), each by `write_item` (the plain or the
+/// sorted-key writer).
+pub(crate) fn write_json_array<'py>(
     out: &mut Vec<u8>,
     items: impl Iterator<Item = Bound<'py, PyAny>>,
     depth: usize,
+    write_item: WriteJson<'py>,
 ) -> Result<(), NotNative> {
     out.push(b'[');
     for (i, item) in items.enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        write_py(out, &item, depth + 1)?;
+        write_item(out, &item, depth + 1)?;
     }
     out.push(b']');
     Ok(())
@@ -377,9 +383,9 @@ pub fn write_py(
         }
         out.push(b'}');
     } else if let Ok(l) = value.cast_exact::<PyList>() {
-        write_py_array(out, l.iter(), depth)?;
+        write_json_array(out, l.iter(), depth, write_py)?;
     } else if let Ok(t) = value.cast_exact::<PyTuple>() {
-        write_py_array(out, t.iter(), depth)?;
+        write_json_array(out, t.iter(), depth, write_py)?;
     } else {
         return Err(NotNative);
     }
