@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +46,8 @@ TRANSACTION_DEFAULTS: dict[str, Any] = {
     # partition (the last stable offset) for at most this long when nobody takes the shard over sooner.
     "transaction.timeout.ms": 10_000,
 }
+
+LEADER_POLL_INTERVAL_S = 0.05
 
 # librdkafka reports a fenced producer as the fatal _FENCED; the broker codes can surface before it maps them.
 _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
@@ -117,6 +120,24 @@ class TransactionalPublisher:
                 self._call(lambda p: p.list_topics(connect_topic, timeout=timeout_s))
         self._call(lambda p: p.init_transactions(timeout_s))
 
+    def await_leader(self, topic: str, partition: int, timeout_s: float) -> bool:
+        """Fetch ``topic``'s metadata until ``partition`` has a leader, for at most ``timeout_s``; returns whether it
+        has one. For a topic created just now: the first produce then finds the partition and its leader in the
+        client's metadata cache, instead of queueing on an unknown partition while the topic's metadata (its id and
+        leader) changes under it."""
+        deadline_s = time.monotonic() + timeout_s
+        while True:
+            remaining_s = max(0.01, deadline_s - time.monotonic())
+            metadata = self._client().list_topics(topic, timeout=remaining_s)
+            described = metadata.topics.get(topic)
+            if described is not None and described.error is None:
+                known = described.partitions.get(partition)
+                if known is not None and known.leader >= 0:
+                    return True
+            if time.monotonic() >= deadline_s:
+                return False
+            time.sleep(LEADER_POLL_INTERVAL_S)
+
     def begin(self) -> None:
         """Open a transaction (local, no broker round trip)."""
         self._call(lambda p: p.begin_transaction())
@@ -176,6 +197,15 @@ class TransactionalPublisher:
         in the open transaction: they become the group's committed offsets exactly when its records become
         visible, and never if it aborts. Same errors as ``commit()``."""
         self._call(lambda p: p.send_offsets_to_transaction(offsets, group_metadata, timeout_s))
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait, for at most ``timeout_s``, until every queued record was delivered or failed (their reports are then
+        queued for ``poll``); returns how many are still queued or in flight. Never while ``commit()`` runs."""
+        producer = self._client()
+        try:
+            return int(producer.flush(timeout_s))
+        except KafkaException as exc:
+            raise self._classified(exc) from exc
 
     def commit(self, timeout_s: float) -> None:
         """Flush and commit the open transaction: when this returns, its records are visible to committed readers.

@@ -460,6 +460,7 @@ class GatewayCounters:
     byes: int = 0  # clean departures: the source's last open connection said bye, the merge gave it up (rule 14)
     takeover_windows: int = 0  # streams a takeover window held (rule 15)
     takeover_newcomers: int = 0  # sources no recovered checkpoint named that said hello within the window (rule 15)
+    offset_audit_failures: int = 0  # transactions aborted: Kafka's delivery reports broke the offset count (rule 2)
 
     def count_error(self, code: str) -> None:
         if code == "frame_too_large":
@@ -772,6 +773,9 @@ class IngestCore:
 
     def task_failed(self) -> None:
         self.counters.task_failures += 1
+
+    def offset_audit_failed(self) -> None:
+        self.counters.offset_audit_failures += 1
 
     def source_registered(self, source_id: str, streams: tuple[str, ...], now_us: int) -> list[IngestAction]:
         self._disconnected_since.pop(source_id, None)

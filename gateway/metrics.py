@@ -78,6 +78,7 @@ COUNTER_HELP = {
     "byes": "Clean departures (every open connection of the source said bye): the merge stopped waiting for it",
     "takeover_windows": "Streams recovered at a takeover or restart whose merge waited out the takeover window",
     "takeover_newcomers": "Sources no recovered checkpoint named that said hello within a takeover window",
+    "offset_audit_failures": "Transactions aborted before commit: Kafka's delivery reports broke the offset count",
     "pipeline_heartbeats_refused": "Heartbeats the pipeline refused (future-dated or out of range)",
     "pipeline_timestamps_refused": "Events the pipeline refused: a mapped time outside the contract's range",
     "pipeline_watermarks_distrusted": "Restored watermarks beyond max_future of the restoring clock, dropped",

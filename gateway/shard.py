@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.client import KafkaClientConfig, librdkafka_logger
-from broker.producer import KafkaPublisher
+from broker.producer import DeliveryCallback, KafkaPublisher
 from broker.transactions import ProducerFenced, TransactionAbortable, TransactionalPublisher, TransactionRetriable
 from contract.records import CONTRACT_VERSION, HEADER_CONTRACT_VERSION, HEADER_KIND, OWNER
 from contract.topics import TopicNames
@@ -53,6 +53,7 @@ from gateway.ingest import (
     StreamProgress,
     WriteCheckpoint,
 )
+from gateway.offset_audit import OffsetAudit
 from gateway.recovery import ShardState, StreamScan, recover_shard, recover_stream, recover_stream_from
 from gateway.tasks import SupervisedTasks
 from timesync.clocks import ClockUs, ReferenceMapping
@@ -84,6 +85,8 @@ EARLY_SCANNED_STREAMS_MAX = 16
 OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode()))
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
+# How long a new stream's first records wait for its partition's leader to show in the producer's metadata.
+NEW_PARTITION_LEADER_WAIT_S = 5.0
 
 
 # What librdkafka says when a newer owner fenced this producer, or when a gateway that lost its shard aborts its open
@@ -190,6 +193,9 @@ class ShardRuntime:
         # that offset: one Python callback per batch, not per record.
         self._uncommitted: list[DeliveryRef] = []
         self._uncommitted_offsets: dict[str, int] = {}
+        # Transactions: the offsets those reports must carry; a transaction whose reports break the count is
+        # aborted, not committed (gateway.offset_audit).
+        self._audit = OffsetAudit()
         # Without transactions every event record asks for its delivery report, which only queues it here; after
         # each poll the queued reports go to the core together (_deliveries_reported): one Python call per record
         # less, and the core confirms a run of records in one step.
@@ -422,7 +428,7 @@ class ShardRuntime:
             try:
                 async with self._txn_lock:
                     actions = batch.actions
-                    marks = self._offset_marks(actions) if self._transactional else {}
+                    marks = self._report_marks(actions) if self._transactional else {}
                     index = 0
                     while index < len(actions):
                         index = self._produce_from(actions, index, marks)
@@ -441,22 +447,35 @@ class ShardRuntime:
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
 
-    @staticmethod
-    def _offset_marks(actions: list[Produce | WriteCheckpoint]) -> dict[int, str]:
-        """The index of the last event record of each stream's events topic in a batch: its delivery report gives
-        the offset the progress checkpoint needs (the records before it in the partition got lower ones)."""
-        marks: dict[int, str] = {}
+    def _report_marks(self, actions: list[Produce | WriteCheckpoint]) -> dict[int, DeliveryCallback]:
+        """Transactions: the records of a batch whose delivery reports the shard asks for, with their callbacks: per
+        topic the last record (the offset audit counts the batch's records there), and per stream the last event
+        record of its events topic (its offset is what the progress checkpoint needs: the records before it in the
+        partition got lower ones). One report per topic per batch, not per record."""
+        wanted: dict[int, tuple[str | None, str | None]] = {}
+        records: dict[str, int] = {}
         streams: set[str] = set()
         for index in range(len(actions) - 1, -1, -1):
             action = actions[index]
-            if type(action) is Produce and action.delivery is not None and action.delivery.topic == "events":
-                stream = action.delivery.stream
-                if stream not in streams:
-                    streams.add(stream)
-                    marks[index] = stream
-        return marks
+            if type(action) is not Produce:
+                continue
+            seen = records.get(action.topic)
+            records[action.topic] = 1 if seen is None else seen + 1
+            topic = action.topic if seen is None else None
+            stream = None
+            delivery = action.delivery
+            if delivery is not None and delivery.topic == "events" and delivery.stream not in streams:
+                stream = delivery.stream
+                streams.add(stream)
+            if topic is not None or stream is not None:
+                wanted[index] = (topic, stream)
+        for topic, count in records.items():
+            self._audit.produced(topic, count)
+        report_to = self._publisher.report_to
+        return {index: report_to(partial(self._on_report, topic, stream)) for index, (topic, stream) in wanted.items()}
 
-    def _produce_from(self, actions: list[Produce | WriteCheckpoint], start: int, marks: dict[int, str]) -> int:
+    def _produce_from(self, actions: list[Produce | WriteCheckpoint], start: int,
+                      marks: dict[int, DeliveryCallback]) -> int:
         """Hand ``actions[start:]`` to librdkafka, in order; returns the index of the first one its full queue
         refused, or ``len(actions)``."""
         publisher = self._publisher
@@ -474,12 +493,11 @@ class ShardRuntime:
                 headers = action.headers
                 if type(action) is Produce:
                     delivery = action.delivery
-                    on_delivery: Callable[[KafkaError | None, Message], None] | None = None
-                    if delivery is not None:
-                        if not transactional:
-                            on_delivery = partial(reported, delivery)
-                        elif index in marks:
-                            on_delivery = publisher.report_to(partial(self._on_offset, marks[index]))
+                    on_delivery: DeliveryCallback | None
+                    if transactional:
+                        on_delivery = marks.get(index)
+                    else:
+                        on_delivery = None if delivery is None else partial(reported, delivery)
                     produce(action.topic, action.value, action.key, shard, on_delivery, None, action.timestamp_ms,
                             None if headers is None else list(headers))
                     if delivery is not None and transactional:
@@ -501,12 +519,13 @@ class ShardRuntime:
         self._unproduced_records -= produced
         return len(actions)
 
-    def _on_offset(self, stream: str, error: KafkaError | None, message: Message) -> None:
+    def _on_report(self, topic: str | None, stream: str | None, error: KafkaError | None, message: Message) -> None:
+        offset = None if error is not None else message.offset()
+        if topic is not None:
+            self._audit.reported(topic, offset, error is not None)
         # A failed record fails the commit, which gives the shard up: only a delivered one has an offset to keep.
-        if error is None:
-            offset = message.offset()
-            if offset is not None and offset > self._uncommitted_offsets.get(stream, -1):
-                self._uncommitted_offsets[stream] = offset
+        if stream is not None and offset is not None and offset > self._uncommitted_offsets.get(stream, -1):
+            self._uncommitted_offsets[stream] = offset
 
     def _serve_reports(self) -> None:
         """Serve Kafka's delivery reports; without transactions, then hand the queued ones to the core."""
@@ -572,6 +591,7 @@ class ShardRuntime:
             try:
                 for attempt in range(COMMIT_ATTEMPTS):
                     try:
+                        await self._audit_transaction(publisher)
                         await loop.run_in_executor(None, publisher.commit, TRANSACTION_CALL_TIMEOUT_S)
                         break
                     except TransactionRetriable as exc:
@@ -590,6 +610,7 @@ class ShardRuntime:
                         raise ShardLost(f"shard {self.shard}: commit failed: {exc}") from exc
             finally:
                 self._committing = False
+            self._audit.committed()
             publisher.poll(0)  # the reports commit_transaction flushed run here, on the loop's thread
             deliveries, self._uncommitted = self._uncommitted, []
             offsets, self._uncommitted_offsets = self._uncommitted_offsets, {}
@@ -597,6 +618,22 @@ class ShardRuntime:
             publisher.begin()
         self.core.on_committed(deliveries, offsets, self._clock_us())
         self._carry_out_now(self.core.due_acks())
+
+    async def _audit_transaction(self, publisher: TransactionalPublisher) -> None:
+        """Deliver every record of the open transaction, then check Kafka's reports against the offset audit:
+        TransactionRetriable while a report is missing, TransactionAbortable (the shard aborts and restarts from
+        what Kafka holds, nothing of the transaction acked) when they break the count."""
+        await asyncio.get_running_loop().run_in_executor(None, publisher.flush, TRANSACTION_CALL_TIMEOUT_S)
+        publisher.poll(0)  # the reports the flush queued run here, on the loop's thread
+        verdict = self._audit.verdict()
+        if verdict is None:
+            return
+        if self._audit.failure is None:
+            raise TransactionRetriable(verdict)
+        self.core.offset_audit_failed()
+        log.error("shard %d: Kafka's delivery reports break the offset count: %s; aborting the transaction (nothing "
+                  "of it is acked), the shard restarts from what Kafka holds", self.shard, verdict)
+        raise TransactionAbortable(f"offset audit: {verdict}")
 
     async def _fire_deadlines(self) -> None:
         while True:
@@ -712,7 +749,8 @@ class ShardRuntime:
             loop = asyncio.get_running_loop()
             for stream in [s for s in streams if not self.core.knows_stream(s)]:
                 if stream in created:
-                    # A topic created just now is empty: nothing to recover (and its leader may not be known yet).
+                    # A topic created just now is empty: nothing to recover, and its first record gets offset 0.
+                    await self._await_new_partition(self.topics.events(stream))
                     self.core.stream_created(stream)
                     continue
                 started_s = loop.time()
@@ -724,6 +762,19 @@ class ShardRuntime:
                 actions = self.core.stream_recovered(progress, self._clock_us())
                 self._deadline_changed.set()
                 await self._carry_out(actions)
+
+    async def _await_new_partition(self, topic: str) -> None:
+        """Transactions: wait until the producer's metadata shows the shard's partition of a topic created just now
+        with its leader (``TransactionalPublisher.await_leader``), and audit its offsets from 0."""
+        publisher = self._publisher
+        if not isinstance(publisher, TransactionalPublisher):
+            return
+        self._audit.starts_empty(topic)
+        has_leader = await asyncio.get_running_loop().run_in_executor(
+            None, publisher.await_leader, topic, self.shard, NEW_PARTITION_LEADER_WAIT_S)
+        if not has_leader:
+            log.warning("shard %d: %s [%d] has no leader in the producer's metadata %.0f s after its creation; "
+                        "producing to it all the same", self.shard, topic, self.shard, NEW_PARTITION_LEADER_WAIT_S)
 
     async def punctuate_idle(self, streams: set[str], idle_lag_us: int) -> None:
         """Rule 10 for every stream of the deployment (recovering the ones this shard has not seen yet)."""

@@ -116,7 +116,8 @@ def _runtime(host: FakeHost, now: list[int]) -> tuple[ShardRuntime, FakePublishe
 def produced(runtime: ShardRuntime, actions: list[Any]) -> list[DeliveryRef | None]:
     """Carry out the core's actions, the Kafka writes through the shard's produce loop; their DeliveryRefs."""
     writes = runtime._carry_out_now(actions)
-    assert runtime._produce_from(writes, 0, {}) == len(writes)
+    marks = runtime._report_marks(writes) if runtime._transactional else {}
+    assert runtime._produce_from(writes, 0, marks) == len(writes)
     return [w.delivery if type(w) is Produce else None for w in writes]
 
 

@@ -13,10 +13,18 @@ from confluent_kafka import KafkaError, KafkaException
 from broker.client import KafkaClientConfig
 from broker.transactions import TransactionAbortable, TransactionalPublisher
 from contract.topics import TopicNames
+from contract.wire.messages import IncomingEvent
 from gateway.ingest import ConnectionId, IngestConfig
-from gateway.shard import ShardRuntime, ShardSettings
+from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from tests.unit.gateway.test_acks_confirmed_run import T0
-from tests.unit.gateway.test_shard_delivery_reports import SHARD, FakePublisher, _acks, _prepared, three_records
+from tests.unit.gateway.test_shard_delivery_reports import (
+    SHARD,
+    FakePublisher,
+    _acks,
+    _prepared,
+    produced,
+    three_records,
+)
 from timesync.clocks import IdentityMapping
 from timesync.store import SourceInfoStore
 
@@ -33,14 +41,30 @@ class FakeTransactionalPublisher(FakePublisher, TransactionalPublisher):
         self._fenced = False
         self.steps = steps
         self.commit_error = commit_error
+        self.flushed = 0  # records[:flushed] were delivered (their reports queued for poll)
+        self.committed = 0  # records[:committed] belong to committed transactions
 
     def begin(self) -> None:
         self.steps.append(("begin",))
+
+    @staticmethod
+    def await_leader(topic: str, partition: int, timeout_s: float) -> bool:
+        return True
+
+    def flush(self, timeout_s: float) -> int:
+        self.served += [(index, None) for index in range(self.flushed, len(self.records))
+                        if self.records[index][2] is not None]
+        self.flushed = len(self.records)
+        return 0
 
     def commit(self, timeout_s: float) -> None:
         self.steps.append(("commit", len(self.records)))
         if self.commit_error is not None:
             raise self.commit_error
+        # Kafka's commit marker: one offset in each partition the transaction wrote.
+        for topic in {topic for topic, _key, _callback in self.records[self.committed:]}:
+            self._next_offset[topic] += 1
+        self.committed = len(self.records)
 
     def abort(self, timeout_s: float) -> None:
         self.steps.append(("abort",))
@@ -106,3 +130,71 @@ async def test_a_stop_whose_commit_fails_acks_nothing(error: Exception) -> None:
     # An abortable transaction is aborted at once; a commit that failed otherwise leaves the broker to decide it.
     aborted = [("abort",)] if isinstance(error, TransactionAbortable) else []
     assert steps == [("commit", 4), *aborted, ("close",)]
+
+
+class FirstRecordLostPublisher(FakeTransactionalPublisher):
+    """Kafka's suspected loss on a partition created just now: the first record to ``lost_topic`` never takes an
+    offset (the records after it take 0, 1, ...) while librdkafka reports the batch delivered."""
+
+    def __init__(self, steps: list[Step], lost_topic: str) -> None:
+        super().__init__(steps, None)
+        self.lost_topic = lost_topic
+
+    def batch_produce(self) -> Any:
+        produce = super().batch_produce()
+
+        def losing(topic: str, *args: Any) -> None:
+            produce(topic, *args)
+            if topic == self.lost_topic and self.lost_topic:
+                self.lost_topic = ""
+                self._next_offset[topic] -= 1
+                self.offsets[-1] = -1
+        return losing
+
+    @staticmethod
+    def await_leader(topic: str, partition: int, timeout_s: float) -> bool:
+        return True
+
+
+def _first_record_lost_runtime(steps: list[Step], now: list[int], topic: str) -> ShardRuntime:
+    def make(*_args: object) -> FakeTransactionalPublisher:
+        return FirstRecordLostPublisher(steps, topic)
+    with mock.patch("gateway.shard.TransactionalPublisher", make), \
+            mock.patch("tests.unit.gateway.test_shard_stop.FakeTransactionalPublisher", make):
+        return transactional_runtime(steps, now)
+
+
+async def test_a_new_partitions_first_record_lost_aborts_the_transaction_and_acks_nothing() -> None:
+    steps: list[Step] = []
+    now = [T0 + 100]
+    topic = TopicNames().events("s")
+    runtime = _first_record_lost_runtime(steps, now, topic)
+    await runtime._await_new_partition(topic)  # as for a stream whose topic the gateway created just now
+    three_records(runtime, now)
+    with pytest.raises(ShardLost) as lost:
+        await runtime._commit()
+    assert str(lost.value) == (f"shard {SHARD}: transaction aborted: offset audit: {topic}: the last of 4 records "
+                               "reported at offset 2, expected 3 (the first of them belongs at 0)")
+    runtime._carry_out_now(runtime.core.due_acks())
+    assert steps == [("abort",)]  # never committed, nothing acked
+    assert runtime.core.counters.offset_audit_failures == 1
+
+
+async def test_truthful_reports_over_two_transactions_commit_and_ack_both() -> None:
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now)
+    publisher = runtime._publisher
+    assert isinstance(publisher, FakeTransactionalPublisher)
+    await runtime._await_new_partition(TopicNames().events("s"))
+    three_records(runtime, now)
+    await runtime._commit()
+    events = tuple(IncomingEvent("s", seq, T0 + seq, 1) for seq in range(3, 5))
+    produced(runtime, runtime.core.events_received(ConnectionId(1), "a", events, now[0]))
+    now[0] += 2_000_000
+    produced(runtime, runtime.core.advance(now[0]))
+    await runtime._commit()
+    assert [step for step in steps if step[0] in ("commit", "ack", "abort")] == [
+        ("commit", 4), ("ack", "a", "s", 2), ("commit", 6), ("ack", "a", "s", 4)]
+    assert publisher.offsets == [0, 1, 2, 3, 5, 6]  # the first commit's marker took offset 4
+    assert runtime.core.counters.offset_audit_failures == 0
