@@ -36,6 +36,8 @@ CONSTRAINED = [
     ("A B", "EVENT SEQ(A a, C c) WHERE [id] WITHIN 10"),
 ]
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The constrained runs cost ~10x an unconstrained one: the regular suite runs 40 of each, the long suite 150.
+QUICK_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 Step = tuple[str, Any]
 
@@ -132,13 +134,26 @@ def test_incremental_snapshots_restore_exactly_at_every_step(text: str, data: st
                  data.draw(st.lists(st.booleans(), min_size=1, max_size=8)))
 
 
+def constrained(constraint: str, text: str, data: st.DataObject) -> None:
+    differential(text, data.draw(configs(constraint)), data.draw(steps("AABKKCX")),
+                 data.draw(st.lists(st.booleans(), min_size=1, max_size=8)))
+
+
 @pytest.mark.parametrize(("constraint", "text"), CONSTRAINED)
-@SETTINGS
+@QUICK_SETTINGS
 @given(data=st.data())
 def test_incremental_snapshots_restore_exactly_under_a_constraint(constraint: str, text: str,
                                                                    data: st.DataObject) -> None:
-    differential(text, data.draw(configs(constraint)), data.draw(steps("AABKKCX")),
-                 data.draw(st.lists(st.booleans(), min_size=1, max_size=8)))
+    constrained(constraint, text, data)
+
+
+@pytest.mark.reliability_long  # 150 examples of each: ~45 s in all
+@pytest.mark.parametrize(("constraint", "text"), CONSTRAINED)
+@SETTINGS
+@given(data=st.data())
+def test_incremental_snapshots_restore_exactly_under_a_constraint_at_length(constraint: str, text: str,
+                                                                             data: st.DataObject) -> None:
+    constrained(constraint, text, data)
 
 
 @pytest.mark.parametrize("text", QUERIES[:3])
