@@ -47,6 +47,7 @@ import orjson
 from confluent_kafka import KafkaError, Message
 
 from benchmarks.harness.args import parse_or_redraw
+from benchmarks.harness.processes import cpu_s
 from benchmarks.harness.producing import produce_waiting
 from benchmarks.harness.stats import percentile
 from benchmarks.plotstyle import axis_labels, pyplot, save
@@ -83,7 +84,6 @@ WINDOW_EVENTS = 2_000
 # A saturated run that has not finished by then is stuck (the gateway would close idle sources after 120 s).
 RUN_TIMEOUT_S = 90.0
 EVENT_STEP_US = 10
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A hello answered with shard_unavailable (a rebalance still settling) is retried after this pause.
 HELLO_RETRY_S = 0.2
 HELLO_ATTEMPTS = 100
@@ -101,12 +101,6 @@ FAILOVER_BACKOFF = Backoff(initial_s=0.05, max_s=0.5)
 
 
 # ------------------------------------------------------------------------------------------------ processes
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (all its threads), from /proc."""
-    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields_[11]) + int(fields_[12])) / CLK_TCK
 
 
 @dataclass
@@ -394,13 +388,13 @@ async def gateway_load(bootstrap: str, broker_pid: int, gateways: int, shards: i
         connections = [c for c, _ in opened]
         served_by = [addresses.index(t) for _, t in opened]
         pids = [g.process.pid for g in cluster.gateways]
-        gateway_cpu0 = sum(proc_cpu_s(p) for p in pids)
-        broker_cpu0, loadgen_cpu0 = proc_cpu_s(broker_pid), time.process_time()
+        gateway_cpu0 = sum(cpu_s(p) for p in pids)
+        broker_cpu0, loadgen_cpu0 = cpu_s(broker_pid), time.process_time()
         started = time.perf_counter()
         events = await run(connections, ack_ms)
         seconds = time.perf_counter() - started
-        gateway_cpu_s = sum(proc_cpu_s(p) for p in pids) - gateway_cpu0
-        broker_cpu_s = proc_cpu_s(broker_pid) - broker_cpu0
+        gateway_cpu_s = sum(cpu_s(p) for p in pids) - gateway_cpu0
+        broker_cpu_s = cpu_s(broker_pid) - broker_cpu0
         loadgen_cpu_s = time.process_time() - loadgen_cpu0
     finally:
         await cluster.stop()
@@ -484,7 +478,7 @@ def plain_producer(bootstrap: str, broker_pid: int, source_topic: str, shards: i
     # Warm the connection and the partition leaders up, as the gateways' producers are before their runs.
     producer.produce(topic, records[0][1], records[0][0], partition=records[0][2])
     producer.flush(30)
-    broker_cpu0, cpu0 = proc_cpu_s(broker_pid), time.process_time()
+    broker_cpu0, cpu0 = cpu_s(broker_pid), time.process_time()
     started = time.perf_counter()
     for i, (key, value, partition) in enumerate(records):
         produced_at = time.perf_counter()
@@ -493,7 +487,7 @@ def plain_producer(bootstrap: str, broker_pid: int, source_topic: str, shards: i
     remaining = producer.flush(120)
     seconds = time.perf_counter() - started
     assert remaining == 0 and not failures and len(delivery_ms) == len(records), (remaining, failures[:3])
-    return ProducerResult(len(records), seconds, time.process_time() - cpu0, proc_cpu_s(broker_pid) - broker_cpu0,
+    return ProducerResult(len(records), seconds, time.process_time() - cpu0, cpu_s(broker_pid) - broker_cpu0,
                           delivery_ms)
 
 

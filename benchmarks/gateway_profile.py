@@ -31,7 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.gateway_throughput import CLK_TCK, load, proc_cpu_s, start_gateway
+from benchmarks.gateway_throughput import load, start_gateway
+from benchmarks.harness.processes import CLK_TCK, cpu_s, stat_cpu_ticks
 from broker.launcher import KafkaBroker
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -48,11 +49,11 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            stat = (task / "stat").read_text()
         except FileNotFoundError:
             continue  # a thread that ended meanwhile
         key = "event loop" if task.name == str(pid) else name
-        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+        out[key] = out.get(key, 0.0) + stat_cpu_ticks(stat) / CLK_TCK
     return out
 
 
@@ -133,9 +134,9 @@ def main() -> None:
                                         str(process.pid), "--native", "--format", "raw", "--rate", "100",
                                         "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.5)
-                threads0, cpu0 = thread_cpu_s(process.pid), proc_cpu_s(process.pid)
+                threads0, cpu0 = thread_cpu_s(process.pid), cpu_s(process.pid)
                 seconds, _acks = asyncio.run(load(port, SOURCES, EVENTS // SOURCES))
-                threads1, cpu1 = thread_cpu_s(process.pid), proc_cpu_s(process.pid)
+                threads1, cpu1 = thread_cpu_s(process.pid), cpu_s(process.pid)
                 spy.send_signal(2)
                 spy.wait(timeout=60)
             finally:

@@ -34,6 +34,7 @@ from typing import IO, Any
 import orjson
 from confluent_kafka import KafkaError, Message
 
+from benchmarks.harness.processes import cpu_s
 from benchmarks.harness.producing import RunRates, produce_waiting
 from benchmarks.harness.stats import percentile
 from broker.admin import ensure_topics
@@ -49,7 +50,6 @@ from reorder.eval.progress import progress_bar, progress_enabled
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BATCH = 500
 WINDOW = 20_000
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CORE_LABELS = {"python": "python core", "native": "native core", "auto": "auto core"}
 Variant = tuple[str, Path | None, str | None]  # (label, tree, core): one gateway configuration of the run
@@ -72,11 +72,6 @@ class RunResult(RunRates):
     late: int = 0
     label: str = ""
     core: str = ""  # the --core the gateway was spawned with; "" for its default (auto) or a --before tree
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def proc_rss(pid: int) -> int:
@@ -277,9 +272,9 @@ def one_run(bootstrap: str, sources: int, total_events: int, producer: dict[str,
                                     str(process.pid), "--format", "raw", "--rate", "100", "--nonblocking", "--output", str(py_spy)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
-        cpu0, rss0 = proc_cpu_s(process.pid), proc_rss(process.pid)
+        cpu0, rss0 = cpu_s(process.pid), proc_rss(process.pid)
         seconds, ack_ms = asyncio.run(load(port, sources, per_source))
-        cpu1, rss1 = proc_cpu_s(process.pid), proc_rss(process.pid)
+        cpu1, rss1 = cpu_s(process.pid), proc_rss(process.pid)
     finally:
         if spy is not None:
             spy.send_signal(2)

@@ -52,7 +52,16 @@ from benchmarks.gateway_cluster import (
     saturated_load,
 )
 from benchmarks.gateway_throughput import load_averages
-from benchmarks.harness.processes import http_get_json, read_delivery
+from benchmarks.harness.processes import (
+    CLK_TCK,
+    cpu_s,
+    http_get_json,
+    machine_cpu_s,
+    parents_now,
+    process_tree,
+    read_delivery,
+    stat_cpu_ticks,
+)
 from benchmarks.harness.stats import percentile
 from benchmarks.plotstyle import axis_labels, pyplot, save
 from broker.launcher import KafkaBroker
@@ -65,7 +74,6 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGE = DOCS / "gateway-workers.md"
 FIGURE = DOCS / "gateway-workers.png"
 RESULTS = DOCS / "gateway-workers.json"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT_S = 90.0
 BALANCE_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
@@ -75,43 +83,6 @@ QUIET_CORES = 0.3
 
 
 # ------------------------------------------------------------------------------------- pure helpers (tested)
-
-
-def stat_cpu_ticks(stat: str) -> int:
-    """utime + stime (clock ticks) of a /proc/PID/stat line. The command name is in parentheses and may itself hold
-    spaces and ')', so the fields are counted after the last ')'."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def machine_ticks(proc_stat_cpu: str) -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs from the aggregate ``cpu`` line of /proc/stat (user nice system idle
-    iowait irq softirq steal ...): total sums the first eight (guest time is already inside user), busy is total
-    less idle and iowait."""
-    name, *fields = proc_stat_cpu.split()
-    if name != "cpu":
-        raise ValueError(f"not the aggregate cpu line of /proc/stat: {proc_stat_cpu!r}")
-    ticks = [int(f) for f in fields[:8]]
-    total = sum(ticks)
-    return total - ticks[3] - ticks[4], total
-
-
-def stat_parent(stat: str) -> int:
-    """The parent pid (field 4) of a /proc/PID/stat line."""
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def process_tree(root: int, parent_of: Mapping[int, int]) -> list[int]:
-    """``root`` and every descendant of it in ``parent_of`` (pid -> parent pid), root first, then in pid order."""
-    children: dict[int, list[int]] = {}
-    for pid, parent in parent_of.items():
-        children.setdefault(parent, []).append(pid)
-    below: set[int] = set()
-    frontier = [root]
-    while frontier:
-        frontier = [pid for parent in frontier for pid in children.get(parent, ()) if pid not in below | {root}]
-        below.update(frontier)
-    return [root, *sorted(below)]
 
 
 def shard_owners(serving: Sequence[Collection[int]], shards: int) -> dict[int, int]:
@@ -151,36 +122,10 @@ def host_throughput_bound(cores: float, us_per_event: Sequence[float]) -> float:
 # ----------------------------------------------------------------------------------------------- /proc readings
 
 
-def proc_stat(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text()
-
-
-def parents_now() -> dict[int, int]:
-    """pid -> parent pid of every live process (ones that exit while /proc is read are skipped)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = stat_parent(proc_stat(int(entry)))
-            except (OSError, IndexError, ValueError):
-                continue
-    return parents
-
-
-def cpu_s(pid: int) -> float:
-    return stat_cpu_ticks(proc_stat(pid)) / CLK_TCK
-
-
 def main_thread_cpu_s(pid: int) -> float:
     """The CPU of the process's first thread alone: in a gateway, the asyncio loop that runs the per-event work
     (librdkafka's threads are the others)."""
     return stat_cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / CLK_TCK
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every core of the machine has been busy since boot (all processes, ours and others')."""
-    with open("/proc/stat") as stat:
-        return machine_ticks(stat.readline())[0] / CLK_TCK
 
 
 def command_name(pid: int) -> str:
@@ -360,11 +305,11 @@ async def gateway_run(bootstrap: str, broker_pid: int, workers: int, shards: int
             raise RuntimeError(f"process tree {tree} is not the parent and the workers {worker_pids}")
         cpu0 = {pid: cpu_s(pid) for pid in tree}
         main0 = sum(main_thread_cpu_s(pid) for pid in tree)
-        broker0, loadgen0, machine0 = cpu_s(broker_pid), time.process_time(), machine_busy_s()
+        broker0, loadgen0, machine0 = cpu_s(broker_pid), time.process_time(), machine_cpu_s()[0]
         started = time.perf_counter()
         events = await saturated_load(per_source, WINDOW_EVENTS)(connections, ack_ms)
         seconds = time.perf_counter() - started
-        machine_cpu = machine_busy_s() - machine0
+        machine_cpu = machine_cpu_s()[0] - machine0
         cpu1 = {pid: cpu_s(pid) for pid in tree}
         main_cpu = sum(main_thread_cpu_s(pid) for pid in tree) - main0
         broker_cpu, loadgen_cpu = cpu_s(broker_pid) - broker0, time.process_time() - loadgen0

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.harness.processes import stop_process
+from benchmarks.harness.processes import cpu_s, stop_process
 from broker.launcher import KafkaBroker
 from clients import FlushTimeout, SkewlessClient
 from clients.core import IdleTimer
@@ -35,7 +35,6 @@ from gateway.launch import spawn_gateway
 from reorder.eval.progress import progress_bar, progress_enabled
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 HEARTBEAT_INTERVAL_S = 1.0
 CONNECT_CONCURRENCY = 50
 
@@ -74,11 +73,6 @@ class Row:
     unacked: int
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 async def one_rule(rule: str, port: int, gateway_pid: int, sources: int, pool: int, settle_s: float,
                    window_s: float) -> Row:
     # One stream per rule, so that the second rule's sources do not join a stream the first rule's sources just
@@ -111,12 +105,12 @@ async def one_rule(rule: str, port: int, gateway_pid: int, sources: int, pool: i
         unacked = sum(not ok for ok in await asyncio.gather(*(acked(c) for c in clients)))
         await asyncio.sleep(settle_s)
         beats0 = sum(c.stats.heartbeats_sent for c in clients)
-        gateway0, own0, wall0 = proc_cpu_s(gateway_pid), proc_cpu_s(os.getpid()), time.monotonic()
+        gateway0, own0, wall0 = cpu_s(gateway_pid), cpu_s(os.getpid()), time.monotonic()
         await asyncio.sleep(window_s)
         wall = time.monotonic() - wall0
         beats = sum(c.stats.heartbeats_sent for c in clients) - beats0
-        gateway_cpu = proc_cpu_s(gateway_pid) - gateway0
-        own_cpu = proc_cpu_s(os.getpid()) - own0
+        gateway_cpu = cpu_s(gateway_pid) - gateway0
+        own_cpu = cpu_s(os.getpid()) - own0
         connected = sum(c.connected_count for c in clients)
     finally:
         for i in range(0, len(clients), CONNECT_CONCURRENCY):
@@ -210,11 +204,11 @@ DEFAULT_POOL = 10
 
 async def baseline(gateway_pid: int, window_s: float) -> Row:
     """The gateway with no source connected: the CPU it spends anyway (timers, Kafka client threads)."""
-    gateway0, own0, wall0 = proc_cpu_s(gateway_pid), proc_cpu_s(os.getpid()), time.monotonic()
+    gateway0, own0, wall0 = cpu_s(gateway_pid), cpu_s(os.getpid()), time.monotonic()
     await asyncio.sleep(window_s)
     wall = time.monotonic() - wall0
-    return Row("no source", 0, 0, 0.0, 100 * (proc_cpu_s(gateway_pid) - gateway0) / wall,
-               100 * (proc_cpu_s(os.getpid()) - own0) / wall, 0, 0)
+    return Row("no source", 0, 0, 0.0, 100 * (cpu_s(gateway_pid) - gateway0) / wall,
+               100 * (cpu_s(os.getpid()) - own0) / wall, 0, 0)
 
 
 async def run(args: argparse.Namespace, port: int, gateway_pid: int) -> list[Row]:

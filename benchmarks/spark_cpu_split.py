@@ -28,47 +28,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.processes import CLK_TCK, stat_command, stat_cpu_ticks, tree_cpu_s
 from benchmarks.spark_three_window import preload, rate_of, start_job
 from broker.launcher import KafkaBroker
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(path: Path) -> tuple[str, int, float] | None:
-    """(comm, ppid, CPU seconds) of a /proc stat file."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    comm = text[text.index("(") + 1:text.rindex(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def process_tree(root: int) -> dict[int, tuple[str, float]]:
-    """pid -> (command name, CPU seconds) of ``root`` and its live descendants."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    info: dict[int, tuple[str, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(entry / "stat")) is not None:
-            children[stat[1]].append(int(entry.name))
-            info[int(entry.name)] = (stat[0], stat[2])
-    tree: dict[int, tuple[str, float]] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        if pid in info:
-            tree[pid] = info[pid]
-        todo.extend(children.get(pid, []))
-    return tree
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     """tid -> (thread name, CPU seconds) of one process."""
     out: dict[int, tuple[str, float]] = {}
     for entry in Path(f"/proc/{pid}/task").iterdir():
-        if (stat := _stat(entry / "stat")) is not None:
-            out[int(entry.name)] = (stat[0], stat[2])
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        out[int(entry.name)] = (stat_command(stat), stat_cpu_ticks(stat) / CLK_TCK)
     return out
 
 
@@ -85,7 +58,7 @@ class Sampler:
         import threading
 
         self.jvm = jvm
-        self.start_procs = process_tree(jvm)
+        self.start_procs = tree_cpu_s(jvm)
         self.start_threads = thread_cpu(jvm)
         self.procs = dict(self.start_procs)
         self.threads = dict(self.start_threads)
@@ -95,7 +68,7 @@ class Sampler:
         self._thread.start()
 
     def _sample(self) -> None:
-        self.procs.update(process_tree(self.jvm))
+        self.procs.update(tree_cpu_s(self.jvm))
         self.threads.update(thread_cpu(self.jvm))
 
     def _run(self) -> None:
@@ -233,7 +206,7 @@ def measure(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str | Non
     subprocess.run(["jcmd", str(jvm), "JFR.start", f"name={job}", "settings=profile", f"filename={recording}"],
                    capture_output=True, check=True)
     spy = None
-    daemons = [pid for pid, (name, _) in process_tree(jvm).items() if pid != jvm and name.startswith("python")]
+    daemons = [pid for pid, (name, _) in tree_cpu_s(jvm).items() if pid != jvm and name.startswith("python")]
     raw = work / f"{job}.pyspy.txt"
     if py_spy is not None and daemons:
         # The pyspark daemon (the oldest python child of the JVM) forks the workers: follow its subprocesses.

@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from benchmarks.harness.processes import machine_cpu_s, tree_cpu_s
 from broker.admin import ensure_topics
 from broker.launcher import KafkaBroker
 from contract.records import PUNCTUATION_KEY, RESULT_WINDOW, EventRecord, PunctuationRecord
@@ -79,32 +80,10 @@ def preload(bootstrap: str, prefix: str, events: int, streams: tuple[str, ...]) 
     producer.flush(120)
 
 
-def _tree_cpu_s(root_pid: int) -> dict[int, float]:
+def _cpu_by_pid(root_pid: int) -> dict[int, float]:
     """CPU seconds (user + system, own only) of a process and of every live descendant, per pid: the Spark JVM,
     its pyspark daemon and the Python workers the daemon forked."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        pid, ppid = int(entry.name), int(fields[1])
-        children.setdefault(ppid, []).append(pid)
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
-    tree: dict[int, float] = {}
-    todo = [root_pid]
-    while todo:
-        pid = todo.pop()
-        if pid in cpu:
-            tree[pid] = cpu[pid]
-        todo.extend(children.get(pid, []))
-    return tree
+    return {pid: cpu for pid, (_, cpu) in tree_cpu_s(root_pid).items()}
 
 
 class SparkCpu:
@@ -117,7 +96,7 @@ class SparkCpu:
         import threading
 
         self.jvm = spark.sparkContext._gateway.proc.pid
-        self._start = _tree_cpu_s(self.jvm)
+        self._start = _cpu_by_pid(self.jvm)
         self._last = dict(self._start)
         self._stop = threading.Event()
         self._own = self._own_cpu()
@@ -132,7 +111,7 @@ class SparkCpu:
         return own.ru_utime + own.ru_stime
 
     def _sample(self) -> None:
-        self._last.update(_tree_cpu_s(self.jvm))
+        self._last.update(_cpu_by_pid(self.jvm))
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
@@ -218,14 +197,6 @@ def start_job(spark: Any, name: str, bootstrap: str, prefix: str, checkpoint: st
     return window_count.start(spark, window_count.WindowCountOptions(
         bootstrap_servers=bootstrap, topic_prefix=prefix, width_us=1_000_000,
         checkpoint_dir=checkpoint, available_now=True, console=False))
-
-
-def machine_cpu_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, all cores (/proc/stat's first line)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    tick = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks[:8]) - idle) / tick, sum(ticks[:8]) / tick
 
 
 def engine_rate(events: int, repeat: int = 3) -> float:

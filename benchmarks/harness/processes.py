@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +187,108 @@ def read_delivery(bootstrap: str, prefix: str, stream: str) -> Delivery:
     events, _punctuations = read_stream(bootstrap, topics.events(stream))
     late, _ = read_stream(bootstrap, topics.late(stream), timeout_s=10.0)
     return Delivery(events, late)
+
+
+# ----------------------------------------------------------------------------------------------- /proc readings
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/PID/stat line after the command name, from the state (field 3) on. The command name is
+    in parentheses and may itself hold spaces and ')', so the fields are counted after the last ')'."""
+    return stat.rsplit(")", 1)[1].split()
+
+
+def stat_command(stat: str) -> str:
+    """The command name (field 2) of a /proc/PID/stat line, without its parentheses."""
+    return stat[stat.index("(") + 1:stat.rindex(")")]
+
+
+def stat_parent(stat: str) -> int:
+    """The parent pid (field 4) of a /proc/PID/stat line."""
+    return int(stat_fields(stat)[1])
+
+
+def stat_cpu_ticks(stat: str) -> int:
+    """utime + stime (clock ticks) of a /proc/PID/stat line: the process's own, not its children's."""
+    fields = stat_fields(stat)
+    return int(fields[11]) + int(fields[12])
+
+
+def machine_ticks(proc_stat_cpu: str) -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from the aggregate ``cpu`` line of /proc/stat (user nice system idle
+    iowait irq softirq steal ...): total sums the first eight (guest time is already inside user), busy is total
+    less idle and iowait."""
+    name, *fields = proc_stat_cpu.split()
+    if name != "cpu":
+        raise ValueError(f"not the aggregate cpu line of /proc/stat: {proc_stat_cpu!r}")
+    ticks = [int(f) for f in fields[:8]]
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total
+
+
+def process_tree(root: int, parent_of: Mapping[int, int]) -> list[int]:
+    """``root`` and every descendant of it in ``parent_of`` (pid -> parent pid), root first, then in pid order."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parent_of.items():
+        children.setdefault(parent, []).append(pid)
+    below: set[int] = set()
+    frontier = [root]
+    while frontier:
+        frontier = [pid for parent in frontier for pid in children.get(parent, ()) if pid not in below | {root}]
+        below.update(frontier)
+    return [root, *sorted(below)]
+
+
+def proc_stat(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text()
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (all its threads)."""
+    return stat_cpu_ticks(proc_stat(pid)) / CLK_TCK
+
+
+def live_stats() -> dict[int, str]:
+    """pid -> /proc/PID/stat line of every live process (ones that exit while /proc is read are skipped)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = proc_stat(int(entry))
+            except OSError:
+                continue
+    return stats
+
+
+def _parents(stats: Mapping[int, str]) -> dict[int, int]:
+    parents = {}
+    for pid, stat in stats.items():
+        try:
+            parents[pid] = stat_parent(stat)
+        except (IndexError, ValueError):
+            continue
+    return parents
+
+
+def parents_now() -> dict[int, int]:
+    """pid -> parent pid of every live process."""
+    return _parents(live_stats())
+
+
+def tree_cpu_s(root: int) -> dict[int, tuple[str, float]]:
+    """pid -> (command name, CPU seconds) of ``root`` and of every live descendant, from one read of /proc."""
+    stats = live_stats()
+    tree = process_tree(root, _parents(stats))
+    return {pid: (stat_command(stats[pid]), stat_cpu_ticks(stats[pid]) / CLK_TCK) for pid in tree if pid in stats}
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of every core of the machine since boot (all processes, ours and others')."""
+    with open("/proc/stat") as stat:
+        busy, total = machine_ticks(stat.readline())
+    return busy / CLK_TCK, total / CLK_TCK
 
 
 def rss_kib(pid: int) -> int:

@@ -1,5 +1,6 @@
-"""benchmarks/gateway_workers.py: the pure helpers (/proc stat fields, the process tree, shard ownership and the
-routing of sources to workers, the throughput bound, the per-configuration means) on hand-computed examples."""
+"""benchmarks/gateway_workers.py and benchmarks/harness/processes.py: the pure helpers (/proc stat fields, the
+process tree, shard ownership and the routing of sources to workers, the throughput bound, the per-configuration
+means) on hand-computed examples."""
 
 from __future__ import annotations
 
@@ -9,14 +10,11 @@ from benchmarks.gateway_workers import (
     WorkersRun,
     evenly_split,
     host_throughput_bound,
-    machine_ticks,
-    process_tree,
     route_sources,
     shard_owners,
-    stat_cpu_ticks,
-    stat_parent,
     summarize,
 )
+from benchmarks.harness.processes import machine_ticks, process_tree, stat_command, stat_cpu_ticks, stat_parent
 
 # /proc/PID/stat with a command name holding a space and a ')': after the last ')' come state (S), ppid (77),
 # pgrp, session, tty_nr, tpgid, flags, minflt, cminflt, majflt, cmajflt, utime (250), stime (75), cutime (3),
@@ -30,6 +28,10 @@ def test_cpu_ticks_are_utime_plus_stime_counted_after_the_last_parenthesis() -> 
 
 def test_the_parent_pid_is_the_field_after_the_state() -> None:
     assert stat_parent(STAT) == 77
+
+
+def test_the_command_name_is_all_between_the_first_and_the_last_parenthesis() -> None:
+    assert stat_command(STAT) == "my ) proc"
 
 
 def test_the_process_tree_is_the_root_and_every_descendant_and_nothing_else() -> None:
