@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.processes import CLK_TCK, stat_command, stat_cpu_ticks, tree_cpu_s
+from benchmarks.harness.processes import CLK_TCK, TreeCpuSampler, stat_command, stat_cpu_ticks, tree_cpu_s
 from benchmarks.spark_three_window import preload, rate_of, start_job
 from broker.launcher import KafkaBroker
 
@@ -50,42 +50,29 @@ def thread_kind(name: str) -> str:
     return re.sub(r"[-#\s]*\d+$", "", name).strip() or name
 
 
-class Sampler:
+class Sampler(TreeCpuSampler):
     """CPU seconds per process and per JVM thread, sampled every 0.2 s (a Python worker that exits keeps what it
-    had used at its last sample)."""
+    had used at its last sample), and this driver's."""
 
     def __init__(self, jvm: int) -> None:
-        import threading
-
-        self.jvm = jvm
-        self.start_procs = tree_cpu_s(jvm)
         self.start_threads = thread_cpu(jvm)
-        self.procs = dict(self.start_procs)
         self.threads = dict(self.start_threads)
         self._own_start = time.process_time()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(jvm)
 
-    def _sample(self) -> None:
-        self.procs.update(tree_cpu_s(self.jvm))
-        self.threads.update(thread_cpu(self.jvm))
+    def sample(self) -> None:
+        super().sample()
+        self.threads.update(thread_cpu(self.root))
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self._sample()
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        python = sum(cpu - self.start_procs.get(pid, ("", 0.0))[1] for pid, (_, cpu) in self.procs.items()
-                     if pid != self.jvm)
-        jvm = self.procs[self.jvm][1] - self.start_procs[self.jvm][1]
+    def split(self) -> dict[str, Any]:
+        """Stops sampling; the CPU seconds since the start by the JVM, its Python workers, this driver and per kind
+        of JVM thread."""
+        self.stop()
+        python = sum(self.used_s(pid) for pid in self.last if pid != self.root)
         kinds: dict[str, float] = collections.defaultdict(float)
         for tid, (name, cpu) in self.threads.items():
             kinds[thread_kind(name)] += cpu - self.start_threads.get(tid, ("", 0.0))[1]
-        return {"jvm_s": jvm, "python_s": python, "driver_s": time.process_time() - self._own_start,
+        return {"jvm_s": self.used_s(self.root), "python_s": python, "driver_s": time.process_time() - self._own_start,
                 "jvm_threads_s": dict(sorted(kinds.items(), key=lambda kv: -kv[1]))}
 
 
@@ -217,7 +204,7 @@ def measure(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str | Non
     sampler = Sampler(jvm)
     query = start_job(spark, job, bootstrap, prefix, checkpoint)
     query.awaitTermination()
-    cpu = sampler.stop()
+    cpu = sampler.split()
     if spy is not None:
         spy.send_signal(2)
         spy.wait(60)

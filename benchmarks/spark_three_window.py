@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from benchmarks.harness.processes import machine_cpu_s, tree_cpu_s
+from benchmarks.harness.processes import TreeCpuSampler, machine_cpu_s
 from broker.admin import ensure_topics
 from broker.launcher import KafkaBroker
 from contract.records import PUNCTUATION_KEY, RESULT_WINDOW, EventRecord, PunctuationRecord
@@ -80,12 +80,6 @@ def preload(bootstrap: str, prefix: str, events: int, streams: tuple[str, ...]) 
     producer.flush(120)
 
 
-def _cpu_by_pid(root_pid: int) -> dict[int, float]:
-    """CPU seconds (user + system, own only) of a process and of every live descendant, per pid: the Spark JVM,
-    its pyspark daemon and the Python workers the daemon forked."""
-    return {pid: cpu for pid, (_, cpu) in tree_cpu_s(root_pid).items()}
-
-
 class SparkCpu:
     """CPU seconds spent while a query runs by everything that runs a job here: the Spark JVM with its Python
     workers (sampled every 0.2 s: Spark stops idle Python workers, and a process that exits keeps what it had used
@@ -93,15 +87,8 @@ class SparkCpu:
     event moves much less than wall time per event."""
 
     def __init__(self, spark: Any) -> None:
-        import threading
-
-        self.jvm = spark.sparkContext._gateway.proc.pid
-        self._start = _cpu_by_pid(self.jvm)
-        self._last = dict(self._start)
-        self._stop = threading.Event()
+        self._tree = TreeCpuSampler(spark.sparkContext._gateway.proc.pid)
         self._own = self._own_cpu()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
     @staticmethod
     def _own_cpu() -> float:
@@ -110,19 +97,9 @@ class SparkCpu:
         own = resource.getrusage(resource.RUSAGE_SELF)
         return own.ru_utime + own.ru_stime
 
-    def _sample(self) -> None:
-        self._last.update(_cpu_by_pid(self.jvm))
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self._sample()
-
     def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        tree = sum(cpu - self._start.get(pid, 0.0) for pid, cpu in self._last.items())
-        return tree + self._own_cpu() - self._own
+        self._tree.stop()
+        return sum(self._tree.used_s(pid) for pid in self._tree.last) + self._own_cpu() - self._own
 
 
 def rate_of(query: Any) -> tuple[int, float]:

@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -282,6 +283,37 @@ def tree_cpu_s(root: int) -> dict[int, tuple[str, float]]:
     stats = live_stats()
     tree = process_tree(root, _parents(stats))
     return {pid: (stat_command(stats[pid]), stat_cpu_ticks(stats[pid]) / CLK_TCK) for pid in tree if pid in stats}
+
+
+class TreeCpuSampler:
+    """CPU seconds per process of ``root`` and of its descendants, sampled every ``interval_s`` by a thread: a
+    process that exits meanwhile (Spark stops idle Python workers) keeps what it had used at its last sample."""
+
+    def __init__(self, root: int, interval_s: float = 0.2) -> None:
+        self.root = root
+        self.start = tree_cpu_s(root)
+        self.last = dict(self.start)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        self.last.update(tree_cpu_s(self.root))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        """Stops the thread, then takes a last sample."""
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def used_s(self, pid: int) -> float:
+        """CPU seconds ``pid`` used since the sampler started (a process started since: all it used)."""
+        return self.last[pid][1] - self.start.get(pid, ("", 0.0))[1]
 
 
 def machine_cpu_s() -> tuple[float, float]:
