@@ -4,14 +4,14 @@ the one table all grammars read."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from cep.lexer import COMPARISONS, FLIPPED, Scalar, Token, TokenCursor, canonical_op, is_literal, literal_value
 
-__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "equality_key_attributes", "parse_comparison",
-           "parse_element"]
+__all__ = ["AttrRef", "Element", "PredOp", "Predicate", "equality_classes", "equality_key_attributes",
+           "parse_comparison", "parse_element"]
 
 PredOp = Literal["=", "!=", "<", "<=", ">", ">="]
 
@@ -105,11 +105,10 @@ def parse_comparison(cursor: TokenCursor, aliases: Collection[str]) -> tuple[Pre
     return Predicate(left, cast(PredOp, op), right), start
 
 
-def equality_key_attributes(elements: Sequence[Element], predicates: Sequence[Predicate]) -> dict[str, str]:
-    """Event type -> attribute of an equality class of the ``=`` predicates that names one attribute per element
-    and covers all of them (positive and negated): then events only combine within equal values of it (SASE's
-    partitioned AIS, a key group's key); empty when there is none.  Every element of one event type must use the
-    same attribute, because routing happens per event type."""
+def equality_classes(predicates: Iterable[Predicate]) -> list[list[AttrRef]]:
+    """The classes of attribute references that the ``=`` predicates between two attributes make equal: equality is
+    transitive, so ``a.id = c.id AND c.id = b.id`` puts all three in one class (its members in no promised order). An
+    attribute no such predicate names is in none."""
     parent: dict[AttrRef, AttrRef] = {}
 
     def find(x: AttrRef) -> AttrRef:
@@ -125,8 +124,16 @@ def equality_key_attributes(elements: Sequence[Element], predicates: Sequence[Pr
     classes: dict[AttrRef, list[AttrRef]] = {}
     for x in list(parent):
         classes.setdefault(find(x), []).append(x)
+    return list(classes.values())
+
+
+def equality_key_attributes(elements: Sequence[Element], predicates: Sequence[Predicate]) -> dict[str, str]:
+    """Event type -> attribute of an equality class of the ``=`` predicates that names one attribute per element
+    and covers all of them (positive and negated): then events only combine within equal values of it (SASE's
+    partitioned AIS, a key group's key); empty when there is none.  Every element of one event type must use the
+    same attribute, because routing happens per event type."""
     alias_type = {e.alias: e.event_type for e in elements}
-    for members in sorted(classes.values(), key=lambda ms: sorted(str(m) for m in ms)):
+    for members in sorted(equality_classes(predicates), key=lambda ms: sorted(str(m) for m in ms)):
         by_alias: dict[str, set[str]] = {}
         for m in members:
             by_alias.setdefault(m.alias, set()).add(m.attr)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cep.lexer import COMPARISONS, Scalar, canonical_op
-from cep.query_ast import AttrRef, Element, Predicate, equality_key_attributes
+from cep.query_ast import AttrRef, Element, Predicate, equality_classes, equality_key_attributes
 
 from .events import SaseError
 
@@ -224,17 +224,10 @@ def _transitive_equalities(predicates: Sequence[Predicate], positive_aliases: Ma
     ``a.id = c.id AND c.id = b.id`` and ``c`` negated (usually unbound), the match still needs a.id = b.id."""
     eq = {(p.left, p.right) for p in predicates if p.op == "=" and isinstance(p.right, AttrRef)}
     written = eq | {(b, a) for a, b in eq}
-    closure = set(written)
-    changed = True
-    while changed:
-        changed = False
-        for a, b in list(closure):
-            for c, d in list(closure):
-                if b == c and a != d and (a, d) not in closure:
-                    closure.add((a, d))
-                    changed = True
+    implied = {(a, b) for members in equality_classes(predicates) for a in members for b in members
+               if a != b and (a, b) not in written}
     out: list[Predicate] = []
-    for a, b in sorted(closure - written, key=str):
+    for a, b in sorted(implied, key=str):
         if a.alias in positive_aliases and b.alias in positive_aliases and a.alias != b.alias and str(a) < str(b):
             out.append(Predicate(a, "=", b))
     return out
