@@ -74,6 +74,8 @@ async def test_restart_recovers_progress_and_drops_resent_duplicates(kafka, topi
     await send_until_ack(first.port, {"a": range(30), "b": range(10)})
     await asyncio.sleep(0.5)  # at least one progress checkpoint
     await first.stop()
+    # Every commit's delivery reports added up (its topics created just now: audited from offset 0).
+    assert first.counters.offset_audit_failures == 0
     before, promised = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
     promised_us = max(p["watermark_us"] for p in promised)
 
@@ -89,6 +91,7 @@ async def test_restart_recovers_progress_and_drops_resent_duplicates(kafka, topi
         assert second.counters.duplicates == 10 + 10
     finally:
         await second.stop()
+    assert second.counters.offset_audit_failures == 0  # audited from its first report on the recovered stream
 
     topics = TopicNames(topic_prefix)
     published, _punctuations = read_stream(kafka.bootstrap_servers, topics.events("s"), settled=True)
