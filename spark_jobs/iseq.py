@@ -61,16 +61,14 @@ from contract.records import (
     result_key,
 )
 from contract.records import result_value as contract_result_value
+from spark_jobs.key_routing import KeyGroups, ReadingsBySource, TypedKey
 from spark_jobs.stateful import (
     NO_EQUALITY_KEY,
     SHELL_COLUMNS,
     JobOptions,
-    KeyGroups,
     MicroBatchColumns,
     checked_key_groups,
     decode_payload,
-    key_text_by_event_type,
-    payload_field,
     start_core_job,
 )
 
@@ -421,30 +419,21 @@ def key_groups_plan(query: IntervalQuery, options: IseqOptions) -> tuple[int, st
 
 
 def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int) -> KeyGroups | None:
-    """The Spark routing of a keyed query's events over ``groups`` key groups (None: one group).
+    """The routing of a keyed query's events over ``groups`` key groups (None: one group).
 
-    An event is routed by the key attribute of its type in its payload (an endpoint by its own payload). With
-    ``from_points``, a reading goes by its source: its level intervals carry ``{"source": <source_id>}``, so the
-    source is their key when the class names ``source`` for their type, and they match nothing otherwise; and a
-    source's readings must reach one point operator. A record the JVM takes for a reading that the core does not
-    (a numeric string, say) is rejected by the core wherever it goes."""
-    from pyspark.sql import functions as F
-
+    An event is routed by the key attribute of its type in its payload (an endpoint by its own payload; a type
+    outside the query by no key: the core skips it). With ``from_points``, a reading goes by its source: its level
+    intervals carry ``{"source": <source_id>}``, so the source is their key when the class names ``source`` for
+    their type, and they match nothing otherwise; and a source's readings must reach one point operator. A record
+    the routing takes for a reading that the core does not (a numeric string, say: Spark's cast to double, which
+    the JVM routing of earlier builds read it by) is rejected by the core wherever it goes."""
     key = iseq_partition_key(query)
     if key is None or groups < 2:
         return None
-    # A type outside the query: no key (the core skips it).
-    key_text, fields, paths = key_text_by_event_type(options.type_field, key.attribute_of_type, F.lit(None))
-    record_fields: tuple[str, ...] = ()
-    if options.from_points is not None:
-        record_fields = ("endpoint", "start_ts_us", "ref_ts_us", "source_id")
-        if (options.from_points,) not in paths:
-            paths += ((options.from_points,),)
-        reading = (F.col("endpoint").isNull()
-                   & (F.coalesce(F.col("start_ts_us"), F.col("ref_ts_us")) == F.col("ref_ts_us"))
-                   & payload_field(options.from_points).try_cast("double").isNotNull())
-        key_text = F.when(reading, F.col("source_id")).otherwise(key_text)
-    return KeyGroups(groups, key_text, fields, record_fields, paths)
+    events = TypedKey(options.type_field, dict(key.attribute_of_type))
+    if options.from_points is None:
+        return KeyGroups(groups, events)
+    return KeyGroups(groups, ReadingsBySource(options.from_points, events))
 
 
 def start(spark: Any, options: IseqOptions) -> Any:

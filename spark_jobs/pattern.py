@@ -36,14 +36,13 @@ from contract.records import (
     result_key,
     result_value,
 )
+from spark_jobs.key_routing import KeyGroups, PayloadKey
 from spark_jobs.stateful import (
     SHELL_COLUMNS,
     JobOptions,
-    KeyGroups,
     MicroBatchColumns,
     checked_key_groups,
     decode_payload,
-    payload_field,
     start_core_job,
 )
 
@@ -259,12 +258,12 @@ def key_groups_plan(spec: PatternSpec, options: PatternOptions, default_groups: 
 
 
 def pattern_key_groups(spec: PatternSpec, groups: int) -> KeyGroups | None:
-    """The Spark routing of a partitioned pattern's events over ``groups`` key groups (None: one group)."""
-
+    """The routing of a partitioned pattern's events over ``groups`` key groups (None: one group): by the payload
+    field at the ``PARTITION BY`` path."""
     key = pattern_partition_key(spec)
     if key is None or groups < 2:
         return None
-    return KeyGroups(groups, payload_field(key), payload_paths=(key,))
+    return KeyGroups(groups, PayloadKey(key))
 
 
 def start(spark: Any, options: PatternOptions) -> Any:

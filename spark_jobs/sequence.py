@@ -48,17 +48,15 @@ from contract.records import (
     result_key,
     result_value,
 )
+from spark_jobs.key_routing import KeyGroups, TypedKey
 from spark_jobs.pattern import partition_text
 from spark_jobs.stateful import (
     NO_EQUALITY_KEY,
     SHELL_COLUMNS,
     JobOptions,
-    KeyGroups,
     MicroBatchColumns,
     checked_key_groups,
     decode_payload,
-    key_text_by_event_type,
-    payload_field,
     start_core_job,
 )
 
@@ -222,17 +220,12 @@ def key_groups_plan(query: Query, options: SequenceOptions) -> tuple[int, str]:
 
 
 def sequence_key_groups(query: Query, type_field: str, groups: int) -> KeyGroups | None:
-    """The Spark routing of a keyed query's events over ``groups`` key groups (None: one group)."""
-    from pyspark.sql import functions as F
-
+    """The routing of a keyed query's events over ``groups`` key groups (None: one group): by the attribute of the
+    event's type in the equality class, an event of another type by the class's one attribute if it has one."""
     key = sequence_partition_key(query)
     if key is None or groups < 2:
         return None
-    fallback = key.trace_attribute
-    otherwise = payload_field(fallback) if fallback is not None else F.lit(None)
-    key_text, fields, paths = key_text_by_event_type(type_field, key.attribute_of_type, otherwise)
-    extra = ((fallback,),) if fallback is not None and (fallback,) not in paths else ()
-    return KeyGroups(groups, key_text, fields, payload_paths=paths + extra)
+    return KeyGroups(groups, TypedKey(type_field, dict(key.attribute_of_type), key.trace_attribute))
 
 
 def start(spark: Any, options: SequenceOptions) -> Any:

@@ -28,6 +28,7 @@ one. It follows re-syncs while the job runs and, read from the data, is the same
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import re
 import uuid
@@ -40,6 +41,7 @@ import msgpack
 import orjson
 
 from contract.records import EVENT, PUNCTUATION, RESULT_REJECTED, result_key, result_value
+from spark_jobs.key_routing import KEY_GROUP, KeyGroups, route_record_batches
 from spark_jobs.record_columns import json_text, record_columns
 from spark_jobs.worker_imports import keep_spark_zip_directories_of_this_worker
 
@@ -504,21 +506,18 @@ def read_contract_records(spark: Any, bootstrap_servers: str, topics: Sequence[s
 
 
 def read_record_values(spark: Any, bootstrap_servers: str, topics: Sequence[str] | str, topic_prefix: str,
-                       key_groups: KeyGroups | None = None, starting_offsets: str = "earliest",
+                       starting_offsets: str = "earliest",
                        max_offsets_per_trigger: int = DEFAULT_MAX_OFFSETS_PER_TRIGGER) -> Any:
     """The records of the topics as the CEP jobs read them: the raw Kafka ``value`` (parsed once, in the Python
     worker: :mod:`spark_jobs.record_columns`), where it is in Kafka (:data:`KAFKA_COLUMNS`), and the ``stream``
-    whose events or late topic it was read from (:func:`topic_stream`: no JSON parse in the JVM). With key groups,
-    also what their routing reads (:func:`routing_fields`). No Spark watermark (see the module docstring)."""
+    whose events or late topic it was read from (:func:`topic_stream`: no JSON parse in the JVM). No Spark
+    watermark (see the module docstring)."""
     from pyspark.sql import functions as F
 
     from spark_jobs.contract import read_kafka
 
     raw = read_kafka(spark, bootstrap_servers, topics, starting_offsets, max_offsets_per_trigger)
-    records = raw.select(F.col(RECORD_VALUE), *KAFKA_COLUMNS, topic_stream(topic_prefix).alias("stream"))
-    if key_groups is None or key_groups.groups < 2:
-        return records
-    return records.select("*", *routing_fields(key_groups))
+    return raw.select(F.col(RECORD_VALUE), *KAFKA_COLUMNS, topic_stream(topic_prefix).alias("stream"))
 
 
 # Kafka's limit on a topic name's length.
@@ -544,94 +543,29 @@ def topic_stream(topic_prefix: str) -> Any:
     return stream
 
 
-def routing_fields(key_groups: KeyGroups) -> list[Any]:
-    """Spark columns: the contract fields the key-group routing reads (``kind``: a punctuation goes to every group;
-    :attr:`KeyGroups.record_fields`) and the payload fields it reads (:attr:`KeyGroups.payload_paths`, as a
-    struct of texts), parsed by one ``from_json`` with a schema of just those: field by field the verdicts of the
-    whole schema's parse (:func:`read_contract_records`), without most of its cost."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    from spark_jobs.contract import event_schema
-
-    names = ("kind", *key_groups.record_fields)
-    fields = [field for field in event_schema().fields if field.name in names]
-    payload = StructField("payload", _paths_schema(key_groups.payload_paths, StringType()))
-    parsed = F.from_json(F.col(RECORD_VALUE).cast("string"), StructType([*fields, payload]), {"mode": "PERMISSIVE"})
-    return [*(parsed.getField(field.name).alias(field.name) for field in fields),
-            parsed.getField("payload").alias(_PAYLOAD_FIELDS)]
-
-
-def _paths_schema(paths: Sequence[tuple[str, ...]], leaf: Any) -> Any:
-    """The struct type holding each path of names (a leaf: ``leaf``)."""
-    from pyspark.sql.types import StructField, StructType
-
-    tree: dict[str, Any] = {}
-    for path in paths:
-        node = tree
-        for i, name in enumerate(path):
-            last = i == len(path) - 1
-            child = node.setdefault(name, None if last else {})
-            if (child is None) != last:
-                raise ValueError(f"payload path {'.'.join(path)} is both a field and an object of fields")
-            if isinstance(child, dict):
-                node = child
-
-    def build(node: dict[str, Any]) -> Any:
-        return StructType([StructField(name, leaf if child is None else build(child))
-                           for name, child in node.items()])
-
-    return build(tree)
-
-
-def payload_field(name: str | Sequence[str]) -> Any:
-    """Spark column: the payload field ``name`` (a top-level name, or a path of names) as text, as
-    ``get_json_object`` on Spark's text of the payload gave it (strings unquoted, null when it is missing): read
-    from the narrow parse of :func:`routing_fields` (the path must be in :attr:`KeyGroups.payload_paths`), and only
-    where that has nothing (no such field, or a payload that is a string of JSON) as before, by
-    ``get_json_object`` on the payload's text."""
-    from pyspark.sql import functions as F
-
-    path = (name,) if isinstance(name, str) else tuple(name)
-    parsed = F.col(_PAYLOAD_FIELDS)
-    for part in path:
-        parsed = parsed.getField(part)
-    payload_text = F.get_json_object(F.col(RECORD_VALUE).cast("string"), "$.payload")
-    return F.coalesce(parsed, json_field(payload_text, path))
-
-
 def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
                        partitions_of: Callable[[str], tuple[str, int]],
                        input_columns: Sequence[str] = INPUT_COLUMNS,
                        key_groups: KeyGroups | None = None, events_topic_prefix: str = "") -> Any:
-    """Group the records (:func:`read_record_values`, with the same ``key_groups``) by stream and run the cores. What
-    crosses into Python is each record's raw value and where it is in Kafka; the worker parses the value into the
-    contract columns of ``input_columns`` (a job that needs fewer parses fewer).
+    """Group the records (:func:`read_record_values`) by stream and run the cores. What crosses into Python is each
+    record's raw value and where it is in Kafka; the worker parses the value into the contract columns of
+    ``input_columns`` (a job that needs fewer parses fewer).
 
-    With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: each event goes to
-    the group of its key (:func:`key_group_column`), and every punctuation on ``<events_topic_prefix><stream>`` (the
-    stream's events topic) goes to every group, so each group's core advances with the stream's whole promise
-    W(stream), unchanged."""
+    With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: a first Python
+    stage (:func:`spark_jobs.key_routing.route_record_batches`, ``mapInArrow``) gives each event the group of its
+    key, and every punctuation on ``<events_topic_prefix><stream>`` (the stream's events topic) to every group, so
+    each group's core advances with the stream's whole promise W(stream), unchanged. The JVM parses no JSON."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    keyed = records.withColumn("group_key", F.coalesce(F.col("stream"), F.lit(UNPARSED_GROUP)))
     group_columns = ["group_key"]
     groups = 1 if key_groups is None else key_groups.groups
     if key_groups is not None and groups > 1:
-        # The payload fields and the key text each in a projection of their own: the key text reads a field in
-        # several branches and key_group_column reads the text several times, and Spark evaluates an expression
-        # once per reference inside conditional branches (here: each one a JSON parse of the payload). Spark does
-        # not merge such a projection back into its readers while an expensive expression would be repeated.
-        for name, column in key_groups.fields:
-            keyed = keyed.withColumn(name, column)
-        keyed = keyed.withColumn(_KEY_TEXT, key_groups.key_text)
-        promise = (F.col("kind") == F.lit(PUNCTUATION)) & (
-            F.col("topic") == F.concat(F.lit(events_topic_prefix), F.col("stream")))
-        every_group = F.sequence(F.lit(0), F.lit(groups - 1))
-        keyed = keyed.withColumn("key_group", F.explode(
-            F.when(promise, every_group).otherwise(F.array(key_group_column(F.col(_KEY_TEXT), groups)))))
-        group_columns.append("key_group")
+        route = functools.partial(route_record_batches, key_groups=key_groups,
+                                  events_topic_prefix=events_topic_prefix, value_column=RECORD_VALUE)
+        records = records.select("stream", RECORD_VALUE, *KAFKA_COLUMNS).mapInArrow(route, _ROUTED_SCHEMA)
+        group_columns.append(KEY_GROUP)
+    keyed = records.withColumn("group_key", F.coalesce(F.col("stream"), F.lit(UNPARSED_GROUP)))
     return (
         keyed.select(*group_columns, RECORD_VALUE, *KAFKA_COLUMNS)
         .groupBy(*group_columns)
@@ -642,6 +576,12 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     )
 
 
+# The routing stage's output: the records as read (Kafka's value, topic, partition, offset and the topic's stream)
+# and the key group.
+_ROUTED_SCHEMA = (f"stream string, {RECORD_VALUE} binary, topic string, partition int, offset long, "
+                  f"{KEY_GROUP} int")
+
+
 NO_EQUALITY_KEY = "one key group per stream: the query's WHERE has no equality class covering every element"
 
 
@@ -650,82 +590,6 @@ def checked_key_groups(requested: int) -> int:
     if requested < 1:
         raise ValueError(f"key groups must be at least 1, got {requested}")
     return requested
-
-
-@dataclass(frozen=True)
-class KeyGroups:
-    """How a job spreads each stream over key groups (:func:`apply_stream_cores`)."""
-
-    groups: int
-    """G: key groups per stream (1: one group per stream, today's plan)."""
-    key_text: Any
-    """Spark column: an event row's key as JSON text (null: no key), routed by :func:`key_group_column`."""
-    fields: tuple[tuple[str, Any], ...] = ()
-    """(name, Spark column) of the payload fields ``key_text`` reads as ``F.col(name)``: each extracted once per row
-    before it (:func:`key_text_by_event_type`)."""
-    record_fields: tuple[str, ...] = ()
-    """Contract fields ``key_text`` and ``fields`` read as ``F.col(name)`` besides ``kind`` (``stream`` and
-    Kafka's columns are always there): parsed in the JVM for the routing (:func:`routing_fields`)."""
-    payload_paths: tuple[tuple[str, ...], ...] = ()
-    """The payload fields ``key_text`` and ``fields`` read with :func:`payload_field` (names, or paths of names)."""
-
-
-# Working columns of the key-group routing (:func:`apply_stream_cores`); none reaches the cores.
-_KEY_TEXT = "_key_text"
-_KEY_FIELD_PREFIX = "_key_field_"
-_PAYLOAD_FIELDS = "_payload_fields"
-
-
-def json_field(payload: Any, name: str | Sequence[str]) -> Any:
-    """Spark column: the payload field ``name`` (a top-level name, or a path of names) as text
-    (``get_json_object``; strings unquoted, null when it is missing or the payload is not JSON)."""
-    from pyspark.sql import functions as F
-
-    path = "$"
-    for part in (name,) if isinstance(name, str) else name:
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
-            path += f".{part}"
-        elif "'" in part or "]" in part:
-            raise ValueError(f"cannot route by payload field {part!r}: it holds a quote or bracket")
-        else:
-            path += f"['{part}']"
-    return F.get_json_object(payload, path)
-
-
-def key_text_by_event_type(type_field: str, attribute_of_type: Mapping[str, str], otherwise: Any,
-                           ) -> tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, ...], ...]]:
-    """Spark column: the payload attribute that an event's type (payload field ``type_field``) names as its key
-    (``attribute_of_type``: the query's equality class), ``otherwise`` for a type the class does not name; with the
-    payload fields it reads (for :attr:`KeyGroups.fields`: the type and each attribute parsed once per row) and
-    their names as paths (for :attr:`KeyGroups.payload_paths`)."""
-    from pyspark.sql import functions as F
-
-    names = [type_field, *sorted(set(attribute_of_type.values()) - {type_field})]
-    fields = tuple((f"{_KEY_FIELD_PREFIX}{i}", payload_field(name)) for i, name in enumerate(names))
-    column_of = {name: F.col(field_name) for name, (field_name, _) in zip(names, fields, strict=True)}
-    event_type = column_of[type_field]
-    key_text: Any = None
-    for event_type_name, attr in sorted(attribute_of_type.items()):
-        branch = column_of[attr]
-        key_text = (F.when(event_type == event_type_name, branch) if key_text is None
-                    else key_text.when(event_type == event_type_name, branch))
-    return key_text.otherwise(otherwise), fields, tuple((name,) for name in names)
-
-
-def key_group_column(key_text: Any, groups: int) -> Any:
-    """Spark column: the key group of a key given as JSON text (a column; null: no key), the same number
-    :func:`cep.key_groups.key_group` gives for the canonical text.
-
-    Canonical text: the engines compare keys as Python values, where ``1 == 1.0 == True``; every JSON value that
-    reads as a number (and true/false as 1/0) routes by that number as a double, anything else by its text, so
-    equal keys always share a group (a few unequal ones, such as ``"1"`` and ``1``, also do: harmless)."""
-    from pyspark.sql import functions as F
-
-    numeric = F.when(key_text == "true", F.lit("1")).when(key_text == "false", F.lit("0")).otherwise(key_text)
-    number = numeric.try_cast("double")
-    # + 0.0 turns -0.0 (equal to 0 in Python) into 0.0.
-    text = F.when(number.isNotNull(), (number + F.lit(0.0)).cast("string")).otherwise(F.coalesce(key_text, F.lit("")))
-    return F.pmod(F.crc32(text.cast("binary")), F.lit(groups)).cast("int")
 
 
 def job_topics(topic_names: Any, streams: Sequence[str]) -> str:
@@ -837,7 +701,7 @@ def start_core_job(spark: Any, job: str, options: JobOptions, factory: CoreFacto
     client = kafka_client_config(spark, options.bootstrap_servers)
     ensure_topics(client, [output_topic], replication_factor=replication_factor(spark))
     records = read_record_values(spark, options.bootstrap_servers, job_topics(topics, options.streams),
-                                 options.topic_prefix, apply_options.get("key_groups"))
+                                 options.topic_prefix)
     partitions_of = EventsTopicPartitions(client, options.topic_prefix)
     events_topic_prefix = topics.events("x").removesuffix("x")
     results = apply_stream_cores(records, job, factory, partitions_of, events_topic_prefix=events_topic_prefix,

@@ -11,9 +11,11 @@ import orjson
 import pytest
 
 from cep.intervals import parse_iseq
-from cep.key_groups import EqualityKey, iseq_partition_key, key_group
+from cep.key_groups import EqualityKey, iseq_partition_key
 from spark_jobs.iseq import IseqOptions, IseqStreamCore, engine_config, key_groups_plan
+from spark_jobs.key_routing import KeyGroups, ReadingsBySource, TypedKey
 from spark_jobs.stateful import StreamReadProgress, run_stream_batch
+from tests.unit.spark_jobs.routing_support import routed_group
 
 MS = 1_000
 TOPIC = "p.events.s"
@@ -61,37 +63,12 @@ def test_the_plan_spreads_a_keyed_query_without_negation_or_k_and_says_why_other
         key_groups_plan(parse_iseq(CHAIN), IseqOptions("", CHAIN, key_groups=0))
 
 
-def _canonical(value: Any) -> str:
-    """The key text the Spark routing uses (spark_jobs.stateful.key_group_column): numbers, numeric strings and
-    booleans by their double, anything else by its text, no value as ""."""
-    if value is None:
-        return ""
-    if isinstance(value, bool | int | float):
-        return str(float(value) + 0.0)
-    try:
-        return str(float(value) + 0.0)
-    except ValueError:
-        return str(value)
-
-
 def _route(row: dict[str, Any], key: EqualityKey, from_points: str | None, groups: int) -> int:
-    """The key group spark_jobs.iseq.iseq_key_groups gives an event row: a reading by its source, any other event
-    by its type's key attribute in its own payload."""
-    try:
-        payload = orjson.loads(row["payload"])
-    except orjson.JSONDecodeError:
-        payload = None
-    if not isinstance(payload, dict):
-        return key_group("", groups)
-    value = payload.get(from_points) if from_points is not None else None
-    reading = (from_points is not None and row.get("endpoint") is None
-               and row.get("start_ts_us", row["ref_ts_us"]) == row["ref_ts_us"]
-               and value is not None and not isinstance(value, bool | dict | list) and _canonical(value) != value)
-    if reading:
-        return key_group(_canonical(row["source_id"]), groups)
-    event_type = payload.get("type")
-    attr = key.attribute_of_type.get(event_type) if isinstance(event_type, str) else None
-    return key_group(_canonical(payload.get(attr) if attr is not None else None), groups)
+    """The key group the job's routing (spark_jobs.iseq.iseq_key_groups) gives an event row: a reading by its
+    source, any other event by its type's key attribute in its own payload."""
+    events = TypedKey("type", dict(key.attribute_of_type))
+    key_of = events if from_points is None else ReadingsBySource(from_points, events)
+    return routed_group(row, KeyGroups(groups, key_of))
 
 
 def _stream(seed: int, *, types: str, levels: bool = False, endpoint_types: str = "") -> list[list[dict[str, Any]]]:

@@ -15,8 +15,9 @@ import pytest
 from cep.key_groups import EqualityKey, key_group, pattern_partition_key, sequence_partition_key
 from cep.patterns import PatternSpec
 from cep.sase import parse_query
-from spark_jobs.sequence import SequenceOptions, SequenceStreamCore, engine_config, key_groups_plan
+from spark_jobs.sequence import SequenceOptions, SequenceStreamCore, engine_config, key_groups_plan, sequence_key_groups
 from spark_jobs.stateful import StreamReadProgress, make_stream_function, run_stream_batch
+from tests.unit.spark_jobs.routing_support import routed_group
 
 
 def test_the_equality_class_covering_every_element_is_the_sequence_key() -> None:
@@ -126,10 +127,11 @@ def test_a_stream_split_by_key_with_its_punctuations_in_every_group_gives_the_wh
     assert key is not None
     groups = 4
 
+    routing = sequence_key_groups(query, "type", groups)
+    assert routing is not None
+
     def group_of(row: dict[str, Any]) -> int:
-        payload = orjson.loads(row["payload"])
-        attr = key.attribute(payload["type"])
-        return key_group(str(float(payload[attr])), groups) if attr else 0
+        return routed_group(row, routing)
 
     whole = (StreamReadProgress(2), SequenceStreamCore("s", query, config, "type", None))
     parts = [(StreamReadProgress(2), SequenceStreamCore("s", query, config, "type", None)) for _ in range(groups)]
@@ -194,20 +196,12 @@ def test_the_pattern_plan_spreads_a_partitioned_pattern_unless_t_a_is_read_live(
     assert why.startswith("one key group" if groups == 1 else "4 key group(s) per stream, keyed by PARTITION BY id")
 
 
-def _canonical(value: Any) -> str:
-    """The key text the Spark routing uses (spark_jobs.stateful.key_group_column), for the values used here."""
-    try:
-        return str(float(value) + 0.0)
-    except ValueError:
-        return str(value)
-
-
 @pytest.mark.parametrize(("pattern", "ta_us"), [(f"{PATTERN} MODE per_event MAX_UNCERTAINTY 5 ms", 0),
                                                 (PATTERN, 3_000)])
 @pytest.mark.parametrize("seed", range(3))
 def test_a_pattern_split_by_key_gives_the_whole_streams_records_exactly(pattern: str, ta_us: int,
                                                                         seed: int) -> None:
-    from spark_jobs.pattern import PatternStreamCore
+    from spark_jobs.pattern import PatternStreamCore, pattern_key_groups
 
     spec = PatternSpec.parse(pattern)
     groups = 4
@@ -219,8 +213,11 @@ def test_a_pattern_split_by_key_gives_the_whole_streams_records_exactly(pattern:
                 row["uncertainty_us"] = rnd.randrange(0, 4_000)
                 row["rtt_us"] = rnd.randrange(0, 9_000)  # per event mode must not read it; thesis has T_a fixed
 
+    routing = pattern_key_groups(spec, groups)
+    assert routing is not None
+
     def group_of(row: dict[str, Any]) -> int:
-        return key_group(_canonical(orjson.loads(row["payload"])["id"]), groups)
+        return routed_group(row, routing)
 
     def core() -> PatternStreamCore:
         return PatternStreamCore("s", spec, ta_us, spec.mode == "thesis", 30_000, None)  # as the job builds it
