@@ -13,7 +13,8 @@ is read from the query, never guessed:
 A query without such a key has none (``None``): it runs as one group.
 
 The routing is a CRC-32 of the key's text modulo G: it does not depend on Python's per-process hash seed, and
-Spark's ``crc32`` function computes the same number in the JVM, so a shell may route without a Python pass.
+Spark's ``crc32`` function computes the same number in the JVM (the Spark jobs route in a Python stage,
+``spark_jobs.key_routing``, with the numbers their earlier JVM routing gave).
 """
 
 from __future__ import annotations
