@@ -144,6 +144,9 @@ PYTHON_CATEGORIES = (
     ("shell (columns, order, punctuations)", r"columns_of_frames|run_stream_columns|_sorted_indices|"
      r"MicroBatchColumns|column \(|make_stream_function"),
 )
+# The key-group routing stage (a Python stage of its own before the shuffle): every sample under it, whatever its
+# innermost frame (its own record parse included).
+ROUTING_STAGE = ("key-group routing stage (mapInArrow: parse, key, group)", re.compile(r"spark_jobs/key_routing\.py"))
 GENERIC_PYTHON = (
     ("Arrow to pandas and back (pyspark serializers)", r"pyspark/sql/pandas/|serializers\.py|pyarrow|pandas/"),
     ("pyspark worker (socket, framing, other)", r"pyspark/|worker\.py|daemon\.py"),
@@ -162,7 +165,8 @@ def pyspy_split(raw: Path) -> dict[str, Any]:
         if not stack:
             continue
         frames = stack.split(";")[::-1]  # innermost first
-        categories[categorize(frames, compiled, generic)] += int(count)
+        routing = any(ROUTING_STAGE[1].search(frame) for frame in frames)
+        categories[ROUTING_STAGE[0] if routing else categorize(frames, compiled, generic)] += int(count)
         leaves[frames[0]] += int(count)
     return {"samples": sum(categories.values()), "categories": dict(categories.most_common()),
             "top_leaves": leaves.most_common(25)}
