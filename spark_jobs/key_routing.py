@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,9 +28,14 @@ from cep.key_groups import key_group
 from contract.records import PUNCTUATION
 from spark_jobs.record_columns import java_double_text, json_text, parse_record
 
-__all__ = ["EVERY_GROUP", "KeyGroups", "PayloadKey", "ReadingsBySource", "TypedKey", "canonical_key_text",
-           "key_group_udf", "record_key_groups", "spark_double"]
+if TYPE_CHECKING:
+    import pyarrow as pa
 
+__all__ = ["KEY_GROUP", "KeyGroups", "PayloadKey", "ReadingsBySource", "TypedKey", "canonical_key_text",
+           "record_key_groups", "route_record_batches", "spark_double"]
+
+KEY_GROUP = "key_group"
+"""The column the routing stage adds (an int in ``[0, G)``)."""
 _LONG_MIN, _LONG_MAX = -(2 ** 63), 2 ** 63 - 1
 
 # java.lang.Double.parseDouble's grammar (after String.trim: every char <= U+0020 off both ends), which Spark's
@@ -190,29 +195,31 @@ class KeyGroups:
     """Where an event's key is in its record."""
 
 
-EVERY_GROUP = -1
-"""The routing's verdict on a punctuation of its stream's events topic: it goes to every group."""
-
-
 def record_key_groups(values: Sequence[bytes | None], streams: Sequence[str | None], topics: Sequence[str | None],
-                      key_groups: KeyGroups, events_topic_prefix: str) -> list[int]:
-    """For each record (its raw value, the stream of its topic, its topic) its key group, or :data:`EVERY_GROUP`
-    for a punctuation on its stream's events topic, so every group sees the stream's whole promise. Any other
-    record goes to the group of its key (a record that is not a JSON object, or has no key: the group of ``""``)."""
+                      key_groups: KeyGroups, events_topic_prefix: str) -> tuple[list[int], list[int]]:
+    """For each record (its raw value, the stream of its topic, its topic): the rows to emit (indices into the
+    records) and each row's key group. A punctuation on its stream's events topic is emitted once per group, so
+    every group sees the stream's whole promise; every other record once, in the group of its key (a record
+    that is not a JSON object, or has no key: the group of ``""``)."""
     groups = key_groups.groups
     key_of = key_groups.key.key_of
+    every_group = list(range(groups))
     no_key_group = key_group("", groups)
     # Python-equal keys (1 == 1.0 == True) have one canonical text, so a key's group is memoised by its value.
     group_of_key: dict[Any, int] = {}
+    rows: list[int] = []
     row_groups: list[int] = []
-    for value, stream, topic in zip(values, streams, topics, strict=True):
+    for index, (value, stream, topic) in enumerate(zip(values, streams, topics, strict=True)):
         record = parse_record(value)
         if record is None:
+            rows.append(index)
             row_groups.append(no_key_group)
         elif (record.get("kind") == PUNCTUATION and stream is not None
               and topic == events_topic_prefix + stream):
-            row_groups.append(EVERY_GROUP)
+            rows.extend([index] * groups)
+            row_groups.extend(every_group)
         else:
+            rows.append(index)
             key = key_of(record)
             if type(key) not in _SCALARS:
                 row_groups.append(key_group(canonical_key_text(key), groups))
@@ -221,24 +228,26 @@ def record_key_groups(values: Sequence[bytes | None], streams: Sequence[str | No
             if group is None:
                 group = group_of_key[key] = key_group(canonical_key_text(key), groups)
             row_groups.append(group)
-    return row_groups
+    return rows, row_groups
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
-def key_group_udf(key_groups: KeyGroups, events_topic_prefix: str) -> Callable[..., Any]:
-    """The function of the routing's pandas UDF (Series of values, streams, topics -> Series of int32: each
-    record's :func:`record_key_groups`). Only the three columns cross into Python and one int comes back; Spark
-    keeps the rest of the row and replicates a punctuation (:data:`EVERY_GROUP`) itself."""
-    import pandas as pd
+def route_record_batches(batches: Iterable[pa.RecordBatch], key_groups: KeyGroups, events_topic_prefix: str,
+                         value_column: str = "value") -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function of the routing stage: each batch of records (columns ``value_column``,
+    ``stream``, ``topic`` and any others) with the column :data:`KEY_GROUP` added, punctuations replicated
+    (:func:`record_key_groups`)."""
+    import pyarrow as pa
 
-    def key_groups_of(values: pd.Series, streams: pd.Series, topics: pd.Series) -> pd.Series:
-        return pd.Series(record_key_groups(values.tolist(), streams.tolist(), topics.tolist(), key_groups,
-                                           events_topic_prefix), dtype="int32")
+    def column(batch: pa.RecordBatch, name: str) -> list[Any]:
+        # Through numpy: to_pylist makes an Arrow scalar per value first, 15x slower (nulls come as None either way).
+        values: list[Any] = batch.column(name).to_numpy(zero_copy_only=False).tolist()
+        return values
 
-    # pyspark reads the UDF's kind from its type hints, which this module's postponed annotations leave as text
-    # naming a local import: give it the classes.
-    key_groups_of.__annotations__ = {"values": pd.Series, "streams": pd.Series, "topics": pd.Series,
-                                     "return": pd.Series}
-    return key_groups_of
+    for batch in batches:
+        rows, row_groups = record_key_groups(column(batch, value_column), column(batch, "stream"),
+                                             column(batch, "topic"), key_groups, events_topic_prefix)
+        routed = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows, pa.int64()))
+        yield routed.append_column(KEY_GROUP, pa.array(row_groups, pa.int32()))

@@ -28,6 +28,7 @@ one. It follows re-syncs while the job runs and, read from the data, is the same
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import re
 import uuid
@@ -40,7 +41,7 @@ import msgpack
 import orjson
 
 from contract.records import EVENT, PUNCTUATION, RESULT_REJECTED, result_key, result_value
-from spark_jobs.key_routing import EVERY_GROUP, KeyGroups, key_group_udf
+from spark_jobs.key_routing import KEY_GROUP, KeyGroups, route_record_batches
 from spark_jobs.record_columns import json_text, record_columns
 from spark_jobs.worker_imports import keep_spark_zip_directories_of_this_worker
 
@@ -550,24 +551,19 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     record's raw value and where it is in Kafka; the worker parses the value into the contract columns of
     ``input_columns`` (a job that needs fewer parses fewer).
 
-    With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: a pandas UDF
-    (:func:`spark_jobs.key_routing.key_group_udf`) gives each event the group of its key, and every punctuation on
-    ``<events_topic_prefix><stream>`` (the stream's events topic) every group, so each group's core advances with
-    the stream's whole promise W(stream), unchanged. The JVM parses no JSON."""
+    With ``key_groups`` (G > 1), a stream's records are grouped by (stream, key group) instead: a first Python
+    stage (:func:`spark_jobs.key_routing.route_record_batches`, ``mapInArrow``) gives each event the group of its
+    key, and every punctuation on ``<events_topic_prefix><stream>`` (the stream's events topic) to every group, so
+    each group's core advances with the stream's whole promise W(stream), unchanged. The JVM parses no JSON."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     group_columns = ["group_key"]
     groups = 1 if key_groups is None else key_groups.groups
     if key_groups is not None and groups > 1:
-        from pyspark.sql.pandas.functions import pandas_udf
-
-        route: Any = pandas_udf(key_group_udf(key_groups, events_topic_prefix), "int")  # type: ignore[call-overload]
-        routed = F.col(_ROUTED_GROUP)
-        records = (records.withColumn(_ROUTED_GROUP, route(F.col(RECORD_VALUE), F.col("stream"), F.col("topic")))
-                   .withColumn(KEY_GROUP, F.explode(F.when(routed == F.lit(EVERY_GROUP),
-                                                           F.sequence(F.lit(0), F.lit(groups - 1)))
-                                                    .otherwise(F.array(routed)))))
+        route = functools.partial(route_record_batches, key_groups=key_groups,
+                                  events_topic_prefix=events_topic_prefix, value_column=RECORD_VALUE)
+        records = records.select("stream", RECORD_VALUE, *KAFKA_COLUMNS).mapInArrow(route, _ROUTED_SCHEMA)
         group_columns.append(KEY_GROUP)
     keyed = records.withColumn("group_key", F.coalesce(F.col("stream"), F.lit(UNPARSED_GROUP)))
     return (
@@ -580,10 +576,10 @@ def apply_stream_cores(records: Any, job: str, factory: CoreFactory,
     )
 
 
-# The routing's columns: the UDF's verdict per record, and the key group of each row after a punctuation was
-# replicated to every group.
-_ROUTED_GROUP = "_routed_group"
-KEY_GROUP = "key_group"
+# The routing stage's output: the records as read (Kafka's value, topic, partition, offset and the topic's stream)
+# and the key group.
+_ROUTED_SCHEMA = (f"stream string, {RECORD_VALUE} binary, topic string, partition int, offset long, "
+                  f"{KEY_GROUP} int")
 
 
 NO_EQUALITY_KEY = "one key group per stream: the query's WHERE has no equality class covering every element"

@@ -23,6 +23,6 @@ def raw_value(row: dict[str, Any]) -> bytes:
 
 def routed_group(row: dict[str, Any], key_groups: KeyGroups) -> int:
     """The key group the routing stage gives an event row."""
-    [group] = record_key_groups([raw_value(row)], [row.get("stream")], [row.get("topic")], key_groups, "")
-    assert 0 <= group < key_groups.groups
-    return group
+    rows, groups = record_key_groups([raw_value(row)], [row.get("stream")], [row.get("topic")], key_groups, "")
+    assert rows == [0]
+    return groups[0]

@@ -7,20 +7,21 @@ import math
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cep.key_groups import key_group
 from spark_jobs.key_routing import (
-    EVERY_GROUP,
+    KEY_GROUP,
     KeyGroups,
     PayloadKey,
     ReadingsBySource,
     TypedKey,
     canonical_key_text,
-    key_group_udf,
     record_key_groups,
+    route_record_batches,
     spark_double,
 )
 
@@ -99,26 +100,30 @@ def test_a_reading_goes_by_its_source_and_anything_else_by_its_event_key() -> No
     assert key_of({"type": "HIGH", "source": "t9"}) == "t9"
 
 
-def test_the_routing_sends_a_streams_punctuation_to_every_group_and_each_event_to_its_keys() -> None:
+def test_the_stage_sends_a_streams_punctuation_to_every_group_and_each_event_to_its_keys() -> None:
     groups = KeyGroups(3, PayloadKey(("id",)))
     punctuation = orjson.dumps({"kind": "punctuation", "stream": "s", "watermark_us": 9, "partition": 0})
-    values = [_value({"id": 1}), punctuation, punctuation, b"{not json", _value({"id": "x"}), punctuation, None]
-    streams = ["s", "s", "s", "s", "s", None, None]
-    topics = ["p.events.s", "p.events.s", "p.late.s", "p.events.s", "p.late.s", "q.events.s", "q"]
-    # Only the punctuation of the stream's events topic goes to every group: one on its late topic or another topic's
-    # is a record like any other (reported once, by the group it lands in).
-    assert record_key_groups(values, streams, topics, groups, EVENTS) == [
-        key_group("1.0", 3), EVERY_GROUP, key_group("", 3), key_group("", 3), key_group("x", 3), key_group("", 3),
-        key_group("", 3)]
+    values = [_value({"id": 1}), punctuation, punctuation, b"{not json", _value({"id": "x"}), punctuation]
+    streams = ["s", "s", "s", "s", "s", None]
+    topics = ["p.events.s", "p.events.s", "p.late.s", "p.events.s", "p.late.s", "q.events.s"]
+    rows, row_groups = record_key_groups(values, streams, topics, groups, EVENTS)
+    # Only the punctuation of the stream's events topic is replicated: one on its late topic or another topic's is
+    # a record like any other (reported once, by the group it lands in).
+    assert rows == [0, 1, 1, 1, 2, 3, 4, 5]
+    assert row_groups == [key_group("1.0", 3), 0, 1, 2, key_group("", 3), key_group("", 3), key_group("x", 3),
+                          key_group("", 3)]
 
 
-def test_the_udf_takes_pandas_series_and_gives_int32_groups() -> None:
-    import pandas as pd
-
+def test_the_arrow_stage_keeps_every_column_and_adds_the_key_group() -> None:
     punctuation = orjson.dumps({"kind": "punctuation", "stream": "s", "watermark_us": 9, "partition": 0})
-    udf = key_group_udf(KeyGroups(2, PayloadKey(("id",))), EVENTS)
-    got = udf(pd.Series([_value({"id": 2}), punctuation, None]), pd.Series(["s", "s", None]),
-              pd.Series(["p.events.s", "p.events.s", "q"]))
-    assert got.dtype == "int32"
-    assert got.tolist() == [key_group("2.0", 2), EVERY_GROUP, key_group("", 2)]
-    assert udf.__annotations__["return"] is pd.Series
+    batch = pa.RecordBatch.from_pydict({
+        "stream": ["s", "s", None], "value": pa.array([_value({"id": 2}), punctuation, None], pa.binary()),
+        "topic": ["p.events.s", "p.events.s", "q"], "partition": pa.array([0, 1, 0], pa.int32()),
+        "offset": pa.array([10, 11, 3], pa.int64())})
+    out = list(route_record_batches([batch], KeyGroups(2, PayloadKey(("id",))), EVENTS))
+    assert len(out) == 1
+    assert out[0].to_pydict() == {
+        "stream": ["s", "s", "s", None], "value": [_value({"id": 2}), punctuation, punctuation, None],
+        "topic": ["p.events.s", "p.events.s", "p.events.s", "q"], "partition": [0, 1, 1, 0],
+        "offset": [10, 11, 11, 3], KEY_GROUP: [key_group("2.0", 2), 0, 1, key_group("", 2)]}
+    assert out[0].schema.field(KEY_GROUP).type == pa.int32()
