@@ -735,36 +735,51 @@ is not smaller (the sequence blob is 1.4 % larger: each key carries its own fram
 ships it whole every batch: that part is not in these figures."""
 
 # The subset run's reading (``--jobs``), written from the numbers of the run that produced its table, as ANALYSIS.
-SUBSET_ANALYSIS = """**Reading.** This run measured the jobs after the record parse moved into the Python worker (7dca244, with the
-worker's C-level column checks of 56f0323 landing while it ran; docs/spark-jobs.md, "One parse per record": the JVM
-groups a record by its topic's stream, parses no JSON for it, and ships the raw value, which the worker parses once
-with orjson). The code before (f570966) ran the same benchmark at the same time in its own broker and Spark
-(21:33-21:50 UTC both; load average 6.2-11.6, the machine 100 % busy, each run's jobs about 20 % of it). CPU
-us/event before -> after, with the ratio to each run's own native count (36.5 and 39.0 CPU us/event):
+SUBSET_ANALYSIS = """**Reading.** This run measured the key-group routing moved out of the JVM (d817870; docs/spark-jobs.md,
+"Routing": with G > 1 a `mapInArrow` stage before the shuffle parses each raw value with orjson, reads the key and
+adds the key group; the JVM parses no JSON for any job now). The code before (6232ec5: the routing's narrow
+`from_json` of the kind and the key's payload fields, with a `get_json_object` fallback) ran the same benchmark at
+the same time in its own broker and Spark, three times; CPU us/event of each job's best round, before -> after
+(the last pair is the table above; the after run of the first pair ran the same routing code at 0ebd8d4):
 
-| job | CPU us/event before -> after | CPU ratio before -> after | throughput ratio before -> after |
+| pair (UTC; load average) | pattern (2 key groups) | sequence, `--key-groups 2` | native count, before / after |
 |---|---:|---:|---:|
-| three_window | 41.8 -> 29.1 | 0.87x -> 1.34x | 0.77x -> 1.23x |
-| sequence, one key group per stream | 54.5 -> 44.5 | 0.67x -> 0.88x | 0.72x -> 0.78x |
-| iseq | 100.1 -> 85.3 | 0.36x -> 0.46x | 0.43x -> 0.63x |
-| pattern (2 key groups, its default here) | 109.7 -> 117.7 | 0.33x -> 0.33x | 0.24x -> 0.25x |
-| sequence, `--key-groups 2` | 60.2 -> 67.2 | 0.61x -> 0.58x | 0.84x -> 0.74x |
+| 00:14-00:21 (6.9-10.7) | 113.6 -> 105.4 (-7 %) | 57.1 -> 50.6 (-11 %) | 26.3 / 25.6 |
+| 00:39-00:45 (3.1-6.2) | 103.2 -> 107.5 (+4 %) | 64.7 -> 58.2 (-10 %) | 35.4 / 37.8 |
+| 00:46-00:52 (4.6-8.2) | 98.0 -> 92.8 (-5 %) | 50.8 -> 42.8 (-16 %) | 34.7 / 47.2 |
 
-With one group per stream the jobs spend 15-30 % less CPU per event: three_window meets 0.8x by CPU and by
-throughput, the sequence job by CPU (0.88x) and nearly by throughput (0.78x); iseq stays far (its engine). With key
-groups there is no gain: a `spark_cpu_split.py` run after this one (200,000 events, load average 5-9, JFR and py-spy
-attached) still puts 20.6 CPU us/event of the pattern job's JVM in Jackson (27.6 in docs/spark-cpu-split.md's run
-before the change): the routing's narrow `from_json` (the kind and the key's payload fields) costs most of what the
-whole parse cost, since Jackson tokenizes every record whole either way, and the worker's parse adds 4-5 us/event
-(orjson and the columns) on top. The sequence job with one group had no JSON left in the JVM's samples in that run
-(JVM 29.0 us/event; Python 28.1, of which the record parse 4.3 and a core restored in the other worker 5.8). Left
-for key groups: routing without a JVM parse (e.g. the key group computed in Python before the shuffle), not done
-here.
+The sequence job with 2 key groups spends 10-16 % less CPU per event in every pair; the pattern job -7, +4 and
+-5 %: within the spread between runs, no gain shown. Read the table above with care: its native count spent 47.2
+CPU us/event in its best round (its other round 77.5), against 34.7 in the before run beside it and 25.6-37.8 in
+the other runs, so its ratios are flattering; against the 34.7 of the same minutes the sequence job with 2 groups is
+at 0.81x by CPU (42.8) and pattern at 0.37x (92.8). In the three after runs the sequence job with 2 groups was at
+0.51x, 0.65x and 1.10x of its own run's native count by CPU: the target (0.8x) is met in one run of three.
 
-Per core the sequence job made 22,500 events per CPU second (1 / 44.5 us), 8.5 % of its engine's 265,063
-in-process (before: 6.7 %); the target is 25 %. The throughput ratios are best rounds of 2 on a machine loaded by
-other work (per-round ranges above); CPU per event is the measure that follows the code. An earlier separate iseq
-run (18:50 UTC, 930be60, load 1.4-2.4) measured that job at 0.40x / 0.33x of its own native count."""
+Where the CPU goes now (`benchmarks/spark_cpu_split.py --jobs sequence_g2,pattern`, 200,000 events, 00:26 UTC, the
+code of d817870, load average 1.9-3.6, JFR and py-spy attached; the routing stage's samples counted apart): JSON in
+the JVM 0.5 us/event (sequence, 2 groups) and 0.8 (pattern), where the split after the previous change still found
+20.6 in the pattern job's Jackson; the routing stage in Python 3.4 and 7.7 us/event (its parse, the key, the Arrow
+batch); Arrow in the JVM 12.5 and 5.7 (rows to Arrow and back, now for two Python stages; the sequence job ran
+first in that JVM, with the C2 compiler at 41.7 us/event, so its JVM parts read high). The JVM's parse is gone,
+and a second Python pass over every value with an Arrow round trip takes most of its place: the net is the 10-16 %
+above for the sequence job and nothing measurable for pattern, whose cost is its Python core (py-spy: the matcher
+17.2, the shell 10.7 of the workers' 49.5 us/event; JVM 37.4).
+
+Tried and dropped: a scalar pandas UDF instead of the stage (value, stream and topic in, the key group out, the
+value not shipped back; Spark explodes a punctuation to every group). Side by side with the stage (00:32-00:36 UTC,
+load 4.6-9.0): pattern 74.8 against 72.5 CPU us/event, the sequence job with 2 groups 41.6 against 38.9: Spark
+keeps each input row in a queue beside the UDF's batch to join the result, which costs what the return trip did.
+Not open without a parse: the gateway's records carry the source id as Kafka key and header and the kind as a
+header (contract/records.py), not the query's key, which the query chooses among payload fields; a JVM regular
+expression over the raw value is a scan of every record too and not JSON's reading of it (a field nested, escaped
+or in another order would route a key's records to two groups).
+
+Targets still missed: pattern (0.24x-0.51x by CPU in the three after runs) is its Python core's; the sequence job with 2
+groups is at 0.51-1.10x by CPU against its native count, 0.81x against the before run's at the same time. Per core,
+the sequence job with 2 groups made 23,400 events per CPU second in the table's run (1 / 42.8 us): 10.2 % of its
+engine's 228,497 measured after that run (target 25 %). The figures of the previous subset run (three_window, the
+sequence job with one group, iseq: 21:33-21:49 UTC, 56f0323) are in docs/spark-jobs.md, "After the parse moved into
+the worker"; their code path did not change here."""
 
 BEFORE_COMMIT = "e9a2b52"
 
