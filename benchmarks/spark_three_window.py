@@ -737,7 +737,7 @@ ships it whole every batch: that part is not in these figures."""
 # The subset run's reading (``--jobs``), written from the numbers of the run that produced its table, as ANALYSIS.
 SUBSET_ANALYSIS = """**Reading.** This run measured the key-group routing moved out of the JVM (d817870; docs/spark-jobs.md,
 "Routing": with G > 1 a `mapInArrow` stage before the shuffle parses each raw value with orjson, reads the key and
-adds the key group; the JVM parses no JSON for any job now). The code before (6232ec5: the routing's narrow
+adds the key group; the JVM parses no JSON for any of the CEP jobs now). The code before (6232ec5: the routing's narrow
 `from_json` of the kind and the key's payload fields, with a `get_json_object` fallback) ran the same benchmark at
 the same time in its own broker and Spark, three times; CPU us/event of each job's best round, before -> after
 (the last pair is the table above; the after run of the first pair ran the same routing code at 0ebd8d4):
@@ -767,16 +767,17 @@ above for the sequence job and nothing measurable for pattern, whose cost is its
 
 Tried and dropped: a scalar pandas UDF instead of the stage (value, stream and topic in, the key group out, the
 value not shipped back; Spark explodes a punctuation to every group). Side by side with the stage (00:32-00:36 UTC,
-load 4.6-9.0): pattern 74.8 against 72.5 CPU us/event, the sequence job with 2 groups 41.6 against 38.9: Spark
-keeps each input row in a queue beside the UDF's batch to join the result, which costs what the return trip did.
-Not open without a parse: the gateway's records carry the source id as Kafka key and header and the kind as a
-header (contract/records.py), not the query's key, which the query chooses among payload fields; a JVM regular
-expression over the raw value is a scan of every record too and not JSON's reading of it (a field nested, escaped
-or in another order would route a key's records to two groups).
+load 4.6-9.0): pattern 74.8 against 72.5 CPU us/event, the sequence job with 2 groups 41.6 against 38.9 (not
+profiled; Spark's Python UDF operator keeps each input row in a queue to join it with the UDF's result, which
+would take the place of the return trip). Not tried: a key outside the value (the gateway's records carry the
+source id as Kafka key and header and the kind as a header, contract/records.py; the query chooses its key among
+the payload's fields, which the gateway does not know), and a JVM regular expression over the raw value (not
+measured: it scans every record as a parse does, and it is not JSON's reading of the record, so a field nested,
+escaped or in another order could send one key's records to two groups and change the results).
 
-Targets still missed: pattern (0.24x-0.51x by CPU in the three after runs) is its Python core's; the sequence job with 2
-groups is at 0.51-1.10x by CPU against its native count, 0.81x against the before run's at the same time. Per core,
-the sequence job with 2 groups made 23,400 events per CPU second in the table's run (1 / 42.8 us): 10.2 % of its
+Targets still missed: pattern (0.24x-0.51x by CPU in the three after runs) is its Python core's; the sequence job
+with 2 groups is at 0.51-1.10x by CPU against its native count, 0.81x against the before run's at the same time.
+Per core, the sequence job with 2 groups made 23,400 events per CPU second in the table's run (1 / 42.8 us): 10.2 % of its
 engine's 228,497 measured after that run (target 25 %). The figures of the previous subset run (three_window, the
 sequence job with one group, iseq: 21:33-21:49 UTC, 56f0323) are in docs/spark-jobs.md, "After the parse moved into
 the worker"; their code path did not change here."""
