@@ -64,12 +64,16 @@ COMMITTED_RECORDS = 5_000
 
 def ingest_config(cores: Core) -> IngestConfig:
     """The ingest core's config as `core = native` or `python` wires it. A --before tree runs this script too: one
-    older than the native tracker digests (gateway.native.native_event_digests) runs without them."""
+    older than the native tracker digests (gateway.native.native_event_digests) or the native reference mapping
+    (native_reference_mapping) runs without them."""
     config = IngestConfig(pipeline=with_core(PipelineConfig(), cores),
                           record_builder=native_record_builder if cores == "native" else None)
     digests = getattr(gateway.native, "native_event_digests", None)
     if cores == "native" and digests is not None:
         config = dataclasses.replace(config, event_digests=digests)
+    reference_mapping = getattr(gateway.native, "native_reference_mapping", None)  # likewise, the Rust mapping
+    if cores == "native" and reference_mapping is not None:
+        config = dataclasses.replace(config, reference_mapping=reference_mapping)
     return config
 
 

@@ -346,6 +346,10 @@ class IngestConfig:
     # factory of an EventDigestsCore (gateway.native: the Rust one) gives the same verdicts, a frame's in-order run
     # admitted in one call.
     event_digests: Callable[[], EventDigestsCore] | None = None
+    # The reference mapping the core and its pipeline use: None uses the one given to IngestCore (the
+    # specification); a function of it (gateway.native.native_reference_mapping: the Rust one, the same results)
+    # gives the one to use instead.
+    reference_mapping: Callable[[ReferenceMapping], ReferenceMapping] | None = None
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -597,6 +601,8 @@ class IngestCore:
         self.topics = topics
         self.config = config or IngestConfig()
         self.counters = GatewayCounters()
+        if self.config.reference_mapping is not None:
+            mapping = self.config.reference_mapping(mapping)
         self.pipeline = IngestPipeline(mapping, self.config.pipeline)
         self.tracker = DeliveryTracker(self.config.max_seq_jump, self.config.pipeline.sequence.max_skipped_tracked,
                                        None if self.config.event_digests is None else self.config.event_digests())

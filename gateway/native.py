@@ -9,7 +9,7 @@ and ``core = "python"`` runs them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
@@ -28,7 +28,9 @@ from reorder.merger import MergerConfig
 from reorder.pipeline import MergerCore, PipelineConfig, PipelineCores, PublishRecord, SequenceCore
 from reorder.records import GapSkipped, Late, Merged, Punctuation, Released, SourceEvent, SourceTimedOut
 from reorder.sequence import SequenceConfig
-from timesync.clocks import ReferenceMapping
+from timesync.clocks import EstimateMapping, FixedOffsetMapping, IdentityMapping, ReferenceMapping
+from timesync.estimator import ClockEstimate
+from timesync.store import SourceInfo, SourceInfoStore
 
 Core = Literal["native", "python"]
 CORES: tuple[Core, ...] = ("native", "python")
@@ -92,6 +94,38 @@ def native_event_digests() -> EventDigestsCore:
     import skewless_native
 
     return cast(EventDigestsCore, skewless_native.EventDigests(digest_body))
+
+
+def native_reference_mapping(mapping: ReferenceMapping) -> ReferenceMapping:
+    """The Rust mapping that stands for ``mapping`` (native/src/clocks.rs: the same results, computed without a
+    Python call per event) where it knows the mapping: an IdentityMapping, a FixedOffsetMapping, or an
+    EstimateMapping whose lookup is a SourceInfoStore's ``get`` or a dict's (the gateway's, with time sync on),
+    which it reads live. Any other mapping is returned as it is: the native cores then call its ``to_reference``.
+    What it does not compute itself (an estimate of another class, a result beyond 64 bits) it asks ``mapping``."""
+    import skewless_native
+
+    kind = type(mapping)
+    if kind is IdentityMapping:
+        return skewless_native.ReferenceClocks.identity(mapping)
+    if kind is FixedOffsetMapping:
+        fixed = cast(FixedOffsetMapping, mapping)
+        return skewless_native.ReferenceClocks.fixed_offsets(mapping, fixed.offsets_us, fixed.error_bound_us)
+    if kind is EstimateMapping:
+        entries = _live_entries(cast(EstimateMapping, mapping).lookup)
+        if entries is not None:
+            return skewless_native.ReferenceClocks.estimates(mapping, entries, SourceInfo, ClockEstimate)
+    return mapping
+
+
+def _live_entries(lookup: Callable[[str], object]) -> dict[str, object] | None:
+    """The dict ``lookup`` reads, when it is a SourceInfoStore's ``get`` or a dict's ``get``."""
+    owner = getattr(lookup, "__self__", None)
+    if type(owner) is SourceInfoStore and getattr(lookup, "__func__", None) is SourceInfoStore.get:
+        entries: Mapping[str, object] = owner.live_entries()
+        return entries if type(entries) is dict else None
+    if type(owner) is dict and getattr(lookup, "__name__", None) == "get":
+        return cast(dict[str, object], owner)
+    return None
 
 
 NATIVE_PIPELINE_CORES = PipelineCores(native_sequence_reorderer, native_merger)

@@ -72,6 +72,7 @@ from gateway.native import (
     NativeGatewaySession,
     native_event_digests,
     native_record_builder,
+    native_reference_mapping,
     resolve_core,
     with_core,
 )
@@ -235,7 +236,8 @@ def _shard_ingest_config(config: GatewayConfig, core_name: Core) -> IngestConfig
         idle_source_retention_us=config.idle_source_retention_us, max_seq_jump=config.max_seq_jump,
         takeover_grace_us=config.takeover_grace_us,
         record_builder=native_record_builder if core_name == "native" else None,
-        event_digests=native_event_digests if core_name == "native" else None)
+        event_digests=native_event_digests if core_name == "native" else None,
+        reference_mapping=native_reference_mapping if core_name == "native" else None)
 
 
 class Gateway:

@@ -184,6 +184,15 @@ class FixedOffsetMapping:
         self._offsets = dict(offsets_us)
         self._error = error_bound_us
 
+    @property
+    def offsets_us(self) -> dict[str, int]:
+        """A copy of the offsets (the mapping's own never change once built)."""
+        return dict(self._offsets)
+
+    @property
+    def error_bound_us(self) -> int:
+        return self._error
+
     def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
         return source_ts_us + self._offsets.get(source_id, 0), self._error
 
@@ -203,6 +212,11 @@ class EstimateMapping:
     def __init__(self, lookup: Callable[[str], ClockEstimateLike | None] | None = None) -> None:
         self._estimates: dict[str, ClockEstimateLike] = {}
         self._lookup = lookup if lookup is not None else self._estimates.get
+
+    @property
+    def lookup(self) -> Callable[[str], ClockEstimateLike | None]:
+        """How the estimate of a source is found (given, or this mapping's own dict's ``get``)."""
+        return self._lookup
 
     def update(self, source_id: str, estimate: ClockEstimateLike) -> None:
         self._estimates[source_id] = estimate

@@ -11,7 +11,7 @@ write, never half of one; no lock, so that this core stays free of threads (test
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from timesync.estimator import ClockEstimate
@@ -116,6 +116,11 @@ class SourceInfoStore:
 
     def source_ids(self) -> list[str]:
         return sorted(self._infos)
+
+    def live_entries(self) -> Mapping[str, SourceInfo]:
+        """The entries themselves, not a copy: every update and removal shows in it at once. For a reader that
+        looks sources up per event without a Python call (gateway.native.native_reference_mapping)."""
+        return self._infos
 
     def snapshot(self) -> dict[str, SourceInfo]:
         """A consistent copy of all entries."""

@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+pub mod clocks;
 pub mod decode;
 pub mod dedup;
 pub mod events;
@@ -24,5 +25,6 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::register(m)?;
     merger::python::register(m)?;
     dedup::register(m)?;
+    clocks::register(m)?;
     Ok(())
 }

@@ -57,10 +57,9 @@ pub fn push_in_order<'py>(
         let mut errors = Vec::with_capacity(taken.len());
         let mut events = Vec::with_capacity(taken.len());
         for item in taken {
-            let error = item.mapped.get_item(1)?;
             let address = item.source_event.as_ptr() as usize;
-            errors.push((address, error.clone()));
-            run_errors.insert(address, error);
+            errors.push((address, item.error_us));
+            run_errors.insert(address, Some(i128::from(item.error_us)));
             events.push(RunEvent {
                 seq: item.seq,
                 event: item.source_event.unbind(),
@@ -119,7 +118,7 @@ fn handed_back_as_items<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let run = PyList::empty(py);
     for item in taken {
-        run.append((item.source_event, arrival_us, item.mapped))?;
+        run.append((item.source_event, arrival_us, item.mapped.into_tuple(py)?))?;
     }
     let none = py.None().into_bound(py);
     PyTuple::new(

@@ -638,7 +638,7 @@ impl RecordBuilder {
         &mut self,
         py: Python<'py>,
         outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
-        run_errors: std::collections::HashMap<usize, Bound<'py, PyAny>>,
+        run_errors: std::collections::HashMap<usize, Option<i128>>,
         clock: &Bound<'py, PyAny>,
         record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {

@@ -337,7 +337,7 @@ impl PyMerger {
         events: Vec<RunEvent<Py<PyAny>>>,
         now_us: i64,
         builder: &mut RecordBuilder,
-        run_errors: std::collections::HashMap<usize, Bound<'py, PyAny>>,
+        run_errors: std::collections::HashMap<usize, Option<i128>>,
         clock: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         let py = source_id.py();
@@ -356,10 +356,10 @@ impl PyMerger {
         source_id: &Bound<'_, PyAny>,
         source_ts_us: &Bound<'_, PyAny>,
     ) -> PyResult<(i64, i64)> {
-        self.clock
-            .bind(py)
-            .call_method1(intern!(py, "to_reference"), (source_id, source_ts_us))?
-            .extract()
+        match crate::clocks::to_reference(self.clock.bind(py), source_id, source_ts_us)? {
+            crate::clocks::Mapped::Native(ref_us, error_us) => Ok((ref_us, error_us)),
+            crate::clocks::Mapped::Python(mapped) => mapped.extract(),
+        }
     }
 }
 

@@ -225,7 +225,8 @@ pub fn produce_record<'py>(
 /// `build_merged`'s per-call state: the clock, the run's mappings' error bounds (by event), rtt_us per source.
 pub struct MergedContext<'py> {
     clock: Bound<'py, PyAny>,
-    run_errors: HashMap<usize, Bound<'py, PyAny>>,
+    /// None: a bound that is not an exact int (the Python path writes that record).
+    run_errors: HashMap<usize, Option<i128>>,
     rtts: HashMap<String, Bound<'py, PyAny>>,
 }
 
@@ -238,7 +239,10 @@ impl<'py> MergedContext<'py> {
             let item = item?;
             let item = item.cast::<PyTuple>()?;
             let mapped = item.get_item(2)?;
-            run_errors.insert(item.get_item(0)?.as_ptr() as usize, mapped.get_item(1)?);
+            run_errors.insert(
+                item.get_item(0)?.as_ptr() as usize,
+                exact_int(&mapped.get_item(1)?).ok(),
+            );
         }
         Ok(MergedContext {
             clock: clock.clone(),
@@ -250,7 +254,7 @@ impl<'py> MergedContext<'py> {
     /// `new` with the run's error bounds by event address already collected.
     pub fn with_errors(
         clock: &Bound<'py, PyAny>,
-        run_errors: HashMap<usize, Bound<'py, PyAny>>,
+        run_errors: HashMap<usize, Option<i128>>,
     ) -> Self {
         MergedContext {
             clock: clock.clone(),
@@ -259,17 +263,18 @@ impl<'py> MergedContext<'py> {
         }
     }
 
-    fn error_us(&self, event: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
+    /// The error bound of the event's mapping: the run's, or the clock's now (an event that waited in the merge
+    /// since an earlier call); None when it is not an exact int.
+    fn error_us(&self, event: &Bound<'py, PyTuple>) -> PyResult<Option<i128>> {
         if let Some(error) = self.run_errors.get(&(event.as_ptr() as usize)) {
-            return Ok(error.clone());
+            return Ok(*error);
         }
-        let py = event.py();
-        self.clock
-            .call_method1(
-                intern!(py, "to_reference"),
-                (event.get_item(0)?, event.get_item(3)?),
-            )?
-            .get_item(1)
+        let mapped =
+            crate::clocks::to_reference(&self.clock, &event.get_item(0)?, &event.get_item(3)?)?;
+        Ok(match mapped {
+            crate::clocks::Mapped::Native(_, error_us) => Some(i128::from(error_us)),
+            crate::clocks::Mapped::Python(mapped) => exact_int(&mapped.get_item(1)?).ok(),
+        })
     }
 
     fn rtt_us(&mut self, source_id: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
@@ -277,9 +282,7 @@ impl<'py> MergedContext<'py> {
         if let Some(rtt) = self.rtts.get(key) {
             return Ok(rtt.clone());
         }
-        let rtt = self
-            .clock
-            .call_method1(intern!(source_id.py(), "rtt_us"), (source_id,))?;
+        let rtt = crate::clocks::rtt_us(&self.clock, source_id)?;
         self.rtts.insert(key.to_owned(), rtt.clone());
         Ok(rtt)
     }
@@ -343,7 +346,9 @@ pub fn produce_release<'py>(
     let Some(topic) = batch.topic(stream.as_any(), kind.as_any(), false)? else {
         return Ok(None);
     };
-    let error_us = context.error_us(event)?;
+    let Some(error_us) = context.error_us(event)? else {
+        return Ok(None);
+    };
     let rtt_us = context.rtt_us(&source_id)?;
     let seq = event.get_item(2)?;
     let times = [
@@ -355,7 +360,8 @@ pub fn produce_release<'py>(
     if merged_json(
         &mut batch.buf,
         [&source_id, &stream],
-        [&seq, &event.get_item(3)?, &error_us],
+        [&seq, &event.get_item(3)?],
+        error_us,
         times,
         &payload,
         &rtt_us,
@@ -389,7 +395,8 @@ pub fn produce_release<'py>(
 fn merged_json(
     out: &mut Vec<u8>,
     [source_id, stream]: [&Bound<'_, PyString>; 2],
-    [seq, source_ts_us, error_us]: [&Bound<'_, PyAny>; 3],
+    [seq, source_ts_us]: [&Bound<'_, PyAny>; 2],
+    uncertainty_us: i128,
     [ref_ts_us, arrival_us, release_us]: [i128; 3],
     payload: &Bound<'_, PyAny>,
     rtt_us: &Bound<'_, PyAny>,
@@ -402,7 +409,7 @@ fn merged_json(
         seq: exact_int(seq)?,
         source_ts_us: exact_int(source_ts_us)?,
         ref_ts_us,
-        uncertainty_us: exact_int(error_us)?,
+        uncertainty_us,
         arrival_ts_us: arrival_us,
         release_ts_us: release_us,
         late: false,

@@ -6,11 +6,11 @@
 //! `push_many` handles that one on its own path, as before, so outputs stay those of `push` (the differential tests
 //! in tests/unit/native/test_native_take_run.py and test_native_ingest_records.py drive both).
 
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
 use super::SequenceReorderer;
+use crate::clocks::Mapped;
 
 /// `(max_future_us, ts_floor_us, MAX_TS_US, MIN_TS_US)`: push_many's range checks of the fast path.
 pub type RunLimits = (i128, i128, i128, i128);
@@ -34,18 +34,23 @@ pub fn take_run<'py>(
     start: usize,
     limits: RunLimits,
 ) -> PyResult<(Bound<'py, PyList>, usize)> {
-    let run = PyList::empty(input.events.py());
+    let py = input.events.py();
+    let run = PyList::empty(py);
     let next = take_run_with(core, input, start, limits, |taken| {
-        run.append((taken.source_event, input.arrival_us, taken.mapped))
+        run.append((
+            taken.source_event,
+            input.arrival_us,
+            taken.mapped.into_tuple(py)?,
+        ))
     })?;
     Ok((run, next))
 }
 
-/// One event `take_run_with` took: its SourceEvent, the mapping it was taken with (the caller's tuple or the
-/// clock's), and those as integers.
+/// One event `take_run_with` took: its SourceEvent, the mapping it was taken with (the caller's tuple, or the
+/// clock's: native/src/clocks.rs), and those as integers.
 pub struct Taken<'py> {
     pub source_event: Bound<'py, PyAny>,
-    pub mapped: Bound<'py, PyAny>,
+    pub mapped: Mapped<'py>,
     pub seq: i64,
     pub arrival_us: i64,
     pub ref_us: i64,
@@ -61,7 +66,6 @@ pub fn take_run_with<'py>(
     limits: RunLimits,
     mut item: impl FnMut(Taken<'py>) -> PyResult<()>,
 ) -> PyResult<usize> {
-    let py = input.events.py();
     let (max_future_us, ts_floor_us, max_ts_us, min_ts_us) = limits;
     let arrival_us = input.arrival_us.extract::<i64>()?;
     let arrival = i128::from(arrival_us);
@@ -88,15 +92,16 @@ pub fn take_run_with<'py>(
             None => None,
         };
         let mapped = match given {
-            Some(mapped) => mapped,
-            None => input.clock.call_method1(
-                intern!(py, "to_reference"),
-                (input.source_id, &source_ts_us),
-            )?,
+            Some(mapped) => Mapped::Python(mapped),
+            None => crate::clocks::to_reference(input.clock, input.source_id, &source_ts_us)?,
         };
-        // Beyond 64 bits the range checks fail anyway: push_many's own path refuses or quarantines it.
-        let Ok((ref_us, error_us)) = mapped.extract::<(i64, i64)>() else {
-            break;
+        let (ref_us, error_us) = match &mapped {
+            Mapped::Native(ref_us, error_us) => (*ref_us, *error_us),
+            // Beyond 64 bits the range checks fail anyway: push_many's own path refuses or quarantines it.
+            Mapped::Python(tuple) => match tuple.extract::<(i64, i64)>() {
+                Ok(mapped) => mapped,
+                Err(_) => break,
+            },
         };
         let (ref_wide, error_wide) = (i128::from(ref_us), i128::from(error_us));
         if ref_wide - arrival > max_future_us

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from contract.topics import TopicNames
 from contract.wire.messages import AtomicInterval, Heartbeat, IncomingEvent, IntervalEndpoint, RejectedPayload
 from gateway.ingest import ConnectionId, IngestAction, IngestConfig, IngestCore, Produce
-from gateway.native import native_event_digests, native_record_builder, with_core
-from timesync.clocks import FixedOffsetMapping
+from gateway.native import native_event_digests, native_record_builder, native_reference_mapping, with_core
+from timesync.clocks import EstimateMapping, FixedOffsetMapping, ReferenceMapping
+from timesync.estimator import ClockEstimate
+from timesync.store import SourceInfoStore
 
 T0 = 1_700_000_000_000_000
 SOURCES = ("a", "é-b", 'c"q')
@@ -30,13 +32,15 @@ payloads = st.one_of(
 STREAMS = ("s", "t")
 
 
-def build_core(native: bool) -> IngestCore:
+def build_core(native: bool, mapping: ReferenceMapping | None = None) -> IngestCore:
     config = IngestConfig(max_record_bytes=900)
     if native:
         config = IngestConfig(max_record_bytes=900, record_builder=native_record_builder,
-                              event_digests=native_event_digests, pipeline=with_core(config.pipeline, "native"))
-    core = IngestCore(TopicNames("t"), FixedOffsetMapping({"a": 0, "é-b": 1_500, 'c"q': -700}, error_bound_us=3),
-                      config)
+                              event_digests=native_event_digests, pipeline=with_core(config.pipeline, "native"),
+                              reference_mapping=native_reference_mapping)
+    if mapping is None:
+        mapping = FixedOffsetMapping({"a": 0, "é-b": 1_500, 'c"q': -700}, error_bound_us=3)
+    core = IngestCore(TopicNames("t"), mapping, config)
     for stream in STREAMS:
         core.stream_created(stream)
     return core
@@ -172,3 +176,54 @@ def test_plain_rounds_are_built_by_the_native_builder() -> None:
     # The merge holds each source's newest round back (a source's next events may come before the others'): 30 of
     # the 90 events are released, every one of them built natively (the stream's topics were cached at creation).
     assert (len(produced), spy.built) == (30, 30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_synced_sources_give_the_same_actions(data: st.DataObject) -> None:
+    """Time sync on, as the gateway wires it: an EstimateMapping over a SourceInfoStore, the native core's the Rust
+    one (native_reference_mapping) over the same store. Estimates come, change (offsets, skews, bounds: rule 9's
+    clock-step check sees every event of a synced source) and go (a source time sync forgot maps as unknown again)
+    between frames; the events of a frame are mapped at the take and again when an earlier frame's are released."""
+    store = SourceInfoStore()
+    cores = [build_core(False, EstimateMapping(store.get)), build_core(True, EstimateMapping(store.get))]
+    assert type(cores[1].pipeline.clock).__name__ == "ReferenceClocks"
+    now = T0
+    next_seq = {(source, stream): 0 for source in SOURCES for stream in STREAMS}
+
+    def both(call: str, *args: Any) -> None:
+        results: list[list[IngestAction]] = [getattr(core, call)(*args) for core in cores]
+        assert results[1] == results[0]
+
+    for source in SOURCES:
+        both("source_registered", source, STREAMS, now)
+    for _ in range(data.draw(st.integers(2, 20))):
+        now += data.draw(st.sampled_from([100, 1_000, 5_000, 300_000]))
+        source = data.draw(st.sampled_from(SOURCES))
+        op = data.draw(st.sampled_from(["events"] * 4 + ["clock", "forget", "advance"]))
+        if op == "clock":
+            estimate = ClockEstimate(
+                offset_us=data.draw(st.sampled_from([0, -1_000, 2_500, -40_000, 7])),
+                skew_ppm=data.draw(st.sampled_from([0.0, 20.0, -3.5, 0.5]) | st.floats(-1000, 1000)),
+                rtt_us=data.draw(st.integers(0, 5_000)), sync_ref_us=now - data.draw(st.integers(0, 10_000_000)),
+                sample_count=10, root_error_us=data.draw(st.floats(0, 5_000)),
+                skew_error_ppm=data.draw(st.floats(0, 100)), dispersion_ppm=data.draw(st.sampled_from([15.0, 0.0])))
+            info = store.update(source, estimate, now)
+            both("clock_changed", info, store.max_rtt_us(), now)
+        elif op == "forget":
+            store.remove(source)  # as timesync's forget_source: no call into the cores
+        elif op == "advance":
+            both("advance", now)
+        else:
+            stream = data.draw(st.sampled_from(STREAMS))
+            batch = []
+            for _ in range(data.draw(st.integers(1, 6))):
+                seq = max(0, next_seq[source, stream] + data.draw(st.sampled_from([0] * 8 + [1, -1])))
+                next_seq[source, stream] = max(next_seq[source, stream], seq + 1)
+                stamp = now + data.draw(st.sampled_from([0, 0, -2_000, 1_500, -30_000]))
+                batch.append(IncomingEvent(stream, seq, stamp, {"v": seq}))
+            both("events_received", ConnectionId(1), source, tuple(batch), now)
+    now += 10_000_000
+    both("advance", now)
+    assert vars(cores[1].counters) == vars(cores[0].counters)
+    assert vars(cores[1].pipeline.counters) == vars(cores[0].pipeline.counters)

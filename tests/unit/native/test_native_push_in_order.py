@@ -17,7 +17,7 @@ from contract.records import MAX_TS_US, MIN_TS_US
 from contract.topics import TopicNames
 from contract.wire.messages import AtomicInterval, IncomingEvent, RejectedPayload
 from gateway.ingest import ConnectionId, IngestConfig, IngestCore, Produce
-from gateway.native import native_event_digests, native_record_builder, with_core
+from gateway.native import native_event_digests, native_record_builder, native_reference_mapping, with_core
 from reorder.pipeline import PushInOrder, _StreamPipeline
 from reorder.records import SourceEvent
 from timesync.clocks import FixedOffsetMapping, IdentityMapping
@@ -31,7 +31,8 @@ def build_core(core: str, fused: bool = True) -> IngestCore:
     config = IngestConfig(max_record_bytes=900)
     if core == "native":
         config = IngestConfig(max_record_bytes=900, record_builder=native_record_builder,
-                              event_digests=native_event_digests, pipeline=with_core(config.pipeline, "native"))
+                              event_digests=native_event_digests, pipeline=with_core(config.pipeline, "native"),
+                              reference_mapping=native_reference_mapping)
     ingest = IngestCore(TopicNames("t"), FixedOffsetMapping({"a": 0, "é-b": 1_500, "c": -700}, error_bound_us=3),
                         config)
     if not fused:
