@@ -64,8 +64,8 @@ COMMITTED_RECORDS = 5_000
 
 def ingest_config(cores: Core) -> IngestConfig:
     """The ingest core's config as `core = native` or `python` wires it. A --before tree runs this script too: one
-    older than the native tracker digests (gateway.native.native_event_digests) or the native reference mapping
-    (native_reference_mapping) runs without them."""
+    older than the native tracker digests (gateway.native.native_event_digests), the native reference mapping
+    (native_reference_mapping) or on_committed's native loops (native_delivery_runs) runs without them."""
     config = IngestConfig(pipeline=with_core(PipelineConfig(), cores),
                           record_builder=native_record_builder if cores == "native" else None)
     digests = getattr(gateway.native, "native_event_digests", None)
@@ -74,6 +74,9 @@ def ingest_config(cores: Core) -> IngestConfig:
     reference_mapping = getattr(gateway.native, "native_reference_mapping", None)  # likewise, the Rust mapping
     if cores == "native" and reference_mapping is not None:
         config = dataclasses.replace(config, reference_mapping=reference_mapping)
+    delivery_runs = getattr(gateway.native, "native_delivery_runs", None)  # and on_committed's loops
+    if cores == "native" and delivery_runs is not None:
+        config = dataclasses.replace(config, delivery_runs=delivery_runs)
     return config
 
 

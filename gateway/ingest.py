@@ -308,6 +308,25 @@ class RecordBuilderCore(Protocol):
         ...
 
 
+SeqRun = tuple[int, str, int, int, int]
+"""``_seq_runs``' tuple: the run's first position in its group's indices, its topic, first seq, last seq, latest
+release time."""
+DeliveryGroups = list[tuple[tuple[str, str], list[int], list[SeqRun]]]
+"""A transaction's deliveries per (source, stream), in their first delivery's order: the key, the deliveries'
+indices, the runs of consecutive seqs among them."""
+
+
+class DeliveryRunsCore(Protocol):
+    """``on_committed``'s per-record loops in one call (gateway.native: the Rust one, ``skewless_native.DeliveryRuns``):
+    the delivery latencies, ``_observed_groups``' observations and groups and each group's ``_seq_runs``."""
+
+    def group(self, deliveries: list[DeliveryRef], now_us: int
+              ) -> tuple[list[int], list[tuple[str, str, int, int]], DeliveryGroups] | None:
+        """``([now_us - d.released_us ...], [(stream, source_id, seq, released_us) of each observe_seq call, in
+        order], groups)``; None when it does not take these deliveries (the Python functions then run)."""
+        ...
+
+
 @dataclass(frozen=True)
 class IngestConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -350,6 +369,9 @@ class IngestConfig:
     # specification); a function of it (gateway.native.native_reference_mapping: the Rust one, the same results)
     # gives the one to use instead.
     reference_mapping: Callable[[ReferenceMapping], ReferenceMapping] | None = None
+    # on_committed's per-record loops: None runs them here (_observed_groups, _seq_runs: the specification); a
+    # factory of a DeliveryRunsCore (gateway.native: the Rust one) does them in one call, with the same results.
+    delivery_runs: Callable[[], DeliveryRunsCore] | None = None
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -628,6 +650,7 @@ class IngestCore:
         self._topic_names: dict[tuple[str, str], str] = {}
         self._event_headers: dict[tuple[str, str], Headers] = {}
         self._record_builder = None if self.config.record_builder is None else self.config.record_builder()
+        self._delivery_runs = None if self.config.delivery_runs is None else self.config.delivery_runs()
         if self._record_builder is not None:
             # Rule 7's records of the merge's plain releases are built in one call per run (reorder.pipeline).
             self._record_builder.publish_to(self._topic_names, self.config.max_record_bytes)
@@ -1196,17 +1219,15 @@ class IngestCore:
         if not deliveries and not offsets:
             return
         progress = self._progress
-        self.delivery_latencies_us.extend([now_us - delivery.released_us for delivery in deliveries])
-        groups = self._observed_groups(deliveries)
         confirmed_run = self.tracker.confirmed_run
         first_moved: dict[tuple[str, str], int] = {}  # the delivery whose confirmation first moved the key's ack
         moved: dict[tuple[str, str], int] = {}
         consumed: dict[tuple[str, str], int] = {}
-        for key, indices in groups.items():
+        for key, indices, runs in self._delivery_groups(deliveries, now_us):
             source_id, stream = key
             # A run: consecutive seqs on one topic, confirmed in one tracker call as per record in order;
             # observe_seq keeps maxima, so the run's last seq and latest release suffice (again for the first).
-            for start, topic, first_seq, last_seq, seen_us in _seq_runs(deliveries, indices):
+            for start, topic, first_seq, last_seq, seen_us in runs:
                 on_events = topic == "events"
                 if on_events:
                     progress[stream].observe_seq(source_id, last_seq, seen_us)
@@ -1233,6 +1254,24 @@ class IngestCore:
         for (source_id, stream), acked in consumed.items():
             if progress[stream].consumed(source_id, acked):
                 self._dirty_streams.add(stream)
+
+    def _delivery_groups(self, deliveries: Sequence[DeliveryRef], now_us: int
+                         ) -> DeliveryGroups | Iterator[tuple[tuple[str, str], list[int], Iterator[SeqRun]]]:
+        """``on_committed``'s per-record part: the delivery latencies kept, each (source, stream)'s first events
+        record observed (``_observed_groups``), and the groups with their runs (``_seq_runs``, lazily): in one native
+        call when the core has ``delivery_runs`` and it takes these deliveries."""
+        if self._delivery_runs is not None and type(deliveries) is list:
+            grouped = self._delivery_runs.group(deliveries, now_us)
+            if grouped is not None:
+                latencies, observed, groups = grouped
+                self.delivery_latencies_us.extend(latencies)
+                progress = self._progress
+                for stream, source_id, seq, released_us in observed:
+                    progress[stream].observe_seq(source_id, seq, released_us)
+                return groups
+        self.delivery_latencies_us.extend([now_us - delivery.released_us for delivery in deliveries])
+        observed_groups = self._observed_groups(deliveries)
+        return ((key, indices, _seq_runs(deliveries, indices)) for key, indices in observed_groups.items())
 
     def _observed_groups(self, deliveries: Sequence[DeliveryRef]) -> dict[tuple[str, str], list[int]]:
         """The deliveries' indices per (source, stream), in their order: the merge interleaves sources, so a

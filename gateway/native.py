@@ -15,7 +15,7 @@ from typing import Literal, cast
 from contract.wire.errors import RemoteProtocolError
 from contract.wire.messages import Bye, EventBatch, Heartbeat, RejectedPayload
 from gateway.acks import EventDigestsCore, digest_body
-from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce, RecordBuilderCore
+from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, DeliveryRunsCore, Produce, RecordBuilderCore
 from gateway.session import (
     DrainRequested,
     EventsReceived,
@@ -94,6 +94,14 @@ def native_event_digests() -> EventDigestsCore:
     import skewless_native
 
     return cast(EventDigestsCore, skewless_native.EventDigests(digest_body))
+
+
+def native_delivery_runs() -> DeliveryRunsCore:
+    """The Rust per-record loops of ``IngestCore.on_committed`` (native/src/deliveries.rs): the delivery latencies,
+    the groups per (source, stream) with their progress observations, and their runs of consecutive seqs."""
+    import skewless_native
+
+    return cast(DeliveryRunsCore, skewless_native.DeliveryRuns(DeliveryRef))
 
 
 def native_reference_mapping(mapping: ReferenceMapping) -> ReferenceMapping:

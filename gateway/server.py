@@ -70,6 +70,7 @@ from gateway.metrics import MetricsServer, make_registry
 from gateway.native import (
     Core,
     NativeGatewaySession,
+    native_delivery_runs,
     native_event_digests,
     native_record_builder,
     native_reference_mapping,
@@ -237,7 +238,8 @@ def _shard_ingest_config(config: GatewayConfig, core_name: Core) -> IngestConfig
         takeover_grace_us=config.takeover_grace_us,
         record_builder=native_record_builder if core_name == "native" else None,
         event_digests=native_event_digests if core_name == "native" else None,
-        reference_mapping=native_reference_mapping if core_name == "native" else None)
+        reference_mapping=native_reference_mapping if core_name == "native" else None,
+        delivery_runs=native_delivery_runs if core_name == "native" else None)
 
 
 class Gateway:

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 pub mod clocks;
 pub mod decode;
 pub mod dedup;
+pub mod deliveries;
 pub mod events;
 pub mod merger;
 pub mod pipeline;
@@ -26,5 +27,6 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     merger::python::register(m)?;
     dedup::register(m)?;
     clocks::register(m)?;
+    deliveries::register(m)?;
     Ok(())
 }

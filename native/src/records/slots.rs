@@ -163,3 +163,24 @@ impl SlotsClass {
 unsafe fn read_slot(object: *mut ffi::PyObject, offset: usize) -> *mut ffi::PyObject {
     *object.cast::<u8>().add(offset).cast::<*mut ffi::PyObject>()
 }
+
+impl SlotsClass {
+    /// `get` without a new reference: the field's object as the instance holds it, for a caller that reads many
+    /// (native/src/deliveries.rs reads five fields of each of thousands of instances in one call).
+    ///
+    /// # Safety
+    /// `object` must point to a live object and the GIL be held; the pointer returned is valid as long as
+    /// `object` is alive and that field is not assigned (no Python code runs in between).
+    pub unsafe fn get_raw(
+        &self,
+        object: *mut ffi::PyObject,
+        index: usize,
+    ) -> Option<*mut ffi::PyObject> {
+        let offset = *self.offsets.get(index)?;
+        if ffi::Py_TYPE(object) != self.class.as_ptr().cast::<ffi::PyTypeObject>() {
+            return None;
+        }
+        let value = read_slot(object, offset);
+        (!value.is_null()).then_some(value)
+    }
+}

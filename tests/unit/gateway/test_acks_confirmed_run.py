@@ -78,8 +78,8 @@ def test_a_run_past_the_ring_keeps_the_newest_digests() -> None:
     assert tracker.confirmed_run("a", "s", 300, 299) is None  # an empty run
 
 
-def _core() -> IngestCore:
-    core = IngestCore(TopicNames(), IdentityMapping(), IngestConfig(checkpoint_interval_us=1_000_000))
+def _core(config: IngestConfig | None = None) -> IngestCore:
+    core = IngestCore(TopicNames(), IdentityMapping(), config or IngestConfig(checkpoint_interval_us=1_000_000))
     for stream in STREAMS:
         core.stream_created(stream)
     for source in SOURCES:
@@ -93,7 +93,13 @@ def _core() -> IngestCore:
 def test_on_committed_is_on_delivered_per_record(data: st.DataObject) -> None:
     """The same frames into two cores; one is told each record's delivery, the other each transaction's commit
     (records in the order they were produced, some transactions cut in the middle of a frame's run)."""
-    cores = _core(), _core()
+    on_committed_against_on_delivered(data, IngestConfig(checkpoint_interval_us=1_000_000))
+
+
+def on_committed_against_on_delivered(data: st.DataObject, batched_config: IngestConfig) -> None:
+    """The test above with ``batched_config`` for the core told the commits (tests/unit/native: the native
+    on_committed loops)."""
+    cores = _core(), _core(batched_config)
     next_seq = dict.fromkeys([(s, t) for s in SOURCES for t in STREAMS], 0)
     refs: list[DeliveryRef] = []
     now_us = T0 + 100
