@@ -103,8 +103,10 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
     # The shard's own produce loop (ShardRuntime._produce_from: the publisher call per record, the transaction's
     # deliveries kept for its commit) on a stand-in of the runtime with the attributes it reads: a transactional
     # shard, whose publisher call is the same client call as KafkaPublisher's, without a broker to register with.
+    produce_loop = getattr(gateway.native, "native_produce_loop", None)  # the native core's loop, where the tree has it
     shard = SimpleNamespace(_publisher=publisher, shard=0, _transactional=True, _uncommitted=[],
-                            _produced_in_transaction=0, _unproduced_records=0, _reported=None, _on_delivery=None)
+                            _produced_in_transaction=0, _unproduced_records=0, _reported=None, _on_delivery=None,
+                            _produce_loop=produce_loop() if cores == "native" and produce_loop is not None else None)
     produce_from = cast(Callable[[object, list[Any], int, dict[int, str]], int], ShardRuntime._produce_from)
     spent = dict.fromkeys(("decode", "ingest", "produce", "commit"), 0.0)
     count = 0

@@ -10,7 +10,7 @@ and ``core = "python"`` runs them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
 from contract.wire.messages import Bye, EventBatch, Heartbeat, RejectedPayload
@@ -31,6 +31,9 @@ from reorder.sequence import SequenceConfig
 from timesync.clocks import EstimateMapping, FixedOffsetMapping, IdentityMapping, ReferenceMapping
 from timesync.estimator import ClockEstimate
 from timesync.store import SourceInfo, SourceInfoStore
+
+if TYPE_CHECKING:  # gateway.shard imports the Kafka client, which this module's other users do not need
+    from gateway.shard import ProduceLoopCore
 
 Core = Literal["native", "python"]
 CORES: tuple[Core, ...] = ("native", "python")
@@ -102,6 +105,14 @@ def native_delivery_runs() -> DeliveryRunsCore:
     import skewless_native
 
     return cast(DeliveryRunsCore, skewless_native.DeliveryRuns(DeliveryRef))
+
+
+def native_produce_loop() -> ProduceLoopCore:
+    """The Rust loop of a transactional shard's plain records (native/src/produce_loop.rs): ``_produce_from``'s
+    calls to the client's produce, the deliveries kept for the commit."""
+    import skewless_native
+
+    return cast("ProduceLoopCore", skewless_native.ProduceLoop(Produce))
 
 
 def native_reference_mapping(mapping: ReferenceMapping) -> ReferenceMapping:

@@ -72,6 +72,7 @@ from gateway.native import (
     NativeGatewaySession,
     native_delivery_runs,
     native_event_digests,
+    native_produce_loop,
     native_record_builder,
     native_reference_mapping,
     resolve_core,
@@ -568,7 +569,8 @@ class Gateway:
         runtime = ShardRuntime(
             ShardSettings(shard=shard, topics=self.topics, kafka_client=self.config.kafka_client,
                           producer_config=self.config.producer_config, ingest=self._ingest_config,
-                          transactional=self.config.transactions, commit_interval_s=self.config.commit_interval_s),
+                          transactional=self.config.transactions, commit_interval_s=self.config.commit_interval_s,
+                          produce_loop=native_produce_loop if self.core_name == "native" else None),
             self._mapping, self.store, self, self._clock_us, owner_record=self._owner_record(shard))
         started_s = time.monotonic()
         try:

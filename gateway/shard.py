@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.client import KafkaClientConfig, librdkafka_logger
-from broker.producer import DeliveryCallback, KafkaPublisher
+from broker.producer import DeliveryCallback, KafkaPublisher, ProduceCall
 from broker.transactions import ProducerFenced, TransactionAbortable, TransactionalPublisher, TransactionRetriable
 from contract.records import CONTRACT_VERSION, HEADER_CONTRACT_VERSION, HEADER_KIND, OWNER
 from contract.topics import TopicNames
@@ -139,6 +139,17 @@ class ShardSettings:
     ingest: IngestConfig
     transactional: bool = True
     commit_interval_s: float = 0.1
+    # The transactional produce loop's plain records: None produces each in the Python loop (_produce_from); a
+    # factory of a ProduceLoopCore (gateway.native: the Rust one) produces runs of them in one call, the same calls.
+    produce_loop: Callable[[], ProduceLoopCore] | None = None
+
+
+class ProduceLoopCore(Protocol):
+    """``_produce_from``'s loop over a transactional shard's plain records (no mark, headers None or a tuple),
+    calling ``produce`` as it does: ``(the first index not produced, whether its produce raised BufferError)``."""
+
+    def run(self, produce: ProduceCall, actions: list[Produce | WriteCheckpoint], start: int, shard: int,
+            marks: dict[int, DeliveryCallback], uncommitted: list[DeliveryRef]) -> tuple[int, bool]: ...
 
 
 @dataclass
@@ -169,6 +180,7 @@ class ShardRuntime:
         self._clock_us = clock_us
         self._owner_record = owner_record
         self._transactional = settings.transactional
+        self._produce_loop = None if settings.produce_loop is None else settings.produce_loop()
         client = settings.kafka_client
         self._publisher: TransactionalPublisher | KafkaPublisher
         if self._transactional:
@@ -487,8 +499,15 @@ class ShardRuntime:
         # The publisher's checks once per batch, the client's produce per record (see batch_produce): nothing in
         # this loop polls, commits or closes.
         produce = publisher.batch_produce()
+        produce_loop = self._produce_loop if transactional else None
         try:
-            for index in range(start, len(actions)):
+            while index < len(actions):
+                if produce_loop is not None:
+                    index, queue_full = produce_loop.run(produce, actions, index, shard, marks, uncommitted)
+                    if queue_full:  # the produce of actions[index] raised BufferError
+                        return self._queue_full_at(start, index)
+                    if index == len(actions):
+                        break
                 action = actions[index]
                 headers = action.headers
                 if type(action) is Produce:
@@ -505,10 +524,9 @@ class ShardRuntime:
                 else:
                     produce(action.topic, action.value, action.key, shard, None, None, 0,
                             None if headers is None else list(headers))
+                index += 1
         except BufferError:  # librdkafka's queue is full (QueueFull)
-            self._produced_in_transaction += index - start
-            self._unproduced_records -= index - start
-            return index
+            return self._queue_full_at(start, index)
         except KafkaException as exc:
             error = publisher.produce_error(exc)
             if error is exc:
@@ -518,6 +536,12 @@ class ShardRuntime:
         self._produced_in_transaction += produced
         self._unproduced_records -= produced
         return len(actions)
+
+    def _queue_full_at(self, start: int, index: int) -> int:
+        """``_produce_from``'s end on librdkafka's full queue: ``actions[start:index]`` were produced."""
+        self._produced_in_transaction += index - start
+        self._unproduced_records -= index - start
+        return index
 
     def _on_report(self, topic: str | None, stream: str | None, error: KafkaError | None, message: Message) -> None:
         offset = None if error is not None else message.offset()

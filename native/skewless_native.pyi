@@ -219,3 +219,12 @@ class DeliveryRuns:
     def group(self, deliveries: list[_Any], now_us: int
               ) -> tuple[list[int], list[tuple[str, str, int, int]],
                          list[tuple[tuple[str, str], list[int], list[tuple[int, str, int, int, int]]]]] | None: ...
+
+# -- produce_loop (native/src/produce_loop.rs): a transactional shard's produce loop over its plain records ----------
+@_final
+class ProduceLoop:
+    """gateway.shard's _produce_from for Produce actions without a mark: the same produce calls, deliveries kept."""
+
+    def __init__(self, produce_class: type) -> None: ...
+    def run(self, produce: _Callable[..., _Any], actions: list[_Any], start: int, shard: int, marks: dict[int, str],
+            uncommitted: list[_Any]) -> tuple[int, bool]: ...

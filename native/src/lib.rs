@@ -11,6 +11,7 @@ pub mod deliveries;
 pub mod events;
 pub mod merger;
 pub mod pipeline;
+pub mod produce_loop;
 pub mod pyrecords;
 pub mod records;
 pub mod sequence;
@@ -28,5 +29,6 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dedup::register(m)?;
     clocks::register(m)?;
     deliveries::register(m)?;
+    produce_loop::register(m)?;
     Ok(())
 }

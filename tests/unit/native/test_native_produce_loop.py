@@ -1,0 +1,114 @@
+"""A transactional shard's produce loop with the Rust loop of its plain records (native/src/produce_loop.rs,
+gateway.native.native_produce_loop) against the Python loop alone (gateway.shard ``ShardRuntime._produce_from``,
+the specification): the same produce calls with the same arguments in the same order (a mark's record with its
+callback, headers as lists, WriteCheckpoints), the same deliveries kept for the commit, the same counts and
+the same index returned, through librdkafka's full queue (BufferError) at any record and a Kafka error."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.ingest import DeliveryRef, Produce, WriteCheckpoint
+from gateway.native import native_produce_loop
+from gateway.shard import ShardRuntime
+
+HEADERS = ((("kind", b"event"), ("source_id", b"a")), (("kind", b"late"),), ())
+
+
+class Publisher:
+    """The transactional publisher's loop calls, recorded; ``fail_at``: the produce call that raises ``error``."""
+
+    def __init__(self, fail_at: int | None, error: type[Exception]) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_at = fail_at
+        self.error = error
+
+    def batch_produce(self) -> Any:
+        def produce(*args: Any) -> None:
+            if len(self.calls) == self.fail_at:
+                self.fail_at = None  # full once: the retry goes on
+                raise self.error(KafkaError(KafkaError._FATAL)) if self.error is KafkaException else self.error()
+            topic, value, key, shard, on_delivery, partitioner, ts, headers = args
+            self.calls.append((topic, value, key, shard, on_delivery, partitioner, ts,
+                               None if headers is None else (type(headers), tuple(headers))))
+        return produce
+
+    @staticmethod
+    def produce_error(exc: KafkaException) -> Exception:
+        return exc
+
+
+def shard(publisher: Publisher, native: bool) -> Any:
+    runtime = types.SimpleNamespace(_publisher=publisher, shard=3, _transactional=True, _uncommitted=[],
+                                    _produced_in_transaction=0, _unproduced_records=0, _reported=None,
+                                    _produce_loop=native_produce_loop() if native else None)
+    runtime._queue_full_at = types.MethodType(ShardRuntime._queue_full_at, runtime)
+    return runtime
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[Any], dict[int, Any]]:
+    actions: list[Any] = []
+    for seq in range(draw(st.integers(0, 30))):
+        headers = draw(st.sampled_from([*HEADERS, None, [("kind", b"event")]]))
+        if draw(st.integers(0, 9)) == 0:
+            actions.append(WriteCheckpoint("sources", b"k", b"v", headers))  # type: ignore[arg-type]
+            continue
+        delivery = draw(st.sampled_from([DeliveryRef("a", "s", seq, "events", 7), None]))
+        actions.append(Produce("t.events", b"a", b"{}", delivery, draw(st.integers(0, 2**40)), headers))  # type: ignore[arg-type]
+    # The records whose delivery reports the shard wants, with their callbacks (ShardRuntime._report_marks).
+    marks = {index: ("callback", index) for index in draw(st.sets(st.integers(0, max(0, len(actions) - 1)),
+                                                                  max_size=3))}
+    return actions, marks
+
+
+def run(actions: list[Any], marks: dict[int, Any], native: bool, fail_at: int | None,
+        error: type[Exception]) -> tuple[Any, ...]:
+    publisher = Publisher(fail_at, error)
+    runtime = shard(publisher, native)
+    returned: list[Any] = []
+    index = 0
+    try:
+        while index < len(actions):
+            index = ShardRuntime._produce_from(runtime, actions, index, marks)
+            returned.append(index)
+    except KafkaException as exc:
+        returned.append(type(exc))
+    return (publisher.calls, returned, runtime._uncommitted, runtime._produced_in_transaction,
+            runtime._unproduced_records)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=batches(), fail_at=st.none() | st.integers(0, 30),
+       error=st.sampled_from([BufferError, BufferError, KafkaException]))
+def test_the_rust_loop_produces_as_the_python_loop(batch: tuple[list[Any], dict[int, Any]], fail_at: int | None,
+                                                    error: type[Exception]) -> None:
+    actions, marks = batch
+    assert run(actions, marks, True, fail_at, error) == run(actions, marks, False, fail_at, error)
+
+
+def test_the_rust_loop_shares_a_headers_list_and_stops_at_a_mark() -> None:
+    publisher = Publisher(None, BufferError)
+    runtime = shard(publisher, native=True)
+    delivery = DeliveryRef("a", "s", 1, "events", 7)
+    actions: list[Any] = [Produce("t", b"k", b"v", delivery, 5, HEADERS[0]) for _ in range(3)]
+    loop = runtime._produce_loop
+    seen: list[Any] = []
+    assert loop.run(lambda *args: seen.append(args[7]), actions, 0, 3, {2: "s"}, runtime._uncommitted) == (2, False)
+    assert seen[0] is seen[1] and seen[0] == list(HEADERS[0])
+    assert runtime._uncommitted == [delivery, delivery]
+
+
+def test_another_class_is_left_to_the_python_loop() -> None:
+    class NotProduce:
+        pass
+
+    actions: list[Any] = [Produce("t", b"k", b"v", None, 5, None), NotProduce()]
+    produced: list[Any] = []
+    assert native_produce_loop().run(lambda *args: produced.append(args), actions, 0, 0, {}, []) == (1, False)
+    assert produced == [("t", b"v", b"k", 0, None, None, 5, None)]
