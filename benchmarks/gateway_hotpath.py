@@ -314,44 +314,56 @@ statistics.median(gc_off["native"]):.2f} | {statistics.median(gc_off["native"]) 
 The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmarks/native_decode.py
 measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In the native core's
 ingest stage an in-order frame crosses into Rust once per run, not once per event (see "What the native core does
-per frame" below); what stays per event in Python objects is what the gateway hands on: the Produce action and its
-DeliveryRef per record, the SourceEvent the merge queues (with its mapping's short-lived tuple), and the
-IncomingEvent the decoder made. Their allocation is a floor under either core; the garbage
-collector's passes over them were too until the gateway's collector settings (gateway.collector, which this script
-applies): since then "with the garbage collector off" is within the run-to-run noise of the total. On this shared machine the absolute figures move
-with the host's state for both cores alike: on 2026-11-28 the native ingest stage of one tree (a5cf939, before the
-per-run changes below) read a median of 10.4 us/event in 7 runs and 15.0 in 7 runs 20 minutes later, at a lower
-1-minute load; the native / python ratio within one run, whose runs alternate, is the steadier figure.
+per frame" below). On this shared machine the absolute figures move with the host's state for both cores alike:
+on 2026-11-28 the native ingest stage of one tree (a5cf939) read a median of 10.4 us/event in 7 runs and 15.0 in 7
+runs 20 minutes later, at a lower 1-minute load; the ratios within one run, whose runs alternate, are the steadier
+figures.
 
-Where the native core's ingest stage goes (py-spy `--native` of this loop, after the changes below): about 80 % in
-the merger's `push_in_order` (the run taken in order, the merge, then per record the JSON, the clock's
-`to_reference` for each event taken and again for an event that waited in the merge since an earlier call, the
-Python ints of its times, the Produce and DeliveryRef objects), about 13 % in `DeliveryTracker.admit_frame` (the
-native digests and dict writes of `admit_run`); the pipeline's and the ingest core's own Python is a few percent.
-Before those changes (cProfile): about half in `push_run_built`, a third in `admit_frame` (orjson with sorted keys
-and a hash per event, in Python), a tenth in `take_run`.
+Both cores are the gateway's (`core = python` or `native`, gateway/native.py). The native one runs in Rust: the
+connection decoder; the sequence reorderers (`take_run`) and, for a frame's in-order run, the merge and the
+records in the same call (`push_in_order`); the merger of each stream; the record builder (the JSON, key, headers
+and Kafka timestamp of each record, and its Produce action and DeliveryRef, allocated without their `__init__`);
+the delivery tracker's digests and in-order admissions (`EventDigests`); the reference mapping (`ReferenceClocks`:
+the identity, fixed offsets, or the time-sync estimates read live from the SourceInfoStore, with the Python
+estimate's float arithmetic step for step); a transaction's per-record commit loops (`DeliveryRuns`: latencies,
+groups, runs of seqs); and a transactional shard's produce loop over its plain records (`ProduceLoop`: the same
+positional `Producer.produce` call per record). Each has a differential test against the Python code it replaces
+(tests/unit/native/).
 
-Both cores are the gateway's (`core = python` or `native`, gateway/native.py): the native one runs the Rust
-connection decoder, the Rust sequence reorderers (with `take_run`), the Rust merger of each stream and the Rust
-record builder (which also builds the Produce actions: `produce_records`, `build_merged`, and through the
-merger's `push_run_built` and `push_in_order`), and the delivery tracker's digests with its in-order admissions
-(`EventDigests`); the tracker's state, the clock mapping, the rare paths (late records, refusals, punctuations,
-interval events) are Python in both; the actions are gateway.ingest's Python
-classes with either core (the native builder allocates its Produce and DeliveryRef without their `__init__`).
+What still runs in Python, and why:
+- Per event, Python objects that the next step takes as such: the IncomingEvent the decoder builds (the session
+  hands a frame's events to `IngestCore.events_received` as Python objects), the SourceEvent the merge queues
+  (the Python paths of late records, refusals and punctuations read it), the Produce action and its DeliveryRef
+  per record (the shard's queue and its commit keep them), the key and value bytes and the one
+  `Producer.produce` call per record (confluent-kafka has no call that takes a batch). Their allocation is a
+  floor under either core.
+- Per frame, run, batch or commit, not per event: `IngestCore.events_received` and `IngestPipeline.push_many`
+  around the native calls, `DeliveryTracker.admit_frame` around `admit_run`, the record of each stream per produce
+  batch whose delivery report carries the progress checkpoint's offset (produced from Python, with its callback),
+  and per run of confirmed seqs the tracker's `confirmed_run` (which still loops over the run's seqs in Python:
+  the pending digest popped, the ring of acked digests written), the progress and the acks.
+- Rare paths, in Python in both cores: late records, refusals, punctuations, interval events, clock-step holds
+  (rule 9), checkpoints, and a mapping `ReferenceClocks` does not know (a `ReferenceErrorMapping`, when a
+  reference-clock error bound is configured, is called per event as before).
+
+{WHERE_IT_GOES}
 
 - decode: `GatewaySession.receive_data` (frame split, msgpack, per-event validation; native: `NativeGatewaySession`)
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
   ReferenceMapping, MultiSourceMerger, then the records and their Produce actions: EventRecord encoding with orjson,
-  or the native RecordBuilder in one call per run and batch), the call the gateway makes per batch
+  or the native RecordBuilder in one call per run and batch), the call the gateway makes per batch; the mapping is
+  IdentityMapping (time sync off, as in docs/gateway-benchmark.md; `--ingest-only` also times a synced one)
 - produce: the shard's produce loop (`ShardRuntime._produce_from` as a transactional shard runs it: confluent-kafka's
   `Producer.produce` per record, positional, with its timestamp and headers, and the deliveries kept for the
-  commit) into librdkafka's queue (the same loop with either core)
+  commit) into librdkafka's queue (native: the plain records of a batch in one `ProduceLoop.run` call, the same
+  produce calls)
 - commit: `IngestCore.on_committed` every 5,000 records, the committed transaction's deliveries confirmed (acks,
-  progress), as the shard does after each commit
+  progress), as the shard does after each commit (native: its per-record loops in one `DeliveryRuns.group` call)
 
-The pyinstrument call tree of this tree's workload is in gateway-profile.txt; the end-to-end profile of a gateway
-process under load (py-spy, with sockets, Kafka and its transactions) is in gateway-profile-e2e.txt and
-docs/gateway-benchmark.md reads it.
+The pyinstrument call tree of this tree's workload (the Python core) is in gateway-profile.txt; the end-to-end
+profile of a gateway process under load (py-spy, with sockets, Kafka and its transactions) is in
+gateway-profile-e2e.txt (of an earlier tree, 348f697: benchmarks/gateway_profile.py was not run again for the
+changes of the last section below) and docs/gateway-benchmark.md reads it.
 
 ## Issue 14 target 2 on virtual time: what the merge adds when sources keep their schedule
 
@@ -370,6 +382,17 @@ the load generator's frames slipped by up to hundreds of ms).
 {CHANGES}""")
     write_profile()
 
+
+# Where this tree's native stages go, from one py-spy `--native` profile of the stage loop (native core, 4 runs),
+# kept with the code that measures it.
+WHERE_IT_GOES = """Where the native core's stages go (py-spy `--native` of this loop on this tree, one profile, shares of the
+stage's samples): ingest, about 77 % in `push_many`'s fused run (`push_in_order`: the records' JSON, about a
+fifth of the stage, the Produce and DeliveryRef allocations, the Python ints of the records' times, the merge) and
+about 18 % in `DeliveryTracker.admit_frame` (the native digests' sorted-key JSON, the dict writes); the clock's
+`to_reference` no longer appears. Produce, about 80 % inside confluent-kafka's `Producer.produce` (about a third
+of that turning the headers list into librdkafka's headers, then the message's allocation and the partitioner)
+and about 90 % under `ProduceLoop.run`. Commit, about two thirds in `DeliveryTracker.confirmed_run`'s per-seq
+loop (Python), a quarter in the native grouping and the lists it returns."""
 
 # What changed in the ingest stage, kept with the code that measures it.
 CHANGES = """
@@ -466,6 +489,28 @@ does per frame now" above says what they do):
   by gc.callbacks in one run each: 0.33-0.36 us/event of collections after, 0.43-0.44 before, the young
   generation collected 18 and 19 times), which is why the table's decode row moved, and why the table's total
   moved less than its ingest row (in this page's run the before's rows also read lower than in earlier runs).
+
+Then four more, the per-event calls back into Python and the per-record Python loops around the producer (the
+table above, `--before` 6232ec5; "Both cores" above says what runs where):
+- The reference mapping in Rust (`ReferenceClocks`, native/src/clocks.rs; `IngestConfig.reference_mapping`):
+  `take_run`, the merger and the record builder called the Python mapping's `to_reference` for each event taken
+  and again for the error bound of each event released in a later call than it was pushed in, about twice per
+  event. An IdentityMapping, a FixedOffsetMapping or an EstimateMapping over a SourceInfoStore (the gateway's with
+  time sync on, read live: an update or a removal counts from the next event) is now computed in Rust with the
+  same integer and float operations; what it does not cover goes to the Python mapping
+  (tests/unit/native/test_native_reference_clocks.py; test_native_ingest_records.py drives both cores with
+  estimates that change and go between frames).
+- `IngestCore.on_committed`'s per-record loops (the latencies, `_observed_groups`, `_seq_runs`) in one
+  `DeliveryRuns.group` call (native/src/deliveries.rs; test_native_delivery_runs.py): 0.085 against 0.37 us a
+  record for those loops alone (5,000 deliveries of 20 sources, best of 20 calls each, load 1.8-3.3).
+- The transactional shard's produce loop over its plain records in one `ProduceLoop.run` call per stretch
+  between offset marks (native/src/produce_loop.rs; test_native_produce_loop.py holds the shard's loop with and
+  without it to the same produce calls), and the offset-mark pass over each batch (`offset_marks`).
+- One A/B of the stage loop in one process, native core, 8 rounds of four variants run in a fixed order (load
+  1.3-2.0), medians: with everything, ingest 3.02, produce 1.60, commit 0.48 us/event; without the Rust mapping,
+  ingest 3.69; without `DeliveryRuns`, commit 0.75; without `ProduceLoop`, produce 1.76. Stages whose code was
+  the same in two variants differed by up to 0.35 us/event between them (ingest 2.68 to 3.02 with the same
+  code): that is the noise of these single figures, so the commit and produce differences are the firmer ones.
 """
 
 

@@ -423,11 +423,16 @@ def cores_side_by_side(results: list[RunResult], limit: PlainResult) -> str:
         cpu.append(f"**not less** at {counts(dearer)}")
     return f"""## The python core and the native core, side by side (same broker, same run)
 
-`skewless gateway --core python` runs the Python cores; `--core native` replaces four of them with the Rust ones
-of native/ (gateway/native.py): the connection decoder (frame split, msgpack decode, validation) in each session,
-the sequence reorderer of each (source, stream), the merger of each stream and the record bytes (one RecordBuilder
-call per batch). Dedup, the reference mapping, the pipeline's glue and the per-record produce loop run in Python
-with either core. At each source count the two ran one after the other, in alternating order.
+`skewless gateway --core python` runs the Python cores; `--core native` runs the Rust ones of native/
+(gateway/native.py) instead: the connection decoder (frame split, msgpack decode, validation) in each session, the
+sequence reorderer of each (source, stream), the merger of each stream (with a frame's in-order run merged and
+turned into records in the same call), the record bytes and Produce actions, the delivery tracker's digests and
+in-order admissions, the reference mapping (the identity here: time sync is off), a commit's per-record loops and
+the transactional shard's produce loop over its plain records. Python keeps the glue per frame, run and batch, the
+tracker's state and its confirmations per run of seqs, the rare paths, the Python objects each event still is on
+its way (IncomingEvent, SourceEvent, Produce and DeliveryRef) and confluent-kafka's produce call per record
+(docs/gateway-hotpath.md: "What still runs in Python, and why"). At each source count the cores ran one after the
+other, in alternating order.
 
 | sources | python core events/s | native core events/s | native / python | python of plain producer | native of plain producer | python CPU us/event | native CPU us/event | native / python CPU |
 |---|---|---|---|---|---|---|---|---|
@@ -526,10 +531,12 @@ Next levers, by expected gain:
 1. Target 1: more than one core. A gateway process per core (`--workers N`, shards across processes as
    docs/cluster.md does across machines; the merge is per shard already). This run's gateway CPU per event at 20
    sources ({per_core}) against {limit.cpu_us_per_event:.1f} us for the plain producer's produce call and callback.
-2. Target 1: the rest of the per-event path native. `--core native` takes the decoder, the sequence reorderers,
-   the mergers and the record bytes (held to the Python cores by differential tests, docs/native.md); the
-   pipeline's glue between them (a Python object or two per event and per core call), the dedup and the
-   per-record produce loop still run in Python for every event: the fused pipeline (one call per batch) is next.
+2. Target 1: fewer Python objects per event. With `--core native` no interpreted loop runs per event on the
+   in-order path (each Rust step is held to the Python code it replaces by differential tests, tests/unit/native/);
+   what is left per event are the objects the next step takes as such (IncomingEvent, SourceEvent, Produce and
+   DeliveryRef, key and value bytes) and confluent-kafka's produce call, whose headers conversion and message
+   allocation are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its
+   bytes to a native batch of records that the shard produces and commits without those objects.
 3. Target 2: sources that send more often than they batch (1 ms frames, or a heartbeat when a frame is due but
    empty) lower the floor; the gateway can only wait for what the sources promise. Measured on a quiet machine,
    the p99 should then be the frame interval plus the scheduling slip of the sources' hosts.
