@@ -294,6 +294,7 @@ def main(before: Path | None, rounds: int, before_label: str | None = None, prog
     rows = "\n".join(f"| {stage} | {python[stage]:.2f} | {now[stage]:.2f} | {now[stage] / python[stage]:.2f} | "
                      f"{now[stage] / now['total']:.1%} |"
                      + (f" {was[stage]:.2f} | {now[stage] / was[stage]:.2f} |" if was else "") for stage in stages)
+    summary = _summary(now, python, was)
     paced_rows = "\n".join(f"| {jitter_us / 1000:.1f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} |"
                            for jitter_us, row in paced)
     DOCS.mkdir(exist_ok=True)
@@ -310,6 +311,8 @@ f" and of the checkout before ({before_label or before})" if before is not None 
 | events/s per core (native core) | {1e6 / now["total"]:,.0f} | | | |
 | total with the garbage collector off | {statistics.median(gc_off["python"]):.2f} | {
 statistics.median(gc_off["native"]):.2f} | {statistics.median(gc_off["native"]) / statistics.median(gc_off["python"]):.2f} | |
+
+{summary}
 
 The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmarks/native_decode.py
 measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In the native core's
@@ -352,7 +355,8 @@ What still runs in Python, and why:
 - ingest: `IngestCore.events_received` (dedup in the DeliveryTracker, the ordering pipeline: SequenceReorderer,
   ReferenceMapping, MultiSourceMerger, then the records and their Produce actions: EventRecord encoding with orjson,
   or the native RecordBuilder in one call per run and batch), the call the gateway makes per batch; the mapping is
-  IdentityMapping (time sync off, as in docs/gateway-benchmark.md; `--ingest-only` also times a synced one)
+  IdentityMapping (time sync off, as in docs/gateway-benchmark.md; `--ingest-only` times the Python core's ingest
+  stage with a synced mapping too)
 - produce: the shard's produce loop (`ShardRuntime._produce_from` as a transactional shard runs it: confluent-kafka's
   `Producer.produce` per record, positional, with its timestamp and headers, and the deliveries kept for the
   commit) into librdkafka's queue (native: the plain records of a batch in one `ProduceLoop.run` call, the same
@@ -512,6 +516,20 @@ table above, `--before` 6232ec5; "Both cores" above says what runs where):
   the same in two variants differed by up to 0.35 us/event between them (ingest 2.68 to 3.02 with the same
   code): that is the noise of these single figures, so the commit and produce differences are the firmer ones.
 """
+
+
+def _summary(now: dict[str, float], python: dict[str, float], was: dict[str, float]) -> str:
+    """What the table says, from its own medians: the native total against the Python core's, the tree before's
+    and issue 26's target, and each stage's ratio."""
+    target_us = 1.5
+    stages = ", ".join(f"{stage} {now[stage]:.2f} against {python[stage]:.2f} ({now[stage] / python[stage]:.2f}x)"
+                       for stage in ("decode", "ingest", "produce", "commit"))
+    before = (f"; against the tree before, {was['total']:.2f} us/event, {now['total'] / was['total']:.2f}x"
+              if was else "")
+    verdict = "met" if now["total"] <= target_us else f"missed, {now['total'] / target_us:.1f}x it"
+    return (f"In this run the native core's total is {now['total']:.2f} us/event, {now['total'] / python['total']:.2f}x "
+            f"the Python core's {python['total']:.2f}{before}. Per stage, native against Python (us/event): "
+            f"{stages}. Issue 26's target for this total, <= {target_us} us/event: {verdict}.")
 
 
 def ingest_only(repeats: int, per_source: int, progress: bool = True) -> None:
