@@ -341,9 +341,10 @@ What still runs in Python, and why:
   `Producer.produce` call per record (confluent-kafka has no call that takes a batch). Their allocation is a
   floor under either core.
 - Per frame, run, batch or commit, not per event: `IngestCore.events_received` and `IngestPipeline.push_many`
-  around the native calls, `DeliveryTracker.admit_frame` around `admit_run`, the record of each stream per produce
-  batch whose delivery report carries the progress checkpoint's offset (produced from Python, with its callback),
-  and per run of confirmed seqs the tracker's `confirmed_run` (which still loops over the run's seqs in Python:
+  around the native calls, `DeliveryTracker.admit_frame` around `admit_run`, the records of a produce batch whose
+  delivery reports the shard wants (per topic the last one, for the offset audit; per stream the last events
+  record, for the progress checkpoint's offset: found by a native pass, `ProduceLoop.wanted_reports`, and produced
+  from Python with their callbacks; the hot-path loop here has none), and per run of confirmed seqs the tracker's `confirmed_run` (which still loops over the run's seqs in Python:
   the pending digest popped, the ring of acked digests written), the progress and the acks.
 - Rare paths, in Python in both cores: late records, refusals, punctuations, interval events, clock-step holds
   (rule 9), checkpoints, and a mapping `ReferenceClocks` does not know (a `ReferenceErrorMapping`, when a
@@ -508,8 +509,9 @@ table above, `--before` 6232ec5; "Both cores" above says what runs where):
   `DeliveryRuns.group` call (native/src/deliveries.rs; test_native_delivery_runs.py): 0.085 against 0.37 us a
   record for those loops alone (5,000 deliveries of 20 sources, best of 20 calls each, load 1.8-3.3).
 - The transactional shard's produce loop over its plain records in one `ProduceLoop.run` call per stretch
-  between offset marks (native/src/produce_loop.rs; test_native_produce_loop.py holds the shard's loop with and
-  without it to the same produce calls), and the offset-mark pass over each batch (`offset_marks`).
+  between the records whose delivery reports the shard wants (native/src/produce_loop.rs;
+  test_native_produce_loop.py holds the shard's loop with and without it to the same produce calls), and the pass
+  over each batch that finds those records (`ProduceLoop.wanted_reports`, against `_wanted_reports`).
 - One A/B of the stage loop in one process, native core, 8 rounds of four variants run in a fixed order (load
   1.3-2.0), medians: with everything, ingest 3.02, produce 1.60, commit 0.48 us/event; without the Rust mapping,
   ingest 3.69; without `DeliveryRuns`, commit 0.75; without `ProduceLoop`, produce 1.76. Stages whose code was

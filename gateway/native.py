@@ -109,10 +109,10 @@ def native_delivery_runs() -> DeliveryRunsCore:
 
 def native_produce_loop() -> ProduceLoopCore:
     """The Rust loop of a transactional shard's plain records (native/src/produce_loop.rs): ``_produce_from``'s
-    calls to the client's produce, the deliveries kept for the commit."""
+    calls to the client's produce, the deliveries kept for the commit, and ``_wanted_reports``' pass over a batch."""
     import skewless_native
 
-    return cast("ProduceLoopCore", skewless_native.ProduceLoop(Produce))
+    return cast("ProduceLoopCore", skewless_native.ProduceLoop(Produce, DeliveryRef))
 
 
 def native_reference_mapping(mapping: ReferenceMapping) -> ReferenceMapping:

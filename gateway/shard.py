@@ -151,6 +151,11 @@ class ProduceLoopCore(Protocol):
     def run(self, produce: ProduceCall, actions: list[Produce | WriteCheckpoint], start: int, shard: int,
             marks: dict[int, DeliveryCallback], uncommitted: list[DeliveryRef]) -> tuple[int, bool]: ...
 
+    def wanted_reports(self, actions: list[Produce | WriteCheckpoint]
+                       ) -> tuple[dict[int, tuple[str | None, str | None]], dict[str, int]] | None:
+        """``ShardRuntime._wanted_reports``' pass, or None where it does not take the actions (the Python pass runs)."""
+        ...
+
 
 @dataclass
 class _Takeover:
@@ -464,6 +469,20 @@ class ShardRuntime:
         topic the last record (the offset audit counts the batch's records there), and per stream the last event
         record of its events topic (its offset is what the progress checkpoint needs: the records before it in the
         partition got lower ones). One report per topic per batch, not per record."""
+        wanted, records = self._wanted_reports(actions)
+        for topic, count in records.items():
+            self._audit.produced(topic, count)
+        report_to = self._publisher.report_to
+        return {index: report_to(partial(self._on_report, topic, stream)) for index, (topic, stream) in wanted.items()}
+
+    def _wanted_reports(self, actions: list[Produce | WriteCheckpoint]
+                        ) -> tuple[dict[int, tuple[str | None, str | None]], dict[str, int]]:
+        """``_report_marks``' pass over the batch, from its end: ``{index: (topic if the topic's last record, stream
+        if the stream's last events record)}`` and the records per topic; by the native pass when it takes them."""
+        if self._produce_loop is not None:
+            found = self._produce_loop.wanted_reports(actions)
+            if found is not None:
+                return found
         wanted: dict[int, tuple[str | None, str | None]] = {}
         records: dict[str, int] = {}
         streams: set[str] = set()
@@ -481,10 +500,7 @@ class ShardRuntime:
                 streams.add(stream)
             if topic is not None or stream is not None:
                 wanted[index] = (topic, stream)
-        for topic, count in records.items():
-            self._audit.produced(topic, count)
-        report_to = self._publisher.report_to
-        return {index: report_to(partial(self._on_report, topic, stream)) for index, (topic, stream) in wanted.items()}
+        return wanted, records
 
     def _produce_from(self, actions: list[Produce | WriteCheckpoint], start: int,
                       marks: dict[int, DeliveryCallback]) -> int:

@@ -16,7 +16,7 @@ use std::collections::HashSet;
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::records::slots::SlotsClass;
 
@@ -31,6 +31,15 @@ const HEADERS: usize = 5;
 #[pyclass(name = "ProduceLoop", module = "skewless_native", frozen)]
 pub struct ProduceLoop {
     produce: Option<SlotsClass>,
+    delivery_ref: Option<SlotsClass>,
+}
+
+// DeliveryRef(source_id, stream, seq, topic, released_us).
+const DELIVERY_STREAM: usize = 1;
+const DELIVERY_TOPIC: usize = 3;
+
+fn exact_str<'py>(value: Bound<'py, PyAny>) -> Option<Bound<'py, PyString>> {
+    value.cast_into_exact::<PyString>().ok()
 }
 
 /// The list `produce` takes for a headers tuple: one per distinct tuple in a call (the records of a source share
@@ -54,12 +63,96 @@ impl<'py> HeaderLists<'py> {
 
 #[pymethods]
 impl ProduceLoop {
-    /// `produce_class`: gateway.ingest.Produce (a plain slots dataclass; any other class: every call stops at once).
+    /// `produce_class`, `delivery_ref`: gateway.ingest.Produce and DeliveryRef (plain slots dataclasses; other
+    /// classes: every `run` stops at once, every `wanted_reports` answers None).
     #[new]
-    fn new(produce_class: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(produce_class: &Bound<'_, PyAny>, delivery_ref: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(ProduceLoop {
             produce: SlotsClass::probe(produce_class, 6)?,
+            delivery_ref: SlotsClass::probe(delivery_ref, 5)?,
         })
+    }
+
+    /// `ShardRuntime._wanted_reports(actions)`'s pass: `({index: (topic or None, stream or None)}, {topic: records})`
+    /// in the order its backward pass fills them; None when a Produce's topic or delivery is not of the types read
+    /// here (exact str fields, a DeliveryRef or None): the Python pass then runs.
+    #[allow(clippy::type_complexity)]
+    fn wanted_reports<'py>(
+        &self,
+        actions: &Bound<'py, PyList>,
+    ) -> PyResult<Option<(Bound<'py, PyDict>, Bound<'py, PyDict>)>> {
+        let py = actions.py();
+        let (Some(produce), Some(delivery_ref)) =
+            (self.produce.as_ref(), self.delivery_ref.as_ref())
+        else {
+            return Ok(None);
+        };
+        let none = py.None().into_bound(py);
+        let wanted = PyDict::new(py);
+        let mut topics: Vec<(Bound<'py, PyString>, usize)> = Vec::new();
+        let mut streams: Vec<Bound<'py, PyString>> = Vec::new();
+        for index in (0..actions.len()).rev() {
+            let action = actions.get_item(index)?;
+            let (Some(topic), Some(delivery)) =
+                (produce.get(&action, TOPIC), produce.get(&action, DELIVERY))
+            else {
+                continue; // not a Produce: the Python pass skips it too
+            };
+            let Some(topic) = exact_str(topic) else {
+                return Ok(None);
+            };
+            let mut first_of_topic = true;
+            for (known, count) in topics.iter_mut() {
+                if known.to_str()? == topic.to_str()? {
+                    *count += 1;
+                    first_of_topic = false;
+                    break;
+                }
+            }
+            if first_of_topic {
+                topics.push((topic.clone(), 1));
+            }
+            let mut stream = None;
+            if !delivery.is_none() {
+                let (Some(delivery_topic), Some(delivery_stream)) = (
+                    delivery_ref
+                        .get(&delivery, DELIVERY_TOPIC)
+                        .and_then(exact_str),
+                    delivery_ref
+                        .get(&delivery, DELIVERY_STREAM)
+                        .and_then(exact_str),
+                ) else {
+                    return Ok(None);
+                };
+                if delivery_topic.to_str()? == "events" {
+                    let mut seen = false;
+                    for known in &streams {
+                        if known.to_str()? == delivery_stream.to_str()? {
+                            seen = true;
+                            break;
+                        }
+                    }
+                    if !seen {
+                        streams.push(delivery_stream.clone());
+                        stream = Some(delivery_stream);
+                    }
+                }
+            }
+            if first_of_topic || stream.is_some() {
+                let topic = if first_of_topic {
+                    topic.into_any()
+                } else {
+                    none.clone()
+                };
+                let stream = stream.map_or_else(|| none.clone(), Bound::into_any);
+                wanted.set_item(index, (topic, stream))?;
+            }
+        }
+        let records = PyDict::new(py);
+        for (topic, count) in topics {
+            records.set_item(topic, count)?;
+        }
+        Ok(Some((wanted, records)))
     }
 
     /// `actions[start:]` to `produce` as the transactional shard's loop does, each delivery appended to

@@ -104,6 +104,33 @@ def test_the_rust_loop_shares_a_headers_list_and_stops_at_a_mark() -> None:
     assert runtime._uncommitted == [delivery, delivery]
 
 
+@settings(max_examples=300, deadline=None)
+@given(batch=batches(), streams=st.lists(st.sampled_from(["s", "t", "u1"]), min_size=30, max_size=30),
+       topics=st.lists(st.sampled_from(["events", "late"]), min_size=30, max_size=30),
+       record_topics=st.lists(st.sampled_from(["t.events", "t.late", "t.progress1"]), min_size=30, max_size=30))
+def test_wanted_reports_are_the_python_pass(batch: tuple[list[Any], dict[int, Any]], streams: list[str],
+                                            topics: list[str], record_topics: list[str]) -> None:
+    """Equal strings that are other objects ("".join), records of several topics, deliveries of two topics."""
+    actions = [Produce("".join(list(record_topics[i])), a.key, a.value,
+                       None if a.delivery is None else
+                       DeliveryRef("a", "".join(list(streams[i])), i, topics[i], 7),  # type: ignore[arg-type]
+                       a.timestamp_ms, a.headers) if type(a) is Produce else a
+               for i, a in enumerate(batch[0])]
+    python = shard(Publisher(None, BufferError), native=False)
+    native = native_produce_loop().wanted_reports(actions)
+    assert native is not None
+    expected = ShardRuntime._wanted_reports(python, actions)
+    assert native == expected
+    assert [list(part) for part in native] == [list(part) for part in expected]  # the same order
+
+
+def test_wanted_reports_of_odd_records_are_left_to_python() -> None:
+    loop = native_produce_loop()
+    for odd in (Produce("t", b"k", b"v", ("a", "s", 1, "events", 7), 0, None),  # type: ignore[arg-type]
+                Produce(b"t", b"k", b"v", None, 0, None)):  # type: ignore[arg-type]
+        assert loop.wanted_reports([odd]) is None
+
+
 def test_another_class_is_left_to_the_python_loop() -> None:
     class NotProduce:
         pass
