@@ -496,7 +496,7 @@ does per frame now" above says what they do):
   moved less than its ingest row (in this page's run the before's rows also read lower than in earlier runs).
 
 Then four more, the per-event calls back into Python and the per-record Python loops around the producer (the
-table above, `--before` 6232ec5; "Both cores" above says what runs where):
+table above, `--before` ddccd97, the tree they start from; "Both cores" above says what runs where):
 - The reference mapping in Rust (`ReferenceClocks`, native/src/clocks.rs; `IngestConfig.reference_mapping`):
   `take_run`, the merger and the record builder called the Python mapping's `to_reference` for each event taken
   and again for the error bound of each event released in a later call than it was pushed in, about twice per
@@ -513,7 +513,8 @@ table above, `--before` 6232ec5; "Both cores" above says what runs where):
   test_native_produce_loop.py holds the shard's loop with and without it to the same produce calls), and the pass
   over each batch that finds those records (`ProduceLoop.wanted_reports`, against `_wanted_reports`).
 - One A/B of the stage loop in one process, native core, 8 rounds of four variants run in a fixed order (load
-  1.3-2.0), medians: with everything, ingest 3.02, produce 1.60, commit 0.48 us/event; without the Rust mapping,
+  1.3-2.0; on this branch before it was rebased onto the offset audit, which this loop's produce stage does not
+  reach: it asks for no delivery reports), medians: with everything, ingest 3.02, produce 1.60, commit 0.48 us/event; without the Rust mapping,
   ingest 3.69; without `DeliveryRuns`, commit 0.75; without `ProduceLoop`, produce 1.76. Stages whose code was
   the same in two variants differed by up to 0.35 us/event between them (ingest 2.68 to 3.02 with the same
   code): that is the noise of these single figures, so the commit and produce differences are the firmer ones.
