@@ -339,7 +339,8 @@ What still runs in Python, and why:
   (the Python paths of late records, refusals and punctuations read it), the Produce action and its DeliveryRef
   per record (the shard's queue and its commit keep them), the key and value bytes and the one
   `Producer.produce` call per record (confluent-kafka has no call that takes a batch). Their allocation is a
-  floor under either core.
+  floor under either core. In the gateway (not in this loop) the shard also sorts each core call's actions into
+  Kafka writes and the rest (`ShardRuntime._carry_out_now`: a type check and an append per record).
 - Per frame, run, batch or commit, not per event: `IngestCore.events_received` and `IngestPipeline.push_many`
   around the native calls, `DeliveryTracker.admit_frame` around `admit_run`, the records of a produce batch whose
   delivery reports the shard wants (per topic the last one, for the offset audit; per stream the last events

@@ -470,7 +470,9 @@ def analysis(results: list[RunResult], plain: list[PlainResult], paced: list[Pac
             + ", ".join(f"{label} {r.cpu_us_per_event:.1f} us" for label, r in nows)
             + (f" (the commit before: {was.cpu_us_per_event:.1f} us)" if was is not None else "")
             + f"; the plain producer spends {limit.cpu_us_per_event:.1f} us of CPU per record, so at equal CPU "
-            f"the gateway is at {limit.cpu_us_per_event / cheapest:.2f}x of it at best.")
+            f"the gateway is at {limit.cpu_us_per_event / cheapest:.2f}x of it at best. The ratio to the plain "
+            "producer moves with the plain producer's own share of the shared machine as much as with the "
+            "gateway's: its CPU per record in this run is the figure to hold next to the gateway's.")
     busy = ", ".join(f"{label} {r.cpu_us_per_event * r.events_per_s / 1e4:.0f} %" for label, r in nows) or "a part"
     start, end = load.get("start"), load.get("end")
     machine = ("The machine was shared with other work" + (
@@ -531,10 +533,11 @@ Next levers, by expected gain:
 1. Target 1: more than one core. A gateway process per core (`--workers N`, shards across processes as
    docs/cluster.md does across machines; the merge is per shard already). This run's gateway CPU per event at 20
    sources ({per_core}) against {limit.cpu_us_per_event:.1f} us for the plain producer's produce call and callback.
-2. Target 1: fewer Python objects per event. With `--core native` no interpreted loop runs per event on the
-   in-order path (each Rust step is held to the Python code it replaces by differential tests, tests/unit/native/);
-   what is left per event are the objects the next step takes as such (IncomingEvent, SourceEvent, Produce and
-   DeliveryRef, key and value bytes) and confluent-kafka's produce call, whose headers conversion and message
+2. Target 1: fewer Python objects per event. With `--core native` the in-order path's per-event steps run in
+   Rust (each held to the Python code it replaces by differential tests, tests/unit/native/); what is left per
+   event in Python are the objects the next step takes as such (IncomingEvent, SourceEvent, Produce and
+   DeliveryRef, key and value bytes), the shard's sorting of each core call's actions (`_carry_out_now`: a type
+   check and an append per record) and confluent-kafka's produce call, whose headers conversion and message
    allocation are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its
    bytes to a native batch of records that the shard produces and commits without those objects.
 3. Target 2: sources that send more often than they batch (1 ms frames, or a heartbeat when a frame is due but
@@ -629,7 +632,7 @@ window's queueing). At saturation every source pushes as fast as its connection 
 in event time and the merge holds the leaders' events until the laggards catch up: "added" there measures that
 drift, not the gateway's cost (the paced table below does). RSS growth per source: the gateway's resident memory
 after the run less before, over the sources; with 1 source it is librdkafka's buffers and Python's allocator
-warming up, the 100-source row is the better per-source figure (the bound is the configured
+warming up, the row with the most sources is the better per-source figure (the bound is the configured
 `max_buffered_events`, rule 4 of gateway/ingest.py, not the source count).
 
 {cores_side_by_side(results, limit)}
