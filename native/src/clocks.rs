@@ -144,12 +144,21 @@ impl ReferenceClocks {
             return Ok(Lookup::Python);
         };
         let py = source_id.py();
-        let Some(entry) = entries.bind(py).get_item(source_id)? else {
-            return Ok(Lookup::Unknown);
-        };
+        let entry = entries.bind(py).get_item(source_id)?;
         let key = source_id.to_str()?;
         let Ok(mut parsed) = parsed.try_lock() else {
-            return Ok(Lookup::Python);
+            return Ok(match entry {
+                None => Lookup::Unknown,
+                Some(_) => Lookup::Python,
+            });
+        };
+        let Some(entry) = entry else {
+            // A source the store forgot: its parsed estimate goes too, so the cache holds no more sources than
+            // the store (none when no source has an estimate).
+            if !parsed.is_empty() {
+                parsed.remove(key);
+            }
+            return Ok(Lookup::Unknown);
         };
         if let Some(known) = parsed.get(key).filter(|p| p.entry.bind(py).is(&entry)) {
             return Ok(known.lookup(py));
@@ -379,6 +388,16 @@ impl ReferenceClocks {
                 estimate_class: estimate_class.clone().unbind(),
                 parsed: Mutex::new(HashMap::new()),
             },
+        }
+    }
+
+    /// How many sources' estimates are parsed and kept (never more than the store holds, once each source was
+    /// looked up since its removal).
+    #[getter]
+    fn parsed_sources(&self) -> usize {
+        match &self.table {
+            Table::Estimates { parsed, .. } => parsed.lock().map_or(0, |parsed| parsed.len()),
+            _ => 0,
         }
     }
 

@@ -112,6 +112,23 @@ def test_hand_computed_estimate() -> None:
     assert native.to_reference("b", t) == (t, UNKNOWN_ERROR_BOUND_US) and native.rtt_us("b") is None
 
 
+def test_a_forgotten_source_s_estimate_is_not_kept() -> None:
+    """Memory stays bounded by the store: a source time sync forgot leaves the Rust mapping's parsed estimates at
+    its next lookup."""
+    store = SourceInfoStore()
+    native = native_reference_mapping(EstimateMapping(store.get))
+    assert isinstance(native, skewless_native.ReferenceClocks)
+    for source_id in SOURCES:
+        store.update(source_id, ClockEstimate(offset_us=5, skew_ppm=0.0, rtt_us=1, sync_ref_us=T0, sample_count=1),
+                     T0)
+        native.to_reference(source_id, T0)
+    assert native.parsed_sources == 3
+    for source_id in SOURCES[1:]:
+        store.remove(source_id)
+        assert native.to_reference(source_id, T0) == (T0, UNKNOWN_ERROR_BOUND_US)
+    assert native.parsed_sources == 1
+
+
 def test_odd_arguments_get_the_python_mapping_s_answer() -> None:
     store = SourceInfoStore()
     store.update("a", ClockEstimate(offset_us=5, skew_ppm=0.0, rtt_us=1, sync_ref_us=T0, sample_count=1), T0)
