@@ -29,10 +29,9 @@ with the members; ``too_late`` and ``rejected`` side records, each with a reason
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 
@@ -61,19 +60,11 @@ from contract.records import (
     result_key,
 )
 from contract.records import result_value as contract_result_value
+from spark_jobs.cep_jobs import TypedQueryOptions, equality_key_groups_plan, side_record, start_cep_job
 from spark_jobs.key_routing import KeyGroups, ReadingsBySource, TypedKey
-from spark_jobs.stateful import (
-    NO_EQUALITY_KEY,
-    SHELL_COLUMNS,
-    JobOptions,
-    MicroBatchColumns,
-    checked_key_groups,
-    decode_payload,
-    start_core_job,
-)
+from spark_jobs.stateful import SHELL_COLUMNS, MicroBatchColumns, decode_payload
 
 JOB_NAME = "iseq"
-log = logging.getLogger("skewless.spark")
 # What the core reads besides the shell's columns: the payload and the contract v2 columns (a null start_ts_us,
 # a v1 record's, is ref_ts_us).
 ISEQ_COLUMNS = (*SHELL_COLUMNS, "payload", "start_ts_us", "interval_id", "endpoint")
@@ -94,12 +85,10 @@ Output = tuple[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class IseqOptions(JobOptions):
-    query: str
-    type_field: str = "type"
-    mode: Literal["conservative", "aggressive"] = "conservative"
-    k_slack_us: int | None = None
-    """None: inputs wait for the stream's promise, the engine runs with K = 0 (exact); a number: fed at once."""
+class IseqOptions(TypedQueryOptions):
+    """``k_slack_us`` None: inputs wait for the stream's promise, the engine runs with K = 0 (exact); a number:
+    inputs are fed at once (K-ISlack)."""
+
     indexing: IndexingProfile = "ais"
     punctuated_types: tuple[str, ...] = ()
     """Types whose every interval is preceded by its begin (sent as endpoints): IBP indexing, start-bounded
@@ -380,9 +369,7 @@ class IseqStreamCore:
 
     def _side(self, record: str, source_id: str, seq: int | None, ref_ts_us: int, reason: str, detail: str,
               cause: dict[str, Any] | None = None) -> Output:
-        key = result_key(self.stream, record, source_id, seq)
-        return key, contract_result_value(JOB_NAME, record, self.stream, source_id=source_id, seq=seq,
-                                          ref_ts_us=ref_ts_us, reason=reason, detail=detail, item=cause)
+        return side_record(JOB_NAME, self.stream, record, source_id, seq, ref_ts_us, reason, detail, item=cause)
 
 
 def _item_time(item: Interval | IntervalBegin) -> int:
@@ -402,20 +389,13 @@ def key_groups_plan(query: IntervalQuery, options: IseqOptions) -> tuple[int, st
     CLOCK at an input is max(the promise before its batch, the input's time) in both, and a result is emitted
     when its last member arrives, with that CLOCK. One group unless asked: an interval sent as endpoints is
     paired within its group, so with G > 1 both its endpoints must carry the key."""
-    if options.key_groups is None:
-        return 1, "one key group per stream: --key-groups not given"
-    requested = checked_key_groups(options.key_groups)
-    key = iseq_partition_key(query)
-    if key is None:
-        return 1, NO_EQUALITY_KEY
-    if query.negatives:
-        # An open negating interval's attributes are not trusted before its end (docs/intervals.md), so it holds
-        # results of every key; and a held result is released by the next input of any key, at that CLOCK.
-        return 1, "one key group per stream: a negated element holds and releases results across keys"
-    if options.k_slack_us is not None:
-        return 1, "one key group per stream: K-ISlack judges an input late by the largest item time of the stream"
-    attrs = ", ".join(f"{t}.{a}" for t, a in sorted(key.attribute_of_type.items()))
-    return requested, f"{requested} key group(s) per stream, keyed by {attrs}"
+    # An open negating interval's attributes are not trusted before its end (docs/intervals.md), so it holds
+    # results of every key; and a held result is released by the next input of any key, at that CLOCK.
+    negation = "one key group per stream: a negated element holds and releases results across keys"
+    k_islack = "one key group per stream: K-ISlack judges an input late by the largest item time of the stream"
+    return equality_key_groups_plan(options.key_groups, iseq_partition_key(query),
+                                    [(bool(query.negatives), negation), (options.k_slack_us is not None, k_islack)],
+                                    not_given="one key group per stream: --key-groups not given")
 
 
 def iseq_key_groups(query: IntervalQuery, options: IseqOptions, groups: int) -> KeyGroups | None:
@@ -440,11 +420,9 @@ def start(spark: Any, options: IseqOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     query = check_options(options)
     config = engine_config(options)
-    groups, why = key_groups_plan(query, options)
-    log.info("iseq: %s", why)
 
     def factory(stream: str, blob: bytes | None) -> IseqStreamCore:
         return IseqStreamCore(stream, query, config, options, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory, input_columns=ISEQ_COLUMNS,
-                          key_groups=iseq_key_groups(query, options, groups))
+    return start_cep_job(spark, JOB_NAME, options, factory, ISEQ_COLUMNS, key_groups_plan(query, options),
+                         lambda groups: iseq_key_groups(query, options, groups))

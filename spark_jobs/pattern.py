@@ -17,7 +17,6 @@ seq>`. The totals stay in the state (`truncated_matches()`, `dropped_candidates(
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,20 +35,13 @@ from contract.records import (
     result_key,
     result_value,
 )
+from spark_jobs.cep_jobs import start_cep_job
 from spark_jobs.key_routing import KeyGroups, PayloadKey
-from spark_jobs.stateful import (
-    SHELL_COLUMNS,
-    JobOptions,
-    MicroBatchColumns,
-    checked_key_groups,
-    decode_payload,
-    start_core_job,
-)
+from spark_jobs.stateful import SHELL_COLUMNS, JobOptions, MicroBatchColumns, checked_key_groups, decode_payload
 
 JOB_NAME = "pattern"
 # What crosses into Python: the shell's columns, the payload and the event's clock uncertainty.
 PATTERN_COLUMNS = (*SHELL_COLUMNS, "payload", "uncertainty_us")
-log = logging.getLogger("skewless.spark")
 REASON_MAX_MATCHES = "max_matches_per_event"
 REASON_MAX_CANDIDATES = "max_candidates"
 STATE_VERSION = 2
@@ -269,12 +261,11 @@ def pattern_key_groups(spec: PatternSpec, groups: int) -> KeyGroups | None:
 def start(spark: Any, options: PatternOptions) -> Any:
     """Start the streaming query; returns it (call awaitTermination / stop on it)."""
     spec = PatternSpec.parse(options.pattern)
-    groups, why = key_groups_plan(spec, options, int(spark.conf.get("spark.sql.shuffle.partitions")))
-    log.info("pattern: %s", why)
+    plan = key_groups_plan(spec, options, int(spark.conf.get("spark.sql.shuffle.partitions")))
 
     def factory(stream: str, blob: bytes | None) -> PatternStreamCore:
         return PatternStreamCore(stream, spec, options.ta_us or 0, options.ta_us is not None,
                                  options.allowed_lateness_us, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory, input_columns=PATTERN_COLUMNS,
-                          key_groups=pattern_key_groups(spec, groups))
+    return start_cep_job(spark, JOB_NAME, options, factory, PATTERN_COLUMNS, plan,
+                         lambda groups: pattern_key_groups(spec, groups))

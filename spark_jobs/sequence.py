@@ -17,7 +17,6 @@ An event's type is the payload field named by `--type-field` (default `type`); i
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,22 +47,14 @@ from contract.records import (
     result_key,
     result_value,
 )
+from spark_jobs.cep_jobs import TypedQueryOptions, equality_key_groups_plan, side_record, start_cep_job
 from spark_jobs.key_routing import KeyGroups, TypedKey
 from spark_jobs.pattern import partition_text
-from spark_jobs.stateful import (
-    NO_EQUALITY_KEY,
-    SHELL_COLUMNS,
-    JobOptions,
-    MicroBatchColumns,
-    checked_key_groups,
-    decode_payload,
-    start_core_job,
-)
+from spark_jobs.stateful import SHELL_COLUMNS, MicroBatchColumns, decode_payload
 
 JOB_NAME = "sequence"
 # What crosses into Python: the shell's columns and the payload (an engine event is its type, time and payload).
 SEQUENCE_COLUMNS = (*SHELL_COLUMNS, "payload")
-log = logging.getLogger("skewless.spark")
 
 # The engine's output kinds are its own vocabulary; the results contract names the records.
 RECORD_OF_OUTPUT: dict[OutputKind, str] = {
@@ -73,11 +64,7 @@ RECORD_OF_OUTPUT: dict[OutputKind, str] = {
 
 
 @dataclass(frozen=True)
-class SequenceOptions(JobOptions):
-    query: str
-    type_field: str = "type"
-    mode: Literal["conservative", "aggressive"] = "conservative"
-    k_slack_us: int | None = None
+class SequenceOptions(TypedQueryOptions):
     allowed_lateness_us: int = DEFAULT_ALLOWED_LATENESS_US
     constraint: str | None = None
     constraint_checker: Literal["basic", "lightweight"] = "lightweight"
@@ -171,9 +158,7 @@ class SequenceStreamCore:
 
     def _side(self, record: str, source_id: Any, seq: Any, ref_ts_us: int, reason: str,
               detail: str) -> tuple[str, dict[str, Any]]:
-        key = result_key(self.stream, record, source_id, seq)
-        return key, result_value(JOB_NAME, record, self.stream, source_id=source_id, seq=seq, ref_ts_us=ref_ts_us,
-                                 reason=reason, detail=detail)
+        return side_record(JOB_NAME, self.stream, record, source_id, seq, ref_ts_us, reason, detail)
 
 
 def engine_config(options: SequenceOptions) -> EngineConfig:
@@ -201,22 +186,19 @@ def key_groups_plan(query: Query, options: SequenceOptions) -> tuple[int, str]:
     One group unless asked (unlike the pattern job, whose default is the shuffle partitions): a record's
     ``emitted_at`` is the engine's CLOCK, and a group's engine sees only its own keys' timestamps, so G > 1 changes
     that field (every other field and every key stay the same)."""
-    if options.key_groups is None:
-        return 1, "one key group per stream: --key-groups not given (G > 1 makes emitted_at the group's CLOCK)"
-    requested = checked_key_groups(options.key_groups)
-    key = sequence_partition_key(query)
-    if key is None:
-        return 1, NO_EQUALITY_KEY
     # The engine's CLOCK (the largest timestamp it has seen) is per engine, so in a key group it is the group's:
     # a K-slack low watermark, aggressive mode's match/add choice and the constraint monitor read it across keys.
-    if options.k_slack_us is not None:
-        return 1, "one key group per stream: a K-slack bound needs the stream's largest timestamp in one engine"
-    if options.mode == "aggressive":
-        return 1, "one key group per stream: aggressive mode tells match from add by the stream's largest timestamp"
-    if options.constraint is not None:
-        return 1, "one key group per stream: key groups are not yet checked with a constraint monitor"
-    attrs = ", ".join(f"{t}.{a}" for t, a in sorted(key.attribute_of_type.items()))
-    return requested, f"{requested} key group(s) per stream, keyed by {attrs}"
+    refusals = [
+        (options.k_slack_us is not None,
+         "one key group per stream: a K-slack bound needs the stream's largest timestamp in one engine"),
+        (options.mode == "aggressive",
+         "one key group per stream: aggressive mode tells match from add by the stream's largest timestamp"),
+        (options.constraint is not None,
+         "one key group per stream: key groups are not yet checked with a constraint monitor"),
+    ]
+    return equality_key_groups_plan(
+        options.key_groups, sequence_partition_key(query), refusals,
+        not_given="one key group per stream: --key-groups not given (G > 1 makes emitted_at the group's CLOCK)")
 
 
 def sequence_key_groups(query: Query, type_field: str, groups: int) -> KeyGroups | None:
@@ -233,11 +215,9 @@ def start(spark: Any, options: SequenceOptions) -> Any:
     query = parse_query(options.query)
     config = engine_config(options)
     SequenceEngine(query, config)  # a bad constraint fails here, on the driver, not in every task
-    groups, why = key_groups_plan(query, options)
-    log.info("sequence: %s", why)
 
     def factory(stream: str, blob: bytes | None) -> SequenceStreamCore:
         return SequenceStreamCore(stream, query, config, options.type_field, blob)
 
-    return start_core_job(spark, JOB_NAME, options, factory, input_columns=SEQUENCE_COLUMNS,
-                          key_groups=sequence_key_groups(query, options.type_field, groups))
+    return start_cep_job(spark, JOB_NAME, options, factory, SEQUENCE_COLUMNS, key_groups_plan(query, options),
+                         lambda groups: sequence_key_groups(query, options.type_field, groups))

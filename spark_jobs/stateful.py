@@ -582,9 +582,6 @@ _ROUTED_SCHEMA = (f"stream string, {RECORD_VALUE} binary, topic string, partitio
                   f"{KEY_GROUP} int")
 
 
-NO_EQUALITY_KEY = "one key group per stream: the query's WHERE has no equality class covering every element"
-
-
 def checked_key_groups(requested: int) -> int:
     """``--key-groups`` as asked, refused when below 1 (every job's G goes through here)."""
     if requested < 1:
