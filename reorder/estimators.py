@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from reorder.bounds import check_fraction
+
 __all__ = ["DecayedQuantile", "SmoothedDelay"]
 
 
@@ -92,8 +94,7 @@ class DecayedQuantile:
         max_us: int = 3_600_000_000,
         recompute_every: int = 32,
     ) -> None:
-        if not 0.0 < q < 1.0:
-            raise ValueError("q must be in (0, 1)")
+        check_fraction("q", q)
         if growth <= 1.0:
             raise ValueError("growth must be > 1")
         self.q = q

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from contract.records import MIN_TS_US
+from reorder.bounds import check_at_least, check_fraction
 from reorder.estimators import DecayedQuantile
 from reorder.records import Late, Merged, Punctuation, SourceEvent, SourceTimedOut
 from timesync.clocks import ReferenceMapping
@@ -91,12 +92,8 @@ class MergerConfig:
     ``VIRTUAL_TIME_FLOOR_US``."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.wait_quantile < 1.0:
-            raise ValueError("wait_quantile must be in (0, 1)")
-        if self.learned_wait_cap_us < 0:
-            raise ValueError("learned_wait_cap_us must be >= 0")
-        if self.min_wait_samples < 0:
-            raise ValueError("min_wait_samples must be >= 0")
+        check_fraction("wait_quantile", self.wait_quantile)
+        check_at_least(0, learned_wait_cap_us=self.learned_wait_cap_us, min_wait_samples=self.min_wait_samples)
 
 
 @dataclass(slots=True)

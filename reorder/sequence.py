@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from reorder.bounds import check_at_least, check_fraction
 from reorder.estimators import DecayedQuantile, SmoothedDelay
 from reorder.ranges import RangeMap
 from reorder.records import GapSkipped, Late, Released, SourceEvent
@@ -120,18 +121,11 @@ class SequenceConfig:
     max_skipped_tracked: int = DEFAULT_MAX_SKIPPED_TRACKED
 
     def __post_init__(self) -> None:
-        if self.latency_threshold_us < 0:
-            raise ValueError("latency_threshold_us must be >= 0")
-        if not 0.0 < self.target_accuracy < 1.0:
-            raise ValueError("target_accuracy must be in (0, 1)")
-        if self.max_buffered < 1:
-            raise ValueError("max_buffered must be >= 1")
-        if self.min_timeout_us < 0:
-            raise ValueError("min_timeout_us must be >= 0")
-        if self.warmup_min_timeout_us < 0:
-            raise ValueError("warmup_min_timeout_us must be >= 0")
-        if self.max_latency_threshold_us < 0:
-            raise ValueError("max_latency_threshold_us must be >= 0")
+        check_at_least(0, latency_threshold_us=self.latency_threshold_us)
+        check_fraction("target_accuracy", self.target_accuracy)
+        check_at_least(1, max_buffered=self.max_buffered)
+        check_at_least(0, min_timeout_us=self.min_timeout_us, warmup_min_timeout_us=self.warmup_min_timeout_us,
+                       max_latency_threshold_us=self.max_latency_threshold_us)
 
     @property
     def effective_warmup_samples(self) -> int:
