@@ -8,7 +8,7 @@ results topics one value per result with ``job`` and ``record``. All times are i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import orjson
 
@@ -333,36 +333,46 @@ def progress_key(stream: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterRecord:
+class _ControlRecord:
+    """A record of the cluster control topic: its key is fixed by its kind, its JSON is the version, the kind and
+    every field in order."""
+
+    KIND: ClassVar[str]
+    KEY: ClassVar[bytes]
+
+    @property
+    def key(self) -> bytes:
+        return self.KEY
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"v": CONTRACT_VERSION, "kind": self.KIND, **asdict(self)})
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord(_ControlRecord):
     """Partition 0 of the control topic: which cluster owns the topic prefix and how many shards it has. Written
     once when the deployment is created; every gateway checks its own configuration against it."""
 
+    KIND: ClassVar[str] = CLUSTER
+    KEY: ClassVar[bytes] = CLUSTER_KEY
     cluster: str
     shards: int
     created_us: int
 
-    @property
-    def key(self) -> bytes:
-        return CLUSTER_KEY
-
-    def to_json(self) -> bytes:
-        return orjson.dumps({"v": CONTRACT_VERSION, "kind": CLUSTER, "cluster": self.cluster, "shards": self.shards,
-                             "created_us": self.created_us})
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ClusterRecord:
-        shards = _int(raw, "shards")
-        if shards < 1:
-            raise RecordError(f"cluster record: 'shards' must be at least 1, got {shards}")
+        shards = _int_at_least(raw, "shards", 1, CLUSTER)  # first: what a record bad in several fields reports
         return cls(_str(raw, "cluster"), shards, _int(raw, "created_us"))
 
 
 @dataclass(frozen=True, slots=True)
-class OwnerRecord:
+class OwnerRecord(_ControlRecord):
     """Partition ``shard`` of the control topic: the gateway serving that shard since ``since_us`` and where sources
     reach it (a non-owner redirects a source's hello there). Written inside the owner's transaction on the shard,
     so a fenced gateway's claim never becomes visible to committed readers."""
 
+    KIND: ClassVar[str] = OWNER
+    KEY: ClassVar[bytes] = OWNER_KEY
     shard: int
     gateway_id: str
     host: str
@@ -370,22 +380,10 @@ class OwnerRecord:
     timesync_port: int | None
     since_us: int
 
-    @property
-    def key(self) -> bytes:
-        return OWNER_KEY
-
-    def to_json(self) -> bytes:
-        return orjson.dumps({"v": CONTRACT_VERSION, "kind": OWNER, "shard": self.shard, "gateway_id": self.gateway_id,
-                             "host": self.host, "port": self.port, "timesync_port": self.timesync_port,
-                             "since_us": self.since_us})
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> OwnerRecord:
-        shard = _int(raw, "shard")
-        if shard < 0:
-            raise RecordError(f"owner record: 'shard' must not be negative, got {shard}")
-        return cls(shard, _str(raw, "gateway_id"), _str(raw, "host"), _int(raw, "port"),
-                   _optional_int(raw, "timesync_port"), _int(raw, "since_us"))
+        return cls(_int_at_least(raw, "shard", 0, OWNER), _str(raw, "gateway_id"), _str(raw, "host"),
+                   _int(raw, "port"), _optional_int(raw, "timesync_port"), _int(raw, "since_us"))
 
 
 ContractRecord = EventRecord | PunctuationRecord | ClockRecord | ProgressRecord | ClusterRecord | OwnerRecord
@@ -429,6 +427,15 @@ def _int(raw: dict[str, Any], name: str) -> int:
     value = raw[name]
     if not isinstance(value, int) or isinstance(value, bool):
         raise RecordError(f"record field {name!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _int_at_least(raw: dict[str, Any], name: str, minimum: int, kind: str) -> int:
+    """An integer field of a ``kind`` record no smaller than ``minimum``."""
+    value = _int(raw, name)
+    if value < minimum:
+        bound = "must not be negative" if minimum == 0 else f"must be at least {minimum}"
+        raise RecordError(f"{kind} record: {name!r} {bound}, got {value}")
     return value
 
 
