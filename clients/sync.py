@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar, Unpack
+from typing import Any, Generic, Never, NoReturn, ParamSpec, Self, TypeVar, Unpack, overload
 
 from clients.client import SkewlessClient
 from clients.options import ClientOptions, ConnectOptions
@@ -25,6 +25,28 @@ __all__ = ["SyncSkewlessClient", "connect_sync"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class _ClientAttribute(Generic[T]):
+    """A read-only attribute of the wrapped async client, read as it is: a plain read, no coroutine, no thread hop."""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, wrapper: None, owner: type[Any] | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, wrapper: SyncSkewlessClient, owner: type[Any] | None = None) -> T: ...
+
+    def __get__(self, wrapper: SyncSkewlessClient | None, owner: type[Any] | None = None) -> Self | T:
+        if wrapper is None:
+            return self
+        value: T = getattr(wrapper.client, self._name)
+        return value
+
+    def __set__(self, wrapper: SyncSkewlessClient, value: Never) -> NoReturn:
+        raise AttributeError(f"{self._name!r} of a SyncSkewlessClient is read-only")
 
 
 class SyncSkewlessClient:
@@ -69,25 +91,11 @@ class SyncSkewlessClient:
         """The async client (only touch it from its own loop thread)."""
         return self._client
 
-    @property
-    def source_id(self) -> str:
-        return self._client.source_id
-
-    @property
-    def clock_us(self) -> ClockUs:
-        return self._client.clock_us
-
-    @property
-    def unacked_count(self) -> int:
-        return self._client.unacked_count
-
-    @property
-    def stats(self) -> ClientStats:
-        return self._client.stats
-
-    @property
-    def clock_estimate(self) -> ClockEstimate | None:
-        return self._client.clock_estimate
+    source_id = _ClientAttribute[str]()
+    clock_us = _ClientAttribute[ClockUs]()
+    unacked_count = _ClientAttribute[int]()
+    stats = _ClientAttribute[ClientStats]()
+    clock_estimate = _ClientAttribute[ClockEstimate | None]()
 
     def connect(self) -> None:
         self._run(self._client.connect())
