@@ -444,6 +444,7 @@ class ShardRuntime:
             batch = await self._produce_queue.get()
             try:
                 async with self._txn_lock:
+                    self._require_open_transaction()
                     actions = batch.actions
                     marks = self._report_marks(actions) if self._transactional else {}
                     index = 0
@@ -463,6 +464,18 @@ class ShardRuntime:
                 raise
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
+
+    def _require_open_transaction(self) -> None:
+        """Transactions: raises if the commit gave the open transaction up (aborted, or fenced) while a batch waited
+        for the lock. The shard is being given up (the commit task says why, once): the batch fails with it instead
+        of producing outside a transaction, which librdkafka refuses with _STATE and which would read as a second,
+        unrelated failure."""
+        if not self._transactional or self._in_transaction:
+            return
+        publisher = self._publisher
+        if isinstance(publisher, TransactionalPublisher) and publisher.fenced:
+            raise ShardFenced(f"shard {self.shard}: fenced by a newer owner")
+        raise ShardLost(f"shard {self.shard}: its transaction was given up; not producing outside one")
 
     def _report_marks(self, actions: list[Produce | WriteCheckpoint]) -> dict[int, DeliveryCallback]:
         """Transactions: the records of a batch whose delivery reports the shard asks for, with their callbacks: per

@@ -4,6 +4,7 @@ commit fails acks nothing: the sources resend to the next owner, which recovers 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from unittest import mock
 
@@ -178,6 +179,39 @@ async def test_a_new_partitions_first_record_lost_aborts_the_transaction_and_ack
     runtime._carry_out_now(runtime.core.due_acks())
     assert steps == [("abort",)]  # never committed, nothing acked
     assert runtime.core.counters.offset_audit_failures == 1
+
+
+async def test_a_batch_waiting_while_the_audit_aborts_is_not_produced_and_is_no_second_failure() -> None:
+    """The produce task waits for the commit's lock with a batch; the audit aborts the transaction: the batch fails
+    with the give-up (not produced outside a transaction, where librdkafka says _STATE), and no task failure is
+    counted beside the audit's."""
+    steps: list[Step] = []
+    now = [T0 + 100]
+    topic = TopicNames().events("s")
+    runtime = _first_record_lost_runtime(steps, now, topic)
+    publisher = runtime._publisher
+    assert isinstance(publisher, FakeTransactionalPublisher)
+    await runtime._await_new_partition(topic)
+    three_records(runtime, now)
+    producing = asyncio.create_task(runtime._produce_forever())
+    committing = asyncio.create_task(runtime._commit())
+    await asyncio.sleep(0)  # the commit holds the lock
+    events = tuple(IncomingEvent("s", seq, T0 + seq, 1) for seq in range(3, 5))
+    writes = runtime._carry_out_now(runtime.core.events_received(ConnectionId(1), "a", events, now[0]))
+    writes += runtime._carry_out_now(runtime.core.advance(now[0] + 2_000_000))
+    assert writes
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    runtime._enqueue(writes, done)
+    with pytest.raises(ShardLost, match="offset audit"):
+        await committing
+    with pytest.raises(ShardLost) as gone:
+        await producing
+    assert str(gone.value) == f"shard {SHARD}: its transaction was given up; not producing outside one"
+    assert done.exception() is gone.value
+    assert len(publisher.records) == 4  # the three events and the punctuation of the aborted transaction, no more
+    assert steps == [("abort",)]
+    assert runtime.core.counters.offset_audit_failures == 1
+    assert runtime.core.counters.task_failures == 0
 
 
 async def test_truthful_reports_over_two_transactions_commit_and_ack_both() -> None:
