@@ -36,6 +36,7 @@ from confluent_kafka import KafkaError, Message
 
 from benchmarks.harness.processes import cpu_s
 from benchmarks.harness.producing import RunRates, produce_waiting
+from benchmarks.harness.resending_source import ResendingSource
 from benchmarks.harness.stats import percentile
 from broker.admin import ensure_topics
 from broker.client import KafkaClientConfig
@@ -172,34 +173,31 @@ async def load(port: int, sources: int, per_source: int) -> tuple[float, list[fl
     return time.perf_counter() - started, latencies
 
 
-async def paced_source(connection: Connection, source: int, rate: float, seconds: float, frame_every_s: float,
-                       ) -> int:
+async def paced_source(port: int, source: int, rate: float, seconds: float, frame_every_s: float,
+                       ) -> tuple[int, int]:
     """Real-time source: every frame_every_s, the events due since its start (rate x elapsed), stamped with the real
     clock. Frames follow a fixed schedule (start + k x interval), so the interval does not drift by the time each
-    frame takes; sources start at spread-out phases, as independent devices do. Returns how many it sent (seqs
-    0 to that less one), once the gateway acked the last."""
-    reader, writer, decoder = connection
+    frame takes; sources start at spread-out phases, as independent devices do. A lost connection (the gateway gave
+    the shard up and restarts it) is reopened and the unacked events written again, as the SDK does. Returns how
+    many events it sent (seqs 0 to that less one), once the gateway acked the last, and how often it reconnected."""
+    link = ResendingSource("127.0.0.1", port, f"src-{source}", "bench")
+    await link.connect()
     seq = 0
     loop = asyncio.get_running_loop()
     start = loop.time() + frame_every_s * (source % 20) / 20
     await asyncio.sleep(max(0.0, start - loop.time()))
     frame = 0
     while loop.time() - start < seconds:
+        await link.recover()
         due = int(rate * (loop.time() - start)) + 1
         if due > seq:
             now_us = time.time_ns() // 1000
-            batch = [build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)]
+            link.send([build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)])
             seq = due
-            writer.write(encode_frame(build_events(batch)))
         frame += 1
         await asyncio.sleep(max(0.0, start + frame * frame_every_s - loop.time()))
-    writer.write(encode_frame(build_heartbeat(time.time_ns() // 1000, {"bench": seq})))
-    want = Ack("bench", seq - 1)
-    async with asyncio.timeout(60):
-        while want not in [parse_gateway_message(raw) for raw in decoder.feed(await read_some(reader, source))]:
-            pass
-    writer.close()
-    return seq
+    await link.finish(time.time_ns() // 1000)
+    return seq, link.reconnects
 
 
 async def read_some(reader: asyncio.StreamReader, source: int) -> bytes:
@@ -210,11 +208,11 @@ async def read_some(reader: asyncio.StreamReader, source: int) -> bytes:
     return data
 
 
-async def paced_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float) -> list[int]:
-    """Per source, how many events it sent."""
-    connections = await asyncio.gather(*(say_hello(port, s) for s in range(sources)))
-    return list(await asyncio.gather(*(paced_source(connections[s], s, rate, seconds, frame_every_s)
-                                       for s in range(sources))))
+async def paced_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float,
+                     ) -> tuple[list[int], int]:
+    """Per source, how many events it sent; and how often the sources reconnected, together."""
+    done = await asyncio.gather(*(paced_source(port, s, rate, seconds, frame_every_s) for s in range(sources)))
+    return [sent for sent, _ in done], sum(reconnects for _, reconnects in done)
 
 
 def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_every_s: float,
@@ -224,7 +222,7 @@ def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_e
         process, port = start_gateway(bootstrap, prefix, core=core, stderr=log)
         try:
             time.sleep(0.5)
-            counts = asyncio.run(paced_load(port, sources, rate, seconds, frame_every_s))
+            counts, reconnects = asyncio.run(paced_load(port, sources, rate, seconds, frame_every_s))
         finally:
             process.terminate()
             stopped = process.communicate(timeout=30)[0].decode(errors="replace").strip().splitlines()[-1:]
@@ -245,7 +243,7 @@ def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_e
     return {"sources": sources, "events_per_s": sum(counts) / seconds, "frame_ms": frame_every_s * 1e3,
             "p50_ms": percentile(delays, 0.5) / 1e3, "p99_ms": percentile(delays, 0.99) / 1e3,
             "max_ms": max(delays) / 1e3, "gap_p50_ms": percentile(gaps, 0.5), "gap_p99_ms": percentile(gaps, 0.99),
-            "late": len(late)}
+            "late": len(late), "reconnects": reconnects}
 
 
 def unaccounted(counts: list[int], records: list[dict[str, Any]]) -> tuple[list[tuple[str, int]],
@@ -595,7 +593,7 @@ def write_report(results: list[RunResult], plain: list[PlainResult], paced: list
     paced_rows = "\n".join(
         f"| {label} | {p['sources']:.0f} | {p['events_per_s']:,.0f} | {p['frame_ms']:.0f} | {p['gap_p50_ms']:.2f} | "
         f"{p['gap_p99_ms']:.2f} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['max_ms']:.2f} | "
-        f"{p['p99_ms'] / (p['frame_ms'] + 1):.2f} |" for label, p in paced)
+        f"{p['p99_ms'] / (p['frame_ms'] + 1):.2f} | {p.get('reconnects', 0):.0f} |" for label, p in paced)
     linger_rows = "\n".join(
         f"| {ms} | {r.events_per_s:,.0f} | {r.cpu_us_per_event:.1f} | {r.ack_p50_ms:.1f} | {r.ack_p99_ms:.1f} |"
         for ms, r in linger)
@@ -654,9 +652,11 @@ Sources stamp events with the real clock and send a frame on a fixed schedule ev
 phases (all sources said hello first). "frame gap" is the gap between the gateway's arrival stamps of a
 source's consecutive frames: the interval the gateway actually saw. The merge must wait until every live source
 has moved past an event's reference time, so the others' next frames bound an event's added latency.
+"reconnects": how often a source found its connection closed (the gateway gave its shard up and restarted it)
+and reconnected, writing its unacked events again as the SDK does; a run with reconnects measured a recovery too.
 
-| gateway | sources | events/s | frame (ms) | frame gap p50 (ms) | frame gap p99 (ms) | added p50 (ms) | added p99 (ms) | max (ms) | p99 / (frame + 1 ms) |
-|---|---|---|---|---|---|---|---|---|---|
+| gateway | sources | events/s | frame (ms) | frame gap p50 (ms) | frame gap p99 (ms) | added p50 (ms) | added p99 (ms) | max (ms) | p99 / (frame + 1 ms) | reconnects |
+|---|---|---|---|---|---|---|---|---|---|---|
 {paced_rows}
 {linger_section}
 {analysis(results, plain, paced, load)}
@@ -755,8 +755,8 @@ def main() -> None:
                         paced_row = paced_run(state.bootstrap_servers, sources, rate, 5.0, 0.005, core)
                         print(f"{CORE_LABELS[core]}, paced {sources:>3} sources x {rate:,.0f}/s: added p50/p99/max "
                               f"{paced_row['p50_ms']:.2f}/{paced_row['p99_ms']:.2f}/{paced_row['max_ms']:.2f} ms, "
-                              f"frame gap p50/p99 {paced_row['gap_p50_ms']:.2f}/{paced_row['gap_p99_ms']:.2f} ms",
-                              flush=True)
+                              f"frame gap p50/p99 {paced_row['gap_p50_ms']:.2f}/{paced_row['gap_p99_ms']:.2f} ms, "
+                              f"reconnects {paced_row['reconnects']:.0f}", flush=True)
                         paced.append((CORE_LABELS[core], paced_row))
                         advance()
                 linger = []

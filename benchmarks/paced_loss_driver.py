@@ -135,7 +135,7 @@ async def counted_load(port: int, sources: int, rate: float, stalls: dict[int, f
                        heard: list[Any]) -> list[int]:
     """Per source, how many events it sent (seqs 0 to that less one); one source: what it heard (stalling_source)."""
     if sources > 1:
-        return await paced_load(port, sources, rate, 5.0, 0.005)
+        return (await paced_load(port, sources, rate, 5.0, 0.005))[0]
     return [await stalling_source(await say_hello(port, 0), rate, 5.0, 0.005, stalls, heard)]
 
 
