@@ -238,6 +238,10 @@ def paced_run(bootstrap: str, sources: int, rate: float, seconds: float, frame_e
     assert not missing and not repeated, (f"paced {sources} x {rate:,.0f}/s ({core}): {sum(counts)} events acked, "
                                           f"missing (source, seq) {missing[:10]}, more than once {repeated[:10]}; "
                                           f"gateway {prefix}: {stopped}; its log:\n{gateway_log[-20_000:]}")
+    if reconnects:  # a recovery inside the measurement: say why, from the gateway's own words
+        said = [line for line in gateway_log.splitlines() if " ERROR " in line or " WARNING " in line]
+        print(f"paced {sources} x {rate:,.0f}/s ({core}): the sources reconnected {reconnects} times; the gateway "
+              "logged:\n  " + "\n  ".join(said[:20]), file=sys.stderr, flush=True)
     delays = [r["release_ts_us"] - r["arrival_ts_us"] for r in events_only]
     gaps = frame_gaps_ms(events_only)
     return {"sources": sources, "events_per_s": sum(counts) / seconds, "frame_ms": frame_every_s * 1e3,
