@@ -173,15 +173,13 @@ async def load(port: int, sources: int, per_source: int) -> tuple[float, list[fl
     return time.perf_counter() - started, latencies
 
 
-async def paced_source(port: int, source: int, rate: float, seconds: float, frame_every_s: float,
+async def paced_source(link: ResendingSource, source: int, rate: float, seconds: float, frame_every_s: float,
                        ) -> tuple[int, int]:
     """Real-time source: every frame_every_s, the events due since its start (rate x elapsed), stamped with the real
     clock. Frames follow a fixed schedule (start + k x interval), so the interval does not drift by the time each
     frame takes; sources start at spread-out phases, as independent devices do. A lost connection (the gateway gave
     the shard up and restarts it) is reopened and the unacked events written again, as the SDK does. Returns how
     many events it sent (seqs 0 to that less one), once the gateway acked the last, and how often it reconnected."""
-    link = ResendingSource("127.0.0.1", port, f"src-{source}", "bench")
-    await link.connect()
     seq = 0
     loop = asyncio.get_running_loop()
     start = loop.time() + frame_every_s * (source % 20) / 20
@@ -210,8 +208,11 @@ async def read_some(reader: asyncio.StreamReader, source: int) -> bytes:
 
 async def paced_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float,
                      ) -> tuple[list[int], int]:
-    """Per source, how many events it sent; and how often the sources reconnected, together."""
-    done = await asyncio.gather(*(paced_source(port, s, rate, seconds, frame_every_s) for s in range(sources)))
+    """Per source, how many events it sent; and how often the sources reconnected, together. Every source says
+    hello before any sends (a source joining later would hold the merge for its join grace)."""
+    links = [ResendingSource("127.0.0.1", port, f"src-{s}", "bench") for s in range(sources)]
+    await asyncio.gather(*(link.connect() for link in links))
+    done = await asyncio.gather(*(paced_source(links[s], s, rate, seconds, frame_every_s) for s in range(sources)))
     return [sent for sent, _ in done], sum(reconnects for _, reconnects in done)
 
 
