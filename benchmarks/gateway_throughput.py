@@ -524,7 +524,8 @@ Why the frame interval is the floor. An event can leave the merge only once ever
 (an event or a heartbeat) that it will send nothing older; with sources on independent 5 ms schedules, that is the
 next frame of the source that sent just before it: close to one frame interval at p50, exactly the frame interval
 plus the slip of the slowest schedule at p99. `release_ts_us` of a released event is the arrival stamp of the
-frame that released it (both read off the socket), so queueing inside the gateway is not in this figure at all:
+frame that released it, never earlier than its own (both read off the socket; a frame read earlier on another
+connection can be handled later), so queueing inside the gateway is not in this figure at all:
 the merge's waits are, and they follow the sources' frames. In-order events of a lone source wait 0 (the 1-source
 row). Nothing in the gateway holds a released event: the punctuation interval (1 ms) only spaces punctuations.
 docs/gateway-hotpath.md runs the same schedule through the ingest core on virtual time: with frames on time the

@@ -238,7 +238,7 @@ class MultiSourceMerger:
         if late:
             # passed through by the reorderer's configuration: it is already behind, do not hold it
             self.counters.merged += 1
-            out.append(Merged(event, arrival_us, now_us, ref))
+            out.append(Merged(event, arrival_us, max(now_us, arrival_us), ref))
             self._drain(now_us, out)
             return out
         if event.seq > (src.last_seq if src.last_seq is not None else _NEVER):
@@ -635,7 +635,9 @@ class MultiSourceMerger:
             self._queued -= 1
             self.counters.merged += 1
             self._released_max = max(self._released_max, ref)
-            out.append(Merged(event, arrival_us, now_us, ref, raised_us))
+            # Never released before it arrived: a frame read earlier on another connection may be handled after
+            # this event's own (connections queue their frames apart), and its arrival is the call's now.
+            out.append(Merged(event, arrival_us, max(now_us, arrival_us), ref, raised_us))
             if queue:
                 heapq.heapreplace(heads, (queue[0][0], sid))  # one sift instead of a pop and a push
             else:

@@ -534,7 +534,7 @@ impl<E> MultiSourceMerger<E> {
             out.push(MergeOutput::Merged {
                 event,
                 arrival_us,
-                release_us: now_us,
+                release_us: now_us.max(arrival_us),
                 ref_ts_us: ref_us,
                 raised_us: 0,
             });
@@ -1167,10 +1167,11 @@ impl<E> MultiSourceMerger<E> {
             self.queued -= 1;
             self.counters.merged += 1;
             self.released_max = self.released_max.max(ref_us);
+            // never released before it arrived (frames of other connections can be handled out of read order)
             out.push(MergeOutput::Merged {
                 event,
                 arrival_us,
-                release_us: now_us,
+                release_us: now_us.max(arrival_us),
                 ref_ts_us: ref_us,
                 raised_us,
             });

@@ -334,3 +334,16 @@ def test_sources_joining_and_being_forgotten_by_the_hundred(
             twin.call(op, source_id, now)
         twin.call("advance", now)
     twin.call("flush", now + 10**6)
+
+
+def test_frames_handled_out_of_read_order_release_alike_and_never_before_arrival() -> None:
+    """The native merger stamps a release as the Python one does when a call's now is older than a queued event's
+    arrival (a frame read earlier on another connection, handled later): at the event's arrival."""
+    twin = Twin(MergerConfig(default_timeout_us=1_000_000, learn_wait=False), PerSourceMapping({}, {}), None)
+    twin.call("register", "S1", 0)
+    twin.call("register", "S2", 0)
+    twin.call("push", SourceEvent("S1", "R", 0, 10), 100, 100)
+    released = twin.py.push(SourceEvent("S2", "R", 0, 20), 90, 90)
+    assert [(o.arrival_us, o.release_us) for o in released if isinstance(o, Merged)] == [(100, 100)]
+    native_released = twin.native.push(SourceEvent("S2", "R", 0, 20), 90, 90)
+    assert [(o[2], o[3]) for o in native_released if o[0] == KIND[Merged]] == [(100, 100)]

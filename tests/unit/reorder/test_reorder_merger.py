@@ -502,3 +502,15 @@ def test_a_frontier_keeps_the_bound_of_the_mapping_that_set_it() -> None:
     assert [(o.event.seq, o.reason, o.lateness_us) for o in out if isinstance(o, Late)] == [
         (2, "stamp_regression", 601)]
     assert [o.watermark_us for o in out if isinstance(o, Punctuation)] == [90, 500, 900]
+
+
+def test_an_event_is_never_released_before_it_arrived_when_frames_are_handled_out_of_read_order() -> None:
+    """Connections queue their frames apart: S2's frame, read at 90, is handled after S1's, read at 100, and releases
+    S1's event. The call's now is 90; the release is stamped 100, when the event arrived, not before."""
+    m = MultiSourceMerger("R1", IdentityMapping(), MergerConfig(default_timeout_us=1_000_000, learn_wait=False))
+    m.register("S1", 0)
+    m.register("S2", 0)
+    assert merged(m.push(ev("S1", 0, 10), 100, 100)) == []  # waits for S2
+    out = m.push(ev("S2", 0, 20), 90, 90)
+    releases = [(o.event.source_id, o.arrival_us, o.release_us) for o in out if isinstance(o, Merged)]
+    assert releases == [("S1", 100, 100)]  # S2's own event (ref 20) waits for S1's next
