@@ -213,6 +213,8 @@ class ShardRuntime:
         # Transactions: the offsets those reports must carry; a transaction whose reports break the count is
         # aborted, not committed (gateway.offset_audit).
         self._audit = OffsetAudit()
+        # Topics this runtime has not written yet (see _settle); its streams' topics join as it learns them.
+        self._unsettled_topics = {settings.topics.sources, *([owner_record[0]] if owner_record is not None else [])}
         # Without transactions every event record asks for its delivery report, which only queues it here; after
         # each poll the queued reports go to the core together (_deliveries_reported): one Python call per record
         # less, and the core confirms a run of records in one step.
@@ -272,6 +274,7 @@ class ShardRuntime:
         self.core.taken_over(self._clock_us())  # ingest rule 15: sources no checkpoint names may come back too
         recovered_actions: list[IngestAction] = []
         for progress in progresses:
+            self._expect_first_writes(self.topics.events(progress.stream), self.topics.late(progress.stream))
             recovered_actions += self.core.stream_recovered(progress, self._clock_us())
         if progresses:
             log.info("shard %d: recovered %d streams (%d sources) in %.2f s", self.shard, len(progresses),
@@ -445,25 +448,60 @@ class ShardRuntime:
             try:
                 async with self._txn_lock:
                     self._require_open_transaction()
-                    actions = batch.actions
-                    marks = self._report_marks(actions) if self._transactional else {}
-                    index = 0
-                    while index < len(actions):
-                        index = self._produce_from(actions, index, marks)
-                        if index == len(actions):
-                            break
-                        # librdkafka's queue is full.
-                        if isinstance(actions[index], WriteCheckpoint) and not self._transactional:
-                            index += 1  # best effort: the next checkpoint, or the recovery scan, covers it
-                            self._unproduced_records -= 1
-                            continue
-                        self.core.kafka_queue_full(self._clock_us())
-                        await asyncio.sleep(QUEUE_FULL_RETRY_S)
+                    await self._produce_batch(batch.actions)
             except BaseException as exc:
                 _fail_batch(batch, exc)
                 raise
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
+
+    async def _produce_batch(self, actions: list[Produce | WriteCheckpoint]) -> None:
+        """Hand a batch to librdkafka in order, waiting while its queue is full; the first record of a topic this
+        runtime has not written yet goes alone (``_first_write_end``, ``_settle``)."""
+        marks = self._report_marks(actions) if self._transactional else {}
+        index = 0
+        while index < len(actions):
+            end = self._first_write_end(actions, index) if self._unsettled_topics else len(actions)
+            index = self._produce_from(actions if end == len(actions) else actions[:end], index, marks)
+            if index == end:
+                if actions[end - 1].topic in self._unsettled_topics:
+                    await self._settle(actions[end - 1].topic)
+                continue
+            # librdkafka's queue is full.
+            if isinstance(actions[index], WriteCheckpoint) and not self._transactional:
+                index += 1  # best effort: the next checkpoint, or the recovery scan, covers it
+                self._unproduced_records -= 1
+                continue
+            self.core.kafka_queue_full(self._clock_us())
+            await asyncio.sleep(QUEUE_FULL_RETRY_S)
+
+    def _first_write_end(self, actions: list[Produce | WriteCheckpoint], start: int) -> int:
+        """One past the first of ``actions[start:]`` bound for a topic this runtime has not written yet, else
+        ``len(actions)``."""
+        unsettled = self._unsettled_topics
+        for index in range(start, len(actions)):
+            if actions[index].topic in unsettled:
+                return index + 1
+        return len(actions)
+
+    async def _settle(self, topic: str) -> None:
+        """Wait until the producer has nothing in flight, so that this runtime's first record to ``topic`` was
+        Kafka's answer alone before any other goes there.
+
+        Why: the broker keeps no state yet for this producer on that partition, so it takes a batch with any
+        sequence number. If the first batch is refused (a partition created a moment ago answers NOT_LEADER until
+        its log is ready) while the next one, already in flight, is appended, librdkafka counts the first as
+        delivered because a later batch succeeded ("implicitly acked", with no offset): records acknowledged and
+        never written. Seen in the throughput benchmark with librdkafka's debug log; docs/cluster.md, "The offset
+        audit". Once one record is on the partition the broker checks every later sequence, so this is paid once
+        per topic and runtime (one round trip)."""
+        while self._publisher.pending() > 0:  # noqa: ASYNC110 - librdkafka signals no event for an empty queue
+            await asyncio.sleep(POLL_INTERVAL_S)  # the poll task serves the reports meanwhile
+        self._unsettled_topics.discard(topic)
+
+    def _expect_first_writes(self, *topics: str) -> None:
+        """Topics this runtime will write for the first time: their first record is settled alone."""
+        self._unsettled_topics.update(topics)
 
     def _require_open_transaction(self) -> None:
         """Transactions: raises if the commit gave the open transaction up (aborted, or fenced) while a batch waited
@@ -801,6 +839,7 @@ class ShardRuntime:
         async with self._stream_lock:
             loop = asyncio.get_running_loop()
             for stream in [s for s in streams if not self.core.knows_stream(s)]:
+                self._expect_first_writes(self.topics.events(stream), self.topics.late(stream))
                 if stream in created:
                     # A topic created just now is empty: nothing to recover, and its first record gets offset 0.
                     await self._await_new_partition(self.topics.events(stream))
