@@ -495,8 +495,10 @@ class ShardRuntime:
         never written. Seen in the throughput benchmark with librdkafka's debug log; docs/cluster.md, "The offset
         audit". Once one record is on the partition the broker checks every later sequence, so this is paid once
         per topic and runtime (one round trip)."""
-        while self._publisher.pending() > 0:  # noqa: ASYNC110 - librdkafka signals no event for an empty queue
-            await asyncio.sleep(POLL_INTERVAL_S)  # the poll task serves the reports meanwhile
+        while self._publisher.pending() > 0:
+            # Served here too: at a stop the poll task is gone, and the drain's commit waits for this task's lock.
+            self._serve_reports()
+            await asyncio.sleep(POLL_INTERVAL_S)
         self._unsettled_topics.discard(topic)
 
     def _expect_first_writes(self, *topics: str) -> None:

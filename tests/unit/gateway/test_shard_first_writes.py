@@ -82,3 +82,24 @@ async def test_a_topic_not_expected_is_written_at_once() -> None:
     writes = released_writes(runtime, now, range(3))
     await asyncio.wait_for(runtime._produce_batch(writes), 5)
     assert len(publisher.records) == len(writes)
+
+
+class PolledPublisher(AnsweringPublisher):
+    """Kafka answered everything, but the answers count as pending until a ``poll`` serves them."""
+
+    def poll(self, _timeout_s: float = 0.0) -> int:
+        served = len(self.records) - self.answered
+        self.answered = len(self.records)
+        return served
+
+
+async def test_the_wait_serves_the_reports_itself_when_no_poll_task_runs() -> None:
+    """At a stop the poll task is cancelled first and the drain's commit waits for the producer's lock: the first
+    write's wait must serve Kafka's reports itself, or the stop never ends."""
+    now = [T0 + 100]
+    publisher = PolledPublisher()
+    runtime = runtime_with(publisher, now)
+    runtime._expect_first_writes(TopicNames().events("s"))
+    writes = released_writes(runtime, now, range(3))
+    await asyncio.wait_for(runtime._produce_batch(writes), 5)
+    assert len(publisher.records) == len(writes)
