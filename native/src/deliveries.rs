@@ -15,6 +15,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList, PyString, PyTuple};
 
+use crate::records::slots::delivery_ref_fields::{
+    self, RELEASED_US, SEQ, SOURCE_ID, STREAM, TOPIC,
+};
 use crate::records::slots::SlotsClass;
 
 /// A multiply-rotate hash for the small integer keys here (addresses, ids): SipHash, the default, was most of the
@@ -145,13 +148,6 @@ fn seq_runs(deliveries: &[Delivery], indices: &[usize]) -> Vec<Run> {
     runs
 }
 
-// DeliveryRef(source_id, stream, seq, topic, released_us).
-const SOURCE_ID: usize = 0;
-const STREAM: usize = 1;
-const SEQ: usize = 2;
-const TOPIC: usize = 3;
-const RELEASED_US: usize = 4;
-
 /// `on_committed`'s per-record loops for gateway.ingest.DeliveryRef (read from its slots).
 #[pyclass(name = "DeliveryRuns", module = "skewless_native", frozen)]
 pub struct PyDeliveryRuns {
@@ -163,7 +159,7 @@ pub struct PyDeliveryRuns {
 fn rows<'a, 'py>(
     class: &SlotsClass,
     deliveries: &'a Bound<'py, PyList>,
-) -> PyResult<Option<Vec<[Borrowed<'a, 'py, PyAny>; 5]>>> {
+) -> PyResult<Option<Vec<[Borrowed<'a, 'py, PyAny>; delivery_ref_fields::COUNT]>>> {
     let py = deliveries.py();
     let mut rows = Vec::with_capacity(deliveries.len());
     for index in 0..deliveries.len() {
@@ -174,7 +170,7 @@ fn rows<'a, 'py>(
             if item.is_null() {
                 return Err(PyErr::fetch(py));
             }
-            let mut row = [item; 5];
+            let mut row = [item; delivery_ref_fields::COUNT];
             for (field, slot) in row.iter_mut().enumerate() {
                 match class.get_raw(item, field) {
                     Some(value) => *slot = value,
@@ -257,7 +253,7 @@ impl PyDeliveryRuns {
     #[new]
     fn new(delivery_ref: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(PyDeliveryRuns {
-            delivery_ref: SlotsClass::probe(delivery_ref, 5)?,
+            delivery_ref: SlotsClass::probe(delivery_ref, delivery_ref_fields::COUNT)?,
         })
     }
 

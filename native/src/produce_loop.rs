@@ -18,25 +18,14 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use crate::records::slots::SlotsClass;
-
-// Produce(topic, key, value, delivery, timestamp_ms, headers).
-const TOPIC: usize = 0;
-const KEY: usize = 1;
-const VALUE: usize = 2;
-const DELIVERY: usize = 3;
-const TIMESTAMP_MS: usize = 4;
-const HEADERS: usize = 5;
+use crate::records::slots::produce_fields::{DELIVERY, HEADERS, KEY, TIMESTAMP_MS, TOPIC, VALUE};
+use crate::records::slots::{delivery_ref_fields, produce_fields, SlotsClass};
 
 #[pyclass(name = "ProduceLoop", module = "skewless_native", frozen)]
 pub struct ProduceLoop {
     produce: Option<SlotsClass>,
     delivery_ref: Option<SlotsClass>,
 }
-
-// DeliveryRef(source_id, stream, seq, topic, released_us).
-const DELIVERY_STREAM: usize = 1;
-const DELIVERY_TOPIC: usize = 3;
 
 fn exact_str<'py>(value: Bound<'py, PyAny>) -> Option<Bound<'py, PyString>> {
     value.cast_into_exact::<PyString>().ok()
@@ -68,8 +57,8 @@ impl ProduceLoop {
     #[new]
     fn new(produce_class: &Bound<'_, PyAny>, delivery_ref: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(ProduceLoop {
-            produce: SlotsClass::probe(produce_class, 6)?,
-            delivery_ref: SlotsClass::probe(delivery_ref, 5)?,
+            produce: SlotsClass::probe(produce_class, produce_fields::COUNT)?,
+            delivery_ref: SlotsClass::probe(delivery_ref, delivery_ref_fields::COUNT)?,
         })
     }
 
@@ -116,10 +105,10 @@ impl ProduceLoop {
             if !delivery.is_none() {
                 let (Some(delivery_topic), Some(delivery_stream)) = (
                     delivery_ref
-                        .get(&delivery, DELIVERY_TOPIC)
+                        .get(&delivery, delivery_ref_fields::TOPIC)
                         .and_then(exact_str),
                     delivery_ref
-                        .get(&delivery, DELIVERY_STREAM)
+                        .get(&delivery, delivery_ref_fields::STREAM)
                         .and_then(exact_str),
                 ) else {
                     return Ok(None);

@@ -19,7 +19,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use super::slots::SlotsClass;
+use super::slots::{delivery_ref_fields, produce_fields, SlotsClass};
 use super::{
     exact_int, opt_int, read_fields, write_event_record, write_py, Attrs, EventRecordFields,
     NotNative, RecordBuilder, ATTR_NAMES,
@@ -56,8 +56,8 @@ pub struct Publishing {
 impl Publishing {
     pub fn new(classes: ProduceArg<'_>) -> PyResult<Self> {
         let fast = match (
-            SlotsClass::probe(&classes.2, 6)?,
-            SlotsClass::probe(&classes.3, 5)?,
+            SlotsClass::probe(&classes.2, produce_fields::COUNT)?,
+            SlotsClass::probe(&classes.3, delivery_ref_fields::COUNT)?,
         ) {
             (Some(produce), Some(delivery)) => Some(Arc::new((produce, delivery))),
             _ => None,
@@ -136,20 +136,35 @@ impl<'py> Batch<'py> {
     }
 
     /// `Produce(topic, key, value, DeliveryRef(source_id, stream, seq, kind, release_ts_us), timestamp_ms,
-    /// headers)` from `[topic, key, value, timestamp_ms, headers]` and the DeliveryRef's fields.
+    /// headers)` from `[topic, key, value, timestamp_ms, headers]` and `[source_id, stream, seq, kind,
+    /// release_ts_us]`, each stored in its field's slot (slots.rs's `produce_fields`, `delivery_ref_fields`).
     fn produce(
         &self,
         [topic, key, value, ts, headers]: [&Bound<'py, PyAny>; 5],
-        delivery: [&Bound<'py, PyAny>; 5],
+        [source_id, stream, seq, kind, released_us]: [&Bound<'py, PyAny>; 5],
     ) -> PyResult<Bound<'py, PyAny>> {
+        use delivery_ref_fields as d;
+        use produce_fields as p;
         let py = self.topics.py();
-        if let Some(fast) = &self.fast {
-            let (produce, delivery_ref) = &**fast;
-            let delivery = delivery_ref.build(py, &delivery)?;
-            return produce.build(py, &[topic, key, value, &delivery, ts, headers]);
+        let mut delivery = [source_id; d::COUNT];
+        delivery[d::STREAM] = stream;
+        delivery[d::SEQ] = seq;
+        delivery[d::TOPIC] = kind;
+        delivery[d::RELEASED_US] = released_us;
+        let delivery = match &self.fast {
+            Some(fast) => fast.1.build(py, &delivery)?,
+            None => self.classes[DELIVERY_REF].call1(PyTuple::new(py, delivery)?)?,
+        };
+        let mut fields = [topic; p::COUNT];
+        fields[p::KEY] = key;
+        fields[p::VALUE] = value;
+        fields[p::DELIVERY] = &delivery;
+        fields[p::TIMESTAMP_MS] = ts;
+        fields[p::HEADERS] = headers;
+        match &self.fast {
+            Some(fast) => fast.0.build(py, &fields),
+            None => self.classes[PRODUCE].call1(PyTuple::new(py, fields)?),
         }
-        let delivery = self.classes[DELIVERY_REF].call1(PyTuple::new(py, delivery)?)?;
-        self.classes[PRODUCE].call1((topic, key, value, delivery, ts, headers))
     }
 }
 

@@ -18,6 +18,30 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple, PyType};
 
+/// gateway.ingest.Produce's fields, in `__match_args__` order (its `__init__` parameters): the index of each
+/// one's slot for `SlotsClass::get`/`get_raw`/`build`, declared here once for every module that reads or builds one.
+pub mod produce_fields {
+    pub const TOPIC: usize = 0;
+    pub const KEY: usize = 1;
+    pub const VALUE: usize = 2;
+    pub const DELIVERY: usize = 3;
+    pub const TIMESTAMP_MS: usize = 4;
+    pub const HEADERS: usize = 5;
+    /// How many: what `SlotsClass::probe` is given for Produce.
+    pub const COUNT: usize = 6;
+}
+
+/// gateway.ingest.DeliveryRef's fields, in `__match_args__` order, as `produce_fields` for Produce.
+pub mod delivery_ref_fields {
+    pub const SOURCE_ID: usize = 0;
+    pub const STREAM: usize = 1;
+    pub const SEQ: usize = 2;
+    pub const TOPIC: usize = 3;
+    pub const RELEASED_US: usize = 4;
+    /// How many: what `SlotsClass::probe` is given for DeliveryRef.
+    pub const COUNT: usize = 5;
+}
+
 /// A slots class and the byte offset of each `__init__` parameter's slot in its instances.
 pub struct SlotsClass {
     class: Py<PyType>,
