@@ -667,9 +667,13 @@ fn event_to_py<'py>(
             .bind(py)
             .call1((*interval_id, if *end { "end" } else { "start" }))?,
     };
-    t.incoming_event
-        .bind(py)
-        .call1((stream, e.seq, e.source_ts_us, payload, interval))
+    let seq = e.seq.into_pyobject(py)?.into_any();
+    let source_ts_us = e.source_ts_us.into_pyobject(py)?.into_any();
+    let fields = [&stream, &seq, &source_ts_us, &payload, &interval];
+    if let Some(event) = crate::events::new_incoming_event(py, fields)? {
+        return Ok(event);
+    }
+    t.incoming_event.bind(py).call1(PyTuple::new(py, fields)?)
 }
 
 #[pymethods]

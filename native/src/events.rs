@@ -30,6 +30,24 @@ fn incoming_event(py: Python<'_>) -> Option<&SlotsClass> {
         .as_ref()
 }
 
+/// `IncomingEvent(stream, seq, source_ts_us, payload, interval)` allocated without its Python `__init__` (the
+/// decoder builds one per event: `type.__call__` and the dataclass's `__init__` frame were about a tenth of the
+/// native decode stage); None when the class failed the probe (the caller then calls it).
+pub fn new_incoming_event<'py>(
+    py: Python<'py>,
+    [stream, seq, source_ts_us, payload, interval]: [&Bound<'py, PyAny>; 5],
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(class) = incoming_event(py) else {
+        return Ok(None);
+    };
+    let mut fields = [stream; 5];
+    fields[SEQ] = seq;
+    fields[SOURCE_TS_US] = source_ts_us;
+    fields[PAYLOAD] = payload;
+    fields[INTERVAL] = interval;
+    class.build(py, &fields).map(Some)
+}
+
 /// `getattr(event, name)` of the field `index` (STREAM, SEQ, SOURCE_TS_US, PAYLOAD, INTERVAL).
 pub fn field<'py>(event: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py, PyAny>> {
     let py = event.py();
