@@ -71,6 +71,8 @@ MAX_GIVEN_UP_RANGES = 1024
 RECENT_ACKED_DIGESTS = 128
 
 _NO_SEQ = -1
+#: The highest seq EventDigests.confirm_run takes (its seqs are 64-bit): the wire's own limit (contract.wire's MAX_SEQ).
+_MAX_NATIVE_SEQ = 2**63 - 1
 
 
 class FrameEvent(Protocol):
@@ -88,12 +90,16 @@ class FrameEvent(Protocol):
 
 class EventDigestsCore(Protocol):
     """Another definition of the digests (gateway.native: the Rust one, ``skewless_native.EventDigests``) with the
-    same verdicts, and ``admit_frame``'s inline path for a run of one stream's events in one call."""
+    same verdicts, ``admit_frame``'s inline path for a run of one stream's events in one call, and
+    ``confirmed_run``'s in-order loop (the pending digests popped, the ring of acked digests written) in one call."""
 
     def event_digest(self, source_ts_us: int, payload: Any) -> int: ...
 
     def admit_run(self, events: Sequence[FrameEvent], start: int, stream: str, pending: dict[int, int | None],
                   highest: int, acked_through: int, max_seq_jump: int) -> tuple[int, int]: ...
+
+    def confirm_run(self, pending: dict[int, int | None], ring_seqs: array[int] | None,
+                    ring_digests: array[int] | None, first_seq: int, last_seq: int) -> tuple[int, int] | None: ...
 
 
 def digest_body(payload: Any) -> bytes | str:
@@ -354,6 +360,9 @@ class DeliveryTracker:
             given_up_hi = progress.given_up.last_hi()
             if given_up_hi is None or given_up_hi <= first_seq:
                 # confirmed's in-order branch for every seq of the run: nothing it reads changes along the run.
+                if self._digests is not None and last_seq <= _MAX_NATIVE_SEQ:
+                    self._confirm_in_order_natively(progress, first_seq, last_seq, self._digests)
+                    return first_seq, last_seq
                 pending = progress.pending
                 ring_seqs, ring_digests = progress.recent_seqs, progress.recent_digests
                 for seq in range(first_seq, last_seq + 1):
@@ -374,6 +383,21 @@ class DeliveryTracker:
             if acked is not None:
                 result = (seq if result is None else result[0], acked)
         return result
+
+    def _confirm_in_order_natively(self, progress: _StreamProgress, first_seq: int, last_seq: int,
+                                   digests: EventDigestsCore) -> None:
+        """``confirmed_run``'s in-order loop in ``EventDigests.confirm_run`` calls: it does the seqs whose digests it
+        can write to the ring, and hands back the first it cannot (no ring yet), which ``_remember`` takes."""
+        seq = first_seq
+        while seq <= last_seq:
+            stopped = digests.confirm_run(progress.pending, progress.recent_seqs, progress.recent_digests, seq,
+                                          last_seq)
+            if stopped is None:
+                break
+            seq, digest = stopped
+            self._remember(progress, seq, digest)
+            seq += 1
+        progress.acked_through = last_seq
 
     def give_up(self, source_id: str, stream: str, first_seq: int,
                 last_seq: int) -> tuple[list[tuple[int, int]], int | None]:

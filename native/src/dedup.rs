@@ -14,6 +14,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
@@ -174,6 +175,42 @@ impl EventDigests {
     }
 }
 
+/// The tracker's ring of acked digests (`recent_seqs`, `recent_digests`: two `array('q')` of one length), written
+/// in place; None when either is not such an array (not allocated yet: None).
+struct Ring {
+    seqs: PyBuffer<i64>,
+    digests: PyBuffer<i64>,
+}
+
+impl Ring {
+    fn of(seqs: &Bound<'_, PyAny>, digests: &Bound<'_, PyAny>) -> Option<Ring> {
+        if seqs.is_none() || digests.is_none() {
+            return None;
+        }
+        let (seqs, digests) = (PyBuffer::get(seqs).ok()?, PyBuffer::get(digests).ok()?);
+        let writable =
+            |b: &PyBuffer<i64>| !b.readonly() && b.is_c_contiguous() && b.item_count() > 0;
+        (writable(&seqs) && writable(&digests) && seqs.item_count() == digests.item_count())
+            .then_some(Ring { seqs, digests })
+    }
+
+    /// `seqs[seq % len] = seq; digests[seq % len] = digest`, Python's `%` (the slot of a negative seq too).
+    fn remember(&self, py: Python<'_>, seq: i64, digest: i64) -> bool {
+        let (Some(seqs), Some(digests)) =
+            (self.seqs.as_mut_slice(py), self.digests.as_mut_slice(py))
+        else {
+            return false;
+        };
+        let len = i64::try_from(seqs.len()).unwrap_or(i64::MAX);
+        let Ok(slot) = usize::try_from(seq.rem_euclid(len)) else {
+            return false;
+        };
+        seqs[slot].set(seq);
+        digests[slot].set(digest);
+        true
+    }
+}
+
 #[pymethods]
 impl EventDigests {
     #[new]
@@ -243,6 +280,46 @@ impl EventDigests {
             }
             // The highest seq is one of the stream's i64 seqs or the one it was called with.
             Ok((index, i64::try_from(admission.highest).unwrap_or(highest)))
+        })
+    }
+
+    /// `DeliveryTracker.confirmed_run`'s in-order loop over `first_seq..=last_seq`: each seq's pending entry
+    /// popped (the key removed whatever its value) and a digest that is not None written to the ring of acked
+    /// digests. Returns None once every seq is done, else `(seq, digest)` of the first digest it could not write,
+    /// popped already: the ring not allocated yet (None), or not two arrays of 64-bit ints, or the digest not a
+    /// 64-bit int. The tracker's `_remember` then takes that one, and calls again from the next seq.
+    fn confirm_run<'py>(
+        &self,
+        pending: &Bound<'py, PyDict>,
+        ring_seqs: &Bound<'py, PyAny>,
+        ring_digests: &Bound<'py, PyAny>,
+        first_seq: i64,
+        last_seq: i64,
+    ) -> PyResult<Option<(i64, Bound<'py, PyAny>)>> {
+        let py = pending.py();
+        guard("EventDigests.confirm_run", || {
+            let ring = Ring::of(ring_seqs, ring_digests);
+            let mut seq = first_seq;
+            while seq <= last_seq {
+                let key = seq.into_pyobject(py)?;
+                if let Some(digest) = pending.get_item(&key)? {
+                    pending.del_item(&key)?;
+                    if !digest.is_none() {
+                        let written = match (&ring, digest.extract::<i64>()) {
+                            (Some(ring), Ok(value)) => ring.remember(py, seq, value),
+                            _ => false,
+                        };
+                        if !written {
+                            return Ok(Some((seq, digest)));
+                        }
+                    }
+                }
+                let Some(next) = seq.checked_add(1) else {
+                    break; // last_seq is i64::MAX
+                };
+                seq = next;
+            }
+            Ok(None)
         })
     }
 }
