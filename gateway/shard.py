@@ -82,6 +82,9 @@ TRANSACTION_TIMEOUT_MS = 60_000
 # A takeover reads at most this many streams beside the fencing, each holding its consumer (a librdkafka client)
 # until the fencing returns; the others are read after it, as many at a time as the executor has threads.
 EARLY_SCANNED_STREAMS_MAX = 16
+# The ingest actions _carry_out_now sorts: Kafka writes, queued for the producer; the rest, carried out at once.
+_KAFKA_WRITES: tuple[type, ...] = (Produce, WriteCheckpoint)
+_OTHER_ACTIONS: tuple[type, ...] = (SendToSource, SendFrame, PauseReading, ResumeReading)
 OWNER_HEADERS = ((HEADER_KIND, OWNER.encode()), (HEADER_CONTRACT_VERSION, str(CONTRACT_VERSION).encode()))
 # A retriable commit error (coordinator moving, a timeout) is retried this many times before the shard is given up.
 COMMIT_ATTEMPTS = 5
@@ -154,6 +157,12 @@ class ProduceLoopCore(Protocol):
     def wanted_reports(self, actions: list[Produce | WriteCheckpoint]
                        ) -> tuple[dict[int, tuple[str | None, str | None]], dict[str, int]] | None:
         """``ShardRuntime._wanted_reports``' pass, or None where it does not take the actions (the Python pass runs)."""
+        ...
+
+    def split_writes(self, actions: list[Any], writes: tuple[type, ...], others: tuple[type, ...]
+                     ) -> tuple[list[Any], list[Any]] | None:
+        """``_carry_out_now``'s sorting: (the actions of exactly the ``writes`` classes, the others), in order; None
+        when an action is of neither (the Python loop sorts them)."""
         ...
 
 
@@ -786,8 +795,14 @@ class ShardRuntime:
                        queue_writes: bool = False) -> list[Produce | WriteCheckpoint]:
         """Everything but Kafka writes at once; the writes are returned, or with ``queue_writes`` queued behind the
         records already released and not waited for (checkpoints, clock state, the poll's releases)."""
-        writes: list[Produce | WriteCheckpoint] = []
-        for action in actions:
+        split = (None if self._produce_loop is None or type(actions) is not list
+                 else self._produce_loop.split_writes(actions, _KAFKA_WRITES, _OTHER_ACTIONS))
+        writes: list[Produce | WriteCheckpoint]
+        if split is None:
+            writes, others = [], actions
+        else:  # the writes sorted out in one native pass; the rest (acks, throttling) is a handful per call
+            writes, others = split
+        for action in others:
             if type(action) is Produce:  # most actions, by far
                 writes.append(action)
             elif isinstance(action, SendToSource):

@@ -144,6 +144,34 @@ impl ProduceLoop {
         Ok(Some((wanted, records)))
     }
 
+    /// `ShardRuntime._carry_out_now`'s sorting of a core call's actions: `(the actions whose class is one of
+    /// `writes`, the others)`, each in order, when every action's class is exactly one of `writes` or `others`;
+    /// None when one is of another class (a subclass too: the Python loop's `isinstance` chain then sorts them).
+    fn split_writes<'py>(
+        &self,
+        actions: &Bound<'py, PyList>,
+        writes: &Bound<'py, PyTuple>,
+        others: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>)>> {
+        let py = actions.py();
+        let classes = |tuple: &Bound<'py, PyTuple>| -> Vec<usize> {
+            tuple.iter().map(|class| class.as_ptr() as usize).collect()
+        };
+        let (write_classes, other_classes) = (classes(writes), classes(others));
+        let (kafka, rest) = (PyList::empty(py), PyList::empty(py));
+        for action in actions.iter() {
+            let class = action.get_type().as_ptr() as usize;
+            if write_classes.contains(&class) {
+                kafka.append(action)?;
+            } else if other_classes.contains(&class) {
+                rest.append(action)?;
+            } else {
+                return Ok(None);
+            }
+        }
+        Ok(Some((kafka, rest)))
+    }
+
     /// `actions[start:]` to `produce` as the transactional shard's loop does, each delivery appended to
     /// `uncommitted`: returns the index of the first action not produced and whether it stopped on a full queue
     /// (that action's BufferError), or `(len(actions), False)`.

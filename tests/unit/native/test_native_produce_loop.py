@@ -7,13 +7,24 @@ the same index returned, through librdkafka's full queue (BufferError) at any re
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.ingest import DeliveryRef, Produce, WriteCheckpoint
+from gateway.ingest import (
+    ConnectionId,
+    DeliveryRef,
+    PauseReading,
+    Produce,
+    ResumeReading,
+    SendFrame,
+    SendToSource,
+    WriteCheckpoint,
+)
 from gateway.native import native_produce_loop
 from gateway.shard import ShardRuntime
 
@@ -139,3 +150,62 @@ def test_another_class_is_left_to_the_python_loop() -> None:
     produced: list[Any] = []
     assert native_produce_loop().run(lambda *args: produced.append(args), actions, 0, 0, {}, []) == (1, False)
     assert produced == [("t", b"v", b"k", 0, None, None, 5, None)]
+
+
+class Host:
+    """What ``_carry_out_now`` calls on the gateway, recorded in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def send_to_source(self, source_id: str, data: bytes) -> None:
+        self.calls.append(("send_to_source", source_id, data))
+
+    def send_frame(self, connection: Any, data: bytes) -> None:
+        self.calls.append(("send_frame", connection, data))
+
+    def set_throttled(self, source_id: str, throttled: bool) -> None:
+        self.calls.append(("set_throttled", source_id, throttled))
+
+
+@dataclass(slots=True)
+class LateProduce(Produce):
+    """A subclass: the native pass leaves the actions to the Python loop, whose isinstance takes it as a write."""
+
+
+def carried_out(actions: list[Any], native: bool, queue_writes: bool) -> tuple[Any, ...]:
+    host, queued = Host(), list[Any]()
+    runtime = types.SimpleNamespace(_host=host, _produce_loop=native_produce_loop() if native else None,
+                                    _enqueue=queued.append)
+    try:
+        returned: Any = ShardRuntime._carry_out_now(runtime, actions, queue_writes)  # type: ignore[arg-type]
+    except TypeError as error:
+        returned = ("TypeError", str(error))
+    return returned, queued, host.calls
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 20), max_size=40), st.booleans())
+def test_carry_out_now_sorts_actions_as_the_python_loop(kinds: list[int], queue_writes: bool) -> None:
+    """The same writes returned or queued, in order, and the same host calls, in order, with the native pass
+    (``ProduceLoop.split_writes``) and without: Produce (most), WriteCheckpoint, acks, frames, throttling, a
+    subclass of Produce and, rarely, an object that is no action (a TypeError either way)."""
+    delivery = DeliveryRef("a", "s", 1, "events", 7)
+    made: list[Callable[[int], Any]] = [
+            lambda i: SendToSource(f"s{i}", b"ack"), lambda i: SendFrame(ConnectionId(i), b"err"),
+            lambda i: WriteCheckpoint("sources", b"k", bytes([i]), None), lambda i: PauseReading(f"s{i}"),
+            lambda i: ResumeReading(f"s{i}"), lambda i: LateProduce("t", b"k", bytes([i]), None),
+            lambda i: ("not", "an", "action")]
+    actions = [Produce("t.events", b"a", bytes([i]), delivery, i, None) if kind >= len(made) else made[kind](i)
+               for i, kind in enumerate(kinds)]
+    assert carried_out(actions, True, queue_writes) == carried_out(actions, False, queue_writes)
+
+
+def test_split_writes_by_exact_class() -> None:
+    produce = Produce("t", b"k", b"v", None)
+    ack, checkpoint = SendToSource("s", b"a"), WriteCheckpoint("sources", b"k", b"v")
+    loop = native_produce_loop()
+    assert loop.split_writes([ack, produce, checkpoint, ack], (Produce, WriteCheckpoint), (SendToSource,)) == (
+        [produce, checkpoint], [ack, ack])
+    assert loop.split_writes([], (Produce,), ()) == ([], [])
+    assert loop.split_writes([produce, LateProduce("t", b"k", b"v", None)], (Produce,), (SendToSource,)) is None
