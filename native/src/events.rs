@@ -25,7 +25,10 @@ fn incoming_event(py: Python<'_>) -> Option<&SlotsClass> {
                 .import("contract.wire.messages")
                 .and_then(|m| m.getattr("IncomingEvent"))
                 .ok()?;
-            SlotsClass::probe(&class, 5).ok().flatten()
+            SlotsClass::probe(&class, 5)
+                .ok()
+                .flatten()
+                .map(SlotsClass::untracked)
         })
         .as_ref()
 }

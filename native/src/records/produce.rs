@@ -59,7 +59,9 @@ impl Publishing {
             SlotsClass::probe(&classes.2, produce_fields::COUNT)?,
             SlotsClass::probe(&classes.3, delivery_ref_fields::COUNT)?,
         ) {
-            (Some(produce), Some(delivery)) => Some(Arc::new((produce, delivery))),
+            (Some(produce), Some(delivery)) => {
+                Some(Arc::new((produce.untracked(), delivery.untracked())))
+            }
             _ => None,
         };
         let (a, b, c, d, e, f, g) = classes;

@@ -6,7 +6,9 @@ exact types (1, 1.0 and True differ; dict order counts)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import struct
+import sys
 from typing import Any
 
 import msgpack
@@ -291,6 +293,28 @@ def test_a_refused_payload_keeps_its_place() -> None:
         IncomingEvent("s1", 0, 5, RejectedPayload(
             "payload: bytes (msgpack bin) are not JSON; encode them into a string (e.g. base64) before sending")),
         IncomingEvent("s1", 1, 5, 1))
+
+
+def test_events_are_built_in_their_slots_off_the_collector() -> None:
+    """Each IncomingEvent allocated without its __init__ (events.rs, ``new_incoming_event``): of the class, every
+    field set, untracked by the cyclic collector (its payload, decoded for it alone, is tracked as CPython decides),
+    and freed by reference counting alone."""
+    decoder = skewless_native.ConnectionDecoder()
+    decoder.receive_data(encode_frame(HELLO))
+    decoder.accept_hello(DECLARED)
+    events = [{"stream": "s1", "seq": 7, "source_ts_us": 5, "payload": {"x": [1]}}]
+    (batch,) = decoder.receive_data(encode_frame({"type": "events", "events": events}))
+    (event,) = batch.events
+    assert type(event) is IncomingEvent and event == IncomingEvent("s1", 7, 5, {"x": [1]}, None)
+    assert not gc.is_tracked(event) and gc.is_tracked(event.payload)
+    payload = event.payload
+    before = sys.getrefcount(payload)
+    gc.disable()
+    try:
+        del batch, event
+        assert sys.getrefcount(payload) == before - 1
+    finally:
+        gc.enable()
 
 
 def test_an_error_is_the_last_item_and_the_decoder_takes_no_more_bytes() -> None:
