@@ -102,15 +102,27 @@ pub fn write_i64(out: &mut Vec<u8>, value: i64) {
 }
 
 pub fn write_u64(out: &mut Vec<u8>, mut value: u64) {
+    // Two digits per division (a record's microsecond times have 16 digits each, several per record).
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut digits = [0u8; 20];
     let mut at = digits.len();
-    loop {
+    while value >= 100 {
+        let pair = (value % 100) as usize * 2;
+        value /= 100;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if value >= 10 {
+        let pair = value as usize * 2;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
+        digits[at] = b'0' + value as u8;
     }
     out.extend_from_slice(&digits[at..]);
 }
@@ -892,6 +904,44 @@ mod tests {
         let mut out = Vec::new();
         write_f64(&mut out, x);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn integers_in_decimal_as_rust_formats_them() {
+        let mut values = vec![
+            0,
+            1,
+            9,
+            10,
+            11,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            u64::MAX,
+            u64::MAX - 1,
+        ];
+        let mut power = 1u64;
+        while let Some(next) = power.checked_mul(10) {
+            values.extend([next - 1, next, next + 1, next / 2 + 7]);
+            power = next;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            values.push(seed >> (seed % 64));
+        }
+        for value in values {
+            let mut out = Vec::new();
+            write_u64(&mut out, value);
+            assert_eq!(String::from_utf8(out).unwrap(), value.to_string());
+        }
+        for value in [i64::MIN, -1, -10, -99, -100, i64::MAX] {
+            let mut out = Vec::new();
+            write_i64(&mut out, value);
+            assert_eq!(String::from_utf8(out).unwrap(), value.to_string());
+        }
     }
 
     #[test]
