@@ -307,6 +307,10 @@ class RecordBuilderCore(Protocol):
         """reorder.pipeline's ``MergedRecordsCore``: the Produce actions of the merge's plain releases."""
         ...
 
+    def any_payload_of_class(self, events: Sequence[messages.IncomingEvent], refused: type) -> bool:
+        """``any(type(event.payload) is refused for event in events)``, in one call."""
+        ...
+
 
 SeqRun = tuple[int, str, int, int, int]
 """``_seq_runs``' tuple: the run's first position in its group's indices, its topic, first seq, last seq, latest
@@ -1021,8 +1025,7 @@ class IngestCore:
         if self._joining:
             outputs += self._speaking(source_id, list(dict.fromkeys(event.stream for event in events)), arrival_us)
         admissions = self.tracker.admit_frame(source_id, events)
-        if admissions is None and watch is None and not any(
-                type(event.payload) is messages.RejectedPayload for event in events):
+        if admissions is None and watch is None and not self._any_refused_payload(events):
             # Every event accepted, no payload refused, no clock to check (the usual frame): all go on together.
             outputs += self.pipeline.push_many(source_id, list(events), arrival_us, None)
             return actions + self._publish(outputs)
@@ -1065,6 +1068,11 @@ class IngestCore:
             outputs += self.pipeline.push_many(source_id, accepted, arrival_us, mappings if watch is not None else None)
         actions += self._publish(outputs)
         return actions
+
+    def _any_refused_payload(self, events: tuple[messages.IncomingEvent, ...]) -> bool:
+        if self._record_builder is not None:  # the native builder: one pass without a Python frame per event
+            return self._record_builder.any_payload_of_class(events, messages.RejectedPayload)
+        return any(type(event.payload) is messages.RejectedPayload for event in events)
 
     def _duplicate(self, source_id: str, event: messages.IncomingEvent,
                    reacks: dict[str, int] | None) -> dict[str, int] | None:

@@ -773,6 +773,23 @@ impl RecordBuilder {
             .is_some_and(produce::Publishing::builds_directly)
     }
 
+    /// `any(type(event.payload) is refused for event in events)`: IngestCore.events_received's check of a frame
+    /// for a refused payload, the payloads read from IncomingEvent's slots (events.rs) in one pass.
+    fn any_payload_of_class(
+        &self,
+        events: &Bound<'_, PyAny>,
+        refused: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let events = crate::events::Events::of(events)?;
+        for index in 0..events.len()? {
+            let payload = crate::events::field(&events.get(index)?, crate::events::PAYLOAD)?;
+            if payload.get_type().is(refused) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Where `produce_records` and `build_merged` publish: gateway.ingest's topic cache ((stream, kind) -> topic,
     /// filled by `_publish`; a record whose topic is not in it yet is handed back) and its `max_record_bytes`.
     fn publish_to(&mut self, topics: &Bound<'_, PyDict>, max_record_bytes: usize) -> PyResult<()> {

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.records import EventRecord, event_headers, kafka_timestamp_ms
-from contract.wire.messages import AtomicInterval, IntervalEndpoint, RejectedPayload
+from contract.wire.messages import AtomicInterval, IncomingEvent, IntervalEndpoint, RejectedPayload
 from gateway.ingest import GIVEN_UP_LATE_REASONS, DeliveryRef, Produce, RecordBuilderCore
 from gateway.native import native_record_builder
 from reorder.pipeline import IngestPipeline, PipelineOutput, PublishPunctuation, PublishRecord, PublishRefused
@@ -258,3 +258,26 @@ def test_classes_that_need_their_init_are_called(classes: tuple[type, type]) -> 
     assert produced == produce_class(expected.topic, expected.key, expected.value,
                                      delivery_class("src", "s1", 3, "events", 2_000_200), expected.timestamp_ms,
                                      expected.headers)
+
+
+class RefusedSubclass(RejectedPayload):
+    """Not exactly a RejectedPayload: ``type(payload) is RejectedPayload`` is false for it, in both."""
+
+
+@dataclass
+class EventStandIn:
+    """Not an IncomingEvent: its payload is read by getattr."""
+
+    payload: Any
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([1, None, {"a": [1]}, "x", RejectedPayload("why"), RefusedSubclass("sub")]),
+                max_size=12),
+       st.booleans(), st.booleans())
+def test_any_payload_of_class_is_the_generator(payloads: list[Any], as_list: bool, stand_ins: bool) -> None:
+    """``RecordBuilder.any_payload_of_class`` against ``IngestCore.events_received``'s own check of a frame."""
+    events: Any = [EventStandIn(p) if stand_ins else IncomingEvent("s", i, 5, p) for i, p in enumerate(payloads)]
+    events = events if as_list else tuple(events)
+    expected = any(type(event.payload) is RejectedPayload for event in events)
+    assert builder().any_payload_of_class(events, RejectedPayload) is expected
