@@ -307,6 +307,10 @@ class RecordBuilderCore(Protocol):
         """reorder.pipeline's ``MergedRecordsCore``: the Produce actions of the merge's plain releases."""
         ...
 
+    def forget_source(self, source_id: str) -> None:
+        """The source was freed (rule 11): its cached headers go, as ``_event_headers``' entries do."""
+        ...
+
     def any_payload_of_class(self, events: Sequence[messages.IncomingEvent], refused: type) -> bool:
         """``any(type(event.payload) is refused for event in events)``, in one call."""
         ...
@@ -1007,6 +1011,8 @@ class IngestCore:
             self._forget_source_streams(source_id, gone)
             self._event_headers.pop((source_id, "events"), None)
             self._event_headers.pop((source_id, "late"), None)
+            if self._record_builder is not None:
+                self._record_builder.forget_source(source_id)
             freed.append(source_id)
         self.counters.sources_forgotten += len(freed)
         return freed

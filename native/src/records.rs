@@ -773,6 +773,18 @@ impl RecordBuilder {
             .is_some_and(produce::Publishing::builds_directly)
     }
 
+    /// Drops `source_id`'s cached headers, as IngestCore drops its own when it frees an idle source (rule 11): the
+    /// cache holds the sources seen since, not every source id ever seen.
+    fn forget_source(&mut self, source_id: &str) {
+        self.headers.remove(source_id);
+    }
+
+    /// How many sources' headers are cached (for tests).
+    #[getter]
+    fn cached_sources(&self) -> usize {
+        self.headers.len()
+    }
+
     /// `any(type(event.payload) is refused for event in events)`: IngestCore.events_received's check of a frame
     /// for a refused payload, the payloads read from IncomingEvent's slots (events.rs) in one pass.
     fn any_payload_of_class(

@@ -227,3 +227,24 @@ def test_synced_sources_give_the_same_actions(data: st.DataObject) -> None:
     both("advance", now)
     assert vars(cores[1].counters) == vars(cores[0].counters)
     assert vars(cores[1].pipeline.counters) == vars(cores[0].pipeline.counters)
+
+
+def test_a_freed_source_leaves_the_native_builders_header_cache() -> None:
+    """Rule 11 frees an idle source's state, its cached record headers included: the native builder's cache too
+    (``forget_source``), not only ``_event_headers``."""
+    from gateway.ingest import IDLE_SOURCE_RETENTION_US
+
+    core = build_core(native=True)
+    builder: Any = core._record_builder
+    core.source_registered("a", ("s",), T0)
+    released = core.events_received(ConnectionId(1), "a", (IncomingEvent("s", 0, T0, {"v": 1}),), T0 + 100)
+    produced = [action for action in released if isinstance(action, Produce) and action.delivery is not None]
+    assert len(produced) == 1 and builder.cached_sources == 1
+    core.on_delivered(produced[0].delivery, None, 0, T0 + 200)
+    core.source_disconnected("a", T0 + 300)
+    now = T0 + 300
+    while core.counters.sources_forgotten < 1:
+        now += 1_000_000
+        assert now < T0 + 2 * IDLE_SOURCE_RETENTION_US
+        core.poll(now)
+    assert builder.cached_sources == 0 and core._event_headers == {}
