@@ -336,27 +336,36 @@ Both cores are the gateway's (`core = python` or `native`, gateway/native.py). T
 connection decoder; the sequence reorderers (`take_run`) and, for a frame's in-order run, the merge and the
 records in the same call (`push_in_order`); the merger of each stream; the record builder (the JSON, key, headers
 and Kafka timestamp of each record, and its Produce action and DeliveryRef, allocated without their `__init__`);
-the delivery tracker's digests and in-order admissions (`EventDigests`); the reference mapping (`ReferenceClocks`:
-the identity, fixed offsets, or the time-sync estimates read live from the SourceInfoStore, with the Python
-estimate's float arithmetic step for step); a transaction's per-record commit loops (`DeliveryRuns`: latencies,
-groups, runs of seqs); and a transactional shard's produce loop over its plain records (`ProduceLoop`: the same
-positional `Producer.produce` call per record). Each has a differential test against the Python code it replaces
-(tests/unit/native/).
+the delivery tracker's digests, in-order admissions and in-order confirmations (`EventDigests`: `admit_run`,
+`confirm_run`); the reference mapping (`ReferenceClocks`: the identity, fixed offsets, or the time-sync estimates
+read live from the SourceInfoStore, with the Python estimate's float arithmetic step for step); a transaction's
+per-record commit loops (`DeliveryRuns`: latencies, groups, runs of seqs); a transactional shard's produce loop
+over its plain records (`ProduceLoop`: the same positional `Producer.produce` call per record) and the shard's
+sorting of a core call's actions into Kafka writes and the rest (`ProduceLoop.split_writes`). Each has a
+differential test against the Python code it replaces (tests/unit/native/). The IncomingEvents the decoder builds
+and the Produce actions and DeliveryRefs the record builder builds are allocated without their `__init__` and off
+the cyclic garbage collector's lists (they cannot close a reference cycle; records/slots.rs): the collector no
+longer walks them.
 
 What still runs in Python, and why:
 - Per event, Python objects that the next step takes as such: the IncomingEvent the decoder builds (the session
   hands a frame's events to `IngestCore.events_received` as Python objects), the SourceEvent the merge queues
   (the Python paths of late records, refusals and punctuations read it), the Produce action and its DeliveryRef
-  per record (the shard's queue and its commit keep them), the key and value bytes and the one
-  `Producer.produce` call per record (confluent-kafka has no call that takes a batch). Their allocation is a
-  floor under either core. In the gateway (not in this loop) the shard also sorts each core call's actions into
-  Kafka writes and the rest (`ShardRuntime._carry_out_now`: a type check and an append per record).
+  per record (the shard's queue and its commit keep them), the key and value bytes, the Python ints of the
+  tracker's pending dict (seq -> digest, written by `admit_run`, popped by `confirm_run`) and the one
+  `Producer.produce` call per record (confluent-kafka has no call that takes a batch). The three contract headers
+  cost about as much in that call as everything else it does (librdkafka copies each into an allocation of its
+  own), in whatever form they come: the call alone, 100k records, 5 alternating rounds at a 1-minute load of ~14,
+  medians 2.86 us/record with a list of tuples, 2.66 with a dict, 1.44 without headers (which the record contract
+  does not allow). These objects' allocation is a floor under either core: a batch object in their place is the
+  step not taken yet.
 - Per frame, run, batch or commit, not per event: `IngestCore.events_received` and `IngestPipeline.push_many`
   around the native calls, `DeliveryTracker.admit_frame` around `admit_run`, the records of a produce batch whose
   delivery reports the shard wants (per topic the last one, for the offset audit; per stream the last events
   record, for the progress checkpoint's offset: found by a native pass, `ProduceLoop.wanted_reports`, and produced
-  from Python with their callbacks; the hot-path loop here has none), and per run of confirmed seqs the tracker's `confirmed_run` (which still loops over the run's seqs in Python:
-  the pending digest popped, the ring of acked digests written), the progress and the acks.
+  from Python with their callbacks; the hot-path loop here has none), per run of confirmed seqs the tracker's
+  `confirmed_run` around `confirm_run`, the progress and the acks; in the gateway (not in this loop) the shard's
+  loop over a core call's actions that are not Kafka writes (acks, throttling: a handful per call).
 - Rare paths, in Python in both cores: late records, refusals, punctuations, interval events, clock-step holds
   (rule 9), checkpoints, and a mapping `ReferenceClocks` does not know (a `ReferenceErrorMapping`, when a
   reference-clock error bound is configured, is called per event as before).
@@ -401,14 +410,18 @@ the load generator's frames slipped by up to hundreds of ms).
 
 # Where this tree's native stages go, from one py-spy `--native` profile of the stage loop (native core, 4 runs),
 # kept with the code that measures it.
-WHERE_IT_GOES = """Where the native core's stages go (py-spy `--native` of this loop on this tree, one profile, shares of the
-stage's samples): ingest, about 77 % in `push_many`'s fused run (`push_in_order`: the records' JSON, about a
-fifth of the stage, the Produce and DeliveryRef allocations, the Python ints of the records' times, the merge) and
-about 18 % in `DeliveryTracker.admit_frame` (the native digests' sorted-key JSON, the dict writes); the clock's
-`to_reference` no longer appears. Produce, about 80 % inside confluent-kafka's `Producer.produce` (about a third
-of that turning the headers list into librdkafka's headers, then the message's allocation and the partitioner)
-and about 90 % under `ProduceLoop.run`. Commit, about two thirds in `DeliveryTracker.confirmed_run`'s per-seq
-loop (Python), a quarter in the native grouping and the lists it returns."""
+WHERE_IT_GOES = """Where the native core's stages go (py-spy `--native` of this loop on this tree, one profile of 4 runs
+at a 1-minute load of ~5, shares of the stage's samples; py-spy names some inlined Rust frames wrongly, so only the
+larger groups are given): ingest, about 79 % in `push_many`'s fused run (`push_in_order`: the records' JSON, about
+a quarter of the stage, the Produce and DeliveryRef allocations, about 8 %, the key and value bytes, about 6 %,
+the Python ints of the records' times, the merge) and about 16 % in `DeliveryTracker.admit_frame` (the native
+digests' sorted-key JSON, the pending dict's writes); the per-event Python check for refused payloads is gone.
+Decode, about a quarter in the msgpack decoder, the rest mostly the payload dicts and their entries, the
+IncomingEvents and the frees; the cyclic collector, 31 % of the decode stage's samples in a profile of the tree
+before, is 3 %. Produce, about 75 % inside confluent-kafka's `Producer.produce` (30 % of the stage turning the
+headers list into librdkafka's headers, then the message's allocation and the partitioner) and about 90 % under
+`ProduceLoop.run`. Commit, half in `DeliveryRuns.group` and the lists it returns, about 40 % in `confirmed_run`
+(almost all of it in `EventDigests.confirm_run`: the pending dict's lookups and deletions)."""
 
 # What changed in the ingest stage, kept with the code that measures it.
 CHANGES = """
@@ -506,8 +519,8 @@ does per frame now" above says what they do):
   generation collected 18 and 19 times), which is why the table's decode row moved, and why the table's total
   moved less than its ingest row (in this page's run the before's rows also read lower than in earlier runs).
 
-Then four more, the per-event calls back into Python and the per-record Python loops around the producer (the
-table above, `--before` ddccd97, the tree they start from; "Both cores" above says what runs where):
+Then four more, the per-event calls back into Python and the per-record Python loops around the producer (this
+page's run then, `--before` ddccd97, the tree they start from; "Both cores" above says what runs where):
 - The reference mapping in Rust (`ReferenceClocks`, native/src/clocks.rs; `IngestConfig.reference_mapping`):
   `take_run`, the merger and the record builder called the Python mapping's `to_reference` for each event taken
   and again for the error bound of each event released in a later call than it was pushed in, about twice per
@@ -529,6 +542,32 @@ table above, `--before` ddccd97, the tree they start from; "Both cores" above sa
   ingest 3.69; without `DeliveryRuns`, commit 0.75; without `ProduceLoop`, produce 1.76. Stages whose code was
   the same in two variants differed by up to 0.35 us/event between them (ingest 2.68 to 3.02 with the same
   code): that is the noise of these single figures, so the commit and produce differences are the firmer ones.
+
+Then five more, the Python per event that was left around the native calls (the table above, `--before` 8403747,
+the tree they start from), each with its differential test:
+- The decoder built each IncomingEvent by calling the class (`type.__call__` and the dataclass's `__init__`, a
+  Python frame per event): it now allocates it in its slots as the record builder does Produce and DeliveryRef
+  (native/src/events.rs, `new_incoming_event`; test_native_decode.py compares the events with the Python
+  decoder's).
+- Those three classes' instances built natively are untracked by the cyclic garbage collector (records/slots.rs,
+  `untracked`: they hold strs, bytes, ints, a DeliveryRef, a headers tuple, and a payload decoded for the event
+  alone, so they cannot close a reference cycle; reference counting frees them as before,
+  test_native_decode.py and test_native_produce_records.py check both). With the gateway's collector settings
+  each young collection had walked every such instance alive since the last one: timed by `gc.callbacks` in this
+  loop (native core, 3 runs each, load ~5), 0.67-0.85 us/event of collections before, 0.06 after, with the same
+  18-19 collections.
+- `DeliveryTracker.confirmed_run`'s in-order loop (each seq's pending digest popped, the ring of acked digests
+  written) is `EventDigests.confirm_run` with the native digests (native/src/dedup.rs: the ring's two
+  `array('q')` written in place through the buffer protocol; a digest it cannot write, the ring's first, goes
+  back to the tracker's `_remember`; test_native_confirm_run.py holds a tracker with the native digests to
+  `confirmed` per seq, digests in the ring included).
+- `IngestCore.events_received`'s check of a frame for a refused payload (a Python generator over the frame's
+  events) is `RecordBuilder.any_payload_of_class` with the native builder (test_native_produce_records.py).
+- Not in this loop: the shard sorted each core call's actions into Kafka writes and the rest with a type check
+  and an append per record in Python; `ProduceLoop.split_writes` now sorts them in one pass, and the Python loop
+  sees only the rest, or every action when one is of another class (test_native_produce_loop.py holds
+  `_carry_out_now` with and without it to the same writes and host calls). Also: the record JSON's integers are
+  written two digits per division.
 """
 
 
@@ -542,7 +581,7 @@ def _summary(now: dict[str, float], python: dict[str, float], was: dict[str, flo
     before = (f"; each in a process of its own, the native core's total is {alone['total']:.2f} against the tree "
               f"before's {was['total']:.2f} us/event, {alone['total'] / was['total']:.2f}x (ingest "
               f"{alone['ingest'] / was['ingest']:.2f}x, produce {alone['produce'] / was['produce']:.2f}x, commit "
-              f"{alone['commit'] / was['commit']:.2f}x, decode, the same code, {alone['decode'] / was['decode']:.2f}x)"
+              f"{alone['commit'] / was['commit']:.2f}x, decode {alone['decode'] / was['decode']:.2f}x)"
               if was else "")
     verdict = "met" if now["total"] <= target_us else f"missed, {now['total'] / target_us:.1f}x it"
     return (f"In this run the native core's total is {now['total']:.2f} us/event, {now['total'] / python['total']:.2f}x "
