@@ -430,11 +430,12 @@ def cores_side_by_side(results: list[RunResult], limit: PlainResult) -> str:
 (gateway/native.py) instead: the connection decoder (frame split, msgpack decode, validation) in each session, the
 sequence reorderer of each (source, stream), the merger of each stream (with a frame's in-order run merged and
 turned into records in the same call), the record bytes and Produce actions, the delivery tracker's digests and
-in-order admissions, the reference mapping (the identity here: time sync is off), a commit's per-record loops and
-the transactional shard's produce loop over its plain records. Python keeps the glue per frame, run and batch, the
-tracker's state and its confirmations per run of seqs, the rare paths, the Python objects each event still is on
-its way (IncomingEvent, SourceEvent, Produce and DeliveryRef) and confluent-kafka's produce call per record
-(docs/gateway-hotpath.md: "What still runs in Python, and why"). At each source count the cores ran one after the
+in-order admissions and confirmations, the reference mapping (the identity here: time sync is off), a commit's
+per-record loops, the transactional shard's produce loop over its plain records and its sorting of each core
+call's actions. Python keeps the glue per frame, run and batch, the tracker's state, the rare paths, the Python
+objects each event still is on its way (IncomingEvent, SourceEvent, Produce and DeliveryRef; the natively built
+ones off the cyclic collector's lists) and confluent-kafka's produce call per record (docs/gateway-hotpath.md:
+"What still runs in Python, and why"). At each source count the cores ran one after the
 other, in alternating order.
 
 | sources | python core events/s | native core events/s | native / python | python of plain producer | native of plain producer | python CPU us/event | native CPU us/event | native / python CPU |
@@ -540,10 +541,10 @@ Next levers, by expected gain:
 2. Target 1: fewer Python objects per event. With `--core native` the in-order path's per-event steps run in
    Rust (each held to the Python code it replaces by differential tests, tests/unit/native/); what is left per
    event in Python are the objects the next step takes as such (IncomingEvent, SourceEvent, Produce and
-   DeliveryRef, key and value bytes), the shard's sorting of each core call's actions (`_carry_out_now`: a type
-   check and an append per record) and confluent-kafka's produce call, whose headers conversion and message
-   allocation are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its
-   bytes to a native batch of records that the shard produces and commits without those objects.
+   DeliveryRef, key and value bytes, the delivery tracker's pending entries; the natively built ones off the
+   cyclic collector's lists) and confluent-kafka's produce call, whose headers conversion and message allocation
+   are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its bytes to a
+   native batch of records that the shard produces and commits without those objects.
 3. Target 2: sources that send more often than they batch (1 ms frames, or a heartbeat when a frame is due but
    empty) lower the floor; the gateway can only wait for what the sources promise. Measured on a quiet machine,
    the p99 should then be the frame interval plus the scheduling slip of the sources' hosts.
