@@ -165,6 +165,10 @@ class ProduceLoopCore(Protocol):
         when an action is of neither (the Python loop sorts them)."""
         ...
 
+    def first_write_end(self, actions: list[Produce | WriteCheckpoint], start: int, topics: set[str]) -> int:
+        """``_first_write_end``'s scan: one past the first of ``actions[start:]`` bound for one of ``topics``."""
+        ...
+
 
 @dataclass
 class _Takeover:
@@ -488,6 +492,8 @@ class ShardRuntime:
         """One past the first of ``actions[start:]`` bound for a topic this runtime has not written yet, else
         ``len(actions)``."""
         unsettled = self._unsettled_topics
+        if self._produce_loop is not None:
+            return self._produce_loop.first_write_end(actions, start, unsettled)
         for index in range(start, len(actions)):
             if actions[index].topic in unsettled:
                 return index + 1

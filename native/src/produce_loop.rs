@@ -16,7 +16,7 @@ use std::collections::HashSet;
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple};
 
 use crate::records::slots::produce_fields::{DELIVERY, HEADERS, KEY, TIMESTAMP_MS, TOPIC, VALUE};
 use crate::records::slots::{delivery_ref_fields, produce_fields, SlotsClass};
@@ -142,6 +142,32 @@ impl ProduceLoop {
             records.set_item(topic, count)?;
         }
         Ok(Some((wanted, records)))
+    }
+
+    /// `ShardRuntime._first_write_end(actions, start)`: one past the first of `actions[start:]` whose `topic` is in
+    /// `topics`, else `len(actions)`. A Produce's topic is read from its slot; any other action's by `getattr`.
+    fn first_write_end<'py>(
+        &self,
+        actions: &Bound<'py, PyList>,
+        start: usize,
+        topics: &Bound<'py, PySet>,
+    ) -> PyResult<usize> {
+        let topic_name = pyo3::intern!(actions.py(), "topic");
+        for index in start..actions.len() {
+            let action = actions.get_item(index)?;
+            let topic = match self
+                .produce
+                .as_ref()
+                .and_then(|class| class.get(&action, TOPIC))
+            {
+                Some(topic) => topic,
+                None => action.getattr(topic_name)?,
+            };
+            if topics.contains(topic)? {
+                return Ok(index + 1);
+            }
+        }
+        Ok(actions.len())
     }
 
     /// `ShardRuntime._carry_out_now`'s sorting of a core call's actions: `(the actions whose class is one of

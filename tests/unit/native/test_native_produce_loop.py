@@ -209,3 +209,22 @@ def test_split_writes_by_exact_class() -> None:
         [produce, checkpoint], [ack, ack])
     assert loop.split_writes([], (Produce,), ()) == ([], [])
     assert loop.split_writes([produce, LateProduce("t", b"k", b"v", None)], (Produce,), (SendToSource,)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(topics=st.lists(st.sampled_from(["t.events", "t.late", "sources", "cluster"]), max_size=20),
+       unsettled=st.sets(st.sampled_from(["t.events", "t.late", "sources", "x"])), start=st.integers(0, 20))
+def test_first_write_end_is_the_python_scan(topics: list[str], unsettled: set[str], start: int) -> None:
+    """The native scan of ``_first_write_end`` against the Python one: Produce (read from its slot), WriteCheckpoint
+    and a Produce subclass (read by getattr), from any start."""
+    actions: list[Any] = []
+    for index, topic in enumerate(topics):
+        kind = index % 3
+        actions.append(Produce(topic, b"k", b"v", None) if kind == 0 else WriteCheckpoint(topic, b"k", b"v")
+                       if kind == 1 else LateProduce(topic, b"k", b"v", None))
+    start = min(start, len(actions))
+    python = types.SimpleNamespace(_unsettled_topics=unsettled, _produce_loop=None)
+    native = types.SimpleNamespace(_unsettled_topics=unsettled, _produce_loop=native_produce_loop())
+    expected = ShardRuntime._first_write_end(python, actions, start)  # type: ignore[arg-type]
+    assert expected == next((i + 1 for i in range(start, len(topics)) if topics[i] in unsettled), len(topics))
+    assert ShardRuntime._first_write_end(native, actions, start) == expected  # type: ignore[arg-type]
