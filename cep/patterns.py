@@ -541,22 +541,7 @@ class UncertainPatternMatcher:
         def near_late(pos: int) -> list[_Candidate]:
             return slice_near(retained[pos]) + slice_near(live[pos])
 
-        partners = near_late if late else near
-
-        def rec(pos: int) -> Iterator[list[_Candidate]]:
-            if pos == n:
-                yield [c for c in chosen if c is not None]
-                return
-            if pos == fixed:
-                yield from rec(pos + 1)
-                return
-            for c in partners(pos):
-                if fits(pos, c):
-                    chosen[pos] = c
-                    yield from rec(pos + 1)
-                    chosen[pos] = None
-
-        return rec(0)
+        return _assignments(0, n, fixed, chosen, near_late if late else near, fits)
 
     def _match(self, combo: list[_Candidate], late_element: str | None) -> PatternMatch | None:
         ts = [c.ts_us for c in combo]
@@ -711,6 +696,25 @@ class UncertainPatternMatcher:
         m._held = [_Held(release, _match_from_dict(d)) for release, d in state["held"]]
         m.counters = _Counters(*state["counters"])
         return m
+
+
+def _assignments(pos: int, n: int, fixed: int, chosen: list[_Candidate | None],
+                 partners: Callable[[int], list[_Candidate]],
+                 fits: Callable[[int, _Candidate], bool]) -> Iterator[list[_Candidate]]:
+    """Depth first, in position order: every way to fill the free positions from ``pos`` on with a partner that
+    fits what is chosen so far. A module function, not a closure that calls itself: such a closure is a reference
+    cycle (the function, its cell), garbage the cyclic collector alone frees, one per event."""
+    if pos == n:
+        yield [c for c in chosen if c is not None]
+        return
+    if pos == fixed:
+        yield from _assignments(pos + 1, n, fixed, chosen, partners, fits)
+        return
+    for c in partners(pos):
+        if fits(pos, c):
+            chosen[pos] = c
+            yield from _assignments(pos + 1, n, fixed, chosen, partners, fits)
+            chosen[pos] = None
 
 
 def _match_from_dict(d: Mapping[str, Any]) -> PatternMatch:
