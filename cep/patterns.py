@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -313,12 +314,19 @@ class _Candidate:
         return [self.ts_us, self.width2_us, self.arrival, self.ref]
 
 
-def _ts_of(c: _Candidate) -> int:
-    return c.ts_us
+# The bisections' key: a C-level getter (a Python key function is called once per comparison). Bounds in doubled
+# units become bounds on ts: 2 ts >= X iff ts >= ceil(X / 2), and 2 ts > Y iff ts > floor(Y / 2).
+_ts_of = operator.attrgetter("ts_us")
 
 
-def _ts2_of(c: _Candidate) -> int:
-    return 2 * c.ts_us
+def _first_from2(bucket: list[_Candidate], bound2: int, lo: int = 0, hi: int | None = None) -> int:
+    """The first candidate of the sorted ``bucket`` (within ``lo:hi``) with ``2 ts >= bound2``."""
+    return bisect.bisect_left(bucket, -(-bound2 // 2), lo, len(bucket) if hi is None else hi, key=_ts_of)
+
+
+def _first_past2(bucket: list[_Candidate], bound2: int) -> int:
+    """The first candidate of the sorted ``bucket`` with ``2 ts > bound2``."""
+    return bisect.bisect_right(bucket, bound2 // 2, key=_ts_of)
 
 
 @dataclass(slots=True)
@@ -363,6 +371,8 @@ class UncertainPatternMatcher:
         if allowed_lateness_us < 0:
             raise ValueError(f"allowed_lateness_us must be >= 0, got {allowed_lateness_us}")
         self.spec = spec
+        # Each element's condition with its position, looked up once: every event tests every element.
+        self._conditions = tuple(enumerate(el.where for el in spec.elements))
         self.allowed_lateness_us = allowed_lateness_us
         self.ta_us = 0
         self.max_ta_us = 0
@@ -439,7 +449,7 @@ class UncertainPatternMatcher:
             self.counters.too_late += 1
             return []
         late = lateness == "late"
-        positions = [i for i, el in enumerate(spec.elements) if el.matches(payload)]
+        positions = [i for i, where in self._conditions if where(payload)]
         if not positions:
             return []
         cand = _Candidate(ts_us, self._width2(uncertainty_us), self._arrivals, event_ref)
@@ -525,18 +535,17 @@ class UncertainPatternMatcher:
         # Any partner must fit the window with the fixed event: |2 ts_c - 2 ts| <= 2 W + U + U_c.
         reach2 = within2 + cand.width2_us + self._max_width2
 
+        # The partners' ts range: 2 ts in [2 ts_cand - reach2, 2 ts_cand + reach2].
+        lo_ts, hi_ts = -(-(2 * cand.ts_us - reach2) // 2), (2 * cand.ts_us + reach2) // 2
+
         def slice_near(bucket: list[_Candidate]) -> list[_Candidate]:
-            lo = bisect.bisect_left(bucket, 2 * cand.ts_us - reach2, key=_ts2_of)
-            hi = bisect.bisect_right(bucket, 2 * cand.ts_us + reach2, key=_ts2_of)
-            return bucket[lo:hi]
+            return bucket[bisect.bisect_left(bucket, lo_ts, key=_ts_of):bisect.bisect_right(bucket, hi_ts, key=_ts_of)]
 
         live, retained = self._candidates, self._retained
 
         def near(pos: int) -> list[_Candidate]:
             bucket = live[pos]  # the on-time path: slice_near inlined, it runs once per position and level
-            lo = bisect.bisect_left(bucket, 2 * cand.ts_us - reach2, key=_ts2_of)
-            hi = bisect.bisect_right(bucket, 2 * cand.ts_us + reach2, key=_ts2_of)
-            return bucket[lo:hi]
+            return bucket[bisect.bisect_left(bucket, lo_ts, key=_ts_of):bisect.bisect_right(bucket, hi_ts, key=_ts_of)]
 
         def near_late(pos: int) -> list[_Candidate]:
             return slice_near(retained[pos]) + slice_near(live[pos])
@@ -602,10 +611,10 @@ class UncertainPatternMatcher:
     def _forget(self, bucket: list[_Candidate], forget2: int) -> None:
         """Remove the candidates whose interval ends below ``forget2``; only the prefix within the widest interval
         of that bound needs a look, so a long retained set costs a bisection per watermark."""
-        edge = bisect.bisect_left(bucket, forget2, key=_ts2_of)
+        edge = _first_from2(bucket, forget2)
         if edge == 0:
             return
-        surely = bisect.bisect_left(bucket, forget2 - self._max_width2, 0, edge, key=_ts2_of)
+        surely = _first_from2(bucket, forget2 - self._max_width2, 0, edge)
         kept = [c for c in bucket[surely:edge] if 2 * c.ts_us + c.width2_us >= forget2]
         self.counters.forgotten += edge - len(kept)
         bucket[:edge] = kept
@@ -639,7 +648,7 @@ class UncertainPatternMatcher:
         for bucket in self._retained:
             if bucket:
                 # The earliest end lies among the oldest starts, within the widest interval of the first one.
-                stop = bisect.bisect_right(bucket, 2 * bucket[0].ts_us + self._max_width2, key=_ts2_of)
+                stop = _first_past2(bucket, 2 * bucket[0].ts_us + self._max_width2)
                 due.extend((2 * c.ts_us + c.width2_us + slack2) // 2 + 1 for c in bucket[:stop])
         return min(due, default=None)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, ClassVar
 
 from cep.lexer import (
@@ -41,6 +42,12 @@ _MISSING = object()
 def _lookup(payload: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     cur: Any = payload
     for part in path:
+        # A parsed payload is dicts all the way down: their exact type first, the ABC check only for others.
+        if type(cur) is dict:
+            cur = cur.get(part, _MISSING)
+            if cur is _MISSING:
+                return _MISSING
+            continue
         if not isinstance(cur, Mapping) or part not in cur:
             return _MISSING
         cur = cur[part]
@@ -64,19 +71,25 @@ class Cmp:
     field: str
     op: str
     value: Any
+    # Derived once from field and op (a condition runs once per event and element): not part of its identity.
+    _path: tuple[str, ...] = dataclass_field(init=False, repr=False, compare=False)
+    _test: Callable[[Any, Any], bool] | None = dataclass_field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.op != "in" and self.op not in _SPELLED:
             raise ValueError(f"unknown operator {self.op!r}")
+        object.__setattr__(self, "_path", tuple(self.field.split(".")))
+        object.__setattr__(self, "_test", None if self.op == "in" else COMPARISONS[canonical_op(self.op)])
 
     def __call__(self, payload: Mapping[str, Any]) -> bool:
-        got = _lookup(payload, tuple(self.field.split(".")))
+        got = _lookup(payload, self._path)
         if got is _MISSING:
             return False
-        if self.op == "in":
+        test = self._test
+        if test is None:
             return bool(got in self.value)
         try:
-            return bool(COMPARISONS[canonical_op(self.op)](got, self.value))
+            return bool(test(got, self.value))
         except TypeError:
             return False
 
