@@ -136,6 +136,7 @@ def jfr_split(recording: Path) -> dict[str, Any]:
 PYTHON_CATEGORIES = (
     ("gc.collect after each task (pyspark daemon.py, reused worker)", r"^manager \(daemon\.py:211\)"),
     ("task setup (importlib.invalidate_caches re-reads pyspark.zip)", r"setup_spark_files"),
+    ("collector after a group (WorkerCollector: young collection, freeze)", r"after_group|before_group"),
     ("state restore (a core not kept in this worker)", r"restore|from_blob|unpackb"),
     ("snapshot (core state encoding, msgpack)", r"incremental_snapshot|snapshot \(|to_blob|packb"),
     ("record parse (orjson: the worker's columns, the payload)", r"decode_payload|record_columns|parse_record"),
