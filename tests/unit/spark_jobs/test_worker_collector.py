@@ -1,6 +1,7 @@
 """spark_jobs.stateful.WorkerCollector: a group runs with the automatic collector off, the garbage cycles it made
-are collected right after it, the kept objects are frozen between groups, and every full_every-th group leaves
-them to pyspark's full collection after the task, which then collects garbage among them."""
+are collected right after it (young collections back off while they find none), the kept objects are frozen
+between groups, and every full_every-th group leaves them to pyspark's full collection after the task, which then
+collects garbage among them."""
 
 from __future__ import annotations
 
@@ -115,3 +116,43 @@ def test_a_failing_group_turns_the_collector_back_on(unfrozen: None) -> None:
     with pytest.raises(RuntimeError):
         run_function(function, FakeGroupState(), BATCHES[0])
     assert gc.isenabled()
+
+
+class SometimesCyclingCore(CyclingCore):
+    """A core that makes a garbage cycle only in the batches it is told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cycle_now = False
+
+    def on_events(self, batch: MicroBatchColumns) -> list[Any]:
+        if self.cycle_now:
+            self.garbage.append(weakref.ref(cycle()))
+        return []
+
+
+def test_young_collections_back_off_while_they_find_nothing_and_return_with_garbage(unfrozen: None) -> None:
+    core = SometimesCyclingCore()
+    collector = WorkerCollector(full_every=12, young_every_max=4)
+    function = make_stream_function("j", lambda _s, _b: core, lambda _s: ("p.events.s", 1), LiveCores(),
+                                    collector_policy=collector)
+    state = FakeGroupState()
+
+    def group(with_cycle: bool) -> None:
+        core.cycle_now = with_cycle
+        run_function(function, state, BATCHES[collector.groups % len(BATCHES)])
+        gc.collect()  # pyspark's worker after the task
+
+    for _ in range(7):
+        group(False)
+    # Young collections after groups 1, 3 and 7: each found nothing, so the next waits twice as long (at most 4).
+    assert collector.young_collections == 3
+    group(True)  # group 8: no young collection; its cycle is frozen with the rest
+    group(False)
+    group(False)
+    group(True)  # group 11: a young collection, which finds this group's cycle
+    assert collector.young_collections == 4
+    assert core.garbage[0]() is not None and core.garbage[1]() is None
+    group(False)  # group 12: young collection again (garbage was found), then the full collection
+    assert collector.young_collections == 5
+    assert core.garbage[0]() is None
