@@ -42,6 +42,7 @@ import itertools
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -144,8 +145,12 @@ class PatternSpec:
     emit: EmitMode = "eager"
     max_candidates: int = 10_000
     max_matches_per_event: int = 1_000
+    # PARTITION BY's path, split once (every event is routed by it): derived, not part of the spec's identity.
+    _partition_path: tuple[str, ...] | None = dataclass_field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_partition_path",
+                           None if self.partition_by is None else tuple(self.partition_by.split(".")))
         if not self.elements:
             raise ValueError("a pattern needs at least one element")
         if self.within_us < 0:
@@ -194,11 +199,12 @@ class PatternSpec:
 
     def partition_key(self, payload: Mapping[str, Any]) -> Any:
         """The value to route an event to its matcher (``None`` without ``PARTITION BY`` or if missing)."""
-        if self.partition_by is None:
+        path = self._partition_path
+        if path is None:
             return None
         cur: Any = payload
-        for part in self.partition_by.split("."):
-            if not isinstance(cur, Mapping):
+        for part in path:
+            if type(cur) is not dict and not isinstance(cur, Mapping):
                 return None
             cur = cur.get(part)
         return cur

@@ -127,11 +127,12 @@ class PatternStreamCore:
             on_event(payload, ts, uncertainty, source_id, seq, outputs)
         return outputs
 
-    def _on_event(self, payload_text: str | None, ts_us: int, uncertainty_us: int | None, source_id: Any, seq: Any,
+    def _on_event(self, payload_text: Any, ts_us: int, uncertainty_us: int | None, source_id: Any, seq: Any,
                   outputs: list[tuple[str, dict[str, Any]]]) -> None:
         """One event (its contract columns as they came); matches, too-late and rejected records to ``outputs``."""
         try:
-            payload = decode_payload(payload_text)
+            # The worker's parse gives the payload as a dict already: decode only what is not one.
+            payload = payload_text if type(payload_text) is dict else decode_payload(payload_text)
         except ValueError as exc:
             key = result_key(self.stream, RESULT_REJECTED, source_id, seq)
             outputs.append((key, result_value(JOB_NAME, RESULT_REJECTED, self.stream, source_id=source_id, seq=seq,

@@ -98,11 +98,12 @@ class SequenceStreamCore:
             on_event(payload, ts, source_id, seq, outputs)
         return outputs
 
-    def _on_event(self, payload_text: str | None, ts_us: int, source_id: Any, seq: Any,
+    def _on_event(self, payload_text: Any, ts_us: int, source_id: Any, seq: Any,
                   outputs: list[tuple[str, dict[str, Any]]]) -> None:
         """One event (its contract columns as they came); the engine's records to ``outputs``."""
         try:
-            payload = decode_payload(payload_text)
+            # The worker's parse gives the payload as a dict already: decode only what is not one.
+            payload = payload_text if type(payload_text) is dict else decode_payload(payload_text)
         except ValueError as exc:
             outputs.append(self._side(RESULT_REJECTED, source_id, seq, ts_us, "bad_payload", str(exc)))
             return
