@@ -735,52 +735,59 @@ is not smaller (the sequence blob is 1.4 % larger: each key carries its own fram
 ships it whole every batch: that part is not in these figures."""
 
 # The subset run's reading (``--jobs``), written from the numbers of the run that produced its table, as ANALYSIS.
-SUBSET_ANALYSIS = """**Reading.** This run measured the key-group routing moved out of the JVM (d817870; docs/spark-jobs.md,
-"Routing": with G > 1 a `mapInArrow` stage before the shuffle parses each raw value with orjson, reads the key and
-adds the key group; the JVM parses no JSON for any of the CEP jobs now). The code before (6232ec5: the routing's narrow
-`from_json` of the kind and the key's payload fields, with a `get_json_object` fallback) ran the same benchmark at
-the same time in its own broker and Spark, three times; CPU us/event of each job's best round, before -> after
-(the last pair is the table above; the after run of the first pair ran the same routing code at 0ebd8d4):
+SUBSET_ANALYSIS = """**Reading.** This run measured three changes to the Python side of the pattern and sequence jobs (8256120;
+docs/spark-jobs.md, "Python workers"): the pattern matcher's search no longer leaves a reference cycle per event (a
+recursive closure that referred to itself: about 17 objects per event that took an element, which only the cyclic
+collector frees; the young collection after a group found 1,133,339 of them per 100,000 events in-process, none
+after); the worker's young collection backs off while it finds no garbage; a pattern condition and the matcher's
+bisections look up their path, operator and key once (C-level getter instead of a Python key function per
+comparison). Every result-equal test stayed green (tests/integration/test_spark_key_groups.py,
+test_spark_cep_jobs.py, test_spark_sequence_job.py: the jobs' records against the pure cores, G = 1 and G = 4), and
+the matcher before and after gave the same matches, verdicts, timers, counters and snapshots on 3,000 random streams.
 
-| pair (UTC; load average) | pattern (2 key groups) | sequence, `--key-groups 2` | native count, before / after |
+The code before (8403747) ran the same benchmark at the same time in its own broker and Spark. The machine was far
+busier than in the runs before (other work: 1-minute load average 8-22 on 2 cores), so every job's CPU per event
+is about twice the earlier runs' and the spread between rounds is wide. CPU us/event, best round, before -> after
+(native count 37.6 / 35.9; each round's CPU us/event in brackets, rounds 0 and 1):
+
+| job | before | after | change |
 |---|---:|---:|---:|
-| 00:14-00:21 (6.9-10.7) | 113.6 -> 105.4 (-7 %) | 57.1 -> 50.6 (-11 %) | 26.3 / 25.6 |
-| 00:39-00:45 (3.1-6.2) | 103.2 -> 107.5 (+4 %) | 64.7 -> 58.2 (-10 %) | 35.4 / 37.8 |
-| 00:46-00:52 (4.6-8.2) | 98.0 -> 92.8 (-5 %) | 50.8 -> 42.8 (-16 %) | 34.7 / 47.2 |
+| pattern (2 key groups) | 140.5 (214.0, 140.5 per round) | 129.2 (195.5, 129.2) | -8 % |
+| sequence, one key group per stream | 77.5 (96.0, 77.5) | 71.9 (77.2, 71.9) | -7 % |
+| sequence, `--key-groups 2` | 90.0 (90.0, 109.0) | 96.4 (124.7, 96.4) | +7 % |
 
-The sequence job with 2 key groups spends 10-16 % less CPU per event in every pair; the pattern job -7, +4 and
--5 %: within the spread between runs, no gain shown. Read the table above with care: its native count spent 47.2
-CPU us/event in its best round (its other round 77.5), against 34.7 in the before run beside it and 25.6-37.8 in
-the other runs, so its ratios are flattering; against the 34.7 of the same minutes the sequence job with 2 groups is
-at 0.81x by CPU (42.8) and pattern at 0.37x (92.8). In the three after runs the sequence job with 2 groups was at
-0.51x, 0.65x and 1.10x of its own run's native count by CPU: the target (0.8x) is met in one run of three.
+Within the spread of this machine (the same job's two rounds differ by 20-50 %), these runs show no change beyond
+the noise for the sequence job with 2 groups and about 8 % less CPU for pattern and the sequence job with one
+group. The in-process measure is clearer: the young collection after a pattern group took 1.1-2.2 s per 100,000
+events before (walking the cycles) and 0.46-0.78 s after the cycle fix, which the back-off then skips in most
+groups of a long-running job (a short run like this one has 2 micro-batches, so most groups still run it: the CPU
+split still finds 1.9 us/event of the collector in pattern and 4.6 in the sequence job).
 
-Where the CPU goes now (`benchmarks/spark_cpu_split.py --jobs sequence_g2,pattern`, 200,000 events, 00:26 UTC, the
-code of d817870, load average 1.9-3.6, JFR and py-spy attached; the routing stage's samples counted apart): JSON in
-the JVM 0.5 us/event (sequence, 2 groups) and 0.8 (pattern), where the split after the previous change still found
-20.6 in the pattern job's Jackson; the routing stage in Python 3.4 and 7.7 us/event (its parse, the key, the Arrow
-batch); Arrow in the JVM 12.5 and 5.7 (rows to Arrow and back, now for two Python stages; the sequence job ran
-first in that JVM, with the C2 compiler at 41.7 us/event, so its JVM parts read high). The JVM's parse is gone,
-and a second Python pass over every value with an Arrow round trip takes most of its place: the net is the 10-16 %
-above for the sequence job and nothing measurable for pattern, whose cost is its Python core (py-spy: the matcher
-17.2, the shell 10.7 of the workers' 49.5 us/event; JVM 37.4).
+Where the CPU goes now (docs/spark-cpu-split.md, 200,000 events, 04:02-04:17 UTC, load average 13-21 at the jobs'
+starts, JFR and py-spy attached; absolute figures inflated by that load): pattern 231.3 CPU us/event, the JVM 147.5
+(of which the C2 compiler 71.7: this run's first job, and the results' collect to the driver 24.9), the Python
+workers 54.7 (the matcher and adapter 19.1, the shell 6.9, the snapshot 5.7, the state stage's record parse 5.7,
+Arrow to pandas 5.5, the routing stage 4.5), the driver 29.0 (the exactly-once results sink: pattern writes about
+one match per three events, each with both events' payloads). The sequence job with 2 groups: 68.5 (JVM 36.4,
+Python 26.3 of which the routing stage 6.9 and the state stage's parse 4.9, driver 5.7); the native count 51.4.
 
-Tried and dropped: a scalar pandas UDF instead of the stage (value, stream and topic in, the key group out, the
-value not shipped back; Spark explodes a punctuation to every group). Side by side with the stage (00:32-00:36 UTC,
-load 4.6-9.0): pattern 74.8 against 72.5 CPU us/event, the sequence job with 2 groups 41.6 against 38.9 (not
-profiled; Spark's Python UDF operator keeps each input row in a queue to join it with the UDF's result, which
-would take the place of the return trip). Not tried: a key outside the value (the gateway's records carry the
-source id as Kafka key and header and the kind as a header, contract/records.py; the query chooses its key among
-the payload's fields, which the gateway does not know), and a JVM regular expression over the raw value (not
-measured: it scans every record as a parse does, and it is not JSON's reading of the record, so a field nested,
-escaped or in another order could send one key's records to two groups and change the results).
+Not done, with the reason: carrying the routing stage's parse to the state stage. As bytes (one marshal tuple of
+the columns a core reads per record, exact by construction) it moves the cost instead of removing it: on 100,000
+records of the benchmark's shape (this machine, process CPU, collector off) the state stage's parse and columns
+cost 5.4 us/record, the alternative 3.4 to decode plus 1.7 to encode in the routing stage; the Python objects are
+made either way. As typed Arrow columns it would not be exact: pyspark 4.0 hands each Arrow column to pandas with
+pyarrow's `to_pandas`, where a 64-bit integer column with nulls (every integer column of a batch that mixes events
+and punctuations) becomes float64, so an integer above 2^53 (a `seq`, an offset) would change (2^60 + 1 reads back
+as 2^60). Fusing the routing into the state stage is not possible with Spark's API: the key group must exist
+before the shuffle that groups by it.
 
-Targets still missed: pattern (0.24x-0.51x by CPU in the three after runs) is its Python core's; the sequence job
-with 2 groups is at 0.51-1.10x by CPU against its native count, 0.81x against the before run's at the same time.
-Per core, the sequence job with 2 groups made 23,400 events per CPU second in the table's run (1 / 42.8 us): 10.2 % of its
-engine's 228,497 measured after that run (target 25 %). The figures of the previous subset run (three_window, the
-sequence job with one group, iseq: 21:33-21:49 UTC, 56f0323) are in docs/spark-jobs.md, "After the parse moved into
-the worker"; their code path did not change here."""
+Targets still missed, by CPU per event against each run's native count: pattern 0.28x (target 0.8x: short by
+2.9x; its Python core and shell are 54.7 us/event of Python alone here, the native count's whole run 51.4), the
+sequence job 0.50x and with 2 groups 0.37x in this run (0.51-1.10x in the three runs of 00:14-00:52 UTC, a quieter
+machine). Per core, the sequence job made 13,900 events per CPU second (1 / 71.9 us): 6.3 % of its engine's 221,840
+measured after the rounds (target 25 %: 18.0 CPU us/event for the whole Spark run, about half of what the
+native count spends on the same records here). The previous subset run's figures (the routing moved into Python,
+d817870) are in docs/spark-jobs.md, "After the key-group routing moved into Python"."""
 
 BEFORE_COMMIT = "e9a2b52"
 
