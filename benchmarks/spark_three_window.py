@@ -745,20 +745,19 @@ comparison). Every result-equal test stayed green (tests/integration/test_spark_
 test_spark_cep_jobs.py, test_spark_sequence_job.py: the jobs' records against the pure cores, G = 1 and G = 4), and
 the matcher before and after gave the same matches, verdicts, timers, counters and snapshots on 3,000 random streams.
 
-The code before (8403747) ran the same benchmark at the same time in its own broker and Spark. The machine was far
-busier than in the runs before (other work: 1-minute load average 8-22 on 2 cores), so every job's CPU per event
-is about twice the earlier runs' and the spread between rounds is wide. CPU us/event, best round, before -> after
-(native count 37.6 / 35.9; each round's CPU us/event in brackets, rounds 0 and 1):
+The code before (8403747) ran the same benchmark at the same time in its own broker and Spark, twice: the table's
+run (400,000 events) and a second pair of runs (200,000 events, 04:18-04:28 UTC). The machine was far busier than
+in the runs before (other work: 1-minute load average 8-22 on 2 cores), so every job's CPU per event is about twice
+the earlier runs' and the spread between rounds is wide. CPU us/event of each job's best round, before -> after:
 
-| job | before | after | change |
-|---|---:|---:|---:|
-| pattern (2 key groups) | 140.5 (214.0, 140.5 per round) | 129.2 (195.5, 129.2) | -8 % |
-| sequence, one key group per stream | 77.5 (96.0, 77.5) | 71.9 (77.2, 71.9) | -7 % |
-| sequence, `--key-groups 2` | 90.0 (90.0, 109.0) | 96.4 (124.7, 96.4) | +7 % |
+| pair (UTC; events) | pattern (2 key groups) | sequence, one key group | sequence, `--key-groups 2` | native count, before / after |
+|---|---:|---:|---:|---:|
+| 03:45-04:13 (400,000: the table above) | 140.5 -> 129.2 (-8 %) | 77.5 -> 71.9 (-7 %) | 90.0 -> 96.4 (+7 %) | 37.6 / 35.9 |
+| 04:18-04:28 (200,000) | 119.4 -> 110.7 (-7 %) | 73.5 -> 69.7 (-5 %) | 80.5 -> 75.9 (-6 %) | 59.7 / 45.7 |
 
-Within the spread of this machine (the same job's two rounds differ by 20-50 %), these runs show no change beyond
-the noise for the sequence job with 2 groups and about 8 % less CPU for pattern and the sequence job with one
-group. The in-process measure is clearer: the young collection after a pattern group took 1.1-2.2 s per 100,000
+The same job's two rounds differ by 20-50 % on that machine (the table's pattern rounds: 214.0 and 140.5 before,
+195.5 and 129.2 after), so the pairs show a small gain at most: pattern and the sequence job 5-8 % less CPU in
+both pairs, the sequence job with 2 groups -6 and +7 %. The in-process measure is clearer: the young collection after a pattern group took 1.1-2.2 s per 100,000
 events before (walking the cycles) and 0.46-0.78 s after the cycle fix, which the back-off then skips in most
 groups of a long-running job (a short run like this one has 2 micro-batches, so most groups still run it: the CPU
 split still finds 1.9 us/event of the collector in pattern and 4.6 in the sequence job).
@@ -781,11 +780,11 @@ and punctuations) becomes float64, so an integer above 2^53 (a `seq`, an offset)
 as 2^60). Fusing the routing into the state stage is not possible with Spark's API: the key group must exist
 before the shuffle that groups by it.
 
-Targets still missed, by CPU per event against each run's native count: pattern 0.28x (target 0.8x: short by
-2.9x; its Python core and shell are 54.7 us/event of Python alone here, the native count's whole run 51.4), the
-sequence job 0.50x and with 2 groups 0.37x in this run (0.51-1.10x in the three runs of 00:14-00:52 UTC, a quieter
-machine). Per core, the sequence job made 13,900 events per CPU second (1 / 71.9 us): 6.3 % of its engine's 221,840
-measured after the rounds (target 25 %: 18.0 CPU us/event for the whole Spark run, about half of what the
+Targets still missed, by CPU per event against each run's native count: pattern 0.28x in this run and 0.41x in
+the second (target 0.8x: short by 2.0-2.9x; its Python workers alone spend 54.7 us/event in the split, the native
+count's whole run 51.4), the sequence job 0.50x and 0.66x, with 2 groups 0.37x and 0.60x (0.51-1.10x in the three
+runs of 00:14-00:52 UTC, a quieter machine). Per core, the sequence job made 13,900 events per CPU second (1 / 71.9 us): 6.3 % of its engine's 221,840
+measured after the rounds, 6.7 % in the second run (target 25 %: 18.0 CPU us/event for the whole Spark run, about half of what the
 native count spends on the same records here). The previous subset run's figures (the routing moved into Python,
 d817870) are in docs/spark-jobs.md, "After the key-group routing moved into Python"."""
 
