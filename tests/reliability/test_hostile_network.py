@@ -240,7 +240,9 @@ async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaff
     await wait_until(lambda: len(os.listdir("/proc/self/fd")) <= fds_before + 10, 10, "fds released")
     assert codes == ["frame_too_large"] * oversized
     peak_connections = peak[0]
-    assert counters_opened(gateway) == flood + oversized + 1
+    # The good source may reconnect once the flood stalls the gateway's loop past its ack wait (seen once in CI,
+    # on a loaded machine): every connection opened is one of these, counted.
+    assert counters_opened(gateway) == flood + oversized + 1 + good.stats.reconnects
     counters = gateway.counters
     assert counters.frames_too_large == oversized + flood // 3
     assert counters.timeouts == flood - flood // 3
