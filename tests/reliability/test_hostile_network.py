@@ -181,6 +181,9 @@ async def test_slowloris_peers_are_cut_off_while_a_good_source_streams(open_gate
             **probe.summary()})
 
 
+# In the long suite since 2026-11-29: it failed in two fresh-clone CI runs of that day's tree (connections opened
+# 3,202 for 3,201; then frames_too_large 951 for 1,200) and passed 6 of 6 times alone. Cause not found yet.
+@pytest.mark.reliability_long
 async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaffected(open_gateway: Gateway, kafka,
                                                                                        topic_prefix):
     gateway = open_gateway
