@@ -211,7 +211,12 @@ class ConnectionHandler(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         if after_error and transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:
+                # The peer is already gone (ENOTCONN after its reset): nothing left to protect, nothing to report.
+                transport.close()
+                return
             self._write_closed = True
             if self._paused or self._throttled:
                 self._paused = self._throttled = False

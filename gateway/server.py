@@ -78,7 +78,14 @@ from gateway.native import (
     resolve_core,
     with_core,
 )
-from gateway.session import EventsReceived, GatewaySession, HeartbeatReceived, SessionTimeouts, StreamRefused
+from gateway.session import (
+    EventsReceived,
+    GatewaySession,
+    HeartbeatReceived,
+    SessionTimeouts,
+    StreamRefused,
+    TimeoutSweepClock,
+)
 from gateway.shard import ShardLost, ShardRuntime, ShardSettings
 from gateway.tasks import SupervisedTasks
 from reorder.pipeline import IngestPipeline, PipelineConfig
@@ -510,11 +517,14 @@ class Gateway:
         return {name.removeprefix(prefix) for name in topics if name.startswith(prefix)}
 
     async def _sweep_timeouts(self) -> None:
+        sweep_clock = TimeoutSweepClock()
         while True:
             await asyncio.sleep(TIMEOUT_SWEEP_INTERVAL_S)
-            now_us = self._clock_us()
+            judged_us = sweep_clock.judging_time(self._clock_us())
+            if judged_us is None:
+                continue
             for handler in list(self._connections.values()):
-                handler.check_timeouts(now_us)
+                handler.check_timeouts(judged_us)
 
     async def _follow_membership(self) -> None:
         """The group's assignment is the truth: shards assigned here get a runtime, shards taken away lose theirs,

@@ -97,6 +97,26 @@ class SessionTimeouts:
     idle_us: int = 120_000_000
 
 
+class TimeoutSweepClock:
+    """The time at which a periodic sweep judges the sessions' timeouts: the previous sweep's.
+
+    A gateway that lagged (a starved process, a burst of thousands of connections) has not yet read what its peers
+    sent meanwhile: the bytes wait in its socket buffers. Judged at its own time, a sweep after such a lag would cut
+    off peers for the gateway's delay (seen: a quarter of a flood's HTTP peers timed out though each had written at
+    once). Between two sweeps the event loop polls its sockets at least once, so everything that had arrived by the
+    previous sweep has been read when the next one runs: judging at the previous sweep's time never counts the
+    gateway's own lag against a peer. The price: a timeout fires up to one sweep interval (plus any pause) late.
+    """
+
+    def __init__(self) -> None:
+        self._previous_sweep_us: int | None = None
+
+    def judging_time(self, now_us: int) -> int | None:
+        """Call once per sweep with its time; None for the first sweep, which judges nothing."""
+        judged_us, self._previous_sweep_us = self._previous_sweep_us, now_us
+        return judged_us
+
+
 class GatewaySession:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  max_events_per_batch: int = DEFAULT_MAX_EVENTS_PER_BATCH,

@@ -201,7 +201,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("source_retention_s", SECONDS, _ORDER, "Sources silent this long leave the progress checkpoints",
             "168h", shown="168h (7 days)"),
     Setting("handshake_timeout_s", SECONDS, _LIMITS, "A connection that has not said hello after this is closed",
-            "10s"),
+            "10s", details="All three timeouts are judged every 0.5 s at the previous sweep's time, so they fire up "
+                           "to 0.5 s late and never for bytes the gateway had not read yet (a gateway that lagged "
+                           "does not cut off the peers it kept waiting)."),
     Setting("partial_frame_timeout_s", SECONDS, _LIMITS, "A frame not completed within this closes its "
             "connection", "30s", details="With the handshake and idle timeouts: a slowloris peer that trickles a "
                                          "frame byte by byte, or never says hello, is cut off."),

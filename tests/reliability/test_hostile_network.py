@@ -8,11 +8,14 @@ event exactly once and the health endpoint keeps answering.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import pytest
 
 from clients import Backoff, SkewlessClient
 from clients.client import GatewayRejected
-from contract.wire.frames import HEADER, FrameDecoder, encode_frame
+from contract.wire.frames import FrameDecoder, encode_frame
 from gateway.auth import SourceAuthenticator, hmac_token
 from gateway.server import Gateway, GatewayConfig
 from gateway.session import SessionTimeouts
@@ -181,42 +184,32 @@ async def test_slowloris_peers_are_cut_off_while_a_good_source_streams(open_gate
             **probe.summary()})
 
 
-# In the long suite since 2026-11-29: it failed in two fresh-clone CI runs of that day's tree (connections opened
-# 3,202 for 3,201; then frames_too_large 951 for 1,200) and passed 6 of 6 times alone. Cause not found yet.
-@pytest.mark.reliability_long
-async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaffected(open_gateway: Gateway, kafka,
+@pytest.fixture
+async def flood_gateway(kafka, topic_prefix) -> AsyncIterator[Gateway]:
+    # 2 s to say hello: the silent flood connections cost the scenario that long, and a loaded host's own scheduling
+    # of the peers' process stays well inside it.
+    gateway = await start_gateway(kafka, topic_prefix,
+                                  timeouts=SessionTimeouts(handshake_us=2_000_000, partial_frame_us=3_000_000,
+                                                           idle_us=10_000_000))
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaffected(flood_gateway: Gateway, kafka,
                                                                                        topic_prefix):
-    gateway = open_gateway
+    """The attackers run in a process of their own (tests/reliability/flood_peers.py): in the test's event loop
+    their first bytes could leave after the handshake timeout, which made the counts depend on the host's load."""
+    gateway = flood_gateway
     assert gateway.metrics_port is not None
     flood, oversized = 3_000, 200
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     fds_before = len(os.listdir("/proc/self/fd"))
     good = SkewlessClient("127.0.0.1", gateway.port, "good", ["s"], backoff=FAST)
     await good.connect()
     stop = asyncio.Event()
     probe = Probe(gateway.metrics_port, [])
     probe_task = asyncio.create_task(probe.run(stop))
-    sockets: list[asyncio.StreamWriter] = []
-
-    async def flooder(k: int) -> None:
-        _reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-        sockets.append(writer)
-        if k % 3 == 0:
-            writer.write(b"GET / HTTP/1.1\r\n\r\n")  # not our protocol: a 1.19 GB frame length, refused at once
-
-    async def oversize(k: int) -> str:
-        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-        writer.write(encode_frame({"type": "hello", "version": 1, "source_id": f"big-{k}", "streams": ["s"]})
-                     + HEADER.pack(2**32 - 1) + b"\x00" * 1024)
-        try:
-            frames, _took = await closed_by_peer(reader, 10)
-        finally:
-            writer.close()
-        return str(frames[-1]["code"])
-
     peak = [0]
 
     async def sample_connections() -> None:
@@ -225,30 +218,37 @@ async def test_connection_flood_and_oversized_frames_leave_the_good_source_unaff
             await asyncio.sleep(0.01)
 
     sampler = asyncio.create_task(sample_connections())
+    peers = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.reliability.flood_peers", str(gateway.port), str(flood), str(oversized),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parents[2]))
+    assert peers.stdin is not None and peers.stdout is not None
     try:
         sender = asyncio.create_task(stream_good_source(good, 3_000))
-        await asyncio.gather(*(flooder(k) for k in range(flood)))
-        codes = await asyncio.gather(*(oversize(k) for k in range(oversized)))
+        async with asyncio.timeout(120):
+            codes = json.loads(await peers.stdout.readline())["codes"]
         await sender
         # Every flood connection is closed by the gateway: garbage at once, silence at the handshake timeout.
-        await wait_until(lambda: gateway.connection_count == 1, 15, "flood connections closed")
+        await wait_until(lambda: gateway.connection_count == 1, 30, "flood connections closed")
     finally:
-        for writer in sockets:
-            writer.close()
+        with contextlib.suppress(Exception):
+            peers.stdin.write(b"done\n")
+            await peers.stdin.drain()
+        async with asyncio.timeout(30):
+            await peers.wait()
         stop.set()
         await probe_task
         await sampler
         await good.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     await wait_until(lambda: len(os.listdir("/proc/self/fd")) <= fds_before + 10, 10, "fds released")
+    assert peers.returncode == 0
     assert codes == ["frame_too_large"] * oversized
     peak_connections = peak[0]
     # The good source may reconnect once the flood stalls the gateway's loop past its ack wait (seen once in CI,
     # on a loaded machine): every connection opened is one of these, counted.
     assert counters_opened(gateway) == flood + oversized + 1 + good.stats.reconnects
     counters = gateway.counters
-    assert counters.frames_too_large == oversized + flood // 3
-    assert counters.timeouts == flood - flood // 3
+    assert counters.frames_too_large == oversized + (flood + 2) // 3
+    assert counters.timeouts == flood - (flood + 2) // 3
     delivery = read_delivery(kafka.bootstrap_servers, topic_prefix, "s")
     delivery.assert_exactly_once_in_order({"good": 3_000})
     assert probe.failures == 0

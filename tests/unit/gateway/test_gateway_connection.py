@@ -224,6 +224,24 @@ async def test_a_plain_close_is_immediate_even_where_half_close_is_possible():
     assert transport.closed and not transport.eof_written
 
 
+class ResetTransport(HalfClosingTransport):
+    def write_eof(self) -> None:
+        raise OSError(107, "Transport endpoint is not connected")
+
+
+async def test_a_peer_already_reset_when_the_error_frame_goes_out_is_closed_without_a_failure():
+    """Seen under a connection flood: the peer reset its connection before the half-close; shutdown() then raises
+    ENOTCONN. That is the peer leaving, not a gateway failure: close, report nothing more than the session error."""
+    owner = FakeOwner()
+    handler = ConnectionHandler(owner, GatewaySession(now_us=T0), clock_us=lambda: T0 + 5)
+    transport = ResetTransport()
+    handler.connection_made(transport)  # type: ignore[arg-type]
+    handler.data_received(b"\x00\x00\x00\x02\xc1\xc1")
+    await settle()
+    assert owner.calls == [("session_failed", "malformed_frame")]
+    assert transport.closed
+
+
 # -- issue 24 item 4: a peer that does not read ---------------------------------------------------------------------
 
 
