@@ -36,13 +36,14 @@ demo: setup ## Kafka + gateway + simulated sources + Spark window job, verified,
 
 test: setup ## the suite CI runs: cargo test, unit, integration (real Kafka/Spark/NTP tools), fast reliability
 	cd native && $(CARGO) test --quiet
-	$(BIN)/pytest -m 'not reliability_long' --durations=40
+	$(BIN)/pytest tests/unit -n 2 --durations=20
+	$(BIN)/pytest -m 'not reliability_long' --ignore=tests/unit --durations=40
 
 test-long: setup ## the long reliability scenarios only (10^6 fuzz inputs, 30 s stalls, full load)
 	$(BIN)/pytest -m reliability_long
 
-test-unit: $(STAMP) $(NATIVE_STAMP) ## unit tests only (no external processes)
-	$(BIN)/pytest tests/unit
+test-unit: $(STAMP) $(NATIVE_STAMP) ## unit tests only (no external processes), on two cores
+	$(BIN)/pytest tests/unit -n 2
 
 lint: $(STAMP) ## ruff + mypy (strict) + hadolint + cargo fmt/clippy
 	bash scripts/setup-rust.sh
