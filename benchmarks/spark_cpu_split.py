@@ -10,6 +10,10 @@ py-spy's samples of the Python workers. Run:
 
     .venv/bin/python -m benchmarks.spark_cpu_split --events 200000 --jobs sequence --py-spy /tmp/pyspy/bin/py-spy
 
+A job named ``JOB@rows`` (e.g. ``pattern@rows``) runs JOB with the results sink taking each micro-batch as
+collected Rows, as it did before issue 27's Arrow path (benchmarks/spark_results_collect.py): the two side by side
+in one run.
+
 Prints the split as markdown (``--json F`` also writes the figures; ``--write-docs`` writes docs/spark-cpu-split.md).
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -25,6 +30,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,18 +194,46 @@ def spark_metrics(query: Any) -> dict[str, Any]:
     return {"batches": len(query.recentProgress), "durations_ms": dict(durations), "state": dict(state)}
 
 
+ROWS_SINK_SUFFIX = "@rows"
+
+
+@contextlib.contextmanager
+def results_sink_way(job: str) -> Iterator[str]:
+    """The job to start; for ``JOB@rows``, JOB with the sink's batches taken as collected Rows while it runs."""
+    if not job.endswith(ROWS_SINK_SUFFIX):
+        yield job
+        return
+    from benchmarks.spark_results_collect import rows_way
+    from spark_jobs import results_sink
+
+    arrow_way = results_sink.batch_records
+    results_sink.batch_records = rows_way  # looked up by ResultsSink at each micro-batch
+    try:
+        yield job.removesuffix(ROWS_SINK_SUFFIX)
+    finally:
+        results_sink.batch_records = arrow_way
+
+
 def measure(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str | None, work: Path) -> dict[str, Any]:
+    with results_sink_way(job) as started:
+        result = measure_job(spark, started, bootstrap, prefix, py_spy, work / job.replace("@", "-"))
+    return {**result, "job": job}
+
+
+def measure_job(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str | None,
+                files: Path) -> dict[str, Any]:
+    """``files``: where the recordings go (``.jfr``, ``.pyspy.txt`` appended)."""
     jvm = spark.sparkContext._gateway.proc.pid
     checkpoint = tempfile.mkdtemp(prefix=f"split-{job}-")
     start_job(spark, job, bootstrap, prefix, checkpoint).awaitTermination()  # warm: JIT, Python workers
     shutil.rmtree(checkpoint, ignore_errors=True)
     checkpoint = tempfile.mkdtemp(prefix=f"split-{job}-")
-    recording = work / f"{job}.jfr"
+    recording = files.with_name(f"{files.name}.jfr")
     subprocess.run(["jcmd", str(jvm), "JFR.start", f"name={job}", "settings=profile", f"filename={recording}"],
                    capture_output=True, check=True)
     spy = None
     daemons = [pid for pid, (name, _) in tree_cpu_s(jvm).items() if pid != jvm and name.startswith("python")]
-    raw = work / f"{job}.pyspy.txt"
+    raw = files.with_name(f"{files.name}.pyspy.txt")
     if py_spy is not None and daemons:
         # The pyspark daemon (the oldest python child of the JVM) forks the workers: follow its subprocesses.
         spy = subprocess.Popen([py_spy, "record", "--pid", str(min(daemons)), "--subprocesses", "--format", "raw",

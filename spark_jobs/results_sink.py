@@ -40,17 +40,16 @@ class ResultsSink:
     def __call__(self, batch: Any, batch_id: int) -> None:
         # One action per micro-batch, also for a replay that is then skipped: each action runs the stateful
         # operator, and running it is what writes the state version of this batch again.
-        rows = batch.collect()
-        records = [(str(row["key"]).encode(), str(row["value"]).encode()) for row in rows]
+        records = batch_records(batch)
         decision = self._open_sink().write(batch_id, records, on_step=self.fault)
         if not self.console:
             return
         if decision is BatchDecision.SKIP:
-            print(f"[{self.job} batch {batch_id}] a replay of a committed batch: its {len(rows)} results are on "
+            print(f"[{self.job} batch {batch_id}] a replay of a committed batch: its {len(records)} results are on "
                   f"{self.output_topic} already", flush=True)
             return
-        for row in rows:
-            print(f"[{self.job} batch {batch_id}] {row['value']}", flush=True)
+        for _, value in records:
+            print(f"[{self.job} batch {batch_id}] {value.decode()}", flush=True)
 
     def _open_sink(self) -> TransactionalBatchSink:
         if self._sink is None:
@@ -69,6 +68,37 @@ class ResultsSink:
                 return str(query.id), str(query.runId)
         raise RuntimeError(f"no active streaming query named {self.job!r} in this session: the results sink "
                            f"derives its transactional id from the query's id")
+
+
+def batch_records(batch: Any) -> list[tuple[bytes, bytes]]:
+    """A micro-batch's ``(key, value)`` string columns as the records the sink writes: their UTF-8 bytes.
+
+    The JVM casts each column to binary (a Spark string is UTF-8 bytes already: the cast copies them) and hands the
+    batch over as Arrow; Python takes each column's values as bytes in one call per column. Collecting Rows instead
+    (the JVM pickles each one, Python unpickles it, then ``str(...).encode()`` per value) cost the driver and the
+    JVM several times more per result (benchmarks/spark_results_collect.py)."""
+    from pyspark.sql import functions as F
+
+    table = batch.select(F.col("key").cast("binary").alias("key"),
+                         F.col("value").cast("binary").alias("value")).toArrow()
+    return list(zip(_utf8_values(table.column("key")), _utf8_values(table.column("value")), strict=True))
+
+
+# What a null key or value is written as: the text str(None) gave it when the sink collected Rows (no job emits
+# one: every core's keys and values are str).
+_NULL_TEXT = b"None"
+
+
+def _utf8_values(column: Any) -> list[bytes]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        column = pc.fill_null(column, pa.scalar(_NULL_TEXT, type=column.type))
+    # Arrow's conversion to a NumPy object array makes the bytes objects in C++; ``to_pylist`` would build an Arrow
+    # scalar per value first (6x slower per value, measured).
+    values: list[bytes] = column.to_numpy(zero_copy_only=False).tolist()
+    return values
 
 
 def _register(spark: Any, run_id: str, sink: TransactionalBatchSink) -> None:
