@@ -161,10 +161,11 @@ GENERIC_PYTHON = (
 )
 
 
-def pyspy_split(raw: Path) -> dict[str, Any]:
+def pyspy_split(raw: Path, specific: Any = PYTHON_CATEGORIES, generic: Any = GENERIC_PYTHON,
+                stage: tuple[str, re.Pattern[str]] | None = ROUTING_STAGE) -> dict[str, Any]:
     """py-spy's collapsed stacks (``--format raw``) by category (PYTHON_CATEGORIES), idle samples apart."""
-    compiled = [(name, re.compile(pattern)) for name, pattern in PYTHON_CATEGORIES]
-    generic = [(name, re.compile(pattern)) for name, pattern in GENERIC_PYTHON]
+    compiled = [(name, re.compile(pattern)) for name, pattern in specific]
+    generic_compiled = [(name, re.compile(pattern)) for name, pattern in generic]
     categories: collections.Counter[str] = collections.Counter()
     leaves: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
@@ -172,11 +173,26 @@ def pyspy_split(raw: Path) -> dict[str, Any]:
         if not stack:
             continue
         frames = stack.split(";")[::-1]  # innermost first
-        routing = any(ROUTING_STAGE[1].search(frame) for frame in frames)
-        categories[ROUTING_STAGE[0] if routing else categorize(frames, compiled, generic)] += int(count)
+        in_stage = stage is not None and any(stage[1].search(frame) for frame in frames)
+        categories[stage[0] if stage is not None and in_stage
+                   else categorize(frames, compiled, generic_compiled)] += int(count)
         leaves[frames[0]] += int(count)
     return {"samples": sum(categories.values()), "categories": dict(categories.most_common()),
             "top_leaves": leaves.most_common(25)}
+
+
+# The driver (this process) by py-spy's samples: a sample goes to the first category, innermost frame first.
+DRIVER_CATEGORIES = (
+    ("results sink: the batch to records (Arrow, or Rows with JOB@rows)", r"batch_records|table_records|_utf8_values|"
+     r"rows_way|toArrow|_collect_as_arrow|collect \("),
+    ("results sink: the Kafka transaction (produce, commit)", r"broker/batch_sink\.py|broker/transactions\.py"),
+    ("this benchmark's /proc sampler", r"benchmarks/harness/processes\.py|thread_cpu|Sampler"),
+)
+GENERIC_DRIVER = (
+    ("py4j (calls into the JVM, the callback server)", r"py4j/"),
+    ("pyspark (streaming query, listener, other)", r"pyspark/"),
+    ("other", r"."),
+)
 
 
 def spark_metrics(query: Any) -> dict[str, Any]:
@@ -239,19 +255,27 @@ def measure_job(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str |
         spy = subprocess.Popen([py_spy, "record", "--pid", str(min(daemons)), "--subprocesses", "--format", "raw",
                                 "--rate", "100", "--output", str(raw)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver_raw = files.with_name(f"{files.name}.driver.pyspy.txt")
+    driver_spy = None if py_spy is None else subprocess.Popen(
+        [py_spy, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "100", "--output",
+         str(driver_raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if spy is not None or driver_spy is not None:
         time.sleep(1.0)
     sampler = Sampler(jvm)
     query = start_job(spark, job, bootstrap, prefix, checkpoint)
     query.awaitTermination()
     cpu = sampler.split()
-    if spy is not None:
-        spy.send_signal(2)
-        spy.wait(60)
+    for recorder in (spy, driver_spy):
+        if recorder is not None:
+            recorder.send_signal(2)
+            recorder.wait(60)
     subprocess.run(["jcmd", str(jvm), "JFR.stop", f"name={job}"], capture_output=True, check=True)
     rows, batch_s = rate_of(query)
     shutil.rmtree(checkpoint, ignore_errors=True)
     return {"job": job, "rows": rows, "batch_s": batch_s, **cpu, "spark": spark_metrics(query),
-            "jfr": jfr_split(recording), "pyspy": pyspy_split(raw) if raw.exists() else None}
+            "jfr": jfr_split(recording), "pyspy": pyspy_split(raw) if raw.exists() else None,
+            "driver_pyspy": pyspy_split(driver_raw, DRIVER_CATEGORIES, GENERIC_DRIVER, None)
+            if driver_raw.exists() else None}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -281,6 +305,13 @@ def markdown(result: dict[str, Any]) -> str:
                   "CPU shared out by them:", "", "| Python part | CPU us/event (est.) | share |", "|---|---:|---:|"]
         for name, count in spy["categories"].items():
             lines.append(f"| {name} | {us(result['python_s'] * count / spy['samples'])} | "
+                         f"{count / spy['samples']:.0%} |")
+    if result.get("driver_pyspy"):
+        spy = result["driver_pyspy"]
+        lines += ["", f"The driver by py-spy's samples ({spy['samples']} samples, idle excluded), its CPU shared out "
+                  "by them:", "", "| driver part | CPU us/event (est.) | share |", "|---|---:|---:|"]
+        for name, count in spy["categories"].items():
+            lines.append(f"| {name} | {us(result['driver_s'] * count / spy['samples'])} | "
                          f"{count / spy['samples']:.0%} |")
     spark = result["spark"]
     lines += ["", f"Spark's query progress over {spark['batches']} micro-batches (ms, summed): "

@@ -79,8 +79,13 @@ def batch_records(batch: Any) -> list[tuple[bytes, bytes]]:
     JVM several times more per result (benchmarks/spark_results_collect.py)."""
     from pyspark.sql import functions as F
 
-    table = batch.select(F.col("key").cast("binary").alias("key"),
-                         F.col("value").cast("binary").alias("value")).toArrow()
+    return table_records(batch.select(F.col("key").cast("binary").alias("key"),
+                                      F.col("value").cast("binary").alias("value")).toArrow())
+
+
+def table_records(table: Any) -> list[tuple[bytes, bytes]]:
+    """The rows of an Arrow table's ``key`` and ``value`` columns (binary or string) as ``(key, value)`` bytes,
+    in the table's order."""
     return list(zip(_utf8_values(table.column("key")), _utf8_values(table.column("value")), strict=True))
 
 
@@ -93,6 +98,8 @@ def _utf8_values(column: Any) -> list[bytes]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(_NULL_TEXT, type=column.type))
     # Arrow's conversion to a NumPy object array makes the bytes objects in C++; ``to_pylist`` would build an Arrow
