@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks.harness.processes import CLK_TCK, TreeCpuSampler, stat_command, stat_cpu_ticks, tree_cpu_s
 from benchmarks.spark_three_window import preload, rate_of, start_job
 from broker.launcher import KafkaBroker
+from contract.topics import TopicNames
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
@@ -85,6 +86,10 @@ class Sampler(TreeCpuSampler):
 # JFR: a sample's category is that of the first frame, from the leaf up, that matches a specific category; a stack
 # no specific category matches gets the first generic one (GENERIC_JVM) that a frame matches.
 JVM_CATEGORIES = (
+    # Pickling happens in two places: the driver JVM's serve thread of a collect() to the driver's Python (the
+    # results sink before issue 27's Arrow path), and the executor tasks of applyInPandasWithState, which hand each
+    # group's state row to the worker pickled (the state blob is a byte array: PickleUtils.rawStringFromBytes).
+    # jfr_split tells them apart by the sampled thread (PICKLE_TO_STATE).
     ("results to the driver's Python (collect, pickle)", r"razorvine|SerDeUtil|EvaluatePython|PythonRDD"),
     ("Kafka read (consumer, fetch, decompress)", r"^org\.apache\.kafka\.|KafkaDataConsumer|KafkaSourceRDD|"
      r"kafka010\.|^net\.jpountz|^org\.xerial|^com\.github\.luben"),
@@ -106,6 +111,11 @@ GENERIC_JVM = (
     ("scheduler, RPC, other Spark", r"^org\.apache\.spark\."),
     ("JDK, Scala, other", r"."),
 )
+
+
+PICKLE_TO_STATE = "state rows to the Python worker (pickled: applyInPandasWithState's group state)"
+# The threads that serve a collect() to the driver's Python (PythonRDD.serveToStream's thread names).
+RESULTS_SERVE_THREAD = re.compile(r"^serve")
 
 
 def categorize(frames: list[str], specific: Any, generic: Any) -> str:
@@ -133,7 +143,11 @@ def jfr_split(recording: Path) -> dict[str, Any]:
         if not frames:
             continue
         leaves[frames[0]] += 1
-        categories[categorize(frames, compiled, generic)] += 1
+        category = categorize(frames, compiled, generic)
+        thread = ((event["values"].get("sampledThread") or {}).get("javaName")) or ""
+        if category == JVM_CATEGORIES[0][0] and not RESULTS_SERVE_THREAD.search(thread):
+            category = PICKLE_TO_STATE
+        categories[category] += 1
     total = sum(categories.values())
     return {"samples": total, "categories": dict(categories.most_common()), "top_leaves": leaves.most_common(15)}
 
@@ -230,9 +244,25 @@ def results_sink_way(job: str) -> Iterator[str]:
         results_sink.batch_records = arrow_way
 
 
+def results_end_offset(bootstrap: str, topic: str) -> int:
+    """The summed end offsets of a results topic's partitions (0 before it exists)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"split-{uuid.uuid4().hex[:6]}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions or {}
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+    finally:
+        consumer.close()
+
+
 def measure(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str | None, work: Path) -> dict[str, Any]:
     with results_sink_way(job) as started:
+        topic = TopicNames(prefix).results(started)
         result = measure_job(spark, started, bootstrap, prefix, py_spy, work / job.replace("@", "-"))
+        # The measured run only (the warm-up run wrote before measure_job's second start): its results and, for
+        # the transactional sink, one commit marker per micro-batch.
+        result["results_offsets"] = results_end_offset(bootstrap, topic) - result.pop("results_offset_at_start")
     return {**result, "job": job}
 
 
@@ -261,6 +291,7 @@ def measure_job(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str |
          str(driver_raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if spy is not None or driver_spy is not None:
         time.sleep(1.0)
+    results_offset_at_start = results_end_offset(bootstrap, TopicNames(prefix).results(job))
     sampler = Sampler(jvm)
     query = start_job(spark, job, bootstrap, prefix, checkpoint)
     query.awaitTermination()
@@ -272,7 +303,7 @@ def measure_job(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str |
     subprocess.run(["jcmd", str(jvm), "JFR.stop", f"name={job}"], capture_output=True, check=True)
     rows, batch_s = rate_of(query)
     shutil.rmtree(checkpoint, ignore_errors=True)
-    return {"job": job, "rows": rows, "batch_s": batch_s, **cpu, "spark": spark_metrics(query),
+    return {"job": job, "rows": rows, "batch_s": batch_s, **cpu, "results_offset_at_start": results_offset_at_start, "spark": spark_metrics(query),
             "jfr": jfr_split(recording), "pyspy": pyspy_split(raw) if raw.exists() else None,
             "driver_pyspy": pyspy_split(driver_raw, DRIVER_CATEGORIES, GENERIC_DRIVER, None)
             if driver_raw.exists() else None}
@@ -285,7 +316,11 @@ def markdown(result: dict[str, Any]) -> str:
     def us(seconds: float) -> str:
         return f"{seconds * 1e6 / rows:.1f}"
 
+    jit = sum(cpu for name, cpu in result["jvm_threads_s"].items() if name.startswith(("C1 Compiler", "C2 Compiler")))
     lines = [f"### {result['job']}: {rows:,} rows, {result['batch_s']:.1f} s of batches, {us(total)} CPU us/event",
+             "", f"{us(total - jit)} CPU us/event without the JIT compiler threads (C1, C2: {us(jit)}); the "
+             f"results topic grew by {result.get('results_offsets', 0):,} offsets (results, and one commit marker "
+             "per micro-batch of the transactional sink).",
              "", "| where | CPU us/event | share |", "|---|---:|---:|"]
     for name, seconds in (("Spark JVM", result["jvm_s"]), ("Python workers (pyspark daemon and its workers)",
                                                            result["python_s"]), ("driver (this process)",
@@ -342,7 +377,16 @@ leaf up, of a known Spark layer), the Python workers' by py-spy's samples (100 H
 goes to the first frame, innermost first, of a known phase of the shell). Samples are few (hundreds per job), so
 read the split parts to within a few us/event; the process totals are measured, not estimated. The C2 and C1
 compiler threads are the JIT compiling this query's generated code and the jobs' paths: a cost of a short run
-that a long-running query pays once. 1-minute load average at each job's start: {loads}.
+that a long-running query pays once, and most of it falls on the first measured job of a run (the JVM's code is
+compiled then): compare jobs by their CPU without the compiler threads. 1-minute load average at each job's start:
+{loads}.
+
+A job named `JOB@rows` is JOB with the results sink of before issue 27 (each micro-batch collected as pickled Rows,
+then `str(...).encode()` per value), next to JOB with the Arrow path (`spark_jobs.results_sink.batch_records`), in
+the same run. The driver's CPU is this whole process: the results sink, py4j, and this benchmark's own /proc
+sampler (every JVM thread's stat five times a second), shared out by py-spy's samples of the driver. The JVM's
+pickling is split by thread: the serve thread of a collect() is the results to the driver; pickling in executor
+tasks is applyInPandasWithState handing each group's state row (the state blob) to its worker.
 
 """ + "\n".join(markdown(r) for r in results)
     (DOCS / "spark-cpu-split.md").write_text(text)
