@@ -128,6 +128,14 @@ def categorize(frames: list[str], specific: Any, generic: Any) -> str:
     return "?"
 
 
+def jvm_sample_category(frames: list[str], thread: str, specific: Any, generic: Any) -> str:
+    """A JFR sample's category (frames leaf first); pickling off a collect's serve thread is the state rows'."""
+    category = categorize(frames, specific, generic)
+    if category == JVM_CATEGORIES[0][0] and not RESULTS_SERVE_THREAD.search(thread):
+        return PICKLE_TO_STATE
+    return category
+
+
 def jfr_split(recording: Path) -> dict[str, Any]:
     """Execution samples of a JFR recording by category (JVM_CATEGORIES) and the top leaf methods."""
     printed = subprocess.run(["jfr", "print", "--json", "--events", "jdk.ExecutionSample", str(recording)],
@@ -143,11 +151,8 @@ def jfr_split(recording: Path) -> dict[str, Any]:
         if not frames:
             continue
         leaves[frames[0]] += 1
-        category = categorize(frames, compiled, generic)
         thread = ((event["values"].get("sampledThread") or {}).get("javaName")) or ""
-        if category == JVM_CATEGORIES[0][0] and not RESULTS_SERVE_THREAD.search(thread):
-            category = PICKLE_TO_STATE
-        categories[category] += 1
+        categories[jvm_sample_category(frames, thread, compiled, generic)] += 1
     total = sum(categories.values())
     return {"samples": total, "categories": dict(categories.most_common()), "top_leaves": leaves.most_common(15)}
 
