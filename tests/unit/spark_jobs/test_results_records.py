@@ -3,6 +3,8 @@ the Row-collecting sink wrote (``str(value).encode()``), every row once, in the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pytest
 
@@ -12,7 +14,7 @@ from spark_jobs.results_sink import table_records
 TEXTS = ["a|match|7", "s\u00e9nsor", "\u6e29\u5ea6", "\U0001f600", "", '{"job":"pattern","stream":"\u00e9"}']
 
 
-def old_records(keys: list[str | None], values: list[str | None]) -> list[tuple[bytes, bytes]]:
+def old_records(keys: Sequence[str | None], values: Sequence[str | None]) -> list[tuple[bytes, bytes]]:
     """What the sink wrote when it collected Rows."""
     return [(str(k).encode(), str(v).encode()) for k, v in zip(keys, values, strict=True)]
 
