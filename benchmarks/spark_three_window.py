@@ -764,10 +764,12 @@ split still finds 1.9 us/event of the collector in pattern and 4.6 in the sequen
 
 Where the CPU goes now (docs/spark-cpu-split.md, 200,000 events, 04:02-04:17 UTC, load average 13-21 at the jobs'
 starts, JFR and py-spy attached; absolute figures inflated by that load): pattern 231.3 CPU us/event, the JVM 147.5
-(of which the C2 compiler 71.7: this run's first job, and the results' collect to the driver 24.9), the Python
+(of which the C2 compiler 71.7: this run's first job, and 24.9 filed as the results' collect, which issue 27's later
+split found is mostly applyInPandasWithState pickling each group's state row to its worker), the Python
 workers 54.7 (the matcher and adapter 19.1, the shell 6.9, the snapshot 5.7, the state stage's record parse 5.7,
-Arrow to pandas 5.5, the routing stage 4.5), the driver 29.0 (the exactly-once results sink: pattern writes about
-one match per three events, each with both events' payloads). The sequence job with 2 groups: 68.5 (JVM 36.4,
+Arrow to pandas 5.5, the routing stage 4.5), the driver 29.0 (the whole driver process: pattern writes about one
+match per three events, each with both events' payloads; the later split with py-spy on the driver finds the
+benchmark's own /proc sampler and py4j the larger part of it, and the native count, with no Python sink, 9-13). The sequence job with 2 groups: 68.5 (JVM 36.4,
 Python 26.3 of which the routing stage 6.9 and the state stage's parse 4.9, driver 5.7); the native count 51.4.
 
 Not done, with the reason: carrying the routing stage's parse to the state stage. As bytes (one marshal tuple of
