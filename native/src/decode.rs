@@ -439,14 +439,7 @@ fn to_py<'py>(
             }
             list.into_any()
         }
-        Value::Map(map) => {
-            let mut pairs = Vec::with_capacity(map.entries.len() * 2);
-            for (k, v) in &map.entries {
-                pairs.push(to_py(py, t, k, depth + 1)?);
-                pairs.push(to_py(py, t, v, depth + 1)?);
-            }
-            map_to_py(py, t, map.string_keys, pairs)?
-        }
+        Value::Map(map) => map_at_depth_to_py(py, t, map, depth + 1)?,
         scalar => scalar_to_py(py, t, scalar)?,
     })
 }
@@ -457,12 +450,31 @@ fn map_value_to_py<'py>(
     t: &PyTypes,
     map: &Map<'_>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    map_at_depth_to_py(py, t, map, 1)
+}
+
+/// A map whose entries are at `depth`: with string keys, a dict filled as its entries are converted (no vector of
+/// the parts in between: an allocation per payload); else `map_to_py` of the converted parts.
+fn map_at_depth_to_py<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    map: &Map<'_>,
+    depth: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    if map.string_keys {
+        let dict = PyDict::new(py);
+        for (k, v) in &map.entries {
+            let key = to_py(py, t, k, depth)?;
+            dict.set_item(key, to_py(py, t, v, depth)?)?;
+        }
+        return Ok(dict.into_any());
+    }
     let mut parts = Vec::with_capacity(map.entries.len() * 2);
     for (k, v) in &map.entries {
-        parts.push(to_py(py, t, k, 1)?);
-        parts.push(to_py(py, t, v, 1)?);
+        parts.push(to_py(py, t, k, depth)?);
+        parts.push(to_py(py, t, v, depth)?);
     }
-    map_to_py(py, t, map.string_keys, parts)
+    map_to_py(py, t, false, parts)
 }
 
 /// to_py without recursion: the thread's stack stays flat however deep the value.
@@ -574,7 +586,57 @@ fn error_to_py<'py>(
 pub struct PyConnectionDecoder {
     core: ConnectionDecoder,
     streams: HashMap<String, Py<PyString>>,
+    payload_keys: PayloadKeys,
     poisoned: bool,
+}
+
+/// At most this many payload keys are kept per connection, each of at most `KEY_CACHED_BYTES` bytes: the memory
+/// of the cache stays bounded (a few KiB) whatever keys a source sends; the others are made per event, as before.
+const KEYS_CACHED: usize = 64;
+const KEY_CACHED_BYTES: usize = 64;
+
+/// A connection's payload keys (the top-level keys of its events' payload dicts) as Python strs: a source repeats
+/// its keys, so its events share one str per key (allocated once, its hash computed once) instead of one str per
+/// key and event. Equal strs either way: a payload equals the Python decoder's (tests/unit/native/
+/// test_native_decode.py).
+#[derive(Default)]
+struct PayloadKeys(HashMap<Box<str>, Py<PyString>>);
+
+impl PayloadKeys {
+    fn get<'py>(&mut self, py: Python<'py>, key: &str) -> Bound<'py, PyAny> {
+        if let Some(cached) = self.0.get(key) {
+            return cached.bind(py).clone().into_any();
+        }
+        let made = PyString::new(py, key);
+        if key.len() <= KEY_CACHED_BYTES && self.0.len() < KEYS_CACHED {
+            self.0.insert(key.into(), made.clone().unbind());
+        }
+        made.into_any()
+    }
+}
+
+/// An event's payload as `to_py` gives it, its top-level str keys from the connection's `keys`.
+fn payload_to_py<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    value: &Value<'_>,
+    keys: &mut PayloadKeys,
+) -> PyResult<Bound<'py, PyAny>> {
+    let Value::Map(map) = value else {
+        return to_py(py, t, value, 0);
+    };
+    if !map.string_keys {
+        return to_py(py, t, value, 0);
+    }
+    let dict = PyDict::new(py);
+    for (k, v) in &map.entries {
+        let key = match k {
+            Value::Str(text) => keys.get(py, text),
+            other => to_py(py, t, other, 1)?,
+        };
+        dict.set_item(key, to_py(py, t, v, 1)?)?;
+    }
+    Ok(dict.into_any())
 }
 
 impl PyConnectionDecoder {
@@ -582,6 +644,7 @@ impl PyConnectionDecoder {
         let t = py_types(py)?;
         let out = PyList::empty(py);
         let streams = &self.streams;
+        let keys = &mut self.payload_keys;
         loop {
             let step = self
                 .core
@@ -603,7 +666,7 @@ impl PyConnectionDecoder {
                         Ok(Decoded::Events(events)) => {
                             let mut items = Vec::with_capacity(events.len());
                             for e in &events {
-                                items.push(event_to_py(py, t, streams, e)?);
+                                items.push(event_to_py(py, t, (streams, &mut *keys), e)?);
                             }
                             Ok((
                                 t.event_batch.bind(py).call1((PyTuple::new(py, items)?,))?,
@@ -645,7 +708,7 @@ impl PyConnectionDecoder {
 fn event_to_py<'py>(
     py: Python<'py>,
     t: &PyTypes,
-    streams: &HashMap<String, Py<PyString>>,
+    (streams, keys): (&HashMap<String, Py<PyString>>, &mut PayloadKeys),
     e: &ParsedEvent<'_, '_>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let stream = match streams.get(e.stream) {
@@ -654,7 +717,7 @@ fn event_to_py<'py>(
     };
     let payload = match &e.payload {
         PayloadRef::Valid(None) => py.None().into_bound(py),
-        PayloadRef::Valid(Some(v)) => to_py(py, t, v, 0)?,
+        PayloadRef::Valid(Some(v)) => payload_to_py(py, t, v, keys)?,
         PayloadRef::Rejected(reason) => t.rejected_payload.bind(py).call1((reason.as_str(),))?,
     };
     let interval = match &e.interval {
@@ -688,6 +751,7 @@ impl PyConnectionDecoder {
         Ok(PyConnectionDecoder {
             core: ConnectionDecoder::new(max_frame_bytes, max_events_per_batch),
             streams: HashMap::new(),
+            payload_keys: PayloadKeys::default(),
             poisoned: false,
         })
     }

@@ -11,8 +11,6 @@
 //! test_native_push_in_order.py and the ingest differential tests drive both). A builder that is not the native
 //! one (a test's wrapper) gets the items back too, for its own `build_merged`.
 
-use std::collections::HashMap;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -53,7 +51,8 @@ pub fn push_in_order<'py>(
     }
     let arrival_us = taken[0].arrival_us;
     guard("MultiSourceMerger.push_in_order", || {
-        let mut run_errors = HashMap::with_capacity(taken.len());
+        let mut run_errors =
+            crate::records::RunErrors::with_capacity_and_hasher(taken.len(), Default::default());
         let mut errors = Vec::with_capacity(taken.len());
         let mut events = Vec::with_capacity(taken.len());
         for item in taken {

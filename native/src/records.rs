@@ -19,6 +19,7 @@ use crate::decode::guard;
 use crate::decode::pyrepr::write_shortest;
 
 mod produce;
+pub use produce::RunErrors;
 pub(crate) mod slots;
 
 /// contract.records.CONTRACT_VERSION (a unit test compares them).
@@ -469,12 +470,21 @@ fn header_names(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
         .map(|t| t.bind(py))
 }
 
+/// What the builder keeps per source: the headers of its events-topic and late-topic records, and the key of
+/// its records (`source_id.encode()`: bytes are immutable, so one object serves every record of the source instead
+/// of an allocation per record).
+#[derive(Default)]
+struct SourceCache {
+    headers: [Option<Py<PyTuple>>; 2],
+    key: Option<Py<PyBytes>>,
+}
+
 /// Builds the Kafka record bytes of a batch of EventRecords (gateway.ingest._publish's per-record work) and of
 /// punctuations, caching each source's headers as _publish does.
 #[pyclass(module = "skewless_native")]
 pub struct RecordBuilder {
-    /// Per source: its events-topic and late-topic headers.
-    headers: std::collections::HashMap<String, [Option<Py<PyTuple>>; 2]>,
+    /// Per source: its events-topic and late-topic headers, and its records' key.
+    headers: std::collections::HashMap<String, SourceCache>,
     punctuation_headers: Option<Py<PyTuple>>,
     /// Records whose JSON orjson wrote (see the module doc).
     #[pyo3(get)]
@@ -550,18 +560,22 @@ fn opt_str(value: &Bound<'_, PyAny>) -> Result<Option<String>, NotNative> {
 }
 
 impl RecordBuilder {
-    fn event_headers(
+    /// The source's record key (`source_id.encode()`) and its records' headers (gateway.ingest's
+    /// `event_headers`), from one lookup of the source's cache.
+    fn event_key_and_headers(
         &mut self,
         py: Python<'_>,
         source_id: &str,
         late: bool,
-    ) -> PyResult<Py<PyTuple>> {
-        if let Some(Some(h)) = self
-            .headers
-            .get(source_id)
-            .map(|pair| &pair[usize::from(late)])
+    ) -> PyResult<(Py<PyBytes>, Py<PyTuple>)> {
+        if let Some(SourceCache {
+            headers,
+            key: Some(key),
+        }) = self.headers.get(source_id)
         {
-            return Ok(h.clone_ref(py));
+            if let Some(h) = &headers[usize::from(late)] {
+                return Ok((key.clone_ref(py), h.clone_ref(py)));
+            }
         }
         let kind: &[u8] = if late { b"late" } else { b"event" };
         let version = CONTRACT_VERSION.to_string();
@@ -574,9 +588,12 @@ impl RecordBuilder {
             ],
         )?
         .unbind();
-        self.headers.entry(source_id.to_owned()).or_default()[usize::from(late)] =
-            Some(headers.clone_ref(py));
-        Ok(headers)
+        let cache = self.headers.entry(source_id.to_owned()).or_default();
+        cache.headers[usize::from(late)] = Some(headers.clone_ref(py));
+        let key = cache
+            .key
+            .get_or_insert_with(|| PyBytes::new(py, source_id.as_bytes()).unbind());
+        Ok((key.clone_ref(py), headers))
     }
 
     /// (key, value, timestamp_ms, headers) of one EventRecord whose fields `read_fields` gave: value is the
@@ -611,15 +628,13 @@ impl RecordBuilder {
                 "an EventRecord's source_id must be a str",
             ));
         };
-        // EventRecord.key is source_id.encode(): the same bytes, without the property call.
-        let key = match source_id.to_str() {
-            Ok(text) => PyBytes::new(py, text.as_bytes()).into_any(),
-            Err(_) => record.getattr("key")?,
-        };
-        let headers = self
-            .event_headers(py, source_id.to_str()?, on_late)?
-            .into_bound(py)
-            .into_any();
+        // EventRecord.key is source_id.encode(): the same bytes (the source's cached object), without the
+        // property call.
+        let (key, headers) = self.event_key_and_headers(py, source_id.to_str()?, on_late)?;
+        let (key, headers) = (
+            key.into_bound(py).into_any(),
+            headers.into_bound(py).into_any(),
+        );
         // Times beyond 64 bits make to_json fail (orjson): such a record is refused, it has no timestamp.
         let ts = match (py_int(&fields[4]), py_int(&fields[7])) {
             (Some(ref_us), Some(release_us)) => {
@@ -650,7 +665,7 @@ impl RecordBuilder {
         &mut self,
         py: Python<'py>,
         outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
-        run_errors: std::collections::HashMap<usize, Option<i128>>,
+        run_errors: produce::RunErrors,
         clock: &Bound<'py, PyAny>,
         record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {

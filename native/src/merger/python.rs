@@ -337,7 +337,7 @@ impl PyMerger {
         events: Vec<RunEvent<Py<PyAny>>>,
         now_us: i64,
         builder: &mut RecordBuilder,
-        run_errors: std::collections::HashMap<usize, Option<i128>>,
+        run_errors: crate::records::RunErrors,
         clock: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         let py = source_id.py();

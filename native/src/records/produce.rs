@@ -21,8 +21,8 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::slots::{delivery_ref_fields, produce_fields, SlotsClass};
 use super::{
-    exact_int, opt_int, read_fields, write_event_record, write_py, Attrs, EventRecordFields,
-    NotNative, RecordBuilder, ATTR_NAMES,
+    exact_int, kafka_timestamp_ms, opt_int, read_fields, write_event_record, write_py, Attrs,
+    EventRecordFields, NotNative, RecordBuilder, ATTR_NAMES,
 };
 
 /// `produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, given_up_late_reasons, Merged, SourceEvent)`.
@@ -94,6 +94,13 @@ pub struct Batch<'py> {
     last_topic: Option<(Bound<'py, PyAny>, bool, Bound<'py, PyAny>)>,
     fields: Vec<Bound<'py, PyAny>>,
     buf: Vec<u8>,
+    /// A plain release's payload JSON, before it goes into `buf`.
+    payload_buf: Vec<u8>,
+    /// The Kafka timestamp and the release time of the last record built.
+    ints: [LastInt<'py>; 2],
+    /// The last source whose events record was built, its key and its headers (found without hashing its id: a
+    /// call's releases come in runs of one source).
+    last_source: Option<[Bound<'py, PyAny>; 3]>,
     attrs: Attrs,
 }
 
@@ -114,6 +121,9 @@ impl<'py> Batch<'py> {
             last_topic: None,
             fields: Vec::with_capacity(ATTR_NAMES.len()),
             buf: Vec::with_capacity(512),
+            payload_buf: Vec::with_capacity(256),
+            ints: Default::default(),
+            last_source: None,
             attrs: Attrs::get(py),
         })
     }
@@ -135,6 +145,27 @@ impl<'py> Batch<'py> {
             self.last_topic = Some((stream.clone(), late, topic.clone()));
         }
         Ok(topic)
+    }
+
+    /// An events record's key and headers of `source_id` (the builder's `event_key_and_headers`).
+    fn key_and_headers(
+        &mut self,
+        builder: &mut RecordBuilder,
+        source_id: &Bound<'py, PyString>,
+    ) -> PyResult<[Bound<'py, PyAny>; 2]> {
+        if let Some([last, key, headers]) = &self.last_source {
+            if last.is(source_id) {
+                return Ok([key.clone(), headers.clone()]);
+            }
+        }
+        let py = source_id.py();
+        let (key, headers) = builder.event_key_and_headers(py, source_id.to_str()?, false)?;
+        let (key, headers) = (
+            key.into_bound(py).into_any(),
+            headers.into_bound(py).into_any(),
+        );
+        self.last_source = Some([source_id.clone().into_any(), key.clone(), headers.clone()]);
+        Ok([key, headers])
     }
 
     /// `Produce(topic, key, value, DeliveryRef(source_id, stream, seq, kind, release_ts_us), timestamp_ms,
@@ -239,19 +270,46 @@ pub fn produce_record<'py>(
     produced
 }
 
-/// `build_merged`'s per-call state: the clock, the run's mappings' error bounds (by event), rtt_us per source.
+/// The run's error bounds by event address (`id(event)`; None: a bound that is not an exact int). Addresses are
+/// not chosen by a peer, so a multiply-rotate hash serves them instead of SipHash, whose hashing was about a
+/// twentieth of a record's instructions (one insert per event taken, one lookup per record built).
+pub type RunErrors = HashMap<usize, Option<i128>, std::hash::BuildHasherDefault<AddressHasher>>;
+
+/// `RunErrors`' hasher: the address times an odd constant, rotated so that its well-mixed high bits pick the
+/// bucket (an address's low bits are zeros of its alignment).
+#[derive(Default)]
+pub struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0.rotate_left(26)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, address: usize) {
+        self.0 = (self.0 ^ address as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// `build_merged`'s per-call state: the clock, the run's mappings' error bounds (by event), rtt_us per source
+/// (and the last source's, looked up without hashing its id: a call's releases come in runs of one source).
 pub struct MergedContext<'py> {
     clock: Bound<'py, PyAny>,
-    /// None: a bound that is not an exact int (the Python path writes that record).
-    run_errors: HashMap<usize, Option<i128>>,
+    run_errors: RunErrors,
     rtts: HashMap<String, Bound<'py, PyAny>>,
+    last_rtt: Option<(Bound<'py, PyString>, Bound<'py, PyAny>)>,
 }
 
 impl<'py> MergedContext<'py> {
     /// `run`: the `(event, arrival_us, (ref_us, error_us))` items `push_run` took, whose error bounds the records
     /// of those events carry (the mapping they were pushed with, as `_records` takes it from `run_errors`).
     pub fn new(clock: &Bound<'py, PyAny>, run: &Bound<'py, PyAny>) -> PyResult<Self> {
-        let mut run_errors = HashMap::new();
+        let mut run_errors = RunErrors::default();
         for item in run.try_iter()? {
             let item = item?;
             let item = item.cast::<PyTuple>()?;
@@ -261,22 +319,16 @@ impl<'py> MergedContext<'py> {
                 exact_int(&mapped.get_item(1)?).ok(),
             );
         }
-        Ok(MergedContext {
-            clock: clock.clone(),
-            run_errors,
-            rtts: HashMap::new(),
-        })
+        Ok(Self::with_errors(clock, run_errors))
     }
 
     /// `new` with the run's error bounds by event address already collected.
-    pub fn with_errors(
-        clock: &Bound<'py, PyAny>,
-        run_errors: HashMap<usize, Option<i128>>,
-    ) -> Self {
+    pub fn with_errors(clock: &Bound<'py, PyAny>, run_errors: RunErrors) -> Self {
         MergedContext {
             clock: clock.clone(),
             run_errors,
             rtts: HashMap::new(),
+            last_rtt: None,
         }
     }
 
@@ -295,12 +347,21 @@ impl<'py> MergedContext<'py> {
     }
 
     fn rtt_us(&mut self, source_id: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-        let key = source_id.to_str()?;
-        if let Some(rtt) = self.rtts.get(key) {
-            return Ok(rtt.clone());
+        if let Some((last, rtt)) = &self.last_rtt {
+            if last.is(source_id) {
+                return Ok(rtt.clone());
+            }
         }
-        let rtt = crate::clocks::rtt_us(&self.clock, source_id)?;
-        self.rtts.insert(key.to_owned(), rtt.clone());
+        let key = source_id.to_str()?;
+        let rtt = match self.rtts.get(key) {
+            Some(rtt) => rtt.clone(),
+            None => {
+                let rtt = crate::clocks::rtt_us(&self.clock, source_id)?;
+                self.rtts.insert(key.to_owned(), rtt.clone());
+                rtt
+            }
+        };
+        self.last_rtt = Some((source_id.clone(), rtt.clone()));
         Ok(rtt)
     }
 }
@@ -335,6 +396,31 @@ pub fn produce_merged<'py>(
     produce_release(builder, &merged.get_item(0)?, times, batch, context)
 }
 
+/// The SourceEvent of a plain release and its (source_id, stream); None when the Python path must handle it (not
+/// a SourceEvent, an interval event, a refused payload, an id or stream that is not a str).
+#[allow(clippy::type_complexity)]
+fn plain_event<'a, 'py>(
+    event: &'a Bound<'py, PyAny>,
+    batch: &Batch<'py>,
+) -> PyResult<Option<(&'a Bound<'py, PyTuple>, [Bound<'py, PyString>; 2])>> {
+    if !event.get_type().is(&batch.classes[SOURCE_EVENT]) {
+        return Ok(None);
+    }
+    let event = event.cast::<PyTuple>()?;
+    // Borrowed: the event holds them for the whole call (no reference count traffic for what is only read).
+    let (payload, interval) = (event.get_borrowed_item(4)?, event.get_borrowed_item(5)?);
+    if !interval.is_none() || payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) {
+        return Ok(None);
+    }
+    let (Ok(source_id), Ok(stream)) = (
+        event.get_item(0)?.cast_into::<PyString>(),
+        event.get_item(1)?.cast_into::<PyString>(),
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some((event, [source_id, stream])))
+}
+
 /// A plain release's Produce (`produce_merged` without the Merged tuple): its event and `[arrival_us, release_us,
 /// ref_ts_us]`, its raised_us 0; None when the Python path must handle it.
 pub fn produce_release<'py>(
@@ -345,20 +431,10 @@ pub fn produce_release<'py>(
     context: &mut MergedContext<'py>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = event.py();
-    if !event.get_type().is(&batch.classes[SOURCE_EVENT]) {
-        return Ok(None);
-    }
-    let event = event.cast::<PyTuple>()?;
-    let (payload, interval) = (event.get_item(4)?, event.get_item(5)?);
-    if !interval.is_none() || payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) {
-        return Ok(None);
-    }
-    let (Ok(source_id), Ok(stream)) = (
-        event.get_item(0)?.cast_into::<PyString>(),
-        event.get_item(1)?.cast_into::<PyString>(),
-    ) else {
+    let Some((event, [source_id, stream])) = plain_event(event, batch)? else {
         return Ok(None);
     };
+    let payload = event.get_borrowed_item(4)?;
     let kind = intern!(py, "events");
     let Some(topic) = batch.topic(stream.as_any(), kind.as_any(), false)? else {
         return Ok(None);
@@ -368,16 +444,13 @@ pub fn produce_release<'py>(
     };
     let rtt_us = context.rtt_us(&source_id)?;
     let seq = event.get_item(2)?;
-    let times = [
-        i128::from(ref_ts_us),
-        i128::from(arrival_us),
-        i128::from(release_us),
-    ];
+    let times = [ref_ts_us, arrival_us, release_us].map(i128::from);
+    let source_ts_us = event.get_borrowed_item(3)?;
     batch.buf.clear();
     if merged_json(
-        &mut batch.buf,
+        [&mut batch.buf, &mut batch.payload_buf],
         [&source_id, &stream],
-        [&seq, &event.get_item(3)?],
+        [&seq, &source_ts_us],
         error_us,
         times,
         &payload,
@@ -389,28 +462,45 @@ pub fn produce_release<'py>(
         return Ok(None);
     }
     let value = PyBytes::new(py, &batch.buf).into_any();
-    let key = PyBytes::new(py, source_id.to_str()?.as_bytes()).into_any();
-    let ts = super::int_to_py(py, super::kafka_timestamp_ms(times[0], times[2]))?;
-    let headers = builder
-        .event_headers(py, source_id.to_str()?, false)?
-        .into_bound(py)
-        .into_any();
+    let ts = batch.ints[0].get(py, kafka_timestamp_ms(times[0], times[2]))?;
+    let release_us = batch.ints[1].get(py, times[2])?;
+    let [key, headers] = batch.key_and_headers(builder, &source_id)?;
     let delivery = [
         source_id.as_any(),
         stream.as_any(),
         &seq,
         kind.as_any(),
-        &release_us.into_pyobject(py)?.into_any(),
+        &release_us,
     ];
     batch
         .produce([&topic, &key, &value, &ts, &headers], delivery)
         .map(Some)
 }
 
+/// The last int a batch converted for one field (a record's Kafka timestamp, its release time): the releases of
+/// one merge call share their release time, and the events of a millisecond their Kafka timestamp, so the one
+/// Python int (immutable) serves each record that has the same value instead of an allocation per record.
+#[derive(Default)]
+pub struct LastInt<'py>(Option<(i128, Bound<'py, PyAny>)>);
+
+impl<'py> LastInt<'py> {
+    fn get(&mut self, py: Python<'py>, value: i128) -> PyResult<Bound<'py, PyAny>> {
+        if let Some((last, object)) = &self.0 {
+            if *last == value {
+                return Ok(object.clone());
+            }
+        }
+        let object = super::int_to_py(py, value)?;
+        self.0 = Some((value, object.clone()));
+        Ok(object)
+    }
+}
+
 /// EventRecord(stream, source_id, seq, source_ts_us, ref_ts_us, error_us, arrival_us, release_us, False, payload,
-/// None, rtt_us).to_json(), or NotNative (the Python path then builds it, or orjson refuses it).
+/// None, rtt_us).to_json(), or NotNative (the Python path then builds it, or orjson refuses it); the payload's JSON
+/// is written into `payload_json` first (a buffer the batch reuses, not an allocation per record).
 fn merged_json(
-    out: &mut Vec<u8>,
+    [out, payload_json]: [&mut Vec<u8>; 2],
     [source_id, stream]: [&Bound<'_, PyString>; 2],
     [seq, source_ts_us]: [&Bound<'_, PyAny>; 2],
     uncertainty_us: i128,
@@ -418,8 +508,8 @@ fn merged_json(
     payload: &Bound<'_, PyAny>,
     rtt_us: &Bound<'_, PyAny>,
 ) -> Result<(), NotNative> {
-    let mut payload_json = Vec::with_capacity(64);
-    write_py(&mut payload_json, payload, 1)?;
+    payload_json.clear();
+    write_py(payload_json, payload, 1)?;
     let fields = EventRecordFields {
         stream: stream.to_str().map_err(|_| NotNative)?,
         source_id: source_id.to_str().map_err(|_| NotNative)?,
@@ -430,7 +520,7 @@ fn merged_json(
         arrival_ts_us: arrival_us,
         release_ts_us: release_us,
         late: false,
-        payload_json: &payload_json,
+        payload_json,
         late_reason: None,
         rtt_us: opt_int(rtt_us)?,
         lateness_us: None,

@@ -144,6 +144,49 @@ def test_build_merged_gives_what_records_and_publish_give(merged: list[Any], dat
             assert type(built[position]) is Produce
 
 
+# A few times only: consecutive records share their release time and their Kafka timestamp (the builder converts
+# the last of each once, records/produce.rs's LastInt), then change, then come back.
+few_times = st.sampled_from([2_000_000, 2_000_400, 2_001_000, 2_999_999, 2**62])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.builds(Merged, plain_events, few_times, few_times, few_times, st.just(0)), min_size=1,
+                max_size=12), st.integers(0, 12))
+def test_records_that_share_times_and_sources_each_get_their_own(merged: list[Merged], cut: int) -> None:
+    """The builder keeps the last Kafka timestamp and release time it converted and each source's key, one Python
+    object for every record with that value: each record still carries its own values, against ``_records`` then
+    ``_publish_one``'s specification, within one call and across two calls on one builder."""
+    clock = RttMapping({"src": 0, "é-source": 1_500, "a\"b": -700}, error_bound_us=3)
+    kept = builder(MERGED_MAX_RECORD_BYTES)
+    built: list[Any] = []
+    for part in (merged[:cut], merged[cut:]):
+        built += kept.build_merged(part, [], clock)[0]
+    pipeline = IngestPipeline(clock)
+    for item, out in zip(merged, built, strict=True):
+        records: list[PipelineOutput] = []
+        pipeline._records([item], records, None, None, None, {})
+        if type(out) is Produce:
+            assert [specified(record, MERGED_MAX_RECORD_BYTES) for record in records] == [out]
+            assert out.key == item.event.source_id.encode()
+        else:
+            assert out is item
+
+
+def test_records_with_one_time_and_source_share_the_objects_and_the_next_gets_its_own() -> None:
+    """Hand-made: two releases at one time share the timestamp's, the release time's and the key's object; a
+    third at another time gets its own values."""
+    clock = RttMapping({"src": 0}, error_bound_us=3)
+    merged = [Merged(SourceEvent("src", "s1", seq, 1_000, seq, None), 2_000_000, release_us, 2_000_100, 0)
+              for seq, release_us in ((0, 2_000_500), (1, 2_000_500), (2, 3_000_700))]
+    first, second, third = builder().build_merged(merged, [], clock)[0]
+    released = [cast(DeliveryRef, produced.delivery).released_us for produced in (first, second, third)]
+    assert first.timestamp_ms is second.timestamp_ms and released[0] is released[1]
+    assert first.key is second.key is third.key == b"src"
+    assert [first.timestamp_ms, third.timestamp_ms] == [kafka_timestamp_ms(2_000_100, 2_000_500),
+                                                        kafka_timestamp_ms(2_000_100, 3_000_700)]
+    assert released == [2_000_500, 2_000_500, 3_000_700]
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_push_run_built_is_build_merged_of_push_run(data: st.DataObject) -> None:
