@@ -160,7 +160,7 @@ def test_records_that_share_times_and_sources_each_get_their_own(merged: list[Me
     kept = builder(MERGED_MAX_RECORD_BYTES)
     built: list[Any] = []
     for part in (merged[:cut], merged[cut:]):
-        built += kept.build_merged(part, [], clock)[0]
+        built += kept.build_merged(list[Any](part), [], clock)[0]
     pipeline = IngestPipeline(clock)
     for item, out in zip(merged, built, strict=True):
         records: list[PipelineOutput] = []
@@ -178,7 +178,7 @@ def test_records_with_one_time_and_source_share_the_objects_and_the_next_gets_it
     clock = RttMapping({"src": 0}, error_bound_us=3)
     merged = [Merged(SourceEvent("src", "s1", seq, 1_000, seq, None), 2_000_000, release_us, 2_000_100, 0)
               for seq, release_us in ((0, 2_000_500), (1, 2_000_500), (2, 3_000_700))]
-    first, second, third = builder().build_merged(merged, [], clock)[0]
+    first, second, third = cast(list[Produce], builder().build_merged(list[Any](merged), [], clock)[0])
     released = [cast(DeliveryRef, produced.delivery).released_us for produced in (first, second, third)]
     assert first.timestamp_ms is second.timestamp_ms and released[0] is released[1]
     assert first.key is second.key is third.key == b"src"
