@@ -98,9 +98,9 @@ pub struct Batch<'py> {
     payload_buf: Vec<u8>,
     /// The Kafka timestamp and the release time of the last record built.
     ints: [LastInt<'py>; 2],
-    /// The last source whose events record was built, its key and its headers (found without hashing its id: a
-    /// call's releases come in runs of one source).
-    last_source: Option<[Bound<'py, PyAny>; 3]>,
+    /// Each source's key and headers of the events records built in this call, by the address of its id (the
+    /// object, held here: found without hashing the id's text, as `AddressHasher` hashes the run's events).
+    sources: ByAddress<[Bound<'py, PyAny>; 3]>,
     attrs: Attrs,
 }
 
@@ -123,7 +123,7 @@ impl<'py> Batch<'py> {
             buf: Vec::with_capacity(512),
             payload_buf: Vec::with_capacity(256),
             ints: Default::default(),
-            last_source: None,
+            sources: ByAddress::default(),
             attrs: Attrs::get(py),
         })
     }
@@ -153,10 +153,9 @@ impl<'py> Batch<'py> {
         builder: &mut RecordBuilder,
         source_id: &Bound<'py, PyString>,
     ) -> PyResult<[Bound<'py, PyAny>; 2]> {
-        if let Some([last, key, headers]) = &self.last_source {
-            if last.is(source_id) {
-                return Ok([key.clone(), headers.clone()]);
-            }
+        let address = source_id.as_ptr() as usize;
+        if let Some([_id, key, headers]) = self.sources.get(&address) {
+            return Ok([key.clone(), headers.clone()]);
         }
         let py = source_id.py();
         let (key, headers) = builder.event_key_and_headers(py, source_id.to_str()?, false)?;
@@ -164,7 +163,8 @@ impl<'py> Batch<'py> {
             key.into_bound(py).into_any(),
             headers.into_bound(py).into_any(),
         );
-        self.last_source = Some([source_id.clone().into_any(), key.clone(), headers.clone()]);
+        let entry = [source_id.clone().into_any(), key.clone(), headers.clone()];
+        self.sources.insert(address, entry);
         Ok([key, headers])
     }
 
@@ -273,7 +273,10 @@ pub fn produce_record<'py>(
 /// The run's error bounds by event address (`id(event)`; None: a bound that is not an exact int). Addresses are
 /// not chosen by a peer, so a multiply-rotate hash serves them instead of SipHash, whose hashing was about a
 /// twentieth of a record's instructions (one insert per event taken, one lookup per record built).
-pub type RunErrors = HashMap<usize, Option<i128>, std::hash::BuildHasherDefault<AddressHasher>>;
+pub type RunErrors = ByAddress<Option<i128>>;
+
+/// A map by object address (`id(object)`), hashed by `AddressHasher`.
+pub type ByAddress<V> = HashMap<usize, V, std::hash::BuildHasherDefault<AddressHasher>>;
 
 /// `RunErrors`' hasher: the address times an odd constant, rotated so that its well-mixed high bits pick the
 /// bucket (an address's low bits are zeros of its alignment).
@@ -296,13 +299,12 @@ impl std::hash::Hasher for AddressHasher {
     }
 }
 
-/// `build_merged`'s per-call state: the clock, the run's mappings' error bounds (by event), rtt_us per source
-/// (and the last source's, looked up without hashing its id: a call's releases come in runs of one source).
+/// `build_merged`'s per-call state: the clock, the run's mappings' error bounds (by event), rtt_us per source id
+/// (by the address of the id, the object held here: asked of the clock once per id object and call).
 pub struct MergedContext<'py> {
     clock: Bound<'py, PyAny>,
     run_errors: RunErrors,
-    rtts: HashMap<String, Bound<'py, PyAny>>,
-    last_rtt: Option<(Bound<'py, PyString>, Bound<'py, PyAny>)>,
+    rtts: ByAddress<(Bound<'py, PyString>, Bound<'py, PyAny>)>,
 }
 
 impl<'py> MergedContext<'py> {
@@ -327,8 +329,7 @@ impl<'py> MergedContext<'py> {
         MergedContext {
             clock: clock.clone(),
             run_errors,
-            rtts: HashMap::new(),
-            last_rtt: None,
+            rtts: ByAddress::default(),
         }
     }
 
@@ -347,21 +348,12 @@ impl<'py> MergedContext<'py> {
     }
 
     fn rtt_us(&mut self, source_id: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some((last, rtt)) = &self.last_rtt {
-            if last.is(source_id) {
-                return Ok(rtt.clone());
-            }
+        let address = source_id.as_ptr() as usize;
+        if let Some((_id, rtt)) = self.rtts.get(&address) {
+            return Ok(rtt.clone());
         }
-        let key = source_id.to_str()?;
-        let rtt = match self.rtts.get(key) {
-            Some(rtt) => rtt.clone(),
-            None => {
-                let rtt = crate::clocks::rtt_us(&self.clock, source_id)?;
-                self.rtts.insert(key.to_owned(), rtt.clone());
-                rtt
-            }
-        };
-        self.last_rtt = Some((source_id.clone(), rtt.clone()));
+        let rtt = crate::clocks::rtt_us(&self.clock, source_id)?;
+        self.rtts.insert(address, (source_id.clone(), rtt.clone()));
         Ok(rtt)
     }
 }
