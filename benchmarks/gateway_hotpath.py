@@ -351,7 +351,7 @@ What still runs in Python, and why:
 - Per event, Python objects that the next step takes as such: the IncomingEvent the decoder builds (the session
   hands a frame's events to `IngestCore.events_received` as Python objects), the SourceEvent the merge queues
   (the Python paths of late records, refusals and punctuations read it), the Produce action and its DeliveryRef
-  per record (the shard's queue and its commit keep them), the key and value bytes, the Python ints of the
+  per record (the shard's queue and its commit keep them), the value bytes (the key is one object per source), the Python ints of the
   tracker's pending dict (seq -> digest, written by `admit_run`, popped by `confirm_run`) and the one
   `Producer.produce` call per record (confluent-kafka has no call that takes a batch). The three contract headers
   cost about as much in that call as everything else it does (librdkafka copies each into an allocation of its
