@@ -126,3 +126,15 @@ def test_make_and_the_readme_install_with_the_constraints() -> None:
     readme = (ROOT / "README.md").read_text()
     installs = [line for line in readme.splitlines() if "pip install" in line and "-e" in line]
     assert installs and all("-c constraints.txt" in line for line in installs)
+
+
+def test_make_test_runs_every_test_folder_once() -> None:
+    """`make test` splits the suite (unit tests on two cores, the rest serial): together its pytest lines must name
+    each of pyproject's testpaths exactly once (a --ignore does not apply to testpaths, which once ran the unit
+    tests twice)."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest: ", 1)[1].split("\n\n", 1)[0]
+    named = [word for line in recipe.splitlines() if "/pytest " in line
+             for word in line.split() if word.startswith("tests/")]
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert sorted(named) == sorted(testpaths)
