@@ -36,7 +36,7 @@ demo: setup ## Kafka + gateway + simulated sources + Spark window job, verified,
 
 test: setup ## the suite CI runs: cargo test, unit, integration (real Kafka/Spark/NTP tools), fast reliability
 	cd native && $(CARGO) test --quiet
-	$(BIN)/pytest tests/unit -n 2 --durations=20
+	$(BIN)/pytest -m 'not reliability_long' tests/unit -n 2 --durations=20
 	$(BIN)/pytest -m 'not reliability_long' tests/integration tests/reliability --durations=40
 
 test-long: setup ## the long reliability scenarios only (10^6 fuzz inputs, 30 s stalls, full load)
