@@ -6,6 +6,7 @@ stream), so it runs here, with fewer events than its default."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,13 @@ def test_the_main_job_runs_and_verifies_itself() -> None:
                             text=True, timeout=600, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    assert "events in the wrong window: 0 with Skewless' reference time" in output
+    # With the reference time only events within their reported uncertainty of a window boundary may change window
+    # (a few tens of us here: it happened once in CI); none may be moved by more.
+    moved = re.search(r"events in the wrong window: (\d+) with Skewless' reference time \((\d+) moved by more than "
+                      r"their reported uncertainty\), (\d+) with raw source clocks \(of 450\)", output)
+    assert moved is not None, output[-4000:]
+    assert int(moved[2]) == 0 and int(moved[1]) <= 5 < int(moved[3])
+    within = re.findall(r"true time within the reported uncertainty: (\d+)/(\d+)", output)
+    assert within == [("150", "150")] * 3
     assert "Spark's window counts equal the counts of the records in Kafka" in output
     assert "the CEP jobs' results equal the pure cores' results on the same records" in output
