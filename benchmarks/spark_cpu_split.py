@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +314,14 @@ def measure_job(spark: Any, job: str, bootstrap: str, prefix: str, py_spy: str |
             if driver_raw.exists() else None}
 
 
+def _spy_table(title: str, part: str, spy: dict[str, Any], cpu_s: float, us: Callable[[float], str]) -> list[str]:
+    """A process's CPU (``cpu_s``) shared out by its py-spy samples, one row per category."""
+    lines = ["", title, "", f"| {part} | CPU us/event (est.) | share |", "|---|---:|---:|"]
+    for name, count in spy["categories"].items():
+        lines.append(f"| {name} | {us(cpu_s * count / spy['samples'])} | {count / spy['samples']:.0%} |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = result["rows"]
     total = result["jvm_s"] + result["python_s"] + result["driver_s"]
@@ -341,18 +349,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {name} | {us(seconds)} |")
     if result["pyspy"]:
         spy = result["pyspy"]
-        lines += ["", f"Python workers by py-spy samples ({spy['samples']} samples, idle excluded), the workers' "
-                  "CPU shared out by them:", "", "| Python part | CPU us/event (est.) | share |", "|---|---:|---:|"]
-        for name, count in spy["categories"].items():
-            lines.append(f"| {name} | {us(result['python_s'] * count / spy['samples'])} | "
-                         f"{count / spy['samples']:.0%} |")
+        lines += _spy_table(f"Python workers by py-spy samples ({spy['samples']} samples, idle excluded), the "
+                            "workers' CPU shared out by them:", "Python part", spy, result["python_s"], us)
     if result.get("driver_pyspy"):
         spy = result["driver_pyspy"]
-        lines += ["", f"The driver by py-spy's samples ({spy['samples']} samples, idle excluded), its CPU shared out "
-                  "by them:", "", "| driver part | CPU us/event (est.) | share |", "|---|---:|---:|"]
-        for name, count in spy["categories"].items():
-            lines.append(f"| {name} | {us(result['driver_s'] * count / spy['samples'])} | "
-                         f"{count / spy['samples']:.0%} |")
+        lines += _spy_table(f"The driver by py-spy's samples ({spy['samples']} samples, idle excluded), its CPU "
+                            "shared out by them:", "driver part", spy, result["driver_s"], us)
     spark = result["spark"]
     lines += ["", f"Spark's query progress over {spark['batches']} micro-batches (ms, summed): "
               + ", ".join(f"{k} {v:,}" for k, v in sorted(spark["durations_ms"].items())),
