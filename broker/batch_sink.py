@@ -54,6 +54,8 @@ _PARTITIONER_CHOOSES = -1
 _MAX_ATTEMPTS = 3
 
 StepHook = Callable[[SinkStep, int], None]
+# A record's key and value; None is Kafka's null (no key; a null value is a tombstone on a compacted topic).
+SinkRecord = tuple[bytes | None, bytes | None]
 
 SINK_FAULT_ENV = "SKEWLESS_SINK_FAULT"
 SINK_FAULT_EXIT_CODE = 86
@@ -110,7 +112,7 @@ class TransactionalBatchSink:
             log.debug("reading the record of %s: %s; asking again", self.transactional_id, error)
             time.sleep(0.5)
 
-    def write(self, batch_id: int, records: Sequence[tuple[bytes, bytes]],
+    def write(self, batch_id: int, records: Sequence[SinkRecord],
               on_step: StepHook | None = None) -> BatchDecision:
         """Write batch ``batch_id`` unless it is committed already; returns what was decided. ``on_step`` (tests)
         is called at each :class:`SinkStep` of the transaction. Raises ProducerFenced when another driver took
@@ -143,7 +145,7 @@ class TransactionalBatchSink:
     def close(self) -> None:
         self._publisher.close()
 
-    def _transaction(self, batch_id: int, records: Sequence[tuple[bytes, bytes]], on_step: StepHook | None) -> None:
+    def _transaction(self, batch_id: int, records: Sequence[SinkRecord], on_step: StepHook | None) -> None:
         self._publisher.begin()
         half = (len(records) + 1) // 2
         for written, (key, value) in enumerate(records, start=1):
@@ -161,7 +163,7 @@ class TransactionalBatchSink:
                 if attempt == _MAX_ATTEMPTS:
                     raise
 
-    def _produce(self, key: bytes, value: bytes) -> None:
+    def _produce(self, key: bytes | None, value: bytes | None) -> None:
         while True:
             try:
                 self._publisher.produce(self.topic, key, value, None, _PARTITIONER_CHOOSES)

@@ -142,7 +142,7 @@ class TransactionalPublisher:
         """Open a transaction (local, no broker round trip)."""
         self._call(lambda p: p.begin_transaction())
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback | None,
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, on_delivery: DeliveryCallback | None,
                 partition: int, *, timestamp_ms: int = 0, headers: Headers | None = None) -> None:
         """Queue one record for ``partition`` of ``topic`` in the open transaction; raises QueueFull when
         librdkafka's local queue is full (poll, then retry). ``timestamp_ms`` 0: CreateTime is the produce time."""

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from broker.batch_ledger import BatchDecision, sink_transactional_id
-from broker.batch_sink import StepHook, TransactionalBatchSink
+from broker.batch_sink import SinkRecord, StepHook, TransactionalBatchSink
 
 if TYPE_CHECKING:
     from broker.client import Servers
@@ -49,7 +49,7 @@ class ResultsSink:
                   f"{self.output_topic} already", flush=True)
             return
         for _, value in records:
-            print(f"[{self.job} batch {batch_id}] {value.decode()}", flush=True)
+            print(f"[{self.job} batch {batch_id}] {'(null)' if value is None else value.decode()}", flush=True)
 
     def _open_sink(self) -> TransactionalBatchSink:
         if self._sink is None:
@@ -70,8 +70,9 @@ class ResultsSink:
                            f"derives its transactional id from the query's id")
 
 
-def batch_records(batch: Any) -> list[tuple[bytes, bytes]]:
-    """A micro-batch's ``(key, value)`` string columns as the records the sink writes: their UTF-8 bytes.
+def batch_records(batch: Any) -> list[SinkRecord]:
+    """A micro-batch's ``(key, value)`` string columns as the records the sink writes: their UTF-8 bytes, a null
+    as Kafka's null (no key; a value's null is a tombstone), as Spark's own Kafka sink writes it.
 
     The JVM casts each column to binary (a Spark string is UTF-8 bytes already: the cast copies them) and hands the
     batch over as Arrow; Python takes each column's values as bytes in one call per column. Collecting Rows instead
@@ -83,28 +84,21 @@ def batch_records(batch: Any) -> list[tuple[bytes, bytes]]:
                                       F.col("value").cast("binary").alias("value")).toArrow())
 
 
-def table_records(table: Any) -> list[tuple[bytes, bytes]]:
+def table_records(table: Any) -> list[SinkRecord]:
     """The rows of an Arrow table's ``key`` and ``value`` columns (binary or string) as ``(key, value)`` bytes,
-    in the table's order."""
+    in the table's order; a null stays None."""
     return list(zip(_utf8_values(table.column("key")), _utf8_values(table.column("value")), strict=True))
 
 
-# What a null key or value is written as: the text str(None) gave it when the sink collected Rows (no job emits
-# one: every core's keys and values are str).
-_NULL_TEXT = b"None"
-
-
-def _utf8_values(column: Any) -> list[bytes]:
+def _utf8_values(column: Any) -> list[bytes | None]:
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         column = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
-    if column.null_count:
-        column = pc.fill_null(column, pa.scalar(_NULL_TEXT, type=column.type))
     # Arrow's conversion to a NumPy object array makes the bytes objects in C++; ``to_pylist`` would build an Arrow
     # scalar per value first (6x slower per value, measured).
-    values: list[bytes] = column.to_numpy(zero_copy_only=False).tolist()
+    # A null comes out as None.
+    values: list[bytes | None] = column.to_numpy(zero_copy_only=False).tolist()
     return values
 
 
