@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -164,6 +164,12 @@ def _window(ts_us: int) -> int:
     return ts_us - ts_us % WINDOW_US
 
 
+def outside_uncertainty(records: list[dict[str, Any]], true_us: dict[tuple[str, int], int]) -> int:
+    """How many records' true time (``true_us`` by source and seq) is farther from their reference time than their
+    reported uncertainty: each one a broken promise (the bound is inclusive)."""
+    return sum(abs(r["ref_ts_us"] - true_us[(r["source_id"], r["seq"])]) > r["uncertainty_us"] for r in records)
+
+
 def report(bootstrap: str, sent: list[SentEvent], spark_counts: dict[int, int]) -> bool:
     records, _punctuations = read_stream(bootstrap, TopicNames().events(STREAM))
     true_us = {(e.source_id, e.seq): e.true_us for e in sent}
@@ -186,11 +192,15 @@ def report(bootstrap: str, sent: list[SentEvent], spark_counts: dict[int, int]) 
     moved = [r for r in records if _window(r["ref_ts_us"]) != _window(true_us[(r["source_id"], r["seq"])])]
     # An event whose true time lies within its reported uncertainty of a window boundary may land on either side:
     # that is the promise kept. One moved by more than its uncertainty would be a broken promise.
-    beyond = sum(abs(r["ref_ts_us"] - true_us[(r["source_id"], r["seq"])]) > r["uncertainty_us"] for r in moved)
+    beyond = outside_uncertainty(moved, true_us)
     moved_raw = sum(_window(r["source_ts_us"]) != _window(true_us[(r["source_id"], r["seq"])]) for r in records)
     typer.echo(f"\nevents in the wrong window: {len(moved)} with Skewless' reference time ({beyond} moved by more "
                f"than their reported uncertainty), {moved_raw} with raw source clocks (of {len(records)})")
     ok = len(records) == len(sent) and dict(by_ref) == spark_counts
     if not ok:
         typer.echo(f"MISMATCH: {len(records)} records for {len(sent)} sent; Spark {spark_counts} vs {dict(by_ref)}")
-    return ok
+    outside = outside_uncertainty(records, true_us)
+    if outside:
+        # The uncertainty is the gateway's promise about each event's time: a demo that broke it must not pass.
+        typer.echo(f"BROKEN PROMISE: the true time of {outside} events lies outside their reported uncertainty")
+    return ok and not outside
