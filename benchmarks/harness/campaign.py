@@ -37,7 +37,7 @@ def main() -> int:
     OUT.mkdir(parents=True)
     fast_rc, fast_s = run_suite("not reliability_long")
     long_rc, long_s = run_suite("reliability_long")
-    timings = {"fast suite (`-m 'not reliability_long'`)": fast_s, "long suite (`-m reliability_long`)": long_s}
+    timings = {"its fast part (`-m 'not reliability_long'`)": fast_s, "its long part (`-m reliability_long`)": long_s}
     (OUT / "timings.json").write_bytes(orjson.dumps(timings))
     path = render(OUT, timings)
     print(f"wrote {path.relative_to(REPO)}; fast suite {fast_s:.0f} s (rc {fast_rc}), long suite {long_s:.0f} s "

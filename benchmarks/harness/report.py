@@ -237,7 +237,7 @@ def render(out: Path, timings: dict[str, float] | None = None) -> Path:
         "",
     ]
     if timings:
-        lines += ["Suite runtimes on this machine: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ".",
+        lines += ["tests/reliability/ on this machine, the day of this run: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ".",
                   ""]
     for group, title in GROUPS:
         group_rows = [r for r in rows if r["group"] == group]
