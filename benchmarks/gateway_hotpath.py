@@ -117,7 +117,9 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
             t0 = clock()
             actions = sessions[s].receive_data(frames[s][batch_index], base_us)
             t1 = clock()
-            events = tuple(e for a in actions if isinstance(a, EventsReceived) for e in a.events)
+            # A frame's events as the session hands them to the core (the native decoder's EventFrame as it is).
+            received = [a.events for a in actions if isinstance(a, EventsReceived)]
+            events = received[0] if len(received) == 1 else tuple(e for r in received for e in r)
             t2 = clock()
             produced = [a for a in core.events_received(ConnectionId(s), f"s{s}", events, base_us)
                         if isinstance(a, Produce)]

@@ -1032,8 +1032,9 @@ class IngestCore:
             outputs += self._speaking(source_id, list(dict.fromkeys(event.stream for event in events)), arrival_us)
         admissions = self.tracker.admit_frame(source_id, events)
         if admissions is None and watch is None and not self._any_refused_payload(events):
-            # Every event accepted, no payload refused, no clock to check (the usual frame): all go on together.
-            outputs += self.pipeline.push_many(source_id, list(events), arrival_us, None)
+            # Every event accepted, no payload refused, no clock to check (the usual frame): all go on together, as
+            # they came (the native decoder's EventFrame stays one: its events are read natively, none made).
+            outputs += self.pipeline.push_many(source_id, events, arrival_us, None)
             return actions + self._publish(outputs)
         for index, event in enumerate(events):
             if type(event.payload) is messages.RejectedPayload:

@@ -5,9 +5,11 @@ NATIVE_ABI: int
 
 # -- sequence (native/src/sequence.rs): reorder/sequence.py's SequenceReorderer --------------------------------------
 # (imports here, not at the top: each module's section stays its own for the merges)
+from collections.abc import Iterable as _Iterable  # noqa: E402
 from collections.abc import Sequence as _Sequence  # noqa: E402
 from typing import Any as _Any  # noqa: E402
 from typing import final as _final  # noqa: E402
+from typing import overload as _overload  # noqa: E402
 
 @_final
 class SequenceCounters:
@@ -64,6 +66,20 @@ def run_sequence_core(config: object | None, seqs: _Sequence[int], arrivals_us: 
     ...
 
 # --- decode (native/src/decode.rs): contract.wire's FrameDecoder + parsers in GatewaySession.receive_data's loop
+
+class EventFrame(_Sequence[_Any]):
+    """A frame's events as the native decoder hands them (native/src/frame.rs): a read-only sequence of
+    IncomingEvents, each made when first asked for; equal to the tuple of them."""
+
+    def __init__(self, events: _Iterable[_Any]) -> None: ...
+    @property
+    def made(self) -> int:
+        """How many of its IncomingEvents were made."""
+    def __len__(self) -> int: ...
+    @_overload
+    def __getitem__(self, index: int) -> _Any: ...
+    @_overload
+    def __getitem__(self, index: slice) -> tuple[_Any, ...]: ...
 
 class ConnectionDecoder:
     """Items of receive_data/decode: EventBatch, Heartbeat, Bye (last), a hello's raw dict (last: accept_hello or

@@ -16,7 +16,7 @@ leaves exactly once, as one record on the events or the late topic, unless it is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, cast
 
@@ -69,12 +69,12 @@ class SequenceCore(Protocol):
 
 
 RunItem = tuple[SourceEvent, int, tuple[int, int]]
-TakeRun = Callable[[list[IncomingEvent], int, str, int, "list[tuple[int, int]] | None", ReferenceMapping,
+TakeRun = Callable[[Sequence[IncomingEvent], int, str, int, "list[tuple[int, int]] | None", ReferenceMapping,
                     type[SourceEvent], tuple[int, int, int, int]], tuple[list[RunItem], int]]
 """A native reorderer's ``take_run`` (skewless_native.SequenceReorderer): push_many's in-order fast path for a run
 of events in one call, from an index: the run's items and the index of the first event it left to push_many."""
 
-PushInOrder = Callable[[SequenceCore, object, list[IncomingEvent], int, str, int, "list[tuple[int, int]] | None",
+PushInOrder = Callable[[SequenceCore, object, Sequence[IncomingEvent], int, str, int, "list[tuple[int, int]] | None",
                         ReferenceMapping, type[SourceEvent], tuple[int, int, int, int]],
                        tuple[int, "list[RunItem] | None", "list[Any] | None", "list[int] | None",
                              "dict[int, int] | None"]]
@@ -462,7 +462,7 @@ class IngestPipeline:
         if reorderer.buffered and self.config.merger.mode == "watermark":
             self._merge_outputs(pipeline, pipeline.merger.hear(source_id, now_us), out)
 
-    def push_many(self, source_id: str, events: list[IncomingEvent], arrival_us: int,
+    def push_many(self, source_id: str, events: Sequence[IncomingEvent], arrival_us: int,
                   mappings: list[tuple[int, int]] | None = None) -> list[PipelineOutput]:
         """``push`` for each event of one frame, in order, with the same outputs but for where a punctuation falls;
         ``mappings``: each event's ``mapped`` (as ``push`` takes it), or None to map them here.
@@ -523,7 +523,7 @@ class IngestPipeline:
         return cast("PushInOrder | None", getattr(pipeline.merger, "push_in_order", None))
 
     def _push_in_order(self, push_in_order: PushInOrder, reorderer: SequenceCore, source_id: str,
-                       events: list[IncomingEvent], index: int, arrival_us: int,
+                       events: Sequence[IncomingEvent], index: int, arrival_us: int,
                        mappings: list[tuple[int, int]] | None, run: list[RunItem], out: list[PipelineOutput]) -> int:
         """``take_run`` from ``index`` and, when push_many would push that run next, ``_push_run`` of it, in one
         native call; returns the index of the first event not taken."""

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use crate::frame::{EventFrame, FrameEvent};
 use messages::{ErrorKind, Interval, ParsedEvent, PayloadRef, ProtocolError};
 use msgpack::{Map, Value};
 
@@ -374,7 +375,6 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 struct PyTypes {
-    incoming_event: Py<PyAny>,
     event_batch: Py<PyAny>,
     heartbeat: Py<PyAny>,
     bye: Py<PyAny>,
@@ -397,7 +397,6 @@ fn py_types(py: Python<'_>) -> PyResult<&PyTypes> {
         let msgpack = py.import("msgpack")?;
         let get = |m: &Bound<'_, PyModule>, name: &str| m.getattr(name).map(Bound::unbind);
         Ok::<_, PyErr>(PyTypes {
-            incoming_event: get(&messages, "IncomingEvent")?,
             event_batch: get(&messages, "EventBatch")?,
             heartbeat: get(&messages, "Heartbeat")?,
             bye: get(&messages, "Bye")?,
@@ -666,12 +665,10 @@ impl PyConnectionDecoder {
                         Ok(Decoded::Events(events)) => {
                             let mut items = Vec::with_capacity(events.len());
                             for e in &events {
-                                items.push(event_to_py(py, t, (streams, &mut *keys), e)?);
+                                items.push(event_fields(py, t, (streams, &mut *keys), e)?);
                             }
-                            Ok((
-                                t.event_batch.bind(py).call1((PyTuple::new(py, items)?,))?,
-                                false,
-                            ))
+                            let frame = Bound::new(py, EventFrame::from_events(items))?;
+                            Ok((t.event_batch.bind(py).call1((frame,))?, false))
                         }
                     }
                 });
@@ -705,38 +702,48 @@ impl PyConnectionDecoder {
     }
 }
 
-fn event_to_py<'py>(
-    py: Python<'py>,
+/// An event's IncomingEvent fields, kept in the frame (frame.rs): no IncomingEvent is made unless Python asks.
+fn event_fields(
+    py: Python<'_>,
     t: &PyTypes,
     (streams, keys): (&HashMap<String, Py<PyString>>, &mut PayloadKeys),
     e: &ParsedEvent<'_, '_>,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<FrameEvent> {
     let stream = match streams.get(e.stream) {
-        Some(s) => s.bind(py).clone().into_any(),
-        None => PyString::new(py, e.stream).into_any(),
+        Some(s) => s.clone_ref(py).into_any(),
+        None => PyString::new(py, e.stream).into_any().unbind(),
     };
     let payload = match &e.payload {
-        PayloadRef::Valid(None) => py.None().into_bound(py),
-        PayloadRef::Valid(Some(v)) => payload_to_py(py, t, v, keys)?,
-        PayloadRef::Rejected(reason) => t.rejected_payload.bind(py).call1((reason.as_str(),))?,
+        PayloadRef::Valid(None) => py.None(),
+        PayloadRef::Valid(Some(v)) => payload_to_py(py, t, v, keys)?.unbind(),
+        PayloadRef::Rejected(reason) => t
+            .rejected_payload
+            .bind(py)
+            .call1((reason.as_str(),))?
+            .unbind(),
     };
     let interval = match &e.interval {
-        None => py.None().into_bound(py),
-        Some(Interval::Atomic { source_start_ts_us }) => {
-            t.atomic_interval.bind(py).call1((*source_start_ts_us,))?
-        }
+        None => py.None(),
+        Some(Interval::Atomic { source_start_ts_us }) => t
+            .atomic_interval
+            .bind(py)
+            .call1((*source_start_ts_us,))?
+            .unbind(),
         Some(Interval::Endpoint { interval_id, end }) => t
             .interval_endpoint
             .bind(py)
-            .call1((*interval_id, if *end { "end" } else { "start" }))?,
+            .call1((*interval_id, if *end { "end" } else { "start" }))?
+            .unbind(),
     };
-    let seq = e.seq.into_pyobject(py)?.into_any();
-    let source_ts_us = e.source_ts_us.into_pyobject(py)?.into_any();
-    let fields = [&stream, &seq, &source_ts_us, &payload, &interval];
-    if let Some(event) = crate::events::new_incoming_event(py, fields)? {
-        return Ok(event);
-    }
-    t.incoming_event.bind(py).call1(PyTuple::new(py, fields)?)
+    let seq = e.seq.into_pyobject(py)?.into_any().unbind();
+    let source_ts_us = e.source_ts_us.into_pyobject(py)?.into_any().unbind();
+    Ok(FrameEvent::new([
+        stream,
+        seq,
+        source_ts_us,
+        payload,
+        interval,
+    ]))
 }
 
 #[pymethods]

@@ -257,12 +257,12 @@ impl EventDigests {
             let mut buf = Vec::with_capacity(128);
             let mut index = start;
             while index < events.len()? {
-                let event = events.get(index)?;
-                let event_stream = crate::events::field(&event, crate::events::STREAM)?;
+                let event = events.at(index)?;
+                let event_stream = event.field(crate::events::STREAM)?;
                 if !event_stream.is(stream) && !event_stream.eq(stream)? {
                     break;
                 }
-                let seq_obj = crate::events::field(&event, crate::events::SEQ)?;
+                let seq_obj = event.field(crate::events::SEQ)?;
                 let Ok(seq) = seq_obj.extract::<i64>() else {
                     break; // admit's own path takes it
                 };
@@ -271,8 +271,8 @@ impl EventDigests {
                 }
                 let digest = self.digest_of(
                     &mut buf,
-                    &crate::events::field(&event, crate::events::SOURCE_TS_US)?,
-                    &crate::events::field(&event, crate::events::PAYLOAD)?,
+                    &event.field(crate::events::SOURCE_TS_US)?,
+                    &event.field(crate::events::PAYLOAD)?,
                 )?;
                 pending.set_item(&seq_obj, digest)?;
                 admission.accept(i128::from(seq));

@@ -3,11 +3,13 @@
 //! about a tenth of the native ingest stage (the tracker's `admit_run` and the reorderer's `take_run` read four or
 //! five fields of every event). Any other object, or a class that fails the probe, is read by `getattr`.
 
+use pyo3::exceptions::PyIndexError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::frame::{EventFrame, FrameEvent};
 use crate::records::slots::SlotsClass;
 
 pub const STREAM: usize = 0;
@@ -51,6 +53,21 @@ pub fn new_incoming_event<'py>(
     class.build(py, &fields).map(Some)
 }
 
+/// `IncomingEvent(stream, seq, source_ts_us, payload, interval)`: `new_incoming_event`, or the class called when
+/// it failed the probe.
+pub fn make_incoming_event<'py>(
+    py: Python<'py>,
+    fields: [&Bound<'py, PyAny>; 5],
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(event) = new_incoming_event(py, fields)? {
+        return Ok(event);
+    }
+    let class = py
+        .import("contract.wire.messages")?
+        .getattr("IncomingEvent")?;
+    class.call1(PyTuple::new(py, fields)?)
+}
+
 /// `getattr(event, name)` of the field `index` (STREAM, SEQ, SOURCE_TS_US, PAYLOAD, INTERVAL).
 pub fn field<'py>(event: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py, PyAny>> {
     let py = event.py();
@@ -68,11 +85,29 @@ pub fn field<'py>(event: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py
 }
 
 /// A frame's events: a tuple or a list (IngestCore hands a tuple, push_many a list) read without the int object
-/// and the call `get_item` on any sequence makes; any other sequence through `get_item`.
+/// and the call `get_item` on any sequence makes; the native decoder's EventFrame (frame.rs) read from its vector,
+/// without an IncomingEvent; any other sequence through `get_item`.
 pub enum Events<'a, 'py> {
     Tuple(Bound<'py, PyTuple>),
     List(Bound<'py, PyList>),
+    Frame(Bound<'py, EventFrame>),
     Other(&'a Bound<'py, PyAny>),
+}
+
+/// One event of `Events`: an object whose fields are read as `field` reads them, or a frame's event.
+pub enum EventAt<'a, 'py> {
+    Object(Bound<'py, PyAny>),
+    Frame(Python<'py>, &'a FrameEvent),
+}
+
+impl<'py> EventAt<'_, 'py> {
+    /// Field `index` (STREAM, SEQ, SOURCE_TS_US, PAYLOAD, INTERVAL) of the event.
+    pub fn field(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            EventAt::Object(event) => field(event, index),
+            EventAt::Frame(py, event) => event.field(*py, index),
+        }
+    }
 }
 
 impl<'a, 'py> Events<'a, 'py> {
@@ -83,6 +118,9 @@ impl<'a, 'py> Events<'a, 'py> {
         if let Ok(l) = events.cast::<PyList>() {
             return Ok(Events::List(l.clone()));
         }
+        if let Ok(f) = events.cast::<EventFrame>() {
+            return Ok(Events::Frame(f.clone()));
+        }
         Ok(Events::Other(events))
     }
 
@@ -90,6 +128,7 @@ impl<'a, 'py> Events<'a, 'py> {
         match self {
             Events::Tuple(t) => Ok(t.len()),
             Events::List(l) => Ok(l.len()),
+            Events::Frame(f) => Ok(f.get().events().len()),
             Events::Other(o) => o.len(),
         }
     }
@@ -98,12 +137,17 @@ impl<'a, 'py> Events<'a, 'py> {
         Ok(self.len()? == 0)
     }
 
-    pub fn get(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
-        match self {
-            Events::Tuple(t) => t.get_item(index),
-            Events::List(l) => l.get_item(index),
-            Events::Other(o) => o.get_item(index),
-        }
+    /// The event at `index`, whose fields are read without making a frame's IncomingEvent.
+    pub fn at(&self, index: usize) -> PyResult<EventAt<'_, 'py>> {
+        Ok(match self {
+            Events::Tuple(t) => EventAt::Object(t.get_item(index)?),
+            Events::List(l) => EventAt::Object(l.get_item(index)?),
+            Events::Frame(f) => match f.get().events().get(index) {
+                Some(event) => EventAt::Frame(f.py(), event),
+                None => return Err(PyIndexError::new_err("EventFrame index out of range")),
+            },
+            Events::Other(o) => EventAt::Object(o.get_item(index)?),
+        })
     }
 }
 

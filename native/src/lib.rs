@@ -9,6 +9,7 @@ pub mod decode;
 pub mod dedup;
 pub mod deliveries;
 pub mod events;
+pub mod frame;
 pub mod merger;
 pub mod pipeline;
 pub mod produce_loop;
@@ -24,6 +25,7 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NATIVE_ABI", NATIVE_ABI)?;
     sequence::py::register(m)?;
     decode::register(m)?;
+    m.add_class::<frame::EventFrame>()?;
     records::register(m)?;
     merger::python::register(m)?;
     dedup::register(m)?;

@@ -46,7 +46,9 @@ pub fn push_in_order<'py>(
     let Some(native) = native.filter(|_| !taken.is_empty()) else {
         return handed_back_as_items(py, next, taken, input.arrival_us);
     };
-    if next < input.events.len()? && !next_is_another_stream(input, next, &taken[0])? {
+    if next < crate::events::Events::of(input.events)?.len()?
+        && !next_is_another_stream(input, next, &taken[0])?
+    {
         return handed_back_as_items(py, next, taken, input.arrival_us);
     }
     let arrival_us = taken[0].arrival_us;
@@ -103,7 +105,8 @@ fn next_is_another_stream(
     next: usize,
     first: &Taken<'_>,
 ) -> PyResult<bool> {
-    let stream = crate::events::field(&input.events.get_item(next)?, crate::events::STREAM)?;
+    let events = crate::events::Events::of(input.events)?;
+    let stream = events.at(next)?.field(crate::events::STREAM)?;
     let run_stream = first.source_event.get_item(1)?;
     Ok(!stream.is(&run_stream) && !stream.eq(&run_stream)?)
 }

@@ -809,7 +809,7 @@ impl RecordBuilder {
     ) -> PyResult<bool> {
         let events = crate::events::Events::of(events)?;
         for index in 0..events.len()? {
-            let payload = crate::events::field(&events.get(index)?, crate::events::PAYLOAD)?;
+            let payload = events.at(index)?.field(crate::events::PAYLOAD)?;
             if payload.get_type().is(refused) {
                 return Ok(true);
             }

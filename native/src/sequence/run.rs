@@ -73,20 +73,20 @@ pub fn take_run_with<'py>(
     let count = events.len()?;
     let mut index = start;
     while index < count {
-        let event = events.get(index)?;
-        let stream = crate::events::field(&event, crate::events::STREAM)?;
-        let interval = crate::events::field(&event, crate::events::INTERVAL)?;
+        let event = events.at(index)?;
+        let stream = event.field(crate::events::STREAM)?;
+        let interval = event.field(crate::events::INTERVAL)?;
         if !interval.is_none() || !stream.eq(input.stream)? {
             break;
         }
-        let seq_obj = crate::events::field(&event, crate::events::SEQ)?;
+        let seq_obj = event.field(crate::events::SEQ)?;
         let Ok(seq) = seq_obj.extract::<i64>() else {
             break; // push_many's own path takes it, or refuses it as the reorderer does
         };
         if !core.is_next_in_order(i128::from(seq)) {
             break;
         }
-        let source_ts_us = crate::events::field(&event, crate::events::SOURCE_TS_US)?;
+        let source_ts_us = event.field(crate::events::SOURCE_TS_US)?;
         let given = match input.mappings {
             Some(mappings) => Some(mappings.get_item(index)?).filter(|m| !m.is_none()),
             None => None,
@@ -119,7 +119,7 @@ pub fn take_run_with<'py>(
                 stream,
                 seq_obj,
                 source_ts_us,
-                crate::events::field(&event, crate::events::PAYLOAD)?,
+                event.field(crate::events::PAYLOAD)?,
                 interval,
             ],
         )?;

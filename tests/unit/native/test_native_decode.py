@@ -18,10 +18,15 @@ import skewless_native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.topics import TopicNames
 from contract.wire.errors import MalformedFrame, RemoteProtocolError, UnexpectedMessage
 from contract.wire.frames import _decode_body, encode_frame
 from contract.wire.messages import Bye, EventBatch, IncomingEvent, RejectedPayload, parse_events
+from gateway.ingest import ConnectionId, IngestConfig, IngestCore
+from gateway.native import native_event_digests, native_record_builder, with_core
+from gateway.session import GatewaySession
 from tests.native_session import DECLARED, HELLO, canon, run_both
+from timesync.clocks import IdentityMapping
 
 # --------------------------------------------------------------------------------------------- msgpack building
 
@@ -298,7 +303,7 @@ def test_a_refused_payload_keeps_its_place() -> None:
 def test_events_are_built_in_their_slots_off_the_collector() -> None:
     """Each IncomingEvent allocated without its __init__ (events.rs, ``new_incoming_event``): of the class, every
     field set, untracked by the cyclic collector (its payload, decoded for it alone, is tracked as CPython decides),
-    and freed by reference counting alone."""
+    and freed by reference counting alone; so is the frame that holds the events' fields (native/src/frame.rs)."""
     decoder = skewless_native.ConnectionDecoder()
     decoder.receive_data(encode_frame(HELLO))
     decoder.accept_hello(DECLARED)
@@ -306,13 +311,13 @@ def test_events_are_built_in_their_slots_off_the_collector() -> None:
     (batch,) = decoder.receive_data(encode_frame({"type": "events", "events": events}))
     (event,) = batch.events
     assert type(event) is IncomingEvent and event == IncomingEvent("s1", 7, 5, {"x": [1]}, None)
-    assert not gc.is_tracked(event) and gc.is_tracked(event.payload)
+    assert not gc.is_tracked(event) and gc.is_tracked(event.payload) and not gc.is_tracked(batch.events)
     payload = event.payload
     before = sys.getrefcount(payload)
     gc.disable()
     try:
         del batch, event
-        assert sys.getrefcount(payload) == before - 1
+        assert sys.getrefcount(payload) == before - 2  # the event's reference and the frame's
     finally:
         gc.enable()
 
@@ -377,3 +382,63 @@ def test_the_rust_side_payload_json_is_orjsons(payloads: list[Any]) -> None:
     rust.receive_data(frame(pack(HELLO)))
     rust.accept_hello(DECLARED)
     assert rust._payload_json_rust_only(frame(body)) == expected
+
+
+def test_a_frame_of_events_is_the_tuple_it_stands_for() -> None:
+    """The native decoder's EventFrame (native/src/frame.rs): equal to the Python decoder's tuple, read by index
+    (negative too), slice and iteration, each IncomingEvent made once and then the same object."""
+    body = {"type": "events", "events": [{"stream": "s1", "seq": i, "source_ts_us": 5 + i, "payload": {"v": i}}
+                                         for i in range(3)]}
+    python = GatewaySession()
+    python.receive_data(encode_frame(HELLO))
+    (expected,) = python.receive_data(encode_frame(body))
+    decoder = skewless_native.ConnectionDecoder()
+    decoder.receive_data(encode_frame(HELLO))
+    decoder.accept_hello(DECLARED)
+    (batch,) = decoder.receive_data(encode_frame(body))
+    frame = batch.events
+    assert type(frame) is skewless_native.EventFrame and len(frame) == 3 and frame.made == 0
+    assert frame[-1] == IncomingEvent("s1", 2, 7, {"v": 2}) and frame[2] is frame[-1] and frame.made == 1
+    assert frame == expected.events and expected.events == frame
+    assert (frame != expected.events) is False
+    assert frame[1:] == expected.events[1:] and list(frame) == list(expected.events) and frame.made == 3
+    assert frame == skewless_native.EventFrame(expected.events) and frame != list(expected.events)
+    with pytest.raises(IndexError):
+        frame[3]
+    with pytest.raises(TypeError):
+        frame["0"]
+    with pytest.raises(TypeError):
+        hash(frame)
+
+
+def test_an_in_order_frame_goes_through_the_native_core_without_its_incoming_events() -> None:
+    """Frames of one stream's in-order events through the native ingest core: the records of the Python core, and
+    after the source's first frame (its stream's first admissions and its joining take the Python paths) of each
+    frame's events only the first made (the tracker and the pipeline read its stream in Python), none of the rest."""
+    def core(native: bool) -> IngestCore:
+        config = IngestConfig()
+        if native:
+            config = IngestConfig(record_builder=native_record_builder, event_digests=native_event_digests,
+                                  pipeline=with_core(config.pipeline, "native"))
+        made = IngestCore(TopicNames("t"), IdentityMapping(), config)
+        made.stream_created("s1")
+        made.source_registered("src", ("s1",), 10)
+        return made
+
+    python, native = core(False), core(True)
+    for first in range(0, 150, 50):
+        events = [IncomingEvent("s1", i, 10 + i, {"v": i}) for i in range(first, first + 50)]
+        frame = skewless_native.EventFrame(events)
+        assert native.events_received(ConnectionId(1), "src", frame, 100 + first) == python.events_received(
+            ConnectionId(1), "src", tuple(events), 100 + first)
+        assert frame.made == (50 if first == 0 else 1)
+
+
+def test_a_made_event_of_a_frame_is_read_as_it_is_now() -> None:
+    """Once an IncomingEvent of a frame was made, the native readers read that object, as they read a tuple's: an
+    assignment to it is seen (the tuple path sees it too)."""
+    frame = skewless_native.EventFrame([IncomingEvent("s1", i, 5, {"v": i}) for i in range(3)])
+    builder = native_record_builder()
+    assert not builder.any_payload_of_class(frame, RejectedPayload)
+    frame[1].payload = RejectedPayload("changed after it was made")
+    assert builder.any_payload_of_class(frame, RejectedPayload) and frame.made == 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+import skewless_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,7 +130,9 @@ def test_a_tracker_with_native_digests_admits_as_the_python_one(data: st.DataObj
                 events += [IncomingEvent(stream, start + i, 10, data.draw(st.sampled_from(RESENT)))
                            for i in range(data.draw(st.integers(1, 6)))]
             expected = [spec.admit(source, e.stream, e.seq, (e.source_ts_us, e.payload)) for e in events]
-            admissions = native.admit_frame(source, events)
+            # The frame the native decoder hands (native/src/frame.rs), or the list.
+            given = skewless_native.EventFrame(events) if data.draw(st.booleans()) else events
+            admissions = native.admit_frame(source, given)
             assert (admissions if admissions is not None else [ACCEPTED] * len(events)) == expected
         else:
             apply_to_both(op, native, spec, source, stream, seq, data)
@@ -185,3 +188,10 @@ def test_admit_run_reads_incoming_events_and_other_objects_alike() -> None:
         assert digests.admit_run(events, 0, "s", pending, 4, 4, 10) == (2, 6)
         assert pending == {5: digests.event_digest(10, {"a": 1}), 6: digests.event_digest(11, [1])}
         assert digests.admit_run(tuple(events), 2, "t", pending, -1, -1, 10) == (3, 7)
+        if make is not IncomingEvent:
+            continue
+        frame_pending: dict[int, int | None] = {}
+        frame = skewless_native.EventFrame(events)  # the native decoder's frame (native/src/frame.rs)
+        assert digests.admit_run(frame, 0, "s", frame_pending, 4, 4, 10) == (2, 6)
+        assert digests.admit_run(frame, 2, "t", frame_pending, -1, -1, 10) == (3, 7)
+        assert frame_pending == pending and frame.made == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import skewless_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,7 +78,12 @@ def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.D
                 interval = data.draw(st.sampled_from([None, None, None, AtomicInterval(stamp - 30),
                                                       IntervalEndpoint("i", "start")]))
                 batch.append(IncomingEvent(stream, seq, stamp, data.draw(payloads), interval))
-            both("events_received", ConnectionId(1), source, tuple(batch), now)
+            if data.draw(st.booleans()):
+                both("events_received", ConnectionId(1), source, tuple(batch), now)
+            else:  # the native core gets the frame the native decoder hands (native/src/frame.rs)
+                results = [cores[0].events_received(ConnectionId(1), source, tuple(batch), now),
+                           cores[1].events_received(ConnectionId(1), source, skewless_native.EventFrame(batch), now)]
+                assert results[1] == results[0]
         elif op == "advance":
             both("advance", now)
         elif op == "heartbeat":
@@ -222,7 +228,12 @@ def test_synced_sources_give_the_same_actions(data: st.DataObject) -> None:
                 next_seq[source, stream] = max(next_seq[source, stream], seq + 1)
                 stamp = now + data.draw(st.sampled_from([0, 0, -2_000, 1_500, -30_000]))
                 batch.append(IncomingEvent(stream, seq, stamp, {"v": seq}))
-            both("events_received", ConnectionId(1), source, tuple(batch), now)
+            if data.draw(st.booleans()):
+                both("events_received", ConnectionId(1), source, tuple(batch), now)
+            else:  # the native core gets the frame the native decoder hands (native/src/frame.rs)
+                results = [cores[0].events_received(ConnectionId(1), source, tuple(batch), now),
+                           cores[1].events_received(ConnectionId(1), source, skewless_native.EventFrame(batch), now)]
+                assert results[1] == results[0]
     now += 10_000_000
     both("advance", now)
     assert vars(cores[1].counters) == vars(cores[0].counters)

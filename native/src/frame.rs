@@ -1,0 +1,157 @@
+//! A frame's decoded events as one object (`EventFrame`): what the native decoder hands the session in place of a
+//! tuple of IncomingEvents. Each event's fields (the same Python objects the decoder made for the IncomingEvent:
+//! stream, seq, source_ts_us, payload, interval) are kept in a Rust vector, and the in-order path's native calls
+//! (the tracker's `admit_run`, the builder's `any_payload_of_class`, the reorderer's `take_run` and the merger's
+//! `push_in_order`) read them there (events.rs, `Events::Frame`): an in-order event is never an IncomingEvent
+//! object. Python sees a read-only sequence of IncomingEvents, each made the first time Python asks for it (by
+//! index, slice or iteration) and kept, so the same index gives the same object; once made, the native readers read
+//! that object's fields, as they read a tuple's, so an assignment to it is seen as it would be in a tuple.
+//! A frame equals a tuple (or another frame) of equal IncomingEvents, as the tuple the Python decoder builds does.
+
+use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::pyclass::CompareOp;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PySlice, PyTuple};
+
+use crate::events::{INTERVAL, PAYLOAD, SEQ, SOURCE_TS_US, STREAM};
+
+/// One event's IncomingEvent fields, in their order (events.rs's STREAM..INTERVAL), and its IncomingEvent once made.
+pub struct FrameEvent {
+    fields: [Py<PyAny>; 5],
+    made: PyOnceLock<Py<PyAny>>,
+}
+
+impl FrameEvent {
+    pub fn new(fields: [Py<PyAny>; 5]) -> Self {
+        FrameEvent {
+            fields,
+            made: PyOnceLock::new(),
+        }
+    }
+
+    /// Field `index`: the IncomingEvent's, once it was made, else the one the decoder made.
+    pub fn field<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self.made.get(py) {
+            Some(event) => crate::events::field(event.bind(py), index),
+            None => Ok(self.fields[index].bind(py).clone()),
+        }
+    }
+
+    /// The IncomingEvent of these fields (made once).
+    pub fn event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.made
+            .get_or_try_init(py, || {
+                let [stream, seq, source_ts_us, payload, interval] =
+                    self.fields.each_ref().map(|f| f.bind(py));
+                crate::events::make_incoming_event(
+                    py,
+                    [stream, seq, source_ts_us, payload, interval],
+                )
+                .map(Bound::unbind)
+            })
+            .map(|event| event.bind(py).clone())
+    }
+}
+
+/// A frame's events, read-only: `len`, index, slice (a tuple), iteration, `==` with a tuple or a frame.
+#[pyclass(frozen, sequence, name = "EventFrame", module = "skewless_native")]
+pub struct EventFrame {
+    events: Vec<FrameEvent>,
+}
+
+impl EventFrame {
+    pub fn from_events(events: Vec<FrameEvent>) -> Self {
+        EventFrame { events }
+    }
+
+    pub fn events(&self) -> &[FrameEvent] {
+        &self.events
+    }
+
+    fn as_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let made = self
+            .events
+            .iter()
+            .map(|e| e.event(py))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, made)
+    }
+}
+
+#[pymethods]
+impl EventFrame {
+    /// A frame of the fields of `events` (IncomingEvents, or objects with their fields), as the decoder keeps
+    /// them: none of its IncomingEvents is made yet. The decoder builds frames itself; this is for the differential
+    /// tests, which hand the native core a frame where the Python one gets the tuple.
+    #[new]
+    fn new(events: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let mut out = Vec::new();
+        for event in events.try_iter()? {
+            let event = event?;
+            let [a, b, c, d, e] = [STREAM, SEQ, SOURCE_TS_US, PAYLOAD, INTERVAL]
+                .map(|index| crate::events::field(&event, index).map(Bound::unbind));
+            out.push(FrameEvent::new([a?, b?, c?, d?, e?]));
+        }
+        Ok(EventFrame { events: out })
+    }
+
+    /// How many of its IncomingEvents were made (asked for by Python): the tests check the in-order path makes
+    /// few.
+    #[getter]
+    fn made(&self, py: Python<'_>) -> usize {
+        self.events
+            .iter()
+            .filter(|e| e.made.get(py).is_some())
+            .count()
+    }
+
+    fn __len__(&self) -> usize {
+        self.events.len()
+    }
+
+    fn __getitem__<'py>(&self, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = index.py();
+        if let Ok(slice) = index.cast::<PySlice>() {
+            return self.as_tuple(py)?.as_any().get_item(slice);
+        }
+        let Ok(at) = index.extract::<isize>() else {
+            return Err(PyTypeError::new_err(
+                "EventFrame indices must be integers or slices",
+            ));
+        };
+        let len = self.events.len() as isize;
+        let at = if at < 0 { at + len } else { at };
+        if !(0..len).contains(&at) {
+            return Err(PyIndexError::new_err("EventFrame index out of range"));
+        }
+        self.events[at as usize].event(py)
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.as_tuple(py)?.as_any().try_iter().map(Bound::into_any)
+    }
+
+    fn __richcmp__<'py>(
+        &self,
+        other: &Bound<'py, PyAny>,
+        op: CompareOp,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = other.py();
+        let other = if let Ok(frame) = other.cast::<EventFrame>() {
+            frame.get().as_tuple(py)?.into_any()
+        } else if other.is_instance_of::<PyTuple>() {
+            other.clone()
+        } else {
+            return Ok(py.NotImplemented().into_bound(py));
+        };
+        match op {
+            CompareOp::Eq | CompareOp::Ne => self.as_tuple(py)?.as_any().rich_compare(other, op),
+            _ => Ok(py.NotImplemented().into_bound(py)),
+        }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("EventFrame({})", self.as_tuple(py)?.repr()?))
+    }
+}
