@@ -452,8 +452,8 @@ fn map_value_to_py<'py>(
     map_at_depth_to_py(py, t, map, 1)
 }
 
-/// A map whose entries are at `depth`: with string keys, a dict filled as its entries are converted (no vector of
-/// the parts in between: an allocation per payload); else `map_to_py` of the converted parts.
+/// A map whose entries are at `depth`: with string keys, `dict_of_entries`; else `map_to_py` of the converted
+/// parts.
 fn map_at_depth_to_py<'py>(
     py: Python<'py>,
     t: &PyTypes,
@@ -461,12 +461,7 @@ fn map_at_depth_to_py<'py>(
     depth: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
     if map.string_keys {
-        let dict = PyDict::new(py);
-        for (k, v) in &map.entries {
-            let key = to_py(py, t, k, depth)?;
-            dict.set_item(key, to_py(py, t, v, depth)?)?;
-        }
-        return Ok(dict.into_any());
+        return dict_of_entries(py, t, map, depth, |k| to_py(py, t, k, depth));
     }
     let mut parts = Vec::with_capacity(map.entries.len() * 2);
     for (k, v) in &map.entries {
@@ -627,13 +622,24 @@ fn payload_to_py<'py>(
     if !map.string_keys {
         return to_py(py, t, value, 0);
     }
+    dict_of_entries(py, t, map, 1, |k| match k {
+        Value::Str(text) => Ok(keys.get(py, text)),
+        other => to_py(py, t, other, 1),
+    })
+}
+
+/// A map with string keys as a dict filled as its entries are converted (no vector of the parts in between: an
+/// allocation per payload), its entries at `depth`, each key made by `key`.
+fn dict_of_entries<'py>(
+    py: Python<'py>,
+    t: &PyTypes,
+    map: &Map<'_>,
+    depth: usize,
+    mut key: impl FnMut(&Value<'_>) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
     let dict = PyDict::new(py);
     for (k, v) in &map.entries {
-        let key = match k {
-            Value::Str(text) => keys.get(py, text),
-            other => to_py(py, t, other, 1)?,
-        };
-        dict.set_item(key, to_py(py, t, v, 1)?)?;
+        dict.set_item(key(k)?, to_py(py, t, v, depth)?)?;
     }
     Ok(dict.into_any())
 }
