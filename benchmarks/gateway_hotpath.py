@@ -335,7 +335,8 @@ runs 20 minutes later, at a lower 1-minute load; the ratios within one run, whos
 figures.
 
 Both cores are the gateway's (`core = python` or `native`, gateway/native.py). The native one runs in Rust: the
-connection decoder; the sequence reorderers (`take_run`) and, for a frame's in-order run, the merge and the
+connection decoder (it hands a frame's events as one `EventFrame`, their fields in a Rust vector, which the native
+calls below read there: native/src/frame.rs); the sequence reorderers (`take_run`) and, for a frame's in-order run, the merge and the
 records in the same call (`push_in_order`); the merger of each stream; the record builder (the JSON, key, headers
 and Kafka timestamp of each record, and its Produce action and DeliveryRef, allocated without their `__init__`);
 the delivery tracker's digests, in-order admissions and in-order confirmations (`EventDigests`: `admit_run`,
@@ -344,14 +345,16 @@ read live from the SourceInfoStore, with the Python estimate's float arithmetic 
 per-record commit loops (`DeliveryRuns`: latencies, groups, runs of seqs); a transactional shard's produce loop
 over its plain records (`ProduceLoop`: the same positional `Producer.produce` call per record) and the shard's
 sorting of a core call's actions into Kafka writes and the rest (`ProduceLoop.split_writes`). Each has a
-differential test against the Python code it replaces (tests/unit/native/). The IncomingEvents the decoder builds
-and the Produce actions and DeliveryRefs the record builder builds are allocated without their `__init__` and off
-the cyclic garbage collector's lists (they cannot close a reference cycle; records/slots.rs): the collector no
+differential test against the Python code it replaces (tests/unit/native/). The IncomingEvents a frame makes when
+Python asks for one and the Produce actions and DeliveryRefs the record builder builds are allocated without their
+`__init__` and off the cyclic garbage collector's lists (they cannot close a reference cycle; records/slots.rs): the collector no
 longer walks them.
 
 What still runs in Python, and why:
-- Per event, Python objects that the next step takes as such: the IncomingEvent the decoder builds (the session
-  hands a frame's events to `IngestCore.events_received` as Python objects), the SourceEvent the merge queues
+- Per event, Python objects that the next step takes as such: the objects of the event's fields the decoder makes
+  (its payload dict and the ints of its seq and source time: the SourceEvent holds them; the IncomingEvent itself
+  is made only when Python asks for it: the first of a frame's runs, whose stream `admit_frame` and `push_many`
+  read, and every event of a frame that takes a Python path), the SourceEvent the merge queues
   (the Python paths of late records, refusals and punctuations read it), the Produce action and its DeliveryRef
   per record (the shard's queue and its commit keep them), the value bytes (the key is one object per source), the Python ints of the
   tracker's pending dict (seq -> digest, written by `admit_run`, popped by `confirm_run`) and the one
@@ -570,6 +573,21 @@ the tree they start from), each with its differential test:
   sees only the rest, or every action when one is of another class (test_native_produce_loop.py holds
   `_carry_out_now` with and without it to the same writes and host calls). Also: the record JSON's integers are
   written two digits per division.
+
+Then the frame of events (the table above, `--before` ffa695b, the tree it starts from): the native decoder made an
+IncomingEvent per event, which the session handed on in a tuple and the native calls of the in-order path read back
+from its slots. It now hands the frame's events as one `skewless_native.EventFrame` (native/src/frame.rs): each
+event's five fields (the same objects as before) in a Rust vector, read there by `admit_run`,
+`any_payload_of_class`, `take_run` and `push_in_order` (events.rs, `Events::Frame`); `events_received` hands the
+frame to `push_many` as it came (it made a list of it). To Python the frame is a read-only sequence equal to the
+tuple the Python decoder builds; an IncomingEvent is made the first time Python asks for it (index, slice,
+iteration) and kept, and once made the native calls read that object, as they read a tuple's. In this loop one
+IncomingEvent per frame is made (the first, whose stream `admit_frame` and `push_many` read), plus every event of a
+source's first frame (its joining and its stream's first admissions take the Python paths). The differential tests
+hand the native core frames where the Python core gets tuples (test_native_ingest_records.py,
+test_native_push_in_order.py, test_native_take_run.py, test_native_event_digests.py,
+test_native_produce_records.py; test_native_decode.py compares the decoders' frames and tuples and counts the
+events made).
 """
 
 
