@@ -442,3 +442,22 @@ def test_a_made_event_of_a_frame_is_read_as_it_is_now() -> None:
     assert not builder.any_payload_of_class(frame, RejectedPayload)
     frame[1].payload = RejectedPayload("changed after it was made")
     assert builder.any_payload_of_class(frame, RejectedPayload) and frame.made == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 6), st.lists(st.integers(-8, 8) | st.none(), min_size=3, max_size=3), st.integers(-8, 8))
+def test_a_frame_indexes_and_slices_as_its_tuple(count: int, bounds: list[int | None], at: int) -> None:
+    """EventFrame's index (negative too, out of range an IndexError), slice (any step) and iteration against the
+    tuple of the same events."""
+    events = tuple(IncomingEvent("s1", i, 5 + i, {"v": i}) for i in range(count))
+    frame = skewless_native.EventFrame(events)
+    start, stop, step = bounds
+    if step == 0:
+        step = None
+    assert frame[start:stop:step] == events[start:stop:step]
+    if -count <= at < count:
+        assert frame[at] == events[at] and frame[at] is frame[at % count]
+    else:
+        with pytest.raises(IndexError):
+            frame[at]
+    assert tuple(frame) == events and len(frame) == count and bool(frame) == bool(events)
