@@ -1128,6 +1128,26 @@ class SequenceEngine:
         then reuses its previous encoding.  The engine-wide part (CLOCK, punctuation, counters, the constraint
         monitor) is written whole.  The first call (or the first after restoring a version 1 or 2 blob)
         encodes every partition, and from then on the engine tracks which ones change."""
+        self._encode_changed()
+        encoded = self._encoded
+        doc = self._engine_doc(INCREMENTAL_SNAPSHOT_VERSION)
+        doc["keys"] = list(encoded)
+        doc["parts"] = list(encoded.values())
+        return _packed(doc)
+
+    def snapshot_changes(self) -> tuple[bytes, dict[bytes, bytes | None]]:
+        """The complete state for a store that keeps each partition apart (one entry per partition key): the
+        engine-wide part (:meth:`incremental_snapshot` without partitions) and, keyed by the packed partition key,
+        the encoding of each partition that changed since the previous call (None: the partition is gone). The
+        first call (or the first after restoring a version 1 or 2 blob) gives every partition. Applied to the
+        store's entries, the changes leave exactly what :meth:`restore_parts` restores this engine from."""
+        changes = self._encode_changed()
+        return _packed(self._engine_doc(INCREMENTAL_SNAPSHOT_VERSION)), {
+            _packed(key): encoded for key, encoded in changes.items()}
+
+    def _encode_changed(self) -> dict[Hashable, bytes | None]:
+        """Re-encode the partitions changed since the last snapshot (all of them the first time) into
+        ``self._encoded``; returns those changes (None: a partition dropped)."""
         encoded = self._encoded
         if self._dirty is None:
             encoded.clear()
@@ -1135,18 +1155,17 @@ class SequenceEngine:
         else:
             changed = self._dirty
         partitions = self._partitions
+        changes: dict[Hashable, bytes | None] = {}
         for key in changed:
             part = partitions.get(key)
             if part is None:
                 encoded.pop(key, None)
+                changes[key] = None
             else:
-                encoded[key] = _encoded_partition(part)
+                encoded[key] = changes[key] = _encoded_partition(part)
         # Only once every changed partition is encoded: a partition that fails to encode stays marked.
         self._dirty = set()
-        doc = self._engine_doc(INCREMENTAL_SNAPSHOT_VERSION)
-        doc["keys"] = list(encoded)
-        doc["parts"] = list(encoded.values())
-        return _packed(doc)
+        return changes
 
     def _engine_doc(self, version: int) -> dict[str, Any]:
         """Everything but the partitions (and their events)."""
@@ -1169,10 +1188,21 @@ class SequenceEngine:
     def restore(cls, query: Query, config: EngineConfig | None, blob: bytes) -> SequenceEngine:
         """An engine in exactly the state ``snapshot`` or ``incremental_snapshot`` captured (same query
         required); every version so far (1 and 2: :meth:`snapshot`, 3: :meth:`incremental_snapshot`) restores."""
-        try:
-            doc = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-        except (ValueError, TypeError, msgpack.ExtraData) as exc:
-            raise SaseError(f"not an engine snapshot: {exc}") from exc
+        return cls._restored(query, config, _unpacked_doc(blob))
+
+    @classmethod
+    def restore_parts(cls, query: Query, config: EngineConfig | None, engine_doc: bytes,
+                      parts: Iterable[tuple[bytes, bytes]]) -> SequenceEngine:
+        """An engine in exactly the state :meth:`snapshot_changes` described: its engine-wide part and every
+        (packed key, encoding) entry of a store those changes were applied to, in any order."""
+        doc = _unpacked_doc(engine_doc)
+        entries = list(parts)
+        doc["keys"] = [msgpack.unpackb(key, raw=False, strict_map_key=False) for key, _ in entries]
+        doc["parts"] = [encoded for _, encoded in entries]
+        return cls._restored(query, config, doc)
+
+    @classmethod
+    def _restored(cls, query: Query, config: EngineConfig | None, doc: Any) -> SequenceEngine:
         if not isinstance(doc, dict) or doc.get("v") not in (1, SNAPSHOT_VERSION, INCREMENTAL_SNAPSHOT_VERSION):
             version = doc.get("v") if isinstance(doc, dict) else None
             raise SaseError(f"not an engine snapshot of a supported version (got version {version!r}; this build "
@@ -1220,6 +1250,13 @@ class SequenceEngine:
         registered_ts, part.registered_ts = part.registered_ts, None
         if registered_ts is not None:
             self._register(part, key, registered_ts)
+
+
+def _unpacked_doc(blob: bytes) -> Any:
+    try:
+        return msgpack.unpackb(blob, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.ExtraData) as exc:
+        raise SaseError(f"not an engine snapshot: {exc}") from exc
 
 
 def _event_rows(events: Mapping[int, SaseEvent]) -> list[list[Any]]:
