@@ -691,7 +691,8 @@ because the routing still parses the payload twice per row (`get_json_object` fo
   Left: a core restored when Spark hands a stream's next task to the other Python worker (a 13 MB state here,
   2-4 us/event in the batch it happens; pyspark does not keep a task on the worker that ran it before), and the
   shell's per-batch columns and sort. Per-key state in Spark's state store (issue 27 item 2's other half) would
-  make the restore proportional to the keys a batch touches.
+  make the restore proportional to the keys a batch touches (measured later: it costs more CPU per event than the
+  blob, "Per-key state in Spark's state store, measured" below).
 - `--key-groups 2` (0.59x): one `json_tuple` over the payload instead of two `get_json_object` calls would halve
   the routing's parsing; not done here, because a different key text for some value would route a key to another
   group than a checkpoint of this build did, and that needs its own test.
@@ -732,7 +733,19 @@ keys, its adapter once with the previous full snapshot: state 106.3 and 95.1 us/
 37.5 with it off (`gc.disable()`); incremental 8.7 and 11.8 on, 9.5-9.7 off; core 9.2-14.7 on, 7.0-7.4 off in
 either mode. So the marking itself costs nothing measurable, and the collector is a lever of its own. The blob
 is not smaller (the sequence blob is 1.4 % larger: each key carries its own framing), and Spark still stores and
-ships it whole every batch: that part is not in these figures."""
+ships it whole every batch: that part is not in these figures.
+
+**Per-key state in Spark's state store, measured (issue 27 item 2: `benchmarks/spark_per_key_state.py`; setup,
+tables and reasons in docs/spark-jobs.md, "Per-key state: measured").** The sequence job's state kept per partition
+key with Spark 4's `transformWithStateInPandas` (RocksDB store; a `MapState` entry per key, or a `ListState` log of
+per-batch changes; a worker that still holds its core reads nothing) against the whole blob of
+`applyInPandasWithState` (HDFS-backed and RocksDB stores), the same core, shell, Kafka read and results sink, side
+by side in one Spark session on the same topics (2026-11-29, 10:04-11:02 UTC, pyspark 4.0.0, protobuf 5.29.5). With
+20,000 keys per stream and 200,000 events in 21 micro-batches, the map state spent 1.93-3.15x the blob's CPU per
+event round by round (657.9-880.0 against 247.4-442.0 us/event: about one synchronous state-server round trip per
+event), the list log 1.02-1.20x; on this page's topic (50 keys, 2 micro-batches) the list log 0.75-1.37x (the
+rounds straddle 1), and the map state failed a query on its large values (SPARK-53870, a truncated read in the
+JVM's state server). The jobs keep the blob."""
 
 # The subset run's reading (``--jobs``), written from the numbers of the run that produced its table, as ANALYSIS.
 SUBSET_ANALYSIS = """**Reading.** This run measured three changes to the Python side of the pattern and sequence jobs (8256120;
