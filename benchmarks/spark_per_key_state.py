@@ -274,7 +274,7 @@ def start_variant(spark: Any, variant: str, bootstrap: str, prefix: str, checkpo
 
 
 def results_of(bootstrap: str, topic: str) -> collections.Counter[tuple[bytes, bytes]]:
-    """Every committed (key, value) of the results topic, the value without ``emitted_at``-free fields touched."""
+    """Every committed (key, value) of the results topic (read_committed) and how often it was written."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": "read_committed"})
