@@ -275,6 +275,8 @@ class SequenceEngine:
         """Keys whose partition was created, changed or dropped since the last :meth:`incremental_snapshot`
         (None: not tracked before the first one, so an engine that is never snapshotted that way keeps no set)."""
         self._encoded: dict[Hashable, bytes] = {}
+        self._packed_keys: dict[Hashable, bytes] = {}
+        """Per partition key, its packed form in :meth:`snapshot_changes` (a store's entry key)."""
         """Per partition key, its encoding as of the last :meth:`incremental_snapshot` (clean keys reuse it)."""
         self._whole: _Partition | None = None
         """The partition of key None (unpartitioned query) while it exists: the fast path skips the lookup."""
@@ -1141,9 +1143,17 @@ class SequenceEngine:
         the encoding of each partition that changed since the previous call (None: the partition is gone). The
         first call (or the first after restoring a version 1 or 2 blob) gives every partition. Applied to the
         store's entries, the changes leave exactly what :meth:`restore_parts` restores this engine from."""
-        changes = self._encode_changed()
-        return _packed(self._engine_doc(INCREMENTAL_SNAPSHOT_VERSION)), {
-            _packed(key): encoded for key, encoded in changes.items()}
+        packed_keys = self._packed_keys
+        out: dict[bytes, bytes | None] = {}
+        for key, encoded in self._encode_changed().items():
+            # Equal keys of different types (1, 1.0, True) are one partition: one packed key, the first one's.
+            packed = packed_keys.get(key)
+            if packed is None:
+                packed = packed_keys[key] = _packed(key)
+            if encoded is None:
+                del packed_keys[key]
+            out[packed] = encoded
+        return _packed(self._engine_doc(INCREMENTAL_SNAPSHOT_VERSION)), out
 
     def _encode_changed(self) -> dict[Hashable, bytes | None]:
         """Re-encode the partitions changed since the last snapshot (all of them the first time) into
@@ -1199,7 +1209,10 @@ class SequenceEngine:
         entries = list(parts)
         doc["keys"] = [msgpack.unpackb(key, raw=False, strict_map_key=False) for key, _ in entries]
         doc["parts"] = [encoded for _, encoded in entries]
-        return cls._restored(query, config, doc)
+        engine = cls._restored(query, config, doc)
+        engine._packed_keys = {_partition_key(raw): bytes(packed) for raw, (packed, _) in zip(doc["keys"], entries,
+                                                                                              strict=True)}
+        return engine
 
     @classmethod
     def _restored(cls, query: Query, config: EngineConfig | None, doc: Any) -> SequenceEngine:

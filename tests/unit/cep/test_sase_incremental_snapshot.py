@@ -386,3 +386,21 @@ def test_per_key_changes_name_only_the_changed_partitions() -> None:
     engine.on_punctuation(100)
     _, third = engine.snapshot_changes()
     assert third == {msgpack.packb(1): None, msgpack.packb(2): None}
+
+
+def test_per_key_changes_name_equal_keys_of_other_types_by_the_first_one() -> None:
+    """Hand-computed: ids 1 and 1.0 are one partition (the engine compares keys as Python values), so the store
+    keeps one entry for it, under the first key's packed form, also after a restore and when it is gone."""
+    query = parse_query("EVENT SEQ(A a, B b) WHERE a.id = b.id WITHIN 5")
+    config = EngineConfig(allowed_lateness_us=0)
+    engine = SequenceEngine(query, config)
+    engine.on_event(SaseEvent("A", 1, {"id": 1}, "e1"))
+    doc, first = engine.snapshot_changes()
+    assert list(first) == [msgpack.packb(1)]
+    engine = SequenceEngine.restore_parts(query, config, doc, [(msgpack.packb(1), first[msgpack.packb(1)] or b"")])
+    engine.on_event(SaseEvent("A", 2, {"id": 1.0}, "e2"))
+    _, second = engine.snapshot_changes()
+    assert list(second) == [msgpack.packb(1)]
+    engine.on_punctuation(100)
+    _, third = engine.snapshot_changes()
+    assert third == {msgpack.packb(1): None}
