@@ -21,8 +21,8 @@ lateness of one hour, as a long-running job's does, and a micro-batch touches a 
 
 CPU per event (the Spark JVM, its Python workers, this driver: /proc) of each variant's best round and every
 round; ``--rounds`` rounds, the order reversed every other round. Results are compared across variants (the same
-records, but for none). Needs ``protobuf`` (pyspark's state API v2 client; ``--pydeps DIR`` adds a directory
-holding it to the workers' path). Run:
+records, but for none). Needs ``protobuf`` (pyspark's state API v2 client; in the dev extra, so ``make setup``
+installs it; ``--pydeps DIR`` adds another directory holding it to the workers' path). Run:
 
     .venv/bin/python -m benchmarks.spark_per_key_state --workload keys --events 200000 --rounds 3 --json F
 """
