@@ -33,6 +33,12 @@ payloads = st.one_of(
 STREAMS = ("s", "t")
 
 
+def native_events(data: st.DataObject, batch: list[IncomingEvent]) -> Any:
+    """The native core gets a frame's events as a tuple or as the frame the native decoder hands
+    (native/src/frame.rs), drawn."""
+    return skewless_native.EventFrame(batch) if data.draw(st.booleans()) else tuple(batch)
+
+
 def build_core(native: bool, mapping: ReferenceMapping | None = None) -> IngestCore:
     config = IngestConfig(max_record_bytes=900)
     if native:
@@ -54,8 +60,9 @@ def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.D
     now = T0
     next_seq = {(source, stream): 0 for source in SOURCES for stream in STREAMS}
 
-    def both(call: str, *args: Any) -> None:
-        results: list[list[IngestAction]] = [getattr(core, call)(*args) for core in cores]
+    def both(call: str, *args: Any, native_args: tuple[Any, ...] | None = None) -> None:
+        results: list[list[IngestAction]] = [getattr(cores[0], call)(*args),
+                                             getattr(cores[1], call)(*(native_args or args))]
         assert results[1] == results[0]
         for offset, action in enumerate(results[0]):
             if isinstance(action, Produce) and action.delivery is not None and data.draw(st.booleans()):
@@ -78,12 +85,8 @@ def test_native_record_bytes_give_the_same_actions_as_the_python_ones(data: st.D
                 interval = data.draw(st.sampled_from([None, None, None, AtomicInterval(stamp - 30),
                                                       IntervalEndpoint("i", "start")]))
                 batch.append(IncomingEvent(stream, seq, stamp, data.draw(payloads), interval))
-            if data.draw(st.booleans()):
-                both("events_received", ConnectionId(1), source, tuple(batch), now)
-            else:  # the native core gets the frame the native decoder hands (native/src/frame.rs)
-                results = [cores[0].events_received(ConnectionId(1), source, tuple(batch), now),
-                           cores[1].events_received(ConnectionId(1), source, skewless_native.EventFrame(batch), now)]
-                assert results[1] == results[0]
+            both("events_received", ConnectionId(1), source, tuple(batch), now,
+                 native_args=(ConnectionId(1), source, native_events(data, batch), now))
         elif op == "advance":
             both("advance", now)
         elif op == "heartbeat":
@@ -197,8 +200,9 @@ def test_synced_sources_give_the_same_actions(data: st.DataObject) -> None:
     now = T0
     next_seq = {(source, stream): 0 for source in SOURCES for stream in STREAMS}
 
-    def both(call: str, *args: Any) -> None:
-        results: list[list[IngestAction]] = [getattr(core, call)(*args) for core in cores]
+    def both(call: str, *args: Any, native_args: tuple[Any, ...] | None = None) -> None:
+        results: list[list[IngestAction]] = [getattr(cores[0], call)(*args),
+                                             getattr(cores[1], call)(*(native_args or args))]
         assert results[1] == results[0]
 
     for source in SOURCES:
@@ -228,12 +232,8 @@ def test_synced_sources_give_the_same_actions(data: st.DataObject) -> None:
                 next_seq[source, stream] = max(next_seq[source, stream], seq + 1)
                 stamp = now + data.draw(st.sampled_from([0, 0, -2_000, 1_500, -30_000]))
                 batch.append(IncomingEvent(stream, seq, stamp, {"v": seq}))
-            if data.draw(st.booleans()):
-                both("events_received", ConnectionId(1), source, tuple(batch), now)
-            else:  # the native core gets the frame the native decoder hands (native/src/frame.rs)
-                results = [cores[0].events_received(ConnectionId(1), source, tuple(batch), now),
-                           cores[1].events_received(ConnectionId(1), source, skewless_native.EventFrame(batch), now)]
-                assert results[1] == results[0]
+            both("events_received", ConnectionId(1), source, tuple(batch), now,
+                 native_args=(ConnectionId(1), source, native_events(data, batch), now))
     now += 10_000_000
     both("advance", now)
     assert vars(cores[1].counters) == vars(cores[0].counters)
