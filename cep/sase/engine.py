@@ -275,9 +275,9 @@ class SequenceEngine:
         """Keys whose partition was created, changed or dropped since the last :meth:`incremental_snapshot`
         (None: not tracked before the first one, so an engine that is never snapshotted that way keeps no set)."""
         self._encoded: dict[Hashable, bytes] = {}
+        """Per partition key, its encoding as of the last :meth:`incremental_snapshot` (clean keys reuse it)."""
         self._packed_keys: dict[Hashable, bytes] = {}
         """Per partition key, its packed form in :meth:`snapshot_changes` (a store's entry key)."""
-        """Per partition key, its encoding as of the last :meth:`incremental_snapshot` (clean keys reuse it)."""
         self._whole: _Partition | None = None
         """The partition of key None (unpartitioned query) while it exists: the fast path skips the lookup."""
         self._due_low: int = _NEVER
