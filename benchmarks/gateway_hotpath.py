@@ -306,6 +306,11 @@ def main(before: Path | None, rounds: int, before_label: str | None = None, prog
                      + (f" {alone[stage]:.2f} | {was[stage]:.2f} | {alone[stage] / was[stage]:.2f} |" if was else "")
                      for stage in stages)
     summary = _summary(now, python, was, alone)
+    save_figures({"load_average": [load_start, load_end], "rounds": rounds, "medians": medians,
+                  "gc_off": {cores: statistics.median(runs) for cores, runs in gc_off.items()},
+                  "before": {"label": before_label or (str(before) if before else None), "own_process": alone,
+                             "medians": was},
+                  "paced_virtual_time": [{"jitter_us": jitter_us, **row} for jitter_us, row in paced]})
     paced_rows = "\n".join(f"| {jitter_us / 1000:.1f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} |"
                            for jitter_us, row in paced)
     DOCS.mkdir(exist_ok=True)
@@ -325,6 +330,8 @@ f"and of this tree's native core, alternating which goes first" if before is not
 statistics.median(gc_off["native"]):.2f} | {statistics.median(gc_off["native"]) / statistics.median(gc_off["python"]):.2f} | |
 
 {summary}
+
+{kept_notes(DOCS / "gateway-hotpath.md")}
 
 The native decoder alone is 2.4 to 2.9 times as fast as the Python one (benchmarks/native_decode.py
 measures it alone; tests/unit/native/test_native_decode.py checks they give the same events). In the native core's
@@ -591,6 +598,26 @@ events made).
 """
 
 
+FIGURES = DOCS / "gateway-hotpath.json"
+NOTES_BEGIN = "<!-- notes written by hand after earlier runs, each naming its run: kept when the page is rewritten -->"
+NOTES_END = "<!-- end of the notes written by hand -->"
+
+
+def kept_notes(page: Path) -> str:
+    """The hand-written notes of the page as it is (between the markers), with the markers, to write back: a
+    regeneration keeps what was measured by hand after earlier runs. Empty markers when the page has none."""
+    text = page.read_text() if page.exists() else ""
+    if NOTES_BEGIN in text and NOTES_END in text:
+        return NOTES_BEGIN + text.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[0] + NOTES_END
+    return f"{NOTES_BEGIN}\n{NOTES_END}"
+
+
+def save_figures(figures: dict[str, object]) -> None:
+    """The run's medians per core and stage, for the pages that quote them (benchmarks/hot_paths_report.py)."""
+    FIGURES.write_bytes(orjson.dumps({"written": time.strftime("%Y-%m-%d"), **figures},
+                                     option=orjson.OPT_INDENT_2))
+
+
 def _summary(now: dict[str, float], python: dict[str, float], was: dict[str, float],
              alone: dict[str, float]) -> str:
     """What the table says, from its own medians: the native total against the Python core's, the tree before's
@@ -604,9 +631,15 @@ def _summary(now: dict[str, float], python: dict[str, float], was: dict[str, flo
               f"{alone['commit'] / was['commit']:.2f}x, decode {alone['decode'] / was['decode']:.2f}x)"
               if was else "")
     verdict = "met" if now["total"] <= target_us else f"missed, {now['total'] / target_us:.1f}x it"
+    # The issue words its target "decode -> record bytes": the records' bytes are made in the ingest stage; the
+    # produce stage is confluent-kafka's client call and the commit stage the confirmations after it.
+    to_bytes, to_bytes_python = now["decode"] + now["ingest"], python["decode"] + python["ingest"]
+    narrow = "met" if to_bytes <= target_us else f"missed, {to_bytes / target_us:.1f}x it"
     return (f"In this run the native core's total is {now['total']:.2f} us/event, {now['total'] / python['total']:.2f}x "
             f"the Python core's {python['total']:.2f}{before}. Per stage, native against Python (us/event): "
-            f"{stages}. Issue 26's target for this total, <= {target_us} us/event: {verdict}.")
+            f"{stages}. Issue 26's target for this total, <= {target_us} us/event: {verdict}. Read narrowly, as "
+            f"decode -> record bytes (decode + ingest, without the client's produce call and the commit): "
+            f"{to_bytes:.2f} us/event native, {to_bytes_python:.2f} Python: {narrow}.")
 
 
 def ingest_only(repeats: int, per_source: int, progress: bool = True) -> None:
