@@ -1193,10 +1193,11 @@ class IngestCore:
         if last_us is not None and now_us - last_us > pause_us:
             self.counters.gateway_pauses += 1
             self._paused_us = now_us
-            # A loaded host does this often: a warning only for a pause of a second or more.
-            log.log(logging.WARNING if now_us - last_us >= 1_000_000 else logging.INFO,
-                    "the gateway did not run for %d ms: no reorder gap or merge timeout fires for %d ms",
-                    (now_us - last_us) // 1000, self.config.stall_grace_us // 1000)
+            # A loaded host does this often: a warning only for a pause of a second or more, and rate-limited (the
+            # counter keeps the exact number; a host starved for CPU would otherwise spend it writing these).
+            limited_log(log, logging.WARNING if now_us - last_us >= 1_000_000 else logging.INFO, "gateway_pause",
+                        "the gateway did not run for %d ms: no reorder gap or merge timeout fires for %d ms",
+                        (now_us - last_us) // 1000, self.config.stall_grace_us // 1000, now_us=now_us)
 
     def on_delivered(self, delivery: DeliveryRef, error: str | None, offset: int | None, now_us: int) -> None:
         """Kafka's delivery report for one produced event (rules 2, 3 and 6)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 import orjson
@@ -1287,3 +1288,22 @@ def test_a_given_up_seq_of_a_freed_source_is_a_duplicate_as_after_a_restart():
     core.source_registered("a", ("s",), now)
     again = core.events_received(CONN, "a", events(range(1, 2)), now + 1)
     assert again == [SendFrame(CONN, ack("s", 2))] and core.counters.duplicates == 1
+
+
+def test_pauses_of_a_starved_gateway_are_all_counted_and_their_lines_rate_limited(caplog: pytest.LogCaptureFixture):
+    # A host starved for CPU pauses the gateway again and again: every pause counts, but the log gets a burst and
+    # then about a line a second (the limiter's), not a line per pause.
+    from gateway.ingest import GATEWAY_PAUSE_US
+
+    core = make_core(gateway_pause_us=GATEWAY_PAUSE_US)
+    core.source_registered("a", ("s",), T0)
+    caplog.set_level(logging.INFO, logger="gateway.ingest")
+    now_us = T0
+    core.poll(now_us)  # the first call: a pause is a gap between calls
+    for _ in range(100):
+        now_us += GATEWAY_PAUSE_US + 10_000
+        core.poll(now_us)
+    lines = [r for r in caplog.records if "the gateway did not run" in r.getMessage()]
+    assert core.counters.gateway_pauses == 100
+    seconds = (now_us - T0) / 1e6  # 26 s of pauses: a burst of 10, then one a second
+    assert 1 <= len(lines) <= 10 + seconds + 1
