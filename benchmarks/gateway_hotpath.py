@@ -80,10 +80,11 @@ def ingest_config(cores: Core) -> IngestConfig:
     return config
 
 
-def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
+def stage_costs(cores: Core = "python", batch: int = BATCH, per_source: int = PER_SOURCE,
+                committed_records: int = COMMITTED_RECORDS) -> tuple[dict[str, float], int]:
     """Seconds spent per stage and the number of events, with the gateway's Python or native cores (gateway.native:
     the native ones are the connection decoder, the sequence reorderers, the mergers and the record builder, as
-    `core = native` wires them)."""
+    `core = native` wires them); frames of ``batch`` events."""
     base_us = 1_800_000_000_000_000
     sessions: list[GatewaySession] = []
     frames = []
@@ -96,8 +97,8 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
         core.source_registered(f"s{s}", ("bench",), base_us)
         sessions.append(session)
         frames.append([encode_frame(build_events([build_event("bench", q, base_us + q * 10, {"v": q & 255})
-                                                  for q in range(i, i + BATCH)]))
-                       for i in range(0, PER_SOURCE, BATCH)])
+                                                  for q in range(i, i + batch)]))
+                       for i in range(0, per_source, batch)])
     publisher = KafkaPublisher("127.0.0.1:1", {"queue.buffering.max.messages": 1_000_000, "linger.ms": 1000,
                                                "log_level": 0})
     # The shard's own produce loop (ShardRuntime._produce_from: the publisher call per record, the transaction's
@@ -112,7 +113,7 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
     count = 0
     clock = time.process_time
     transaction: list[DeliveryRef]
-    for batch_index in range(PER_SOURCE // BATCH):
+    for batch_index in range(per_source // batch):
         for s in range(SOURCES):
             t0 = clock()
             actions = sessions[s].receive_data(frames[s][batch_index], base_us)
@@ -128,7 +129,7 @@ def stage_costs(cores: Core = "python") -> tuple[dict[str, float], int]:
             t4 = clock()
             transaction = shard._uncommitted
             t5 = clock()
-            if len(transaction) >= COMMITTED_RECORDS:
+            if len(transaction) >= committed_records:
                 core.on_committed(transaction, {"bench": count}, base_us)
                 shard._uncommitted = []
             t6 = clock()
@@ -178,6 +179,50 @@ def ingest_cost(synced: bool, per_source: int = PER_SOURCE) -> float:
     if core.counters.clock_steps:
         raise AssertionError("the synced workload must not look like a clock step")
     return spent / count
+
+
+SMALL_FRAMES = (1, 3, 10)  # events per frame; 3 is the paced load's frame (500 events/s, a frame every 5 ms)
+SMALL_FRAME_EVENTS = 4_000  # per source: frames enough to see the fixed cost, few enough to keep the run short
+
+
+def small_frame_costs(rounds: int) -> dict[int, dict[Core, float]]:
+    """CPU per frame (us, decode + ingest + produce + commit) with frames of a few events, per core: the median of
+    ``rounds`` alternating runs. With frames of 500 a frame's fixed cost disappears in the per-event figure; with
+    the paced load's frames of 2-3 events it is most of the cost."""
+    runs: dict[int, dict[Core, list[float]]] = {batch: {"python": [], "native": []} for batch in SMALL_FRAMES}
+    for _ in range(rounds):
+        for batch in SMALL_FRAMES:
+            per_source = SMALL_FRAME_EVENTS // batch * batch
+            for cores in CORES_COMPARED:
+                spent, count = stage_costs(cores, batch, per_source, committed_records=1_000)
+                runs[batch][cores].append(sum(spent.values()) * 1e6 / (count / batch))
+    return {batch: {cores: statistics.median(values) for cores, values in by_core.items()}
+            for batch, by_core in runs.items()}
+
+
+def small_frames_section(costs: dict[int, dict[Core, float]], per_event: dict[Core, float]) -> str:
+    """The small-frame table, with each core's fixed cost per frame read off it: the cost of a 1-event frame less
+    the per-event cost of the stage table's frames of 500."""
+    rows = "\n".join(f"| {batch} | {by_core['python']:.1f} | {by_core['native']:.1f} | "
+                     f"{by_core['python'] / batch:.2f} | {by_core['native'] / batch:.2f} |"
+                     for batch, by_core in costs.items())
+    fixed = {cores: costs[1][cores] - per_event[cores] for cores in CORES_COMPARED}
+    return f"""## Small frames: what a frame costs beyond its events
+
+The same loop with frames of a few events (20 sources x {SMALL_FRAME_EVENTS:,} events each, a commit every 1,000
+records; medians of alternating runs, CPU time of the process, decode + ingest + produce + commit). The paced load
+of issue 26's target 2 (500 events/s per source, a frame every 5 ms) sends frames of 2-3 events.
+
+| events per frame | python core (us/frame) | native core (us/frame) | python core (us/event) | native core (us/event) |
+|---|---|---|---|---|
+{rows}
+
+A frame's fixed cost, read as a 1-event frame's cost less the per-event cost of the table above (frames of 500):
+python core {fixed['python']:.1f} us, native core {fixed['native']:.1f} us per frame. At 20 x 500 events/s in
+frames of 2-3 events (4,000 frames/s) that is {fixed['native'] * 4_000 / 1e4:.0f} % of a core for the native core
+before any event's own cost: the per-frame path (the session's, the core's and the pipeline's Python around the
+native calls, and each native call's own fixed work) is the native core's cost at this rate, not its per-event path.
+"""
 
 
 def write_profile() -> None:
@@ -287,6 +332,8 @@ def main(before: Path | None, rounds: int, before_label: str | None = None, prog
             advance(0, description=f"paced, jitter {jitter_us} us")
             paced.append((jitter_us, paced_added_latency(jitter_us)))
             advance()
+        advance(0, description="small frames")
+        small = small_frame_costs(max(1, rounds))
     load_end = os.getloadavg()[0]
     stages = ["decode", "ingest", "produce", "commit", "total"]
     medians = {cores: {stage: statistics.median(run[stage] for run in runs) for stage in stages}
@@ -310,7 +357,8 @@ def main(before: Path | None, rounds: int, before_label: str | None = None, prog
                   "gc_off": {cores: statistics.median(runs) for cores, runs in gc_off.items()},
                   "before": {"label": before_label or (str(before) if before else None), "own_process": alone,
                              "medians": was},
-                  "paced_virtual_time": [{"jitter_us": jitter_us, **row} for jitter_us, row in paced]})
+                  "paced_virtual_time": [{"jitter_us": jitter_us, **row} for jitter_us, row in paced],
+                  "small_frames_us_per_frame": {str(batch): by_core for batch, by_core in small.items()}})
     paced_rows = "\n".join(f"| {jitter_us / 1000:.1f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} |"
                            for jitter_us, row in paced)
     DOCS.mkdir(exist_ok=True)
@@ -416,6 +464,8 @@ With exact schedules every event waits for the next frame of the source that sen
 interval. The gateway's own decisions meet the target; what the sources' schedules and the network add on top of
 the interval is what the end-to-end figure in docs/gateway-benchmark.md measures (there, on the loaded machine,
 the load generator's frames slipped by up to hundreds of ms).
+
+{small_frames_section(small, {"python": python["total"], "native": now["total"]})}
 {CHANGES}""")
     write_profile()
 
