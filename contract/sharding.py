@@ -11,6 +11,8 @@ with us without a custom partitioner. The rule is part of the deployment contrac
 
 from __future__ import annotations
 
+import functools
+
 __all__ = ["MURMUR2_SEED", "murmur2", "shard_of"]
 
 # Kafka's Utils.murmur2 constants (seed, multiplier, shift): the hash must match Java's bit for bit.
@@ -18,6 +20,9 @@ MURMUR2_SEED = 0x9747B28C
 _M = 0x5BD1E995
 _R = 24
 _MASK32 = 0xFFFFFFFF
+# The gateway asks for a source's shard on every frame it reads; the hash in Python is a few microseconds, the
+# cache's hit a fraction of one. Bounded: a flood of new source ids evicts entries, which only costs the hash again.
+SHARD_CACHE_ENTRIES = 4096
 
 
 def murmur2(data: bytes) -> int:
@@ -60,4 +65,9 @@ def shard_of(source_id: str, shards: int) -> int:
     """
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise ValueError(f"shards must be an integer >= 1, got {shards!r}")
+    return _shard_of(source_id, shards)
+
+
+@functools.lru_cache(maxsize=SHARD_CACHE_ENTRIES)
+def _shard_of(source_id: str, shards: int) -> int:
     return (murmur2(source_id.encode("utf-8")) & 0x7FFFFFFF) % shards

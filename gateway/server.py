@@ -821,8 +821,15 @@ class Gateway:
         if runtime is None:
             self._moved(connection)
             return
-        with self._core_call(runtime):
+        # Per frame: _core_call's handling inline (a generator-based context manager cost more than the call's own
+        # Python around the native core at a few events per frame).
+        try:
             await runtime.receive_events(connection.connection_id, received.source_id, received.events, arrival_us)
+        except ShardLost:
+            raise
+        except Exception as exc:
+            self._core_raised(runtime, exc)
+            raise
 
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None:
         runtime = self._serving(received.source_id)
@@ -862,10 +869,13 @@ class Gateway:
         except ShardLost:
             raise
         except Exception as exc:
-            log.exception("shard %d: the ingest core raised; the shard restarts from Kafka", runtime.shard)
-            self._own_counters.task_failures += 1
-            runtime.fail(f"the ingest core raised {exc!r}")
+            self._core_raised(runtime, exc)
             raise
+
+    def _core_raised(self, runtime: ShardRuntime, exc: Exception) -> None:
+        log.exception("shard %d: the ingest core raised; the shard restarts from Kafka", runtime.shard)
+        self._own_counters.task_failures += 1
+        runtime.fail(f"the ingest core raised {exc!r}")
 
     def session_failed(self, error_code: str) -> None:
         self._own_counters.count_error(error_code)

@@ -91,3 +91,13 @@ def test_shard_of_is_stable_and_in_range() -> None:
 def test_shard_of_refuses_a_deployment_without_shards(shards: object) -> None:
     with pytest.raises(ValueError, match="shards must be an integer >= 1"):
         shard_of("s1", shards)  # type: ignore[arg-type]
+
+
+def test_the_shard_cache_is_bounded_and_gives_the_hash_s_answer() -> None:
+    from contract.sharding import SHARD_CACHE_ENTRIES, _shard_of
+
+    ids = [f"flood-{n}" for n in range(SHARD_CACHE_ENTRIES + 500)]
+    shards = [shard_of(source_id, 7) for source_id in ids]
+    assert _shard_of.cache_info().currsize <= SHARD_CACHE_ENTRIES
+    assert shards == [(murmur2(source_id.encode()) & 0x7FFFFFFF) % 7 for source_id in ids]
+    assert shard_of(ids[0], 7) == shards[0]  # evicted, computed again
