@@ -1,0 +1,353 @@
+"""Added latency at a steady rate on the real broker, split into the sources' schedule and the gateway's own share,
+per core (python, native) side by side in one run. Writes docs/gateway-latency.md, its JSON and a PNG.
+
+The load of docs/gateway-benchmark.md's paced table (20 sources x 500 events/s, a frame every 5 ms, spread-out
+phases; 1 source x 5,000 events/s as the control), with the load generator in its own process (spawned; its figures
+come back over a pipe), in two variants: "same host" (normal priority: the sources' send schedule competes with the
+gateway, the broker and everything else on this 2-core machine) and "own host" (the source process at SCHED_FIFO
+real-time priority: a model of devices on their own hosts, whose schedule does not depend on this host's load). The
+gateway and the broker run at normal priority in both.
+
+Per event, from its record in Kafka: ``added`` = release - arrival (as the gateway benchmark reports it); the
+**floor** = the earliest time any correct merge could have released it given when the other sources' frames actually
+reached the gateway (``release_floors_us``); ``excess`` = release - floor, what the gateway itself added. A negative
+excess would be a release before every other source had shown it would send nothing older: the run fails on one.
+
+Run: .venv/bin/python -m benchmarks.gateway_latency [--repeats 3] [--seconds 5] [--cores python native]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import tempfile
+import time
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.gateway_throughput import CORE_LABELS, frame_gaps_ms, load_averages, start_gateway, unaccounted
+from benchmarks.harness.resending_source import ResendingSource
+from benchmarks.harness.stats import percentile
+from broker.launcher import KafkaBroker
+from broker.reader import read_topic
+from contract.records import EVENT
+from contract.wire.messages import build_event
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+RESULTS = DOCS / "gateway-latency.json"
+FRAME_EVERY_S = 0.005
+LOADS = ((1, 5000.0), (20, 500.0))  # (sources, events/s per source): the control, then issue 26's target 2
+VARIANTS = ("same host", "own host")  # normal priority; the source process at real-time priority
+FloorInput = tuple[str, int, int, int]  # (source_id, seq, ref_ts_us, arrival_ts_us) of one event
+
+
+def release_floors_us(events: Sequence[FloorInput]) -> list[int | None]:
+    """Per event, the earliest release any correct merge could give it: the merge may release an event of source A
+    at reference time t once every other live source B has delivered an event at or past t (reorder/merger.py: an
+    empty source blocks a head only while its frontier is below the head's t; equal times go by source id, which
+    holds nothing back). So the floor is the latest, over the other sources, of the arrival of B's first event (in
+    seq order) whose stamps reached t, and never before the event's own arrival. None where some other source never
+    reached t (the tail of a run: a heartbeat or the source's departure released it, not a frame). The sources are
+    those of ``events``."""
+    by_source: dict[str, list[tuple[int, int, int]]] = {}
+    for source_id, seq, ref_us, arrival_us in events:
+        by_source.setdefault(source_id, []).append((seq, ref_us, arrival_us))
+    reach: dict[str, tuple[list[int], list[int]]] = {}
+    for source_id, rows in by_source.items():
+        rows.sort()
+        reached, arrivals, high = [], [], -(1 << 62)
+        for _seq, ref_us, arrival_us in rows:
+            high = max(high, ref_us)  # the source's frontier after this event
+            reached.append(high)
+            arrivals.append(arrival_us)
+        reach[source_id] = (reached, arrivals)
+    shown: dict[tuple[str, int], int | None] = {}  # (source, t): when every other source had shown t
+    floors: list[int | None] = []
+    for source_id, _seq, ref_us, arrival_us in events:
+        key = (source_id, ref_us)
+        if key not in shown:
+            shown[key] = others_reached_us(reach, source_id, ref_us)
+        others = shown[key]
+        floors.append(None if others is None else max(others, arrival_us))
+    return floors
+
+
+def others_reached_us(reach: dict[str, tuple[list[int], list[int]]], source_id: str, ref_us: int) -> int | None:
+    """The latest, over the sources other than ``source_id``, arrival of their first event whose frontier reached
+    ``ref_us`` (None if one never did)."""
+    latest = -(1 << 62)
+    for other, (reached, arrivals) in reach.items():
+        if other == source_id:
+            continue
+        index = bisect_left(reached, ref_us)
+        if index == len(reached):
+            return None
+        latest = max(latest, arrivals[index])
+    return latest
+
+
+@dataclass
+class Shares:
+    """Per event with a floor, in us: added = release - arrival, waited = floor - arrival (the part no merge could
+    avoid), excess = release - floor (what the records say the gateway added), acked = ack - floor (the gateway's
+    whole share up to its ack: the merge's own waits, the frames' queueing, the produce and the transaction's
+    commit); scheduled = the floor on the sources' send stamps instead of the gateway's arrival stamps less the
+    event's own send stamp (what the sources' schedule alone forces on any merge, with instant transport and reads);
+    read_lag = arrival - send stamp (loopback, and how late the gateway read the frame); ``tail``: events without a
+    floor (released by a heartbeat or a departure)."""
+    added_us: list[int]
+    waited_us: list[int]
+    excess_us: list[int]
+    acked_us: list[int]
+    scheduled_us: list[int]
+    read_lag_us: list[int]
+    tail: int
+
+
+def ack_times_us(acks: Sequence[tuple[int, int]], seqs: Sequence[int]) -> list[int]:
+    """When each of ``seqs`` was acked: the first of ``acks`` ((acked seq, when), cumulative, in the order they came)
+    that covers it."""
+    covered = [seq for seq, _when in acks]
+    return [acks[bisect_left(covered, seq)][1] for seq in seqs]
+
+
+def latency_shares(records: Sequence[dict[str, Any]], acks: dict[str, list[tuple[int, int]]]) -> Shares:
+    """The event records' shares. ``release_ts_us`` is the arrival stamp of the frame whose handling released the
+    event, and frames of different connections may be handled in another order than they were read, so a release
+    stamp may lie before the floor (a negative excess) without any release before the promise. The ack cannot: the
+    gateway acks an event only after it released and committed it, so an ack before the floor is a release before the
+    promise, and raises AssertionError."""
+    floors = release_floors_us([(str(r["source_id"]), int(r["seq"]), int(r["ref_ts_us"]), int(r["arrival_ts_us"]))
+                                for r in records])
+    # The paced sources stamp a frame's events with the real clock as they send it: the stamp is the send time.
+    sent_floors = release_floors_us([(str(r["source_id"]), int(r["seq"]), int(r["ref_ts_us"]), int(r["ref_ts_us"]))
+                                     for r in records])
+    acked = {source_id: dict(zip(seqs, ack_times_us(acks[source_id], seqs), strict=True)) for source_id, seqs in
+             _seqs_by_source(records).items()}
+    shares = Shares([], [], [], [], [], [], 0)
+    for record, floor, sent_floor in zip(records, floors, sent_floors, strict=True):
+        if floor is None or sent_floor is None:
+            shares.tail += 1
+            continue
+        release, arrival = int(record["release_ts_us"]), int(record["arrival_ts_us"])
+        ack = acked[str(record["source_id"])][int(record["seq"])]
+        assert ack >= floor, (f"{record['source_id']} seq {record['seq']}: acked at {ack} us, before its floor "
+                              f"{floor} us (arrival {arrival} us): a release before the merge's promise")
+        shares.added_us.append(release - arrival)
+        shares.waited_us.append(floor - arrival)
+        shares.excess_us.append(release - floor)
+        shares.acked_us.append(ack - floor)
+        shares.scheduled_us.append(sent_floor - int(record["ref_ts_us"]))
+        shares.read_lag_us.append(arrival - int(record["ref_ts_us"]))
+    return shares
+
+
+def _seqs_by_source(records: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    seqs: dict[str, list[int]] = {}
+    for record in records:
+        seqs.setdefault(str(record["source_id"]), []).append(int(record["seq"]))
+    return seqs
+
+
+class AckTimedSource(ResendingSource):
+    """A ResendingSource that notes when each cumulative ack came (the real clock, us)."""
+
+    def __init__(self, host: str, port: int, source_id: str, stream: str) -> None:
+        super().__init__(host, port, source_id, stream)
+        self.acks: list[tuple[int, int]] = []  # (acked seq, when)
+
+    def _heard(self, message: object) -> None:
+        before = self.acked_seq
+        super()._heard(message)
+        if self.acked_seq > before:
+            self.acks.append((self.acked_seq, time.time_ns() // 1000))
+
+
+async def scheduled_source(link: AckTimedSource, source: int, rate: float, seconds: float, frame_every_s: float,
+                           ) -> tuple[int, int, list[float]]:
+    """gateway_throughput's ``paced_source`` (a frame every ``frame_every_s`` on a fixed schedule from a phase of
+    its own, the events due since its start, stamped with the real clock), that also says how late each frame left
+    against its schedule (ms): the source's own slip, before any socket or gateway. Returns the events sent, the
+    reconnects and those slips."""
+    seq = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time() + frame_every_s * (source % 20) / 20
+    await asyncio.sleep(max(0.0, start - loop.time()))
+    frame = 0
+    slips_ms: list[float] = []
+    while loop.time() - start < seconds:
+        await link.recover()
+        slips_ms.append((loop.time() - (start + frame * frame_every_s)) * 1e3)
+        due = int(rate * (loop.time() - start)) + 1
+        if due > seq:
+            now_us = time.time_ns() // 1000
+            link.send([build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)])
+            seq = due
+        frame += 1
+        await asyncio.sleep(max(0.0, start + frame * frame_every_s - loop.time()))
+    await link.finish(time.time_ns() // 1000)
+    return seq, link.reconnects, slips_ms
+
+
+async def source_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float,
+                      ) -> dict[str, Any]:
+    """Every source says hello before any sends (as gateway_throughput's ``paced_load``), then runs its schedule."""
+    links = [AckTimedSource("127.0.0.1", port, f"src-{s}", "bench") for s in range(sources)]
+    await asyncio.gather(*(link.connect() for link in links))
+    done = await asyncio.gather(*(scheduled_source(links[s], s, rate, seconds, frame_every_s)
+                                  for s in range(sources)))
+    return {"counts": [sent for sent, _, _ in done], "reconnects": sum(r for _, r, _ in done),
+            "slips_ms": [slip for _, _, slips in done for slip in slips],
+            "acks": {link.source_id: link.acks for link in links}}
+
+
+def load_process(pipe: Connection, port: int, sources: int, rate: float, seconds: float, frame_every_s: float,
+                 rt_priority: int | None) -> None:
+    """The load generator's process: at SCHED_FIFO ``rt_priority`` if given (threads it starts inherit it), and
+    whether that took, with its figures, back over ``pipe``."""
+    if rt_priority is not None:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(rt_priority))
+    result = asyncio.run(source_load(port, sources, rate, seconds, frame_every_s))
+    result["fifo"] = os.sched_getscheduler(0) == os.SCHED_FIFO
+    pipe.send(result)
+    pipe.close()
+
+
+def run_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float,
+             rt_priority: int | None) -> dict[str, Any]:
+    context = multiprocessing.get_context("spawn")
+    receiving, sending = context.Pipe(duplex=False)
+    process = context.Process(target=load_process, args=(sending, port, sources, rate, seconds, frame_every_s,
+                                                         rt_priority), daemon=True)
+    process.start()
+    sending.close()
+    try:
+        if not receiving.poll(seconds + 120):
+            raise TimeoutError(f"the load process sent nothing within {seconds + 120:.0f} s")
+        result: dict[str, Any] = receiving.recv()
+    except EOFError as exc:
+        raise RuntimeError(f"the load process ended without its figures (exit code {process.exitcode})") from exc
+    finally:
+        process.join(30)
+        if process.is_alive():
+            process.terminate()
+    return result
+
+
+def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core: str,
+                rt_priority: int | None) -> dict[str, Any]:
+    """One gateway (``--core core``), one load process; the figures of its records."""
+    prefix = f"latency{sources}x{time.time_ns()}"
+    with tempfile.TemporaryFile() as log:
+        process, port = start_gateway(bootstrap, prefix, core=core, stderr=log)
+        try:
+            time.sleep(0.5)
+            load = run_load(port, sources, rate, seconds, FRAME_EVERY_S, rt_priority)
+        finally:
+            process.terminate()
+            process.communicate(timeout=30)
+        log.seek(0)
+        gateway_log = log.read().decode(errors="replace")
+    records = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", 120, settled=True)]
+    events = [r for r in records if r.get("kind") == EVENT]
+    late = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.late.bench", 30, settled=True)]
+    missing, repeated = unaccounted(load["counts"], [*events, *late])
+    assert not missing and not repeated, (f"{sources} sources ({core}): missing {missing[:10]}, more than once "
+                                          f"{repeated[:10]}; gateway log:\n{gateway_log[-10_000:]}")
+    assert rt_priority is None or load["fifo"], "the load process did not get its real-time priority"
+    return {"sources": sources, "core": core, "variant": VARIANTS[rt_priority is not None],
+            "events_per_s": sum(load["counts"]) / seconds, "late": len(late), "reconnects": load["reconnects"],
+            **figures(latency_shares(events, load["acks"]), frame_gaps_ms(events), load["slips_ms"])}
+
+
+def figures(shares: Shares, gaps_ms: list[float], slips_ms: list[float]) -> dict[str, Any]:
+    """p50/p99/max (ms) of each share, of the frame gaps at the gateway and of the sources' send slips."""
+    negative = [v for v in shares.excess_us if v < 0]
+    out: dict[str, Any] = {"events": len(shares.added_us), "tail": shares.tail, "stamp_inversions": len(negative),
+                           "excess_min_ms": min(negative, default=0) / 1e3}
+    for name, values in (("added", [v / 1e3 for v in shares.added_us]), ("waited", [v / 1e3 for v in shares.waited_us]),
+                         ("excess", [v / 1e3 for v in shares.excess_us]), ("acked", [v / 1e3 for v in shares.acked_us]),
+                         ("scheduled", [v / 1e3 for v in shares.scheduled_us]),
+                         ("read_lag", [v / 1e3 for v in shares.read_lag_us]),
+                         ("gap", gaps_ms), ("slip", slips_ms)):
+        out.update({f"{name}_p50_ms": percentile(values, 0.5), f"{name}_p99_ms": percentile(values, 0.99),
+                    f"{name}_max_ms": max(values, default=float("nan"))})
+    return out
+
+
+def plan(repeats: int, cores: list[str]) -> list[tuple[int, str, int, float, str]]:
+    """(repeat, variant, sources, rate, core) in run order: variants and cores alternate from one repeat and load
+    to the next, so that none always runs first on a warming or cooling machine."""
+    steps = []
+    for repeat in range(repeats):
+        variants = VARIANTS if repeat % 2 == 0 else VARIANTS[::-1]
+        for index, variant in enumerate(variants):
+            for load_index, (sources, rate) in enumerate(LOADS):
+                flip = (repeat + index + load_index) % 2
+                steps += [(repeat, variant, sources, rate, core) for core in (cores[::-1] if flip else cores)]
+    return steps
+
+
+def run_all(repeats: int, seconds: float, cores: list[str], rt_priority: int) -> dict[str, Any]:
+    """Every run of the plan on one broker, with the 1-minute load average at the start and the end."""
+    load = {"start": load_averages()}
+    print(f"load average at start: {load['start']}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = KafkaBroker(Path(tmp) / "kafka")
+        bootstrap = broker.start().bootstrap_servers
+        try:
+            for repeat, variant, sources, rate, core in plan(repeats, cores):
+                row = latency_run(bootstrap, sources, rate, seconds, core,
+                                  rt_priority if variant == "own host" else None)
+                row["repeat"] = repeat
+                print(f"#{repeat} {variant:>9} {CORE_LABELS[core]:>11} {sources:>2} x {rate:,.0f}/s: added p50/p99/max "
+                      f"{row['added_p50_ms']:.2f}/{row['added_p99_ms']:.2f}/{row['added_max_ms']:.2f} ms, waited p99 "
+                      f"{row['waited_p99_ms']:.2f}, excess p50/p99/max {row['excess_p50_ms']:.2f}/"
+                      f"{row['excess_p99_ms']:.2f}/{row['excess_max_ms']:.2f} (below 0: {row['stamp_inversions']}, "
+                      f"min {row['excess_min_ms']:.2f}), ack-floor p50/p99 {row['acked_p50_ms']:.1f}/"
+                      f"{row['acked_p99_ms']:.1f}, scheduled p50/p99 {row['scheduled_p50_ms']:.2f}/{row['scheduled_p99_ms']:.2f}, "
+                      f"read lag p99 {row['read_lag_p99_ms']:.2f}, gap p99 {row['gap_p99_ms']:.2f}, "
+                      f"slip p99 {row['slip_p99_ms']:.2f}, tail {row['tail']}, late {row['late']}, "
+                      f"reconnects {row['reconnects']}", flush=True)
+                rows.append(row)
+        finally:
+            broker.stop()
+    load["end"] = load_averages()
+    print(f"load average at end: {load['end']}", flush=True)
+    return {"rows": rows, "load_average": load, "seconds": seconds, "frame_ms": FRAME_EVERY_S * 1e3,
+            "rt_priority": rt_priority}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long each run's sources send")
+    parser.add_argument("--cores", nargs="+", choices=["python", "native"], default=["python", "native"])
+    parser.add_argument("--rt-priority", type=int, default=10, help="SCHED_FIFO priority of the 'own host' sources")
+    parser.add_argument("--no-report", action="store_true", help="print, do not write docs/")
+    parser.add_argument("--report-from-saved", action="store_true", help=f"rewrite the page from {RESULTS.name}")
+    args = parser.parse_args()
+    if args.report_from_saved:
+        write_page(orjson.loads(RESULTS.read_bytes()))
+        return
+    saved = run_all(args.repeats, args.seconds, list(dict.fromkeys(args.cores)), args.rt_priority)
+    if not args.no_report:
+        RESULTS.write_bytes(orjson.dumps(saved, option=orjson.OPT_INDENT_2))
+        write_page(saved)
+
+
+def write_page(saved: dict[str, Any]) -> None:
+    raise NotImplementedError
+
+
+if __name__ == "__main__":
+    main()
