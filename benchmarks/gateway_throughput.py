@@ -518,7 +518,8 @@ ingest + produce + commit), and gateway-profile-e2e.txt shows where the gateway 
                         f"({p['p99_ms'] / (p['frame_ms'] + 1):.1f}x the target), frame gaps at the gateway p50 "
                         f"{p['gap_p50_ms']:.2f} ms, p99 {p['gap_p99_ms']:.2f} ms" for label, p in twenty)
             + ". Where the p99 frame gap is as large as the p99 added latency, the sources' own schedule slipped by "
-            "that much.")
+            "that much. [gateway-latency.md](gateway-latency.md) splits each event's added latency into the floor any "
+            "merge could reach and the gateway's share, with the sources at normal and at real-time priority.")
     per_core = ", ".join(f"{label} {r.cpu_us_per_event:.1f} us" for label, r in nows) or "see the table"
     lines.append(f"""
 Why the frame interval is the floor. An event can leave the merge only once every other live source has shown
