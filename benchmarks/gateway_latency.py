@@ -10,8 +10,10 @@ gateway and the broker run at normal priority in both.
 
 Per event, from its record in Kafka: ``added`` = release - arrival (as the gateway benchmark reports it); the
 **floor** = the earliest time any correct merge could have released it given when the other sources' frames actually
-reached the gateway (``release_floors_us``); ``excess`` = release - floor, what the gateway itself added. A negative
-excess would be a release before every other source had shown it would send nothing older: the run fails on one.
+reached the gateway (``release_floors_us``); ``excess`` = release - floor, what the gateway added by the records'
+stamps. A release stamp is the read time of the frame whose handling released the event, so it may lie below the
+floor when frames were handled out of their read order; the ack may not: an ack before the floor would be a release
+before every other source had shown it would send nothing older, and the run fails on one.
 
 Run: .venv/bin/python -m benchmarks.gateway_latency [--repeats 3] [--seconds 5] [--cores python native]
 """
@@ -500,7 +502,8 @@ Per event, from its record in Kafka and the acks its source received:
   gateway added by the records' stamps.
 - **floor on send stamps - send**: the same floor on the sources' send stamps instead of the arrival stamps: what
   the sources' schedule alone forces (instant transport and reads). **read lag** = arrival - send stamp of the
-  event's own frame: loopback plus how late the gateway read it.
+  event's own frame: loopback plus how late the gateway read it (and, same host, any preemption of the source
+  between its stamp and its write).
 - **send slip**: how late each frame left against its schedule, measured in the load generator. **frame gap**:
   the gap between the arrival stamps of a source's consecutive frames.
 - **gateway main thread on / waiting for a CPU**: the share of the run's wall time the gateway's main thread (its
