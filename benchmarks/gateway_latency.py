@@ -486,8 +486,8 @@ Two variants, both reported:
   gateway, the broker and everything else here: the case of sources on the gateway's own host.
 - **own host**: the load generator at real-time priority (`SCHED_FIFO`, priority {saved['rt_priority']}). This models
   devices on their own hosts, whose send schedule does not depend on this host's load. The gateway and the broker
-  stay at normal priority, so here the sources take their CPU before the gateway does: the gateway has less of
-  the machine than in the same-host variant, not more.
+  stay at normal priority, so here the sources take their CPU before the gateway does: this variant does not give
+  the gateway more of the machine.
 
 Per event, from its record in Kafka and the acks its source received:
 
