@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -47,7 +47,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "gateway-latency.json"
 FRAME_EVERY_S = 0.005
 LOADS = ((1, 5000.0), (20, 500.0))  # (sources, events/s per source): the control, then issue 26's target 2
-VARIANTS = ("same host", "own host")  # normal priority; the source process at real-time priority
+# normal priority; the source process at real-time priority; that and the gateway's main thread (its event loop) at
+# real-time priority too, one below the sources'
+VARIANTS = ("same host", "own host", "gateway first")
 FloorInput = tuple[str, int, int, int]  # (source_id, seq, ref_ts_us, arrival_ts_us) of one event
 
 
@@ -247,12 +249,15 @@ def run_load(port: int, sources: int, rate: float, seconds: float, frame_every_s
 
 
 def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core: str,
-                rt_priority: int | None) -> dict[str, Any]:
+                rt_priority: int | None, variant: str) -> dict[str, Any]:
     """One gateway (``--core core``), one load process; the figures of its records."""
     prefix = f"latency{sources}x{time.time_ns()}"
     with tempfile.TemporaryFile() as log:
         process, port = start_gateway(bootstrap, prefix, core=core, stderr=log)
         try:
+            if variant == "gateway first" and rt_priority is not None:
+                # The main thread only (its tid is the pid): librdkafka's threads and the executor stay as they are.
+                os.sched_setscheduler(process.pid, os.SCHED_FIFO, os.sched_param(max(1, rt_priority - 1)))
             time.sleep(0.5)
             before = main_thread_sched_ns(process.pid), time.monotonic_ns()
             load = run_load(port, sources, rate, seconds, FRAME_EVERY_S, rt_priority)
@@ -269,7 +274,7 @@ def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core:
     assert not missing and not repeated, (f"{sources} sources ({core}): missing {missing[:10]}, more than once "
                                           f"{repeated[:10]}; gateway log:\n{gateway_log[-10_000:]}")
     assert rt_priority is None or load["fifo"], "the load process did not get its real-time priority"
-    return {"sources": sources, "core": core, "variant": VARIANTS[rt_priority is not None],
+    return {"sources": sources, "core": core, "variant": variant,
             "events_per_s": sum(load["counts"]) / seconds, "late": len(late), "reconnects": load["reconnects"],
             "source_cpu_share": load["cpu_s"] / load["wall_s"],
             "gateway_cpu_share": (after[0][0] - before[0][0]) / (after[1] - before[1]),
@@ -323,7 +328,7 @@ def run_all(repeats: int, seconds: float, cores: list[str], rt_priority: int) ->
         try:
             for repeat, variant, sources, rate, core in plan(repeats, cores):
                 row = latency_run(bootstrap, sources, rate, seconds, core,
-                                  rt_priority if variant == "own host" else None)
+                                  None if variant == "same host" else rt_priority, variant)
                 row["repeat"] = repeat
                 print(f"#{repeat} {variant:>9} {CORE_LABELS[core]:>11} {sources:>2} x {rate:,.0f}/s: added p50/p99/max "
                       f"{row['added_p50_ms']:.2f}/{row['added_p99_ms']:.2f}/{row['added_max_ms']:.2f} ms, waited p99 "
@@ -480,7 +485,7 @@ a frame every {saved['frame_ms']:.0f} ms at spread-out phases, stamped with the 
 of docs/gateway-benchmark.md's paced table). 20 sources x 500 events/s is issue 26's target 2; 1 source x 5,000
 events/s is the control (no other source to wait for).
 
-Two variants, both reported:
+Three variants, all reported:
 
 - **same host**: the load generator at normal priority. Its send schedule competes for the 2 cores with the
   gateway, the broker and everything else here: the case of sources on the gateway's own host.
@@ -488,6 +493,10 @@ Two variants, both reported:
   devices on their own hosts, whose send schedule does not depend on this host's load. The gateway and the broker
   stay at normal priority, so here the sources take their CPU before the gateway does: this variant does not give
   the gateway more of the machine.
+- **gateway first**: as own host, and the gateway's main thread (its event loop: it reads the sockets, runs the
+  cores and produces) at real-time priority too, one below the sources'. This models a gateway with a core of its
+  own: it runs whenever it has work, ahead of the broker and the other work here (librdkafka's threads stay at
+  normal priority). What it changes against own host is what waiting for a core cost the gateway's reads.
 
 Per event, from its record in Kafka and the acks its source received:
 
@@ -518,6 +527,21 @@ release: the time a frame waits between its read and its handling is in no recor
 connections can be handled in another order than they were read, and then an event's release stamp lies before
 its floor without any release before the promise (the ack shows it was not). "stamps below the floor" counts
 those events; each one's distance below the floor is a lower bound on how long a frame waited to be handled.
+"""
+
+
+def gateway_first(rows: list[dict[str, Any]], per_core: Callable[[str, str], str],
+                  med: Callable[[str, str], float]) -> str:
+    """The findings' bullet on the variant whose gateway runs first, when the run had it."""
+    if not any(r["variant"] == "gateway first" for r in rows):
+        return ("  Which of the two sets the tail of the reads is not separated here, and whether a gateway on a host "
+                "of its own reads within a millisecond is not measured here.\n")
+    first, own = "gateway first", "own host"
+    return f"""- **Gateway first (its event loop at real-time priority).** Its main thread waited for a core
+  {med(first, 'gateway_runqueue_share'):.2f} of the wall time (own host: {med(own, 'gateway_runqueue_share'):.2f}) and
+  ran {med(first, 'gateway_cpu_share'):.2f} of it. Read lag p99 {per_core(first, 'read_lag_p99_ms')} (own host:
+  {per_core(own, 'read_lag_p99_ms')}); frame gaps at the gateway p99 {per_core(first, 'gap_p99_ms')}; added p99
+  {per_core(first, 'added_p99_ms')} against the target of {FRAME_EVERY_S * 1e3 + 1:.0f} ms.
 """
 
 
@@ -554,9 +578,7 @@ Medians over the runs at 20 sources; the sources' own figures over both cores' r
   {med(own, 'gateway_cpu_share'):.2f} (own host) and {med(same, 'gateway_cpu_share'):.2f} (same host) of the wall
   time, and runnable but waiting for a core {med(own, 'gateway_runqueue_share'):.2f} and
   {med(same, 'gateway_runqueue_share'):.2f} of it (the 2 cores taken by the broker, the sources and other work here).
-  Which of the two sets the tail of the reads is not separated here, and whether a gateway on a host of its own
-  reads within a millisecond is not measured here.
-- **The merge itself.** By the records' stamps the gateway never held an event past its floor: excess p99
+{gateway_first(rows, per_core, med)}- **The merge itself.** By the records' stamps the gateway never held an event past its floor: excess p99
   {max(r['excess_p99_ms'] for r in rows):.2f} ms and max {max(r['excess_max_ms'] for r in rows):.2f} ms over all
   runs (a release comes with the first frame that allows it). {f'''Stamps below the floor in {len(inversions)} of
   {len(rows)} runs ({', '.join(sorted({CORE_LABELS[r['core']] for r in inversions}))}; down to
@@ -564,7 +586,7 @@ Medians over the runs at 20 sources; the sources' own figures over both cores' r
   frames of other connections read after them; that queueing is in no record's added latency.''' if inversions else
   'No release stamp lay below its floor.'} No ack came before its floor.
 - **Control.** 1 source adds 0 (in-order events of a lone source leave with their own frame); its read lag p99
-  {median_of(lone, 'read_lag_p99_ms'):.2f} ms (both cores, both variants) is one connection's.
+  {median_of(lone, 'read_lag_p99_ms'):.2f} ms (both cores, every variant) is one connection's.
 - **Acks** (the gateway's whole share up to Kafka's commit, every 100 ms), own host: ack - floor p50
   {per_core(own, 'acked_p50_ms', 0)}; p99 {per_core(own, 'acked_p99_ms', 0)}.
 """
