@@ -11,6 +11,11 @@ pub mod pyrepr;
 
 use std::collections::HashMap;
 
+/// The decoder's per-event lookups (declared streams, their Python strs, payload keys): maps of at most 64 entries
+/// each (a hello's streams; KEYS_CACHED), looked up once or twice per event, where std's SipHash cost more than
+/// the rest of the lookup. foldhash is keyed per map at random; their bounded size leaves a flood nothing to grow.
+type SmallMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -69,7 +74,7 @@ pub struct ConnectionDecoder {
     start: usize,
     max_frame_bytes: usize,
     max_events: usize,
-    declared: HashMap<String, usize>,
+    declared: SmallMap<String, usize>,
     state: State,
 }
 
@@ -80,7 +85,7 @@ impl ConnectionDecoder {
             start: 0,
             max_frame_bytes,
             max_events,
-            declared: HashMap::new(),
+            declared: SmallMap::default(),
             state: State::AwaitHello,
         }
     }
@@ -579,7 +584,7 @@ fn error_to_py<'py>(
 #[pyclass(name = "ConnectionDecoder", module = "skewless_native")]
 pub struct PyConnectionDecoder {
     core: ConnectionDecoder,
-    streams: HashMap<String, Py<PyString>>,
+    streams: SmallMap<String, Py<PyString>>,
     payload_keys: PayloadKeys,
     poisoned: bool,
 }
@@ -594,7 +599,7 @@ const KEY_CACHED_BYTES: usize = 64;
 /// key and event. Equal strs either way: a payload equals the Python decoder's (tests/unit/native/
 /// test_native_decode.py).
 #[derive(Default)]
-struct PayloadKeys(HashMap<Box<str>, Py<PyString>>);
+struct PayloadKeys(SmallMap<Box<str>, Py<PyString>>);
 
 impl PayloadKeys {
     fn get<'py>(&mut self, py: Python<'py>, key: &str) -> Bound<'py, PyAny> {
@@ -712,7 +717,7 @@ impl PyConnectionDecoder {
 fn event_fields(
     py: Python<'_>,
     t: &PyTypes,
-    (streams, keys): (&HashMap<String, Py<PyString>>, &mut PayloadKeys),
+    (streams, keys): (&SmallMap<String, Py<PyString>>, &mut PayloadKeys),
     e: &ParsedEvent<'_, '_>,
 ) -> PyResult<FrameEvent> {
     let stream = match streams.get(e.stream) {
@@ -763,7 +768,7 @@ impl PyConnectionDecoder {
         let max_frame_bytes = usize::try_from(max_frame_bytes).unwrap_or(usize::MAX);
         Ok(PyConnectionDecoder {
             core: ConnectionDecoder::new(max_frame_bytes, max_events_per_batch),
-            streams: HashMap::new(),
+            streams: SmallMap::default(),
             payload_keys: PayloadKeys::default(),
             poisoned: false,
         })
