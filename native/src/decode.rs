@@ -10,6 +10,9 @@ pub mod msgpack;
 pub mod pyrepr;
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use bumpalo::Bump;
 
 /// The decoder's per-event lookups (declared streams, their Python strs, payload keys): maps of at most 64 entries
 /// each (a hello's streams; KEYS_CACHED), looked up once or twice per event, where std's SipHash cost more than
@@ -30,6 +33,8 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;
 /// gateway.session.DEFAULT_MAX_EVENTS_PER_BATCH.
 pub const DEFAULT_MAX_EVENTS_PER_BATCH: usize = 10_000;
 const HEADER_BYTES: usize = 4;
+/// A decoder keeps its arena between frames up to this size (a frame of 500 small events takes under 200 KiB).
+const ARENA_KEPT_BYTES: usize = 1 << 20;
 
 /// GatewaySession's states as this decoder sees them; `HelloPending`: a hello was handed out and the shell has
 /// not yet accepted it (`accept_hello`) or failed the connection (`fail`).
@@ -76,6 +81,9 @@ pub struct ConnectionDecoder {
     max_events: usize,
     declared: SmallMap<String, usize>,
     state: State,
+    /// The current frame's decoded tree (msgpack::decode's containers), reset per frame. Only reached through
+    /// `&mut self` (`Mutex::get_mut`, no locking): the Mutex makes the decoder Sync, as a Python class must be.
+    arena: Mutex<Bump>,
 }
 
 impl ConnectionDecoder {
@@ -87,6 +95,7 @@ impl ConnectionDecoder {
             max_events,
             declared: SmallMap::default(),
             state: State::AwaitHello,
+            arena: Mutex::new(Bump::new()),
         }
     }
 
@@ -176,7 +185,15 @@ impl ConnectionDecoder {
         let body = &self.buffer[body_start..end];
         let declared = &self.declared;
         let is_declared = |s: &str| declared.contains_key(s);
-        let result = match msgpack::decode(body) {
+        // The previous frame's tree is gone (its borrows ended with its call of `f`); an arena that an unusual frame
+        // grew past ARENA_KEPT_BYTES is given back rather than kept for the connection's life.
+        let arena = self.arena.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if arena.allocated_bytes() > ARENA_KEPT_BYTES {
+            *arena = Bump::new();
+        } else {
+            arena.reset();
+        }
+        let result = match msgpack::decode(body, arena) {
             Err(e) => {
                 let text = format!("frame body is not valid msgpack: {}", e.type_name());
                 self.state = State::Failed;
@@ -438,7 +455,7 @@ fn to_py<'py>(
         }
         Value::Array(items) => {
             let list = PyList::empty(py);
-            for item in items {
+            for item in items.iter() {
                 list.append(to_py(py, t, item, depth + 1)?)?;
             }
             list.into_any()
@@ -469,7 +486,7 @@ fn map_at_depth_to_py<'py>(
         return dict_of_entries(py, t, map, depth, |k| to_py(py, t, k, depth));
     }
     let mut parts = Vec::with_capacity(map.entries.len() * 2);
-    for (k, v) in &map.entries {
+    for (k, v) in map.entries.iter() {
         parts.push(to_py(py, t, k, depth)?);
         parts.push(to_py(py, t, v, depth)?);
     }
@@ -643,7 +660,7 @@ fn dict_of_entries<'py>(
     mut key: impl FnMut(&Value<'_>) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let dict = PyDict::new(py);
-    for (k, v) in &map.entries {
+    for (k, v) in map.entries.iter() {
         dict.set_item(key(k)?, to_py(py, t, v, depth)?)?;
     }
     Ok(dict.into_any())
@@ -922,6 +939,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 mod tests {
     use super::*;
 
+    /// `msgpack::decode` with an arena of its own, kept for the test's life.
+    fn decode(body: &[u8]) -> Result<Value<'_>, msgpack::DecodeError> {
+        msgpack::decode(body, Box::leak(Box::new(bumpalo::Bump::new())))
+    }
+
     fn frame(body: &[u8]) -> Vec<u8> {
         let mut out = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
         out.extend_from_slice(body);
@@ -990,14 +1012,14 @@ mod tests {
         // {"b": [1, -2, 2.5e-7, "q\"\n\u{e9}"], "a": true, "b": {"z": null}}: the repeated "b" keeps its first
         // place and its last value, as the dict msgpack-python builds.
         let body = b"\x83\xa1b\x94\x01\xfe\xcb\x3e\x90\xc6\xf7\xa0\xb5\xed\x8d\xa5q\"\n\xc3\xa9\xa1a\xc3\xa1b\x81\xa1z\xc0";
-        let value = msgpack::decode(body).unwrap();
+        let value = decode(body).unwrap();
         let mut json = Vec::new();
         payload_json(&mut json, &value);
         assert_eq!(
             String::from_utf8(json).unwrap(),
             "{\"b\":{\"z\":null},\"a\":true}"
         );
-        let array = msgpack::decode(&body[3..21]).unwrap(); // the first "b"'s array
+        let array = decode(&body[3..21]).unwrap(); // the first "b"'s array
         let mut json = Vec::new();
         payload_json(&mut json, &array);
         assert_eq!(

@@ -184,7 +184,7 @@ fn problem(value: &Value<'_>, depth: usize) -> Option<(Vec<String>, String)> {
             Some((vec![], format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels")))
         }
         Value::Map(map) => {
-            for (key, item) in &map.entries {
+            for (key, item) in map.entries.iter() {
                 let Value::Str(name) = key else {
                     return Some((vec![], format!("map key {} is not a string", describe_key(key))));
                 };
@@ -404,7 +404,7 @@ pub fn parse_heartbeat<'a>(
         }
     };
     let mut seqs = Vec::with_capacity(next_seq.entries.len());
-    for (key, _) in &next_seq.entries {
+    for (key, _) in next_seq.entries.iter() {
         let name = stream_name(key)?;
         seqs.push((name, int_field(next_seq, name)?));
     }
@@ -453,8 +453,13 @@ pub fn frame_map<'v, 'a>(value: &'v Value<'a>) -> Result<(&'v Map<'a>, &'a str),
 
 #[cfg(test)]
 mod tests {
-    use super::super::msgpack::decode;
+    use super::super::msgpack::DecodeError;
     use super::*;
+
+    /// `msgpack::decode` with an arena of its own, kept for the test's life.
+    fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
+        super::super::msgpack::decode(body, Box::leak(Box::new(bumpalo::Bump::new())))
+    }
 
     fn declared(s: &str) -> bool {
         s == "s"

@@ -3,8 +3,12 @@
 //! bin): the same values, the same map semantics, and the same exception type at the same byte, because the
 //! Python path quotes that type in its `malformed_frame` message.
 
-/// One decoded msgpack value, borrowing strings and bytes from the frame body.
-#[derive(Debug, Clone, PartialEq)]
+use bumpalo::collections::Vec as BumpVec;
+use bumpalo::Bump;
+
+/// One decoded msgpack value, borrowing strings and bytes from the frame body and its containers' elements from the
+/// arena `decode` was given: a frame's tree is one arena reset per frame, not an allocation and a free per map.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value<'a> {
     Nil,
     Bool(bool),
@@ -15,7 +19,7 @@ pub enum Value<'a> {
     Float(f64),
     Str(&'a str),
     Bin(&'a [u8]),
-    Array(Vec<Value<'a>>),
+    Array(&'a [Value<'a>]),
     Map(Map<'a>),
     /// Any ext type but -1 (Python: msgpack.ExtType).
     Ext(i8, &'a [u8]),
@@ -28,9 +32,9 @@ pub enum Value<'a> {
 
 /// A msgpack map. With every key a str or a bin it is a Python dict: a repeated key keeps its first position and
 /// its last value. Otherwise it is a NonStringKeyMap: its pairs as sent, repeats included.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Map<'a> {
-    pub entries: Vec<(Value<'a>, Value<'a>)>,
+    pub entries: &'a [(Value<'a>, Value<'a>)],
     pub string_keys: bool,
 }
 
@@ -105,8 +109,9 @@ const MAX_NESTED_CONTAINERS: usize = 1024;
 /// Above this many entries a map's repeated keys are found with a hash set instead of a scan.
 const DEDUP_SCAN_MAX: usize = 16;
 
-/// The one value of `body`, as `msgpack.unpackb(body, raw=False, ...)` in contract/wire/frames.py decodes it.
-pub fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
+/// The one value of `body`, as `msgpack.unpackb(body, raw=False, ...)` in contract/wire/frames.py decodes it, its
+/// containers' elements in `arena`.
+pub fn decode<'a>(body: &'a [u8], arena: &'a Bump) -> Result<Value<'a>, DecodeError> {
     let mut parser = Parser { buf: body, pos: 0 };
     let mut open: Vec<Open<'_>> = Vec::new();
     loop {
@@ -119,19 +124,20 @@ pub fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
             }
             Item::Array(n) if n > body.len() => return Err(DecodeError::Value),
             Item::Map(n) if n > body.len() / 2 => return Err(DecodeError::Value),
-            Item::Array(0) => Value::Array(Vec::new()),
+            Item::Array(0) => Value::Array(&[]),
             Item::Map(0) => Value::Map(Map {
-                entries: Vec::new(),
+                entries: &[],
                 string_keys: true,
             }),
             Item::Array(n) => {
                 // A hostile header must not reserve more than the body can hold (an element takes a byte at least).
-                let items = Vec::with_capacity(n.min(body.len() - parser.pos));
+                let items = BumpVec::with_capacity_in(n.min(body.len() - parser.pos), arena);
                 open.push(Open::Array { items, left: n });
                 continue;
             }
             Item::Map(n) => {
-                let entries = Vec::with_capacity(n.min((body.len() - parser.pos) / 2));
+                let entries =
+                    BumpVec::with_capacity_in(n.min((body.len() - parser.pos) / 2), arena);
                 open.push(Open::Map {
                     entries,
                     key: None,
@@ -176,14 +182,15 @@ pub fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
                 }
             }
             value = match open.pop() {
-                Some(Open::Array { items, .. }) => Value::Array(items),
+                Some(Open::Array { items, .. }) => Value::Array(items.into_bump_slice()),
                 Some(Open::Map {
                     entries,
                     string_keys,
                     ..
                 }) => {
+                    let entries = entries.into_bump_slice();
                     let entries = if string_keys && entries.len() > 1 {
-                        dedup(entries)
+                        dedup(entries, arena)
                     } else {
                         entries
                     };
@@ -201,11 +208,11 @@ pub fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
 /// A container still reading its elements.
 enum Open<'a> {
     Array {
-        items: Vec<Value<'a>>,
+        items: BumpVec<'a, Value<'a>>,
         left: usize,
     },
     Map {
-        entries: Vec<(Value<'a>, Value<'a>)>,
+        entries: BumpVec<'a, (Value<'a>, Value<'a>)>,
         key: Option<Value<'a>>,
         left: usize,
         string_keys: bool,
@@ -362,7 +369,10 @@ fn same_key(a: &Value<'_>, b: &Value<'_>) -> bool {
 }
 
 /// Python dict semantics for repeated keys (str and bytes never equal each other).
-fn dedup<'a>(entries: Vec<(Value<'a>, Value<'a>)>) -> Vec<(Value<'a>, Value<'a>)> {
+fn dedup<'a>(
+    entries: &'a [(Value<'a>, Value<'a>)],
+    arena: &'a Bump,
+) -> &'a [(Value<'a>, Value<'a>)] {
     if entries.len() <= DEDUP_SCAN_MAX {
         // The usual map has no repeated key: found so without building another.
         let repeated = (1..entries.len())
@@ -371,19 +381,22 @@ fn dedup<'a>(entries: Vec<(Value<'a>, Value<'a>)>) -> Vec<(Value<'a>, Value<'a>)
             return entries;
         }
     }
-    let mut out: Vec<(Value<'a>, Value<'a>)> = Vec::with_capacity(entries.len());
+    let mut out = BumpVec::with_capacity_in(entries.len(), arena);
     if entries.len() <= DEDUP_SCAN_MAX {
-        for (key, value) in entries {
-            match out.iter_mut().find(|(k, _)| same_key(k, &key)) {
+        for &(key, value) in entries {
+            match out
+                .iter_mut()
+                .find(|(k, _): &&mut (Value<'a>, Value<'a>)| same_key(k, &key))
+            {
                 Some(slot) => slot.1 = value,
                 None => out.push((key, value)),
             }
         }
-        return out;
+        return out.into_bump_slice();
     }
     let mut index: std::collections::HashMap<(bool, &'a [u8]), usize> =
         std::collections::HashMap::with_capacity(entries.len());
-    for (key, value) in entries {
+    for &(key, value) in entries {
         let id = match key {
             Value::Str(s) => (true, s.as_bytes()),
             Value::Bin(b) => (false, b),
@@ -397,12 +410,17 @@ fn dedup<'a>(entries: Vec<(Value<'a>, Value<'a>)>) -> Vec<(Value<'a>, Value<'a>)
             }
         }
     }
-    out
+    out.into_bump_slice()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `msgpack::decode` with an arena of its own, kept for the test's life.
+    fn decode(body: &[u8]) -> Result<Value<'_>, DecodeError> {
+        super::decode(body, Box::leak(Box::new(bumpalo::Bump::new())))
+    }
 
     #[test]
     fn scalars_and_errors_match_msgpack_python() {
