@@ -10,7 +10,6 @@ pub mod msgpack;
 pub mod pyrepr;
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
 
 use bumpalo::Bump;
 
@@ -33,8 +32,10 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;
 /// gateway.session.DEFAULT_MAX_EVENTS_PER_BATCH.
 pub const DEFAULT_MAX_EVENTS_PER_BATCH: usize = 10_000;
 const HEADER_BYTES: usize = 4;
-/// A decoder keeps its arena between frames up to this size (a frame of 500 small events takes under 200 KiB).
-const ARENA_KEPT_BYTES: usize = 1 << 20;
+/// A frame's decoded tree takes about 6 bytes per byte of body for small events (a map entry is 64 bytes, its
+/// msgpack ~10): the arena's first allocation, up to a cap; a denser body grows it.
+const ARENA_BYTES_PER_BODY_BYTE: usize = 8;
+const ARENA_FIRST_MAX_BYTES: usize = 1 << 20;
 
 /// GatewaySession's states as this decoder sees them; `HelloPending`: a hello was handed out and the shell has
 /// not yet accepted it (`accept_hello`) or failed the connection (`fail`).
@@ -81,9 +82,6 @@ pub struct ConnectionDecoder {
     max_events: usize,
     declared: SmallMap<String, usize>,
     state: State,
-    /// The current frame's decoded tree (msgpack::decode's containers), reset per frame. Only reached through
-    /// `&mut self` (`Mutex::get_mut`, no locking): the Mutex makes the decoder Sync, as a Python class must be.
-    arena: Mutex<Bump>,
 }
 
 impl ConnectionDecoder {
@@ -95,7 +93,6 @@ impl ConnectionDecoder {
             max_events,
             declared: SmallMap::default(),
             state: State::AwaitHello,
-            arena: Mutex::new(Bump::new()),
         }
     }
 
@@ -185,15 +182,14 @@ impl ConnectionDecoder {
         let body = &self.buffer[body_start..end];
         let declared = &self.declared;
         let is_declared = |s: &str| declared.contains_key(s);
-        // The previous frame's tree is gone (its borrows ended with its call of `f`); an arena that an unusual frame
-        // grew past ARENA_KEPT_BYTES is given back rather than kept for the connection's life.
-        let arena = self.arena.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if arena.allocated_bytes() > ARENA_KEPT_BYTES {
-            *arena = Bump::new();
-        } else {
-            arena.reset();
-        }
-        let result = match msgpack::decode(body, arena) {
+        // The frame's tree in one allocation (grown if it must be), freed with the frame as the tree was before: no
+        // memory is kept per connection between frames.
+        let arena = Bump::with_capacity(
+            length
+                .saturating_mul(ARENA_BYTES_PER_BODY_BYTE)
+                .min(ARENA_FIRST_MAX_BYTES),
+        );
+        let result = match msgpack::decode(body, &arena) {
             Err(e) => {
                 let text = format!("frame body is not valid msgpack: {}", e.type_name());
                 self.state = State::Failed;
