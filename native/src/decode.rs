@@ -13,11 +13,6 @@ use std::collections::HashMap;
 
 use bumpalo::Bump;
 
-/// The decoder's per-event lookups (declared streams, their Python strs, payload keys): maps of at most 64 entries
-/// each (a hello's streams; KEYS_CACHED), looked up once or twice per event, where std's SipHash cost more than
-/// the rest of the lookup. foldhash is keyed per map at random; their bounded size leaves a flood nothing to grow.
-type SmallMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -26,6 +21,11 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use crate::frame::{EventFrame, FrameEvent};
 use messages::{ErrorKind, Interval, ParsedEvent, PayloadRef, ProtocolError};
 use msgpack::{Map, Value};
+
+/// The decoder's per-event lookups (declared streams, their Python strs, payload keys): maps of at most 64 entries
+/// each (a hello's streams; KEYS_CACHED), looked up once or twice per event, where std's SipHash cost more than
+/// the rest of the lookup. foldhash is keyed per map at random; their bounded size leaves a flood nothing to grow.
+type SmallMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// contract.wire.frames.DEFAULT_MAX_FRAME_BYTES.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;

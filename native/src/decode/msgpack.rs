@@ -7,7 +7,7 @@ use bumpalo::collections::Vec as BumpVec;
 use bumpalo::Bump;
 
 /// One decoded msgpack value, borrowing strings and bytes from the frame body and its containers' elements from the
-/// arena `decode` was given: a frame's tree is one arena reset per frame, not an allocation and a free per map.
+/// arena `decode` was given: a frame's tree takes one allocation, not an allocation and a free per map.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value<'a> {
     Nil,
