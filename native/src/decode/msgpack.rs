@@ -117,35 +117,10 @@ pub fn decode<'a>(body: &'a [u8], arena: &'a Bump) -> Result<Value<'a>, DecodeEr
     loop {
         let mut value = match parser.item()? {
             Item::Value(value) => value,
-            // The C unpacker checks its stack, then the length against the body's (max_array_len = len(body),
-            // max_map_len = len(body) // 2), both before reading any element.
-            Item::Array(_) | Item::Map(_) if open.len() >= MAX_NESTED_CONTAINERS => {
-                return Err(DecodeError::Stack)
-            }
-            Item::Array(n) if n > body.len() => return Err(DecodeError::Value),
-            Item::Map(n) if n > body.len() / 2 => return Err(DecodeError::Value),
-            Item::Array(0) => Value::Array(&[]),
-            Item::Map(0) => Value::Map(Map {
-                entries: &[],
-                string_keys: true,
-            }),
-            Item::Array(n) => {
-                // A hostile header must not reserve more than the body can hold (an element takes a byte at least).
-                let items = BumpVec::with_capacity_in(n.min(body.len() - parser.pos), arena);
-                open.push(Open::Array { items, left: n });
-                continue;
-            }
-            Item::Map(n) => {
-                let entries =
-                    BumpVec::with_capacity_in(n.min((body.len() - parser.pos) / 2), arena);
-                open.push(Open::Map {
-                    entries,
-                    key: None,
-                    left: n,
-                    string_keys: true,
-                });
-                continue;
-            }
+            header => match open_container(header, &mut open, (body.len(), parser.pos), arena)? {
+                Some(empty) => empty,
+                None => continue,
+            },
         };
         // Hand the value to its container, closing every container it completes.
         loop {
@@ -182,25 +157,50 @@ pub fn decode<'a>(body: &'a [u8], arena: &'a Bump) -> Result<Value<'a>, DecodeEr
                 }
             }
             value = match open.pop() {
-                Some(Open::Array { items, .. }) => Value::Array(items.into_bump_slice()),
-                Some(Open::Map {
-                    entries,
-                    string_keys,
-                    ..
-                }) => {
-                    let entries = entries.into_bump_slice();
-                    let entries = if string_keys && entries.len() > 1 {
-                        dedup(entries, arena)
-                    } else {
-                        entries
-                    };
-                    Value::Map(Map {
-                        entries,
-                        string_keys,
-                    })
-                }
+                Some(container) => container.close(arena),
                 None => unreachable!("a container was just completed"),
             };
+        }
+    }
+}
+
+/// A container's header: its container pushed on `open` (None), or its value when it is empty; `(body_len, pos)`:
+/// the body's length and the position after the header.
+fn open_container<'a>(
+    header: Item<'a>,
+    open: &mut Vec<Open<'a>>,
+    (body_len, pos): (usize, usize),
+    arena: &'a Bump,
+) -> Result<Option<Value<'a>>, DecodeError> {
+    match header {
+        Item::Value(value) => Ok(Some(value)),
+        // The C unpacker checks its stack, then the length against the body's (max_array_len = len(body),
+        // max_map_len = len(body) // 2), both before reading any element.
+        Item::Array(_) | Item::Map(_) if open.len() >= MAX_NESTED_CONTAINERS => {
+            Err(DecodeError::Stack)
+        }
+        Item::Array(n) if n > body_len => Err(DecodeError::Value),
+        Item::Map(n) if n > body_len / 2 => Err(DecodeError::Value),
+        Item::Array(0) => Ok(Some(Value::Array(&[]))),
+        Item::Map(0) => Ok(Some(Value::Map(Map {
+            entries: &[],
+            string_keys: true,
+        }))),
+        Item::Array(n) => {
+            // A hostile header must not reserve more than the body can hold (an element takes a byte at least).
+            let items = BumpVec::with_capacity_in(n.min(body_len - pos), arena);
+            open.push(Open::Array { items, left: n });
+            Ok(None)
+        }
+        Item::Map(n) => {
+            let entries = BumpVec::with_capacity_in(n.min((body_len - pos) / 2), arena);
+            open.push(Open::Map {
+                entries,
+                key: None,
+                left: n,
+                string_keys: true,
+            });
+            Ok(None)
         }
     }
 }
@@ -217,6 +217,32 @@ enum Open<'a> {
         left: usize,
         string_keys: bool,
     },
+}
+
+impl<'a> Open<'a> {
+    /// The completed container's value: a map's repeated keys resolved as a Python dict resolves them.
+    #[inline(always)]
+    fn close(self, arena: &'a Bump) -> Value<'a> {
+        match self {
+            Open::Array { items, .. } => Value::Array(items.into_bump_slice()),
+            Open::Map {
+                entries,
+                string_keys,
+                ..
+            } => {
+                let entries = entries.into_bump_slice();
+                let entries = if string_keys && entries.len() > 1 {
+                    dedup(entries, arena)
+                } else {
+                    entries
+                };
+                Value::Map(Map {
+                    entries,
+                    string_keys,
+                })
+            }
+        }
+    }
 }
 
 /// What one msgpack header starts: a whole value, or a container of n elements.
