@@ -35,13 +35,19 @@ from typing import Any
 
 import orjson
 
-from benchmarks.gateway_throughput import CORE_LABELS, frame_gaps_ms, load_averages, start_gateway, unaccounted
+from benchmarks.gateway_throughput import (
+    CORE_LABELS,
+    frame_gaps_ms,
+    load_averages,
+    paced_source,
+    start_gateway,
+    unaccounted,
+)
 from benchmarks.harness.resending_source import ResendingSource
 from benchmarks.harness.stats import percentile
 from broker.launcher import KafkaBroker
 from broker.reader import read_topic
 from contract.records import EVENT
-from contract.wire.messages import build_event
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "gateway-latency.json"
@@ -181,24 +187,9 @@ async def scheduled_source(link: AckTimedSource, source: int, rate: float, secon
     its own, the events due since its start, stamped with the real clock), that also says how late each frame left
     against its schedule (ms): the source's own slip, before any socket or gateway. Returns the events sent, the
     reconnects and those slips."""
-    seq = 0
-    loop = asyncio.get_running_loop()
-    start = loop.time() + frame_every_s * (source % 20) / 20
-    await asyncio.sleep(max(0.0, start - loop.time()))
-    frame = 0
     slips_ms: list[float] = []
-    while loop.time() - start < seconds:
-        await link.recover()
-        slips_ms.append((loop.time() - (start + frame * frame_every_s)) * 1e3)
-        due = int(rate * (loop.time() - start)) + 1
-        if due > seq:
-            now_us = time.time_ns() // 1000
-            link.send([build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)])
-            seq = due
-        frame += 1
-        await asyncio.sleep(max(0.0, start + frame * frame_every_s - loop.time()))
-    await link.finish(time.time_ns() // 1000)
-    return seq, link.reconnects, slips_ms
+    sent, reconnects = await paced_source(link, source, rate, seconds, frame_every_s, slips_ms)
+    return sent, reconnects, slips_ms
 
 
 async def source_load(port: int, sources: int, rate: float, seconds: float, frame_every_s: float,
@@ -386,24 +377,31 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float:
     return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
 
 
-def summary_rows(saved: dict[str, Any], sources: int) -> str:
-    """One line per variant and core at ``sources``: medians over the runs and their ranges."""
+def configurations(saved: dict[str, Any], sources: int) -> list[tuple[str, str, list[dict[str, Any]], int]]:
+    """(variant, core, its runs at ``sources``, in how many of them the added p99 met the target) for each variant and
+    core that ran."""
     target_ms = saved["frame_ms"] + 1
-    lines = []
+    out = []
     for variant in VARIANTS:
         for core in dict.fromkeys(r["core"] for r in saved["rows"]):
             runs = runs_of(saved["rows"], variant, core, sources)
-            if not runs:
-                continue
-            met = sum(r["added_p99_ms"] <= target_ms for r in runs)
-            lines.append(
-                f"| {variant} | {CORE_LABELS[core]} | {len(runs)} | {spread(runs, 'added_p50_ms')} | "
-                f"{spread(runs, 'added_p99_ms')} | {met} of {len(runs)} | {spread(runs, 'waited_p99_ms')} | "
-                f"{spread(runs, 'excess_p99_ms')} | {sum(r['stamp_inversions'] for r in runs):,} "
-                f"({min(r['excess_min_ms'] for r in runs):.2f}) | {spread(runs, 'scheduled_p99_ms')} | "
-                f"{spread(runs, 'read_lag_p99_ms')} | {spread(runs, 'slip_p99_ms')} | {spread(runs, 'gap_p99_ms')} | "
-                f"{spread(runs, 'acked_p50_ms')} | {spread(runs, 'acked_p99_ms')} | {spread(runs, 'gateway_cpu_share')} | "
-                f"{spread(runs, 'gateway_runqueue_share')} | {spread(runs, 'source_cpu_share')} |")
+            if runs:
+                out.append((variant, core, runs, sum(r["added_p99_ms"] <= target_ms for r in runs)))
+    return out
+
+
+def summary_rows(saved: dict[str, Any], sources: int) -> str:
+    """One line per variant and core at ``sources``: medians over the runs and their ranges."""
+    lines = []
+    for variant, core, runs, met in configurations(saved, sources):
+        lines.append(
+            f"| {variant} | {CORE_LABELS[core]} | {len(runs)} | {spread(runs, 'added_p50_ms')} | "
+            f"{spread(runs, 'added_p99_ms')} | {met} of {len(runs)} | {spread(runs, 'waited_p99_ms')} | "
+            f"{spread(runs, 'excess_p99_ms')} | {sum(r['stamp_inversions'] for r in runs):,} "
+            f"({min(r['excess_min_ms'] for r in runs):.2f}) | {spread(runs, 'scheduled_p99_ms')} | "
+            f"{spread(runs, 'read_lag_p99_ms')} | {spread(runs, 'slip_p99_ms')} | {spread(runs, 'gap_p99_ms')} | "
+            f"{spread(runs, 'acked_p50_ms')} | {spread(runs, 'acked_p99_ms')} | {spread(runs, 'gateway_cpu_share')} | "
+            f"{spread(runs, 'gateway_runqueue_share')} | {spread(runs, 'source_cpu_share')} |")
     return "\n".join(lines)
 
 
@@ -424,22 +422,17 @@ def verdicts(saved: dict[str, Any]) -> str:
     """Per variant and core at 20 sources: the target on added p99, and what the gateway itself added."""
     target_ms = saved["frame_ms"] + 1
     lines = []
-    for variant in VARIANTS:
-        for core in dict.fromkeys(r["core"] for r in saved["rows"]):
-            runs = runs_of(saved["rows"], variant, core, 20)
-            if not runs:
-                continue
-            met = sum(r["added_p99_ms"] <= target_ms for r in runs)
-            verdict = "met" if met == len(runs) else "missed" if met == 0 else f"met in {met} of {len(runs)} runs"
-            lines.append(
-                f"- **{variant}, {CORE_LABELS[core]}: {verdict}** (added p99 {spread(runs, 'added_p99_ms')} ms against "
-                f"{target_ms:.0f} ms). The floor alone (waited p99) {spread(runs, 'waited_p99_ms')} ms; on the send "
-                f"stamps (the sources' schedule with instant reads) {spread(runs, 'scheduled_p99_ms')} ms. The "
-                f"gateway's excess over the floor by the records' stamps: p99 {spread(runs, 'excess_p99_ms')} ms, "
-                f"max {max(r['excess_max_ms'] for r in runs):.2f} ms; stamps below the floor in "
-                f"{sum(r['stamp_inversions'] for r in runs):,} of {sum(r['events'] for r in runs):,} events (down to "
-                f"{min(r['excess_min_ms'] for r in runs):.2f} ms); read lag p99 {spread(runs, 'read_lag_p99_ms')} ms; "
-                f"ack after the floor p50 {spread(runs, 'acked_p50_ms')} ms, p99 {spread(runs, 'acked_p99_ms')} ms.")
+    for variant, core, runs, met in configurations(saved, 20):
+        verdict = "met" if met == len(runs) else "missed" if met == 0 else f"met in {met} of {len(runs)} runs"
+        lines.append(
+            f"- **{variant}, {CORE_LABELS[core]}: {verdict}** (added p99 {spread(runs, 'added_p99_ms')} ms against "
+            f"{target_ms:.0f} ms). The floor alone (waited p99) {spread(runs, 'waited_p99_ms')} ms; on the send "
+            f"stamps (the sources' schedule with instant reads) {spread(runs, 'scheduled_p99_ms')} ms. The "
+            f"gateway's excess over the floor by the records' stamps: p99 {spread(runs, 'excess_p99_ms')} ms, "
+            f"max {max(r['excess_max_ms'] for r in runs):.2f} ms; stamps below the floor in "
+            f"{sum(r['stamp_inversions'] for r in runs):,} of {sum(r['events'] for r in runs):,} events (down to "
+            f"{min(r['excess_min_ms'] for r in runs):.2f} ms); read lag p99 {spread(runs, 'read_lag_p99_ms')} ms; "
+            f"ack after the floor p50 {spread(runs, 'acked_p50_ms')} ms, p99 {spread(runs, 'acked_p99_ms')} ms.")
     return "\n".join(lines)
 
 

@@ -174,12 +174,13 @@ async def load(port: int, sources: int, per_source: int) -> tuple[float, list[fl
 
 
 async def paced_source(link: ResendingSource, source: int, rate: float, seconds: float, frame_every_s: float,
-                       ) -> tuple[int, int]:
+                       slips_ms: list[float] | None = None) -> tuple[int, int]:
     """Real-time source: every frame_every_s, the events due since its start (rate x elapsed), stamped with the real
     clock. Frames follow a fixed schedule (start + k x interval), so the interval does not drift by the time each
     frame takes; sources start at spread-out phases, as independent devices do. A lost connection (the gateway gave
     the shard up and restarts it) is reopened and the unacked events written again, as the SDK does. Returns how
-    many events it sent (seqs 0 to that less one), once the gateway acked the last, and how often it reconnected."""
+    many events it sent (seqs 0 to that less one), once the gateway acked the last, and how often it reconnected;
+    ``slips_ms``, when given, gets how late each frame left against its schedule (ms)."""
     seq = 0
     loop = asyncio.get_running_loop()
     start = loop.time() + frame_every_s * (source % 20) / 20
@@ -187,6 +188,8 @@ async def paced_source(link: ResendingSource, source: int, rate: float, seconds:
     frame = 0
     while loop.time() - start < seconds:
         await link.recover()
+        if slips_ms is not None:
+            slips_ms.append((loop.time() - (start + frame * frame_every_s)) * 1e3)
         due = int(rate * (loop.time() - start)) + 1
         if due > seq:
             now_us = time.time_ns() // 1000
