@@ -9,6 +9,7 @@ from typing import Any
 from benchmarks.hot_paths_report import (
     BEGIN,
     END,
+    latency_page_rows,
     replace_section,
     section,
     stage_rows,
@@ -96,3 +97,18 @@ def test_the_stage_page_keeps_its_hand_written_notes(tmp_path: Path) -> None:
     assert kept_notes(page) == f"{NOTES_BEGIN}\n{NOTES_END}"
     page.write_text(f"generated\n\n{NOTES_BEGIN}\nmeasured by hand\n{NOTES_END}\n\nmore generated\n")
     assert kept_notes(page) == f"{NOTES_BEGIN}\nmeasured by hand\n{NOTES_END}"
+
+
+def test_the_latency_page_gives_a_median_per_variant() -> None:
+    def run(variant: str, core: str, p99: float, sources: int = 20) -> dict[str, Any]:
+        return {"variant": variant, "core": core, "sources": sources, "added_p99_ms": p99}
+    latency = {"frame_ms": 5.0, "rows": [run("same host", "native", 30.0), run("same host", "native", 10.0),
+                                         run("same host", "native", 20.0), run("same host", "python", 90.0),
+                                         run("same host", "native", 0.0, sources=1),
+                                         run("gateway first", "native", 5.5)]}
+    rows = latency_page_rows(latency)
+    assert [(r.python, r.native, r.goal, r.status) for r in rows] == [
+        ("90.00", "20.00", "<= 6", "missed (3.3x off)"),
+        ("", "5.50", "<= 6", "met"),
+    ]
+    assert "same host" in rows[0].target and "gateway first" in rows[1].target
