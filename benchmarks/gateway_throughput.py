@@ -535,7 +535,9 @@ the merge's waits are, and they follow the sources' frames. In-order events of a
 row). Nothing in the gateway holds a released event: the punctuation interval (1 ms) only spaces punctuations.
 docs/gateway-hotpath.md runs the same schedule through the ingest core on virtual time: with frames on time the
 merge adds 19/20 of the interval at p99, within the target, and it stays within it up to about 1 ms of arrival
-jitter. So the miss here is the sources' schedule on this machine, not a wait of the gateway's own.
+jitter. End to end the miss is frames read late (docs/gateway-latency.md): when the sources keep time their
+schedule alone meets the target, and the rest is the gateway's reads, late while its event loop waits for a
+core or works through other frames; given a core of its own (real-time priority) its p99 there fell to 8-9 ms.
 
 Next levers, by expected gain:
 
@@ -549,9 +551,11 @@ Next levers, by expected gain:
    cyclic collector's lists) and confluent-kafka's produce call, whose headers conversion and message allocation
    are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its bytes to a
    native batch of records that the shard produces and commits without those objects.
-3. Target 2: sources that send more often than they batch (1 ms frames, or a heartbeat when a frame is due but
-   empty) lower the floor; the gateway can only wait for what the sources promise. Measured on a quiet machine,
-   the p99 should then be the frame interval plus the scheduling slip of the sources' hosts.
+3. Target 2: the gateway's cost per frame. The paced load's frames hold 2-3 events; a frame's fixed cost in the
+   in-process stages (docs/gateway-hotpath.md, small frames) and the asyncio shell's work per frame (its reads and
+   task hops) keep the event loop busy, so frames wait to be read. Next: fewer task hops per frame in the shell
+   and the per-frame path in one native call; and sources that send more often than they batch (1 ms frames, or a
+   heartbeat when a frame is due but empty) lower the floor itself.
 """)
     return "\n".join(lines)
 
