@@ -537,7 +537,8 @@ docs/gateway-hotpath.md runs the same schedule through the ingest core on virtua
 merge adds 19/20 of the interval at p99, within the target, and it stays within it up to about 1 ms of arrival
 jitter. End to end the miss is frames read late (docs/gateway-latency.md): when the sources keep time their
 schedule alone meets the target, and the rest is the gateway's reads, late while its event loop waits for a
-core or works through other frames; given a core of its own (real-time priority) its p99 there fell to 8-9 ms.
+core or works through other frames; given a core of its own (real-time priority) its p99 there fell to
+6.6-9.4 ms across two runs.
 
 Next levers, by expected gain:
 
