@@ -237,7 +237,9 @@ class ShardRuntime:
         def reported(delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
             reports.append((delivery, error, message))
         self._reported = reported
-        self._deadline_changed = asyncio.Event()
+        # The deadline _fire_deadlines sleeps until (None: none, until woken) and the future that wakes it early.
+        self._armed_deadline_us: int | None = None
+        self._deadline_wake: asyncio.Future[None] | None = None
         self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
         self._unproduced_records = 0
         self._tasks = SupervisedTasks(self._task_failed)
@@ -306,7 +308,7 @@ class ShardRuntime:
             topic, key, value = self._owner_record
             self._enqueue([WriteCheckpoint(topic, key, value, OWNER_HEADERS)])
         self._carry_out_now(recovered_actions, queue_writes=True)
-        self._deadline_changed.set()
+        self._deadline_may_be_earlier()
         self.serving = True
         self.ready.set()
 
@@ -744,19 +746,37 @@ class ShardRuntime:
         raise TransactionAbortable(f"offset audit: {verdict}")
 
     async def _fire_deadlines(self) -> None:
+        """The core's ``advance`` at its next deadline. Woken early only when a core call moved that deadline earlier
+        (``_deadline_may_be_earlier``): a frame that moves it later, or leaves it, costs no wake-up (at 20 sources
+        that was a task switch, a timer and a future per frame); the task then wakes at the deadline it slept for,
+        finds the later one and sleeps again."""
+        loop = asyncio.get_running_loop()
         while True:
-            self._deadline_changed.clear()
             deadline_us = self.core.next_deadline_us()
-            if deadline_us is None:
-                await self._deadline_changed.wait()
+            now_us = self._clock_us()
+            if deadline_us is not None and deadline_us <= now_us:
+                # Awake: what a core call meanwhile moves is read on the next turn.
+                self._armed_deadline_us = now_us
+                await self._carry_out(self.core.advance(now_us))
                 continue
-            delay_s = (deadline_us - self._clock_us()) / 1e6
-            if delay_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay_s):
-                        await self._deadline_changed.wait()
-                continue
-            await self._carry_out(self.core.advance(self._clock_us()))
+            self._armed_deadline_us = deadline_us
+            wake = self._deadline_wake = loop.create_future()
+            timer = None if deadline_us is None else loop.call_later((deadline_us - now_us) / 1e6, _wake, wake)
+            try:
+                await wake
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def _deadline_may_be_earlier(self) -> None:
+        """After a core call: wake ``_fire_deadlines`` if the core's next deadline is now before the one it sleeps
+        until."""
+        deadline_us = self.core.next_deadline_us()
+        if deadline_us is None:
+            return
+        armed_us = self._armed_deadline_us
+        if armed_us is None or deadline_us < armed_us:
+            _wake(self._deadline_wake)
 
     # -- carrying out the core's actions ------------------------------------------------------------------------
 
@@ -832,23 +852,23 @@ class ShardRuntime:
         """``created``: streams whose topics the gateway created just now (empty: nothing to recover)."""
         await self._ensure_streams(streams, created)
         actions = self.core.source_registered(source_id, streams, self._clock_us())
-        self._deadline_changed.set()
+        self._deadline_may_be_earlier()
         await self._carry_out(actions)
 
     async def receive_events(self, connection: ConnectionId, source_id: str,
                              events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> None:
         actions = self.core.events_received(connection, source_id, events, arrival_us)
-        self._deadline_changed.set()
+        self._deadline_may_be_earlier()
         await self._carry_out(actions)
 
     async def receive_heartbeat(self, source_id: str, heartbeat: messages.Heartbeat) -> None:
         actions = self.core.heartbeat_received(source_id, heartbeat, self._clock_us())
-        self._deadline_changed.set()
+        self._deadline_may_be_earlier()
         await self._carry_out(actions)
 
     async def source_left(self, source_id: str) -> None:
         actions = self.core.source_left(source_id, self._clock_us())
-        self._deadline_changed.set()
+        self._deadline_may_be_earlier()
         await self._carry_out(actions)
 
     def clock_changed(self, info: SourceInfo, t_a_us: int) -> None:
@@ -875,7 +895,7 @@ class ShardRuntime:
                 log.info("shard %d: recovered stream %s in %.2f s: %d sources, from offset %d", self.shard, stream,
                          loop.time() - started_s, len(progress.next_seq), progress.next_offset)
                 actions = self.core.stream_recovered(progress, self._clock_us())
-                self._deadline_changed.set()
+                self._deadline_may_be_earlier()
                 await self._carry_out(actions)
 
     async def _await_new_partition(self, topic: str) -> None:
@@ -913,6 +933,11 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     # Waited for, not awaited: awaiting a task that already died re-raises its error, which _task_done has reported.
     task.cancel()
     await asyncio.wait([task])
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _fail_batch(batch: _ProduceBatch, error: BaseException) -> None:

@@ -38,19 +38,27 @@ impl FrameEvent {
         }
     }
 
-    /// The IncomingEvent of these fields (made once).
+    /// The IncomingEvent of these fields (made once). Not `PyOnceLock::get_or_try_init`: its first call per cell
+    /// lets go of the GIL while it takes the cell's lock, and with another thread waiting for the GIL (librdkafka's
+    /// delivery reports during a commit, the metrics server) the event loop then waited for that thread, at least
+    /// once per frame. Here the GIL is held throughout: the event is made, then stored unless another thread stored
+    /// one first, and the stored one is returned either way, so one index always gives one object.
     pub fn event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.made
-            .get_or_try_init(py, || {
-                let [stream, seq, source_ts_us, payload, interval] =
-                    self.fields.each_ref().map(|f| f.bind(py));
-                crate::events::make_incoming_event(
-                    py,
-                    [stream, seq, source_ts_us, payload, interval],
-                )
-                .map(Bound::unbind)
-            })
-            .map(|event| event.bind(py).clone())
+        if let Some(event) = self.made.get(py) {
+            return Ok(event.bind(py).clone());
+        }
+        let [stream, seq, source_ts_us, payload, interval] =
+            self.fields.each_ref().map(|f| f.bind(py));
+        let made =
+            crate::events::make_incoming_event(py, [stream, seq, source_ts_us, payload, interval])?;
+        // `set` does not let go of the GIL; it fails only when the cell was stored meanwhile.
+        let _ = self.made.set(py, made.unbind());
+        Ok(self
+            .made
+            .get(py)
+            .expect("the cell was just stored")
+            .bind(py)
+            .clone())
     }
 }
 
