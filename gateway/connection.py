@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
 from contract.wire import messages
@@ -55,6 +57,17 @@ WorkerStage = Literal["session", "register", "events", "heartbeat", "worker"]
 WORKER_STAGES: tuple[WorkerStage, ...] = ("session", "register", "events", "heartbeat", "worker")
 
 
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """What is left of a frame carried out in ``data_received``: the worker awaits it before the read's next
+    actions."""
+
+    waiting: Awaitable[None]
+
+
+QueuedAction = SessionAction | _Waiting
+
+
 class ConnectionOwner(Protocol):
     """What a connection asks of the gateway. The coroutines return once their Kafka records are handed to the
     producer: a connection that waits here stops reading (MAX_PENDING_ACTIONS), so a Kafka stall reaches the
@@ -66,8 +79,11 @@ class ConnectionOwner(Protocol):
 
     async def register_source(self, connection: ConnectionHandler, hello: messages.Hello) -> None: ...
 
-    async def receive_events(self, connection: ConnectionHandler, received: EventsReceived,
-                             arrival_us: int) -> None: ...
+    def receive_events(self, connection: ConnectionHandler, received: EventsReceived,
+                       arrival_us: int) -> Awaitable[None] | None:
+        """Carried out at once (called from ``data_received`` when nothing of the connection waits: no task switch
+        per frame), returning None, or what is left to wait for, which the connection's worker awaits before its
+        next action."""
 
     async def receive_heartbeat(self, received: HeartbeatReceived) -> None: ...
 
@@ -97,7 +113,7 @@ class ConnectionHandler(asyncio.Protocol):
         self.said_bye = False  # the source said bye on this connection (the owner's rule 14 asks every one of them)
         self._owner = owner
         self._clock_us = clock_us
-        self._queue: asyncio.Queue[tuple[int, int, list[SessionAction]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, int, Sequence[QueuedAction]]] = asyncio.Queue()
         self._queued_bytes = 0  # bytes of the reads in _queue (MAX_PENDING_READ_BYTES)
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
@@ -137,7 +153,30 @@ class ConnectionHandler(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a bug of any kind: contained to this connection (module doc)
             self._fail("session", exc)
             return
-        self._enqueue(now_us, actions, len(data))
+        if actions and not self._busy and self._queue.empty():
+            self._enqueue(now_us, self._apply_now(actions, now_us), len(data))
+        else:
+            self._enqueue(now_us, actions, len(data))
+
+    def _apply_now(self, actions: list[SessionAction], arrival_us: int) -> Sequence[QueuedAction]:
+        """Nothing of this connection waits: its leading actions that need no wait (a frame's events, bytes to send)
+        are carried out here, without the worker's task switch; returned for the worker, in order, is the rest from
+        the first one that waits or may wait."""
+        for index, action in enumerate(actions):
+            kind = type(action)
+            try:
+                if kind is EventsReceived:
+                    waiting = self._owner.receive_events(self, cast(EventsReceived, action), arrival_us)
+                    if waiting is not None:
+                        return [_Waiting(waiting), *actions[index + 1:]]
+                elif kind is SendBytes:
+                    self.send_bytes(cast(SendBytes, action).data)
+                else:
+                    return actions[index:]
+            except Exception as exc:  # noqa: BLE001 - as in _run
+                self._fail(_STAGES[kind], exc)
+                return []
+        return []
 
     def pause_writing(self) -> None:
         """asyncio: the write buffer passed the high-water mark. Read nothing more from a peer that does not read
@@ -182,6 +221,10 @@ class ConnectionHandler(asyncio.Protocol):
         self._owner.detach(self)
         if self._worker is not None:
             self._worker.cancel()
+        while not self._queue.empty():  # dropped: a wait left unawaited is closed, not warned about at its collection
+            for action in self._queue.get_nowait()[2]:
+                if isinstance(action, _Waiting):
+                    getattr(action.waiting, "close", lambda: None)()
 
     @property
     def writable(self) -> bool:
@@ -248,7 +291,7 @@ class ConnectionHandler(asyncio.Protocol):
         worker_dead = self._worker is not None and self._worker.done()
         return worker_dead or (self._queue.empty() and not self._busy)
 
-    def _enqueue(self, now_us: int, actions: list[SessionAction], read_bytes: int = 0) -> None:
+    def _enqueue(self, now_us: int, actions: Sequence[QueuedAction], read_bytes: int = 0) -> None:
         if actions:
             self._queue.put_nowait((now_us, read_bytes, actions))
             self._queued_bytes += read_bytes
@@ -299,13 +342,17 @@ class ConnectionHandler(asyncio.Protocol):
         self._owner.worker_failed(self, stage, error)  # may still write a last frame: the close comes after it
         self.close(after_error=True)
 
-    async def _apply(self, action: SessionAction, arrival_us: int) -> None:
-        if isinstance(action, SourceRegistered):
+    async def _apply(self, action: QueuedAction, arrival_us: int) -> None:
+        if isinstance(action, _Waiting):
+            await action.waiting
+        elif isinstance(action, SourceRegistered):
             await self._owner.register_source(self, action.hello)
         elif isinstance(action, SendBytes):
             self.send_bytes(action.data)
         elif isinstance(action, EventsReceived):
-            await self._owner.receive_events(self, action, arrival_us)
+            waiting = self._owner.receive_events(self, action, arrival_us)
+            if waiting is not None:
+                await waiting
         elif isinstance(action, HeartbeatReceived):
             await self._owner.receive_heartbeat(action)
         elif isinstance(action, DrainRequested):
@@ -324,6 +371,6 @@ class ConnectionHandler(asyncio.Protocol):
             self.close(after_error=action.error_code is not None)
 
 
-_STAGES: dict[type[SessionAction], WorkerStage] = {
+_STAGES: dict[type[QueuedAction], WorkerStage] = {_Waiting: "events",
     SourceRegistered: "register", EventsReceived: "events", HeartbeatReceived: "heartbeat", SendBytes: "worker",
     DrainRequested: "worker", CloseConnection: "worker"}

@@ -816,15 +816,17 @@ class Gateway:
             SHARD_MOVED, "this gateway no longer serves the source's shard", fatal=True)))
         connection.close(after_error=True)
 
-    async def receive_events(self, connection: ConnectionHandler, received: EventsReceived, arrival_us: int) -> None:
+    def receive_events(self, connection: ConnectionHandler, received: EventsReceived,
+                       arrival_us: int) -> Coroutine[Any, Any, None] | None:
         runtime = self._serving(received.source_id)
         if runtime is None:
             self._moved(connection)
-            return
+            return None
         # Per frame: _core_call's handling inline (a generator-based context manager cost more than the call's own
-        # Python around the native core at a few events per frame).
+        # Python around the native core at a few events per frame). The wait returned, if any, raises only
+        # ShardLost (the producer task failed, and reports it).
         try:
-            await runtime.receive_events(connection.connection_id, received.source_id, received.events, arrival_us)
+            return runtime.receive_events(connection.connection_id, received.source_id, received.events, arrival_us)
         except ShardLost:
             raise
         except Exception as exc:

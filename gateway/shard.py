@@ -180,10 +180,15 @@ class _Takeover:
 
 @dataclass
 class _ProduceBatch:
-    """Produce actions of one core call, in order; `done` resolves once all of them are with librdkafka."""
+    """Produce actions of one core call, in order; `done` resolves once all of them are with librdkafka. A batch
+    begun in the caller's call (``_produce_now``) comes with where librdkafka's full queue stopped it and its
+    delivery-report marks, or with the error its produce raised, which the producer task raises as its own."""
 
     actions: list[Produce | WriteCheckpoint]
     done: asyncio.Future[None] | None
+    start: int = 0
+    marks: dict[int, DeliveryCallback] | None = None
+    error: Exception | None = None
 
 
 class ShardRuntime:
@@ -237,8 +242,7 @@ class ShardRuntime:
         def reported(delivery: DeliveryRef, error: KafkaError | None, message: Message) -> None:
             reports.append((delivery, error, message))
         self._reported = reported
-        # The deadline _fire_deadlines sleeps until (None: none, until woken) and the future that wakes it early.
-        self._armed_deadline_us: int | None = None
+        self._armed_deadline_us: int | None = None  # what _fire_deadlines sleeps until (None: until woken)
         self._deadline_wake: asyncio.Future[None] | None = None
         self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
         self._unproduced_records = 0
@@ -460,21 +464,25 @@ class ShardRuntime:
     async def _produce_forever(self) -> None:
         while True:
             batch = await self._produce_queue.get()
+            if batch.error is not None:  # _produce_now's produce raised it: the task fails as if it were its own
+                raise batch.error
             try:
                 async with self._txn_lock:
                     self._require_open_transaction()
-                    await self._produce_batch(batch.actions)
+                    await self._produce_batch(batch.actions, batch.start, batch.marks)
             except BaseException as exc:
                 _fail_batch(batch, exc)
                 raise
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
 
-    async def _produce_batch(self, actions: list[Produce | WriteCheckpoint]) -> None:
-        """Hand a batch to librdkafka in order, waiting while its queue is full; the first record of a topic this
-        runtime has not written yet goes alone (``_first_write_end``, ``_settle``)."""
-        marks = self._report_marks(actions) if self._transactional else {}
-        index = 0
+    async def _produce_batch(self, actions: list[Produce | WriteCheckpoint], index: int = 0,
+                             marks: dict[int, DeliveryCallback] | None = None) -> None:
+        """Hand a batch to librdkafka in order from ``index``, waiting while its queue is full; the first record of a
+        topic this runtime has not written yet goes alone (``_first_write_end``, ``_settle``). ``marks``: the
+        batch's delivery-report marks when ``_produce_now`` began it (they were counted then)."""
+        if marks is None:
+            marks = self._report_marks(actions) if self._transactional else {}
         while index < len(actions):
             end = self._first_write_end(actions, index) if self._unsettled_topics else len(actions)
             index = self._produce_from(actions if end == len(actions) else actions[:end], index, marks)
@@ -780,28 +788,71 @@ class ShardRuntime:
 
     # -- carrying out the core's actions ------------------------------------------------------------------------
 
-    def _enqueue(self, actions: Sequence[Produce | WriteCheckpoint],
-                 done: asyncio.Future[None] | None = None) -> None:
-        self._produce_queue.put_nowait(_ProduceBatch(list(actions), done))
-        self._unproduced_records += len(actions)
+    def _enqueue(self, actions: Sequence[Produce | WriteCheckpoint], done: asyncio.Future[None] | None = None, *,
+                 start: int = 0, marks: dict[int, DeliveryCallback] | None = None) -> None:
+        self._produce_queue.put_nowait(_ProduceBatch(list(actions), done, start, marks))
+        self._unproduced_records += len(actions) - start
 
     async def _carry_out(self, actions: Sequence[IngestAction]) -> None:
         """Everything but Kafka writes at once; Kafka writes in their order, after those of earlier calls. Returns
         once they are with librdkafka, so that a caller waiting on a Kafka stall stops reading its socket."""
+        waiting = self._carry_out_start(actions)
+        if waiting is not None:
+            await waiting
+
+    def _carry_out_start(self, actions: Sequence[IngestAction]) -> Coroutine[Any, Any, None] | None:
+        """``_carry_out`` up to its wait: None when nothing is left to wait for, else the wait (a coroutine, to be
+        awaited before the caller's next call: a connection's worker does)."""
         writes = self._carry_out_now(actions)
         if not writes:
-            return
+            return None
         if self._producer_task is None or self._producer_task.done():
             if self.fenced:
                 raise ShardFenced(f"shard {self.shard}: fenced by a newer owner")
             raise ShardLost(f"shard {self.shard}: its Kafka producer task is not running")
-        if self._unproduced_records + len(writes) <= MAX_UNPRODUCED_RECORDS:
+        start, marks = 0, None
+        if self._producer_idle(writes):
+            self._unproduced_records += len(writes)
+            start, marks = self._produce_now(writes)
+            if start == len(writes):
+                return None
+            self._unproduced_records -= len(writes) - start  # counted again by _enqueue
+        if self._unproduced_records + len(writes) - start <= MAX_UNPRODUCED_RECORDS:
             # Not waited for: a commit holds the producer for its round trip, and a connection waiting through it
             # would stop reading its source, which the merge would then time out (its events late, not slow).
-            self._enqueue(writes)
-            return
+            self._enqueue(writes, start=start, marks=marks)
+            return None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._enqueue(writes, done)
+        self._enqueue(writes, done, start=start, marks=marks)
+        return self._await_produced(done)
+
+    def _producer_idle(self, writes: list[Produce | WriteCheckpoint]) -> bool:
+        """Whether the producer task has nothing to do and nothing holds the transaction: it waits for a batch (one
+        it took would still be in the queue until it runs, or hold the lock), no commit runs, and no write goes to
+        a topic whose first record is still to be settled. Then writes handed to librdkafka here keep their order
+        after the task's."""
+        if not self._produce_queue.empty() or self._txn_lock.locked():
+            return False
+        if self._transactional and not self._in_transaction:
+            return False
+        if self._unsettled_topics:
+            end = self._first_write_end(writes, 0)
+            return end == len(writes) and writes[end - 1].topic not in self._unsettled_topics
+        return True
+
+    def _produce_now(self, writes: list[Produce | WriteCheckpoint]) -> tuple[int, dict[int, DeliveryCallback]]:
+        """The producer task's work on ``writes`` done in the caller's call, without its task switch (one per frame
+        at a steady rate): returns where librdkafka's full queue stopped it (``len(writes)``: it did not) and the
+        batch's marks, for the task to go on from there. An error is queued for the task to raise, as if its own
+        produce had raised it: the shard fails as it would have."""
+        marks = self._report_marks(writes) if self._transactional else {}
+        try:
+            return self._produce_from(writes, 0, marks), marks
+        except Exception as exc:  # noqa: BLE001 - the task raises it (above)
+            self._produce_queue.put_nowait(_ProduceBatch([], None, error=exc))
+            return len(writes), marks
+
+    async def _await_produced(self, done: asyncio.Future[None]) -> None:
         try:
             # While a connection waits here it is not read: Kafka back-pressures the gateway, and the sources the
             # merge waits for may be silent only because of that (ingest rule 5). Said again until the wait ends,
@@ -855,11 +906,13 @@ class ShardRuntime:
         self._deadline_may_be_earlier()
         await self._carry_out(actions)
 
-    async def receive_events(self, connection: ConnectionId, source_id: str,
-                             events: tuple[messages.IncomingEvent, ...], arrival_us: int) -> None:
+    def receive_events(self, connection: ConnectionId, source_id: str, events: tuple[messages.IncomingEvent, ...],
+                       arrival_us: int) -> Coroutine[Any, Any, None] | None:
+        """A frame's events, carried out at once (no task switch per frame); returns what is left to wait for when
+        Kafka holds the shard back (``_carry_out_start``), which the caller awaits before its next frame."""
         actions = self.core.events_received(connection, source_id, events, arrival_us)
         self._deadline_may_be_earlier()
-        await self._carry_out(actions)
+        return self._carry_out_start(actions)
 
     async def receive_heartbeat(self, source_id: str, heartbeat: messages.Heartbeat) -> None:
         actions = self.core.heartbeat_received(source_id, heartbeat, self._clock_us())

@@ -346,3 +346,83 @@ async def test_a_pool_source_leaves_only_once_every_connection_it_has_open_said_
     pool[2].data_received(encode_frame(build_bye()))
     await settle()
     assert runtime.left == ["pool"]  # the last open connection said bye: nothing more comes from it
+
+
+class InlineOwner(FakeOwner):
+    """An owner whose events need no wait unless ``hold`` is set: then each frame's wait is a future of ``waits``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = False
+        self.waits: list[asyncio.Future[None]] = []
+
+    def receive_events(self, connection: ConnectionHandler, received: EventsReceived,  # type: ignore[override]
+                       arrival_us: int) -> asyncio.Future[None] | None:
+        if self.fail_events:
+            raise KeyError("core bug")
+        self.calls.append(("events", [e.seq for e in received.events]))
+        if not self.hold:
+            return None
+        wait: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waits.append(wait)
+        return wait
+
+
+def events_frame(*seqs: int) -> bytes:
+    return encode_frame(build_events([build_event("s", q, T0, q) for q in seqs]))
+
+
+async def registered(owner: FakeOwner) -> tuple[ConnectionHandler, FakeTransport]:
+    handler, transport = connect(owner)
+    handler.data_received(encode_frame(build_hello("a", ["s"])))
+    await settle()
+    return handler, transport
+
+
+async def test_a_frame_that_needs_no_wait_is_carried_out_within_the_read():
+    owner = InlineOwner()
+    handler, _ = await registered(owner)
+    handler.data_received(events_frame(0, 1) + events_frame(2))
+    # No await in between: no task switch per frame.
+    assert owner.calls == [("register", "a"), ("events", [0, 1]), ("events", [2])]
+    assert handler.idle
+
+
+async def test_a_wait_holds_the_reads_after_it_until_it_ends_and_keeps_their_order():
+    owner = InlineOwner()
+    handler, transport = await registered(owner)
+    owner.hold = True
+    handler.data_received(events_frame(0) + events_frame(1))
+    assert owner.calls[1:] == [("events", [0])]  # the second frame waits behind the first's wait
+    handler.data_received(events_frame(2))
+    await settle()
+    assert owner.calls[1:] == [("events", [0])] and not handler.idle
+    owner.hold = False
+    owner.waits[0].set_result(None)
+    await settle()
+    assert owner.calls[1:] == [("events", [0]), ("events", [1]), ("events", [2])]
+    assert handler.idle and transport.reading
+    handler.data_received(events_frame(3))  # the worker is idle again: carried out within the read
+    assert owner.calls[-1] == ("events", [3])
+
+
+async def test_a_frame_that_fails_within_the_read_is_reported_as_the_events_stage_and_closes():
+    owner = InlineOwner()
+    handler, transport = await registered(owner)
+    owner.fail_events = True
+    handler.data_received(events_frame(0) + events_frame(1))
+    assert owner.failures == [("events", "KeyError('core bug')")]
+    assert transport.closed and transport.written == [b"last words"]
+    assert owner.calls == [("register", "a")]  # the second frame is dropped: its client resends it
+    handler.data_received(events_frame(2))  # a closing connection reads nothing more
+    await settle()
+    assert owner.calls == [("register", "a")] and handler.idle
+
+
+async def test_a_wait_left_when_the_connection_is_lost_is_closed_not_left_unawaited():
+    owner = FakeOwner()  # its receive_events is a coroutine function: each frame's call is a wait
+    handler, _ = await registered(owner)
+    handler.data_received(events_frame(0))
+    handler.connection_lost(None)
+    await settle()
+    assert owner.calls == [("register", "a"), ("detach", ConnectionId(3))]  # never run, and closed
