@@ -741,8 +741,8 @@ class ShardRuntime:
         """Deliver every record of the open transaction, then check Kafka's reports against the offset audit:
         TransactionRetriable while a report is missing, TransactionAbortable (the shard aborts and restarts from
         what Kafka holds, nothing of the transaction acked) when they break the count."""
-        await self._deliver_open_transaction(publisher)
-        publisher.poll(0)  # the reports the flushes queued run here, on the loop's thread
+        await asyncio.get_running_loop().run_in_executor(None, publisher.flush, TRANSACTION_CALL_TIMEOUT_S)
+        publisher.poll(0)  # the reports the flush queued run here, on the loop's thread
         verdict = self._audit.verdict()
         if verdict is None:
             return
@@ -752,17 +752,6 @@ class ShardRuntime:
         log.error("shard %d: Kafka's delivery reports break the offset count: %s; aborting the transaction (nothing "
                   "of it is acked), the shard restarts from what Kafka holds", self.shard, verdict)
         raise TransactionAbortable(f"offset audit: {verdict}")
-
-    async def _deliver_open_transaction(self, publisher: TransactionalPublisher) -> None:
-        """Until every record of the open transaction was delivered (or ``TRANSACTION_CALL_TIMEOUT_S``; the audit
-        then finds reports missing): flushed without waiting on the loop's thread, every ``POLL_INTERVAL_S``. Not one
-        blocking flush on an executor thread: there each delivery report's callback had to take the GIL from the
-        event loop (a forced switch, after up to the 5 ms switch interval, per report), which held the commit, and
-        the acks, for tens of ms at 20 sources; the commit's own flush then finds nothing left to report."""
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + TRANSACTION_CALL_TIMEOUT_S
-        while publisher.flush(0) > 0 and loop.time() < deadline_s:  # noqa: ASYNC110 - librdkafka has no event for it
-            await asyncio.sleep(POLL_INTERVAL_S)
 
     async def _fire_deadlines(self) -> None:
         """The core's ``advance`` at its next deadline. Woken early only when a core call moved that deadline earlier

@@ -5,7 +5,6 @@ commit fails acks nothing: the sources resend to the next owner, which recovers 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 from unittest import mock
 
@@ -233,34 +232,3 @@ async def test_truthful_reports_over_two_transactions_commit_and_ack_both() -> N
         ("commit", 4), ("ack", "a", "s", 2), ("commit", 6), ("ack", "a", "s", 4)]
     assert publisher.offsets == [0, 1, 2, 3, 5, 6]  # the first commit's marker took offset 4
     assert runtime.core.counters.offset_audit_failures == 0
-
-
-class SlowDeliveryPublisher(FakeTransactionalPublisher):
-    """Kafka delivers one record per ``flush`` call; each call notes its thread and timeout."""
-
-    def __init__(self, steps: list[Step]) -> None:
-        super().__init__(steps, None)
-        self.flush_calls: list[tuple[str, float]] = []
-
-    def flush(self, timeout_s: float) -> int:
-        self.flush_calls.append((threading.current_thread().name, timeout_s))
-        self.steps.append(("flush", self.flushed))
-        if self.flushed < len(self.records):
-            self.served += [(self.flushed, None)] if self.records[self.flushed][2] is not None else []
-            self.flushed += 1
-        return len(self.records) - self.flushed
-
-
-async def test_the_commit_waits_for_every_delivery_flushing_on_the_loops_thread_never_blocking() -> None:
-    """The delivery reports of a commit run on the event loop's thread (a blocking flush on an executor thread made
-    each report's callback take the GIL from the loop); the commit comes once every record was delivered."""
-    steps: list[Step] = []
-    now = [T0 + 100]
-    runtime = transactional_runtime(steps, now)
-    publisher = SlowDeliveryPublisher(steps)
-    runtime._publisher = publisher
-    three_records(runtime, now)  # 4 records
-    await runtime._commit()
-    assert [s for s in steps if s[0] in ("flush", "commit", "ack")] == [
-        ("flush", 0), ("flush", 1), ("flush", 2), ("flush", 3), ("commit", 4), ("ack", "a", "s", 2)]
-    assert publisher.flush_calls == [(threading.current_thread().name, 0)] * 4
