@@ -214,8 +214,7 @@ class ShardRuntime:
         else:
             self._publisher = KafkaPublisher(client, settings.producer_config)
         self.ready = asyncio.Event()
-        self.serving = False
-        self.closed = False
+        self.serving = self.closed = False
         self._stream_lock = asyncio.Lock()
         self._txn_lock = asyncio.Lock()
         self._committing = False
@@ -246,6 +245,7 @@ class ShardRuntime:
         self._deadline_wake: asyncio.Future[None] | None = None
         self._produce_queue: asyncio.Queue[_ProduceBatch] = asyncio.Queue()
         self._unproduced_records = 0
+        self._batch_taken = False  # see _produce_forever
         self._tasks = SupervisedTasks(self._task_failed)
         self._producer_task: asyncio.Task[None] | None = None
         self.failure: str | None = None
@@ -466,6 +466,9 @@ class ShardRuntime:
             batch = await self._produce_queue.get()
             if batch.error is not None:  # _produce_now's produce raised it: the task fails as if it were its own
                 raise batch.error
+            # Taken from the queue, not produced yet (it may wait for the lock a commit just released, which reads
+            # unlocked until this task runs): _producer_idle must not let a later frame's records go first.
+            self._batch_taken = True
             try:
                 async with self._txn_lock:
                     self._require_open_transaction()
@@ -473,6 +476,8 @@ class ShardRuntime:
             except BaseException as exc:
                 _fail_batch(batch, exc)
                 raise
+            finally:
+                self._batch_taken = False
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
 
@@ -828,10 +833,10 @@ class ShardRuntime:
 
     def _producer_idle(self, writes: list[Produce | WriteCheckpoint]) -> bool:
         """Whether the producer task has nothing to do and nothing holds the transaction: it waits for a batch (one
-        it took would still be in the queue until it runs, or hold the lock), no commit runs, and no write goes to
-        a topic whose first record is still to be settled. Then writes handed to librdkafka here keep their order
-        after the task's."""
-        if not self._produce_queue.empty() or self._txn_lock.locked():
+        put for it is in the queue until it runs, then ``_batch_taken`` until produced), no commit runs, and no write
+        goes to a topic whose first record is still to be settled. Then writes handed to librdkafka here keep their
+        order after the task's."""
+        if not self._produce_queue.empty() or self._batch_taken or self._txn_lock.locked():
             return False
         if self._transactional and not self._in_transaction:
             return False

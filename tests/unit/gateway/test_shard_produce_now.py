@@ -151,3 +151,22 @@ async def test_a_produce_error_fails_the_shard_through_its_producer_task_not_the
     assert task is not None and task.done() and isinstance(task.exception(), KafkaException)
     assert runtime.failure is not None and runtime.failure.startswith("kafka-produce-3: KafkaException")
     assert not runtime.serving
+
+
+async def test_a_batch_the_task_took_while_a_commit_held_the_lock_goes_before_a_later_frame() -> None:
+    """The window after a commit releases the lock: the task holds a batch it took and waits for the lock, which
+    reads unlocked until the task runs; a frame read in that window must not go first."""
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = await started(steps, now)
+    first, second = released(runtime, now, range(3)), released(runtime, now, range(3, 5))
+    await runtime._txn_lock.acquire()  # a commit's round trip
+    assert runtime._carry_out_start(first) is None
+    await settle()  # the task took the batch and waits for the lock
+    assert runtime._produce_queue.empty() and keys(runtime) == []
+    runtime._txn_lock.release()
+    assert not runtime._txn_lock.locked() and not runtime._producer_idle(list(second))
+    assert runtime._carry_out_start(second) is None
+    await settle()
+    assert keys(runtime) == writes_of(runtime, first) + writes_of(runtime, second)
+    assert runtime._unproduced_records == 0
