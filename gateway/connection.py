@@ -371,6 +371,6 @@ class ConnectionHandler(asyncio.Protocol):
             self.close(after_error=action.error_code is not None)
 
 
-_STAGES: dict[type[QueuedAction], WorkerStage] = {_Waiting: "events",
-    SourceRegistered: "register", EventsReceived: "events", HeartbeatReceived: "heartbeat", SendBytes: "worker",
-    DrainRequested: "worker", CloseConnection: "worker"}
+_STAGES: dict[type[QueuedAction], WorkerStage] = {
+    SourceRegistered: "register", EventsReceived: "events", _Waiting: "events", HeartbeatReceived: "heartbeat",
+    SendBytes: "worker", DrainRequested: "worker", CloseConnection: "worker"}

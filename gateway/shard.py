@@ -817,11 +817,9 @@ class ShardRuntime:
             raise ShardLost(f"shard {self.shard}: its Kafka producer task is not running")
         start, marks = 0, None
         if self._producer_idle(writes):
-            self._unproduced_records += len(writes)
             start, marks = self._produce_now(writes)
             if start == len(writes):
                 return None
-            self._unproduced_records -= len(writes) - start  # counted again by _enqueue
         if self._unproduced_records + len(writes) - start <= MAX_UNPRODUCED_RECORDS:
             # Not waited for: a commit holds the producer for its round trip, and a connection waiting through it
             # would stop reading its source, which the merge would then time out (its events late, not slow).
@@ -851,11 +849,14 @@ class ShardRuntime:
         batch's marks, for the task to go on from there. An error is queued for the task to raise, as if its own
         produce had raised it: the shard fails as it would have."""
         marks = self._report_marks(writes) if self._transactional else {}
+        self._unproduced_records += len(writes)  # _produce_from takes off what it produced
         try:
-            return self._produce_from(writes, 0, marks), marks
+            start = self._produce_from(writes, 0, marks)
         except Exception as exc:  # noqa: BLE001 - the task raises it (above)
             self._produce_queue.put_nowait(_ProduceBatch([], None, error=exc))
             return len(writes), marks
+        self._unproduced_records -= len(writes) - start  # the rest is counted where it is queued (_enqueue)
+        return start, marks
 
     async def _await_produced(self, done: asyncio.Future[None]) -> None:
         try:
