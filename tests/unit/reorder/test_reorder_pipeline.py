@@ -750,3 +750,25 @@ def test_a_newcomer_whose_first_event_waits_behind_a_gap_holds_the_merge_past_it
     assert ("skipper", 1, T0 + 1_900_000) in records(out)
     refs = [ref for _source, _seq, ref in records(out)]
     assert refs == sorted(refs)
+
+
+def test_next_deadline_is_the_live_one_once_a_later_wait_replaced_it():
+    # The merge waits for b from T0+10; b speaks at T0+100, so the merge waits for c instead, as long, from then.
+    # The replaced deadline must not be reported: the gateway's timer would wake at it for nothing (once per frame
+    # at 20 sources).
+    pipe = IngestPipeline(IdentityMapping(), PipelineConfig(merger=MergerConfig(learn_wait=False)))
+    for source_id in ("a", "b", "c"):
+        pipe.register(source_id, ("s",), T0)
+    out = pipe.push("a", ev(0, T0), T0) + pipe.push("b", ev(0, T0), T0) + pipe.push("c", ev(0, T0), T0)
+    assert records(out) == [("a", 0, T0), ("b", 0, T0), ("c", 0, T0)]
+    assert records(pipe.push("a", ev(1, T0 + 10), T0 + 10)) == []
+    replaced = pipe.next_deadline_us()
+    assert replaced is not None
+    wait_us = replaced - (T0 + 10)
+    assert records(pipe.push("b", ev(1, T0 + 11), T0 + 100)) == []
+    assert pipe.next_deadline_us() == T0 + 100 + wait_us
+    assert records(pipe.advance(replaced)) == []
+    assert pipe.next_deadline_us() == T0 + 100 + wait_us
+    assert records(pipe.advance(T0 + 100 + wait_us)) == [("a", 1, T0 + 10), ("b", 1, T0 + 11)]
+    # c given up; then b's event waits for a, silent since T0+10, longer than its whole wait: given up at once.
+    assert pipe.counters.source_timeouts == 2
