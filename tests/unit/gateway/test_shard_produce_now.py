@@ -170,3 +170,23 @@ async def test_a_batch_the_task_took_while_a_commit_held_the_lock_goes_before_a_
     await settle()
     assert keys(runtime) == writes_of(runtime, first) + writes_of(runtime, second)
     assert runtime._unproduced_records == 0
+
+
+async def test_a_backlog_of_batches_goes_one_batch_per_loop_turn_in_order() -> None:
+    # The frames read while a commit held the lock queue one batch each; produced in one step the backlog kept the
+    # sockets unread for milliseconds. A callback scheduled once the lock is let go runs after the first batch only.
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = await started(steps, now)
+    batches = [released(runtime, now, range(first, first + 2)) for first in (0, 2, 4)]
+    seen: list[int] = []
+    async with runtime._txn_lock:
+        for batch in batches:
+            assert runtime._carry_out_start(batch) is None
+        await settle()
+        assert keys(runtime) == []
+    asyncio.get_running_loop().call_soon(lambda: seen.append(len(keys(runtime))))
+    await settle()
+    assert seen == [len(writes_of(runtime, batches[0]))]
+    assert keys(runtime) == [key for batch in batches for key in writes_of(runtime, batch)]
+    assert runtime._unproduced_records == 0
