@@ -174,17 +174,20 @@ async def load(port: int, sources: int, per_source: int) -> tuple[float, list[fl
 
 
 async def paced_source(link: ResendingSource, source: int, rate: float, seconds: float, frame_every_s: float,
-                       slips_ms: list[float] | None = None) -> tuple[int, int]:
+                       slips_ms: list[float] | None = None, lead_s: float = 0.0) -> tuple[int, int]:
     """Real-time source: every frame_every_s, the events due since its start (rate x elapsed), stamped with the real
     clock. Frames follow a fixed schedule (start + k x interval), so the interval does not drift by the time each
     frame takes; sources start at spread-out phases, as independent devices do. A lost connection (the gateway gave
     the shard up and restarts it) is reopened and the unacked events written again, as the SDK does. Returns how
     many events it sent (seqs 0 to that less one), once the gateway acked the last, and how often it reconnected;
-    ``slips_ms``, when given, gets how late each frame left against its schedule (ms)."""
+    ``slips_ms``, when given, gets how late each frame left against its schedule (ms). ``lead_s``: the loop's timer
+    wakes the source that long before a frame is due and a blocking sleep (clock_nanosleep) waits out the rest: the
+    event loop's timers wake up to a millisecond late (epoll's timeout is in whole milliseconds, rounded up), which a
+    latency measurement would count as the sources' slip; the loop, blocked meanwhile, reads acks between frames."""
     seq = 0
     loop = asyncio.get_running_loop()
     start = loop.time() + frame_every_s * (source % 20) / 20
-    await asyncio.sleep(max(0.0, start - loop.time()))
+    await _sleep_until(loop, start, lead_s)
     frame = 0
     while loop.time() - start < seconds:
         await link.recover()
@@ -196,9 +199,16 @@ async def paced_source(link: ResendingSource, source: int, rate: float, seconds:
             link.send([build_event("bench", q, now_us, {"v": q & 255}) for q in range(seq, due)])
             seq = due
         frame += 1
-        await asyncio.sleep(max(0.0, start + frame * frame_every_s - loop.time()))
+        await _sleep_until(loop, start + frame * frame_every_s, lead_s)
     await link.finish(time.time_ns() // 1000)
     return seq, link.reconnects
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float, lead_s: float) -> None:
+    """Until ``loop.time()`` reaches ``when``: the loop's timer, then (``lead_s`` > 0) a blocking sleep for the rest."""
+    await asyncio.sleep(max(0.0, when - loop.time() - lead_s))
+    if lead_s > 0:
+        time.sleep(max(0.0, when - loop.time()))  # noqa: ASYNC251 (blocking on purpose: see paced_source)
 
 
 async def read_some(reader: asyncio.StreamReader, source: int) -> bytes:
