@@ -484,8 +484,9 @@ transactions, commit every 100 ms) on one broker, and a load generator in a proc
 figures come back over a pipe) whose sources say hello, then send on a fixed schedule for {saved['seconds']:.0f} s:
 a frame every {saved['frame_ms']:.0f} ms at spread-out phases, stamped with the real clock as it is sent (the load
 of docs/gateway-benchmark.md's paced table; here each source's last {saved.get('send_lead_ms', 0):.0f} ms before a
-frame is a blocking sleep, as the event loop's timers wake up to a millisecond late: runs before 2026-11-29's
-evening, and that table, had none). 20 sources x 500 events/s is issue 26's target 2; 1 source x 5,000
+frame is a blocking sleep, as the event loop's timers wake up to a millisecond late, and the load process runs
+without the cyclic collector, whose passes stopped all sources at once: this page's runs before commit 3d32cad, and
+that table, had neither). 20 sources x 500 events/s is issue 26's target 2; 1 source x 5,000
 events/s is the control (no other source to wait for).
 
 Three variants, all reported:
