@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -172,21 +173,26 @@ async def test_a_batch_the_task_took_while_a_commit_held_the_lock_goes_before_a_
     assert runtime._unproduced_records == 0
 
 
-async def test_a_backlog_of_batches_goes_one_batch_per_loop_turn_in_order() -> None:
-    # The frames read while a commit held the lock queue one batch each; produced in one step the backlog kept the
-    # sockets unread for milliseconds. A callback scheduled once the lock is let go runs after the first batch only.
+@pytest.mark.parametrize("step_records", [1, 5, 1_000])
+async def test_a_backlog_goes_a_few_records_per_loop_turn_in_order(step_records: int) -> None:
+    # The frames read while a commit held the lock queue a batch each; produced in one step the backlog kept the
+    # sockets unread for milliseconds. A callback scheduled once the lock is let go runs after the batches that
+    # reached ``PRODUCE_STEP_RECORDS`` records (the batches here: 2 events, with a punctuation after the 1st and 3rd).
     steps: list[Step] = []
     now = [T0 + 100]
     runtime = await started(steps, now)
     batches = [released(runtime, now, range(first, first + 2)) for first in (0, 2, 4)]
+    sizes = [len(writes_of(runtime, batch)) for batch in batches]
+    assert sizes == [3, 2, 3]
     seen: list[int] = []
-    async with runtime._txn_lock:
-        for batch in batches:
-            assert runtime._carry_out_start(batch) is None
+    with mock.patch("gateway.shard.PRODUCE_STEP_RECORDS", step_records):
+        async with runtime._txn_lock:
+            for batch in batches:
+                assert runtime._carry_out_start(batch) is None
+            await settle()
+            assert keys(runtime) == []
+        asyncio.get_running_loop().call_soon(lambda: seen.append(len(keys(runtime))))
         await settle()
-        assert keys(runtime) == []
-    asyncio.get_running_loop().call_soon(lambda: seen.append(len(keys(runtime))))
-    await settle()
-    assert seen == [len(writes_of(runtime, batches[0]))]
+    assert seen == [{1: 3, 5: 5, 1_000: 8}[step_records]]
     assert keys(runtime) == [key for batch in batches for key in writes_of(runtime, batch)]
     assert runtime._unproduced_records == 0
