@@ -141,6 +141,60 @@ async def test_a_commit_cancelled_before_it_confirmed_its_records_still_confirms
     assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
 
 
+async def committed_in_chunks(cancel_after_calls: int | None, per_source: int = 0
+                              ) -> tuple[list[Step], list[tuple[int, bool]]]:
+    """A commit of source a's seqs 0-2 with one record confirmed per chunk; (the steps, per on_committed call the
+    deliveries it got and whether it got the offsets). ``cancel_after_calls``: the commit task is cancelled once
+    the core confirmed that many chunks. ``per_source``: records per chunk at least per source the core knows."""
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now)
+    three_records(runtime, now)
+    calls: list[tuple[int, bool]] = []
+    on_committed = runtime.core.on_committed
+
+    def counted(deliveries: Any, offsets: Any, now_us: int) -> None:
+        calls.append((len(deliveries), bool(offsets)))
+        on_committed(deliveries, offsets, now_us)
+
+    with (mock.patch.object(runtime.core, "on_committed", counted), mock.patch("gateway.shard.COMMIT_CONFIRM_CHUNK", 1),
+          mock.patch("gateway.shard.COMMIT_CONFIRM_PER_SOURCE", per_source)):
+        commit = asyncio.create_task(runtime._commit())
+        for _ in range(10_000_000):  # loop turns (not a timed sleep, which would let the task run past the check)
+            if commit.done() or (cancel_after_calls is not None and len(calls) == cancel_after_calls):
+                break
+            await asyncio.sleep(0)
+        if cancel_after_calls is not None:
+            assert not commit.done() and ("ack", "a", "s", 2) not in steps
+            commit.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await commit
+        else:
+            await commit
+    return steps, calls
+
+
+async def test_a_commits_records_are_confirmed_a_chunk_per_loop_turn_and_acked_once_after_the_last() -> None:
+    steps, calls = await committed_in_chunks(None)
+    assert calls == [(1, False), (1, False), (1, True)]  # the progress offsets with the last chunk
+    assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
+
+
+async def test_a_chunk_holds_at_least_its_share_per_source_the_shard_knows() -> None:
+    # Each chunk repeats the per-source work: with sources a and b known, 2 records per source make chunks of 4.
+    steps, calls = await committed_in_chunks(None, per_source=2)
+    assert calls == [(3, True)]
+    steps, calls = await committed_in_chunks(None, per_source=1)
+    assert calls == [(2, False), (1, True)]
+    assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
+
+
+async def test_a_commit_cancelled_between_its_chunks_confirms_the_rest_and_acks_them() -> None:
+    steps, calls = await committed_in_chunks(1)
+    assert calls == [(1, False), (2, True)]
+    assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
+
+
 @pytest.mark.parametrize("error", [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
                                    TransactionAbortable("the transaction must be aborted")])
 async def test_a_stop_whose_commit_fails_acks_nothing(error: Exception) -> None:
