@@ -49,6 +49,7 @@ def test_verdicts_say_how_far_off() -> None:
     assert verdict(0.25, 0.5, True) == "missed (2.0x off)"
     assert verdict(1.5, 1.5, False) == "met"
     assert verdict(6.0, 1.5, False) == "missed (4.0x off)"
+    assert verdict(6.26, 6.0, False) == "missed (1.04x off)"
 
 
 def test_throughput_rows_read_the_cores_against_the_producer_without_headers() -> None:
