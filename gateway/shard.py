@@ -493,7 +493,7 @@ class ShardRuntime:
             if self._produce_queue.empty():
                 produced_in_step = 0  # the next get() waits: the loop turns
             elif produced_in_step >= PRODUCE_STEP_RECORDS:
-                # A backlog (the frames read while a commit held the lock, a batch each) is produced a few hundred
+                # A backlog (the frames read while a commit held the lock, a batch each) is produced some tens of
                 # records per loop turn: in one step it kept the sockets unread for up to 15 ms after a commit, and
                 # a turn per batch would cost a loop turn per frame at saturation, where frames come in thousands.
                 produced_in_step = 0
