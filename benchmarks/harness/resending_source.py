@@ -11,11 +11,20 @@ holds as duplicates), and counts its reconnects, so a run says whether it measur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from contract.wire.frames import FrameDecoder, encode_frame
-from contract.wire.messages import Ack, Welcome, build_events, build_heartbeat, build_hello, parse_gateway_message
+from contract.wire.messages import (
+    Ack,
+    Welcome,
+    build_bye,
+    build_events,
+    build_heartbeat,
+    build_hello,
+    parse_gateway_message,
+)
 
 __all__ = ["HELLO_RETRY_S", "RECONNECT_DEADLINE_S", "RESEND_BATCH", "ResendingSource", "SourceGaveUp"]
 
@@ -112,7 +121,10 @@ class ResendingSource:
             self._writer.write(encode_frame(build_events(unacked[start:start + RESEND_BATCH])))
 
     async def finish(self, heartbeat_ts_us: int, timeout_s: float = 60.0) -> None:
-        """A heartbeat (nothing older will come), then wait until every event is acked, reconnecting as needed."""
+        """A heartbeat (nothing older will come), then wait until every event is acked, reconnecting as needed, then
+        ``bye``, as the SDK's ``stop`` says it. Without it the gateway takes the closed connection for a source that
+        may come back, and the merge holds every later event of the other sources for its wait (up to 2 s): the
+        last frames of a paced run's last source were held that long."""
         final_seq = len(self.events) - 1
         told: asyncio.StreamWriter | None = None
         async with asyncio.timeout(timeout_s):
@@ -128,6 +140,10 @@ class ResendingSource:
                 await asyncio.wait((lost, acked), return_when=asyncio.FIRST_COMPLETED)
                 lost.cancel()
                 acked.cancel()
+        if self._writer is not None:
+            self._writer.write(encode_frame(build_bye()))
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
         await self.close()
 
     async def close(self) -> None:

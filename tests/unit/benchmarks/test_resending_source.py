@@ -1,6 +1,6 @@
 """The benchmarks' raw source reconnects as the SDK does: a gateway on loopback (a script, not the gateway) acks
 seqs 0-4 of 10 and closes the connection, refuses the next hello, then welcomes it: the source writes exactly the
-unacked seqs 5-9 again, byte for byte, then the rest, and ends when everything is acked."""
+unacked seqs 5-9 again, byte for byte, then the rest, and ends when everything is acked, with a bye."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class ScriptedGateway:
     def __init__(self) -> None:
         self.connections = 0
         self.received: list[list[dict[str, Any]]] = [[], [], []]  # events per connection
+        self.byes = [0, 0, 0]  # per connection
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         index = self.connections
@@ -46,6 +47,8 @@ class ScriptedGateway:
                         return
                     if index == 2:
                         writer.write(encode_frame(build_ack("s", message["events"][-1]["seq"])))
+                elif message["type"] == "bye":
+                    self.byes[index] += 1
                 elif message["type"] == "heartbeat" and index == 2 and self.received[2]:
                     writer.write(encode_frame(build_ack("s", self.received[2][-1]["seq"])))
 
@@ -70,7 +73,10 @@ async def test_a_closed_connection_is_reopened_and_exactly_the_unacked_events_wr
             await source.recover()
         source.send(events(10, 11))
         await source.finish(heartbeat_ts_us=2_000)
+        while not gateway.byes[2]:  # the server reads the last frame in its own time
+            await asyncio.sleep(0.01)
     assert gateway.received[0] == events(0, 9)
     assert gateway.received[1] == []
     assert gateway.received[2] == events(5, 11)
     assert (source.reconnects, source.acked_seq) == (1, 11)
+    assert gateway.byes == [0, 0, 1]  # said once all was acked, on the connection that is live then
