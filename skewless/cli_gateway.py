@@ -20,7 +20,7 @@ import typer
 from broker.admin import TopicConfigError
 from broker.cli import CommandError, KafkaProperties, parse_kafka_properties, probe_kafka
 from gateway.auth import derive_source_key
-from gateway.collector import settle_collector
+from gateway.collector import settle_collector, settle_switch_interval
 from gateway.config import ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
 from gateway.logs import LogLevel, child_env, configure_logging, current_log_format, current_log_level
@@ -184,6 +184,7 @@ async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     await gw.start()
     settle_collector()  # what exists now lives as long as the process (gateway.collector)
+    settle_switch_interval()  # the event loop keeps the GIL from the executor's report callbacks (gateway.collector)
     addresses = GatewayAddresses(
         config.host, gw.port, timesync_host=config.timesync.host if config.timesync else None,
         timesync_port=gw.timesync_port, metrics_host=config.metrics_host, metrics_port=gw.metrics_port)

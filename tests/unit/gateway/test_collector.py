@@ -1,14 +1,21 @@
-"""gateway.collector: the serving process's collector settings, and that cyclic garbage is still collected."""
+"""gateway.collector: the serving process's collector settings, and that cyclic garbage is still collected; its GIL
+switch interval."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from gateway.collector import YOUNG_COLLECTION_ALLOCATIONS, settle_collector
+from gateway.collector import (
+    LOOP_SWITCH_INTERVAL_S,
+    YOUNG_COLLECTION_ALLOCATIONS,
+    settle_collector,
+    settle_switch_interval,
+)
 
 
 @pytest.fixture
@@ -46,3 +53,15 @@ def test_a_cycle_made_after_settling_is_still_collected() -> None:
     assert alive() is not None  # reference counting alone cannot free a cycle
     gc.collect()
     assert alive() is None
+
+
+def test_the_switch_interval_is_ten_times_cpythons_and_only_that_changes() -> None:
+    before = sys.getswitchinterval()
+    try:
+        assert before == pytest.approx(0.005)  # CPython's, as the interpreter starts (and this suite leaves it)
+        threshold = gc.get_threshold()
+        settle_switch_interval()
+        assert sys.getswitchinterval() == pytest.approx(LOOP_SWITCH_INTERVAL_S) == pytest.approx(0.05)
+        assert gc.get_threshold() == threshold
+    finally:
+        sys.setswitchinterval(before)
