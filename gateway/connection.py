@@ -316,6 +316,11 @@ class ConnectionHandler(asyncio.Protocol):
                         return
             finally:
                 self._busy = False
+            if not self._queue.empty():
+                # A backlog (reads queued while a wait held this connection: Kafka's back-pressure) is carried out
+                # one read per loop turn: drained in one step, 20 connections' backlogs of ~50 frames each kept the
+                # loop from every socket for up to 40 ms at 20 x 500 events/s.
+                await asyncio.sleep(0)
             if (self._paused and not self._closing and not self._throttled
                     and self._queue.qsize() < MAX_PENDING_ACTIONS // 2
                     and self._queued_bytes < MAX_PENDING_READ_BYTES // 2 and self.transport is not None):

@@ -426,3 +426,23 @@ async def test_a_wait_left_when_the_connection_is_lost_is_closed_not_left_unawai
     handler.connection_lost(None)
     await settle()
     assert owner.calls == [("register", "a"), ("detach", ConnectionId(3))]  # never run, and closed
+
+
+async def test_backlogs_of_two_connections_are_carried_out_a_read_at_a_time_each_in_its_order():
+    owner = InlineOwner()
+    a, _ = await registered(owner)
+    b, _ = connect(owner)
+    b.data_received(encode_frame(build_hello("b", ["s"])))
+    await settle()
+    owner.hold = True
+    for handler, first in ((a, 0), (b, 10)):
+        for seq in range(first, first + 4):  # one read per frame, as a paced source's frames arrive
+            handler.data_received(events_frame(seq))
+    assert [c for c in owner.calls if c[0] == "events"] == [("events", [0]), ("events", [10])]  # the rest queued
+    owner.hold = False
+    for wait in owner.waits:
+        wait.set_result(None)
+    await settle()
+    seqs = [c[1][0] for c in owner.calls if c[0] == "events"]
+    assert seqs == [0, 10, 1, 11, 2, 12, 3, 13]  # neither backlog holds the loop for all of its reads
+    assert a.idle and b.idle
