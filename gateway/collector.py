@@ -27,10 +27,10 @@ until that thread got a core, ran its few lines and handed it back: the sockets 
 the loop's thread at 20 sources x 500 events/s: 1,374 such waits in 6 s, 37 over 1 ms). The loop gives the GIL up
 by itself whenever it waits for the sockets (a third of the time or more at that load) and in every ``poll`` of
 librdkafka (every 2 ms, saturated or not), so those threads are not starved by a longer interval; the loop is no
-longer preempted for their single callbacks. Measured at 20 sources x 500
-events/s (gateway first, native core, 10 side-by-side rounds; docs/hot-paths.md): p99 added latency 7.46 and 7.57
-against 7.73 and 7.69 ms (medians of two sets), read lag p99 2.82-2.93 against 3.23-3.42 ms; at saturation the same
-events/s (68,447 against 62,217 in one side-by-side run, within its spread).
+longer preempted for their single callbacks. Measured at 20 sources x 500 events/s (gateway first, native core, 10
+side-by-side rounds; docs/hot-paths.md): p99 added latency 7.46 and 7.57 against 7.73 and 7.69 ms (medians of two
+sets), read lag p99 2.82-2.93 against 3.23-3.42 ms; at saturation the same events/s (68,447 against 62,217 in one
+side-by-side run, within its spread).
 """
 
 from __future__ import annotations
