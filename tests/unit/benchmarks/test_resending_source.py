@@ -25,6 +25,7 @@ class ScriptedGateway:
         self.connections = 0
         self.received: list[list[dict[str, Any]]] = [[], [], []]  # events per connection
         self.byes = [0, 0, 0]  # per connection
+        self.said_bye = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         index = self.connections
@@ -49,6 +50,7 @@ class ScriptedGateway:
                         writer.write(encode_frame(build_ack("s", message["events"][-1]["seq"])))
                 elif message["type"] == "bye":
                     self.byes[index] += 1
+                    self.said_bye.set()
                 elif message["type"] == "heartbeat" and index == 2 and self.received[2]:
                     writer.write(encode_frame(build_ack("s", self.received[2][-1]["seq"])))
 
@@ -73,8 +75,7 @@ async def test_a_closed_connection_is_reopened_and_exactly_the_unacked_events_wr
             await source.recover()
         source.send(events(10, 11))
         await source.finish(heartbeat_ts_us=2_000)
-        while not gateway.byes[2]:  # the server reads the last frame in its own time
-            await asyncio.sleep(0.01)
+        await gateway.said_bye.wait()  # the server reads the last frame in its own time
     assert gateway.received[0] == events(0, 9)
     assert gateway.received[1] == []
     assert gateway.received[2] == events(5, 11)
