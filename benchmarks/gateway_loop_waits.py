@@ -33,7 +33,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Interval", "LoopWaits", "SchedEvent", "loop_waits", "parse_perf_script", "percentile_ms", "report"]
+from benchmarks.harness.stats import percentile
+
+__all__ = ["Interval", "LoopWaits", "SchedEvent", "loop_waits", "parse_perf_script", "report"]
 
 _SWITCH = re.compile(r"^(?P<comm>.+?)\s+(?P<tid>\d+)\s+(?P<time>\d+\.\d+):\s+sched:sched_switch:\s+prev_comm=.*?"
                      r"prev_pid=(?P<prev>\d+)\s.*?prev_state=(?P<state>\S+)\s+==>\s+next_comm=.*?"
@@ -76,26 +78,24 @@ class LoopWaits:
 
 
 def parse_perf_script(lines: Iterable[str]) -> Iterator[SchedEvent]:
-    """``perf script -F comm,tid,time,event,trace,ip,sym`` output (with call graphs) as events, in their order."""
+    """``perf script -F comm,tid,time,event,trace,ip,sym`` output (with call graphs) as events, in their order: a
+    header line, the task's frames, a blank line."""
     header: re.Match[str] | None = None
     kind = ""
     stack: list[str] = []
-    for raw in [*lines, ""]:
-        line = raw.rstrip("\n")
+    for line in lines:
         if not line.strip():
             if header is not None:
                 yield _event(kind, header, tuple(stack))
             header, stack = None, []
-            continue
-        if header is None:
+        elif header is None:
             switch = _SWITCH.match(line)
-            wakeup = None if switch else _WAKEUP.match(line)
-            header = switch or wakeup
+            header = switch or _WAKEUP.match(line)
             kind = "switch" if switch else "wakeup"
-        else:
-            parts = line.split()
-            if len(parts) >= 2:
-                stack.append(parts[1])
+        elif len(parts := line.split()) >= 2:
+            stack.append(parts[1])
+    if header is not None:
+        yield _event(kind, header, tuple(stack))
 
 
 def _event(kind: str, header: re.Match[str], stack: tuple[str, ...]) -> SchedEvent:
@@ -140,14 +140,6 @@ def loop_waits(events: Iterable[SchedEvent], tid: int) -> LoopWaits:
     return out
 
 
-def percentile_ms(values: list[float], q: float) -> float:
-    """The value at quantile ``q`` of ``values`` (nearest rank below), 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 def report(waits: LoopWaits) -> str:
     lines = ["off the CPU, by why it left:"]
     by_reason: dict[str, list[float]] = collections.defaultdict(list)
@@ -155,14 +147,14 @@ def report(waits: LoopWaits) -> str:
         by_reason[interval.reason].append(interval.ms)
     for reason, values in sorted(by_reason.items(), key=lambda item: -sum(item[1])):
         lines.append(f"  {reason:>9}: {len(values):6,} times, {sum(values):8.1f} ms in all, p50 "
-                     f"{percentile_ms(values, 0.5):.3f} p99 {percentile_ms(values, 0.99):.3f} max {max(values):.2f} "
+                     f"{percentile(values, 0.5):.3f} p99 {percentile(values, 0.99):.3f} max {max(values):.2f} "
                      f"ms, over 1 ms: {sum(1 for v in values if v > 1.0)}")
     wakers = collections.Counter(i.waker or "?" for i in waits.off_cpu if i.reason == "futex" and i.ms > 0.5)
     lines.append("futex waits over 0.5 ms, by the task that woke the loop: "
                  + (", ".join(f"{name} {count}" for name, count in wakers.most_common(6)) or "none"))
     bursts = waits.bursts_ms
-    lines.append(f"on the CPU: {len(bursts):,} bursts, p50 {percentile_ms(bursts, 0.5):.3f} p99 "
-                 f"{percentile_ms(bursts, 0.99):.3f} max {max(bursts, default=0.0):.2f} ms, over 4 ms: "
+    lines.append(f"on the CPU: {len(bursts):,} bursts, p50 {percentile(bursts, 0.5):.3f} p99 "
+                 f"{percentile(bursts, 0.99):.3f} max {max(bursts, default=0.0):.2f} ms, over 4 ms: "
                  f"{sum(1 for b in bursts if b > 4.0)}")
     return "\n".join(lines)
 

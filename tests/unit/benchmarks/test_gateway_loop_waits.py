@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.gateway_loop_waits import Interval, loop_waits, parse_perf_script, percentile_ms, report
+from benchmarks.gateway_loop_waits import Interval, loop_waits, parse_perf_script, report
 
 LOOP = 100
 
@@ -66,9 +66,3 @@ def test_a_wakeup_of_another_thread_or_before_the_loop_left_names_no_waker() -> 
     trace = TRACE.replace(" pid=100 prio=90 target_cpu", " pid=101 prio=90 target_cpu")
     waits = loop_waits(parse_perf_script(trace.splitlines()), LOOP)
     assert waits.off_cpu[1] == Interval(1.003, pytest.approx(1.5), "futex", None)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(("values", "q", "expected"), [([], 0.99, 0.0), ([3.0, 1.0, 2.0], 0.5, 2.0),
-                                                        ([3.0, 1.0, 2.0], 0.99, 3.0)])
-def test_percentile_is_the_nearest_rank_below(values: list[float], q: float, expected: float) -> None:
-    assert percentile_ms(values, q) == expected
