@@ -173,8 +173,10 @@ class TransactionalPublisher:
         """Our exception for a KafkaException of ``batch_produce``'s call (fencing noted, as ``produce`` does)."""
         return self._classified(exc)
 
-    def poll(self, timeout_s: float = 0.0) -> int:
-        """Serve delivery reports and run their callbacks on this thread; returns how many callbacks ran."""
+    def poll(self, timeout_s: float = 0.0, max_callbacks: int | None = None) -> int:
+        """Serve delivery reports and run their callbacks on this thread; returns how many callbacks ran.
+        ``max_callbacks``: run at most this many, the rest stay queued (``reports_waiting``) for the next call, so
+        that a caller on the event loop can let it turn in between."""
         if self._producer is not None:
             try:
                 self._producer.poll(timeout_s)
@@ -182,11 +184,16 @@ class TransactionalPublisher:
                 # confluent-kafka re-raises a fatal error (fencing included) from poll() as well.
                 raise self._classified(exc) from exc
         ran = 0
-        while self._reports:
+        while self._reports and (max_callbacks is None or ran < max_callbacks):
             callback, error, message = self._reports.popleft()
             callback(error, message)
             ran += 1
         return ran
+
+    @property
+    def reports_waiting(self) -> int:
+        """Delivery reports served and not yet handed to their callbacks (``poll`` with ``max_callbacks`` left them)."""
+        return len(self._reports)
 
     def pending(self) -> int:
         """Records queued or in flight, plus reports not yet handed to their callbacks."""

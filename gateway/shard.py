@@ -73,8 +73,11 @@ TRANSACTION_CALL_TIMEOUT_S = 30.0
 MAX_UNPRODUCED_RECORDS = 4_096
 # The producer task lets the event loop turn (the sockets be read) after this many records of a backlog. At 20 x 500
 # events/s a step of the task took up to 3.5 ms with 256, 1.8 ms with 128, 1.05 ms with 64 (8 s each, the same task
-# CPU in all three).
-PRODUCE_STEP_RECORDS = 64
+# CPU in all three); with 16, p99 0.35 ms (benchmarks/gateway_loop_timeline.py). The backlog is the frames read while
+# a commit held the producer: produced after it, with the commit's own steps, it kept the loop busy for 10-23 ms.
+PRODUCE_STEP_RECORDS = 16
+# Before a commit, the transaction's delivery reports are handed to their callbacks this many per loop turn (~0.1 ms).
+REPORT_STEP_CALLBACKS = 64
 # A connection waiting for the producer tells the core this often (well within its 2 s Kafka-stall grace).
 KAFKA_WAIT_SIGNAL_S = 0.5
 # A commit still running after this long counts as a Kafka stall (gateway.ingest rule 5).
@@ -782,7 +785,13 @@ class ShardRuntime:
         TransactionRetriable while a report is missing, TransactionAbortable (the shard aborts and restarts from
         what Kafka holds, nothing of the transaction acked) when they break the count."""
         await asyncio.get_running_loop().run_in_executor(None, publisher.flush, TRANSACTION_CALL_TIMEOUT_S)
-        publisher.poll(0)  # the reports the flush queued run here, on the loop's thread
+        # The reports the flush queued run here, on the loop's thread, a step at a time: a transaction's worth (one
+        # per produce batch, ~400 at 20 x 500 events/s) took 2.3 ms in one call, the sockets unread meanwhile. Nothing
+        # else serves reports or produces while the commit holds the lock (_committing, _txn_lock).
+        publisher.poll(0, REPORT_STEP_CALLBACKS)
+        while publisher.reports_waiting:
+            await asyncio.sleep(0)
+            publisher.poll(0, REPORT_STEP_CALLBACKS)
         verdict = self._audit.verdict()
         if verdict is None:
             return

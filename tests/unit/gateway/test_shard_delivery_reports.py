@@ -63,8 +63,9 @@ class FakePublisher:
     def produce_error(exc: Exception) -> Exception:
         return exc
 
-    def poll(self, _timeout_s: float = 0.0) -> int:
-        served, self.served = self.served, []
+    def poll(self, _timeout_s: float = 0.0, max_callbacks: int | None = None) -> int:
+        cut = len(self.served) if max_callbacks is None else max_callbacks
+        served, self.served = self.served[:cut], self.served[cut:]
         for index, error in served:
             callback = self.records[index][2]
             assert callback is not None
@@ -75,6 +76,10 @@ class FakePublisher:
 
     def pending(self) -> int:
         return 0
+
+    @property
+    def reports_waiting(self) -> int:
+        return len(self.served)
 
 
 class FakeHost:

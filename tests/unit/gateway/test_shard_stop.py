@@ -308,3 +308,33 @@ async def test_truthful_reports_over_two_transactions_commit_and_ack_both() -> N
         ("commit", 4), ("ack", "a", "s", 2), ("commit", 6), ("ack", "a", "s", 4)]
     assert publisher.offsets == [0, 1, 2, 3, 5, 6]  # the first commit's marker took offset 4
     assert runtime.core.counters.offset_audit_failures == 0
+
+
+async def test_the_audits_reports_run_a_step_per_loop_turn_and_all_before_the_commit() -> None:
+    # The transaction's reports (one per produce batch) are handed to their callbacks REPORT_STEP_CALLBACKS per loop
+    # turn, not all in one step; the commit waits for the last of them (the offset audit's verdict needs them all).
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now)
+    on_report = runtime._on_report
+
+    def reported(*args: Any) -> None:
+        steps.append(("report",))
+        on_report(*args)
+
+    async def turns() -> None:
+        while True:
+            if steps[-1:] != [("turn",)]:
+                steps.append(("turn",))
+            await asyncio.sleep(0)
+
+    with mock.patch.object(runtime, "_on_report", reported), mock.patch("gateway.shard.REPORT_STEP_CALLBACKS", 1):
+        three_records(runtime, now)  # two produce batches (the events, the punctuation): one report each
+        turner = asyncio.create_task(turns())
+        await runtime._commit()
+        turner.cancel()
+    at = [index for index, step in enumerate(steps) if step[0] in ("report", "commit")]
+    assert [steps[index] for index in at] == [("report",), ("report",), ("commit", 4)]
+    assert ("turn",) in steps[at[0]:at[1]]  # the loop turned between the two reports
+    assert ("ack", "a", "s", 2) in steps
+    assert runtime.core.counters.offset_audit_failures == 0
