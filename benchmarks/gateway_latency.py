@@ -248,11 +248,11 @@ def run_load(port: int, sources: int, rate: float, seconds: float, frame_every_s
 
 
 def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core: str,
-                rt_priority: int | None, variant: str) -> dict[str, Any]:
-    """One gateway (``--core core``), one load process; the figures of its records."""
+                rt_priority: int | None, variant: str, tree: Path | None = None) -> dict[str, Any]:
+    """One gateway (``--core core``; ``tree``: another checkout's), one load process; the figures of its records."""
     prefix = f"latency{sources}x{time.time_ns()}"
     with tempfile.TemporaryFile() as log:
-        process, port = start_gateway(bootstrap, prefix, core=core, stderr=log)
+        process, port = start_gateway(bootstrap, prefix, core=core, stderr=log, tree=tree)
         try:
             if variant == "gateway first" and rt_priority is not None:
                 # The main thread only (its tid is the pid): librdkafka's threads and the executor stay as they are.
