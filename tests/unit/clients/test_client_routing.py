@@ -466,14 +466,16 @@ async def test_a_live_gateway_whose_acks_are_slow_answers_the_probe_heartbeat_an
     gw = await FakeClusterGateway(cluster, "gw-1").start()
     gw.answer_heartbeats = True
     try:
+        # The timeout is 10 probe intervals: with 0.4 s, one stall of this test process's loop (the fake gateway
+        # shares it) under CI's parallel load left the probe's answer unread past it once.
         client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
-                                heartbeat_interval_s=0.1, liveness_timeout_s=0.4, time_sync=False)
+                                heartbeat_interval_s=0.1, liveness_timeout_s=1.0, time_sync=False)
         async with client:
             await client.send("a", "x")
             await until(lambda: client.acked_through("a") == 0)
             gw.acking = False  # Kafka stalls: events are taken, their acks wait
             await client.send("a", "y")
-            await asyncio.sleep(1.5)  # well past the timeout
+            await asyncio.sleep(2.5)  # well past the timeout
             assert client.acked_through("a") == 0
             gw.acking = True
             gw.ack()
