@@ -76,7 +76,8 @@ MAX_UNPRODUCED_RECORDS = 4_096
 # CPU in all three); with 16, p99 0.35 ms (benchmarks/gateway_loop_timeline.py). The backlog is the frames read while
 # a commit held the producer: produced after it, with the commit's own steps, it kept the loop busy for 10-23 ms.
 PRODUCE_STEP_RECORDS = 16
-# Before a commit, the transaction's delivery reports are handed to their callbacks this many per loop turn (~0.1 ms).
+# With transactions, delivery reports are handed to their callbacks at most this many per loop turn (~0.1 ms), by the
+# poll task and by the audit before a commit.
 REPORT_STEP_CALLBACKS = 64
 # A connection waiting for the producer tells the core this often (well within its 2 s Kafka-stall grace).
 KAFKA_WAIT_SIGNAL_S = 0.5
@@ -672,8 +673,14 @@ class ShardRuntime:
             self._uncommitted_offsets[stream] = offset
 
     def _serve_reports(self) -> None:
-        """Serve Kafka's delivery reports; without transactions, then hand the queued ones to the core."""
-        self._publisher.poll(0)
+        """Serve Kafka's delivery reports; without transactions, then hand the queued ones to the core. With them,
+        at most REPORT_STEP_CALLBACKS callbacks a call: the rest wait for the next (their offsets are read at the
+        commit, whose audit runs every one first); a backlog's reports after a commit took up to 4 ms in one."""
+        publisher = self._publisher
+        if isinstance(publisher, TransactionalPublisher):
+            publisher.poll(0, REPORT_STEP_CALLBACKS)
+        else:
+            publisher.poll(0)
         if self._delivery_reports:
             self._deliveries_reported()
 

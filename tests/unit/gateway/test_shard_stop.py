@@ -338,3 +338,26 @@ async def test_the_audits_reports_run_a_step_per_loop_turn_and_all_before_the_co
     assert ("turn",) in steps[at[0]:at[1]]  # the loop turned between the two reports
     assert ("ack", "a", "s", 2) in steps
     assert runtime.core.counters.offset_audit_failures == 0
+
+
+def test_the_poll_task_hands_at_most_a_steps_worth_of_reports_to_their_callbacks_per_call() -> None:
+    # With transactions the reports only feed the audit and the checkpoint offsets, both read at the commit (whose
+    # audit runs what is left): the poll task runs REPORT_STEP_CALLBACKS of them per turn, the rest on the next.
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now)
+    publisher = runtime._publisher
+    assert isinstance(publisher, FakeTransactionalPublisher)
+    on_report = runtime._on_report
+
+    def reported(*args: Any) -> None:
+        steps.append(("report",))
+        on_report(*args)
+
+    with mock.patch.object(runtime, "_on_report", reported), mock.patch("gateway.shard.REPORT_STEP_CALLBACKS", 1):
+        three_records(runtime, now)  # two produce batches: one report each
+        publisher.flush(0)  # delivered: both reports wait for a poll
+        runtime._serve_reports()
+        assert (steps.count(("report",)), publisher.reports_waiting) == (1, 1)
+        runtime._serve_reports()
+        assert (steps.count(("report",)), publisher.reports_waiting) == (2, 0)
