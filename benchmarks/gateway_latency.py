@@ -40,13 +40,13 @@ from benchmarks.gateway_throughput import (
     CORE_LABELS,
     frame_gaps_ms,
     load_averages,
+    paced_gateway,
     paced_source,
-    start_gateway,
+    scratch_broker,
     unaccounted,
 )
 from benchmarks.harness.resending_source import ResendingSource
 from benchmarks.harness.stats import percentile
-from broker.launcher import KafkaBroker
 from broker.reader import read_topic
 from contract.records import EVENT
 
@@ -251,19 +251,12 @@ def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core:
                 rt_priority: int | None, variant: str, tree: Path | None = None) -> dict[str, Any]:
     """One gateway (``--core core``; ``tree``: another checkout's), one load process; the figures of its records."""
     prefix = f"latency{sources}x{time.time_ns()}"
+    loop_priority = max(1, rt_priority - 1) if variant == "gateway first" and rt_priority is not None else None
     with tempfile.TemporaryFile() as log:
-        process, port = start_gateway(bootstrap, prefix, core=core, stderr=log, tree=tree)
-        try:
-            if variant == "gateway first" and rt_priority is not None:
-                # The main thread only (its tid is the pid): librdkafka's threads and the executor stay as they are.
-                os.sched_setscheduler(process.pid, os.SCHED_FIFO, os.sched_param(max(1, rt_priority - 1)))
-            time.sleep(0.5)
+        with paced_gateway(bootstrap, prefix, core, loop_priority, tree=tree, stderr=log) as (process, port):
             before = main_thread_sched_ns(process.pid), time.monotonic_ns()
             load = run_load(port, sources, rate, seconds, FRAME_EVERY_S, rt_priority)
             after = main_thread_sched_ns(process.pid), time.monotonic_ns()
-        finally:
-            process.terminate()
-            process.communicate(timeout=30)
         log.seek(0)
         gateway_log = log.read().decode(errors="replace")
     records = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", 120, settled=True)]
@@ -321,27 +314,22 @@ def run_all(repeats: int, seconds: float, cores: list[str], rt_priority: int) ->
     load = {"start": load_averages()}
     print(f"load average at start: {load['start']}", flush=True)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = KafkaBroker(Path(tmp) / "kafka")
-        bootstrap = broker.start().bootstrap_servers
-        try:
-            for repeat, variant, sources, rate, core in plan(repeats, cores):
-                row = latency_run(bootstrap, sources, rate, seconds, core,
-                                  None if variant == "same host" else rt_priority, variant)
-                row["repeat"] = repeat
-                print(f"#{repeat} {variant:>9} {CORE_LABELS[core]:>11} {sources:>2} x {rate:,.0f}/s: added p50/p99/max "
-                      f"{row['added_p50_ms']:.2f}/{row['added_p99_ms']:.2f}/{row['added_max_ms']:.2f} ms, waited p99 "
-                      f"{row['waited_p99_ms']:.2f}, excess p50/p99/max {row['excess_p50_ms']:.2f}/"
-                      f"{row['excess_p99_ms']:.2f}/{row['excess_max_ms']:.2f} (below 0: {row['stamp_inversions']}, "
-                      f"min {row['excess_min_ms']:.2f}), ack-floor p50/p99 {row['acked_p50_ms']:.1f}/"
-                      f"{row['acked_p99_ms']:.1f}, scheduled p50/p99 {row['scheduled_p50_ms']:.2f}/{row['scheduled_p99_ms']:.2f}, "
-                      f"read lag p99 {row['read_lag_p99_ms']:.2f}, gateway main thread on a CPU {row['gateway_cpu_share']:.2f} "
-                      f"waiting for one {row['gateway_runqueue_share']:.2f}, sources' CPU {row['source_cpu_share']:.2f}, gap p99 {row['gap_p99_ms']:.2f}, "
-                      f"slip p99 {row['slip_p99_ms']:.2f}, tail {row['tail']}, late {row['late']}, "
-                      f"reconnects {row['reconnects']}", flush=True)
-                rows.append(row)
-        finally:
-            broker.stop()
+    with scratch_broker() as bootstrap:
+        for repeat, variant, sources, rate, core in plan(repeats, cores):
+            row = latency_run(bootstrap, sources, rate, seconds, core,
+                              None if variant == "same host" else rt_priority, variant)
+            row["repeat"] = repeat
+            print(f"#{repeat} {variant:>9} {CORE_LABELS[core]:>11} {sources:>2} x {rate:,.0f}/s: added p50/p99/max "
+                  f"{row['added_p50_ms']:.2f}/{row['added_p99_ms']:.2f}/{row['added_max_ms']:.2f} ms, waited p99 "
+                  f"{row['waited_p99_ms']:.2f}, excess p50/p99/max {row['excess_p50_ms']:.2f}/"
+                  f"{row['excess_p99_ms']:.2f}/{row['excess_max_ms']:.2f} (below 0: {row['stamp_inversions']}, "
+                  f"min {row['excess_min_ms']:.2f}), ack-floor p50/p99 {row['acked_p50_ms']:.1f}/"
+                  f"{row['acked_p99_ms']:.1f}, scheduled p50/p99 {row['scheduled_p50_ms']:.2f}/{row['scheduled_p99_ms']:.2f}, "
+                  f"read lag p99 {row['read_lag_p99_ms']:.2f}, gateway main thread on a CPU {row['gateway_cpu_share']:.2f} "
+                  f"waiting for one {row['gateway_runqueue_share']:.2f}, sources' CPU {row['source_cpu_share']:.2f}, gap p99 {row['gap_p99_ms']:.2f}, "
+                  f"slip p99 {row['slip_p99_ms']:.2f}, tail {row['tail']}, late {row['late']}, "
+                  f"reconnects {row['reconnects']}", flush=True)
+            rows.append(row)
     load["end"] = load_averages()
     print(f"load average at end: {load['end']}", flush=True)
     return {"rows": rows, "load_average": load, "seconds": seconds, "frame_ms": FRAME_EVERY_S * 1e3,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,7 @@ def comparison(rounds: Sequence[dict[str, dict[str, Any]]]) -> str:
 
 def main() -> None:
     from benchmarks.gateway_latency import latency_run
-    from broker.launcher import KafkaBroker
+    from benchmarks.gateway_throughput import scratch_broker
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="the other checkout (its gateway, its modules)")
@@ -68,23 +67,18 @@ def main() -> None:
     args = parser.parse_args()
     sides = [Side(THIS, None), Side(BEFORE, args.before.resolve())]
     rounds: list[dict[str, dict[str, Any]]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = KafkaBroker(Path(tmp) / "kafka")
-        bootstrap = broker.start().bootstrap_servers
-        try:
-            for index in range(args.rounds):
-                runs: dict[str, dict[str, Any]] = {}
-                for side in round_order(sides, index):
-                    run = latency_run(bootstrap, 20, 500.0, args.seconds, args.core, args.rt_priority, "gateway first",
-                                      tree=side.tree)
-                    runs[side.label] = run
-                    print(f"#{index} {side.label:>14}: added p99 {run['added_p99_ms']:.2f} ms, read lag p99 "
-                          f"{run['read_lag_p99_ms']:.2f} max {run['read_lag_max_ms']:.2f}, sources' schedule p99 "
-                          f"{run['scheduled_p99_ms']:.2f}, loop's thread on a CPU {run['gateway_cpu_share']:.2f}",
-                          flush=True)
-                rounds.append(runs)
-        finally:
-            broker.stop()
+    with scratch_broker() as bootstrap:
+        for index in range(args.rounds):
+            runs: dict[str, dict[str, Any]] = {}
+            for side in round_order(sides, index):
+                run = latency_run(bootstrap, 20, 500.0, args.seconds, args.core, args.rt_priority, "gateway first",
+                                  tree=side.tree)
+                runs[side.label] = run
+                print(f"#{index} {side.label:>14}: added p99 {run['added_p99_ms']:.2f} ms, read lag p99 "
+                      f"{run['read_lag_p99_ms']:.2f} max {run['read_lag_max_ms']:.2f}, sources' schedule p99 "
+                      f"{run['scheduled_p99_ms']:.2f}, loop's thread on a CPU {run['gateway_cpu_share']:.2f}",
+                      flush=True)
+            rounds.append(runs)
     print(comparison(rounds))
 
 

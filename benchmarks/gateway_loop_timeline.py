@@ -175,28 +175,13 @@ def _record(seconds: float, tree: Path | None, rt_priority: int, out: Path, hook
     """The gateway (with the hook first on its PYTHONPATH; ``tree``'s modules next, run from there as
     gateway_throughput.start_gateway runs another checkout) under the paced load; its steps end up in ``out``."""
     from benchmarks.gateway_latency import FRAME_EVERY_S, run_load
-    from broker.launcher import KafkaBroker
-    from gateway.launch import spawn_gateway
+    from benchmarks.gateway_throughput import paced_gateway, scratch_broker
 
     (hook_dir / "sitecustomize.py").write_text(HOOK)
-    code = str(tree) if tree is not None else os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, ENV: str(out), "PYTHONPATH": os.pathsep.join(p for p in (str(hook_dir), code) if p)}
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = KafkaBroker(Path(tmp) / "kafka")
-        bootstrap = broker.start().bootstrap_servers
-        try:
-            args = ["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", f"timeline{time.time_ns()}",
-                    "--core", "native"]
-            process, addresses = spawn_gateway(args, env=env, cwd=tree)
-            try:
-                os.sched_setscheduler(process.pid, os.SCHED_FIFO, os.sched_param(max(1, rt_priority - 1)))
-                time.sleep(0.5)
-                run_load(addresses.port, 20, 500.0, seconds, FRAME_EVERY_S, rt_priority)
-            finally:
-                process.terminate()
-                process.communicate(timeout=30)
-        finally:
-            broker.stop()
+    with scratch_broker() as bootstrap, paced_gateway(
+            bootstrap, f"timeline{time.time_ns()}", "native", max(1, rt_priority - 1), tree=tree,
+            path_first=hook_dir, env={ENV: str(out)}) as (_process, port):
+        run_load(port, 20, 500.0, seconds, FRAME_EVERY_S, rt_priority)
 
 
 def main() -> None:

@@ -162,28 +162,16 @@ def report(waits: LoopWaits) -> str:
 def _record(seconds: float, core: str, rt_priority: int, out: Path) -> int:
     """Run the gateway and the load while perf records; returns the loop thread's tid (the gateway's pid)."""
     from benchmarks.gateway_latency import FRAME_EVERY_S, run_load
-    from benchmarks.gateway_throughput import start_gateway
-    from broker.launcher import KafkaBroker
+    from benchmarks.gateway_throughput import paced_gateway, scratch_broker
 
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = KafkaBroker(Path(tmp) / "kafka")
-        bootstrap = broker.start().bootstrap_servers
-        try:
-            process, port = start_gateway(bootstrap, f"loopwaits{time.time_ns()}", core=core)
-            try:
-                os.sched_setscheduler(process.pid, os.SCHED_FIFO, os.sched_param(max(1, rt_priority - 1)))
-                time.sleep(0.5)
-                perf = subprocess.Popen(["perf", "record", "-q", "-e", "sched:sched_switch", "-e",
-                                         "sched:sched_wakeup", "-a", "-g", "-o", str(out), "--", "sleep",
-                                         str(seconds + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                run_load(port, 20, 500.0, seconds, FRAME_EVERY_S, rt_priority)
-                perf.wait(timeout=seconds + 60)
-            finally:
-                process.terminate()
-                process.communicate(timeout=30)
-            return process.pid
-        finally:
-            broker.stop()
+    with scratch_broker() as bootstrap, paced_gateway(
+            bootstrap, f"loopwaits{time.time_ns()}", core, max(1, rt_priority - 1)) as (process, port):
+        perf = subprocess.Popen(["perf", "record", "-q", "-e", "sched:sched_switch", "-e", "sched:sched_wakeup", "-a",
+                                 "-g", "-o", str(out), "--", "sleep", str(seconds + 1)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_load(port, 20, 500.0, seconds, FRAME_EVERY_S, rt_priority)
+        perf.wait(timeout=seconds + 60)
+        return process.pid
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -80,12 +82,14 @@ def proc_rss(pid: int) -> int:
 
 
 def start_gateway(bootstrap: str, prefix: str, producer: dict[str, int] | None = None, tree: Path | None = None,
-                  transactions: bool = True, core: str | None = None,
-                  stderr: IO[bytes] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+                  transactions: bool = True, core: str | None = None, stderr: IO[bytes] | None = None,
+                  path_first: Path | None = None,
+                  env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """``tree``: run the gateway of another checkout (its modules first on PYTHONPATH), e.g. the commit before.
     ``transactions`` False: the gateway's idempotent producer alone, acks at delivery (``transactions = false``).
     ``core``: the gateway's per-event cores (``--core``: native, python or auto); None leaves its default.
-    ``stderr``: where its log goes (None: nowhere)."""
+    ``stderr``: where its log goes (None: nowhere). ``path_first``: a folder put before everything on its
+    PYTHONPATH (a benchmark's own ``sitecustomize``); ``env``: variables added to its environment."""
     args = ["--port", "0", "--no-timesync", "--bootstrap", bootstrap, "--prefix", prefix]
     if core is not None:
         args += ["--core", core]
@@ -96,9 +100,44 @@ def start_gateway(bootstrap: str, prefix: str, producer: dict[str, int] | None =
             text += "[gateway.producer]\n" + "".join(f'"{k}" = {v}\n' for k, v in producer.items())
         config.write_text(text)
         args += ["--config", str(config)]
-    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
-    process, addresses = spawn_gateway(args, env=env, cwd=tree, stderr=subprocess.DEVNULL if stderr is None else stderr)
+    process_env = None
+    if tree is not None or path_first is not None or env:
+        code = str(tree) if tree is not None else os.environ.get("PYTHONPATH", "")
+        path = os.pathsep.join(p for p in (str(path_first) if path_first is not None else "", code) if p)
+        process_env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    process, addresses = spawn_gateway(args, env=process_env, cwd=tree,
+                                       stderr=subprocess.DEVNULL if stderr is None else stderr)
     return process, addresses.port
+
+
+@contextmanager
+def paced_gateway(bootstrap: str, prefix: str, core: str, loop_rt_priority: int | None, tree: Path | None = None,
+                  stderr: IO[bytes] | None = None, path_first: Path | None = None,
+                  env: Mapping[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A gateway (`start_gateway`'s arguments) for a paced load: its main thread, whose event loop reads the
+    sockets (its tid is the pid), at SCHED_FIFO ``loop_rt_priority`` when given (librdkafka's threads and the
+    executor stay at normal priority), then half a second to settle; (process, port) inside, stopped after."""
+    process, port = start_gateway(bootstrap, prefix, tree=tree, core=core, stderr=stderr, path_first=path_first,
+                                  env=env)
+    try:
+        if loop_rt_priority is not None:
+            os.sched_setscheduler(process.pid, os.SCHED_FIFO, os.sched_param(loop_rt_priority))
+        time.sleep(0.5)
+        yield process, port
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+@contextmanager
+def scratch_broker() -> Iterator[str]:
+    """A broker on fresh storage for one benchmark run: its bootstrap servers inside, stopped after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = KafkaBroker(Path(tmp) / "kafka")
+        try:
+            yield broker.start().bootstrap_servers
+        finally:
+            broker.stop()
 
 
 def frames_for(source: int, events: int, base_us: int) -> list[tuple[int, bytes]]:

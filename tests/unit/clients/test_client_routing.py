@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any
 
 import pytest
+import uvloop
 
 from clients import Backoff, GatewayAddress, GatewayRerouted, SkewlessClient
 from clients.core import GatewayLiveness, GatewayRouter
@@ -484,6 +486,42 @@ async def test_a_live_gateway_whose_acks_are_slow_answers_the_probe_heartbeat_an
         assert gw.heartbeats >= 2 and gw.received == [0, 1]
     finally:
         await gw.stop()
+
+
+async def _stall_past_the_liveness_timeout_with_the_answer_unread() -> int:
+    """The gateway's ack is in the client's socket when the client's own process stalls past its liveness timeout;
+    returns how many connections the client took for dead."""
+    cluster = Cluster()
+    gw = await FakeClusterGateway(cluster, "gw-1").start()
+    try:
+        # No probe (the heartbeat interval is past the timeout): only the ack can keep the connection.
+        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
+                                heartbeat_interval_s=30.0, liveness_timeout_s=0.5, time_sync=False)
+        async with client:
+            await client.send("a", "x")
+            await until(lambda: client.acked_through("a") == 0)
+            gw.acking = False
+            await client.send("a", "y")
+            await until(lambda: gw.received == [0, 1])
+            gw.acking = True
+            gw.ack()  # written to the socket now; the client reads it only once its loop runs again
+            time.sleep(1.0)  # noqa: ASYNC251 - the stall under test: the client's process (the fake gateway has answered)
+            await until(lambda: client.acked_through("a") == 1)
+            await asyncio.sleep(0.1)
+        assert client.stats.connects == 1 + client.stats.liveness_timeouts
+        return client.stats.liveness_timeouts
+    finally:
+        await gw.stop()
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_client_that_stalled_reads_the_answer_waiting_in_its_socket_before_it_judges_the_gateway(
+        loop_kind: str) -> None:
+    """The liveness timeout measures the gateway's silence, not the client's own pause: after the stall, the ack
+    waiting in the socket is read before the overdue liveness check runs, under either event loop."""
+    factory = uvloop.new_event_loop if loop_kind == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(_stall_past_the_liveness_timeout_with_the_answer_unread()) == 0
 
 
 async def test_redirects_to_a_gateway_found_dead_are_waited_out_until_the_cluster_moves_the_shard() -> None:
