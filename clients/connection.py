@@ -365,11 +365,15 @@ class GatewayPool:
             data = await reader.read(_READ_CHUNK)
             if not data:
                 return
-            self._heard_from(conn, loop.time())
+            now_s = loop.time()
             for message in conn.decoder.feed(data):
                 self.on_message(message)
                 if self._window.error is not None:
                     return
+            # After the messages: whether events are still unacknowledged is judged with this read's acks applied.
+            # Before them, the read that acked everything left the connection owing an answer that nothing would
+            # send (no events left to ack), and an idle client took its gateway for dead one timeout later.
+            self._heard_from(conn, now_s)
 
     def _heard_from(self, conn: PoolConnection, now_s: float) -> None:
         """Bytes from ``conn``'s gateway: it is alive, for every pool connection open to it (an answer may come on

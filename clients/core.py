@@ -593,9 +593,9 @@ class GatewayLiveness:
     connection open, and its kernel even accepts what the source writes. So a connection *owes* an answer from the
     first write the gateway answers (events: an ack once Kafka has them; a heartbeat: the source's cumulative acks,
     sent back at once, whenever the source has any) after the last frame received on it; a frame received while
-    written events are still unacknowledged starts the wait again. A connection that owed an answer for
-    ``timeout_s`` with nothing received is dead (:meth:`dead`): the shell drops it, requeues what it carried and
-    dials the cluster again.
+    written events are still unacknowledged, once its own acks are applied, starts the wait again. A connection
+    that owed an answer for ``timeout_s`` with nothing received is dead (:meth:`dead`): the shell drops it, requeues
+    what it carried and dials the cluster again.
 
     A live gateway whose Kafka is slow acks late but answers a heartbeat at once: after ``probe_after_s`` of waiting
     the connection is due one heartbeat (:meth:`probe_due`), so Kafka's delays are not taken for a dead gateway.
@@ -624,7 +624,7 @@ class GatewayLiveness:
             self._probed[slot] = True
 
     def received(self, slot: int, now_s: float, outstanding: bool) -> None:
-        """A frame arrived on ``slot``; ``outstanding``: written events are still unacknowledged."""
+        """A frame arrived on ``slot``; ``outstanding``: written events are still unacknowledged after its acks."""
         self._owed_since[slot] = now_s if outstanding and self._owed_since[slot] is not None else None
         self._probed[slot] = False
 

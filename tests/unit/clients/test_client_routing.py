@@ -488,6 +488,27 @@ async def test_a_live_gateway_whose_acks_are_slow_answers_the_probe_heartbeat_an
         await gw.stop()
 
 
+async def test_an_idle_client_whose_events_are_all_acked_owes_nothing_and_keeps_its_gateway() -> None:
+    """The read that brings the last ack ends the wait for an answer: idle past the liveness timeout (no probe: the
+    heartbeat interval is longer), the connection is kept. It was dropped once a timeout after that ack."""
+    cluster = Cluster()
+    gw = await FakeClusterGateway(cluster, "gw-1").start()
+    try:
+        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
+                                heartbeat_interval_s=30.0, liveness_timeout_s=0.5, time_sync=False)
+        async with client:
+            await client.send("a", "x")
+            await until(lambda: client.acked_through("a") == 0)
+            await asyncio.sleep(1.5)  # three timeouts, idle
+            assert client.stats.liveness_timeouts == 0 and client.stats.connects == 1
+            await client.send("a", "y")
+            await until(lambda: client.acked_through("a") == 1)
+        assert client.stats.liveness_timeouts == 0 and client.stats.connects == 1
+        assert gw.received == [0, 1]
+    finally:
+        await gw.stop()
+
+
 async def _stall_past_the_liveness_timeout_with_the_answer_unread() -> int:
     """The gateway's ack is in the client's socket when the client's own process stalls past its liveness timeout;
     returns how many connections the client took for dead."""
