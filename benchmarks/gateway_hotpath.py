@@ -513,8 +513,9 @@ CHANGES = """
   it released in one heap operation.
 - Not in this stage but in the gateway process: with transactions (the default), the shard asks librdkafka for one
   delivery report per produce batch and stream (the offset for the progress checkpoint) instead of one Python
-  callback per record, and confirms the transaction's records to the core in one `IngestCore.on_committed` call
-  once it committed (a commit succeeds only when every record of it was delivered).
+  callback per record, and confirms the transaction's records to the core in `IngestCore.on_committed` calls of at
+  least 512 records (32 per source) once it committed (a commit succeeds only when every record of it was
+  delivered).
 
 ## What the native core does per frame now (issue 26)
 
