@@ -79,6 +79,8 @@ BALANCE_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
 WORKER_PREFIX = "worker "
 # A run during which other processes kept fewer cores than this busy counts as having the machine to itself.
+# The machine idle at least this many cores during the worker runs: their rate was not bound by the CPU.
+IDLE_CORES = 0.5
 QUIET_CORES = 0.3
 
 
@@ -437,6 +439,29 @@ def plot(runs: Sequence[WorkersRun], plain: Sequence[PlainRun]) -> None:
     save(fig, FIGURE)
 
 
+def why_second_worker(runs: Sequence[WorkersRun], one: Summary, many: Summary, idle_cores: float,
+                      cores: int) -> str:
+    """The page's reason for what the second worker bought: the CPU it found, or, when the machine had CPU to spare
+    during the worker runs, that the rate was not CPU-bound."""
+    if idle_cores < IDLE_CORES:
+        return (f" Why: a worker turns into throughput only CPU that nobody else takes. During the {many.label} runs "
+                f"other processes held {many.others_cores:.2f} of the {cores} cores and the machine was idle "
+                f"{idle_cores:.2f} cores; the broker took {many.broker_cores:.2f}. The gateway got "
+                f"{one.gateway_cores:.2f} cores as one process and {many.gateway_cores:.2f} as two workers "
+                f"({many.gateway_cores - one.gateway_cores:+.2f}): that difference, not a second core, is what the "
+                "second worker bought on this machine.")
+    main_cores = many.main_thread_us * many.events_per_s / 1e6
+    ack_p50_ms = mean([r.ack_p50_ms for r in runs if r.label == many.label])
+    return (f" Why so little: not the CPU. During the {many.label} runs the machine was idle {idle_cores:.2f} of its "
+            f"{cores} cores and the workers' main threads were on a CPU {main_cores:.2f} of the wall together; the "
+            f"gateway got {one.gateway_cores:.2f} cores as one process and {many.gateway_cores:.2f} as two workers. "
+            f"What held the rate is the load (not measured apart here): each source keeps at most "
+            f"{WINDOW_EVENTS:,} events unacknowledged, and an event's ack waits for the merge (which releases it "
+            "once every source of its shard has sent something newer) and for its commit (every 100 ms); the "
+            f"sources' ack p50 was {ack_p50_ms:,.0f} ms. So this run gives the CPU per event of the model below, "
+            "not what a second worker buys where the gateway is CPU-bound.")
+
+
 def write_report(runs: Sequence[WorkersRun], plain: Sequence[PlainRun], meta: Mapping[str, Any]) -> None:
     summaries = summarize(runs)
     cores = int(meta["cores"])
@@ -541,6 +566,7 @@ configuration's rounds in these runs.
         quiet_text += (f" Single runs during which other processes held less than {QUIET_CORES} cores: " + "; ".join(
             f"round {r.round} {r.label}, {r.events_per_s:,.0f} events/s with the gateway on "
             f"{r.cores(r.gateway_cpu_s):.2f} cores" for r in alone) + ".")
+    why_text = why_second_worker(runs, one, many, idle[many.label], cores)
     verdict = ("" if not ratios else f" It was faster in every round ({spread} round by round)." if min(ratios) > 1
                else f" It was slower in every round ({spread})." if max(ratios) < 1
                else f" Round by round the ratio ranged from {spread} (faster in {sum(x > 1 for x in ratios)} of "
@@ -608,12 +634,7 @@ producer CPU and {plain_broker_us:.2f} us of broker CPU per record (no transacti
 
 **What a second worker bought in this run.** {many.label} carried {gain:.2f}x the events/s of one process on average
 ({many.events_per_s:,.0f} against {one.events_per_s:,.0f}), at {many.gateway_us / one.gateway_us:.2f}x the
-gateway CPU per event ({many.gateway_us:.1f} against {one.gateway_us:.1f} us, all processes summed).{verdict} Why: a
-worker turns into throughput only CPU that nobody else takes. During the {many.label} runs other processes held
-{many.others_cores:.2f} of the {cores} cores and the machine was idle {idle[many.label]:.2f} cores; the broker
-took {many.broker_cores:.2f}. The gateway got {one.gateway_cores:.2f} cores as one process and
-{many.gateway_cores:.2f} as two workers ({many.gateway_cores - one.gateway_cores:+.2f}): that difference, not a
-second core, is what the second worker bought on this machine.{quiet_text}
+gateway CPU per event ({many.gateway_us:.1f} against {one.gateway_us:.1f} us, all processes summed).{verdict}{why_text}{quiet_text}
 
 {other_section}## Scaling model (from the measured figures only)
 
