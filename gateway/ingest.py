@@ -49,7 +49,8 @@ Rules:
    as a refusal. With ``gateway_pause_us`` set (the shell polls every 2 ms), a gap longer than that between two
    calls in (``poll``, ``advance``, ``events_received``) means the gateway itself did not run (a frozen or starved
    process, a blocked loop): the same grace starts (``gateway_pauses``), or the first source read on waking would
-   make the merge give up the others, whose data waited unread.
+   make the merge give up the others, whose data waited unread. The end of a takeover window that held a stream
+   (rule 15) starts the same grace.
 6. Checkpoints: a confirmed event on the events topic advances its stream's progress (next seq of its source, next
    offset) and marks the stream dirty; a refused event (rule 8), and an events-topic confirmation, also move the
    next seq past the cumulative ack they reach: the source forgets refused seqs with the ack, so a restarted
@@ -151,20 +152,23 @@ Rules:
    it is given up once they are. A source that comes back (hello, event,
    heartbeat) is welcomed as after any give-up: its events below the punctuation go late ``after_punctuation``,
    below what was released meanwhile ``after_give_up`` (docs/record-contract.md, "Reference order").
-15. Takeover window. A shard's checkpoints name the sources its previous owner had when it last committed one
-   (rule 6 puts a source in within about a second of its hello): a source that owner welcomed after that is in no
-   checkpoint, and its unacknowledged events come back to the new owner from a source nobody waits for. Once the
-   first source back ran the merge past them, every one of them was late (``after_punctuation``). So ``taken_over``
-   (the shell calls it when a runtime starts: a takeover, a restart) opens a window of ``takeover_grace_us``: every
-   stream recovered while it is open gets one more merge entry, ``TAKEOVER_WINDOW_SOURCE``, that the merge waits for
-   until the window ends (``IngestPipeline.hold_until``): no event is released and no punctuation passes the
-   restored one before then, so a source that says hello within the window (any source: the checkpoint cannot say
-   which ones are missing) is merged in order with the recovered ones. The entry never speaks; at the window's end
-   (``advance``, ``poll``; not during a Kafka stall, rule 5) it leaves the merge as after a ``bye`` and is forgotten,
-   and the merge goes on with the sources it has. A source that comes after the window is a newcomer behind the
-   watermark: its older events go late with a reason (``after_punctuation``), never silently. The window holds a
-   stream without sources too (no idle punctuation, rule 10, while it lasts). Counted: ``takeover_windows`` (streams
-   held), ``takeover_newcomers`` (sources no recovered checkpoint named that said hello within a window).
+15. Takeover window. A shard's checkpoints name the sources its previous owner had when it last committed one (rule 6
+   puts a source in within about a second of its hello): a source that owner welcomed after that is in no checkpoint,
+   and its unacknowledged events come back to the new owner from a source nobody waits for. Once the first source back
+   ran the merge past them, every one of them was late (``after_punctuation``). So ``taken_over`` (the shell calls it
+   when a runtime starts: a takeover, a restart) opens a window of ``takeover_grace_us``: every stream recovered while
+   it is open gets one more merge entry, ``TAKEOVER_WINDOW_SOURCE``, that the merge waits for until the window ends
+   (``IngestPipeline.hold_until``): no event is released and no punctuation passes the restored one before then, so a
+   source that says hello within the window (any source: the checkpoint cannot say which ones are missing) is merged in
+   order with the recovered ones. The entry never speaks; at the window's end (``advance``, ``poll``; not during a
+   Kafka stall, rule 5) it leaves the merge as after a ``bye`` and is forgotten, and the merge goes on with the sources
+   it has, under rule 5's grace: the window withheld every ack, so a source bound to a number of unacknowledged events
+   went silent waiting for them and speaks again only once they are committed; without the grace the merge gave such a
+   source up at once (silent longer than its whole wait) as soon as another source ran past it, and its next events
+   went late. A source that comes after the window is a newcomer behind the watermark: its older events go late with a
+   reason (``after_punctuation``), never silently. The window holds a stream without sources too (no idle punctuation,
+   rule 10, while it lasts). Counted: ``takeover_windows`` (streams held), ``takeover_newcomers`` (sources no recovered
+   checkpoint named that said hello within a window).
 """
 
 from __future__ import annotations
@@ -681,6 +685,8 @@ class IngestCore:
         self._takeover_streams: set[str] = set()
         self._takeover_known: set[str] = set()
         self._takeover_newcomers: set[str] = set()
+        # Rule 15 with rule 5: when the last takeover window that held a stream ended; the stall grace runs from it.
+        self._window_ended_us: int | None = None
 
     # -- streams and startup ------------------------------------------------------------------------------------
 
@@ -754,6 +760,11 @@ class IngestCore:
             outputs += self.pipeline.leave_merge(TAKEOVER_WINDOW_SOURCE, stream, now_us)
             self.pipeline.forget_source(TAKEOVER_WINDOW_SOURCE, (stream,))
         if self._takeover_streams:
+            # The window withheld every release, so every ack: a source with a bound on its unacknowledged events
+            # went silent waiting for them, and speaks again only once the released events are committed. Its
+            # silence was the gateway's, as in a Kafka stall: the same grace (rule 5), or the merge gave such a
+            # source up at once (silent longer than its whole wait) as soon as another source ran past it.
+            self._window_ended_us = now_us
             log.info("takeover window over after %.2f s: it held %d streams; %d sources no checkpoint named said "
                      "hello in it%s", (now_us - until_us + self.config.takeover_grace_us) / 1e6,
                      len(self._takeover_streams), len(self._takeover_newcomers),
@@ -1174,6 +1185,18 @@ class IngestCore:
         since_us = self._stalled_since_us()
         return since_us is not None and now_us - since_us < self.config.stall_grace_us
 
+    def _timeouts_held(self, now_us: int) -> bool:
+        """Rule 5's grace: a Kafka stall or a gateway pause (``kafka_stalled``), or a takeover window that held a
+        stream ended (rule 15), within the last ``stall_grace_us``: no reorder gap or merge wait fires."""
+        since_us = self._held_since_us()
+        return since_us is not None and now_us - since_us < self.config.stall_grace_us
+
+    def _held_since_us(self) -> int | None:
+        stalled_us, window_us = self._stalled_since_us(), self._window_ended_us
+        if stalled_us is None or window_us is None:
+            return window_us if stalled_us is None else stalled_us
+        return max(stalled_us, window_us)
+
     def _stalled_since_us(self) -> int | None:
         refused_us, paused_us = self._kafka_refused_us, self._paused_us
         if refused_us is None or paused_us is None:
@@ -1325,15 +1348,15 @@ class IngestCore:
             hold_until_us = self._watches[source_id].hold_until_us
             if hold_until_us is not None and (due is None or hold_until_us < due):
                 due = hold_until_us
-        since_us = self._stalled_since_us()
+        since_us = self._held_since_us()
         if due is None or since_us is None:
             return due
         return max(due, since_us + self.config.stall_grace_us)
 
     def advance(self, now_us: int) -> list[IngestAction]:
-        """Fire the reorder gap timeouts and merge waits that are due, unless Kafka is stalled (rule 5)."""
+        """Fire the reorder gap timeouts and merge waits that are due, unless rule 5's grace holds them."""
         self._note_running(now_us)
-        if self.kafka_stalled(now_us):
+        if self._timeouts_held(now_us):
             return []
         actions = self._release_resolved(now_us) if self._holding else []
         for source_id in sorted(self._holding):
@@ -1342,6 +1365,8 @@ class IngestCore:
                 actions += self._renew_hold(source_id, watch, now_us)
         # The window's entry leaves before the merge's own wait for it would time it out at the same instant.
         outputs = self._end_takeover_window(now_us) if self.takeover_until_us is not None else []
+        if self._timeouts_held(now_us):  # the window just ended: its grace starts now
+            return actions + self._publish(outputs)
         return actions + self._publish(outputs + self.pipeline.advance(now_us))
 
     def poll(self, now_us: int) -> list[IngestAction]:
