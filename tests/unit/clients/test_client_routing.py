@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import uvloop
 
-from clients import Backoff, GatewayAddress, GatewayRerouted, SkewlessClient
+from clients import Backoff, ClientStats, GatewayAddress, GatewayRerouted, SkewlessClient
 from clients.core import GatewayLiveness, GatewayRouter
 from contract.wire.errors import SHARD_MOVED, SHARD_UNAVAILABLE
 from contract.wire.frames import FrameDecoder, encode_frame
@@ -462,77 +463,69 @@ async def test_a_gateway_that_stops_answering_is_left_after_the_liveness_timeout
         await other.stop()
 
 
-async def test_a_live_gateway_whose_acks_are_slow_answers_the_probe_heartbeat_and_is_kept() -> None:
-    """Kafka slower than the liveness timeout is not a dead gateway: the heartbeat probe is answered at once."""
+async def _x_acked_then_y(middle: Callable[[FakeClusterGateway, SkewlessClient], Awaitable[None]],
+                          heartbeat_interval_s: float = 30.0, liveness_timeout_s: float = 0.5,
+                          ) -> tuple[ClientStats, FakeClusterGateway]:
+    """One fake gateway (answering heartbeats) and a client: x sent and acked, then ``middle``, which sends y, then y
+    acked. By default the client has no probe (its heartbeat interval is past its liveness timeout): only acks
+    answer it. The client's stats once closed, and the gateway."""
     cluster = Cluster()
     gw = await FakeClusterGateway(cluster, "gw-1").start()
     gw.answer_heartbeats = True
     try:
-        # The timeout is 10 probe intervals: with 0.4 s, one stall of this test process's loop (the fake gateway
-        # shares it) under CI's parallel load left the probe's answer unread past it once.
         client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
-                                heartbeat_interval_s=0.1, liveness_timeout_s=1.0, time_sync=False)
+                                heartbeat_interval_s=heartbeat_interval_s, liveness_timeout_s=liveness_timeout_s,
+                                time_sync=False)
         async with client:
             await client.send("a", "x")
             await until(lambda: client.acked_through("a") == 0)
-            gw.acking = False  # Kafka stalls: events are taken, their acks wait
-            await client.send("a", "y")
-            await asyncio.sleep(2.5)  # well past the timeout
-            assert client.acked_through("a") == 0
-            gw.acking = True
-            gw.ack()
+            await middle(gw, client)
             await until(lambda: client.acked_through("a") == 1)
-        assert client.stats.liveness_timeouts == 0 and client.stats.connects == 1
-        assert gw.heartbeats >= 2 and gw.received == [0, 1]
+            await asyncio.sleep(0.1)
+        return client.stats, gw
     finally:
         await gw.stop()
+
+
+async def test_a_live_gateway_whose_acks_are_slow_answers_the_probe_heartbeat_and_is_kept() -> None:
+    """Kafka slower than the liveness timeout is not a dead gateway: the heartbeat probe is answered at once."""
+
+    async def kafka_stalls(gw: FakeClusterGateway, client: SkewlessClient) -> None:
+        gw.acking = False  # events are taken, their acks wait
+        await client.send("a", "y")
+        await asyncio.sleep(2.5)  # well past the timeout
+        assert client.acked_through("a") == 0
+        gw.acking = True
+        gw.ack()
+
+    # The timeout is 10 probe intervals: with 0.4 s, one stall of this test process's loop (the fake gateway shares
+    # it) under CI's parallel load left the probe's answer unread past it once.
+    stats, gw = await _x_acked_then_y(kafka_stalls, heartbeat_interval_s=0.1, liveness_timeout_s=1.0)
+    assert (stats.liveness_timeouts, stats.connects, gw.received) == (0, 1, [0, 1])
+    assert gw.heartbeats >= 2
 
 
 async def test_an_idle_client_whose_events_are_all_acked_owes_nothing_and_keeps_its_gateway() -> None:
-    """The read that brings the last ack ends the wait for an answer: idle past the liveness timeout (no probe: the
-    heartbeat interval is longer), the connection is kept. It was dropped once a timeout after that ack."""
-    cluster = Cluster()
-    gw = await FakeClusterGateway(cluster, "gw-1").start()
-    try:
-        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
-                                heartbeat_interval_s=30.0, liveness_timeout_s=0.5, time_sync=False)
-        async with client:
-            await client.send("a", "x")
-            await until(lambda: client.acked_through("a") == 0)
-            await asyncio.sleep(1.5)  # three timeouts, idle
-            assert client.stats.liveness_timeouts == 0 and client.stats.connects == 1
-            await client.send("a", "y")
-            await until(lambda: client.acked_through("a") == 1)
-        assert client.stats.liveness_timeouts == 0 and client.stats.connects == 1
-        assert gw.received == [0, 1]
-    finally:
-        await gw.stop()
+    """The read that brings the last ack ends the wait for an answer: idle past the liveness timeout, the connection
+    is kept. It was dropped once a timeout after that ack."""
+
+    async def idle(_gw: FakeClusterGateway, client: SkewlessClient) -> None:
+        await asyncio.sleep(1.5)  # three timeouts
+        assert client.stats.liveness_timeouts == 0
+        await client.send("a", "y")
+
+    stats, gw = await _x_acked_then_y(idle)
+    assert (stats.liveness_timeouts, stats.connects, gw.received) == (0, 1, [0, 1])
 
 
-async def _stall_past_the_liveness_timeout_with_the_answer_unread() -> int:
-    """The gateway's ack is in the client's socket when the client's own process stalls past its liveness timeout;
-    returns how many connections the client took for dead."""
-    cluster = Cluster()
-    gw = await FakeClusterGateway(cluster, "gw-1").start()
-    try:
-        # No probe (the heartbeat interval is past the timeout): only the ack can keep the connection.
-        client = SkewlessClient("127.0.0.1", gw.port, "s1", ["a"], backoff=FAST, linger_s=0,
-                                heartbeat_interval_s=30.0, liveness_timeout_s=0.5, time_sync=False)
-        async with client:
-            await client.send("a", "x")
-            await until(lambda: client.acked_through("a") == 0)
-            gw.acking = False
-            await client.send("a", "y")
-            await until(lambda: gw.received == [0, 1])
-            gw.acking = True
-            gw.ack()  # written to the socket now; the client reads it only once its loop runs again
-            time.sleep(1.0)  # noqa: ASYNC251 - the stall under test: the client's process (the fake gateway has answered)
-            await until(lambda: client.acked_through("a") == 1)
-            await asyncio.sleep(0.1)
-        assert client.stats.connects == 1 + client.stats.liveness_timeouts
-        return client.stats.liveness_timeouts
-    finally:
-        await gw.stop()
+async def _stall_with_the_answer_unread(gw: FakeClusterGateway, client: SkewlessClient) -> None:
+    """The gateway's ack of y is in the client's socket when the client's own process stalls past its timeout."""
+    gw.acking = False
+    await client.send("a", "y")
+    await until(lambda: gw.received == [0, 1])
+    gw.acking = True
+    gw.ack()  # written to the socket now; the client reads it only once its loop runs again
+    time.sleep(1.0)  # noqa: ASYNC251 - the stall under test: the client's process (the fake gateway has answered)
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
@@ -542,7 +535,8 @@ def test_a_client_that_stalled_reads_the_answer_waiting_in_its_socket_before_it_
     waiting in the socket is read before the overdue liveness check runs, under either event loop."""
     factory = uvloop.new_event_loop if loop_kind == "uvloop" else asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        assert runner.run(_stall_past_the_liveness_timeout_with_the_answer_unread()) == 0
+        stats, gw = runner.run(_x_acked_then_y(_stall_with_the_answer_unread))
+    assert (stats.liveness_timeouts, stats.connects, gw.received) == (0, 1, [0, 1])
 
 
 async def test_redirects_to_a_gateway_found_dead_are_waited_out_until_the_cluster_moves_the_shard() -> None:
