@@ -630,6 +630,12 @@ class StreamProgress(ProgressRecord):
             self.watermark_us = watermark_us
 
 
+def _latest(*times_us: int | None) -> int | None:
+    """The latest of the times given, None if none is."""
+    known = [t for t in times_us if t is not None]
+    return max(known) if known else None
+
+
 class IngestCore:
     def __init__(self, topics: TopicNames, mapping: ReferenceMapping, config: IngestConfig | None = None) -> None:
         self.topics = topics
@@ -1182,26 +1188,16 @@ class IngestCore:
 
     def kafka_stalled(self, now_us: int) -> bool:
         """Kafka refused a produce, or the gateway itself did not run, within the last ``stall_grace_us``."""
-        since_us = self._stalled_since_us()
-        return since_us is not None and now_us - since_us < self.config.stall_grace_us
+        return self._in_grace(now_us, self._kafka_refused_us, self._paused_us)
 
     def _timeouts_held(self, now_us: int) -> bool:
         """Rule 5's grace: a Kafka stall or a gateway pause (``kafka_stalled``), or a takeover window that held a
         stream ended (rule 15), within the last ``stall_grace_us``: no reorder gap or merge wait fires."""
-        since_us = self._held_since_us()
+        return self._in_grace(now_us, self._kafka_refused_us, self._paused_us, self._window_ended_us)
+
+    def _in_grace(self, now_us: int, *started_us: int | None) -> bool:
+        since_us = _latest(*started_us)
         return since_us is not None and now_us - since_us < self.config.stall_grace_us
-
-    def _held_since_us(self) -> int | None:
-        stalled_us, window_us = self._stalled_since_us(), self._window_ended_us
-        if stalled_us is None or window_us is None:
-            return window_us if stalled_us is None else stalled_us
-        return max(stalled_us, window_us)
-
-    def _stalled_since_us(self) -> int | None:
-        refused_us, paused_us = self._kafka_refused_us, self._paused_us
-        if refused_us is None or paused_us is None:
-            return paused_us if refused_us is None else refused_us
-        return max(refused_us, paused_us)
 
     def _note_running(self, now_us: int) -> None:
         """Rule 5 for the gateway's own pauses: a gap between calls in longer than ``gateway_pause_us`` starts the
@@ -1348,7 +1344,7 @@ class IngestCore:
             hold_until_us = self._watches[source_id].hold_until_us
             if hold_until_us is not None and (due is None or hold_until_us < due):
                 due = hold_until_us
-        since_us = self._held_since_us()
+        since_us = _latest(self._kafka_refused_us, self._paused_us, self._window_ended_us)
         if due is None or since_us is None:
             return due
         return max(due, since_us + self.config.stall_grace_us)
