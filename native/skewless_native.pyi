@@ -75,6 +75,9 @@ class EventFrame(_Sequence[_Any]):
     @property
     def made(self) -> int:
         """How many of its IncomingEvents were made."""
+    @property
+    def decoded_digests(self) -> list[int | None]:
+        """The tracker's digest of each event as the decoder made it (None: not made, or its IncomingEvent was)."""
     def __len__(self) -> int: ...
     @_overload
     def __getitem__(self, index: int) -> _Any: ...

@@ -369,6 +369,67 @@ pub fn payload_json(out: &mut Vec<u8>, value: &Value<'_>) {
     }
 }
 
+/// `payload_json` with every map's keys sorted by their UTF-8 bytes: orjson's `OPT_SORT_KEYS` output, the body of
+/// the tracker's digest (dedup.rs), for a payload that payload_problem accepted (a map's keys are distinct strs).
+pub fn payload_json_sorted(out: &mut Vec<u8>, value: &Value<'_>) {
+    match value {
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                payload_json_sorted(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Map(map) => {
+            fn key<'a>((k, _): &(Value<'a>, Value<'a>)) -> &'a [u8] {
+                match k {
+                    Value::Str(s) => s.as_bytes(),
+                    _ => &[], // refused by payload_problem before it gets here
+                }
+            }
+            let write = |out: &mut Vec<u8>, i: usize, (k, item): &(Value<'_>, Value<'_>)| {
+                if i > 0 {
+                    out.push(b',');
+                }
+                payload_json(out, k);
+                out.push(b':');
+                payload_json_sorted(out, item);
+            };
+            out.push(b'{');
+            // A source's payloads usually have few keys, often in order already: written as they are.
+            if map
+                .entries
+                .windows(2)
+                .all(|pair| key(&pair[0]) < key(&pair[1]))
+            {
+                for (i, entry) in map.entries.iter().enumerate() {
+                    write(out, i, entry);
+                }
+                out.push(b'}');
+                return;
+            }
+            let mut entries: smallvec::SmallVec<[&(Value<'_>, Value<'_>); 8]> =
+                map.entries.iter().collect();
+            entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+            for (i, entry) in entries.into_iter().enumerate() {
+                write(out, i, entry);
+            }
+            out.push(b'}');
+        }
+        scalar => payload_json(out, scalar),
+    }
+}
+
+/// The tracker's digest of an event whose payload payload_problem accepted (None: the event has no payload).
+fn decoded_digest(scratch: &mut Vec<u8>, source_ts_us: u64, payload: Option<&Value<'_>>) -> i64 {
+    crate::dedup::start_json_digest(scratch, source_ts_us);
+    payload_json_sorted(scratch, payload.unwrap_or(&Value::Nil));
+    crate::dedup::process_digester().digest_framed(scratch)
+}
+
 // ------------------------------------------------------------------------------------------------ boundary
 
 /// Runs `f`, turning a Rust panic into a RuntimeError that names `what` (PyO3's PanicException derives from
@@ -688,8 +749,15 @@ impl PyConnectionDecoder {
                         }
                         Ok(Decoded::Events(events)) => {
                             let mut items = Vec::with_capacity(events.len());
+                            let mut scratch = Vec::with_capacity(64);
                             for e in &events {
-                                items.push(event_fields(py, t, (streams, &mut *keys), e)?);
+                                items.push(event_fields(
+                                    py,
+                                    t,
+                                    (streams, &mut *keys),
+                                    e,
+                                    &mut scratch,
+                                )?);
                             }
                             let frame = Bound::new(py, EventFrame::from_events(items))?;
                             Ok((t.event_batch.bind(py).call1((frame,))?, false))
@@ -732,6 +800,7 @@ fn event_fields(
     t: &PyTypes,
     (streams, keys): (&SmallMap<String, Py<PyString>>, &mut PayloadKeys),
     e: &ParsedEvent<'_, '_>,
+    scratch: &mut Vec<u8>,
 ) -> PyResult<FrameEvent> {
     let stream = match streams.get(e.stream) {
         Some(s) => s.clone_ref(py).into_any(),
@@ -759,15 +828,16 @@ fn event_fields(
             .call1((*interval_id, if *end { "end" } else { "start" }))?
             .unbind(),
     };
+    let digest = match &e.payload {
+        PayloadRef::Valid(value) => Some(decoded_digest(scratch, e.source_ts_us, *value)),
+        PayloadRef::Rejected(_) => None,
+    };
     let seq = e.seq.into_pyobject(py)?.into_any().unbind();
     let source_ts_us = e.source_ts_us.into_pyobject(py)?.into_any().unbind();
-    Ok(FrameEvent::new([
-        stream,
-        seq,
-        source_ts_us,
-        payload,
-        interval,
-    ]))
+    Ok(FrameEvent::with_digest(
+        [stream, seq, source_ts_us, payload, interval],
+        digest,
+    ))
 }
 
 #[pymethods]

@@ -5,7 +5,8 @@
 //! The digest's definition: the Python core's `event_digest` is `hash((source_ts_us, body))`, `body` the payload's
 //! orjson with sorted keys, or its `repr` when orjson refuses it. Python's `hash` of bytes is seeded per process and
 //! cannot be computed here, so the native digest is a SipHash-1-3 (std's, keyed at random once per process, as
-//! Python's) of `(hash(source_ts_us), kind of body, body)`, the body the same bytes: sorted-key JSON written here
+//! Python's: `process_digester`) of the bytes `hash(source_ts_us)` (8, little-endian), the kind of body (1), then
+//! the body (`digest_head`): fixed-width fields first, so the bytes name one triple. The body is the same bytes: sorted-key JSON written here
 //! exactly as orjson writes it (records.rs's writer, keys sorted by their UTF-8 bytes as orjson sorts them), else
 //! what the tracker's own `_digest_body` gives (orjson, or the repr). Two events get the same native digest exactly
 //! when they get the same Python digest (but for 64-bit collisions, in either), so the verdicts (duplicate,
@@ -13,6 +14,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTypeError;
@@ -54,23 +56,56 @@ impl Default for Digester {
 impl Digester {
     /// The digest of an event whose timestamp hashes (Python's `hash`) to `ts_hash`, with this body.
     pub fn digest(&self, ts_hash: i64, body: Body<'_>) -> i64 {
-        let mut hasher = self.keys.build_hasher();
-        hasher.write_i64(ts_hash);
-        let bytes = match body {
-            Body::Json(bytes) => {
-                hasher.write_u8(0);
-                bytes
-            }
-            Body::Text(bytes) => {
-                hasher.write_u8(1);
-                bytes
-            }
+        let (kind, bytes) = match body {
+            Body::Json(bytes) => (JSON_BODY, bytes),
+            Body::Text(bytes) => (TEXT_BODY, bytes),
         };
-        hasher.write_usize(bytes.len());
-        hasher.write(bytes);
+        let mut framed = Vec::with_capacity(DIGEST_HEAD_BYTES + bytes.len());
+        framed.extend_from_slice(&digest_head(ts_hash, kind));
+        framed.extend_from_slice(bytes);
+        self.digest_framed(&framed)
+    }
+
+    /// The digest of `digest_head(ts_hash, kind)` followed by the body, in one buffer: one SipHash write (each
+    /// write costs about as much as hashing a short body again).
+    pub fn digest_framed(&self, framed: &[u8]) -> i64 {
+        let mut hasher = self.keys.build_hasher();
+        hasher.write(framed);
         // Two's complement: the tracker keeps digests in an array('q').
         hasher.finish() as i64
     }
+}
+
+/// The bytes a digest hashes before its body: the timestamp's hash (8, little-endian), then the body's kind.
+pub const DIGEST_HEAD_BYTES: usize = 9;
+pub const JSON_BODY: u8 = 0;
+pub const TEXT_BODY: u8 = 1;
+
+pub fn digest_head(ts_hash: i64, kind: u8) -> [u8; DIGEST_HEAD_BYTES] {
+    let mut head = [kind; DIGEST_HEAD_BYTES];
+    head[..8].copy_from_slice(&ts_hash.to_le_bytes());
+    head
+}
+
+/// The process's digest key: every tracker's digests and the decoder's (`frame.rs`: a frame's in-order events come
+/// with theirs) are one definition, so a digest made by either compares with the other's.
+pub fn process_digester() -> &'static Digester {
+    static DIGESTER: OnceLock<Digester> = OnceLock::new();
+    DIGESTER.get_or_init(Digester::default)
+}
+
+/// Python's `hash` of a non-negative int: its value modulo the Mersenne prime 2^61 - 1 (`sys.hash_info.modulus`
+/// on 64-bit builds), never -1 for these.
+pub fn python_int_hash(value: u64) -> i64 {
+    const MODULUS: u64 = (1 << 61) - 1;
+    (value % MODULUS) as i64
+}
+
+/// Starts `framed` (cleared) with the head of a JSON body's digest at `source_ts_us`; the caller writes the payload's
+/// sorted-key JSON after it and hands the whole to `digest_framed`.
+pub fn start_json_digest(framed: &mut Vec<u8>, source_ts_us: u64) {
+    framed.clear();
+    framed.extend_from_slice(&digest_head(python_int_hash(source_ts_us), JSON_BODY));
 }
 
 /// `admit_frame`'s inline test: a seq above everything its stream accepted, given up or acked (`top`), within the
@@ -145,7 +180,6 @@ pub fn write_sorted(
 /// (orjson with sorted keys, or the repr when orjson refuses the payload), asked only for a payload not written here.
 #[pyclass(module = "skewless_native", frozen)]
 pub struct EventDigests {
-    digester: Digester,
     body: Py<PyAny>,
 }
 
@@ -158,12 +192,13 @@ impl EventDigests {
     ) -> PyResult<i64> {
         let ts_hash = i64::try_from(source_ts_us.hash()?).unwrap_or_default();
         buf.clear();
+        buf.extend_from_slice(&digest_head(ts_hash, JSON_BODY));
         if write_sorted(buf, payload, 1).is_ok() {
-            return Ok(self.digester.digest(ts_hash, Body::Json(buf)));
+            return Ok(process_digester().digest_framed(buf));
         }
         let body = self.body.bind(payload.py()).call1((payload,))?;
         if let Ok(bytes) = body.cast_exact::<PyBytes>() {
-            return Ok(self.digester.digest(ts_hash, Body::Json(bytes.as_bytes())));
+            return Ok(process_digester().digest(ts_hash, Body::Json(bytes.as_bytes())));
         }
         let Ok(text) = body.cast_exact::<PyString>() else {
             return Err(PyTypeError::new_err(
@@ -175,7 +210,7 @@ impl EventDigests {
             Ok(text) => text.to_owned(),
             Err(_) => text.repr()?.to_str()?.to_owned(),
         };
-        Ok(self.digester.digest(ts_hash, Body::Text(text.as_bytes())))
+        Ok(process_digester().digest(ts_hash, Body::Text(text.as_bytes())))
     }
 }
 
@@ -219,10 +254,7 @@ impl Ring {
 impl EventDigests {
     #[new]
     fn new(body: Py<PyAny>) -> Self {
-        EventDigests {
-            digester: Digester::default(),
-            body,
-        }
+        EventDigests { body }
     }
 
     /// The tracker's `event_digest(source_ts_us, payload)` under this definition.
@@ -273,11 +305,14 @@ impl EventDigests {
                 if !admission.admits(i128::from(seq)) || pending.contains(&seq_obj)? {
                     break;
                 }
-                let digest = self.digest_of(
-                    &mut buf,
-                    &event.field(crate::events::SOURCE_TS_US)?,
-                    &event.field(crate::events::PAYLOAD)?,
-                )?;
+                let digest = match event.decoded_digest() {
+                    Some(digest) => digest,
+                    None => self.digest_of(
+                        &mut buf,
+                        &event.field(crate::events::SOURCE_TS_US)?,
+                        &event.field(crate::events::PAYLOAD)?,
+                    )?,
+                };
                 pending.set_item(&seq_obj, digest)?;
                 admission.accept(i128::from(seq));
                 index += 1;

@@ -101,6 +101,15 @@ pub enum EventAt<'a, 'py> {
 }
 
 impl<'py> EventAt<'_, 'py> {
+    /// The digest the decoder made of a frame's event (frame.rs), while Python has not made its IncomingEvent; None
+    /// otherwise (the caller digests the fields).
+    pub fn decoded_digest(&self) -> Option<i64> {
+        match self {
+            EventAt::Object(_) => None,
+            EventAt::Frame(py, event) => event.decoded_digest(*py),
+        }
+    }
+
     /// Field `index` (STREAM, SEQ, SOURCE_TS_US, PAYLOAD, INTERVAL) of the event.
     pub fn field(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
         match self {

@@ -16,17 +16,35 @@ use pyo3::types::{PySlice, PyTuple};
 
 use crate::events::{INTERVAL, PAYLOAD, SEQ, SOURCE_TS_US, STREAM};
 
-/// One event's IncomingEvent fields, in their order (events.rs's STREAM..INTERVAL), and its IncomingEvent once made.
+/// One event's IncomingEvent fields, in their order (events.rs's STREAM..INTERVAL), its IncomingEvent once made, and
+/// the tracker's digest of it when the decoder made one.
 pub struct FrameEvent {
     fields: [Py<PyAny>; 5],
     made: PyOnceLock<Py<PyAny>>,
+    digest: Option<i64>,
 }
 
 impl FrameEvent {
     pub fn new(fields: [Py<PyAny>; 5]) -> Self {
+        Self::with_digest(fields, None)
+    }
+
+    /// `digest`: `EventDigests.event_digest(source_ts_us, payload)` of these fields (dedup.rs's `json_digest` of the
+    /// decoded payload, where writing its sorted JSON from the msgpack tree costs a fraction of reading it back from
+    /// the Python objects).
+    pub fn with_digest(fields: [Py<PyAny>; 5], digest: Option<i64>) -> Self {
         FrameEvent {
             fields,
             made: PyOnceLock::new(),
+            digest,
+        }
+    }
+
+    /// The decoder's digest, until Python made the IncomingEvent (whose fields may then be other objects).
+    pub fn decoded_digest(&self, py: Python<'_>) -> Option<i64> {
+        match self.made.get(py) {
+            Some(_) => None,
+            None => self.digest,
         }
     }
 
@@ -112,6 +130,13 @@ impl EventFrame {
             .iter()
             .filter(|e| e.made.get(py).is_some())
             .count()
+    }
+
+    /// The decoder's digest of each event (None: none made, or its IncomingEvent was made), for the tests that
+    /// compare them with the tracker's.
+    #[getter]
+    fn decoded_digests(&self, py: Python<'_>) -> Vec<Option<i64>> {
+        self.events.iter().map(|e| e.decoded_digest(py)).collect()
     }
 
     fn __len__(&self) -> usize {

@@ -34,7 +34,11 @@ pub fn push_in_order<'py>(
     limits: RunLimits,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let py = input.events.py();
-    let mut taken: Vec<Taken<'py>> = Vec::new();
+    // At most the rest of the frame: sized once, not grown by doubling through a 500-event frame.
+    let remaining = crate::events::Events::of(input.events)?
+        .len()?
+        .saturating_sub(start);
+    let mut taken: Vec<Taken<'py>> = Vec::with_capacity(remaining);
     let next = reorderer
         .cast::<PySequenceReorderer>()?
         .borrow_mut()

@@ -76,7 +76,9 @@ pub fn take_run_with<'py>(
         let event = events.at(index)?;
         let stream = event.field(crate::events::STREAM)?;
         let interval = event.field(crate::events::INTERVAL)?;
-        if !interval.is_none() || !stream.eq(input.stream)? {
+        // The decoder hands one str object per declared stream: the same object is the same str, without a compare.
+        let same_str = stream.is(input.stream) && stream.is_exact_instance_of::<PyString>();
+        if !interval.is_none() || !(same_str || stream.eq(input.stream)?) {
             break;
         }
         let seq_obj = event.field(crate::events::SEQ)?;

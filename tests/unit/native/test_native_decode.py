@@ -52,6 +52,9 @@ def pack(value: Any) -> bytes:
     return bytes(msgpack.packb(value, use_bin_type=True))
 
 
+NO_PAYLOAD = object()  # an event map without its payload key
+
+
 def frame(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
 
@@ -214,6 +217,30 @@ def test_any_value_decodes_to_the_same_python_objects(value: Any) -> None:
 def test_payloads_are_judged_the_same(payload: Any) -> None:
     event = Pairs([("stream", "s1"), ("seq", 1), ("source_ts_us", 2), ("payload", payload)])
     run_both([frame(pack(HELLO)) + frame(pack({"type": "events", "events": [event]}))])
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.one_of(st.just(NO_PAYLOAD), PAYLOADS), st.integers(0, 2**63 - 1)), min_size=1,
+                max_size=4))
+def test_the_decoder_digests_each_event_as_the_tracker_does(events: list[tuple[Any, int]]) -> None:
+    """The digest the decoder makes of each event (native/src/frame.rs; the tracker's admit_run uses it while the
+    event's IncomingEvent is not made) is the tracker's native `event_digest` of the decoded payload and timestamp:
+    maps with repeated keys, keys out of order, nesting, every scalar; None for a refused payload, and for every
+    event once Python made it."""
+    body = {"type": "events", "events": [
+        Pairs([("stream", "s1"), ("seq", seq), ("source_ts_us", ts)]
+              + ([] if payload is NO_PAYLOAD else [("payload", payload)]))
+        for seq, (payload, ts) in enumerate(events)]}
+    decoder = skewless_native.ConnectionDecoder()
+    decoder.receive_data(frame(pack(HELLO)))
+    decoder.accept_hello(DECLARED)
+    (batch,) = decoder.receive_data(frame(pack(body)))
+    decoded = batch.events.decoded_digests
+    digests = native_event_digests()
+    want = [None if type(event.payload) is RejectedPayload else digests.event_digest(event.source_ts_us, event.payload)
+            for event in batch.events]
+    assert decoded == want
+    assert batch.events.decoded_digests == [None] * len(events)
 
 
 @FUZZ
