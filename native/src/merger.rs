@@ -18,6 +18,7 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+pub mod held;
 pub mod python;
 
 use crate::sequence::estimators::DecayedQuantile;

@@ -2,7 +2,9 @@
 //! events of one (source, stream), one call (`MultiSourceMerger.push_in_order`) does what `take_run` then
 //! `_push_run`'s `push_run_built` did in two, without the run's `(SourceEvent, arrival_us, mapped)` items as Python
 //! objects in between: the reorderer takes the events in order (sequence/run.rs), the merge takes the run, the
-//! record builder turns each plain release into its Produce action (records/produce.rs).
+//! record builder turns each plain release into its Produce action (records/produce.rs). The merge holds each
+//! event as its SourceEvent's fields (merger/held.rs): the SourceEvent is made only for an event that leaves for
+//! Python (a record handed back, a Late), so an in-order event released as a Produce never was one.
 //!
 //! The run is pushed here only when `push_many` would push it right after `take_run` with nothing added: the frame
 //! ends, or its next event is another stream's. Otherwise (the next event of the stream takes `push_many`'s own
@@ -16,6 +18,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
 
 use crate::decode::guard;
+use crate::merger::held::{HeldEvent, HeldFields};
 use crate::merger::python::PyMerger;
 use crate::merger::RunEvent;
 use crate::records::RecordBuilder;
@@ -23,8 +26,9 @@ use crate::sequence::py::PySequenceReorderer;
 use crate::sequence::run::{RunInput, RunLimits, Taken};
 
 /// `(next_index, run, built, handed_back, run_errors)`: `run` the taken items when they were not pushed (else
-/// None); when pushed, `built` and `handed_back` as `push_run_built` gives them and `run_errors` (`{id(event):
-/// error_us}` of the run, as `_push_run` makes it) when something was handed back.
+/// None); when pushed, `built` and `handed_back` as `push_run_built` gives them and `run_errors` when something
+/// was handed back: `{id(event): error_us}` of the run's events whose SourceEvent was made (those handed back
+/// among them: `_push_run`'s map restricted to the events `_records` can look up).
 pub fn push_in_order<'py>(
     merger: &mut PyMerger,
     reorderer: &Bound<'py, PyAny>,
@@ -48,44 +52,45 @@ pub fn push_in_order<'py>(
         })?;
     let native = builder.cast::<RecordBuilder>().ok();
     let Some(native) = native.filter(|_| !taken.is_empty()) else {
-        return handed_back_as_items(py, next, taken, input.arrival_us);
+        return handed_back_as_items(py, next, taken, input);
     };
     if next < crate::events::Events::of(input.events)?.len()?
         && !next_is_another_stream(input, next, &taken[0])?
     {
-        return handed_back_as_items(py, next, taken, input.arrival_us);
+        return handed_back_as_items(py, next, taken, input);
     }
     let arrival_us = taken[0].arrival_us;
+    let push_id = merger.next_push_id();
     guard("MultiSourceMerger.push_in_order", || {
-        let mut run_errors =
-            crate::records::RunErrors::with_capacity_and_hasher(taken.len(), Default::default());
-        let mut errors = Vec::with_capacity(taken.len());
-        let mut events = Vec::with_capacity(taken.len());
-        for item in taken {
-            let address = item.source_event.as_ptr() as usize;
-            errors.push((address, item.error_us));
-            run_errors.insert(address, Some(i128::from(item.error_us)));
-            events.push(RunEvent {
+        let class = input.source_event.clone().unbind();
+        let events = taken
+            .into_iter()
+            .map(|item| RunEvent {
                 seq: item.seq,
-                event: item.source_event.unbind(),
+                event: HeldEvent::Fields(HeldFields {
+                    fields: item.fields.map(Bound::unbind),
+                    class: class.clone_ref(py),
+                    pushed_in: push_id,
+                    error_us: item.error_us,
+                }),
                 arrival_us: item.arrival_us,
                 ref_us: item.ref_us,
                 error_us: item.error_us,
-            });
-        }
-        let (built, handed_back) = merger.push_events_built(
+            })
+            .collect();
+        let (built, handed_back, made) = merger.push_events_built(
             input.source_id,
             events,
             arrival_us,
             &mut native.borrow_mut(),
-            run_errors,
+            push_id,
             input.clock,
         )?;
         let by_event = if handed_back.is_empty() {
             py.None().into_bound(py)
         } else {
             let by_event = PyDict::new(py);
-            for (address, error) in errors {
+            for (address, error) in made {
                 by_event.set_item(address, error)?;
             }
             by_event.into_any()
@@ -111,8 +116,8 @@ fn next_is_another_stream(
 ) -> PyResult<bool> {
     let events = crate::events::Events::of(input.events)?;
     let stream = events.at(next)?.field(crate::events::STREAM)?;
-    let run_stream = first.source_event.get_item(1)?;
-    Ok(!stream.is(&run_stream) && !stream.eq(&run_stream)?)
+    let run_stream = &first.fields[1];
+    Ok(!stream.is(run_stream) && !stream.eq(run_stream)?)
 }
 
 /// The taken events as `take_run`'s items, not pushed.
@@ -120,11 +125,16 @@ fn handed_back_as_items<'py>(
     py: Python<'py>,
     next: usize,
     taken: Vec<Taken<'py>>,
-    arrival_us: &Bound<'py, PyAny>,
+    input: &RunInput<'_, 'py>,
 ) -> PyResult<Bound<'py, PyTuple>> {
+    let (class, arrival_us) = (input.source_event, input.arrival_us);
     let run = PyList::empty(py);
     for item in taken {
-        run.append((item.source_event, arrival_us, item.mapped.into_tuple(py)?))?;
+        run.append((
+            item.source_event(class)?,
+            arrival_us,
+            item.mapped.into_tuple(py)?,
+        ))?;
     }
     let none = py.None().into_bound(py);
     PyTuple::new(

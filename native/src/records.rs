@@ -19,7 +19,9 @@ use crate::decode::guard;
 use crate::decode::pyrepr::write_shortest;
 
 mod produce;
-pub use produce::RunErrors;
+use crate::merger::held::HeldEvent;
+use crate::merger::MergeOutput;
+pub use produce::MergedContext;
 pub(crate) mod slots;
 
 /// contract.records.CONTRACT_VERSION (a unit test compares them).
@@ -643,35 +645,23 @@ impl RecordBuilder {
     pub fn build_releases<'py>(
         &mut self,
         py: Python<'py>,
-        outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
+        outputs: impl Iterator<Item = MergeOutput<HeldEvent>>,
         run: &Bound<'py, PyAny>,
         clock: &Bound<'py, PyAny>,
-        record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
+        record: impl FnMut(MergeOutput<HeldEvent>) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         let context = produce::MergedContext::new(clock, run)?;
         self.build_releases_in(py, outputs, context, record)
     }
 
-    /// `build_releases` for a run whose error bounds (by the address of each event) the caller has: the fused
-    /// in-order path (native/src/pipeline.rs), whose run never became a Python list.
-    pub fn build_releases_with_errors<'py>(
+    /// `build_releases` with the error bounds of the run's events given by `context`: the fused in-order path's
+    /// (native/src/merger/python.rs's `push_events_built`) are in its held events.
+    pub(crate) fn build_releases_in<'py>(
         &mut self,
         py: Python<'py>,
-        outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
-        run_errors: produce::RunErrors,
-        clock: &Bound<'py, PyAny>,
-        record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
-        let context = produce::MergedContext::with_errors(clock, run_errors);
-        self.build_releases_in(py, outputs, context, record)
-    }
-
-    fn build_releases_in<'py>(
-        &mut self,
-        py: Python<'py>,
-        outputs: impl Iterator<Item = crate::merger::MergeOutput<Py<PyAny>>>,
+        outputs: impl Iterator<Item = MergeOutput<HeldEvent>>,
         mut context: produce::MergedContext<'py>,
-        mut record: impl FnMut(crate::merger::MergeOutput<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>>,
+        mut record: impl FnMut(MergeOutput<HeldEvent>) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         guard("RecordBuilder.build_merged", || {
             let mut batch = produce::Batch::new(py, self.produce.as_ref())?;
@@ -679,19 +669,31 @@ impl RecordBuilder {
             let mut handed_back = Vec::new();
             for (position, output) in outputs.enumerate() {
                 let produced = match &output {
-                    crate::merger::MergeOutput::Merged {
+                    MergeOutput::Merged {
                         event,
                         arrival_us,
                         release_us,
                         ref_ts_us,
                         raised_us: 0,
-                    } => produce::produce_release(
-                        self,
-                        event.bind(py),
-                        [*arrival_us, *release_us, *ref_ts_us],
-                        &mut batch,
-                        &mut context,
-                    )?,
+                    } => {
+                        let times = [*arrival_us, *release_us, *ref_ts_us];
+                        match event {
+                            HeldEvent::Object(event) => produce::produce_release(
+                                self,
+                                event.bind(py),
+                                times,
+                                &mut batch,
+                                &mut context,
+                            )?,
+                            HeldEvent::Fields(held) => produce::produce_held_release(
+                                self,
+                                held,
+                                times,
+                                &mut batch,
+                                &mut context,
+                            )?,
+                        }
+                    }
                     _ => None,
                 };
                 match produced {

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
+use super::held::HeldEvent;
 use crate::decode::panic_message;
 use crate::pyrecords::{build_record, RecordClasses};
 use crate::records::RecordBuilder;
@@ -172,7 +173,7 @@ impl PyMergerCounters {
 /// `reorder.merger.MultiSourceMerger`, compiled.
 #[pyclass(name = "MultiSourceMerger", module = "skewless_native")]
 pub struct PyMerger {
-    core: MultiSourceMerger<Py<PyAny>>,
+    core: MultiSourceMerger<HeldEvent>,
     stream: Py<PyString>,
     clock: Py<PyAny>,
     config: Py<PyAny>,
@@ -181,6 +182,8 @@ pub struct PyMerger {
     records: Option<RecordClasses<4>>,
     /// Set by a panic in the core: every later call raises.
     broken: bool,
+    /// `push_events_built` calls so far: HeldFields' `pushed_in`.
+    pushes_built: u64,
 }
 
 impl PyMerger {
@@ -189,9 +192,9 @@ impl PyMerger {
     fn run<'py, F>(&mut self, py: Python<'py>, call: F) -> PyResult<Bound<'py, PyList>>
     where
         F: FnOnce(
-            &mut MultiSourceMerger<Py<PyAny>>,
+            &mut MultiSourceMerger<HeldEvent>,
             &mut PythonWait<'_, 'py>,
-            &mut Vec<MergeOutput<Py<PyAny>>>,
+            &mut Vec<MergeOutput<HeldEvent>>,
         ) -> Result<(), MergeError>,
     {
         let out = self.run_raw(py, call)?;
@@ -199,12 +202,12 @@ impl PyMerger {
     }
 
     /// `run` without the conversion: the core's outputs themselves.
-    fn run_raw<'py, F>(&mut self, py: Python<'py>, call: F) -> PyResult<Vec<MergeOutput<Py<PyAny>>>>
+    fn run_raw<'py, F>(&mut self, py: Python<'py>, call: F) -> PyResult<Vec<MergeOutput<HeldEvent>>>
     where
         F: FnOnce(
-            &mut MultiSourceMerger<Py<PyAny>>,
+            &mut MultiSourceMerger<HeldEvent>,
             &mut PythonWait<'_, 'py>,
-            &mut Vec<MergeOutput<Py<PyAny>>>,
+            &mut Vec<MergeOutput<HeldEvent>>,
         ) -> Result<(), MergeError>,
     {
         if self.broken {
@@ -242,7 +245,7 @@ impl PyMerger {
     fn outputs<'py>(
         &self,
         py: Python<'py>,
-        out: Vec<MergeOutput<Py<PyAny>>>,
+        out: Vec<MergeOutput<HeldEvent>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
         for item in out {
@@ -255,7 +258,7 @@ impl PyMerger {
     fn output<'py>(
         &self,
         py: Python<'py>,
-        item: MergeOutput<Py<PyAny>>,
+        item: MergeOutput<HeldEvent>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let records = self.records.as_ref();
         {
@@ -269,7 +272,7 @@ impl PyMerger {
                 } => (
                     MERGED,
                     vec![
-                        event.into_bound(py),
+                        event.into_object(py)?,
                         arrival_us.into_bound_py_any(py)?,
                         release_us.into_bound_py_any(py)?,
                         ref_ts_us.into_bound_py_any(py)?,
@@ -303,7 +306,7 @@ impl PyMerger {
                 } => (
                     LATE,
                     vec![
-                        event.into_bound(py),
+                        event.into_object(py)?,
                         arrival_us.into_bound_py_any(py)?,
                         reason.as_str().into_bound_py_any(py)?,
                         lateness_us.into_bound_py_any(py)?,
@@ -321,7 +324,7 @@ impl PyMerger {
         source_id: &Bound<'_, PyString>,
         run: &Bound<'_, PyAny>,
         now_us: i64,
-    ) -> PyResult<Vec<MergeOutput<Py<PyAny>>>> {
+    ) -> PyResult<Vec<MergeOutput<HeldEvent>>> {
         let events = run_events(run)?;
         let source = source_id.to_str()?;
         self.run_raw(source_id.py(), |core, policy, out| {
@@ -329,25 +332,46 @@ impl PyMerger {
         })
     }
 
-    /// `push_run_built` for a run already taken in Rust (native/src/pipeline.rs's fused in-order path): its
-    /// events, their error bounds by event address, the native builder.
+    /// The id of the next `push_events_built` call, which the events it pushes carry (HeldFields' `pushed_in`).
+    pub(crate) fn next_push_id(&mut self) -> u64 {
+        self.pushes_built += 1;
+        self.pushes_built
+    }
+
+    /// `push_run_built` for a run already taken in Rust (native/src/pipeline.rs's fused in-order path): its events
+    /// (HeldFields pushed in `push_id`), the native builder. Also returns `(address, error_us)` of each event of this
+    /// run whose SourceEvent was made for an output handed back (`_push_run`'s `run_errors` for those).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     pub(crate) fn push_events_built<'py>(
         &mut self,
         source_id: &Bound<'py, PyString>,
-        events: Vec<RunEvent<Py<PyAny>>>,
+        events: Vec<RunEvent<HeldEvent>>,
         now_us: i64,
         builder: &mut RecordBuilder,
-        run_errors: crate::records::RunErrors,
+        push_id: u64,
         clock: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>, Vec<(usize, i64)>)> {
         let py = source_id.py();
         let source = source_id.to_str()?;
         let out = self.run_raw(py, |core, policy, out| {
             core.push_run(source, events, now_us, policy, out)
         })?;
-        builder.build_releases_with_errors(py, out.into_iter(), run_errors, clock, |item| {
-            self.output(py, item)
-        })
+        let mut made = Vec::new();
+        let context = crate::records::MergedContext::for_push(clock, push_id);
+        let (built, handed_back) =
+            builder.build_releases_in(py, out.into_iter(), context, |mut item| {
+                if let Some(event) = item.event_mut() {
+                    let error_us = match event {
+                        HeldEvent::Fields(held) if held.pushed_in == push_id => Some(held.error_us),
+                        _ => None,
+                    };
+                    if let Some(error_us) = error_us {
+                        made.push((event.object(py)?.as_ptr() as usize, error_us));
+                    }
+                }
+                self.output(py, item)
+            })?;
+        Ok((built, handed_back, made))
     }
 
     fn map(
@@ -405,6 +429,7 @@ impl PyMerger {
                 })
                 .transpose()?,
             broken: false,
+            pushes_built: 0,
         })
     }
 
@@ -505,7 +530,7 @@ impl PyMerger {
             )?,
         };
         let source_id = source.to_str()?;
-        let handle = event.clone().unbind();
+        let handle = HeldEvent::Object(event.clone().unbind());
         self.run(py, |core, policy, out| {
             core.push(
                 source_id, seq, handle, arrival_us, now_us, late, mapped, policy, out,
@@ -645,7 +670,7 @@ impl PyMerger {
 }
 
 /// `push_run`'s `(event, arrival_us, (ref_us, error_us))` items, checked whole before any is taken.
-fn run_events(run: &Bound<'_, PyAny>) -> PyResult<Vec<RunEvent<Py<PyAny>>>> {
+fn run_events(run: &Bound<'_, PyAny>) -> PyResult<Vec<RunEvent<HeldEvent>>> {
     let py = run.py();
     let seq_name = intern!(py, "seq");
     let mut events = Vec::with_capacity(run.len().unwrap_or(0));
@@ -657,7 +682,7 @@ fn run_events(run: &Bound<'_, PyAny>) -> PyResult<Vec<RunEvent<Py<PyAny>>>> {
         let seq: i64 = event.getattr(seq_name)?.extract()?;
         events.push(RunEvent {
             seq,
-            event: event.unbind(),
+            event: HeldEvent::Object(event.unbind()),
             arrival_us,
             ref_us,
             error_us,

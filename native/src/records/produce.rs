@@ -24,6 +24,7 @@ use super::{
     exact_int, kafka_timestamp_ms, opt_int, read_fields, write_event_record, write_py, Attrs,
     EventRecordFields, NotNative, RecordBuilder, ATTR_NAMES,
 };
+use crate::merger::held::HeldFields;
 
 /// `produce=(PublishRecord, RejectedPayload, Produce, DeliveryRef, given_up_late_reasons, Merged, SourceEvent)`.
 pub type ProduceArg<'py> = (
@@ -145,6 +146,15 @@ impl<'py> Batch<'py> {
             self.last_topic = Some((stream.clone(), late, topic.clone()));
         }
         Ok(topic)
+    }
+
+    /// The events topic of `stream` (`topic(stream, "events", False)`).
+    fn events_topic(
+        &mut self,
+        stream: &Bound<'py, PyString>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let kind = intern!(stream.py(), "events");
+        self.topic(stream.as_any(), kind.as_any(), false)
     }
 
     /// An events record's key and headers of `source_id` (the builder's `event_key_and_headers`).
@@ -304,6 +314,8 @@ impl std::hash::Hasher for AddressHasher {
 pub struct MergedContext<'py> {
     clock: Bound<'py, PyAny>,
     run_errors: RunErrors,
+    /// The merger's push whose held events (HeldFields) carry the run's error bounds; None: no such push.
+    current_push: Option<u64>,
     rtts: ByAddress<(Bound<'py, PyString>, Bound<'py, PyAny>)>,
 }
 
@@ -324,12 +336,21 @@ impl<'py> MergedContext<'py> {
         Ok(Self::with_errors(clock, run_errors))
     }
 
-    /// `new` with the run's error bounds by event address already collected.
-    pub fn with_errors(clock: &Bound<'py, PyAny>, run_errors: RunErrors) -> Self {
+    fn with_errors(clock: &Bound<'py, PyAny>, run_errors: RunErrors) -> Self {
         MergedContext {
             clock: clock.clone(),
             run_errors,
+            current_push: None,
             rtts: ByAddress::default(),
+        }
+    }
+
+    /// The context of the merger's push `push_id`, whose run was held events: each of them that push took carries
+    /// its run's error bound (HeldFields).
+    pub fn for_push(clock: &Bound<'py, PyAny>, push_id: u64) -> Self {
+        MergedContext {
+            current_push: Some(push_id),
+            ..Self::with_errors(clock, RunErrors::default())
         }
     }
 
@@ -339,8 +360,29 @@ impl<'py> MergedContext<'py> {
         if let Some(error) = self.run_errors.get(&(event.as_ptr() as usize)) {
             return Ok(*error);
         }
-        let mapped =
-            crate::clocks::to_reference(&self.clock, &event.get_item(0)?, &event.get_item(3)?)?;
+        self.clock_error_us(&event.get_item(0)?, &event.get_item(3)?)
+    }
+
+    /// `error_us` of a held event: its run's when the current push took it, else the clock's now.
+    fn held_error_us(
+        &self,
+        held: &HeldFields,
+        source_id: &Bound<'py, PyAny>,
+        source_ts_us: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<i128>> {
+        if self.current_push == Some(held.pushed_in) {
+            return Ok(Some(i128::from(held.error_us)));
+        }
+        self.clock_error_us(source_id, source_ts_us)
+    }
+
+    /// The error bound the clock gives the event now; None when it is not an exact int.
+    fn clock_error_us(
+        &self,
+        source_id: &Bound<'py, PyAny>,
+        source_ts_us: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<i128>> {
+        let mapped = crate::clocks::to_reference(&self.clock, source_id, source_ts_us)?;
         Ok(match mapped {
             crate::clocks::Mapped::Native(_, error_us) => Some(i128::from(error_us)),
             crate::clocks::Mapped::Python(mapped) => exact_int(&mapped.get_item(1)?).ok(),
@@ -418,26 +460,84 @@ fn plain_event<'a, 'py>(
 pub fn produce_release<'py>(
     builder: &mut RecordBuilder,
     event: &Bound<'py, PyAny>,
-    [arrival_us, release_us, ref_ts_us]: [i64; 3],
+    times: [i64; 3],
     batch: &mut Batch<'py>,
     context: &mut MergedContext<'py>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let py = event.py();
-    let Some((event, [source_id, stream])) = plain_event(event, batch)? else {
+    let Some((event, ids)) = plain_event(event, batch)? else {
         return Ok(None);
     };
-    let payload = event.get_borrowed_item(4)?;
-    let kind = intern!(py, "events");
-    let Some(topic) = batch.topic(stream.as_any(), kind.as_any(), false)? else {
+    let Some(topic) = batch.events_topic(&ids[1])? else {
         return Ok(None);
     };
     let Some(error_us) = context.error_us(event)? else {
         return Ok(None);
     };
+    let fields = [event.get_item(2)?, event.get_item(3)?, event.get_item(4)?];
+    release_produce(
+        builder,
+        ids,
+        fields,
+        (topic, error_us),
+        times,
+        batch,
+        context,
+    )
+}
+
+/// `produce_release` of a held event's fields (merger/held.rs): the same Produce, without its SourceEvent.
+pub fn produce_held_release<'py>(
+    builder: &mut RecordBuilder,
+    held: &HeldFields,
+    times: [i64; 3],
+    batch: &mut Batch<'py>,
+    context: &mut MergedContext<'py>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = batch.topics.py();
+    let [source_id, stream, seq, source_ts_us, payload] =
+        held.fields.each_ref().map(|f| f.bind(py));
+    if payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) {
+        return Ok(None);
+    }
+    let (Ok(id), Ok(name)) = (source_id.cast::<PyString>(), stream.cast::<PyString>()) else {
+        return Ok(None);
+    };
+    let Some(topic) = batch.events_topic(name)? else {
+        return Ok(None);
+    };
+    let Some(error_us) = context.held_error_us(held, source_id, source_ts_us)? else {
+        return Ok(None);
+    };
+    let ids = [id.clone(), name.clone()];
+    let fields = [seq.clone(), source_ts_us.clone(), payload.clone()];
+    release_produce(
+        builder,
+        ids,
+        fields,
+        (topic, error_us),
+        times,
+        batch,
+        context,
+    )
+}
+
+/// The Produce of a plain release whose event is `[source_id, stream]` and `[seq, source_ts_us, payload]`, to
+/// `topic` (the stream's events topic), its mapping's error bound `error_us`, at `[arrival_us, release_us,
+/// ref_ts_us]`; None when the Python path must write it (a value the native writer leaves to orjson, a record over
+/// the size limit).
+fn release_produce<'py>(
+    builder: &mut RecordBuilder,
+    [source_id, stream]: [Bound<'py, PyString>; 2],
+    [seq, source_ts_us, payload]: [Bound<'py, PyAny>; 3],
+    (topic, error_us): (Bound<'py, PyAny>, i128),
+    [arrival_us, release_us, ref_ts_us]: [i64; 3],
+    batch: &mut Batch<'py>,
+    context: &mut MergedContext<'py>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = source_id.py();
+    let kind = intern!(py, "events");
     let rtt_us = context.rtt_us(&source_id)?;
-    let seq = event.get_item(2)?;
     let times = [ref_ts_us, arrival_us, release_us].map(i128::from);
-    let source_ts_us = event.get_borrowed_item(3)?;
     batch.buf.clear();
     if merged_json(
         [&mut batch.buf, &mut batch.payload_buf],

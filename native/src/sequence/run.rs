@@ -38,7 +38,7 @@ pub fn take_run<'py>(
     let run = PyList::empty(py);
     let next = take_run_with(core, input, start, limits, |taken| {
         run.append((
-            taken.source_event,
+            taken.source_event(input.source_event)?,
             input.arrival_us,
             taken.mapped.into_tuple(py)?,
         ))
@@ -46,15 +46,25 @@ pub fn take_run<'py>(
     Ok((run, next))
 }
 
-/// One event `take_run_with` took: its SourceEvent, the mapping it was taken with (the caller's tuple, or the
-/// clock's: native/src/clocks.rs), and those as integers.
+/// One event `take_run_with` took: its SourceEvent's fields (source_id, stream, seq, source_ts_us, payload; its
+/// interval is None), the mapping it was taken with (the caller's tuple, or the clock's: native/src/clocks.rs), and
+/// those as integers.
 pub struct Taken<'py> {
-    pub source_event: Bound<'py, PyAny>,
+    pub fields: [Bound<'py, PyAny>; 5],
     pub mapped: Mapped<'py>,
     pub seq: i64,
     pub arrival_us: i64,
     pub ref_us: i64,
     pub error_us: i64,
+}
+
+impl<'py> Taken<'py> {
+    /// `SourceEvent(*fields, None)` of `class` (reorder.records.SourceEvent), as `tuple.__new__` builds it.
+    pub fn source_event(&self, class: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let [source_id, stream, seq, source_ts_us, payload] = self.fields.clone();
+        let none = class.py().None().into_bound(class.py());
+        crate::events::tuple_of(class, [source_id, stream, seq, source_ts_us, payload, none])
+    }
 }
 
 /// `take_run`, each event taken handed to `item` (pipeline.rs's fused path keeps them in Rust): returns the index
@@ -114,19 +124,15 @@ pub fn take_run_with<'py>(
             break;
         }
         core.take_in_order(i128::from(seq), arrival);
-        let source_event = crate::events::tuple_of(
-            input.source_event,
-            [
-                input.source_id.as_any().clone(),
-                stream,
-                seq_obj,
-                source_ts_us,
-                event.field(crate::events::PAYLOAD)?,
-                interval,
-            ],
-        )?;
+        let fields = [
+            input.source_id.as_any().clone(),
+            stream,
+            seq_obj,
+            source_ts_us,
+            event.field(crate::events::PAYLOAD)?,
+        ];
         item(Taken {
-            source_event,
+            fields,
             mapped,
             seq,
             arrival_us,
