@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 import skewless_native
 from hypothesis import given, settings
@@ -130,6 +131,54 @@ def test_plain_rounds_are_pushed_in_one_call_each() -> None:
     results = [core.events_received(ConnectionId(1), "a", gap, T0 + 30_000) for core in cores]
     assert results[1] == results[0]
     assert counting.pushed == 4 * len(SOURCES) * len(STREAMS)
+
+
+class ShiftingBound:
+    """The identity mapping, with an error bound the test changes between frames (an estimate that moved)."""
+
+    def __init__(self) -> None:
+        self.error_us = 3
+
+    def to_reference(self, source_id: str, source_ts_us: int) -> tuple[int, int]:
+        return source_ts_us, self.error_us
+
+    def rtt_us(self, source_id: str) -> int | None:
+        return None
+
+
+def test_a_held_event_released_by_a_later_push_carries_the_clocks_bound_then() -> None:
+    """The merge holds a's run (b is registered and silent), the estimate's bound moves from 3 to 50 us, then b's
+    frame releases both: a's records carry 50 (the clock's bound at release: `_records` looks up only the releasing
+    run's mappings), b's the bound its run was mapped with, also 50; a third frame of a, released at once, carries
+    its own run's 50 too. The native cores hold a's events as fields (merger/held.rs) and must say the same."""
+    mappings = [ShiftingBound(), ShiftingBound()]
+    cores = []
+    for core, mapping in zip(("python", "native"), mappings, strict=True):
+        config = IngestConfig()
+        if core == "native":
+            config = IngestConfig(record_builder=native_record_builder, event_digests=native_event_digests,
+                                  pipeline=with_core(config.pipeline, "native"))
+        ingest = IngestCore(TopicNames("t"), mapping, config)
+        ingest.stream_created("s")
+        for source in ("a", "b"):
+            ingest.source_registered(source, ("s",), T0)
+        cores.append(ingest)
+    counting = Counting(cores[1])
+    frames = [("a", tuple(IncomingEvent("s", i, T0 + 10 * i, {"i": i}) for i in range(3))),
+              ("b", tuple(IncomingEvent("s", i, T0 + 5 + 10 * i, {"i": i}) for i in range(4))),
+              ("a", tuple(IncomingEvent("s", i, T0 + 10 * i, {"i": i}) for i in range(3, 6)))]
+    bounds = []
+    for index, (source, batch) in enumerate(frames):
+        if index == 1:
+            for mapping in mappings:
+                mapping.error_us = 50
+        results = [core.events_received(ConnectionId(1), source, batch, T0 + 1_000 * (index + 1)) for core in cores]
+        assert results[1] == results[0]
+        bounds += [orjson.loads(action.value)["uncertainty_us"] for action in results[1] if isinstance(action, Produce)
+                   and action.value is not None and b'"kind":"event"' in action.value]
+    assert counting.pushed == 3
+    assert bounds[:3] == [50, 50, 50]  # a's first run, pushed with 3, released by b's push
+    assert len(bounds) >= 6 and set(bounds) == {50}
 
 
 def test_bad_arguments_are_python_errors_and_a_python_builder_gets_the_items() -> None:
