@@ -419,11 +419,12 @@ Python asks for one and the Produce actions and DeliveryRefs the record builder 
 longer walks them.
 
 What still runs in Python, and why:
-- Per event, Python objects that the next step takes as such: the objects of the event's fields the decoder makes
-  (its payload dict and the ints of its seq and source time: the SourceEvent holds them; the IncomingEvent itself
-  is made only when Python asks for it: the first of a frame's runs, whose stream `admit_frame` and `push_many`
-  read, and every event of a frame that takes a Python path), the SourceEvent the merge queues
-  (the Python paths of late records, refusals and punctuations read it), the Produce action and its DeliveryRef
+- Per event, Python objects that the next step takes as such: the ints of its seq and source time the decoder
+  makes (a map payload stays its record JSON, native/src/payload.rs, and becomes a dict only with the
+  IncomingEvent or the SourceEvent; the IncomingEvent itself is made only when Python asks for it: the first of a
+  frame's runs, whose stream `admit_frame` and `push_many` read, and every event of a frame that takes a Python
+  path; the merge holds a fused run's events as fields and makes a SourceEvent only for one it hands to Python, a
+  late record or a release the builder leaves, native/src/merger/held.rs), the Produce action and its DeliveryRef
   per record (the shard's queue and its commit keep them), the value bytes (the key is one object per source), the Python ints of the
   tracker's pending dict (seq -> digest, written by `admit_run`, popped by `confirm_run`) and the one
   `Producer.produce` call per record (confluent-kafka has no call that takes a batch). The three contract headers

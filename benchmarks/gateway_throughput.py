@@ -485,8 +485,8 @@ turned into records in the same call), the record bytes and Produce actions, the
 in-order admissions and confirmations, the reference mapping (the identity here: time sync is off), a commit's
 per-record loops, the transactional shard's produce loop over its plain records and its sorting of each core
 call's actions. Python keeps the glue per frame, run and batch, the tracker's state, the rare paths, the Python
-objects each event still is on its way (IncomingEvent, SourceEvent, Produce and DeliveryRef; the natively built
-ones off the cyclic collector's lists) and confluent-kafka's produce call per record (docs/gateway-hotpath.md:
+objects each event still is on its way (its seq and time ints, Produce and DeliveryRef, off the cyclic
+collector's lists; IncomingEvent, SourceEvent and the payload's dict only for an event that takes a Python path) and confluent-kafka's produce call per record (docs/gateway-hotpath.md:
 "What still runs in Python, and why"). At each source count the cores ran one after the
 other, in alternating order.
 
@@ -596,9 +596,9 @@ Next levers, by expected gain:
    sources ({per_core}) against {limit.cpu_us_per_event:.1f} us for the plain producer's produce call and callback.
 2. Target 1: fewer Python objects per event. With `--core native` the in-order path's per-event steps run in
    Rust (each held to the Python code it replaces by differential tests, tests/unit/native/); what is left per
-   event in Python are the objects the next step takes as such (IncomingEvent, SourceEvent, Produce and
-   DeliveryRef, key and value bytes, the delivery tracker's pending entries; the natively built ones off the
-   cyclic collector's lists) and confluent-kafka's produce call, whose headers conversion and message allocation
+   event in Python are the objects the next step takes as such (the seq and time ints, Produce and DeliveryRef,
+   the value bytes, the delivery tracker's pending entries; the natively built ones off the cyclic collector's
+   lists; an in-order event's IncomingEvent, SourceEvent and payload dict are made only when Python asks for them) and confluent-kafka's produce call, whose headers conversion and message allocation
    are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its bytes to a
    native batch of records that the shard produces and commits without those objects.
 3. Target 2: the gateway's cost per frame. The paced load's frames hold 2-3 events; a frame's fixed cost in the

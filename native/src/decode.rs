@@ -19,11 +19,12 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::frame::{EventFrame, FrameEvent};
+use crate::payload::JsonPayload;
 use messages::{ErrorKind, Interval, ParsedEvent, PayloadRef, ProtocolError};
 use msgpack::{Map, Value};
 
-/// The decoder's per-event lookups (declared streams, their Python strs, payload keys): maps of at most 64 entries
-/// each (a hello's streams; KEYS_CACHED), looked up once or twice per event, where std's SipHash cost more than
+/// The decoder's per-event lookup (declared streams, their Python strs): a map of at most 64 entries (a hello's
+/// streams), looked up once per event, where std's SipHash cost more than
 /// the rest of the lookup. foldhash is keyed per map at random; their bounded size leaves a flood nothing to grow.
 type SmallMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -423,11 +424,53 @@ pub fn payload_json_sorted(out: &mut Vec<u8>, value: &Value<'_>) {
     }
 }
 
-/// The tracker's digest of an event whose payload payload_problem accepted (None: the event has no payload).
-fn decoded_digest(scratch: &mut Vec<u8>, source_ts_us: u64, payload: Option<&Value<'_>>) -> i64 {
-    crate::dedup::start_json_digest(scratch, source_ts_us);
-    payload_json_sorted(scratch, payload.unwrap_or(&Value::Nil));
-    crate::dedup::process_digester().digest_framed(scratch)
+/// Whether every map in `value` has its keys in sorted order already (its JSON is then its sorted-key JSON).
+fn keys_sorted(value: &Value<'_>) -> bool {
+    match value {
+        Value::Array(items) => items.iter().all(keys_sorted),
+        Value::Map(map) => {
+            map.entries
+                .windows(2)
+                .all(|pair| match (&pair[0].0, &pair[1].0) {
+                    (Value::Str(a), Value::Str(b)) => a.as_bytes() < b.as_bytes(),
+                    _ => false,
+                })
+                && map.entries.iter().all(|(_, item)| keys_sorted(item))
+        }
+        _ => true,
+    }
+}
+
+/// The decoder's buffers for an event's payload JSON and its sorted-key JSON, reused across a frame's events.
+#[derive(Default)]
+struct PayloadScratch {
+    json: Vec<u8>,
+    sorted: Vec<u8>,
+}
+
+impl PayloadScratch {
+    /// The tracker's digest of an event whose payload payload_problem accepted (None: the event has no payload).
+    fn digest(&mut self, source_ts_us: u64, payload: Option<&Value<'_>>) -> i64 {
+        let sorted = &mut self.sorted;
+        crate::dedup::start_json_digest(sorted, source_ts_us);
+        payload_json_sorted(sorted, payload.unwrap_or(&Value::Nil));
+        crate::dedup::process_digester().digest_framed(sorted)
+    }
+
+    /// A valid map payload's record JSON (payload.rs) and the tracker's digest of the event: one JSON written when
+    /// the map's keys are in order already (the sorted-key JSON is the same bytes), else the sorted one as well.
+    fn map_json(&mut self, source_ts_us: u64, map: &Value<'_>) -> (JsonPayload, i64) {
+        let json = &mut self.json;
+        crate::dedup::start_json_digest(json, source_ts_us);
+        let head = json.len();
+        payload_json(json, map);
+        let digest = if keys_sorted(map) {
+            crate::dedup::process_digester().digest_framed(json)
+        } else {
+            self.digest(source_ts_us, Some(map))
+        };
+        (JsonPayload::new(&self.json[head..]), digest)
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ boundary
@@ -659,52 +702,7 @@ fn error_to_py<'py>(
 pub struct PyConnectionDecoder {
     core: ConnectionDecoder,
     streams: SmallMap<String, Py<PyString>>,
-    payload_keys: PayloadKeys,
     poisoned: bool,
-}
-
-/// At most this many payload keys are kept per connection, each of at most `KEY_CACHED_BYTES` bytes: the memory
-/// of the cache stays bounded (a few KiB) whatever keys a source sends; the others are made per event, as before.
-const KEYS_CACHED: usize = 64;
-const KEY_CACHED_BYTES: usize = 64;
-
-/// A connection's payload keys (the top-level keys of its events' payload dicts) as Python strs: a source repeats
-/// its keys, so its events share one str per key (allocated once, its hash computed once) instead of one str per
-/// key and event. Equal strs either way: a payload equals the Python decoder's (tests/unit/native/
-/// test_native_decode.py).
-#[derive(Default)]
-struct PayloadKeys(SmallMap<Box<str>, Py<PyString>>);
-
-impl PayloadKeys {
-    fn get<'py>(&mut self, py: Python<'py>, key: &str) -> Bound<'py, PyAny> {
-        if let Some(cached) = self.0.get(key) {
-            return cached.bind(py).clone().into_any();
-        }
-        let made = PyString::new(py, key);
-        if key.len() <= KEY_CACHED_BYTES && self.0.len() < KEYS_CACHED {
-            self.0.insert(key.into(), made.clone().unbind());
-        }
-        made.into_any()
-    }
-}
-
-/// An event's payload as `to_py` gives it, its top-level str keys from the connection's `keys`.
-fn payload_to_py<'py>(
-    py: Python<'py>,
-    t: &PyTypes,
-    value: &Value<'_>,
-    keys: &mut PayloadKeys,
-) -> PyResult<Bound<'py, PyAny>> {
-    let Value::Map(map) = value else {
-        return to_py(py, t, value, 0);
-    };
-    if !map.string_keys {
-        return to_py(py, t, value, 0);
-    }
-    dict_of_entries(py, t, map, 1, |k| match k {
-        Value::Str(text) => Ok(keys.get(py, text)),
-        other => to_py(py, t, other, 1),
-    })
 }
 
 /// A map with string keys as a dict filled as its entries are converted (no vector of the parts in between: an
@@ -728,7 +726,6 @@ impl PyConnectionDecoder {
         let t = py_types(py)?;
         let out = PyList::empty(py);
         let streams = &self.streams;
-        let keys = &mut self.payload_keys;
         loop {
             let step = self
                 .core
@@ -749,15 +746,9 @@ impl PyConnectionDecoder {
                         }
                         Ok(Decoded::Events(events)) => {
                             let mut items = Vec::with_capacity(events.len());
-                            let mut scratch = Vec::with_capacity(64);
+                            let mut scratch = PayloadScratch::default();
                             for e in &events {
-                                items.push(event_fields(
-                                    py,
-                                    t,
-                                    (streams, &mut *keys),
-                                    e,
-                                    &mut scratch,
-                                )?);
+                                items.push(event_fields(py, t, streams, e, &mut scratch)?);
                             }
                             let frame = Bound::new(py, EventFrame::from_events(items))?;
                             Ok((t.event_batch.bind(py).call1((frame,))?, false))
@@ -798,22 +789,30 @@ impl PyConnectionDecoder {
 fn event_fields(
     py: Python<'_>,
     t: &PyTypes,
-    (streams, keys): (&SmallMap<String, Py<PyString>>, &mut PayloadKeys),
+    streams: &SmallMap<String, Py<PyString>>,
     e: &ParsedEvent<'_, '_>,
-    scratch: &mut Vec<u8>,
+    scratch: &mut PayloadScratch,
 ) -> PyResult<FrameEvent> {
     let stream = match streams.get(e.stream) {
         Some(s) => s.clone_ref(py).into_any(),
         None => PyString::new(py, e.stream).into_any().unbind(),
     };
-    let payload = match &e.payload {
-        PayloadRef::Valid(None) => py.None(),
-        PayloadRef::Valid(Some(v)) => payload_to_py(py, t, v, keys)?.unbind(),
-        PayloadRef::Rejected(reason) => t
-            .rejected_payload
-            .bind(py)
-            .call1((reason.as_str(),))?
-            .unbind(),
+    let (payload, digest, payload_json) = match &e.payload {
+        PayloadRef::Valid(Some(map @ Value::Map(_))) => {
+            let (json, digest) = scratch.map_json(e.source_ts_us, map);
+            (py.None(), Some(digest), Some(json))
+        }
+        PayloadRef::Valid(value) => {
+            let payload = match value {
+                Some(v) => to_py(py, t, v, 0)?.unbind(),
+                None => py.None(),
+            };
+            (payload, Some(scratch.digest(e.source_ts_us, *value)), None)
+        }
+        PayloadRef::Rejected(reason) => {
+            let rejected = t.rejected_payload.bind(py).call1((reason.as_str(),))?;
+            (rejected.unbind(), None, None)
+        }
     };
     let interval = match &e.interval {
         None => py.None(),
@@ -828,15 +827,12 @@ fn event_fields(
             .call1((*interval_id, if *end { "end" } else { "start" }))?
             .unbind(),
     };
-    let digest = match &e.payload {
-        PayloadRef::Valid(value) => Some(decoded_digest(scratch, e.source_ts_us, *value)),
-        PayloadRef::Rejected(_) => None,
-    };
     let seq = e.seq.into_pyobject(py)?.into_any().unbind();
     let source_ts_us = e.source_ts_us.into_pyobject(py)?.into_any().unbind();
-    Ok(FrameEvent::with_digest(
+    Ok(FrameEvent::decoded(
         [stream, seq, source_ts_us, payload, interval],
         digest,
+        payload_json,
     ))
 }
 
@@ -852,7 +848,6 @@ impl PyConnectionDecoder {
         Ok(PyConnectionDecoder {
             core: ConnectionDecoder::new(max_frame_bytes, max_events_per_batch),
             streams: SmallMap::default(),
-            payload_keys: PayloadKeys::default(),
             poisoned: false,
         })
     }

@@ -10,6 +10,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::frame::{EventFrame, FrameEvent};
+use crate::payload::JsonPayload;
 use crate::records::slots::SlotsClass;
 
 pub const STREAM: usize = 0;
@@ -101,6 +102,15 @@ pub enum EventAt<'a, 'py> {
 }
 
 impl<'py> EventAt<'_, 'py> {
+    /// The payload of a frame's event kept as JSON (payload.rs), while Python has not made its IncomingEvent; None
+    /// otherwise (the payload is `field(PAYLOAD)`).
+    pub fn payload_json(&self) -> Option<&JsonPayload> {
+        match self {
+            EventAt::Object(_) => None,
+            EventAt::Frame(py, event) => event.payload_json(*py),
+        }
+    }
+
     /// The digest the decoder made of a frame's event (frame.rs), while Python has not made its IncomingEvent; None
     /// otherwise (the caller digests the fields).
     pub fn decoded_digest(&self) -> Option<i64> {

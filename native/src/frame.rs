@@ -15,28 +15,36 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PySlice, PyTuple};
 
 use crate::events::{INTERVAL, PAYLOAD, SEQ, SOURCE_TS_US, STREAM};
+use crate::payload::JsonPayload;
 
-/// One event's IncomingEvent fields, in their order (events.rs's STREAM..INTERVAL), its IncomingEvent once made, and
-/// the tracker's digest of it when the decoder made one.
+/// One event's IncomingEvent fields, in their order (events.rs's STREAM..INTERVAL), its IncomingEvent once made, the
+/// tracker's digest of it when the decoder made one, and its payload as JSON when the decoder kept it so
+/// (payload.rs: the payload's field is None then, and its dict is made only with the IncomingEvent).
 pub struct FrameEvent {
     fields: [Py<PyAny>; 5],
     made: PyOnceLock<Py<PyAny>>,
     digest: Option<i64>,
+    payload_json: Option<JsonPayload>,
 }
 
 impl FrameEvent {
     pub fn new(fields: [Py<PyAny>; 5]) -> Self {
-        Self::with_digest(fields, None)
+        Self::decoded(fields, None, None)
     }
 
-    /// `digest`: `EventDigests.event_digest(source_ts_us, payload)` of these fields (dedup.rs's `json_digest` of the
+    /// `digest`: `EventDigests.event_digest(source_ts_us, payload)` of these fields (dedup.rs's digest of the
     /// decoded payload, where writing its sorted JSON from the msgpack tree costs a fraction of reading it back from
-    /// the Python objects).
-    pub fn with_digest(fields: [Py<PyAny>; 5], digest: Option<i64>) -> Self {
+    /// the Python objects). `payload_json`: the payload, kept as its JSON instead of `fields[PAYLOAD]`.
+    pub fn decoded(
+        fields: [Py<PyAny>; 5],
+        digest: Option<i64>,
+        payload_json: Option<JsonPayload>,
+    ) -> Self {
         FrameEvent {
             fields,
             made: PyOnceLock::new(),
             digest,
+            payload_json,
         }
     }
 
@@ -48,12 +56,24 @@ impl FrameEvent {
         }
     }
 
-    /// Field `index`: the IncomingEvent's, once it was made, else the one the decoder made.
-    pub fn field<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+    /// The payload's JSON, until Python made the IncomingEvent (its payload is then the object to read).
+    pub fn payload_json(&self, py: Python<'_>) -> Option<&JsonPayload> {
         match self.made.get(py) {
-            Some(event) => crate::events::field(event.bind(py), index),
-            None => Ok(self.fields[index].bind(py).clone()),
+            Some(_) => None,
+            None => self.payload_json.as_ref(),
         }
+    }
+
+    /// Field `index`: the IncomingEvent's, once it was made, else the one the decoder made. A payload kept as JSON
+    /// is read from the IncomingEvent, made for it: one event has one payload object.
+    pub fn field<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(event) = self.made.get(py) {
+            return crate::events::field(event.bind(py), index);
+        }
+        if index == PAYLOAD && self.payload_json.is_some() {
+            return crate::events::field(&self.event(py)?, index);
+        }
+        Ok(self.fields[index].bind(py).clone())
     }
 
     /// The IncomingEvent of these fields (made once). Not `PyOnceLock::get_or_try_init`: its first call per cell
@@ -67,6 +87,11 @@ impl FrameEvent {
         }
         let [stream, seq, source_ts_us, payload, interval] =
             self.fields.each_ref().map(|f| f.bind(py));
+        let from_json = match &self.payload_json {
+            Some(json) => Some(json.to_py(py)?),
+            None => None,
+        };
+        let payload = from_json.as_ref().unwrap_or(payload);
         let made =
             crate::events::make_incoming_event(py, [stream, seq, source_ts_us, payload, interval])?;
         // `set` does not let go of the GIL; it fails only when the cell was stored meanwhile.

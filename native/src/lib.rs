@@ -11,6 +11,7 @@ pub mod deliveries;
 pub mod events;
 pub mod frame;
 pub mod merger;
+pub mod payload;
 pub mod pipeline;
 pub mod produce_loop;
 pub mod pyrecords;

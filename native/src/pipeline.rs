@@ -69,6 +69,7 @@ pub fn push_in_order<'py>(
                 seq: item.seq,
                 event: HeldEvent::Fields(HeldFields {
                     fields: item.fields.map(Bound::unbind),
+                    payload_json: item.payload_json,
                     class: class.clone_ref(py),
                     pushed_in: push_id,
                     error_us: item.error_us,

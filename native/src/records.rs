@@ -804,8 +804,12 @@ impl RecordBuilder {
     ) -> PyResult<bool> {
         let events = crate::events::Events::of(events)?;
         for index in 0..events.len()? {
-            let payload = events.at(index)?.field(crate::events::PAYLOAD)?;
-            if payload.get_type().is(refused) {
+            let event = events.at(index)?;
+            let of_class = match event.payload_json() {
+                Some(json) => json.is_of_class(refused),
+                None => event.field(crate::events::PAYLOAD)?.get_type().is(refused),
+            };
+            if of_class {
                 return Ok(true);
             }
         }

@@ -8,11 +8,14 @@
 use pyo3::prelude::*;
 
 use super::MergeOutput;
+use crate::payload::JsonPayload;
 
 /// An in-order event's SourceEvent fields (source_id, stream, seq, source_ts_us, payload; its interval is None: the
 /// fused path takes no interval event), the class to make it of, and the mapping it was pushed with.
 pub struct HeldFields {
     pub fields: [Py<PyAny>; 5],
+    /// The payload kept as JSON (payload.rs), `fields[4]` None then.
+    pub payload_json: Option<JsonPayload>,
     pub class: Py<PyAny>,
     /// Which push of its merger took it (PyMerger's count): a release in that same call carries the run's error
     /// bound, a later one the clock's (as `_records` takes the run's errors).
@@ -30,18 +33,10 @@ impl HeldEvent {
     /// (so one event is one object however often it is asked for).
     pub fn object<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         if let HeldEvent::Fields(held) = self {
-            let [source_id, stream, seq, source_ts_us, payload] =
-                held.fields.each_ref().map(|f| f.bind(py).clone());
-            let made = crate::events::tuple_of(
+            let made = crate::sequence::run::source_event_of(
                 held.class.bind(py),
-                [
-                    source_id,
-                    stream,
-                    seq,
-                    source_ts_us,
-                    payload,
-                    py.None().into_bound(py),
-                ],
+                held.fields.each_ref().map(|f| f.bind(py).clone()),
+                held.payload_json.as_ref(),
             )?;
             *self = HeldEvent::Object(made.unbind());
         }

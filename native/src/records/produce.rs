@@ -473,12 +473,13 @@ pub fn produce_release<'py>(
     let Some(error_us) = context.error_us(event)? else {
         return Ok(None);
     };
-    let fields = [event.get_item(2)?, event.get_item(3)?, event.get_item(4)?];
+    let fields = [event.get_item(2)?, event.get_item(3)?];
+    let payload = event.get_item(4)?;
     release_produce(
         builder,
         ids,
         fields,
-        (topic, error_us),
+        (RecordPayload::Object(&payload), topic, error_us),
         times,
         batch,
         context,
@@ -496,9 +497,11 @@ pub fn produce_held_release<'py>(
     let py = batch.topics.py();
     let [source_id, stream, seq, source_ts_us, payload] =
         held.fields.each_ref().map(|f| f.bind(py));
-    if payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) {
-        return Ok(None);
-    }
+    let payload = match &held.payload_json {
+        Some(json) => RecordPayload::Json(json.json()),
+        None if payload.get_type().is(&batch.classes[REJECTED_PAYLOAD]) => return Ok(None),
+        None => RecordPayload::Object(payload),
+    };
     let (Ok(id), Ok(name)) = (source_id.cast::<PyString>(), stream.cast::<PyString>()) else {
         return Ok(None);
     };
@@ -509,27 +512,27 @@ pub fn produce_held_release<'py>(
         return Ok(None);
     };
     let ids = [id.clone(), name.clone()];
-    let fields = [seq.clone(), source_ts_us.clone(), payload.clone()];
+    let fields = [seq.clone(), source_ts_us.clone()];
     release_produce(
         builder,
         ids,
         fields,
-        (topic, error_us),
+        (payload, topic, error_us),
         times,
         batch,
         context,
     )
 }
 
-/// The Produce of a plain release whose event is `[source_id, stream]` and `[seq, source_ts_us, payload]`, to
+/// The Produce of a plain release whose event is `[source_id, stream]`, `[seq, source_ts_us]` and `payload`, to
 /// `topic` (the stream's events topic), its mapping's error bound `error_us`, at `[arrival_us, release_us,
 /// ref_ts_us]`; None when the Python path must write it (a value the native writer leaves to orjson, a record over
 /// the size limit).
 fn release_produce<'py>(
     builder: &mut RecordBuilder,
     [source_id, stream]: [Bound<'py, PyString>; 2],
-    [seq, source_ts_us, payload]: [Bound<'py, PyAny>; 3],
-    (topic, error_us): (Bound<'py, PyAny>, i128),
+    [seq, source_ts_us]: [Bound<'py, PyAny>; 2],
+    (payload, topic, error_us): (RecordPayload<'_, 'py>, Bound<'py, PyAny>, i128),
     [arrival_us, release_us, ref_ts_us]: [i64; 3],
     batch: &mut Batch<'py>,
     context: &mut MergedContext<'py>,
@@ -545,7 +548,7 @@ fn release_produce<'py>(
         [&seq, &source_ts_us],
         error_us,
         times,
-        &payload,
+        payload,
         &rtt_us,
     )
     .is_err()
@@ -588,20 +591,33 @@ impl<'py> LastInt<'py> {
     }
 }
 
+/// A release's payload: its object, or its JSON as the decoder kept it (payload.rs).
+#[derive(Clone, Copy)]
+enum RecordPayload<'a, 'py> {
+    Object(&'a Bound<'py, PyAny>),
+    Json(&'a [u8]),
+}
+
 /// EventRecord(stream, source_id, seq, source_ts_us, ref_ts_us, error_us, arrival_us, release_us, False, payload,
 /// None, rtt_us).to_json(), or NotNative (the Python path then builds it, or orjson refuses it); the payload's JSON
 /// is written into `payload_json` first (a buffer the batch reuses, not an allocation per record).
 fn merged_json(
-    [out, payload_json]: [&mut Vec<u8>; 2],
+    [out, payload_buf]: [&mut Vec<u8>; 2],
     [source_id, stream]: [&Bound<'_, PyString>; 2],
     [seq, source_ts_us]: [&Bound<'_, PyAny>; 2],
     uncertainty_us: i128,
     [ref_ts_us, arrival_us, release_us]: [i128; 3],
-    payload: &Bound<'_, PyAny>,
+    payload: RecordPayload<'_, '_>,
     rtt_us: &Bound<'_, PyAny>,
 ) -> Result<(), NotNative> {
-    payload_json.clear();
-    write_py(payload_json, payload, 1)?;
+    let payload_json = match payload {
+        RecordPayload::Json(json) => json,
+        RecordPayload::Object(payload) => {
+            payload_buf.clear();
+            write_py(payload_buf, payload, 1)?;
+            payload_buf
+        }
+    };
     let fields = EventRecordFields {
         stream: stream.to_str().map_err(|_| NotNative)?,
         source_id: source_id.to_str().map_err(|_| NotNative)?,

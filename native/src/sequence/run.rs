@@ -11,6 +11,7 @@ use pyo3::types::{PyList, PyString};
 
 use super::SequenceReorderer;
 use crate::clocks::Mapped;
+use crate::payload::JsonPayload;
 
 /// `(max_future_us, ts_floor_us, MAX_TS_US, MIN_TS_US)`: push_many's range checks of the fast path.
 pub type RunLimits = (i128, i128, i128, i128);
@@ -51,6 +52,8 @@ pub fn take_run<'py>(
 /// those as integers.
 pub struct Taken<'py> {
     pub fields: [Bound<'py, PyAny>; 5],
+    /// The payload kept as JSON (payload.rs), `fields[4]` None then.
+    pub payload_json: Option<JsonPayload>,
     pub mapped: Mapped<'py>,
     pub seq: i64,
     pub arrival_us: i64,
@@ -61,10 +64,24 @@ pub struct Taken<'py> {
 impl<'py> Taken<'py> {
     /// `SourceEvent(*fields, None)` of `class` (reorder.records.SourceEvent), as `tuple.__new__` builds it.
     pub fn source_event(&self, class: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let [source_id, stream, seq, source_ts_us, payload] = self.fields.clone();
-        let none = class.py().None().into_bound(class.py());
-        crate::events::tuple_of(class, [source_id, stream, seq, source_ts_us, payload, none])
+        source_event_of(class, self.fields.clone(), self.payload_json.as_ref())
     }
+}
+
+/// `SourceEvent(source_id, stream, seq, source_ts_us, payload, None)` of `class`, the payload made from its JSON
+/// when it was kept so.
+pub fn source_event_of<'py>(
+    class: &Bound<'py, PyAny>,
+    [source_id, stream, seq, source_ts_us, payload]: [Bound<'py, PyAny>; 5],
+    payload_json: Option<&JsonPayload>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = class.py();
+    let payload = match payload_json {
+        Some(json) => json.to_py(py)?,
+        None => payload,
+    };
+    let none = py.None().into_bound(py);
+    crate::events::tuple_of(class, [source_id, stream, seq, source_ts_us, payload, none])
 }
 
 /// `take_run`, each event taken handed to `item` (pipeline.rs's fused path keeps them in Rust): returns the index
@@ -124,15 +141,21 @@ pub fn take_run_with<'py>(
             break;
         }
         core.take_in_order(i128::from(seq), arrival);
+        let payload_json = event.payload_json().cloned();
+        let payload = match payload_json {
+            Some(_) => input.events.py().None().into_bound(input.events.py()),
+            None => event.field(crate::events::PAYLOAD)?,
+        };
         let fields = [
             input.source_id.as_any().clone(),
             stream,
             seq_obj,
             source_ts_us,
-            event.field(crate::events::PAYLOAD)?,
+            payload,
         ];
         item(Taken {
             fields,
+            payload_json,
             mapped,
             seq,
             arrival_us,
