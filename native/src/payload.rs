@@ -4,7 +4,9 @@
 //! from those bytes (`orjson.loads`) only when Python asks for the event: the same dict, because the JSON of a
 //! payload `payload_problem` accepted (str keys, each once; ints within 64 bits; finite floats, written as their
 //! shortest round-trip digits; UTF-8 strs; at most 32 levels) reads back to equal values of the same types in the
-//! same key order. tests/unit/native/test_native_decode.py holds the two to equality on random payloads.
+//! same key order. tests/unit/native/test_native_decode.py holds the two to equality on random payloads. An event
+//! whose IncomingEvent and SourceEvent are both made after its payload went on as JSON gets two equal dicts, where
+//! the Python pipeline shares one: nothing compares payloads by identity.
 
 use std::sync::Arc;
 
