@@ -332,7 +332,23 @@ impl From<&ParsedEvent<'_, '_>> for OwnedEvent {
 
 /// orjson's bytes for a payload that payload_problem accepted (str keys, ints within i64, finite floats).
 pub fn payload_json(out: &mut Vec<u8>, value: &Value<'_>) {
+    write_payload(out, value, false);
+}
+
+/// `payload_json` with every map's keys sorted by their UTF-8 bytes: orjson's `OPT_SORT_KEYS` output, the body of
+/// the tracker's digest (dedup.rs), for a payload that payload_problem accepted (a map's keys are distinct strs).
+pub fn payload_json_sorted(out: &mut Vec<u8>, value: &Value<'_>) {
+    write_payload(out, value, true);
+}
+
+fn write_payload(out: &mut Vec<u8>, value: &Value<'_>, sorted: bool) {
     use crate::records::{write_f64, write_i64, write_str, write_u64};
+    fn key<'a>((k, _): &(Value<'a>, Value<'a>)) -> &'a [u8] {
+        match k {
+            Value::Str(s) => s.as_bytes(),
+            _ => &[], // refused by payload_problem before it gets here
+        }
+    }
     match value {
         Value::Nil => out.extend_from_slice(b"null"),
         Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
@@ -346,22 +362,25 @@ pub fn payload_json(out: &mut Vec<u8>, value: &Value<'_>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                payload_json(out, item);
+                write_payload(out, item, sorted);
             }
             out.push(b']');
         }
         Value::Map(map) => {
             out.push(b'{');
-            for (i, (key, item)) in map.entries.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                match key {
-                    Value::Str(s) => write_str(out, s),
-                    other => payload_json(out, other), // refused by payload_problem before it gets here
-                }
-                out.push(b':');
-                payload_json(out, item);
+            // A source's payloads usually have few keys, often in order already: written as they are.
+            if !sorted
+                || map
+                    .entries
+                    .windows(2)
+                    .all(|pair| key(&pair[0]) < key(&pair[1]))
+            {
+                write_entries(out, map.entries.iter(), sorted);
+            } else {
+                let mut entries: smallvec::SmallVec<[&(Value<'_>, Value<'_>); 8]> =
+                    map.entries.iter().collect();
+                entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+                write_entries(out, entries.into_iter(), sorted);
             }
             out.push(b'}');
         }
@@ -370,57 +389,22 @@ pub fn payload_json(out: &mut Vec<u8>, value: &Value<'_>) {
     }
 }
 
-/// `payload_json` with every map's keys sorted by their UTF-8 bytes: orjson's `OPT_SORT_KEYS` output, the body of
-/// the tracker's digest (dedup.rs), for a payload that payload_problem accepted (a map's keys are distinct strs).
-pub fn payload_json_sorted(out: &mut Vec<u8>, value: &Value<'_>) {
-    match value {
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                payload_json_sorted(out, item);
-            }
-            out.push(b']');
+/// A map's entries, in the order given, as `"key":value` separated by commas.
+fn write_entries<'a, 'v: 'a>(
+    out: &mut Vec<u8>,
+    entries: impl Iterator<Item = &'a (Value<'v>, Value<'v>)>,
+    sorted: bool,
+) {
+    for (i, (k, item)) in entries.enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        Value::Map(map) => {
-            fn key<'a>((k, _): &(Value<'a>, Value<'a>)) -> &'a [u8] {
-                match k {
-                    Value::Str(s) => s.as_bytes(),
-                    _ => &[], // refused by payload_problem before it gets here
-                }
-            }
-            let write = |out: &mut Vec<u8>, i: usize, (k, item): &(Value<'_>, Value<'_>)| {
-                if i > 0 {
-                    out.push(b',');
-                }
-                payload_json(out, k);
-                out.push(b':');
-                payload_json_sorted(out, item);
-            };
-            out.push(b'{');
-            // A source's payloads usually have few keys, often in order already: written as they are.
-            if map
-                .entries
-                .windows(2)
-                .all(|pair| key(&pair[0]) < key(&pair[1]))
-            {
-                for (i, entry) in map.entries.iter().enumerate() {
-                    write(out, i, entry);
-                }
-                out.push(b'}');
-                return;
-            }
-            let mut entries: smallvec::SmallVec<[&(Value<'_>, Value<'_>); 8]> =
-                map.entries.iter().collect();
-            entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
-            for (i, entry) in entries.into_iter().enumerate() {
-                write(out, i, entry);
-            }
-            out.push(b'}');
+        match k {
+            Value::Str(s) => crate::records::write_str(out, s),
+            other => write_payload(out, other, sorted), // refused by payload_problem before it gets here
         }
-        scalar => payload_json(out, scalar),
+        out.push(b':');
+        write_payload(out, item, sorted);
     }
 }
 
