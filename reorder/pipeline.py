@@ -81,8 +81,8 @@ PushInOrder = Callable[[SequenceCore, object, Sequence[IncomingEvent], int, str,
 """A native merger's ``push_in_order`` (skewless_native.MultiSourceMerger): the reorderer's ``take_run``, then, when
 push_many would hand that run to the merger right after (the frame ends or its next event is another stream's),
 ``push_run_built`` of it, in one call. Returns (the index of the first event not taken, the taken items when they
-were not pushed, else None, then ``push_run_built``'s outputs and handed-back positions and the run's
-``{id(event): error_us}`` when something was handed back)."""
+were not pushed, else None, then ``push_run_built``'s outputs and handed-back positions and ``{id(event):
+error_us}`` of the run's events among the handed-back outputs when something was handed back)."""
 
 ReordererFactory = Callable[[str, str, SequenceConfig], SequenceCore]
 """Builds the reorderer of (source_id, stream) with a config: a floor above this one injects the native core."""
