@@ -995,6 +995,33 @@ mod tests {
         out
     }
 
+    /// A map payload held as JSON (payload.rs) costs at most 6 bytes per byte of its msgpack: the worst a hostile
+    /// source can pick is a str of control characters (1 byte each, `\u00XX` in JSON) or an array of `false`
+    /// (1 byte each, `false,`). docs/native.md states the bound.
+    #[test]
+    fn a_payloads_json_is_at_most_six_bytes_per_msgpack_byte() {
+        let controls = [&b"\x81\xa1k\xda\x10\x00"[..], &[0x01u8; 4096]].concat(); // {"k": 4096 x "\x01"}
+        let falses = [&b"\x81\xa1k\xdc\x10\x00"[..], &[0xc2u8; 4096]].concat(); // {"k": [False] * 4096}
+        let nested = [&[0x91u8; 30][..], b"\x80"].concat(); // [[[...[{}]...]]] under the top map: 32 levels
+        let mut nested_map = b"\x81\xa1k".to_vec();
+        nested_map.extend_from_slice(&nested);
+        for body in [controls, falses, nested_map] {
+            let value = decode(&body).unwrap();
+            assert_eq!(messages::payload_problem(&value), None);
+            let mut json = Vec::new();
+            payload_json(&mut json, &value);
+            assert!(
+                json.len() <= 6 * body.len(),
+                "{} bytes of JSON for {}",
+                json.len(),
+                body.len()
+            );
+            let mut sorted = Vec::new();
+            payload_json_sorted(&mut sorted, &value);
+            assert_eq!(sorted, json); // one key: the sorted JSON is the same bytes
+        }
+    }
+
     #[test]
     fn hello_then_events_split_anywhere() {
         let hello = frame(b"\x81\xa4type\xa5hello");

@@ -54,6 +54,7 @@ pub fn push_in_order<'py>(
     let Some(native) = native.filter(|_| !taken.is_empty()) else {
         return handed_back_as_items(py, next, taken, input);
     };
+    // Counted again: a list of events may have changed while a Python clock mapped them.
     if next < crate::events::Events::of(input.events)?.len()?
         && !next_is_another_stream(input, next, &taken[0])?
     {

@@ -341,7 +341,7 @@ impl PyMerger {
     /// `push_run_built` for a run already taken in Rust (native/src/pipeline.rs's fused in-order path): its events
     /// (HeldFields pushed in `push_id`), the native builder. Also returns `(address, error_us)` of each event of this
     /// run whose SourceEvent was made for an output handed back (`_push_run`'s `run_errors` for those).
-    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    #[allow(clippy::type_complexity)]
     pub(crate) fn push_events_built<'py>(
         &mut self,
         source_id: &Bound<'py, PyString>,
