@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -229,6 +229,12 @@ class ShardRuntime:
         self.serving = self.closed = False
         self._stream_lock = asyncio.Lock()
         self._txn_lock = asyncio.Lock()
+        # Transactional batches begun within a caller's call (_produce_now) and cut by librdkafka's full queue: the
+        # offset audit counted each whole, so its rest, queued for the producer task, belongs to the open
+        # transaction, and no commit may take the lock before the task produced it (_whole_transaction).
+        self._cut_batches = 0
+        self._cut_batches_produced = asyncio.Event()
+        self._cut_batches_produced.set()
         self._committing = False
         self._commit_started_us = 0
         self._in_transaction = False
@@ -474,6 +480,15 @@ class ShardRuntime:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def _produce_forever(self) -> None:
+        try:
+            await self._produce_batches()
+        finally:
+            # The task is gone (failed or stopped): no commit waits for it any longer; one that runs audits the cut
+            # batch's rest as missing and gives the transaction up, as it must.
+            self._cut_batches = 0
+            self._cut_batches_produced.set()
+
+    async def _produce_batches(self) -> None:
         produced_in_step = 0  # records handed to librdkafka since the task last let the loop turn
         while True:
             batch = await self._produce_queue.get()
@@ -491,6 +506,10 @@ class ShardRuntime:
                 raise
             finally:
                 self._batch_taken = False
+                if batch.marks is not None and self._transactional:
+                    self._cut_batches -= 1
+                    if not self._cut_batches:
+                        self._cut_batches_produced.set()
             if batch.done is not None and not batch.done.done():
                 batch.done.set_result(None)
             produced_in_step += len(batch.actions) - batch.start
@@ -736,7 +755,7 @@ class ShardRuntime:
         publisher = self._publisher
         assert isinstance(publisher, TransactionalPublisher)
         loop = asyncio.get_running_loop()
-        async with self._txn_lock:
+        async with self._whole_transaction():
             self._committing = True
             self._commit_started_us = self._clock_us()
             try:
@@ -786,6 +805,22 @@ class ShardRuntime:
         finally:
             self.core.on_committed(deliveries[confirmed:] if confirmed else deliveries, offsets, self._clock_us())
             self._carry_out_now(self.core.due_acks())
+
+    @contextlib.asynccontextmanager
+    async def _whole_transaction(self) -> AsyncIterator[None]:
+        """The transaction's lock, held once no batch the offset audit counted waits for its rest (``_cut_batches``).
+        Taken at once, a commit could audit (and retry, the lock held) a transaction whose last records the producer
+        task could not produce: a CI run gave its shard up so after Kafka stalled with librdkafka's queue full."""
+        while True:
+            await self._txn_lock.acquire()
+            if not self._cut_batches:
+                break
+            self._txn_lock.release()  # to the producer task, which waits for it with the cut batch
+            await self._cut_batches_produced.wait()
+        try:
+            yield
+        finally:
+            self._txn_lock.release()
 
     async def _audit_transaction(self, publisher: TransactionalPublisher) -> None:
         """Deliver every record of the open transaction, then check Kafka's reports against the offset audit:
@@ -848,6 +883,9 @@ class ShardRuntime:
                  start: int = 0, marks: dict[int, DeliveryCallback] | None = None) -> None:
         self._produce_queue.put_nowait(_ProduceBatch(list(actions), done, start, marks))
         self._unproduced_records += len(actions) - start
+        if marks is not None and self._transactional:  # begun by _produce_now: the audit counted it whole
+            self._cut_batches += 1
+            self._cut_batches_produced.clear()
 
     async def _carry_out(self, actions: Sequence[IngestAction]) -> None:
         """Everything but Kafka writes at once; Kafka writes in their order, after those of earlier calls. Returns

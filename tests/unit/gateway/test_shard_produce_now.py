@@ -196,3 +196,27 @@ async def test_a_backlog_goes_a_few_records_per_loop_turn_in_order(step_records:
     assert seen == [{1: 3, 5: 5, 1_000: 8}[step_records]]
     assert keys(runtime) == [key for batch in batches for key in writes_of(runtime, batch)]
     assert runtime._unproduced_records == 0
+
+
+async def test_a_commit_waits_for_the_rest_of_a_batch_a_full_queue_cut_and_commits_all_of_it() -> None:
+    """A frame's batch begun within its call and cut by librdkafka's full queue is counted by the offset audit whole:
+    its rest, queued for the task, belongs to the open transaction. A commit that took the lock first audited a
+    transaction whose last records were not produced yet, retried without letting the task run, and gave the shard
+    up (a CI run: Kafka stopped 5 s with a 500-record queue, "commit kept failing: no delivery report yet")."""
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = await started(steps, now)
+    lifted = failing_after(runtime, 2, BufferError)
+    actions = released(runtime, now, range(3))
+    # The commit task woke in the same loop turn as the frame's read, before it: it runs before the producer task.
+    commit = asyncio.create_task(runtime._commit())
+    assert runtime._carry_out_start(actions) is None
+    assert keys(runtime) == writes_of(runtime, actions)[:2]
+    await settle()
+    assert not commit.done() and steps == []  # it waits for the batch it would otherwise audit half-produced
+    lifted.append(1)  # Kafka takes records again
+    await asyncio.wait_for(commit, 5)
+    assert runtime.failure is None
+    assert steps[:2] == [("commit", 4), ("begin",)]  # all four records in the transaction that committed
+    assert ("ack", "a", "s", 2) in steps
+    assert runtime._unproduced_records == 0 and runtime._produced_in_transaction == 0
