@@ -238,6 +238,11 @@ class TransactionalPublisher:
             log.debug("closing transactional producer %s: %s", self.transactional_id, exc)
         self._reports.clear()
 
+    def client(self) -> Producer:
+        """The confluent-kafka client itself, for a native produce loop that hands it records (gateway.native);
+        not to be kept past ``close()``."""
+        return self._client()
+
     def _client(self) -> Producer:
         if self._fenced:
             raise ProducerFenced(f"transactional id {self.transactional_id!r} was taken over by another producer")

@@ -9,7 +9,10 @@ and ``core = "python"`` runs them.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
 from contract.wire.errors import RemoteProtocolError
@@ -34,6 +37,8 @@ from timesync.store import SourceInfo, SourceInfoStore
 
 if TYPE_CHECKING:  # gateway.shard imports the Kafka client, which this module's other users do not need
     from gateway.shard import ProduceLoopCore
+
+log = logging.getLogger(__name__)
 
 Core = Literal["native", "python"]
 CORES: tuple[Core, ...] = ("native", "python")
@@ -113,6 +118,52 @@ def native_produce_loop() -> ProduceLoopCore:
     import skewless_native
 
     return cast("ProduceLoopCore", skewless_native.ProduceLoop(Produce, DeliveryRef))
+
+
+def native_direct_producer(producer: object) -> object | None:
+    """``producer``'s librdkafka handle for the native produce loop (native/src/direct_produce.rs: a plain record
+    goes to ``rd_kafka_produceva`` with the arguments ``Producer.produce`` gives it, without the call), or None
+    where it cannot be had: the loop then calls ``produce`` per record. Said once per process at INFO."""
+    import confluent_kafka
+    import skewless_native
+
+    path = loaded_librdkafka()
+    if path is None:
+        _direct_refused_once("no librdkafka is mapped into this process")
+        return None
+    try:
+        return skewless_native.DirectProducer.open(producer, path, confluent_kafka.libversion()[1])
+    except ValueError as exc:
+        _direct_refused_once(str(exc))
+        return None
+
+
+def _direct_refused_once(reason: str) -> None:
+    if not _direct_refused:
+        _direct_refused.append(reason)
+        log.info("records go through confluent-kafka's Producer.produce one call each: %s", reason)
+
+
+_direct_refused: list[str] = []
+
+
+@functools.cache
+def loaded_librdkafka() -> str | None:
+    """The path of the librdkafka shared library mapped into this process (confluent-kafka's: its wheel ships one
+    beside its module, a source build links the system's), or None."""
+    import confluent_kafka  # noqa: F401  (loads it)
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path (when a file is mapped)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            name = Path(fields[5]).name
+            if name.startswith("librdkafka") and ".so" in name:
+                return fields[5]
+    return None
 
 
 def native_reference_mapping(mapping: ReferenceMapping) -> ReferenceMapping:

@@ -71,6 +71,7 @@ from gateway.native import (
     Core,
     NativeGatewaySession,
     native_delivery_runs,
+    native_direct_producer,
     native_event_digests,
     native_produce_loop,
     native_record_builder,
@@ -580,7 +581,8 @@ class Gateway:
             ShardSettings(shard=shard, topics=self.topics, kafka_client=self.config.kafka_client,
                           producer_config=self.config.producer_config, ingest=self._ingest_config,
                           transactional=self.config.transactions, commit_interval_s=self.config.commit_interval_s,
-                          produce_loop=native_produce_loop if self.core_name == "native" else None),
+                          produce_loop=native_produce_loop if self.core_name == "native" else None,
+                          direct_produce=native_direct_producer if self.core_name == "native" else None),
             self._mapping, self.store, self, self._clock_us, owner_record=self._owner_record(shard))
         started_s = time.monotonic()
         try:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from broker.client import KafkaClientConfig, librdkafka_logger
 from broker.producer import DeliveryCallback, KafkaPublisher, ProduceCall
@@ -157,6 +157,9 @@ class ShardSettings:
     # The transactional produce loop's plain records: None produces each in the Python loop (_produce_from); a
     # factory of a ProduceLoopCore (gateway.native: the Rust one) produces runs of them in one call, the same calls.
     produce_loop: Callable[[], ProduceLoopCore] | None = None
+    # With produce_loop: the client's librdkafka handle for it (gateway.native.native_direct_producer), or None
+    # when it cannot be had (then each record goes through the client's produce).
+    direct_produce: Callable[[Producer], object | None] | None = None
 
 
 class ProduceLoopCore(Protocol):
@@ -164,7 +167,11 @@ class ProduceLoopCore(Protocol):
     calling ``produce`` as it does: ``(the first index not produced, whether its produce raised BufferError)``."""
 
     def run(self, produce: ProduceCall, actions: list[Produce | WriteCheckpoint], start: int, shard: int,
-            marks: dict[int, DeliveryCallback], uncommitted: list[DeliveryRef]) -> tuple[int, bool]: ...
+            marks: dict[int, DeliveryCallback], uncommitted: list[DeliveryRef],
+            direct: object | None = None) -> tuple[int, bool]:
+        """``direct``: the same client's librdkafka handle (``ShardSettings.direct_produce``), which takes a plain
+        record without the ``produce`` call, with the same arguments and errors."""
+        ...
 
     def wanted_reports(self, actions: list[Produce | WriteCheckpoint]
                        ) -> tuple[dict[int, tuple[str | None, str | None]], dict[str, int]] | None:
@@ -216,6 +223,8 @@ class ShardRuntime:
         self._owner_record = owner_record
         self._transactional = settings.transactional
         self._produce_loop = None if settings.produce_loop is None else settings.produce_loop()
+        # Holds the client (dropped at close, so that the client goes when the publisher lets it go).
+        self._direct: object | None = None
         client = settings.kafka_client
         self._publisher: TransactionalPublisher | KafkaPublisher
         if self._transactional:
@@ -223,6 +232,8 @@ class ShardRuntime:
             self._publisher = TransactionalPublisher(
                 client, f"{settings.topics.prefix}.shard-{settings.shard}",
                 {"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **settings.producer_config})
+            if self._produce_loop is not None and settings.direct_produce is not None:
+                self._direct = settings.direct_produce(self._publisher.client())
         else:
             self._publisher = KafkaPublisher(client, settings.producer_config)
         self.ready = asyncio.Event()
@@ -406,6 +417,7 @@ class ShardRuntime:
         if self._in_transaction and isinstance(self._publisher, TransactionalPublisher):
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(None, self._publisher.abort, 5.0)
+        self._direct = None
         self._publisher.close()
         if self._delivery_reports:  # the purged records' reports, which the close served
             self._deliveries_reported()
@@ -643,7 +655,8 @@ class ShardRuntime:
         try:
             while index < len(actions):
                 if produce_loop is not None:
-                    index, queue_full = produce_loop.run(produce, actions, index, shard, marks, uncommitted)
+                    index, queue_full = produce_loop.run(produce, actions, index, shard, marks, uncommitted,
+                                                         self._direct)
                     if queue_full:  # the produce of actions[index] raised BufferError
                         return self._queue_full_at(start, index)
                     if index == len(actions):

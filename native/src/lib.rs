@@ -8,6 +8,7 @@ pub mod clocks;
 pub mod decode;
 pub mod dedup;
 pub mod deliveries;
+pub mod direct_produce;
 pub mod events;
 pub mod frame;
 pub mod merger;
@@ -33,5 +34,6 @@ fn skewless_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     clocks::register(m)?;
     deliveries::register(m)?;
     produce_loop::register(m)?;
+    direct_produce::register(m)?;
     Ok(())
 }

@@ -14,10 +14,15 @@
 
 use std::collections::HashSet;
 
+use smallvec::SmallVec;
+
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple};
+use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple};
 
+use crate::direct_produce::{
+    bytes_or_none, CNames, DirectProducer, HeaderPair, Record, ERR_QUEUE_FULL, MAX_HEADERS,
+};
 use crate::records::slots::produce_fields::{DELIVERY, HEADERS, KEY, TIMESTAMP_MS, TOPIC, VALUE};
 use crate::records::slots::{delivery_ref_fields, produce_fields, SlotsClass};
 
@@ -200,8 +205,11 @@ impl ProduceLoop {
 
     /// `actions[start:]` to `produce` as the transactional shard's loop does, each delivery appended to
     /// `uncommitted`: returns the index of the first action not produced and whether it stopped on a full queue
-    /// (that action's BufferError), or `(len(actions), False)`.
+    /// (that action's BufferError), or `(len(actions), False)`. With `direct` (the same client's librdkafka handle,
+    /// direct_produce.rs), a record whose fields librdkafka takes as they are goes to it without `produce`: the
+    /// same arguments, the same errors (a full queue as BufferError would be, another as KafkaException).
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (produce, actions, start, shard, marks, uncommitted, direct=None))]
     fn run<'py>(
         &self,
         produce: &Bound<'py, PyAny>,
@@ -210,11 +218,14 @@ impl ProduceLoop {
         shard: &Bound<'py, PyAny>,
         marks: &Bound<'py, PyDict>,
         uncommitted: &Bound<'py, PyList>,
+        direct: Option<PyRef<'py, DirectProducer>>,
     ) -> PyResult<(usize, bool)> {
         let py = actions.py();
         let Some(class) = self.produce.as_ref() else {
             return Ok((start, false));
         };
+        let partition: Option<i32> = shard.extract().ok();
+        let mut names = CNames::default();
         let mut marked = HashSet::with_capacity(marks.len());
         for key in marks.keys() {
             if let Ok(index) = key.extract::<usize>() {
@@ -239,6 +250,24 @@ impl ProduceLoop {
             };
             if marked.contains(&index) {
                 break; // its delivery report is wanted: the Python loop gives it its callback
+            }
+            if let (Some(direct), Some(partition)) = (direct.as_ref(), partition) {
+                match produce_direct(
+                    direct,
+                    &mut names,
+                    [&topic, &key, &value, &ts, &headers],
+                    partition,
+                )? {
+                    Direct::Taken => {
+                        if !delivery.is_none() {
+                            uncommitted.append(delivery)?;
+                        }
+                        index += 1;
+                        continue;
+                    }
+                    Direct::QueueFull => return Ok((index, true)),
+                    Direct::NotTaken => {} // a field librdkafka does not take as it is: through `produce`
+                }
             }
             let headers = if headers.is_none() {
                 none.clone()
@@ -270,6 +299,99 @@ impl ProduceLoop {
             index += 1;
         }
         Ok((index, false))
+    }
+}
+
+/// A header's name (its key in `CNames`) and value.
+type HeaderKey<'a> = (usize, Option<&'a [u8]>);
+
+/// What `produce_direct` did with a record.
+enum Direct {
+    Taken,
+    QueueFull,
+    /// A field is not of a type taken here (str key or value, headers not a tuple of (str, bytes or None)
+    /// pairs, more than MAX_HEADERS of them, a non-int timestamp): `produce` converts it as it always did.
+    NotTaken,
+}
+
+/// One plain record straight to librdkafka when its fields are the types `Producer.produce` passes through as
+/// they are (exact bytes or None key and value, an int timestamp, headers None or a tuple of (str, bytes or
+/// None) pairs); a refusal other than a full queue raises `KafkaException(KafkaError(code, ...))` as `produce`
+/// does.
+fn produce_direct(
+    direct: &DirectProducer,
+    names: &mut CNames,
+    fields: [&Bound<'_, PyAny>; 5],
+    partition: i32,
+) -> PyResult<Direct> {
+    let [topic, key, value, timestamp_ms, headers] = fields;
+    let py = topic.py();
+    let (Some(topic), Some(key), Some(value)) = (
+        names.ensure(topic),
+        bytes_or_none(key),
+        bytes_or_none(value),
+    ) else {
+        return Ok(Direct::NotTaken);
+    };
+    let Ok(timestamp_ms) = timestamp_ms
+        .cast_exact::<PyInt>()
+        .map_err(PyErr::from)
+        .and_then(|ts| ts.extract::<i64>())
+    else {
+        return Ok(Direct::NotTaken);
+    };
+    // Each pair's (name, value), held here so the value's bytes can be lent to the record.
+    let mut items: SmallVec<[(Bound<'_, PyAny>, Bound<'_, PyAny>); MAX_HEADERS]> = SmallVec::new();
+    if !headers.is_none() {
+        let Ok(tuple) = headers.cast_exact::<PyTuple>() else {
+            return Ok(Direct::NotTaken);
+        };
+        if tuple.len() > MAX_HEADERS {
+            return Ok(Direct::NotTaken);
+        }
+        for pair in tuple.iter() {
+            let Ok(pair) = pair.cast_exact::<PyTuple>() else {
+                return Ok(Direct::NotTaken);
+            };
+            if pair.len() != 2 {
+                return Ok(Direct::NotTaken);
+            }
+            items.push((pair.get_item(0)?, pair.get_item(1)?));
+        }
+    }
+    let mut header_keys: SmallVec<[HeaderKey<'_>; MAX_HEADERS]> = SmallVec::new();
+    for (name, value) in &items {
+        let (Some(name), Some(value)) = (names.ensure(name), bytes_or_none(value)) else {
+            return Ok(Direct::NotTaken);
+        };
+        header_keys.push((name, value));
+    }
+    let header_pairs: SmallVec<[HeaderPair<'_>; MAX_HEADERS]> = header_keys
+        .iter()
+        .map(|(name, value)| (names.get(*name), *value))
+        .collect();
+    let record = Record {
+        topic: names.get(topic),
+        partition,
+        key,
+        value,
+        timestamp_ms,
+        headers: &header_pairs,
+    };
+    match direct.produce(py, &record)? {
+        None => Ok(Direct::Taken),
+        Some((code, _)) if code == ERR_QUEUE_FULL => Ok(Direct::QueueFull),
+        Some((code, reason)) => {
+            let kafka = py.import(pyo3::intern!(py, "confluent_kafka"))?;
+            let error = kafka
+                .getattr(pyo3::intern!(py, "KafkaError"))?
+                .call1((code, format!("Unable to produce message: {reason}")))?;
+            Err(PyErr::from_value(
+                kafka
+                    .getattr(pyo3::intern!(py, "KafkaException"))?
+                    .call1((error,))?,
+            ))
+        }
     }
 }
 

@@ -57,7 +57,7 @@ class Publisher:
 def shard(publisher: Publisher, native: bool) -> Any:
     runtime = types.SimpleNamespace(_publisher=publisher, shard=3, _transactional=True, _uncommitted=[],
                                     _produced_in_transaction=0, _unproduced_records=0, _reported=None,
-                                    _produce_loop=native_produce_loop() if native else None)
+                                    _produce_loop=native_produce_loop() if native else None, _direct=None)
     runtime._queue_full_at = types.MethodType(ShardRuntime._queue_full_at, runtime)
     return runtime
 
