@@ -105,9 +105,13 @@ def stage_costs(cores: Core = "python", batch: int = BATCH, per_source: int = PE
     # deliveries kept for its commit) on a stand-in of the runtime with the attributes it reads: a transactional
     # shard, whose publisher call is the same client call as KafkaPublisher's, without a broker to register with.
     produce_loop = getattr(gateway.native, "native_produce_loop", None)  # the native core's loop, where the tree has it
+    # and the client's librdkafka handle it hands plain records to (where the tree has it)
+    direct_producer = getattr(gateway.native, "native_direct_producer", None)
+    native = cores == "native" and produce_loop is not None
     shard = SimpleNamespace(_publisher=publisher, shard=0, _transactional=True, _uncommitted=[],
                             _produced_in_transaction=0, _unproduced_records=0, _reported=None, _on_delivery=None,
-                            _produce_loop=produce_loop() if cores == "native" and produce_loop is not None else None)
+                            _produce_loop=produce_loop() if native else None,
+                            _direct=direct_producer(publisher._client()) if native and direct_producer else None)
     produce_from = cast(Callable[[object, list[Any], int, dict[int, str]], int], ShardRuntime._produce_from)
     spent = dict.fromkeys(("decode", "ingest", "produce", "commit"), 0.0)
     count = 0

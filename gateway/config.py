@@ -226,6 +226,8 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         except (ValueError, NativeCoreMissing) as exc:
             raise ConfigError(f"core: {exc}") from None
         config.core = settings["core"]
+    if "direct_produce" in settings:
+        config.direct_produce = _truthy(settings["direct_produce"])
     config.ssl_context = _tls(settings)
     return config
 

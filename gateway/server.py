@@ -219,6 +219,8 @@ class GatewayConfig:
     # The per-event cores (gateway.native): "native" (Rust: the connection decoder, the sequence reorderers and the
     # record bytes), "python" (their executable specification), "auto" (native when the extension is built).
     core: str = "auto"
+    # With the native core: plain records to librdkafka's C API on the producer's client (gateway.native).
+    direct_produce: bool = True
 
     @property
     def kafka_client(self) -> KafkaClientConfig:
@@ -582,7 +584,8 @@ class Gateway:
                           producer_config=self.config.producer_config, ingest=self._ingest_config,
                           transactional=self.config.transactions, commit_interval_s=self.config.commit_interval_s,
                           produce_loop=native_produce_loop if self.core_name == "native" else None,
-                          direct_produce=native_direct_producer if self.core_name == "native" else None),
+                          direct_produce=(native_direct_producer if self.core_name == "native"
+                                          and self.config.direct_produce else None)),
             self._mapping, self.store, self, self._clock_us, owner_record=self._owner_record(shard))
         started_s = time.monotonic()
         try:

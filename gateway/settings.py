@@ -176,6 +176,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("core", STR, _ORDER, "The per-event cores: 'native' (Rust: connection decoder, sequence reorderers, "
             "record bytes), 'python' (their specification) or 'auto' (native when built)", "auto", flag="--core",
             details="`native` is refused with one line when the extension module is not built (docs/native.md)."),
+    Setting("direct_produce", BOOL, _ORDER, "With the native core: hand plain records to librdkafka's C API on the "
+            "producer's own client instead of calling Producer.produce per record", True,
+            details="The handle is read from confluent-kafka's Producer object and accepted only after checks "
+                    "(docs/native.md, \"Records to librdkafka\"); when they fail the gateway logs one line and calls "
+                    "Producer.produce. false: always call it."),
     Setting("reorder_alpha", FRACTION, _ORDER, "Smoothing factor of Eq. 3.2-3.3", 0.6),
     Setting("reorder_beta", FRACTION, _ORDER, "Smoothing factor of Eq. 3.7-3.8", 0.6),
     Setting("gap_timeout_min_s", SECONDS, _ORDER, "The shortest wait for a sequence gap", "200ms"),

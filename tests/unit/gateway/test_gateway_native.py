@@ -71,3 +71,27 @@ def test_with_core_python_leaves_the_pipeline_as_it_is() -> None:
     native = with_core(config, "native")
     assert native.reorderer_factory is not config.reorderer_factory
     assert native.merger_factory is not config.merger_factory
+
+
+def test_direct_produce_is_a_setting_on_by_default() -> None:
+    assert build_config({}).direct_produce is True
+    assert build_config({"direct_produce": False}).direct_produce is False
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_native_transactional_shard_hands_its_plain_records_to_the_clients_handle_when_asked(direct: bool) -> None:
+    from broker.client import KafkaClientConfig
+    from contract.topics import TopicNames
+    from gateway.ingest import IngestConfig
+    from gateway.native import native_direct_producer, native_produce_loop
+    from gateway.shard import ShardRuntime, ShardSettings
+    from timesync.store import SourceInfoStore
+
+    settings = ShardSettings(shard=0, topics=TopicNames(), kafka_client=KafkaClientConfig.of("127.0.0.1:9"),
+                             producer_config={"log_level": 0}, ingest=IngestConfig(), transactional=True,
+                             produce_loop=native_produce_loop,
+                             direct_produce=native_direct_producer if direct else None)
+    runtime = ShardRuntime(settings, IdentityMapping(), SourceInfoStore(), None, lambda: 0)  # type: ignore[arg-type]
+    assert type(runtime._direct) is (skewless_native.DirectProducer if direct else type(None))
+    runtime._direct = None
+    runtime._publisher.close()
