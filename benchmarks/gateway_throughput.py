@@ -540,6 +540,7 @@ def analysis(results: list[RunResult], plain: list[PlainResult], paced: list[Pac
             f"{len(rounds)}: " + ", ".join(f"{ratio:.3f}" for ratio in ratios) + "; the table \"Target 1, pair by "
             "pair\" below). Each pair runs the gateway and the plain producer one right after the other, so both "
             "see the machine alike; the single runs of the tables above are minutes apart.")
+        lines.append("")
     if nows:
         met = max(r.events_per_s for _, r in nows) / limit.events_per_s >= 0.5
         lines.append(
@@ -630,8 +631,10 @@ Next levers, by expected gain:
    Rust (each held to the Python code it replaces by differential tests, tests/unit/native/); what is left per
    event in Python are the objects the next step takes as such (the seq and time ints, Produce and DeliveryRef,
    the value bytes, the delivery tracker's pending entries; the natively built ones off the cyclic collector's
-   lists; an in-order event's IncomingEvent, SourceEvent and payload dict are made only when Python asks for them) and confluent-kafka's produce call, whose headers conversion and message allocation
-   are most of the produce stage (docs/gateway-hotpath.md). Next: one native call per frame from its bytes to a
+   lists; an in-order event's IncomingEvent, SourceEvent and payload dict are made only when Python asks for them);
+   its record goes from Rust to librdkafka's C API on the producer's own client, without a `Producer.produce` call
+   (docs/native.md, "Records to librdkafka"), whose message and header copies are most of the produce stage
+   left (docs/gateway-hotpath.md). Next: one native call per frame from its bytes to a
    native batch of records that the shard produces and commits without those objects.
 3. Target 2: the gateway's cost per frame. The paced load's frames hold 2-3 events; a frame's fixed cost in the
    in-process stages (docs/gateway-hotpath.md, small frames) and the asyncio shell's work per frame (its reads and
