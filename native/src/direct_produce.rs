@@ -100,7 +100,7 @@ struct Library {
     error_destroy: ErrorDestroy,
 }
 
-/// `path`'s symbol `name`, from a library that must already be loaded.
+/// The symbol `name` of the already loaded library `handle`.
 unsafe fn symbol(handle: *mut c_void, name: &CStr) -> PyResult<*mut c_void> {
     let found = libc::dlsym(handle, name.as_ptr());
     if found.is_null() {
@@ -138,6 +138,62 @@ pub struct DirectProducer {
 // call here is made with the GIL held, as confluent-kafka's own.
 unsafe impl Send for DirectProducer {}
 unsafe impl Sync for DirectProducer {}
+
+impl Vu {
+    fn topic(name: &CStr) -> Self {
+        let cstr = name.as_ptr();
+        Vu {
+            vtype: VTYPE_TOPIC,
+            u: VuValue { cstr },
+        }
+    }
+
+    fn partition(i32: i32) -> Self {
+        Vu {
+            vtype: VTYPE_PARTITION,
+            u: VuValue { i32 },
+        }
+    }
+
+    /// A key or a value (`vtype`): None is librdkafka's NULL.
+    fn bytes(vtype: c_int, bytes: Option<&[u8]>) -> Self {
+        Vu {
+            vtype,
+            u: VuValue { mem: memory(bytes) },
+        }
+    }
+
+    fn timestamp(i64: i64) -> Self {
+        Vu {
+            vtype: VTYPE_TIMESTAMP,
+            u: VuValue { i64 },
+        }
+    }
+
+    fn flags(i: c_int) -> Self {
+        Vu {
+            vtype: VTYPE_MSGFLAGS,
+            u: VuValue { i },
+        }
+    }
+
+    /// One header; a value of None is a header without a value (as confluent-kafka sends a None).
+    fn header(name: &CStr, value: Option<&[u8]>) -> Self {
+        let (value, size) = match value {
+            Some(value) => (value.as_ptr().cast::<c_void>(), value.len() as isize),
+            None => (std::ptr::null(), 0),
+        };
+        let header = Header {
+            name: name.as_ptr(),
+            value,
+            size,
+        };
+        Vu {
+            vtype: VTYPE_HEADER,
+            u: VuValue { header },
+        }
+    }
+}
 
 fn memory(bytes: Option<&[u8]>) -> Mem {
     match bytes {
@@ -177,56 +233,17 @@ impl DirectProducer {
             return Err(PyRuntimeError::new_err("Producer has been closed"));
         }
         let mut vus = [EMPTY_VU; 6 + MAX_HEADERS];
-        vus[0] = Vu {
-            vtype: VTYPE_TOPIC,
-            u: VuValue {
-                cstr: record.topic.as_ptr(),
-            },
-        };
-        vus[1] = Vu {
-            vtype: VTYPE_PARTITION,
-            u: VuValue {
-                i32: record.partition,
-            },
-        };
-        vus[2] = Vu {
-            vtype: VTYPE_KEY,
-            u: VuValue {
-                mem: memory(record.key),
-            },
-        };
-        vus[3] = Vu {
-            vtype: VTYPE_VALUE,
-            u: VuValue {
-                mem: memory(record.value),
-            },
-        };
-        vus[4] = Vu {
-            vtype: VTYPE_TIMESTAMP,
-            u: VuValue {
-                i64: record.timestamp_ms,
-            },
-        };
-        vus[5] = Vu {
-            vtype: VTYPE_MSGFLAGS,
-            u: VuValue { i: MSG_F_COPY },
-        };
+        vus[..6].copy_from_slice(&[
+            Vu::topic(record.topic),
+            Vu::partition(record.partition),
+            Vu::bytes(VTYPE_KEY, record.key),
+            Vu::bytes(VTYPE_VALUE, record.value),
+            Vu::timestamp(record.timestamp_ms),
+            Vu::flags(MSG_F_COPY),
+        ]);
         let mut count = 6;
         for (name, value) in record.headers.iter().take(MAX_HEADERS) {
-            let (pointer, size) = match value {
-                Some(value) => (value.as_ptr().cast::<c_void>(), value.len() as isize),
-                None => (std::ptr::null(), 0),
-            };
-            vus[count] = Vu {
-                vtype: VTYPE_HEADER,
-                u: VuValue {
-                    header: Header {
-                        name: name.as_ptr(),
-                        value: pointer,
-                        size,
-                    },
-                },
-            };
+            vus[count] = Vu::header(name, *value);
             count += 1;
         }
         // SAFETY: the handle is the live producer's; every pointer in `vus` lives until the call returns, and
