@@ -1,7 +1,8 @@
 # Gateway image: the asyncio gateway (uvloop) and time-sync server; Kafka and Spark run in their own images.
 
-# The native data plane (native/, Rust + PyO3) as an abi3 wheel, built by maturin with the official Rust image's
-# toolchain (rust-version in native/Cargo.toml); Cargo.lock pins every crate.
+# The native data plane (native/, Rust + PyO3) as a CPython 3.11 wheel (not abi3: the limited API's function calls
+# cost ~15 % of its per-event time; docs/native.md), built by maturin with the official Rust image's toolchain
+# (rust-version in native/Cargo.toml) for the runtime stage's Python; Cargo.lock pins every crate.
 FROM rust:1.86-slim-bookworm AS native
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3=3.11.* python3-venv=3.11.* \
@@ -10,7 +11,8 @@ RUN apt-get update \
     && /opt/maturin/bin/pip install --no-cache-dir maturin==1.16.0
 WORKDIR /src
 COPY native ./native
-RUN /opt/maturin/bin/maturin build --release --locked --manifest-path native/Cargo.toml --out /wheels
+RUN /opt/maturin/bin/maturin build --release --locked --manifest-path native/Cargo.toml --interpreter python3.11 \
+    --out /wheels
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src

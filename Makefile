@@ -35,7 +35,7 @@ demo: setup ## Kafka + gateway + simulated sources + Spark window job, verified,
 	$(BIN)/skewless demo
 
 test: setup ## the suite CI runs: cargo test, unit, integration (real Kafka/Spark/NTP tools), fast reliability
-	cd native && $(CARGO) test --quiet
+	cd native && PYO3_PYTHON=$(abspath $(BIN))/python $(CARGO) test --quiet
 	$(BIN)/pytest -m 'not reliability_long' tests/unit -n 2 --durations=20
 	$(BIN)/pytest -m 'not reliability_long' tests/integration tests/reliability --durations=40
 
@@ -47,7 +47,7 @@ test-unit: $(STAMP) $(NATIVE_STAMP) ## unit tests only (no external processes), 
 
 lint: $(STAMP) ## ruff + mypy (strict) + hadolint + cargo fmt/clippy
 	bash scripts/setup-rust.sh
-	cd native && $(CARGO) fmt --check && $(CARGO) clippy --quiet --all-targets -- -D warnings
+	cd native && $(CARGO) fmt --check && PYO3_PYTHON=$(abspath $(BIN))/python $(CARGO) clippy --quiet --all-targets -- -D warnings
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile deploy/spark.Dockerfile

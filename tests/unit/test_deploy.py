@@ -449,6 +449,9 @@ def test_the_gateway_image_builds_and_installs_the_native_data_plane() -> None:
     assert any(args.startswith("rust:") and args.endswith(" AS native") for args in stages), stages
     runs = "\n".join(args for keyword, args in instructions if keyword == "RUN")
     assert "maturin build --release --locked --manifest-path native/Cargo.toml" in runs
+    # Not an abi3 wheel: built for the runtime stage's CPython, which must be the one it was built for.
+    assert "--interpreter python3.11" in runs
+    assert stages[-1].startswith("python:3.11-"), stages
     assert "native" in dockerfile_copied(GATEWAY_DOCKERFILE)
     assert any(k == "COPY" and "--from=native" in a for k, a in instructions)
     assert "skewless-native==" in run_commands(GATEWAY_DOCKERFILE)
