@@ -1,7 +1,7 @@
 # Gateway image: the asyncio gateway (uvloop) and time-sync server; Kafka and Spark run in their own images.
 
 # The native data plane (native/, Rust + PyO3) as a CPython 3.11 wheel (not abi3: the limited API's function calls
-# cost ~15 % of its per-event time; docs/native.md), built by maturin with the official Rust image's toolchain
+# cost 4-11 % of its in-process per-event time; docs/native.md), built by maturin with the official Rust image's toolchain
 # (rust-version in native/Cargo.toml) for the runtime stage's Python; Cargo.lock pins every crate.
 FROM rust:1.86-slim-bookworm AS native
 RUN apt-get update \
