@@ -12,7 +12,7 @@
 //! `Producer.produce` with their callback, in the same order on the same thread.
 //!
 //! Where the client handle comes from: confluent-kafka keeps it as the first field after the object header of its
-//! `Handle` struct (confluent_kafka.h, unchanged through its 1.x and 2.x releases; pyproject pins `<3`). The handle
+//! `Handle` struct (confluent_kafka.h of the 2.x source this was written against; pyproject pins `<3`). The handle
 //! is accepted only when the librdkafka it is opened from is the one already loaded for confluent-kafka (dlopen
 //! with RTLD_NOLOAD), reports the version confluent-kafka reports, says it is a producer named `...#producer-N`, and
 //! holds as many records as `len(producer)`. Anything else: `DirectProducer.open` raises, and the gateway keeps
@@ -232,6 +232,11 @@ impl DirectProducer {
         if handle.is_null() {
             return Err(PyRuntimeError::new_err("Producer has been closed"));
         }
+        if record.headers.len() > MAX_HEADERS {
+            return Err(PyValueError::new_err(format!(
+                "more than {MAX_HEADERS} headers"
+            )));
+        }
         let mut vus = [EMPTY_VU; 6 + MAX_HEADERS];
         vus[..6].copy_from_slice(&[
             Vu::topic(record.topic),
@@ -242,7 +247,7 @@ impl DirectProducer {
             Vu::flags(MSG_F_COPY),
         ]);
         let mut count = 6;
-        for (name, value) in record.headers.iter().take(MAX_HEADERS) {
+        for (name, value) in record.headers {
             vus[count] = Vu::header(name, *value);
             count += 1;
         }
@@ -268,7 +273,7 @@ impl DirectProducer {
 
 #[pymethods]
 impl DirectProducer {
-    /// `producer`'s client, through the librdkafka at `library` (already loaded for confluent-kafka, whose
+    /// `producer`'s client, through the librdkafka at `path` (already loaded for confluent-kafka, whose
     /// `libversion()` number is `version`). Raises ValueError when any check of the module doc fails.
     #[staticmethod]
     fn open(producer: &Bound<'_, PyAny>, path: &str, version: i64) -> PyResult<Self> {
@@ -385,9 +390,6 @@ impl DirectProducer {
             .zip(&values)
             .map(|(name, value)| (name.as_c_str(), value.as_deref()))
             .collect();
-        if pairs.len() > MAX_HEADERS {
-            return Err(PyValueError::new_err("too many headers"));
-        }
         self.produce(
             py,
             &Record {
