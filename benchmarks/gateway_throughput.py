@@ -46,7 +46,15 @@ from broker.launcher import KafkaBroker
 from broker.reader import read_topic
 from contract.records import CONTRACT_VERSION, EVENT
 from contract.wire.frames import FrameDecoder, encode_frame
-from contract.wire.messages import Ack, build_event, build_events, build_heartbeat, build_hello, parse_gateway_message
+from contract.wire.messages import (
+    Ack,
+    build_bye,
+    build_event,
+    build_events,
+    build_heartbeat,
+    build_hello,
+    parse_gateway_message,
+)
 from gateway.launch import spawn_gateway
 from reorder.eval.progress import progress_bar, progress_enabled
 
@@ -196,17 +204,20 @@ async def run_source(connection: Connection, frames: list[tuple[int, bytes]], fi
         ack_event.clear()
         await ack_event.wait()
     reader_task.cancel()
+    writer.write(encode_frame(build_bye()))  # as the SDK's close: the merge stops waiting for this source at once
+    await writer.drain()
     writer.close()
 
 
-async def load(port: int, sources: int, per_source: int) -> tuple[float, list[float]]:
+async def load(port: int, sources: int, per_source: int, first_source: int = 0) -> tuple[float, list[float]]:
+    """``first_source``: the sources are src-<first_source> on (a warm-up load names others)."""
     base_us = time.time_ns() // 1000
     all_frames = [frames_for(s, per_source, base_us) for s in range(sources)]
     latencies: list[float] = []
     final_ts = base_us + per_source * 10 + 1_000_000
     # Every source joins the merge before any sends (as after its time sync): the synthetic event times of all
     # sources start together, and a source that joined later would find them behind the watermark.
-    connections = await asyncio.gather(*(say_hello(port, s) for s in range(sources)))
+    connections = await asyncio.gather(*(say_hello(port, first_source + s) for s in range(sources)))
     started = time.perf_counter()
     await asyncio.gather(*(run_source(connections[s], all_frames[s], final_ts, latencies) for s in range(sources)))
     return time.perf_counter() - started, latencies

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
@@ -39,6 +40,12 @@ MAX_PENDING_ACTIONS = 64
 # held 83 MiB of decoded frames per connection; a duplicate flood grew the gateway by 44 MiB this way (issue 24
 # item 4). Bounded by bytes, a connection holds at most this plus one read, decoded (docs/operations.md, "Limits").
 MAX_PENDING_READ_BYTES = 1024 * 1024
+# How much of the loop's time one connection's read may take before the loop turns (timers, the other sockets, the
+# commit and the delivery reports run, then the rest of the read): a read holds up to ~10 frames of 500 events, and at
+# saturation a lagging source's frames each completed a merge round (10,000 records from one frame, 25-45 ms each), so
+# one read kept every timer waiting: the commit due every 100 ms came 360-430 ms late, and the ingest core logged "the
+# gateway did not run for 375 ms". A turn costs one task switch (~10 us), under 1 % of a slice.
+WORK_SLICE_S = 0.002
 # How long a connection closed after an error frame still reads (and drops) what its peer sends: see close().
 ERROR_CLOSE_LINGER_S = 1.0
 # A peer that does not read (issue 24 item 4): past the write high-water mark the connection stops reading it (its
@@ -105,7 +112,10 @@ class ConnectionHandler(asyncio.Protocol):
 
     def __init__(self, owner: ConnectionOwner, session: GatewaySession, clock_us: ClockUs, *,
                  write_buffer_max_bytes: int = WRITE_BUFFER_MAX_BYTES,
-                 slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US) -> None:
+                 slow_reader_timeout_us: int = SLOW_READER_TIMEOUT_US,
+                 work_clock_s: Callable[[], float] = time.perf_counter, work_slice_s: float = WORK_SLICE_S) -> None:
+        """``work_clock_s``: a monotonic clock (seconds) that measures this connection's work against
+        ``work_slice_s`` (WORK_SLICE_S); not the event clock ``clock_us``."""
         self.session = session
         self.connection_id = ConnectionId(-1)  # the owner's id, from connection_made on
         self.transport: asyncio.Transport | None = None
@@ -128,6 +138,9 @@ class ConnectionHandler(asyncio.Protocol):
         self._write_buffer_max_bytes = write_buffer_max_bytes
         self._closing_slow = False
         self._slow_reader_timeout_us = slow_reader_timeout_us
+        self._work_clock_s = work_clock_s
+        self._work_slice_s = work_slice_s
+        self._slice_started_s = 0.0  # when the worker last came back from the loop
 
     @property
     def source_id(self) -> str | None:
@@ -161,8 +174,11 @@ class ConnectionHandler(asyncio.Protocol):
     def _apply_now(self, actions: list[SessionAction], arrival_us: int) -> Sequence[QueuedAction]:
         """Nothing of this connection waits: its leading actions that need no wait (a frame's events, bytes to send)
         are carried out here, without the worker's task switch; returned for the worker, in order, is the rest from
-        the first one that waits or may wait."""
+        the first one that waits or may wait, or once this read took its slice of the loop (WORK_SLICE_S)."""
+        started_s = self._work_clock_s()
         for index, action in enumerate(actions):
+            if index and self._work_clock_s() - started_s > self._work_slice_s:
+                return actions[index:]
             kind = type(action)
             try:
                 if kind is EventsReceived:
@@ -302,11 +318,17 @@ class ConnectionHandler(asyncio.Protocol):
 
     async def _run(self) -> None:
         while True:
-            arrival_us, read_bytes, actions = await self._queue.get()
+            if self._queue.empty():
+                arrival_us, read_bytes, actions = await self._queue.get()
+                self._slice_started_s = self._work_clock_s()
+            else:
+                arrival_us, read_bytes, actions = self._queue.get_nowait()
             self._queued_bytes -= read_bytes
             self._busy = True
             try:
                 for action in actions:
+                    if self._work_clock_s() - self._slice_started_s > self._work_slice_s:
+                        await self._turn()
                     try:
                         await self._apply(action, arrival_us)
                     except Exception as exc:  # noqa: BLE001 - as in data_received
@@ -320,13 +342,18 @@ class ConnectionHandler(asyncio.Protocol):
                 # A backlog (reads queued while a wait held this connection: Kafka's back-pressure) is carried out
                 # one read per loop turn: drained in one step, 20 connections' backlogs of ~50 frames each kept the
                 # loop from every socket for up to 40 ms at 20 x 500 events/s.
-                await asyncio.sleep(0)
+                await self._turn()
             if (self._paused and not self._closing and not self._throttled
                     and self._queue.qsize() < MAX_PENDING_ACTIONS // 2
                     and self._queued_bytes < MAX_PENDING_READ_BYTES // 2 and self.transport is not None):
                 self._paused = False
                 if self._write_paused_since_us is None:
                     self.transport.resume_reading()
+
+    async def _turn(self) -> None:
+        """Let the loop turn (timers, other connections) before this connection's next work."""
+        await asyncio.sleep(0)
+        self._slice_started_s = self._work_clock_s()
 
     def _worker_done(self, worker: asyncio.Task[None]) -> None:
         # _run catches what its actions raise; this is for anything else (a BaseException, a bug in _run itself).

@@ -446,3 +446,50 @@ async def test_backlogs_of_two_connections_are_carried_out_a_read_at_a_time_each
     seqs = [c[1][0] for c in owner.calls if c[0] == "events"]
     assert seqs == [0, 10, 1, 11, 2, 12, 3, 13]  # neither backlog holds the loop for all of its reads
     assert a.idle and b.idle
+
+
+class SlowFramesOwner(FakeOwner):
+    """Each frame's events take 3 ms of the (fake) work clock, carried out at once as the gateway's are."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+        self.work_clock_s = 0.0
+
+    def receive_events(self, connection: ConnectionHandler, received: EventsReceived,  # type: ignore[override]
+                       arrival_us: int) -> None:
+        self.work_clock_s += 0.003
+        self.log.append(f"frame {received.events[0].seq}")
+
+
+async def test_a_read_of_many_slow_frames_lets_the_loop_turn_once_it_took_its_slice():
+    # At saturation a lagging source's read of ~10 frames, each completing a merge round, held the loop for 400 ms:
+    # the commit timer fired that late. The connection now lets the loop turn once a read took its slice (5 ms here).
+    log: list[str] = []
+    owner = SlowFramesOwner(log)
+    handler = ConnectionHandler(owner, GatewaySession(now_us=T0), clock_us=lambda: T0,  # type: ignore[arg-type]
+                                work_clock_s=lambda: owner.work_clock_s, work_slice_s=0.005)
+    handler.connection_made(FakeTransport())  # type: ignore[arg-type]
+    handler.data_received(encode_frame(build_hello("a", ["s"])))
+    await settle()
+
+    async def other_work() -> None:  # what else the loop runs: a timer, another connection
+        while True:
+            log.append("loop turned")
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    log.clear()
+    frames = b"".join(encode_frame(build_events([build_event("s", seq, T0 + seq, seq)])) for seq in range(6))
+    handler.data_received(frames)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    other.cancel()
+    frames_only = [entry for entry in log if entry.startswith("frame")]
+    assert frames_only == [f"frame {seq}" for seq in range(6)]  # all of them, in order
+    # 3 ms each against a 5 ms slice: two frames per turn of the loop, none of it between two frames of one slice.
+    between = [log[log.index(f"frame {seq}") + 1:log.index(f"frame {seq + 1}")] for seq in range(5)]
+    assert [bool(b) for b in between] == [False, True, False, True, False]
+    assert all(set(b) == {"loop turned"} for b in between if b)
+    assert not owner.failures
