@@ -127,6 +127,16 @@ async def test_sigterm_stops_a_gateway_process_within_10_s_with_hostile_payloads
             raise AssertionError("the two invalid payloads were never counted")
         status, health = await process.health()
         assert (status, health["status"]) == (200, "ok")
+        # The valid event lands before the stop: released once the merge stops waiting for the silent source (at
+        # once if its hello came second, after the merge's wait for it if first: the two connections race), then
+        # committed. A stop commits what was released; an event still held stays unacked for its source to resend.
+        topic = TopicNames(topic_prefix).events("s")
+        for _ in range(60):
+            values, _ = await asyncio.to_thread(read_stream, kafka.bootstrap_servers, topic, 5.0, settled=True)
+            if values:
+                break
+        else:
+            raise AssertionError("the valid event never reached Kafka")
 
         loop = asyncio.get_running_loop()
         started_s = loop.time()
