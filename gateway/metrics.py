@@ -280,7 +280,9 @@ class GatewayCollector(Collector):
             latency = self._core_latency()
             if latency is not None:
                 found = {**found, "kafka_delivery_latency": latency}
-        helps = {"kafka_delivery_latency": "Time from an event's release by the reorderer to Kafka's delivery report"}
+        helps = {"kafka_delivery_latency": "Time from an event's release by the reorderer to Kafka's delivery report",
+                 "transaction_commit": "A shard's transaction commit, from taking the transaction to Kafka's answer: "
+                                       "the flush of its records, the delivery-report audit and any retries"}
         for name, histogram in found.items():
             buckets = [("+Inf" if bound_s == float("inf") else repr(bound_s), float(n))
                        for bound_s, n in histogram.cumulative()]

@@ -52,6 +52,7 @@ from gateway.connection import (
     ConnectionHandler,
     WorkerStage,
 )
+from gateway.histograms import DELIVERY_LATENCY_BUCKETS_US, Histogram
 from gateway.ingest import (
     CLOCK_STEP_HOLD_US,
     CLOCK_STEP_MAX_HELD,
@@ -273,6 +274,9 @@ class Gateway:
         self.core_name = resolve_core(config.core)
         self._session_type = NativeGatewaySession if self.core_name == "native" else GatewaySession
         self._ingest_config = _shard_ingest_config(config, self.core_name)
+        # Every transactional commit of the shards this gateway served, kept here (not by a runtime, which a failed
+        # shard replaces) so that the exposed histogram only grows.
+        self.commit_durations = Histogram(DELIVERY_LATENCY_BUCKETS_US)
         self.gateway_id = config.gateway_id or ""
         self.instance_id: str | None = None
         self._server: asyncio.Server | None = None
@@ -585,7 +589,8 @@ class Gateway:
                           transactional=self.config.transactions, commit_interval_s=self.config.commit_interval_s,
                           produce_loop=native_produce_loop if self.core_name == "native" else None,
                           direct_produce=(native_direct_producer if self.core_name == "native"
-                                          and self.config.direct_produce else None)),
+                                          and self.config.direct_produce else None),
+                          commit_durations=self.commit_durations),
             self._mapping, self.store, self, self._clock_us, owner_record=self._owner_record(shard))
         started_s = time.monotonic()
         try:
@@ -969,6 +974,9 @@ class Gateway:
     def connections_of(self, source_id: str) -> tuple[ConnectionHandler, ...]:
         """The registered connections of a source (a pool has several)."""
         return tuple(self._connections_by_source.get(source_id, ()))
+
+    def histograms(self) -> dict[str, Histogram]:
+        return {"transaction_commit": self.commit_durations}
 
     def labeled_counters(self) -> dict[str, tuple[str, dict[str, float]]]:
         return {"worker_errors": ("stage", {stage: float(n) for stage, n in self.worker_errors.items()})}

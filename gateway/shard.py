@@ -40,6 +40,7 @@ from broker.transactions import ProducerFenced, TransactionAbortable, Transactio
 from contract.records import CONTRACT_VERSION, HEADER_CONTRACT_VERSION, HEADER_KIND, OWNER
 from contract.topics import TopicNames
 from contract.wire import messages
+from gateway.histograms import Histogram
 from gateway.ingest import (
     ConnectionId,
     DeliveryRef,
@@ -161,6 +162,9 @@ class ShardSettings:
     # With produce_loop: the client's librdkafka handle for it (gateway.native.native_direct_producer), or None
     # when it cannot be had (then each record goes through the client's produce).
     direct_produce: Callable[[Producer], object | None] | None = None
+    # Transactions: where each commit's duration goes (the gateway's, shared by its shards' runtimes so that a
+    # restarted runtime does not reset what /metrics exposes), or None.
+    commit_durations: Histogram | None = None
 
 
 class ProduceLoopCore(Protocol):
@@ -782,11 +786,15 @@ class ShardRuntime:
         async with self._whole_transaction():
             self._committing = True
             self._commit_started_us = self._clock_us()
+            started_s = self._monotonic_s()
             try:
                 for attempt in range(COMMIT_ATTEMPTS):
                     try:
                         await self._audit_transaction(publisher)
                         await loop.run_in_executor(None, publisher.commit, TRANSACTION_CALL_TIMEOUT_S)
+                        if self.settings.commit_durations is not None:
+                            self.settings.commit_durations.observe_us(
+                                round((self._monotonic_s() - started_s) * 1e6))
                         break
                     except TransactionRetriable as exc:
                         if attempt + 1 == COMMIT_ATTEMPTS:

@@ -119,6 +119,11 @@ async def test_scrape_a_gateway_process(kafka, topic_prefix):
     assert len(buckets) == len(DELIVERY_LATENCY_BUCKETS_US) + 1
     assert one(families, "skewless_gateway_kafka_delivery_latency_seconds", "_count").value == EVENTS
     assert 0 < one(families, "skewless_gateway_kafka_delivery_latency_seconds", "_sum").value < EVENTS * 10.0
+    # Every transaction's commit: the events were acked, so at least one commit; each one under the 10 s bucket.
+    assert types["skewless_gateway_transaction_commit_seconds"] == "histogram"
+    commits = one(families, "skewless_gateway_transaction_commit_seconds", "_count").value
+    assert commits >= 1
+    assert one(families, "skewless_gateway_transaction_commit_seconds", "_bucket", le="10.0").value == commits
 
     # Time sync of the source 5 s ahead, in seconds: reference time = source time + offset.
     for name in ("offset_seconds", "rtt_seconds", "skew_ratio", "error_bound_seconds", "samples"):

@@ -56,9 +56,11 @@ class FullGateway(FakeGateway):
         super().__init__()
         self.latency = Histogram(DELIVERY_LATENCY_BUCKETS_US)
         self.latency.observe_all_us([100, 101, 900, 2_000_000, 30_000_000])
+        self.commits = Histogram(DELIVERY_LATENCY_BUCKETS_US)
+        self.commits.observe_all_us([3_000, 37_500])
 
     def histograms(self) -> dict[str, Histogram]:
-        return {"kafka_delivery_latency": self.latency}
+        return {"kafka_delivery_latency": self.latency, "transaction_commit": self.commits}
 
     def extra_counters(self) -> dict[str, float]:
         # The counters gateway.server.Gateway adds to the pipeline's (cluster and logging).
@@ -152,6 +154,19 @@ def test_no_family_in_microseconds_and_no_percentile_gauges():
         names = [family.name for family in registry.collect()]
         assert names
         assert [n for n in names if "_us" in n or "_ppm" in n or re.search(r"_p\d+", n)] == []
+
+
+def test_transaction_commit_histogram_in_seconds_with_its_help():
+    lines = exposition(FullGateway())
+    assert ("# HELP skewless_gateway_transaction_commit_seconds A shard's transaction commit, from taking the "
+            "transaction to Kafka's answer: the flush of its records, the delivery-report audit and any retries"
+            in lines)
+    buckets = samples(lines, "skewless_gateway_transaction_commit_seconds_bucket")
+    assert 'skewless_gateway_transaction_commit_seconds_bucket{le="0.0025"} 0.0' in buckets
+    assert 'skewless_gateway_transaction_commit_seconds_bucket{le="0.005"} 1.0' in buckets
+    assert 'skewless_gateway_transaction_commit_seconds_bucket{le="0.05"} 2.0' in buckets
+    assert samples(lines, "skewless_gateway_transaction_commit_seconds_sum") == [
+        "skewless_gateway_transaction_commit_seconds_sum 0.0405"]
 
 
 def test_delivery_latency_histogram_in_seconds():

@@ -1,6 +1,6 @@
 """The commit task's cadence (``ShardRuntime._commit_forever``): a commit every ``commit_interval_s`` counted from
 each commit's start, so a slow commit (its confirm phase, its acks) does not stretch the interval the setting
-names."""
+names; and each commit's duration in the gateway's histogram (``skewless_gateway_transaction_commit_seconds``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import dataclasses
 from unittest import mock
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
-from gateway.shard import next_commit_delay_s
+from gateway.histograms import DELIVERY_LATENCY_BUCKETS_US, Histogram
+from gateway.shard import ShardLost, next_commit_delay_s
 from tests.unit.gateway.test_acks_confirmed_run import T0
+from tests.unit.gateway.test_shard_delivery_reports import three_records
 from tests.unit.gateway.test_shard_stop import Step, transactional_runtime
 
 pytestmark = pytest.mark.timeout(30)
@@ -58,3 +61,32 @@ def test_the_delay_is_what_is_left_of_the_interval_never_negative() -> None:
     assert next_commit_delay_s(0.1, 10.0, 10.04) == pytest.approx(0.06)
     assert next_commit_delay_s(0.1, 10.0, 10.1) == pytest.approx(0.0)
     assert next_commit_delay_s(0.1, 10.0, 11.0) == 0.0
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_each_commit_goes_into_the_gateways_histogram_with_its_duration(fails: bool) -> None:
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now, commit_error=KafkaException(KafkaError(KafkaError._FATAL))
+                                    if fails else None)
+    durations = Histogram(DELIVERY_LATENCY_BUCKETS_US)
+    runtime.settings = dataclasses.replace(runtime.settings, commit_durations=durations)
+    clock_s = [1000.0]
+    runtime._monotonic_s = lambda: clock_s[0]
+    publisher = runtime._publisher
+    commit = publisher.commit
+
+    def slow_commit(timeout_s: float) -> None:
+        clock_s[0] += 0.0375  # Kafka took 37.5 ms to answer
+        commit(timeout_s)
+
+    publisher.commit = slow_commit  # type: ignore[method-assign]
+    three_records(runtime, now)
+    if fails:
+        with pytest.raises(ShardLost):
+            await runtime._commit()
+        assert (durations.count, durations.sum_us) == (0, 0)  # a failed commit is no commit
+        return
+    await runtime._commit()
+    assert (durations.count, durations.sum_us) == (1, 37_500)
+    assert durations.counts[DELIVERY_LATENCY_BUCKETS_US.index(50_000)] == 1  # in (25 ms, 50 ms]
