@@ -61,7 +61,8 @@ from reorder.eval.progress import progress_bar, progress_enabled
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BATCH = 500
 WINDOW = 20_000
-WARM_UP_SOURCE = 999  # src-999: one_run's warm-up source, not counted
+WARM_UP_SOURCE = 999  # one_run's warm-up source, not counted
+WARM_UP_SOURCE_ID = f"src-{WARM_UP_SOURCE}"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CORE_LABELS = {"python": "python core", "native": "native core", "auto": "auto core"}
 Variant = tuple[str, Path | None, str | None]  # (label, tree, core): one gateway configuration of the run
@@ -359,13 +360,13 @@ def one_run(bootstrap: str, sources: int, total_events: int, producer: dict[str,
     records = []
     for key, value in read_topic(bootstrap, f"{prefix}.events.bench", timeout_s=120, settled=True):
         record = orjson.loads(value)
-        if record.get("kind") == EVENT and record["source_id"] != f"src-{WARM_UP_SOURCE}":
+        if record.get("kind") == EVENT and record.get("source_id") != WARM_UP_SOURCE_ID:
             added.append(record["release_ts_us"] - record["arrival_ts_us"])
             records.append((key, value))
     events = per_source * sources
     # On a starved machine the merge may give up on a source that was not served for its whole wait: those events
     # are on the late topic (counted, never lost).
-    late = sum(orjson.loads(value).get("source_id") != f"src-{WARM_UP_SOURCE}"
+    late = sum(orjson.loads(value).get("source_id") != WARM_UP_SOURCE_ID
                for _key, value in read_topic(bootstrap, f"{prefix}.late.bench", timeout_s=30, settled=True))
     assert len(added) + late == events, (len(added), late, events)
     return RunResult(sources, events, seconds, cpu1 - cpu0, rss1 - rss0, percentile(added, 0.5),
