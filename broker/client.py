@@ -61,9 +61,12 @@ class KafkaClientConfig:
         return {"bootstrap.servers": self.bootstrap_servers, **(role_defaults or {}), **self.settings,
                 **(overrides or {})}
 
-    def producer(self, overrides: Mapping[str, Any] | None = None, **callbacks: Any) -> Producer:
-        return Producer({**self.properties(PRODUCER_DEFAULTS, overrides), "logger": librdkafka_logger(),
-                         **callbacks})
+    def producer(self, overrides: Mapping[str, Any] | None = None, role_defaults: Mapping[str, Any] | None = None,
+                 **callbacks: Any) -> Producer:
+        """``role_defaults``: a kind of producer's own defaults on top of PRODUCER_DEFAULTS (a transactional one's):
+        the shared settings still beat them."""
+        return Producer({**self.properties({**PRODUCER_DEFAULTS, **(role_defaults or {})}, overrides),
+                         "logger": librdkafka_logger(), **callbacks})
 
     def admin(self) -> AdminClient:
         properties: dict[str, Any] = {**self.properties(), "logger": librdkafka_logger()}

@@ -80,6 +80,11 @@ class KafkaPublisher:
         """Returns the number of messages still undelivered after the timeout."""
         return 0 if self._producer is None else int(self._producer.flush(timeout_s))
 
+    def send_now(self) -> None:
+        """Ask librdkafka to send what lingers now, without waiting (TransactionalPublisher.send_now)."""
+        if self._producer is not None:
+            self._producer.flush(0)
+
     def close(self) -> None:
         """Destroy the client now: a stopped gateway's producer must not keep reconnecting to the cluster until the
         garbage collector finds it."""

@@ -590,6 +590,9 @@ class ShardRuntime:
         audit". Once one record is on the partition the broker checks every later sequence, so this is paid once
         per topic and runtime (one round trip)."""
         while self._publisher.pending() > 0:
+            # Sent now, not after linger.ms (100 ms with transactions): a runtime settles each of its topics in turn,
+            # and its first frames wait for them.
+            self._publisher.send_now()
             # Served here too: at a stop the poll task is gone, and the drain's commit waits for this task's lock.
             self._serve_reports()
             await asyncio.sleep(POLL_INTERVAL_S)

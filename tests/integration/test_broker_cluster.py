@@ -157,6 +157,34 @@ def test_an_aborted_transaction_is_invisible_and_the_scan_still_ends(kafka: Brok
         publisher.close()
 
 
+def test_what_lingers_goes_at_send_now_and_at_the_commit(kafka: BrokerState, names: TopicNames) -> None:
+    """The transactional producer lingers (TRANSACTION_DEFAULTS): that costs nothing only because what lingers goes
+    at once when asked (a shard's first record to a topic, ShardRuntime._settle) and at the commit. Here linger.ms is
+    9 s: a record that went any later than asked would miss the bounds below by seconds."""
+    servers = kafka.bootstrap_servers
+    topic = names.events("s")
+    ensure_partitions(servers, [topic], 1)
+    publisher = TransactionalPublisher(servers, f"{names.prefix}-shard-0", {"linger.ms": 9_000})
+    try:
+        publisher.init(30.0)
+        publisher.begin()
+        publisher.produce(topic, b"a", b"first", None, partition=0)
+        publisher.poll(1.0)
+        assert publisher.pending() == 1  # it lingers
+        deadline = time.monotonic() + 4.0
+        while publisher.pending():
+            assert time.monotonic() < deadline, "send_now did not send the lingering record"
+            publisher.send_now()
+            publisher.poll(0.01)
+        publisher.produce(topic, b"a", b"second", None, partition=0)
+        started = time.monotonic()
+        publisher.commit(30.0)
+        assert time.monotonic() - started < 4.0  # the commit's flush did not wait out the linger
+        assert scan(servers, topic, 0) == [(0, b"first"), (1, b"second")]
+    finally:
+        publisher.close()
+
+
 def test_a_settled_read_waits_for_the_last_transaction(kafka: BrokerState, names: TopicNames) -> None:
     """An open transaction stands for a committed one whose markers have not landed yet (a commit returns before
     they do): a read_committed read ends before it, a settled read waits for its markers."""

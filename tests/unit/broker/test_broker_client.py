@@ -15,7 +15,7 @@ from broker.cluster import OwnerDirectory, claim_cluster, ensure_control_topic, 
 from broker.membership import GroupMembership
 from broker.producer import KafkaPublisher
 from broker.reader import read_topic
-from broker.transactions import TransactionalPublisher
+from broker.transactions import TRANSACTION_DEFAULTS, TransactionalPublisher
 from gateway.config import build_config, load_settings
 from gateway.recovery import recover_clocks, recover_stream
 
@@ -104,3 +104,20 @@ def test_every_client_the_project_makes_gets_the_shared_settings(role: str, entr
     assert built.value.role == role
     assert built.value.properties["bootstrap.servers"] == "k:9093"
     assert {k: built.value.properties[k] for k in SECURED} == SECURED
+
+
+@pytest.mark.usefixtures("built_with")
+def test_a_transactional_producer_lingers_unless_the_shared_settings_or_its_overrides_say_otherwise() -> None:
+    with pytest.raises(Built) as built:
+        TransactionalPublisher(SHARED, "p.shard-0")
+    assert built.value.properties["linger.ms"] == TRANSACTION_DEFAULTS["linger.ms"] == 100
+    assert built.value.properties["transactional.id"] == "p.shard-0"
+    with pytest.raises(Built) as built:
+        TransactionalPublisher(KafkaClientConfig("k:9093", {"linger.ms": 5}), "p.shard-0")
+    assert built.value.properties["linger.ms"] == 5  # a [gateway.kafka] setting beats the role's default
+    with pytest.raises(Built) as built:
+        TransactionalPublisher(KafkaClientConfig("k:9093", {"linger.ms": 5}), "p.shard-0", {"linger.ms": 7})
+    assert built.value.properties["linger.ms"] == 7  # and [gateway.producer] beats both
+    with pytest.raises(Built) as built:
+        KafkaPublisher(SHARED)
+    assert built.value.properties["linger.ms"] == PRODUCER_DEFAULTS["linger.ms"] == 2  # acks wait for delivery

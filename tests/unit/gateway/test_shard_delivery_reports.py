@@ -45,6 +45,7 @@ class FakePublisher:
         self.offsets: list[int | None] = []  # each record's offset in its topic's partition
         self._next_offset: dict[str, int] = {}
         self.served: list[tuple[int, KafkaError | None]] = []  # (record index, error) to run at the next poll
+        self.sent_now = 0  # calls of send_now (what lingers sent at once)
 
     def batch_produce(self) -> Callable[..., None]:
         def produce(topic: str, value: bytes, key: bytes, partition: int, on_delivery: Callable[..., None] | None,
@@ -73,6 +74,9 @@ class FakePublisher:
         return len(served)
 
     def close(self) -> None: ...
+
+    def send_now(self) -> None:
+        self.sent_now += 1
 
     def pending(self) -> int:
         return 0

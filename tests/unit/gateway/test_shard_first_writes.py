@@ -65,6 +65,8 @@ async def test_the_first_record_to_a_topic_waits_for_kafkas_answer_before_the_ne
     for _ in range(5):
         await asyncio.sleep(0.005)
     assert [topic for topic, _key, _callback in publisher.records] == topics[:first + 1]  # alone, and waiting
+    # ... and not for librdkafka's linger.ms: it is asked to send the record now, again on each turn of the wait.
+    assert publisher.sent_now >= 5
     publisher.answered = len(publisher.records)
     await asyncio.wait_for(producing, 5)
     assert [topic for topic, _key, _callback in publisher.records] == topics
