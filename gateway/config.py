@@ -15,6 +15,7 @@ from contract.units import DurationError, parse_duration_us
 from contract.wire.messages import MAX_STREAMS_PER_SOURCE
 from gateway.auth import SourceAuthenticator
 from gateway.native import NativeCoreMissing, resolve_core
+from gateway.scheduling import MAX_SLICE_US, MIN_SLICE_US
 from gateway.server import GatewayConfig
 from gateway.session import SessionTimeouts
 from gateway.settings import (
@@ -205,6 +206,9 @@ def build_config(settings: Mapping[str, Any]) -> GatewayConfig:
         raise ConfigError(f"shards must be >= 1, got {config.shards}")
     if config.clock_step_max_held < 1:
         raise ConfigError(f"clock_step_max_held must be >= 1, got {config.clock_step_max_held}")
+    if config.loop_slice_us and not MIN_SLICE_US <= config.loop_slice_us <= MAX_SLICE_US:
+        raise ConfigError(f"loop_slice_us must be 0 (the kernel's default) or {MIN_SLICE_US}us.."
+                          f"{MAX_SLICE_US // 1000}ms, got {config.loop_slice_us}us")
     _cluster(config, settings)
     config.kafka_settings = dict(settings.get("kafka", {}))
     config.producer_config = dict(settings.get("producer", {}))

@@ -80,6 +80,7 @@ from gateway.native import (
     resolve_core,
     with_core,
 )
+from gateway.scheduling import DEFAULT_LOOP_SLICE_US
 from gateway.session import (
     EventsReceived,
     GatewaySession,
@@ -222,6 +223,8 @@ class GatewayConfig:
     core: str = "auto"
     # With the native core: plain records to librdkafka's C API on the producer's client (gateway.native).
     direct_produce: bool = True
+    # The scheduler slice the event loop's thread asks for (gateway.scheduling); 0: the kernel's default.
+    loop_slice_us: int = DEFAULT_LOOP_SLICE_US
 
     @property
     def kafka_client(self) -> KafkaClientConfig:

@@ -181,6 +181,12 @@ SETTINGS: tuple[Setting, ...] = (
             details="The handle is read from confluent-kafka's Producer object and accepted only after checks "
                     "(docs/native.md, \"Records to librdkafka\"); when they fail the gateway logs one line and calls "
                     "Producer.produce. false: always call it."),
+    Setting("loop_slice_us", MICROS, _ORDER, "The scheduler slice the event loop's thread asks Linux for (EEVDF, "
+            "6.12+): woken by a frame, it preempts longer-slice work on a busy host sooner; 0 = the kernel's "
+            "default", "100us", config_field="loop_slice_us",
+            details="Between 100 µs and 100 ms. Its CPU share is unchanged; unprivileged; threads it starts keep "
+                    "the default, and a policy set with chrt is left alone (gateway/scheduling.py). The log's "
+                    "start says what the thread got."),
     Setting("reorder_alpha", FRACTION, _ORDER, "Smoothing factor of Eq. 3.2-3.3", 0.6),
     Setting("reorder_beta", FRACTION, _ORDER, "Smoothing factor of Eq. 3.7-3.8", 0.6),
     Setting("gap_timeout_min_s", SECONDS, _ORDER, "The shortest wait for a sequence gap", "200ms"),

@@ -24,6 +24,7 @@ from gateway.collector import settle_collector, settle_switch_interval
 from gateway.config import ConfigError, build_config, load_settings
 from gateway.launch import GatewayAddresses, GatewayLaunchError, ready_lines, spawn_gateway
 from gateway.logs import LogLevel, child_env, configure_logging, current_log_format, current_log_level
+from gateway.scheduling import request_loop_slice
 from gateway.server import ClusterConfigError, Gateway, GatewayConfig
 from gateway.settings import (
     BOOL,
@@ -185,6 +186,7 @@ async def _serve(config: GatewayConfig) -> None:
     await gw.start()
     settle_collector()  # what exists now lives as long as the process (gateway.collector)
     settle_switch_interval()  # the event loop keeps the GIL from the executor's report callbacks (gateway.collector)
+    logging.getLogger("gateway.scheduling").info("%s", request_loop_slice(config.loop_slice_us))
     addresses = GatewayAddresses(
         config.host, gw.port, timesync_host=config.timesync.host if config.timesync else None,
         timesync_port=gw.timesync_port, metrics_host=config.metrics_host, metrics_port=gw.metrics_port)
