@@ -6,7 +6,7 @@ process speaking the wire protocol with pre-encoded frames (so the generator cos
 order, a bounded window of unacknowledged events per source. Measured: events/s from first send to last ack,
 gateway CPU per event (/proc), gateway memory per source (RSS growth), added latency (release - arrival, from
 the records in Kafka) and ack latency seen by sources. In the same run, one plain confluent-kafka producer (the
-gateway's producer settings: acks=all, idempotence, lz4, linger 2 ms) replays the 20-source run's records (same
+gateway's producer settings: acks=all, idempotence, lz4, linger 100 ms) replays the 20-source run's records (same
 keys and values) into the same broker, without and with the gateway's record headers and timestamps: the limit
 of one Python writer here, and what headers cost it. Every source count runs the gateway once per core of
 --cores (and once for the --before tree), in alternating order from one source count to the next, so that neither
@@ -44,6 +44,7 @@ from broker.admin import ensure_topics
 from broker.client import KafkaClientConfig
 from broker.launcher import KafkaBroker
 from broker.reader import read_topic
+from broker.transactions import TRANSACTION_DEFAULTS
 from contract.records import CONTRACT_VERSION, EVENT
 from contract.wire.frames import FrameDecoder, encode_frame
 from contract.wire.messages import (
@@ -63,6 +64,7 @@ BATCH = 500
 WINDOW = 20_000
 WARM_UP_SOURCE = 999  # one_run's warm-up source, not counted
 WARM_UP_SOURCE_ID = f"src-{WARM_UP_SOURCE}"
+LINGER_COMPARED_MS = (2, 20, 100)  # --linger: broker.client's default, a middle, the transactional producer's
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CORE_LABELS = {"python": "python core", "native": "native core", "auto": "auto core"}
 Variant = tuple[str, Path | None, str | None]  # (label, tree, core): one gateway configuration of the run
@@ -384,13 +386,13 @@ class PlainResult(RunRates):
 
 def plain_producer(bootstrap: str, records: list[tuple[bytes | None, bytes]], headers: bool) -> PlainResult:
     """One confluent-kafka producer with the gateway's settings (broker.client's defaults: acks=all, idempotence,
-    lz4, linger 2 ms) replays the gateway's records, same keys and values, with a Python delivery callback per
+    lz4; the transactional producer's linger, 100 ms: at this rate its batches fill first) replays the gateway's records, same keys and values, with a Python delivery callback per
     record as any exactly-once writer needs; throughput = records acknowledged / wall time to the last.
     ``headers``: each record also carries the gateway's headers (kind, source, contract version) and its
     reference time as the Kafka timestamp."""
     topic = f"plain{'h' if headers else ''}{time.time_ns()}"
     ensure_topics(bootstrap, [topic])
-    producer = KafkaClientConfig(bootstrap).producer()
+    producer = KafkaClientConfig(bootstrap).producer({"linger.ms": TRANSACTION_DEFAULTS["linger.ms"]})
     delivered = [0]
     failures: list[KafkaError] = []
     version = str(CONTRACT_VERSION).encode()
@@ -753,7 +755,7 @@ Measured on this project's 2-core machine, gateway, broker and load generator sh
 running on them); one run, so read the ratios more than the absolute numbers. In-order events, batches of {BATCH},
 at most {WINDOW} unacked events per source, time sync off, each source saying bye after its last ack (as the SDK's
 close does). Throughput counts events acknowledged by the gateway, i.e. committed to Kafka (acks=all, idempotent
-transactional producer, lz4, linger 2 ms), from the first send to the last ack. Before its clock starts each gateway
+transactional producer, lz4, linger 100 ms), from the first send to the last ack. Before its clock starts each gateway
 carries one warm-up source's {BATCH} events (not counted), as the plain producer sends one record before its own:
 the stream's topics are created and the shard's first record on them settled (one round trip to a partition just
 created, paid once per topic and gateway; ~270 ms of a 200,000-event run before). "python core" and
@@ -826,7 +828,7 @@ def main() -> None:
     parser.add_argument("--sources", type=int, nargs="*", default=[1, 20, 100])
     parser.add_argument("--cores", nargs="+", choices=sorted(CORE_LABELS), default=["python", "native"],
                         help="run the gateway once per core (--core X) at every source count, same broker, same run")
-    parser.add_argument("--linger", action="store_true", help="also compare linger.ms 0, 2 and 20 (last core)")
+    parser.add_argument("--linger", action="store_true", help=f"also compare linger.ms {LINGER_COMPARED_MS} (last core)")
     parser.add_argument("--py-spy", type=Path, help="sample the 20-source gateway of the first core with py-spy "
                         "into this file")
     parser.add_argument("--ratio-events", type=int, default=600_000,
@@ -929,7 +931,7 @@ def main() -> None:
                         advance()
                 linger = []
                 if args.linger:
-                    for ms in (0, 2, 20):
+                    for ms in LINGER_COMPARED_MS:
                         result = one_run(state.bootstrap_servers, 20, args.events // 2, {"linger.ms": ms},
                                          core=cores[-1])
                         print(f"linger.ms={ms:>3}: {result.events_per_s:>10,.0f} events/s  "
