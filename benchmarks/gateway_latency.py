@@ -42,9 +42,10 @@ from benchmarks.gateway_throughput import (
     load_averages,
     paced_gateway,
     paced_source,
-    scratch_broker,
+    scratch_broker_state,
     unaccounted,
 )
+from benchmarks.harness.processes import jit_compiler_cpu_s
 from benchmarks.harness.resending_source import ResendingSource
 from benchmarks.harness.stats import percentile
 from broker.reader import read_topic
@@ -56,6 +57,10 @@ FRAME_EVERY_S = 0.005
 # The sources' loop wakes each this long before its frame is due and sleeps out the rest (paced_source's lead_s):
 # its timers alone made frames leave up to a millisecond late, counted in the sources' schedule, not the gateway's.
 SEND_LEAD_S = 0.002
+# Before the first measured run, one gateway carries the 20-source load this long, not measured: a fresh broker's JVM
+# compiles its produce path meanwhile (its JIT compiler threads ran 1.8 s of CPU in the first 5-s run, in stretches
+# of 1-3 ms that the gateway's thread waited behind, and 0.26 s by the sixth), which a broker in service did long ago.
+BROKER_WARM_UP_S = 30.0
 LOADS = ((1, 5000.0), (20, 500.0))  # (sources, events/s per source): the control, then issue 26's target 2
 # normal priority; the source process at real-time priority; that and the gateway's main thread (its event loop) at
 # real-time priority too, one below the sources'
@@ -247,16 +252,31 @@ def run_load(port: int, sources: int, rate: float, seconds: float, frame_every_s
     return result
 
 
+def warm_up_broker(bootstrap: str, broker_pid: int) -> float:
+    """BROKER_WARM_UP_S of the 20-source load through a native-core gateway, not measured; returns the CPU seconds
+    the broker's JIT compiler used meanwhile."""
+    compiled_s = jit_compiler_cpu_s(broker_pid)
+    sources, rate = LOADS[-1]
+    with paced_gateway(bootstrap, f"warmup{time.time_ns()}", "native", None) as (_process, port):
+        run_load(port, sources, rate, BROKER_WARM_UP_S, FRAME_EVERY_S, None)
+    return jit_compiler_cpu_s(broker_pid) - compiled_s
+
+
 def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core: str,
-                rt_priority: int | None, variant: str, tree: Path | None = None) -> dict[str, Any]:
-    """One gateway (``--core core``; ``tree``: another checkout's), one load process; the figures of its records."""
+                rt_priority: int | None, variant: str, tree: Path | None = None,
+                broker_pid: int | None = None) -> dict[str, Any]:
+    """One gateway (``--core core``; ``tree``: another checkout's), one load process; the figures of its records.
+    ``broker_pid``: also the CPU seconds the broker's JIT compiler used during the load."""
     prefix = f"latency{sources}x{time.time_ns()}"
     loop_priority = max(1, rt_priority - 1) if variant == "gateway first" and rt_priority is not None else None
     with tempfile.TemporaryFile() as log:
         with paced_gateway(bootstrap, prefix, core, loop_priority, tree=tree, stderr=log) as (process, port):
             before = main_thread_sched_ns(process.pid), time.monotonic_ns()
+            compiled_s = None if broker_pid is None else jit_compiler_cpu_s(broker_pid)
             load = run_load(port, sources, rate, seconds, FRAME_EVERY_S, rt_priority)
             after = main_thread_sched_ns(process.pid), time.monotonic_ns()
+            if broker_pid is not None and compiled_s is not None:
+                compiled_s = jit_compiler_cpu_s(broker_pid) - compiled_s
         log.seek(0)
         gateway_log = log.read().decode(errors="replace")
     records = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", 120, settled=True)]
@@ -271,6 +291,7 @@ def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core:
             "source_cpu_share": load["cpu_s"] / load["wall_s"],
             "gateway_cpu_share": (after[0][0] - before[0][0]) / (after[1] - before[1]),
             "gateway_runqueue_share": (after[0][1] - before[0][1]) / (after[1] - before[1]),
+            "broker_jit_s": compiled_s,
             **figures(latency_shares(events, load["acks"]), frame_gaps_ms(events), load["slips_ms"])}
 
 
@@ -314,10 +335,14 @@ def run_all(repeats: int, seconds: float, cores: list[str], rt_priority: int) ->
     load = {"start": load_averages()}
     print(f"load average at start: {load['start']}", flush=True)
     rows = []
-    with scratch_broker() as bootstrap:
+    with scratch_broker_state() as broker:
+        bootstrap = broker.bootstrap_servers
+        warm_up_jit_s = warm_up_broker(bootstrap, broker.pid)
+        print(f"broker warm-up ({BROKER_WARM_UP_S:.0f} s): its JIT compiler used {warm_up_jit_s:.2f} s of CPU",
+              flush=True)
         for repeat, variant, sources, rate, core in plan(repeats, cores):
             row = latency_run(bootstrap, sources, rate, seconds, core,
-                              None if variant == "same host" else rt_priority, variant)
+                              None if variant == "same host" else rt_priority, variant, broker_pid=broker.pid)
             row["repeat"] = repeat
             print(f"#{repeat} {variant:>9} {CORE_LABELS[core]:>11} {sources:>2} x {rate:,.0f}/s: added p50/p99/max "
                   f"{row['added_p50_ms']:.2f}/{row['added_p99_ms']:.2f}/{row['added_max_ms']:.2f} ms, waited p99 "
@@ -328,12 +353,14 @@ def run_all(repeats: int, seconds: float, cores: list[str], rt_priority: int) ->
                   f"read lag p99 {row['read_lag_p99_ms']:.2f}, gateway main thread on a CPU {row['gateway_cpu_share']:.2f} "
                   f"waiting for one {row['gateway_runqueue_share']:.2f}, sources' CPU {row['source_cpu_share']:.2f}, gap p99 {row['gap_p99_ms']:.2f}, "
                   f"slip p99 {row['slip_p99_ms']:.2f}, tail {row['tail']}, late {row['late']}, "
+                  f"broker JIT {row['broker_jit_s']:.2f} s, "
                   f"reconnects {row['reconnects']}", flush=True)
             rows.append(row)
     load["end"] = load_averages()
     print(f"load average at end: {load['end']}", flush=True)
     return {"rows": rows, "load_average": load, "seconds": seconds, "frame_ms": FRAME_EVERY_S * 1e3,
-            "send_lead_ms": SEND_LEAD_S * 1e3, "rt_priority": rt_priority}
+            "send_lead_ms": SEND_LEAD_S * 1e3, "rt_priority": rt_priority,
+            "broker_warm_up_s": BROKER_WARM_UP_S, "broker_warm_up_jit_s": warm_up_jit_s}
 
 
 def main() -> None:
@@ -462,6 +489,20 @@ def plot(saved: dict[str, Any]) -> None:
     save(fig, DOCS / "gateway-latency.png")
 
 
+def warm_up_text(saved: dict[str, Any]) -> str:
+    """The broker's warm-up and its JIT compiler's CPU during the measured runs (pages saved before: none)."""
+    if "broker_warm_up_s" not in saved:
+        return ""
+    during = [r["broker_jit_s"] for r in saved["rows"] if r.get("broker_jit_s") is not None]
+    return f"""
+
+Before the first measured run the broker is warmed up: one native-core gateway carries the 20-source load for
+{saved['broker_warm_up_s']:.0f} s, not measured. A fresh broker's JVM compiles its produce path meanwhile (its JIT
+compiler used {saved['broker_warm_up_jit_s']:.2f} s of CPU in this warm-up); unwarmed, the first runs waited behind
+its compiler threads, which run for 1-3 ms at a stretch (`perf sched timehist`). During the measured runs it used
+{min(during, default=0):.2f}-{max(during, default=0):.2f} s per run."""
+
+
 def method_text(saved: dict[str, Any]) -> str:
     load = saved["load_average"]
     return f"""Measured on this project's 2-core machine, shared with the broker (a JVM), the gateway, the load generator and
@@ -475,7 +516,7 @@ of docs/gateway-benchmark.md's paced table; here each source's last {saved.get('
 frame is a blocking sleep, as the event loop's timers wake up to a millisecond late, and the load process runs
 without the cyclic collector, whose passes stopped all sources at once: this page's runs before commit 3d32cad, and
 that table, had neither). 20 sources x 500 events/s is issue 26's target 2; 1 source x 5,000
-events/s is the control (no other source to wait for).
+events/s is the control (no other source to wait for).{warm_up_text(saved)}
 
 Three variants, all reported:
 

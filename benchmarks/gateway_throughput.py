@@ -42,7 +42,7 @@ from benchmarks.harness.resending_source import ResendingSource
 from benchmarks.harness.stats import percentile
 from broker.admin import ensure_topics
 from broker.client import KafkaClientConfig
-from broker.launcher import KafkaBroker
+from broker.launcher import BrokerState, KafkaBroker
 from broker.reader import read_topic
 from broker.transactions import TRANSACTION_DEFAULTS
 from contract.records import CONTRACT_VERSION, EVENT
@@ -142,14 +142,21 @@ def paced_gateway(bootstrap: str, prefix: str, core: str, loop_rt_priority: int 
 
 
 @contextmanager
-def scratch_broker() -> Iterator[str]:
-    """A broker on fresh storage for one benchmark run: its bootstrap servers inside, stopped after."""
+def scratch_broker_state() -> Iterator[BrokerState]:
+    """A broker on fresh storage for one benchmark run: its state (servers, pid) inside, stopped after."""
     with tempfile.TemporaryDirectory() as tmp:
         broker = KafkaBroker(Path(tmp) / "kafka")
         try:
-            yield broker.start().bootstrap_servers
+            yield broker.start()
         finally:
             broker.stop()
+
+
+@contextmanager
+def scratch_broker() -> Iterator[str]:
+    """``scratch_broker_state``'s bootstrap servers."""
+    with scratch_broker_state() as state:
+        yield state.bootstrap_servers
 
 
 def frames_for(source: int, events: int, base_us: int) -> list[tuple[int, bytes]]:

@@ -591,7 +591,7 @@ events each) that lets the broker's JIT settle:
 - **--workers 2**: `skewless gateway --workers 2 --core {meta['core']} --shards {meta['shards']}`, a parent
   process that starts 2 worker processes of one cluster (they split the shards through Kafka's group protocol; the
   run starts once each worker's /healthz shows an even split);
-- **plain producer**: one confluent-kafka producer with the gateway's settings (acks=all, idempotence, lz4,
+- **plain producer**: one confluent-kafka producer with broker.client's settings (acks=all, idempotence, lz4,
   linger 2 ms; no transactions) replays the round's 1-process records (same keys, values, partitions) from one
   Python thread: the limit of one writer process here.
 

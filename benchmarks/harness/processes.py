@@ -342,3 +342,16 @@ def stop_process(process: subprocess.Popen[Any], timeout_s: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def jit_compiler_cpu_s(pid: int) -> float:
+    """CPU seconds a JVM's JIT compiler threads (HotSpot's "C1/C2 CompilerThread<n>") have used so far: a broker
+    still compiling runs them for milliseconds at a stretch."""
+    total_ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if "CompilerThre" in (task / "comm").read_text():
+                total_ticks += stat_cpu_ticks((task / "stat").read_text())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return total_ticks / CLK_TCK
