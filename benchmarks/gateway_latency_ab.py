@@ -1,6 +1,7 @@
 """Two gateways' added latency side by side: this checkout against another (``--before``), in alternating rounds on
-one broker, the paced load and variant of docs/gateway-latency.md's target row (20 sources x 500 events/s, a frame
-every 5 ms, the sources and the gateway's event loop at real-time priority: "gateway first").
+one broker (warmed up as docs/gateway-latency.md's is), the paced load of that page's target row (20 sources x 500
+events/s, a frame every 5 ms) in one of its variants (``--variant``; by default "gateway first": the sources and the
+gateway's event loop at real-time priority).
 
 On this shared 2-core machine the page's figure moves with the host's state by more than most changes move it (its
 runs read 6.2-8.2 ms at p99 for one tree in two days), so a change is judged here against the tree before it in the
@@ -54,8 +55,8 @@ def comparison(rounds: Sequence[dict[str, dict[str, Any]]]) -> str:
 
 
 def main() -> None:
-    from benchmarks.gateway_latency import latency_run
-    from benchmarks.gateway_throughput import scratch_broker
+    from benchmarks.gateway_latency import VARIANTS, latency_run, warm_up_broker
+    from benchmarks.gateway_throughput import scratch_broker_state
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="the other checkout (its gateway, its modules)")
@@ -64,19 +65,24 @@ def main() -> None:
     parser.add_argument("--core", choices=["python", "native"], default="native")
     parser.add_argument("--rt-priority", type=int, default=10, help="the sources' SCHED_FIFO priority (the loop's: "
                         "one less)")
+    parser.add_argument("--variant", choices=VARIANTS, default="gateway first", help="docs/gateway-latency.md's")
     args = parser.parse_args()
     sides = [Side(THIS, None), Side(BEFORE, args.before.resolve())]
     rounds: list[dict[str, dict[str, Any]]] = []
-    with scratch_broker() as bootstrap:
+    with scratch_broker_state() as broker:
+        bootstrap = broker.bootstrap_servers
+        print(f"broker warm-up: its JIT compiler used {warm_up_broker(bootstrap, broker.pid):.2f} s of CPU", flush=True)
         for index in range(args.rounds):
             runs: dict[str, dict[str, Any]] = {}
             for side in round_order(sides, index):
-                run = latency_run(bootstrap, 20, 500.0, args.seconds, args.core, args.rt_priority, "gateway first",
-                                  tree=side.tree)
+                run = latency_run(bootstrap, 20, 500.0, args.seconds, args.core,
+                                  None if args.variant == "same host" else args.rt_priority, args.variant,
+                                  tree=side.tree, broker_pid=broker.pid)
                 runs[side.label] = run
                 print(f"#{index} {side.label:>14}: added p99 {run['added_p99_ms']:.2f} ms, read lag p99 "
                       f"{run['read_lag_p99_ms']:.2f} max {run['read_lag_max_ms']:.2f}, sources' schedule p99 "
-                      f"{run['scheduled_p99_ms']:.2f}, loop's thread on a CPU {run['gateway_cpu_share']:.2f}",
+                      f"{run['scheduled_p99_ms']:.2f}, loop's thread on a CPU {run['gateway_cpu_share']:.2f}, waiting for one "
+                      f"{run['gateway_runqueue_share']:.3f}, broker JIT {run['broker_jit_s']:.2f} s",
                       flush=True)
             rounds.append(runs)
     print(comparison(rounds))
