@@ -88,7 +88,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_frame_bytes", POSITIVE, _NET, "Largest accepted frame body", 1_048_576, shown="1 MiB",
             flag="--max-frame-bytes", config_field="max_frame_bytes"),
     Setting("producer", TABLE, _NET, "librdkafka properties for the producer only (`[gateway.producer]`), on "
-            "top of `[kafka]`"),
+            "top of `[kafka]`",
+            details="Both sit on the gateway's defaults: acks=all, idempotence, lz4, batches of up to 10,000 "
+                    "records (broker/client.py), and `linger.ms` 100 with transactions (their records are visible "
+                    "at the commit, whose flush sends what lingers; broker/transactions.py), 2 without (acks wait "
+                    "for the delivery)."),
     Setting("metrics_port", PORT, _METRICS, "Serve /metrics and /healthz on this port, 0 = any free port", 7780,
             flag="--metrics-port", config_field="metrics_port",
             details="With `--workers N` worker `i` serves on this port + `i`."),

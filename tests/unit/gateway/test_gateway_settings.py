@@ -162,7 +162,10 @@ def test_a_row_of_the_docs_table() -> None:
     assert "| `port` | port | `7700` | `SKEWLESS_GATEWAY_PORT` | `--port` | TCP listen port, 0 = any free port. |" \
         in lines
     assert ("| `producer` | table |  | (a file only) |  | librdkafka properties for the producer only "
-            "(`[gateway.producer]`), on top of `[kafka]`. |") in lines
+            "(`[gateway.producer]`), on top of `[kafka]`. Both sit on the gateway's defaults: acks=all, idempotence, "
+            "lz4, batches of up to 10,000 records (broker/client.py), and `linger.ms` 100 with transactions (their "
+            "records are visible at the commit, whose flush sends what lingers; broker/transactions.py), 2 without "
+            "(acks wait for the delivery). |") in lines
     assert sum(line.startswith("| `") for line in lines) == len(SETTINGS)
 
 
