@@ -174,7 +174,8 @@ class TransactionalBatchSink:
     def _drain(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         while self._publisher.pending() and time.monotonic() < deadline:
-            self._publisher.poll(0.1)
+            self._publisher.send_now()  # not after the transactional producer's linger
+            self._publisher.poll(0.01)
 
 
 _COORDINATOR_NOT_READY = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
