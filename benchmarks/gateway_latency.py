@@ -266,17 +266,20 @@ def latency_run(bootstrap: str, sources: int, rate: float, seconds: float, core:
                 rt_priority: int | None, variant: str, tree: Path | None = None,
                 broker_pid: int | None = None) -> dict[str, Any]:
     """One gateway (``--core core``; ``tree``: another checkout's), one load process; the figures of its records.
+    ``rt_priority``: the sources' SCHED_FIFO priority in the variants that have one (not "same host").
     ``broker_pid``: also the CPU seconds the broker's JIT compiler used during the load."""
     prefix = f"latency{sources}x{time.time_ns()}"
+    if variant == "same host":
+        rt_priority = None
     loop_priority = max(1, rt_priority - 1) if variant == "gateway first" and rt_priority is not None else None
     with tempfile.TemporaryFile() as log:
         with paced_gateway(bootstrap, prefix, core, loop_priority, tree=tree, stderr=log) as (process, port):
             before = main_thread_sched_ns(process.pid), time.monotonic_ns()
-            compiled_s = None if broker_pid is None else jit_compiler_cpu_s(broker_pid)
+            compiled_before_s = None if broker_pid is None else jit_compiler_cpu_s(broker_pid)
             load = run_load(port, sources, rate, seconds, FRAME_EVERY_S, rt_priority)
             after = main_thread_sched_ns(process.pid), time.monotonic_ns()
-            if broker_pid is not None and compiled_s is not None:
-                compiled_s = jit_compiler_cpu_s(broker_pid) - compiled_s
+            compiled_s = (None if broker_pid is None or compiled_before_s is None
+                          else jit_compiler_cpu_s(broker_pid) - compiled_before_s)
         log.seek(0)
         gateway_log = log.read().decode(errors="replace")
     records = [orjson.loads(v) for _k, v in read_topic(bootstrap, f"{prefix}.events.bench", 120, settled=True)]
@@ -341,8 +344,7 @@ def run_all(repeats: int, seconds: float, cores: list[str], rt_priority: int) ->
         print(f"broker warm-up ({BROKER_WARM_UP_S:.0f} s): its JIT compiler used {warm_up_jit_s:.2f} s of CPU",
               flush=True)
         for repeat, variant, sources, rate, core in plan(repeats, cores):
-            row = latency_run(bootstrap, sources, rate, seconds, core,
-                              None if variant == "same host" else rt_priority, variant, broker_pid=broker.pid)
+            row = latency_run(bootstrap, sources, rate, seconds, core, rt_priority, variant, broker_pid=broker.pid)
             row["repeat"] = repeat
             print(f"#{repeat} {variant:>9} {CORE_LABELS[core]:>11} {sources:>2} x {rate:,.0f}/s: added p50/p99/max "
                   f"{row['added_p50_ms']:.2f}/{row['added_p99_ms']:.2f}/{row['added_max_ms']:.2f} ms, waited p99 "

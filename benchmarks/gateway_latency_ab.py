@@ -75,8 +75,7 @@ def main() -> None:
         for index in range(args.rounds):
             runs: dict[str, dict[str, Any]] = {}
             for side in round_order(sides, index):
-                run = latency_run(bootstrap, 20, 500.0, args.seconds, args.core,
-                                  None if args.variant == "same host" else args.rt_priority, args.variant,
+                run = latency_run(bootstrap, 20, 500.0, args.seconds, args.core, args.rt_priority, args.variant,
                                   tree=side.tree, broker_pid=broker.pid)
                 runs[side.label] = run
                 print(f"#{index} {side.label:>14}: added p99 {run['added_p99_ms']:.2f} ms, read lag p99 "
