@@ -71,7 +71,9 @@ async def test_oversized_and_garbage_frames_close_only_that_connection(gateway: 
         await good.send("s", {"i": i}, source_ts_us=1_000 + i)
     await good.flush()
     await good.close()
-    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
+    # In a thread: the gateway serves on this loop, and a settled read waits for its next commit.
+    values, _punctuations = await asyncio.to_thread(read_stream, kafka.bootstrap_servers,
+                                                    TopicNames(topic_prefix).events("s"), settled=True)
     assert [v["payload"]["i"] for v in values] == list(range(100))
 
 
@@ -89,7 +91,9 @@ async def test_duplicate_resend_reaches_kafka_once(gateway: Gateway, kafka, topi
                                           until={"type": "ack", "stream": "s", "seq": 24})
     assert replies[-1] == {"type": "ack", "stream": "s", "seq": 24}
     assert gateway.counters.duplicates == 10
-    values, _punctuations = read_stream(kafka.bootstrap_servers, TopicNames(topic_prefix).events("s"), settled=True)
+    # In a thread: the gateway serves on this loop, and a settled read waits for its next commit.
+    values, _punctuations = await asyncio.to_thread(read_stream, kafka.bootstrap_servers,
+                                                    TopicNames(topic_prefix).events("s"), settled=True)
     assert [v["seq"] for v in values] == list(range(25))
 
 
