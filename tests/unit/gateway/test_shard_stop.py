@@ -5,6 +5,8 @@ commit fails acks nothing: the sources resend to the next owner, which recovers 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -90,15 +92,16 @@ class LoggingHost:
         self.failed.append(reason)
 
 
-def transactional_runtime(steps: list[Step], now: list[int],
-                          commit_error: Exception | None = None) -> ShardRuntime:
+def transactional_runtime(steps: list[Step], now: list[int], commit_error: Exception | None = None,
+                          publisher_class: Callable[[list[Step], Exception | None], FakeTransactionalPublisher]
+                          = FakeTransactionalPublisher) -> ShardRuntime:
     """A shard as ``start()`` leaves it (its transaction open), without its tasks: ``stop`` drains it alone."""
     settings = ShardSettings(shard=SHARD, topics=TopicNames(), kafka_client=KafkaClientConfig.of("127.0.0.1:9"),
                              producer_config={}, ingest=IngestConfig(checkpoint_interval_us=1_000_000),
                              transactional=True)
 
     def make(*_args: object) -> FakeTransactionalPublisher:
-        return FakeTransactionalPublisher(steps, commit_error)
+        return publisher_class(steps, commit_error)
 
     with mock.patch("gateway.shard.TransactionalPublisher", make):
         runtime = ShardRuntime(settings, IdentityMapping(), SourceInfoStore(), LoggingHost(steps), lambda: now[0])
@@ -139,6 +142,82 @@ async def test_a_commit_cancelled_before_it_confirmed_its_records_still_confirms
     with pytest.raises(asyncio.CancelledError):
         await commit
     assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
+
+
+class BlockingBeginPublisher(FakeTransactionalPublisher):
+    """``begin`` holds its thread until ``release`` is set (librdkafka's main thread waiting for a core), and notes
+    the thread it ran on."""
+
+    def __init__(self, steps: list[Step], commit_error: Exception | None) -> None:
+        super().__init__(steps, commit_error)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.begun_on: list[int] = []
+
+    def begin(self) -> None:
+        self.begun_on.append(threading.get_ident())
+        self.entered.set()
+        # On the loop's thread this would hold the loop, and the test that sets release could never run.
+        if not self.release.wait(2.0):
+            raise TimeoutError("begin was never released: it held the loop's thread")
+        super().begin()
+
+
+def committed_and_beginning(steps: list[Step]) -> tuple[ShardRuntime, BlockingBeginPublisher]:
+    runtime = transactional_runtime(steps, now := [T0 + 100], publisher_class=BlockingBeginPublisher)
+    three_records(runtime, now)
+    runtime._carry_out_now(runtime.core.poll(now[0]))
+    publisher = runtime._publisher
+    assert isinstance(publisher, BlockingBeginPublisher)
+    return runtime, publisher
+
+
+async def test_the_next_transaction_opens_off_the_loops_thread_and_the_loop_runs_meanwhile() -> None:
+    steps: list[Step] = []
+    runtime, publisher = committed_and_beginning(steps)
+    commit = asyncio.create_task(runtime._commit())
+    assert await asyncio.to_thread(publisher.entered.wait, 2.0)
+    assert publisher.begun_on != [threading.get_ident()]
+    # Meanwhile the lock stays held: a frame's records wait for the producer task, which opens no transaction.
+    assert runtime._txn_lock.locked()
+    assert not runtime._producer_idle([])
+    assert steps == [("commit", 4)]  # nothing acked yet
+    publisher.release.set()
+    await commit
+    assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
+    assert not runtime._txn_lock.locked()
+
+
+async def test_a_commit_cancelled_while_the_next_transaction_opens_waits_for_it_and_acks_what_it_committed() -> None:
+    # A stop's abort must not reach librdkafka while begin_transaction still runs on the executor's thread.
+    steps: list[Step] = []
+    runtime, publisher = committed_and_beginning(steps)
+    commit = asyncio.create_task(runtime._commit())
+    assert await asyncio.to_thread(publisher.entered.wait, 2.0)
+    commit.cancel()
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert not commit.done()
+    publisher.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await commit
+    assert steps == [("commit", 4), ("begin",), ("ack", "a", "s", 2)]
+
+
+class FailingBeginPublisher(FakeTransactionalPublisher):
+    def begin(self) -> None:
+        raise KafkaException(KafkaError(KafkaError._STATE, "begin refused"))
+
+
+async def test_a_begin_that_fails_after_the_commit_still_acks_what_the_commit_made_durable() -> None:
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now, publisher_class=FailingBeginPublisher)
+    three_records(runtime, now)
+    runtime._carry_out_now(runtime.core.poll(now[0]))
+    with pytest.raises(KafkaException):
+        await runtime._commit()
+    assert steps == [("commit", 4), ("ack", "a", "s", 2)]
 
 
 async def committed_in_chunks(cancel_after_calls: int | None, per_source: int = 0
@@ -234,11 +313,7 @@ class FirstRecordLostPublisher(FakeTransactionalPublisher):
 
 
 def _first_record_lost_runtime(steps: list[Step], now: list[int], topic: str) -> ShardRuntime:
-    def make(*_args: object) -> FakeTransactionalPublisher:
-        return FirstRecordLostPublisher(steps, topic)
-    with mock.patch("gateway.shard.TransactionalPublisher", make), \
-            mock.patch("tests.unit.gateway.test_shard_stop.FakeTransactionalPublisher", make):
-        return transactional_runtime(steps, now)
+    return transactional_runtime(steps, now, publisher_class=lambda *_args: FirstRecordLostPublisher(steps, topic))
 
 
 async def test_a_new_partitions_first_record_lost_aborts_the_transaction_and_acks_nothing() -> None:
