@@ -228,7 +228,7 @@ def small_frames_section(costs: dict[int, dict[Core, float]], per_event: dict[Co
 The same loop with frames of a few events (20 sources x {SMALL_FRAME_EVENTS:,} events each, a commit every 1,000
 records; medians of alternating runs, CPU time of the process, decode + ingest + produce + commit, less the four
 clock calls each frame's stage intervals hold, measured in the run). The paced load
-of issue 26's target 2 (500 events/s per source, a frame every 5 ms) sends frames of 2-3 events.
+of issue 26's target 3 (500 events/s per source, a frame every 5 ms) sends frames of 2-3 events.
 
 | events per frame | python core (us/frame) | native core (us/frame) | python core (us/event) | native core (us/event) |
 |---|---|---|---|---|

@@ -61,7 +61,7 @@ SEND_LEAD_S = 0.002
 # compiles its produce path meanwhile (its JIT compiler threads ran 1.8 s of CPU in the first 5-s run, in stretches
 # of 1-3 ms that the gateway's thread waited behind, and 0.26 s by the sixth), which a broker in service did long ago.
 BROKER_WARM_UP_S = 30.0
-LOADS = ((1, 5000.0), (20, 500.0))  # (sources, events/s per source): the control, then issue 26's target 2
+LOADS = ((1, 5000.0), (20, 500.0))  # (sources, events/s per source): the control, then issue 26's target 3
 # normal priority; the source process at real-time priority; that and the gateway's main thread (its event loop) at
 # real-time priority too, one below the sources'
 VARIANTS = ("same host", "own host", "gateway first")
@@ -517,7 +517,7 @@ a frame every {saved['frame_ms']:.0f} ms at spread-out phases, stamped with the 
 of docs/gateway-benchmark.md's paced table; here each source's last {saved.get('send_lead_ms', 0):.0f} ms before a
 frame is a blocking sleep, as the event loop's timers wake up to a millisecond late, and the load process runs
 without the cyclic collector, whose passes stopped all sources at once: this page's runs before commit 3d32cad, and
-that table, had neither). 20 sources x 500 events/s is issue 26's target 2; 1 source x 5,000
+that table, had neither). 20 sources x 500 events/s is issue 26's target 3; 1 source x 5,000
 events/s is the control (no other source to wait for).{warm_up_text(saved)}
 
 Three variants, all reported:
@@ -647,7 +647,7 @@ Median over the runs, their range in brackets.
 
 ![latency](gateway-latency.png)
 
-## Issue 26, target 2: p99 added latency <= the frame interval + 1 ms ({saved['frame_ms'] + 1:.0f} ms)
+## Issue 26, target 3: p99 added latency <= the frame interval + 1 ms ({saved['frame_ms'] + 1:.0f} ms)
 
 {verdicts(saved)}
 
