@@ -18,7 +18,7 @@ from broker.transactions import TransactionAbortable, TransactionalPublisher
 from contract.topics import TopicNames
 from contract.wire.messages import IncomingEvent
 from gateway.ingest import ConnectionId, IngestConfig
-from gateway.shard import ShardLost, ShardRuntime, ShardSettings
+from gateway.shard import COMMIT_STALL_US, ShardLost, ShardRuntime, ShardSettings, _cancel
 from tests.unit.gateway.test_acks_confirmed_run import T0
 from tests.unit.gateway.test_shard_delivery_reports import (
     SHARD,
@@ -436,3 +436,19 @@ def test_the_poll_task_hands_at_most_a_steps_worth_of_reports_to_their_callbacks
         assert (steps.count(("report",)), publisher.reports_waiting) == (1, 1)
         runtime._serve_reports()
         assert (steps.count(("report",)), publisher.reports_waiting) == (2, 0)
+
+
+@pytest.mark.parametrize(("running_us", "stalled"), [(COMMIT_STALL_US - 1_000, False), (COMMIT_STALL_US + 1_000, True)])
+async def test_a_commit_running_past_the_stall_bound_holds_the_merges_timeouts(running_us: int, stalled: bool) -> None:
+    # Rule 5 of gateway.ingest from the shell: no produce was refused, but a commit this slow is Kafka holding the
+    # shard's acks back, and the sources bound by their unacknowledged events fall silent for it.
+    steps: list[Step] = []
+    now = [T0 + 100]
+    runtime = transactional_runtime(steps, now)
+    runtime._committing = True
+    runtime._commit_started_us = now[0] - running_us
+    poll = asyncio.create_task(runtime._poll_forever())
+    await asyncio.sleep(0)
+    await _cancel(poll)
+    assert runtime.core.kafka_stalled(now[0]) is stalled
+    assert runtime.core.counters.kafka_stalls == int(stalled)
