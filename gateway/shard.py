@@ -1138,10 +1138,10 @@ async def _finished(call: asyncio.Future[None]) -> None:
         await asyncio.shield(call)
     except asyncio.CancelledError:
         await asyncio.wait([call])
-        if not call.cancelled() and call.exception() is not None:
+        if not call.cancelled() and (error := call.exception()) is not None:
             # Its error goes with the cancellation, which the stop is already handling: read, so asyncio does
             # not report it as never retrieved.
-            log.debug("a transaction call cancelled by a stop then failed: %r", call.exception())
+            log.debug("a transaction call cancelled by a stop then failed: %r", error)
         raise
 
 

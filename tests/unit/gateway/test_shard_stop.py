@@ -163,10 +163,16 @@ class BlockingBeginPublisher(FakeTransactionalPublisher):
         super().begin()
 
 
-def committed_and_beginning(steps: list[Step]) -> tuple[ShardRuntime, BlockingBeginPublisher]:
-    runtime = transactional_runtime(steps, now := [T0 + 100], publisher_class=BlockingBeginPublisher)
+def with_three_records(steps: list[Step], publisher_class: type[FakeTransactionalPublisher]) -> ShardRuntime:
+    """``transactional_runtime`` with source a's seqs 0-2 and a punctuation produced, not committed."""
+    runtime = transactional_runtime(steps, now := [T0 + 100], publisher_class=publisher_class)
     three_records(runtime, now)
     runtime._carry_out_now(runtime.core.poll(now[0]))
+    return runtime
+
+
+def committed_and_beginning(steps: list[Step]) -> tuple[ShardRuntime, BlockingBeginPublisher]:
+    runtime = with_three_records(steps, BlockingBeginPublisher)
     publisher = runtime._publisher
     assert isinstance(publisher, BlockingBeginPublisher)
     return runtime, publisher
@@ -211,10 +217,7 @@ class FailingBeginPublisher(FakeTransactionalPublisher):
 
 async def test_a_begin_that_fails_after_the_commit_still_acks_what_the_commit_made_durable() -> None:
     steps: list[Step] = []
-    now = [T0 + 100]
-    runtime = transactional_runtime(steps, now, publisher_class=FailingBeginPublisher)
-    three_records(runtime, now)
-    runtime._carry_out_now(runtime.core.poll(now[0]))
+    runtime = with_three_records(steps, FailingBeginPublisher)
     with pytest.raises(KafkaException):
         await runtime._commit()
     assert steps == [("commit", 4), ("ack", "a", "s", 2)]
